@@ -1,0 +1,20 @@
+# Thin wrapper over scripts/setup (packages + build) and the built `tachyon` binary.
+BUILD_DIR ?= build
+TACHYON := $(BUILD_DIR)/tachyon
+DEMO_MODEL ?= $(firstword $(wildcard models/tachyon-demo/config.json) $(wildcard ../shared/models/stories260K/stories260K.bin))
+DEMO_PROMPT ?= Once upon a time
+
+.PHONY: demo test build clean
+
+build:
+	BUILD_DIR=$(BUILD_DIR) scripts/setup
+
+demo: build
+	@if [ -z "$(DEMO_MODEL)" ]; then echo "no bundled model found (models/tachyon-demo)"; exit 1; fi
+	$(TACHYON) generate -m $(dir $(DEMO_MODEL)) -p "$(DEMO_PROMPT)" -n 128 --temp 0
+
+test: build
+	cd $(BUILD_DIR) && ctest --output-on-failure -j $$(nproc) --timeout 600
+
+clean:
+	rm -rf $(BUILD_DIR)

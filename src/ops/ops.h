@@ -1,0 +1,101 @@
+// The op interface the model forward is written against. Each op checks shapes/dtypes of its
+// arguments (internal invariants: TACHYON_CHECK) and dispatches on the device of its tensors to a
+// backend (ops/cpu today; ops/cuda plugs in here). Activations are contiguous row-major
+// [n_tokens, ...]. Nothing here knows about requests or schedulers: a batch is described by
+// AttentionMetadata, planned once per step and reused by every layer.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/tensor.h"
+#include "quant/quant_weight.h"
+
+namespace tachyon {
+
+enum class RopeStyle : uint8_t {
+  kNeox,         // rotate halves: (x[i], x[i + d/2]) — HF Llama/Qwen/Mistral, GGUF qwen2/qwen3
+  kInterleaved,  // rotate adjacent pairs: (x[2i], x[2i+1]) — llama2.c, GGUF llama (permuted weights)
+};
+
+enum class RopeScaling : uint8_t { kNone, kLinear, kLlama3, kYarn };
+
+struct RopeConfig {
+  float theta = 10000.0f;
+  int rotary_dim = 0;  // dims rotated per head (== head_dim for every family here)
+  RopeStyle style = RopeStyle::kNeox;
+  RopeScaling scaling = RopeScaling::kNone;
+  float factor = 1.0f;                    // linear / llama3 / yarn
+  float low_freq_factor = 1.0f;           // llama3
+  float high_freq_factor = 4.0f;          // llama3
+  int original_max_position = 8192;       // llama3 / yarn
+  float yarn_beta_fast = 32.0f;           // yarn
+  float yarn_beta_slow = 1.0f;            // yarn
+  float yarn_attention_factor = 0.0f;     // yarn mscale; 0 = 0.1 * ln(factor) + 1
+};
+
+// Per-dimension-pair inverse frequencies and the cos/sin magnitude, derived once from RopeConfig.
+struct RopeTable {
+  RopeStyle style = RopeStyle::kNeox;
+  int rotary_dim = 0;
+  std::vector<float> inv_freq;  // [rotary_dim / 2]
+  float attention_scale = 1.0f; // multiplies cos and sin (yarn); 1 otherwise
+};
+RopeTable make_rope_table(const RopeConfig& config);
+
+// The batch as attention sees it, planned once per step. Sequence s owns query rows
+// [query_start[s], query_start[s+1]) of the flattened batch; after this step's K/V are stored,
+// its cache holds context_lens[s] tokens, the last (query_start[s+1] - query_start[s]) of which
+// are this step's queries (causal within them). Its cache positions live in the blocks
+// block_tables[s, 0 .. ceil(context_lens[s] / block_size)).
+struct AttentionMetadata {
+  int num_seqs = 0;
+  int block_size = 16;
+  int max_query_len = 0;
+  int max_context_len = 0;
+  Tensor query_start;   // [num_seqs + 1] i32
+  Tensor context_lens;  // [num_seqs] i32
+  Tensor block_tables;  // [num_seqs, max_blocks_per_seq] i32 (unused entries: -1)
+  Tensor slot_mapping;  // [n_tokens] i32: block * block_size + offset where each new K/V goes
+};
+
+struct AttentionParams {
+  float scale = 1.0f;      // usually 1/sqrt(head_dim)
+  int sliding_window = 0;  // attend to the last `sliding_window` positions only; 0 = unlimited
+};
+
+namespace ops {
+
+// y[n, out] = x[n, in] · W[out, in]^T (+ bias[out]). x, y f32; W dense f32/f16/bf16 (quantized
+// formats come with quant/).
+void linear(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& y);
+
+// y[n, d] = x / rms(x) * weight[d].
+void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& y);
+
+// residual[n, d] += x; y = rms_norm(residual) (one pass; the pre-norm block's residual add).
+void add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& weight, float eps, Tensor& y);
+
+// In place: x[n, heads, head_dim] rotated by positions[n] (i32).
+void rope(Tensor& x, const Tensor& positions, const RopeTable& table);
+
+// out[n, ff] = silu(gate[n, ff]) * up[n, ff].
+void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out);
+
+// out[n, d] (f32) = table[ids[n], :] (table f32/f16/bf16 [vocab, d]; ids i32, checked < vocab).
+void embedding(const Tensor& table, const Tensor& ids, Tensor& out);
+
+// In place softmax over the last dim of x[n, d] (f32).
+void softmax(Tensor& x);
+
+// Writes k, v [n, num_kv_heads, head_dim] into the paged caches
+// [num_blocks, block_size, num_kv_heads, head_dim] at slot_mapping[n].
+void store_kv(const Tensor& k, const Tensor& v, const Tensor& slot_mapping, Tensor& k_cache, Tensor& v_cache);
+
+// out[n, num_heads, head_dim] = causal attention of q[n, num_heads, head_dim] over the paged
+// cache, through block tables (GQA: num_heads a multiple of num_kv_heads).
+void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                     const AttentionMetadata& meta, const AttentionParams& params, Tensor& out);
+
+}  // namespace ops
+}  // namespace tachyon

@@ -1,0 +1,23 @@
+#include "quant/quant_weight.h"
+
+namespace tachyon {
+
+const char* quant_format_name(QuantFormat format) {
+  switch (format) {
+    case QuantFormat::kGgufQ8_0: return "q8_0";
+    case QuantFormat::kGgufQ4_0: return "q4_0";
+    case QuantFormat::kInt8Channel: return "int8";
+    case QuantFormat::kInt4Group: return "int4";
+  }
+  return "?";
+}
+
+size_t Weight::nbytes() const {
+  if (!quant) return dense.defined() ? dense.nbytes() : 0;
+  size_t n = quant->packed.nbytes();
+  if (quant->scales.defined()) n += quant->scales.nbytes();
+  if (quant->zeros.defined()) n += quant->zeros.nbytes();
+  return n;
+}
+
+}  // namespace tachyon

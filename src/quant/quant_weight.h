@@ -1,0 +1,45 @@
+// QuantWeight: a linear layer's weight kept in a packed low-bit format (packed data + scales +
+// zeros + group size + format). `ops::linear` dispatches on `format`; a new format touches
+// quant/ and the kernels, never the model. The foundation only loads dense weights (GGUF
+// Q8_0/Q4_0 are dequantized on load); the formats below are the ones the quantization work fills in.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "core/tensor.h"
+
+namespace tachyon {
+
+enum class QuantFormat : uint8_t {
+  kGgufQ8_0,    // blocks of 32: f16 scale + 32 x int8
+  kGgufQ4_0,    // blocks of 32: f16 scale + 16 bytes of 4-bit (value - 8)
+  kInt8Channel, // int8 per output channel, symmetric (W8A16)
+  kInt4Group,   // int4 group-wise asymmetric with zero points (RTN or AWQ)
+};
+
+const char* quant_format_name(QuantFormat format);
+
+struct QuantWeight {
+  QuantFormat format = QuantFormat::kInt8Channel;
+  int64_t out_features = 0;
+  int64_t in_features = 0;
+  int group_size = 0;
+  Tensor packed;  // format-specific packed values
+  Tensor scales;  // [out, in / group] (or [out] per channel)
+  Tensor zeros;   // same shape as scales where the format is asymmetric; else undefined
+};
+
+// The weight of a linear layer: dense [out_features, in_features] (f32/f16/bf16), or quantized.
+struct Weight {
+  Tensor dense;
+  std::shared_ptr<const QuantWeight> quant;
+
+  bool defined() const { return dense.defined() || quant != nullptr; }
+  int64_t out_features() const { return quant ? quant->out_features : dense.size(0); }
+  int64_t in_features() const { return quant ? quant->in_features : dense.size(1); }
+  // Bytes read by one pass over the weight (what bounds batch-1 decode).
+  size_t nbytes() const;
+};
+
+}  // namespace tachyon

@@ -1,0 +1,90 @@
+#include "test_util.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+namespace tachyon::testing {
+
+namespace fs = std::filesystem;
+
+std::string source_dir() { return TACHYON_SOURCE_DIR; }
+
+std::optional<std::string> shared_dir() {
+  if (const char* env = std::getenv("TACHYON_SHARED_DIR")) {
+    if (fs::is_directory(env)) return std::string(env);
+    return std::nullopt;
+  }
+  const fs::path p = fs::path(TACHYON_SOURCE_DIR).parent_path() / "shared";
+  if (fs::is_directory(p / "models")) return p.string();
+  return std::nullopt;
+}
+
+namespace {
+struct ScratchRegistry {
+  std::vector<fs::path> dirs;
+  ~ScratchRegistry() {
+    std::error_code ec;
+    for (auto& d : dirs) fs::remove_all(d, ec);
+  }
+};
+ScratchRegistry& registry() {
+  static ScratchRegistry r;
+  return r;
+}
+}  // namespace
+
+std::string scratch_dir(const std::string& tag) {
+  static int counter = 0;
+  const fs::path p = fs::temp_directory_path() /
+                     ("tachyon-test-" + tag + "-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
+  fs::remove_all(p);
+  fs::create_directories(p);
+  registry().dirs.push_back(p);
+  return p.string();
+}
+
+std::string tachyon_binary() { return TACHYON_BINARY; }
+
+uint32_t fresh_seed() {
+  if (const char* env = std::getenv("TACHYON_TEST_SEED")) return static_cast<uint32_t>(std::strtoul(env, nullptr, 10));
+  return static_cast<uint32_t>(std::random_device{}() ^
+                               static_cast<uint32_t>(std::chrono::steady_clock::now().time_since_epoch().count()));
+}
+
+Tensor random_tensor(const std::vector<int64_t>& shape, std::mt19937& rng, float lo, float hi) {
+  Tensor t = Tensor::empty(shape, DType::kF32);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  float* p = t.data<float>();
+  for (int64_t i = 0; i < t.numel(); ++i) p[i] = dist(rng);
+  return t;
+}
+
+CommandResult run_command(const std::string& command) {
+  const std::string dir = scratch_dir("cmd");
+  const std::string out_path = dir + "/out";
+  const std::string err_path = dir + "/err";
+  const std::string full = command + " >" + out_path + " 2>" + err_path + " </dev/null";
+  CommandResult r;
+  const int status = std::system(full.c_str());
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  auto slurp = [](const std::string& p) {
+    std::ifstream in(p, std::ios::binary);
+    std::ostringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  };
+  r.out = slurp(out_path);
+  r.err = slurp(err_path);
+  return r;
+}
+
+}  // namespace tachyon::testing

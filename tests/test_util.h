@@ -1,0 +1,41 @@
+// Helpers shared by the test executables: where the source tree and ../shared are, scratch
+// directories, random tensors.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <random>
+#include <string>
+
+#include "core/tensor.h"
+
+namespace tachyon::testing {
+
+// The repository root.
+std::string source_dir();
+// ../shared beside the checkout (or $TACHYON_SHARED_DIR); nullopt when absent, so tests
+// that need it can GTEST_SKIP().
+std::optional<std::string> shared_dir();
+// A fresh empty directory under the system temp dir, removed at process exit.
+std::string scratch_dir(const std::string& tag);
+// The built CLI binary.
+std::string tachyon_binary();
+
+// Uniform [lo, hi) f32 tensor from a fresh seed (printed on failure by the caller).
+Tensor random_tensor(const std::vector<int64_t>& shape, std::mt19937& rng, float lo = -1.0f, float hi = 1.0f);
+uint32_t fresh_seed();
+
+// Runs a shell command, returning exit code and captured stdout+stderr.
+struct CommandResult {
+  int exit_code = -1;
+  std::string out;  // stdout
+  std::string err;  // stderr
+};
+CommandResult run_command(const std::string& command);
+
+}  // namespace tachyon::testing
+
+#define TACHYON_SKIP_WITHOUT_SHARED(var)                                          \
+  auto var##_opt = ::tachyon::testing::shared_dir();                             \
+  if (!var##_opt) GTEST_SKIP() << "../shared is absent; skipping";               \
+  const std::string var = *var##_opt
