@@ -1,11 +1,18 @@
 // The op interface the model forward is written against. Each op checks shapes/dtypes of its
 // arguments (internal invariants: TACHYON_CHECK) and dispatches on the device of its tensors to a
-// backend (ops/cpu today; ops/cuda plugs in here). Activations are contiguous row-major
-// [n_tokens, ...]. Nothing here knows about requests or schedulers: a batch is described by
-// AttentionMetadata, planned once per step and reused by every layer.
+// backend (ops/cpu today; ops/cuda plugs in here). Activations are row-major [n_tokens, ...] f32
+// with a packed last dim; their leading dims may be strided views (e.g. q/k/v slices of a fused
+// QKV output, gate/up halves of a fused gate_up output) — every op accepts that. Weights, norm
+// weights and caches are packed. Nothing here knows about requests or schedulers: a batch is
+// described by AttentionMetadata, planned once per step and reused by every layer.
+//
+// CPU backend: the SIMD kernels of ops/cpu (AVX2 baseline, AVX-512 for linear where the CPU has
+// it), or the scalar reference kernels (ops/cpu/reference.h) under TACHYON_ISA=scalar. The first
+// call of each kernel variant logs its name at info level.
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "core/tensor.h"
@@ -31,10 +38,14 @@ struct RopeConfig {
   int original_max_position = 8192;       // llama3 / yarn
   float yarn_beta_fast = 32.0f;           // yarn
   float yarn_beta_slow = 1.0f;            // yarn
-  float yarn_attention_factor = 0.0f;     // yarn mscale; 0 = 0.1 * ln(factor) + 1
+  float yarn_attention_factor = 0.0f;     // yarn mscale; 0 = 0.1 * ln(factor) + 1 (1 when factor <= 1)
+  bool yarn_truncate = true;              // yarn: round the correction range outwards (HF `truncate`)
 };
 
-// Per-dimension-pair inverse frequencies and the cos/sin magnitude, derived once from RopeConfig.
+// Per-dimension-pair inverse frequencies and the cos/sin magnitude, derived once from RopeConfig
+// (the scaling schemes follow Hugging Face transformers' rope initialisation). Position p rotates
+// pair i by the angle f32(p * inv_freq[i]) (one f32 rounding, as HF computes it), and cos/sin are
+// multiplied by attention_scale.
 struct RopeTable {
   RopeStyle style = RopeStyle::kNeox;
   int rotary_dim = 0;
@@ -66,17 +77,22 @@ struct AttentionParams {
 
 namespace ops {
 
-// y[n, out] = x[n, in] · W[out, in]^T (+ bias[out]). x, y f32; W dense f32/f16/bf16 (quantized
-// formats come with quant/).
+// One line naming the CPU kernels in use ("cpu kernels: avx512"), for `tachyon info` and logs.
+std::string backend_info();
+
+// y[n, out] = x[n, in] · W[out, in]^T (+ bias[out]). x, y f32 (y must not overlap x); W dense
+// f32/f16/bf16 (quantized formats come with quant/); bias f32/f16/bf16. Accumulates in f32.
 void linear(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& y);
 
-// y[n, d] = x / rms(x) * weight[d].
+// y[..., d] = x / rms(x) * weight[d], over the last dim of x (rank 1..4; e.g. [n, d], or
+// [n, heads, head_dim] for per-head q/k norms). weight f32/f16/bf16. y may be x.
 void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& y);
 
 // residual[n, d] += x; y = rms_norm(residual) (one pass; the pre-norm block's residual add).
 void add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& weight, float eps, Tensor& y);
 
-// In place: x[n, heads, head_dim] rotated by positions[n] (i32).
+// In place: x[n, heads, head_dim] rotated by positions[n] (i32). The first table.rotary_dim dims
+// of each head rotate (<= head_dim; the rest are left as they are).
 void rope(Tensor& x, const Tensor& positions, const RopeTable& table);
 
 // out[n, ff] = silu(gate[n, ff]) * up[n, ff].
@@ -88,12 +104,15 @@ void embedding(const Tensor& table, const Tensor& ids, Tensor& out);
 // In place softmax over the last dim of x[n, d] (f32).
 void softmax(Tensor& x);
 
-// Writes k, v [n, num_kv_heads, head_dim] into the paged caches
-// [num_blocks, block_size, num_kv_heads, head_dim] at slot_mapping[n].
+// Writes k, v [n, num_kv_heads, head_dim] (f32) into the paged caches
+// [num_blocks, block_size, num_kv_heads, head_dim] (f32, or f16/bf16 rounded to nearest even) at
+// slot_mapping[n]; a negative slot (a padding token) stores nothing.
 void store_kv(const Tensor& k, const Tensor& v, const Tensor& slot_mapping, Tensor& k_cache, Tensor& v_cache);
 
 // out[n, num_heads, head_dim] = causal attention of q[n, num_heads, head_dim] over the paged
-// cache, through block tables (GQA: num_heads a multiple of num_kv_heads).
+// cache (f32/f16/bf16), through block tables (GQA: query head h reads kv head
+// h / (num_heads / num_kv_heads)). The query at position p sees keys [p - sliding_window + 1, p]
+// (all of [0, p] without a window); blocks wholly outside every query's window are never read.
 void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                      const AttentionMetadata& meta, const AttentionParams& params, Tensor& out);
 

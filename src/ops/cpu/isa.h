@@ -1,0 +1,42 @@
+// Which instruction set the CPU kernels use. The choice is the one piece of process-wide state
+// in ops/cpu: detected once from the running CPU (x86-64 builds assume AVX2 + FMA + F16C; AVX-512
+// F/BW/VL/DQ is used when the CPU reports it), and overridable by TACHYON_ISA=scalar|avx2|avx512
+// in the environment or by set_isa() (tests and benchmarks use it to run each path). kScalar routes
+// every op to the scalar reference kernels.
+#pragma once
+
+#include <fmt/format.h>
+
+#include <optional>
+#include <string_view>
+
+#include "core/log.h"
+
+namespace tachyon::ops::cpu {
+
+enum class Isa : int { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
+
+const char* isa_name(Isa isa);
+std::optional<Isa> parse_isa(std::string_view name);  // "scalar", "avx2", "avx512"
+
+// Whether this build and this CPU can run `isa`.
+bool isa_supported(Isa isa);
+// The best supported ISA (ignores overrides).
+Isa detected_isa();
+// The ISA the kernels use now: the override if set, else TACHYON_ISA if set and supported, else
+// detected_isa().
+Isa active_isa();
+// Forces `isa` (must be supported: an internal invariant) until clear_isa_override().
+void set_isa(Isa isa);
+void clear_isa_override();
+
+// Logs `path` once per process at info level (the first time a kernel variant runs), so the logs
+// say which implementation ran: "linear: avx512 bf16 gemv".
+void log_path_once(std::string_view path);
+template <typename... Args>
+void log_path_once(fmt::format_string<Args...> format, Args&&... args) {
+  if (static_cast<int>(log_level()) < static_cast<int>(LogLevel::kInfo)) return;
+  log_path_once(std::string_view(fmt::format(format, std::forward<Args>(args)...)));
+}
+
+}  // namespace tachyon::ops::cpu

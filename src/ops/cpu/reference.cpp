@@ -1,0 +1,263 @@
+// Scalar reference kernels. Plain loops, no threads, no intrinsics; sums in double.
+#include "ops/cpu/reference.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "ops/cpu/rows.h"
+
+namespace tachyon::ops::reference {
+namespace {
+
+// Element i (in elements from `base`) of a float-typed buffer, as f32.
+float load_f32(const void* base, DType dtype, int64_t i) {
+  switch (dtype) {
+    case DType::kF32: return static_cast<const float*>(base)[i];
+    case DType::kF16: return f16_to_f32(static_cast<const uint16_t*>(base)[i]);
+    case DType::kBF16: return bf16_to_f32(static_cast<const uint16_t*>(base)[i]);
+    default: TACHYON_CHECK(false, "reference: {} is not a float dtype", dtype_name(dtype));
+  }
+  return 0.0f;
+}
+
+void store_f32(void* base, DType dtype, int64_t i, float value) {
+  switch (dtype) {
+    case DType::kF32: static_cast<float*>(base)[i] = value; break;
+    case DType::kF16: static_cast<uint16_t*>(base)[i] = f32_to_f16(value); break;
+    case DType::kBF16: static_cast<uint16_t*>(base)[i] = f32_to_bf16(value); break;
+    default: TACHYON_CHECK(false, "reference: {} is not a float dtype", dtype_name(dtype));
+  }
+}
+
+int32_t load_i32(const Tensor& t, int64_t i) { return t.data<int32_t>()[i * t.stride(0)]; }
+
+// Element offset of [i0, i1, i2] in a rank-3 tensor.
+int64_t offset3(const Tensor& t, int64_t i0, int64_t i1, int64_t i2) {
+  return i0 * t.stride(0) + i1 * t.stride(1) + i2 * t.stride(2);
+}
+
+}  // namespace
+
+void linear(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& y) {
+  TACHYON_CHECK(!w.quant, "reference linear: quantized weights are not handled here");
+  const Tensor& wd = w.dense;
+  const int64_t n = x.size(0), in = x.size(1), out = wd.size(0);
+  const float* xp = x.data<float>();
+  float* yp = y.data<float>();
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t o = 0; o < out; ++o) {
+      double sum = 0.0;
+      for (int64_t i = 0; i < in; ++i) {
+        sum += static_cast<double>(xp[t * x.stride(0) + i]) *
+               static_cast<double>(load_f32(wd.raw_data(), wd.dtype(), o * wd.stride(0) + i * wd.stride(1)));
+      }
+      if (bias != nullptr) sum += static_cast<double>(load_f32(bias->raw_data(), bias->dtype(), o * bias->stride(0)));
+      yp[t * y.stride(0) + o] = static_cast<float>(sum);
+    }
+  }
+}
+
+void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& y) {
+  const auto xl = cpu::RowLayout::of(x);
+  const auto yl = cpu::RowLayout::of(y);
+  const int64_t d = xl.cols;
+  for (int64_t r = 0; r < xl.rows; ++r) {
+    const float* xr = x.data<float>() + xl.offset(r);
+    float* yr = y.data<float>() + yl.offset(r);
+    double ss = 0.0;
+    for (int64_t i = 0; i < d; ++i) ss += static_cast<double>(xr[i]) * xr[i];
+    const double inv = 1.0 / std::sqrt(ss / static_cast<double>(d) + static_cast<double>(eps));
+    for (int64_t i = 0; i < d; ++i) {
+      yr[i] = static_cast<float>(xr[i] * inv * load_f32(weight.raw_data(), weight.dtype(), i * weight.stride(0)));
+    }
+  }
+}
+
+void add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& weight, float eps, Tensor& y) {
+  const auto rl = cpu::RowLayout::of(residual);
+  const auto xl = cpu::RowLayout::of(x);
+  const int64_t d = rl.cols;
+  for (int64_t r = 0; r < rl.rows; ++r) {
+    float* rr = residual.data<float>() + rl.offset(r);
+    const float* xr = x.data<float>() + xl.offset(r);
+    for (int64_t i = 0; i < d; ++i) rr[i] = rr[i] + xr[i];  // f32 add: the residual stream is f32
+  }
+  rms_norm(residual, weight, eps, y);
+}
+
+void rope(Tensor& x, const Tensor& positions, const RopeTable& table) {
+  const int64_t n = x.size(0), heads = x.size(1);
+  const int half = table.rotary_dim / 2;
+  float* xp = x.data<float>();
+  for (int64_t t = 0; t < n; ++t) {
+    const int32_t pos = load_i32(positions, t);
+    for (int64_t h = 0; h < heads; ++h) {
+      float* v = xp + offset3(x, t, h, 0);
+      for (int i = 0; i < half; ++i) {
+        float c, s;
+        rope_cos_sin(pos, table.inv_freq[static_cast<size_t>(i)], table.attention_scale, &c, &s);
+        const int i0 = table.style == RopeStyle::kNeox ? i : 2 * i;
+        const int i1 = table.style == RopeStyle::kNeox ? i + half : 2 * i + 1;
+        const double a = v[i0], b = v[i1];
+        v[i0] = static_cast<float>(a * c - b * s);
+        v[i1] = static_cast<float>(a * s + b * c);
+      }
+    }
+  }
+}
+
+void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) {
+  const auto gl = cpu::RowLayout::of(gate);
+  const auto ul = cpu::RowLayout::of(up);
+  const auto ol = cpu::RowLayout::of(out);
+  for (int64_t r = 0; r < gl.rows; ++r) {
+    const float* g = gate.data<float>() + gl.offset(r);
+    const float* u = up.data<float>() + ul.offset(r);
+    float* o = out.data<float>() + ol.offset(r);
+    for (int64_t i = 0; i < gl.cols; ++i) {
+      const double gv = g[i];
+      o[i] = static_cast<float>(gv / (1.0 + std::exp(-gv)) * u[i]);
+    }
+  }
+}
+
+void embedding(const Tensor& table, const Tensor& ids, Tensor& out) {
+  const int64_t n = ids.size(0), d = table.size(1);
+  for (int64_t t = 0; t < n; ++t) {
+    const int64_t id = load_i32(ids, t);
+    for (int64_t i = 0; i < d; ++i) {
+      out.data<float>()[t * out.stride(0) + i] =
+          load_f32(table.raw_data(), table.dtype(), id * table.stride(0) + i * table.stride(1));
+    }
+  }
+}
+
+void softmax(Tensor& x) {
+  const auto l = cpu::RowLayout::of(x);
+  for (int64_t r = 0; r < l.rows; ++r) {
+    float* v = x.data<float>() + l.offset(r);
+    double mx = -std::numeric_limits<double>::infinity();
+    for (int64_t i = 0; i < l.cols; ++i) mx = std::max(mx, static_cast<double>(v[i]));
+    double sum = 0.0;
+    for (int64_t i = 0; i < l.cols; ++i) sum += std::exp(v[i] - mx);
+    for (int64_t i = 0; i < l.cols; ++i) v[i] = static_cast<float>(std::exp(v[i] - mx) / sum);
+  }
+}
+
+void store_kv(const Tensor& k, const Tensor& v, const Tensor& slot_mapping, Tensor& k_cache, Tensor& v_cache) {
+  const int64_t n = k.size(0), kv_heads = k.size(1), head_dim = k.size(2);
+  const int64_t block_size = k_cache.size(1);
+  for (int64_t t = 0; t < n; ++t) {
+    const int64_t slot = load_i32(slot_mapping, t);
+    if (slot < 0) continue;  // padding token: nothing stored
+    const int64_t block = slot / block_size, offset = slot % block_size;
+    for (int64_t h = 0; h < kv_heads; ++h) {
+      for (int64_t i = 0; i < head_dim; ++i) {
+        const int64_t dst = ((block * block_size + offset) * kv_heads + h) * head_dim + i;
+        store_f32(k_cache.raw_data(), k_cache.dtype(), dst, k.data<float>()[offset3(k, t, h, i)]);
+        store_f32(v_cache.raw_data(), v_cache.dtype(), dst, v.data<float>()[offset3(v, t, h, i)]);
+      }
+    }
+  }
+}
+
+void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttentionMetadata& meta,
+                     const AttentionParams& params, Tensor& out) {
+  const int64_t num_heads = q.size(1), head_dim = q.size(2);
+  const int64_t num_kv_heads = k_cache.size(2);
+  const int64_t group = num_heads / num_kv_heads;
+  const int64_t block_size = meta.block_size;
+  const int64_t max_blocks = meta.block_tables.size(1);
+  const int32_t* block_tables = meta.block_tables.data<int32_t>();
+  std::vector<double> scores;
+  std::vector<double> acc(static_cast<size_t>(head_dim));
+  for (int s = 0; s < meta.num_seqs; ++s) {
+    const int64_t q_begin = load_i32(meta.query_start, s), q_end = load_i32(meta.query_start, s + 1);
+    const int64_t context_len = load_i32(meta.context_lens, s);
+    for (int64_t row = q_begin; row < q_end; ++row) {
+      const int64_t pos = context_len - (q_end - q_begin) + (row - q_begin);  // absolute position of the query
+      const int64_t first = params.sliding_window > 0 ? std::max<int64_t>(0, pos - params.sliding_window + 1) : 0;
+      for (int64_t h = 0; h < num_heads; ++h) {
+        const int64_t kvh = h / group;
+        scores.assign(static_cast<size_t>(pos - first + 1), 0.0);
+        for (int64_t j = first; j <= pos; ++j) {
+          const int64_t block = block_tables[s * max_blocks + j / block_size];
+          const int64_t base = ((block * block_size + j % block_size) * num_kv_heads + kvh) * head_dim;
+          double dot = 0.0;
+          for (int64_t i = 0; i < head_dim; ++i) {
+            dot += static_cast<double>(q.data<float>()[offset3(q, row, h, i)]) *
+                   load_f32(k_cache.raw_data(), k_cache.dtype(), base + i);
+          }
+          scores[static_cast<size_t>(j - first)] = dot * params.scale;
+        }
+        const double mx = *std::max_element(scores.begin(), scores.end());
+        double sum = 0.0;
+        for (double& sc : scores) {
+          sc = std::exp(sc - mx);
+          sum += sc;
+        }
+        std::fill(acc.begin(), acc.end(), 0.0);
+        for (int64_t j = first; j <= pos; ++j) {
+          const int64_t block = block_tables[s * max_blocks + j / block_size];
+          const int64_t base = ((block * block_size + j % block_size) * num_kv_heads + kvh) * head_dim;
+          const double p = scores[static_cast<size_t>(j - first)] / sum;
+          for (int64_t i = 0; i < head_dim; ++i) {
+            acc[static_cast<size_t>(i)] += p * load_f32(v_cache.raw_data(), v_cache.dtype(), base + i);
+          }
+        }
+        for (int64_t i = 0; i < head_dim; ++i) {
+          out.data<float>()[offset3(out, row, h, i)] = static_cast<float>(acc[static_cast<size_t>(i)]);
+        }
+      }
+    }
+  }
+}
+
+void contiguous_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& params,
+                          Tensor& out) {
+  const int64_t n = q.size(0), num_heads = q.size(1), head_dim = q.size(2);
+  const int64_t context_len = k.size(0), num_kv_heads = k.size(1);
+  const int64_t group = num_heads / num_kv_heads;
+  const float* qp = q.data<float>();
+  const float* kp = k.data<float>();
+  const float* vp = v.data<float>();
+  const double neg_inf = -std::numeric_limits<double>::infinity();
+  for (int64_t h = 0; h < num_heads; ++h) {
+    const int64_t kvh = h / group;
+    // scores[i][j] for query i, key j; masked entries -inf.
+    std::vector<double> scores(static_cast<size_t>(n * context_len), neg_inf);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t pos = context_len - n + i;
+      for (int64_t j = 0; j < context_len; ++j) {
+        const bool causal_ok = j <= pos;
+        const bool window_ok = params.sliding_window <= 0 || pos - j < params.sliding_window;
+        if (!causal_ok || !window_ok) continue;
+        double dot = 0.0;
+        for (int64_t d = 0; d < head_dim; ++d) {
+          dot +=
+              static_cast<double>(qp[(i * num_heads + h) * head_dim + d]) * kp[(j * num_kv_heads + kvh) * head_dim + d];
+        }
+        scores[static_cast<size_t>(i * context_len + j)] = dot * params.scale;
+      }
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      double* row = &scores[static_cast<size_t>(i * context_len)];
+      double mx = neg_inf;
+      for (int64_t j = 0; j < context_len; ++j) mx = std::max(mx, row[j]);
+      double sum = 0.0;
+      for (int64_t j = 0; j < context_len; ++j) {
+        row[j] = row[j] == neg_inf ? 0.0 : std::exp(row[j] - mx);
+        sum += row[j];
+      }
+      for (int64_t d = 0; d < head_dim; ++d) {
+        double o = 0.0;
+        for (int64_t j = 0; j < context_len; ++j) o += row[j] * vp[(j * num_kv_heads + kvh) * head_dim + d];
+        out.data<float>()[(i * num_heads + h) * head_dim + d] = static_cast<float>(o / sum);
+      }
+    }
+  }
+}
+
+}  // namespace tachyon::ops::reference

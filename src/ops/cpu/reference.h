@@ -1,0 +1,47 @@
+// Scalar reference kernels: one plain-loop implementation of every op in ops/ops.h, with the
+// same signatures and semantics, accumulating in double where that is cheap. They are the
+// oracle of the kernel tests and the path that runs under TACHYON_ISA=scalar (or on CPUs without
+// AVX2). They favour obviousness over speed and must never share code with the fast kernels
+// beyond the definitions below that fix the ops' numerics (rope_angle_cos_sin).
+// Arguments are assumed checked by ops:: (shapes, dtypes, devices); tests call these directly
+// with valid arguments.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "core/tensor.h"
+#include "ops/ops.h"
+
+namespace tachyon::ops::reference {
+
+// The rotation angle of rope pair i at `position` is f32(position * inv_freq[i]) — one f32
+// rounding, as Hugging Face computes it — and cos/sin of that angle are evaluated in double, then
+// multiplied by the table's attention_scale. Every rope implementation uses this definition.
+inline void rope_cos_sin(int32_t position, float inv_freq, float attention_scale, float* cos_out, float* sin_out) {
+  const float angle = static_cast<float>(position) * inv_freq;
+  *cos_out = static_cast<float>(std::cos(static_cast<double>(angle))) * attention_scale;
+  *sin_out = static_cast<float>(std::sin(static_cast<double>(angle))) * attention_scale;
+}
+
+void linear(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& y);
+void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& y);
+void add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& weight, float eps, Tensor& y);
+void rope(Tensor& x, const Tensor& positions, const RopeTable& table);
+void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out);
+void embedding(const Tensor& table, const Tensor& ids, Tensor& out);
+void softmax(Tensor& x);
+void store_kv(const Tensor& k, const Tensor& v, const Tensor& slot_mapping, Tensor& k_cache, Tensor& v_cache);
+// Gathers each sequence's K/V through its block table, one key at a time, and takes a full
+// softmax per (query, head) with the causal and sliding-window mask.
+void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttentionMetadata& meta,
+                     const AttentionParams& params, Tensor& out);
+
+// Textbook attention of one sequence over a contiguous cache: q [n, num_heads, head_dim] f32 are
+// the last n positions of a context whose keys and values are k, v [context_len, num_kv_heads,
+// head_dim] f32; out [n, num_heads, head_dim] f32. Builds the full score matrix. The end of the
+// paged-vs-contiguous chain of oracles.
+void contiguous_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& params,
+                          Tensor& out);
+
+}  // namespace tachyon::ops::reference

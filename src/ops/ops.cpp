@@ -1,0 +1,376 @@
+// The op interface: argument checks (internal invariants — the model calls these with tensors it
+// built, so a mismatch is a bug and aborts with the shapes in the message), then dispatch on the
+// tensors' device to a backend. CPU: the SIMD kernels of ops/cpu, or the scalar reference when
+// the active ISA is kScalar. CUDA tensors fail a check until the CUDA backend plugs in here.
+#include "ops/ops.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "ops/cpu/isa.h"
+#include "ops/cpu/kernels.h"
+#include "ops/cpu/reference.h"
+#include "ops/cpu/rows.h"
+
+namespace tachyon {
+namespace {
+
+using ops::cpu::RowLayout;
+
+// Every tensor of an op lives on the CPU (the only backend so far).
+void require_cpu(const char* op, const char* name, const Tensor& t) {
+  TACHYON_CHECK(t.defined(), "{}: {} is undefined", op, name);
+  TACHYON_CHECK(t.device().is_cpu(), "{}: {} is on {}, but this build has no {} backend for ops yet", op, name,
+                t.device().to_string(), t.device().type == DeviceType::kCuda ? "CUDA" : "device");
+}
+
+void require_dtype(const char* op, const char* name, const Tensor& t, DType dtype) {
+  TACHYON_CHECK(t.dtype() == dtype, "{}: {} is {}, expected {}", op, name, t.shape_string(), dtype_name(dtype));
+}
+
+bool is_float_dtype(DType d) { return d == DType::kF32 || d == DType::kF16 || d == DType::kBF16; }
+
+void require_float(const char* op, const char* name, const Tensor& t) {
+  TACHYON_CHECK(is_float_dtype(t.dtype()), "{}: {} is {}, expected f32/f16/bf16", op, name, t.shape_string());
+}
+
+void require_rank(const char* op, const char* name, const Tensor& t, int rank) {
+  TACHYON_CHECK(t.dim() == rank, "{}: {} is {}, expected rank {}", op, name, t.shape_string(), rank);
+}
+
+// Last dim packed (stride 1); leading dims may be strided views.
+void require_last_dim_contiguous(const char* op, const char* name, const Tensor& t) {
+  TACHYON_CHECK(t.dim() >= 1 && (t.stride(-1) == 1 || t.size(-1) == 1), "{}: {} {} needs stride 1 in its last dim", op,
+                name, t.shape_string());
+}
+
+void require_same_shape(const char* op, const char* a_name, const Tensor& a, const char* b_name, const Tensor& b) {
+  TACHYON_CHECK(a.shape() == b.shape(), "{}: {} {} and {} {} differ in shape", op, a_name, a.shape_string(), b_name,
+                b.shape_string());
+}
+
+// A 1-D i32 index tensor of `n` entries, packed.
+void require_index(const char* op, const char* name, const Tensor& t, int64_t n) {
+  require_cpu(op, name, t);
+  require_dtype(op, name, t, DType::kI32);
+  TACHYON_CHECK(t.dim() == 1 && t.size(0) == n && (t.stride(0) == 1 || n <= 1), "{}: {} is {}, expected [{}] i32", op,
+                name, t.shape_string(), n);
+}
+
+// An f32 packed copy of a small parameter vector (norm weight, bias) if it is not one already.
+Tensor as_f32_vector(const Tensor& t) {
+  if (t.dtype() == DType::kF32 && (t.stride(0) == 1 || t.size(0) <= 1)) return t;
+  return t.to_f32();
+}
+
+bool use_reference(const char* op) {
+  if (ops::cpu::active_isa() != ops::cpu::Isa::kScalar) return false;
+  ops::cpu::log_path_once("{}: scalar reference", op);
+  return true;
+}
+
+// The cache pair of one layer, checked: [num_blocks, block_size, num_kv_heads, head_dim], packed.
+ops::cpu::KvCacheView cache_view(const char* op, const Tensor& k_cache, const Tensor& v_cache) {
+  require_cpu(op, "k_cache", k_cache);
+  require_cpu(op, "v_cache", v_cache);
+  require_rank(op, "k_cache", k_cache, 4);
+  require_same_shape(op, "k_cache", k_cache, "v_cache", v_cache);
+  TACHYON_CHECK(k_cache.dtype() == v_cache.dtype() && is_float_dtype(k_cache.dtype()),
+                "{}: caches {} and {} must share one of f32/f16/bf16", op, k_cache.shape_string(),
+                v_cache.shape_string());
+  TACHYON_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "{}: caches must be contiguous", op);
+  ops::cpu::KvCacheView view;
+  view.k = k_cache.raw_data();
+  view.v = v_cache.raw_data();
+  view.dtype = k_cache.dtype();
+  view.num_blocks = k_cache.size(0);
+  view.block_size = k_cache.size(1);
+  view.num_kv_heads = k_cache.size(2);
+  view.head_dim = k_cache.size(3);
+  return view;
+}
+
+}  // namespace
+
+namespace ops {
+
+std::string backend_info() {
+  const cpu::Isa active = cpu::active_isa();
+  const cpu::Isa detected = cpu::detected_isa();
+  std::string line = fmt::format("cpu kernels: {}", cpu::isa_name(active));
+  if (active != detected) line += fmt::format(" (forced; CPU supports {})", cpu::isa_name(detected));
+  return line;
+}
+
+void linear(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& y) {
+  constexpr const char* op = "linear";
+  require_cpu(op, "x", x);
+  require_cpu(op, "y", y);
+  TACHYON_CHECK(w.defined(), "linear: weight is undefined");
+  TACHYON_CHECK(!w.quant, "linear: quantized weights ({}) have no CPU kernel yet", quant_format_name(w.quant->format));
+  const Tensor& wd = w.dense;
+  require_cpu(op, "w", wd);
+  require_rank(op, "x", x, 2);
+  require_rank(op, "y", y, 2);
+  require_rank(op, "w", wd, 2);
+  require_dtype(op, "x", x, DType::kF32);
+  require_dtype(op, "y", y, DType::kF32);
+  require_float(op, "w", wd);
+  require_last_dim_contiguous(op, "x", x);
+  require_last_dim_contiguous(op, "y", y);
+  require_last_dim_contiguous(op, "w", wd);
+  const int64_t n = x.size(0), in = x.size(1), out = wd.size(0);
+  TACHYON_CHECK(wd.size(1) == in, "linear: x {} and w {} disagree on in_features", x.shape_string(), wd.shape_string());
+  TACHYON_CHECK(y.size(0) == n && y.size(1) == out, "linear: y is {}, expected [{}, {}]", y.shape_string(), n, out);
+  Tensor bias32;
+  if (bias != nullptr) {
+    require_cpu(op, "bias", *bias);
+    require_float(op, "bias", *bias);
+    TACHYON_CHECK(bias->dim() == 1 && bias->size(0) == out, "linear: bias is {}, expected [{}]", bias->shape_string(),
+                  out);
+    bias32 = as_f32_vector(*bias);
+  }
+  if (use_reference(op)) {
+    reference::linear(x, w, bias != nullptr ? &bias32 : nullptr, y);
+    return;
+  }
+  cpu::LinearArgs a;
+  a.x = x.data<float>();
+  a.x_stride = x.stride(0);
+  a.w = wd.raw_data();
+  a.w_dtype = wd.dtype();
+  a.w_stride = wd.stride(0);
+  a.bias = bias != nullptr ? bias32.data<float>() : nullptr;
+  a.y = y.data<float>();
+  a.y_stride = y.stride(0);
+  a.n = n;
+  a.in = in;
+  a.out = out;
+  cpu::linear(a);
+}
+
+void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& y) {
+  constexpr const char* op = "rms_norm";
+  require_cpu(op, "x", x);
+  require_cpu(op, "y", y);
+  require_cpu(op, "weight", weight);
+  require_dtype(op, "x", x, DType::kF32);
+  require_dtype(op, "y", y, DType::kF32);
+  require_float(op, "weight", weight);
+  require_same_shape(op, "x", x, "y", y);
+  require_last_dim_contiguous(op, "x", x);
+  require_last_dim_contiguous(op, "y", y);
+  TACHYON_CHECK(weight.dim() == 1 && weight.size(0) == x.size(-1), "rms_norm: weight {} for x {}",
+                weight.shape_string(), x.shape_string());
+  const Tensor w32 = as_f32_vector(weight);
+  if (use_reference(op)) {
+    reference::rms_norm(x, w32, eps, y);
+    return;
+  }
+  cpu::rms_norm(x.data<float>(), RowLayout::of(x), w32.data<float>(), eps, y.data<float>(), RowLayout::of(y));
+}
+
+void add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& weight, float eps, Tensor& y) {
+  constexpr const char* op = "add_rms_norm";
+  require_cpu(op, "residual", residual);
+  require_cpu(op, "x", x);
+  require_cpu(op, "y", y);
+  require_cpu(op, "weight", weight);
+  require_dtype(op, "residual", residual, DType::kF32);
+  require_dtype(op, "x", x, DType::kF32);
+  require_dtype(op, "y", y, DType::kF32);
+  require_float(op, "weight", weight);
+  require_same_shape(op, "residual", residual, "x", x);
+  require_same_shape(op, "residual", residual, "y", y);
+  require_last_dim_contiguous(op, "residual", residual);
+  require_last_dim_contiguous(op, "x", x);
+  require_last_dim_contiguous(op, "y", y);
+  TACHYON_CHECK(weight.dim() == 1 && weight.size(0) == x.size(-1), "add_rms_norm: weight {} for x {}",
+                weight.shape_string(), x.shape_string());
+  const Tensor w32 = as_f32_vector(weight);
+  if (use_reference(op)) {
+    reference::add_rms_norm(residual, x, w32, eps, y);
+    return;
+  }
+  cpu::add_rms_norm(residual.data<float>(), RowLayout::of(residual), x.data<float>(), RowLayout::of(x),
+                    w32.data<float>(), eps, y.data<float>(), RowLayout::of(y));
+}
+
+void rope(Tensor& x, const Tensor& positions, const RopeTable& table) {
+  constexpr const char* op = "rope";
+  require_cpu(op, "x", x);
+  require_dtype(op, "x", x, DType::kF32);
+  require_rank(op, "x", x, 3);
+  require_last_dim_contiguous(op, "x", x);
+  require_index(op, "positions", positions, x.size(0));
+  TACHYON_CHECK(table.rotary_dim > 0 && table.rotary_dim % 2 == 0 && table.rotary_dim <= x.size(2) &&
+                    table.inv_freq.size() == static_cast<size_t>(table.rotary_dim / 2),
+                "rope: table with rotary_dim {} ({} frequencies) for x {}", table.rotary_dim, table.inv_freq.size(),
+                x.shape_string());
+  if (use_reference(op)) {
+    reference::rope(x, positions, table);
+    return;
+  }
+  cpu::rope(x.data<float>(), x.size(0), x.size(1), x.stride(0), x.stride(1), positions.data<int32_t>(), table);
+}
+
+void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) {
+  constexpr const char* op = "silu_mul";
+  require_cpu(op, "gate", gate);
+  require_cpu(op, "up", up);
+  require_cpu(op, "out", out);
+  require_dtype(op, "gate", gate, DType::kF32);
+  require_dtype(op, "up", up, DType::kF32);
+  require_dtype(op, "out", out, DType::kF32);
+  require_same_shape(op, "gate", gate, "up", up);
+  require_same_shape(op, "gate", gate, "out", out);
+  require_last_dim_contiguous(op, "gate", gate);
+  require_last_dim_contiguous(op, "up", up);
+  require_last_dim_contiguous(op, "out", out);
+  if (use_reference(op)) {
+    reference::silu_mul(gate, up, out);
+    return;
+  }
+  cpu::silu_mul(gate.data<float>(), RowLayout::of(gate), up.data<float>(), RowLayout::of(up), out.data<float>(),
+                RowLayout::of(out));
+}
+
+void embedding(const Tensor& table, const Tensor& ids, Tensor& out) {
+  constexpr const char* op = "embedding";
+  require_cpu(op, "table", table);
+  require_cpu(op, "out", out);
+  require_rank(op, "table", table, 2);
+  require_float(op, "table", table);
+  require_last_dim_contiguous(op, "table", table);
+  require_rank(op, "out", out, 2);
+  require_dtype(op, "out", out, DType::kF32);
+  require_last_dim_contiguous(op, "out", out);
+  const int64_t n = out.size(0), vocab = table.size(0), d = table.size(1);
+  TACHYON_CHECK(out.size(1) == d, "embedding: out {} for table {}", out.shape_string(), table.shape_string());
+  require_index(op, "ids", ids, n);
+  const int32_t* id = ids.data<int32_t>();
+  for (int64_t t = 0; t < n; ++t) {
+    TACHYON_CHECK(id[t] >= 0 && id[t] < vocab, "embedding: ids[{}] = {} outside the vocabulary of {}", t, id[t], vocab);
+  }
+  if (use_reference(op)) {
+    reference::embedding(table, ids, out);
+    return;
+  }
+  cpu::embedding(table.raw_data(), table.dtype(), table.stride(0), d, id, n, out.data<float>(), out.stride(0));
+}
+
+void softmax(Tensor& x) {
+  constexpr const char* op = "softmax";
+  require_cpu(op, "x", x);
+  require_dtype(op, "x", x, DType::kF32);
+  require_last_dim_contiguous(op, "x", x);
+  if (use_reference(op)) {
+    reference::softmax(x);
+    return;
+  }
+  cpu::softmax(x.data<float>(), RowLayout::of(x));
+}
+
+void store_kv(const Tensor& k, const Tensor& v, const Tensor& slot_mapping, Tensor& k_cache, Tensor& v_cache) {
+  constexpr const char* op = "store_kv";
+  require_cpu(op, "k", k);
+  require_cpu(op, "v", v);
+  const cpu::KvCacheView cache = cache_view(op, k_cache, v_cache);
+  require_rank(op, "k", k, 3);
+  require_dtype(op, "k", k, DType::kF32);
+  require_dtype(op, "v", v, DType::kF32);
+  require_same_shape(op, "k", k, "v", v);
+  require_last_dim_contiguous(op, "k", k);
+  require_last_dim_contiguous(op, "v", v);
+  TACHYON_CHECK(k.size(1) == cache.num_kv_heads && k.size(2) == cache.head_dim, "store_kv: k {} for cache {}",
+                k.shape_string(), k_cache.shape_string());
+  const int64_t n = k.size(0);
+  require_index(op, "slot_mapping", slot_mapping, n);
+  const int32_t* slots = slot_mapping.data<int32_t>();
+  const int64_t num_slots = cache.num_blocks * cache.block_size;
+  for (int64_t t = 0; t < n; ++t) {
+    TACHYON_CHECK(slots[t] < num_slots, "store_kv: slot_mapping[{}] = {} past the cache's {} slots", t, slots[t],
+                  num_slots);
+  }
+  if (use_reference(op)) {
+    reference::store_kv(k, v, slot_mapping, k_cache, v_cache);
+    return;
+  }
+  cpu::store_kv(k.data<float>(), k.stride(0), k.stride(1), v.data<float>(), v.stride(0), v.stride(1), n, slots, cache);
+}
+
+void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttentionMetadata& meta,
+                     const AttentionParams& params, Tensor& out) {
+  constexpr const char* op = "paged_attention";
+  require_cpu(op, "q", q);
+  require_cpu(op, "out", out);
+  const cpu::KvCacheView cache = cache_view(op, k_cache, v_cache);
+  require_rank(op, "q", q, 3);
+  require_dtype(op, "q", q, DType::kF32);
+  require_dtype(op, "out", out, DType::kF32);
+  require_same_shape(op, "q", q, "out", out);
+  require_last_dim_contiguous(op, "q", q);
+  require_last_dim_contiguous(op, "out", out);
+  const int64_t n = q.size(0), num_heads = q.size(1);
+  TACHYON_CHECK(q.size(2) == cache.head_dim, "paged_attention: q {} for cache {}", q.shape_string(),
+                k_cache.shape_string());
+  TACHYON_CHECK(num_heads % cache.num_kv_heads == 0, "paged_attention: {} heads not a multiple of {} kv heads",
+                num_heads, cache.num_kv_heads);
+  TACHYON_CHECK(meta.block_size == cache.block_size, "paged_attention: metadata block_size {} but cache {}",
+                meta.block_size, k_cache.shape_string());
+  TACHYON_CHECK(params.sliding_window >= 0, "paged_attention: sliding_window {}", params.sliding_window);
+
+  // The batch's plan: query rows partition [0, n); every context holds its queries; every block a
+  // query can see is a real block of the cache.
+  const int num_seqs = meta.num_seqs;
+  require_index(op, "query_start", meta.query_start, num_seqs + 1);
+  require_index(op, "context_lens", meta.context_lens, num_seqs);
+  require_cpu(op, "block_tables", meta.block_tables);
+  require_dtype(op, "block_tables", meta.block_tables, DType::kI32);
+  TACHYON_CHECK(
+      meta.block_tables.dim() == 2 && meta.block_tables.size(0) == num_seqs && meta.block_tables.is_contiguous(),
+      "paged_attention: block_tables {} for {} sequences", meta.block_tables.shape_string(), num_seqs);
+  const int32_t* query_start = meta.query_start.data<int32_t>();
+  const int32_t* context_lens = meta.context_lens.data<int32_t>();
+  const int32_t* block_tables = meta.block_tables.data<int32_t>();
+  const int64_t max_blocks = meta.block_tables.size(1);
+  TACHYON_CHECK(num_seqs == 0 || query_start[0] == 0, "paged_attention: query_start[0] = {}", query_start[0]);
+  TACHYON_CHECK(query_start[num_seqs] == n, "paged_attention: query_start[{}] = {} but q has {} rows", num_seqs,
+                query_start[num_seqs], n);
+  for (int s = 0; s < num_seqs; ++s) {
+    const int64_t q_len = query_start[s + 1] - query_start[s];
+    TACHYON_CHECK(q_len >= 0 && q_len <= context_lens[s], "paged_attention: seq {} has {} queries, context {}", s,
+                  q_len, context_lens[s]);
+    if (q_len == 0) continue;
+    const int64_t blocks = (context_lens[s] + cache.block_size - 1) / cache.block_size;
+    TACHYON_CHECK(blocks <= max_blocks, "paged_attention: seq {} needs {} blocks, table holds {}", s, blocks,
+                  max_blocks);
+    // With a sliding window, blocks wholly before the first query's window are never read (a
+    // block manager may have released them).
+    const int64_t first_pos = context_lens[s] - q_len;
+    const int64_t first_key =
+        params.sliding_window > 0 ? std::max<int64_t>(0, first_pos - params.sliding_window + 1) : 0;
+    for (int64_t b = first_key / cache.block_size; b < blocks; ++b) {
+      const int32_t block = block_tables[s * max_blocks + b];
+      TACHYON_CHECK(block >= 0 && block < cache.num_blocks, "paged_attention: seq {} block {} -> {} (cache has {})", s,
+                    b, block, cache.num_blocks);
+    }
+  }
+  if (n == 0) return;
+  if (use_reference(op)) {
+    reference::paged_attention(q, k_cache, v_cache, meta, params, out);
+    return;
+  }
+  cpu::AttentionBatch batch;
+  batch.num_seqs = num_seqs;
+  batch.query_start = query_start;
+  batch.context_lens = context_lens;
+  batch.block_tables = block_tables;
+  batch.max_blocks_per_seq = max_blocks;
+  cpu::paged_attention(q.data<float>(), q.stride(0), q.stride(1), num_heads, cache, batch, params, out.data<float>(),
+                       out.stride(0), out.stride(1));
+}
+
+}  // namespace ops
+}  // namespace tachyon

@@ -1,0 +1,321 @@
+// store_kv and paged_attention. Chain of oracles: fast paged attention (shuffled block tables,
+// several sequences, mixed prefill chunks and decode rows) == reference paged attention (naive
+// gather) == textbook attention over each sequence's contiguous K/V. Cache slots a query must not
+// read (unused blocks, positions before a sliding window) hold NaN, so reading them shows up.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <numeric>
+#include <random>
+
+#include "ops/cpu/reference.h"
+#include "ops/ops.h"
+#include "ops_test_util.h"
+
+namespace tachyon {
+namespace {
+
+using ops::cpu::Isa;
+using testing::all_close;
+
+constexpr double kTol = 1e-5;
+
+struct SeqSpec {
+  int context_len;
+  int q_len;
+};
+
+struct Scenario {
+  int num_heads = 4, num_kv_heads = 2, head_dim = 64, block_size = 16;
+  int sliding_window = 0;
+  DType cache_dtype = DType::kF32;
+  std::vector<SeqSpec> seqs;
+
+  std::string describe() const {
+    std::string s = fmt::format("heads={} kv_heads={} head_dim={} block={} window={} cache={} seqs=", num_heads,
+                                num_kv_heads, head_dim, block_size, sliding_window, dtype_name(cache_dtype));
+    for (const auto& q : seqs) s += fmt::format("({} ctx, {} q)", q.context_len, q.q_len);
+    return s;
+  }
+};
+
+struct Batch {
+  Tensor q;                 // [n, num_heads, head_dim] f32
+  Tensor k_cache, v_cache;  // [num_blocks, block_size, num_kv_heads, head_dim]
+  AttentionMetadata meta;
+  AttentionParams params;
+  std::vector<Tensor> k_seq, v_seq;  // per sequence [context_len, num_kv_heads, head_dim] f32, as cached
+};
+
+// Contiguous random K/V per sequence, scattered into a shared pool of shuffled blocks.
+Batch build(const Scenario& sc, std::mt19937& rng) {
+  Batch b;
+  const int num_seqs = static_cast<int>(sc.seqs.size());
+  std::vector<int> blocks_needed;
+  int total_blocks = 0, max_blocks = 0, n = 0;
+  for (const auto& s : sc.seqs) {
+    const int blocks = (s.context_len + sc.block_size - 1) / sc.block_size;
+    blocks_needed.push_back(blocks);
+    total_blocks += blocks;
+    max_blocks = std::max(max_blocks, blocks);
+    n += s.q_len;
+  }
+  const int pool = total_blocks + 3;  // a few blocks nobody owns (NaN)
+  std::vector<int32_t> ids(static_cast<size_t>(pool));
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), rng);
+
+  const std::vector<int64_t> cache_shape = {pool, sc.block_size, sc.num_kv_heads, sc.head_dim};
+  b.k_cache = testing::nan_tensor(cache_shape, sc.cache_dtype);
+  b.v_cache = testing::nan_tensor(cache_shape, sc.cache_dtype);
+  b.meta.num_seqs = num_seqs;
+  b.meta.block_size = sc.block_size;
+  b.meta.query_start = Tensor::empty({num_seqs + 1}, DType::kI32);
+  b.meta.context_lens = Tensor::empty({num_seqs}, DType::kI32);
+  b.meta.block_tables = Tensor::empty({num_seqs, max_blocks + 2}, DType::kI32);
+  b.meta.slot_mapping = Tensor::empty({n}, DType::kI32);
+  std::fill_n(b.meta.block_tables.data<int32_t>(), b.meta.block_tables.numel(), -1);
+  b.params.scale = 1.0f / std::sqrt(static_cast<float>(sc.head_dim));
+  b.params.sliding_window = sc.sliding_window;
+  b.q = testing::random_tensor({n, sc.num_heads, sc.head_dim}, rng);
+
+  int next_block = 0, row = 0;
+  b.meta.query_start.data<int32_t>()[0] = 0;
+  for (int s = 0; s < num_seqs; ++s) {
+    const SeqSpec& spec = sc.seqs[static_cast<size_t>(s)];
+    int32_t* table = b.meta.block_tables.data<int32_t>() + s * (max_blocks + 2);
+    for (int i = 0; i < blocks_needed[static_cast<size_t>(s)]; ++i) table[i] = ids[static_cast<size_t>(next_block++)];
+    b.meta.context_lens.data<int32_t>()[s] = spec.context_len;
+    b.meta.query_start.data<int32_t>()[s + 1] = row + spec.q_len;
+
+    // K/V as the cache will hold them (rounded to its dtype).
+    const Tensor k =
+        testing::convert(testing::random_tensor({spec.context_len, sc.num_kv_heads, sc.head_dim}, rng), sc.cache_dtype)
+            .to_f32();
+    const Tensor v =
+        testing::convert(testing::random_tensor({spec.context_len, sc.num_kv_heads, sc.head_dim}, rng), sc.cache_dtype)
+            .to_f32();
+    std::vector<int32_t> slots(static_cast<size_t>(spec.context_len));
+    for (int j = 0; j < spec.context_len; ++j) {
+      slots[static_cast<size_t>(j)] = table[j / sc.block_size] * sc.block_size + j % sc.block_size;
+    }
+    ops::reference::store_kv(k, v, testing::i32_tensor(slots), b.k_cache, b.v_cache);
+    for (int j = spec.context_len - spec.q_len; j < spec.context_len; ++j) {
+      b.meta.slot_mapping.data<int32_t>()[row + j - (spec.context_len - spec.q_len)] = slots[static_cast<size_t>(j)];
+    }
+    b.k_seq.push_back(k);
+    b.v_seq.push_back(v);
+
+    if (sc.sliding_window > 0) {
+      // Keys before the first query's window are never read: poison them, and drop whole
+      // blocks from the table as a block manager that frees them would.
+      const int first_key = std::max(0, spec.context_len - spec.q_len - sc.sliding_window + 1);
+      Tensor nan_row = testing::nan_tensor({1, sc.num_kv_heads, sc.head_dim});
+      for (int j = 0; j < first_key; ++j) {
+        ops::reference::store_kv(nan_row, nan_row, testing::i32_tensor({slots[static_cast<size_t>(j)]}), b.k_cache,
+                                 b.v_cache);
+      }
+      for (int i = 0; (i + 1) * sc.block_size <= first_key; ++i) table[i] = -1;
+    }
+    row += spec.q_len;
+  }
+  b.meta.max_query_len = 0;
+  b.meta.max_context_len = 0;
+  for (const auto& s : sc.seqs) {
+    b.meta.max_query_len = std::max(b.meta.max_query_len, s.q_len);
+    b.meta.max_context_len = std::max(b.meta.max_context_len, s.context_len);
+  }
+  return b;
+}
+
+// Decode rows, a whole prompt, a chunked-prefill tail, a context ending exactly on a block edge.
+std::vector<SeqSpec> mixed_seqs(std::mt19937& rng, int block_size) {
+  std::uniform_int_distribution<int> ctx(1, 150), prompt(1, 60), chunk(2, 20);
+  std::vector<SeqSpec> seqs;
+  seqs.push_back({ctx(rng), 1});
+  const int p = prompt(rng);
+  seqs.push_back({p, p});
+  const int c = std::uniform_int_distribution<int>(30, 150)(rng);
+  seqs.push_back({c, std::min(c, chunk(rng))});
+  seqs.push_back({2 * block_size, 1});
+  std::shuffle(seqs.begin(), seqs.end(), rng);
+  return seqs;
+}
+
+std::vector<Scenario> scenarios(std::mt19937& rng) {
+  std::vector<Scenario> out;
+  const std::vector<std::pair<int, int>> head_configs = {{4, 4}, {8, 4}, {8, 2}, {14, 2}, {8, 1}};
+  const std::vector<int> head_dims = {64, 128, 48, 20};
+  const std::vector<int> windows = {0, 7, 40};
+  const std::vector<DType> dtypes = {DType::kF32, DType::kBF16, DType::kF16};
+  int i = 0;
+  for (auto [h, kvh] : head_configs) {
+    for (int hd : head_dims) {
+      Scenario s;
+      s.num_heads = h;
+      s.num_kv_heads = kvh;
+      s.head_dim = hd;
+      s.block_size = (i % 4 == 3) ? 5 : 16;
+      s.sliding_window = windows[static_cast<size_t>(i % 3)];
+      s.cache_dtype = dtypes[static_cast<size_t>((i / 3) % 3)];
+      s.seqs = mixed_seqs(rng, s.block_size);
+      out.push_back(s);
+      ++i;
+    }
+  }
+  return out;
+}
+
+Tensor reference_paged(const Batch& b) {
+  Tensor out = testing::nan_tensor(b.q.shape());
+  ops::reference::paged_attention(b.q, b.k_cache, b.v_cache, b.meta, b.params, out);
+  return out;
+}
+
+TEST(PagedAttention, MatchesReference) {
+  const uint32_t seed = testing::fresh_seed();
+  SCOPED_TRACE(fmt::format("seed {}", seed));
+  std::mt19937 rng(seed);
+  for (const Scenario& sc : scenarios(rng)) {
+    const Batch b = build(sc, rng);
+    const Tensor expected = reference_paged(b);
+    for (Isa isa : testing::simd_isas()) {
+      testing::IsaScope scope(isa);
+      Tensor out = testing::nan_tensor(b.q.shape());
+      ops::paged_attention(b.q, b.k_cache, b.v_cache, b.meta, b.params, out);
+      ASSERT_TRUE(all_close(out, expected, kTol, fmt::format("{} {}", ops::cpu::isa_name(isa), sc.describe())));
+    }
+  }
+}
+
+// The reference's paged gather == textbook attention over each sequence's contiguous K/V.
+TEST(PagedAttention, ReferenceMatchesContiguousAttention) {
+  const uint32_t seed = testing::fresh_seed();
+  SCOPED_TRACE(fmt::format("seed {}", seed));
+  std::mt19937 rng(seed);
+  for (const Scenario& sc : scenarios(rng)) {
+    const Batch b = build(sc, rng);
+    const Tensor paged = reference_paged(b);
+    int row = 0;
+    for (size_t s = 0; s < sc.seqs.size(); ++s) {
+      const int q_len = sc.seqs[s].q_len;
+      const Tensor q = b.q.slice(0, row, row + q_len).contiguous();
+      Tensor expected = testing::nan_tensor(q.shape());
+      ops::reference::contiguous_attention(q, b.k_seq[s], b.v_seq[s], b.params, expected);
+      ASSERT_TRUE(
+          all_close(paged.slice(0, row, row + q_len), expected, 1e-6, fmt::format("seq {} of {}", s, sc.describe())));
+      row += q_len;
+    }
+  }
+}
+
+// A prompt attended in one prefill == the same prompt in chunks and then decode steps.
+TEST(PagedAttention, ChunkedPrefillAndDecodeMatchOneShot) {
+  const uint32_t seed = testing::fresh_seed();
+  SCOPED_TRACE(fmt::format("seed {}", seed));
+  std::mt19937 rng(seed);
+  Scenario sc;
+  sc.num_heads = 8;
+  sc.num_kv_heads = 2;
+  sc.head_dim = 64;
+  const int length = 70;
+  sc.seqs = {{length, length}};
+  const Batch whole = build(sc, rng);
+  Tensor one_shot = testing::nan_tensor(whole.q.shape());
+  ops::paged_attention(whole.q, whole.k_cache, whole.v_cache, whole.meta, whole.params, one_shot);
+
+  // Steps: [0, 30), [30, 61), then one token at a time; each step sees the cache up to its end.
+  std::vector<std::pair<int, int>> steps = {{0, 30}, {30, 61}};
+  for (int p = 61; p < length; ++p) steps.push_back({p, p + 1});
+  for (auto [begin, end] : steps) {
+    AttentionMetadata meta = whole.meta;
+    meta.query_start = testing::i32_tensor({0, end - begin});
+    meta.context_lens = testing::i32_tensor({end});
+    Tensor q = whole.q.slice(0, begin, end);
+    Tensor out = testing::nan_tensor(q.shape());
+    ops::paged_attention(q, whole.k_cache, whole.v_cache, meta, whole.params, out);
+    ASSERT_TRUE(all_close(out, one_shot.slice(0, begin, end), 1e-6, fmt::format("step [{}, {})", begin, end)));
+  }
+}
+
+// q and out as strided views (q of a fused QKV output; out inside a wider buffer).
+TEST(PagedAttention, StridedQueryAndOutput) {
+  const uint32_t seed = testing::fresh_seed();
+  SCOPED_TRACE(fmt::format("seed {}", seed));
+  std::mt19937 rng(seed);
+  Scenario sc;
+  sc.num_heads = 6;
+  sc.num_kv_heads = 2;
+  sc.head_dim = 32;
+  sc.seqs = {{40, 5}, {17, 1}};
+  const Batch b = build(sc, rng);
+  const int64_t n = b.q.size(0);
+  Tensor qkv = testing::random_tensor({n, sc.num_heads + 2 * sc.num_kv_heads, sc.head_dim}, rng);
+  Tensor q = qkv.slice(1, 0, sc.num_heads);
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t h = 0; h < sc.num_heads; ++h) {
+      for (int64_t i = 0; i < sc.head_dim; ++i) {
+        q.data<float>()[t * q.stride(0) + h * q.stride(1) + i] =
+            b.q.data<float>()[(t * sc.num_heads + h) * sc.head_dim + i];
+      }
+    }
+  }
+  Tensor wide = testing::nan_tensor({n, sc.num_heads + 1, sc.head_dim});
+  Tensor out = wide.slice(1, 1, sc.num_heads + 1);
+  for (Isa isa : testing::simd_isas()) {
+    testing::IsaScope scope(isa);
+    ops::paged_attention(q, b.k_cache, b.v_cache, b.meta, b.params, out);
+    ASSERT_TRUE(all_close(out, reference_paged(b), kTol, ops::cpu::isa_name(isa)));
+  }
+}
+
+TEST(PagedAttention, ThreadCountsAgree) {
+  const uint32_t seed = testing::fresh_seed();
+  SCOPED_TRACE(fmt::format("seed {}", seed));
+  std::mt19937 rng(seed);
+  Scenario sc;
+  sc.num_heads = 14;
+  sc.num_kv_heads = 2;
+  sc.head_dim = 64;
+  sc.seqs = mixed_seqs(rng, sc.block_size);
+  const Batch b = build(sc, rng);
+  const Tensor expected = reference_paged(b);
+  for (int threads : {1, 2, 3, 7}) {
+    testing::ThreadScope ts(threads);
+    Tensor out = testing::nan_tensor(b.q.shape());
+    ops::paged_attention(b.q, b.k_cache, b.v_cache, b.meta, b.params, out);
+    ASSERT_TRUE(all_close(out, expected, kTol, fmt::format("threads={} {}", threads, sc.describe())));
+  }
+}
+
+TEST(StoreKv, MatchesReferenceBitwise) {
+  const uint32_t seed = testing::fresh_seed();
+  SCOPED_TRACE(fmt::format("seed {}", seed));
+  std::mt19937 rng(seed);
+  for (Isa isa : testing::simd_isas()) {
+    testing::IsaScope scope(isa);
+    for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+      const int64_t num_blocks = 7, block_size = 16, kv_heads = 3, head_dim = 24, n = 29;
+      // k, v as strided views of a fused QKV output.
+      Tensor qkv = testing::random_tensor({n, 2 + 2 * kv_heads, head_dim}, rng, -70000.0f, 70000.0f);
+      Tensor k = qkv.slice(1, 2, 2 + kv_heads), v = qkv.slice(1, 2 + kv_heads, 2 + 2 * kv_heads);
+      std::vector<int32_t> all_slots(static_cast<size_t>(num_blocks * block_size));
+      std::iota(all_slots.begin(), all_slots.end(), 0);
+      std::shuffle(all_slots.begin(), all_slots.end(), rng);
+      std::vector<int32_t> slots(all_slots.begin(), all_slots.begin() + n);
+      slots[3] = -1;  // padding tokens store nothing
+      slots[17] = -1;
+      const Tensor slot_mapping = testing::i32_tensor(slots);
+      Tensor k_cache = testing::nan_tensor({num_blocks, block_size, kv_heads, head_dim}, dtype);
+      Tensor v_cache = testing::nan_tensor({num_blocks, block_size, kv_heads, head_dim}, dtype);
+      Tensor k_ref = k_cache.contiguous(), v_ref = v_cache.contiguous();
+      ops::store_kv(k, v, slot_mapping, k_cache, v_cache);
+      ops::reference::store_kv(k.contiguous(), v.contiguous(), slot_mapping, k_ref, v_ref);
+      ASSERT_TRUE(testing::bitwise_equal(k_cache, k_ref, fmt::format("k {}", dtype_name(dtype))));
+      ASSERT_TRUE(testing::bitwise_equal(v_cache, v_ref, fmt::format("v {}", dtype_name(dtype))));
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tachyon
