@@ -1,0 +1,40 @@
+#include "kv/kv_cache.h"
+
+namespace tachyon {
+
+size_t KvCacheConfig::bytes_per_token() const {
+  return 2ull * static_cast<size_t>(num_layers) * static_cast<size_t>(num_kv_heads) *
+         static_cast<size_t>(head_dim) * dtype_size(dtype);
+}
+
+int KvCacheConfig::blocks_for_budget(size_t budget_bytes) const {
+  const size_t per_block = bytes_per_block();
+  if (per_block == 0) return 0;
+  const size_t n = budget_bytes / per_block;
+  return n > static_cast<size_t>(INT32_MAX) ? INT32_MAX : static_cast<int>(n);
+}
+
+Result<KvCache> KvCache::create(const KvCacheConfig& config) {
+  if (config.num_layers <= 0 || config.num_kv_heads <= 0 || config.head_dim <= 0 || config.block_size <= 0 ||
+      config.num_blocks <= 0) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "kv cache: layers={} kv_heads={} head_dim={} block_size={} num_blocks={} must all be positive",
+                      config.num_layers, config.num_kv_heads, config.head_dim, config.block_size, config.num_blocks);
+  }
+  KvCache cache;
+  cache.config_ = config;
+  const std::vector<int64_t> shape = {config.num_blocks, config.block_size, config.num_kv_heads, config.head_dim};
+  for (int l = 0; l < config.num_layers; ++l) {
+    auto k = Tensor::try_empty(shape, config.dtype);
+    auto v = Tensor::try_empty(shape, config.dtype);
+    if (!k.ok() || !v.ok()) {
+      return make_error(ErrorCode::kOutOfMemory, "kv cache: cannot allocate {} blocks ({} bytes in all)",
+                        config.num_blocks, config.bytes_per_block() * static_cast<size_t>(config.num_blocks));
+    }
+    cache.k_.push_back(std::move(k).value());
+    cache.v_.push_back(std::move(v).value());
+  }
+  return cache;
+}
+
+}  // namespace tachyon

@@ -1,0 +1,341 @@
+#include "model/model_loader.h"
+
+#include <filesystem>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "core/log.h"
+#include "core/timer.h"
+#include "io/gguf.h"
+#include "io/hf_dir.h"
+#include "io/json_file.h"
+#include "io/llama2c.h"
+#include "io/model_format.h"
+#include "model/synthetic.h"
+
+namespace tachyon {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// Where each tensor of the model lives in a container's namespace.
+struct TensorNames {
+  std::string embed, final_norm, lm_head;
+  std::string (*layer)(int layer, const char* role);
+};
+
+std::string hf_layer_name(int layer, const char* role) {
+  static const std::map<std::string, std::string> kRoles = {
+      {"attn_norm", "input_layernorm.weight"},   {"q", "self_attn.q_proj.weight"},
+      {"k", "self_attn.k_proj.weight"},          {"v", "self_attn.v_proj.weight"},
+      {"o", "self_attn.o_proj.weight"},          {"q_bias", "self_attn.q_proj.bias"},
+      {"k_bias", "self_attn.k_proj.bias"},       {"v_bias", "self_attn.v_proj.bias"},
+      {"o_bias", "self_attn.o_proj.bias"},       {"q_norm", "self_attn.q_norm.weight"},
+      {"k_norm", "self_attn.k_norm.weight"},     {"ffn_norm", "post_attention_layernorm.weight"},
+      {"gate", "mlp.gate_proj.weight"},          {"up", "mlp.up_proj.weight"},
+      {"down", "mlp.down_proj.weight"}};
+  return "model.layers." + std::to_string(layer) + "." + kRoles.at(role);
+}
+
+std::string gguf_layer_name(int layer, const char* role) {
+  static const std::map<std::string, std::string> kRoles = {
+      {"attn_norm", "attn_norm.weight"}, {"q", "attn_q.weight"},        {"k", "attn_k.weight"},
+      {"v", "attn_v.weight"},            {"o", "attn_output.weight"},   {"q_bias", "attn_q.bias"},
+      {"k_bias", "attn_k.bias"},         {"v_bias", "attn_v.bias"},     {"o_bias", "attn_output.bias"},
+      {"q_norm", "attn_q_norm.weight"},  {"k_norm", "attn_k_norm.weight"}, {"ffn_norm", "ffn_norm.weight"},
+      {"gate", "ffn_gate.weight"},       {"up", "ffn_up.weight"},       {"down", "ffn_down.weight"}};
+  return "blk." + std::to_string(layer) + "." + kRoles.at(role);
+}
+
+const TensorNames kHfNames{"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight", &hf_layer_name};
+const TensorNames kGgufNames{"token_embd.weight", "output_norm.weight", "output.weight", &gguf_layer_name};
+
+class WeightReader {
+ public:
+  WeightReader(const WeightSource& source, std::string what) : source_(source), what_(std::move(what)) {}
+
+  // A tensor that must exist with exactly `shape`.
+  Result<Tensor> get(const std::string& name, const std::vector<int64_t>& shape) const {
+    const TensorMeta* meta = source_.find(name);
+    if (meta == nullptr) return make_error(ErrorCode::kNotFound, "{}: tensor '{}' is missing", what_, name);
+    if (meta->shape != shape) {
+      return make_error(ErrorCode::kCorruptFile, "{}: tensor '{}' has shape {}, expected {}", what_, name,
+                        fmt::format("{}", fmt::join(meta->shape, "x")), fmt::format("{}", fmt::join(shape, "x")));
+    }
+    TACHYON_ASSIGN_OR_RETURN(Tensor t, source_.tensor(name));
+    if (t.dtype() != DType::kF32 && t.dtype() != DType::kF16 && t.dtype() != DType::kBF16) {
+      return make_error(ErrorCode::kUnsupported, "{}: tensor '{}' has dtype {}; weights must be f32, f16 or bf16",
+                        what_, name, dtype_name(t.dtype()));
+    }
+    dtypes_.insert(dtype_name(t.dtype()));
+    return t;
+  }
+  Result<Weight> linear(const std::string& name, int64_t out, int64_t in) const {
+    TACHYON_ASSIGN_OR_RETURN(Tensor t, get(name, {out, in}));
+    Weight w;
+    w.dense = std::move(t);
+    return w;
+  }
+  // Norm weights and biases: small, converted to f32.
+  Result<Tensor> vector(const std::string& name, int64_t n) const {
+    TACHYON_ASSIGN_OR_RETURN(Tensor t, get(name, {n}));
+    return t.dtype() == DType::kF32 ? t : t.to_f32();
+  }
+  Result<Tensor> optional_vector(const std::string& name, int64_t n) const {
+    if (!source_.has(name)) return Tensor();
+    return vector(name, n);
+  }
+  bool has(const std::string& name) const { return source_.has(name); }
+  std::string dtypes() const { return fmt::format("{}", fmt::join(dtypes_, ", ")); }
+
+ private:
+  const WeightSource& source_;
+  std::string what_;
+  mutable std::set<std::string> dtypes_;
+};
+
+Result<ModelWeights> read_weights(const WeightReader& r, const ModelConfig& c, const TensorNames& names) {
+  ModelWeights w;
+  TACHYON_ASSIGN_OR_RETURN(w.embed_tokens, r.get(names.embed, {c.vocab_size, c.hidden_size}));
+  for (int l = 0; l < c.num_layers; ++l) {
+    LayerWeights lw;
+    auto n = [&](const char* role) { return names.layer(l, role); };
+    TACHYON_ASSIGN_OR_RETURN(lw.attn_norm, r.vector(n("attn_norm"), c.hidden_size));
+    TACHYON_ASSIGN_OR_RETURN(lw.q_proj, r.linear(n("q"), c.q_dim(), c.hidden_size));
+    TACHYON_ASSIGN_OR_RETURN(lw.k_proj, r.linear(n("k"), c.kv_dim(), c.hidden_size));
+    TACHYON_ASSIGN_OR_RETURN(lw.v_proj, r.linear(n("v"), c.kv_dim(), c.hidden_size));
+    TACHYON_ASSIGN_OR_RETURN(lw.o_proj, r.linear(n("o"), c.hidden_size, c.q_dim()));
+    if (c.attention_bias) {
+      TACHYON_ASSIGN_OR_RETURN(lw.q_bias, r.vector(n("q_bias"), c.q_dim()));
+      TACHYON_ASSIGN_OR_RETURN(lw.k_bias, r.vector(n("k_bias"), c.kv_dim()));
+      TACHYON_ASSIGN_OR_RETURN(lw.v_bias, r.vector(n("v_bias"), c.kv_dim()));
+    }
+    TACHYON_ASSIGN_OR_RETURN(lw.o_bias, r.optional_vector(n("o_bias"), c.hidden_size));
+    if (c.qk_norm) {
+      TACHYON_ASSIGN_OR_RETURN(lw.q_norm, r.vector(n("q_norm"), c.head_dim));
+      TACHYON_ASSIGN_OR_RETURN(lw.k_norm, r.vector(n("k_norm"), c.head_dim));
+    }
+    TACHYON_ASSIGN_OR_RETURN(lw.ffn_norm, r.vector(n("ffn_norm"), c.hidden_size));
+    TACHYON_ASSIGN_OR_RETURN(lw.gate_proj, r.linear(n("gate"), c.intermediate_size, c.hidden_size));
+    TACHYON_ASSIGN_OR_RETURN(lw.up_proj, r.linear(n("up"), c.intermediate_size, c.hidden_size));
+    TACHYON_ASSIGN_OR_RETURN(lw.down_proj, r.linear(n("down"), c.hidden_size, c.intermediate_size));
+    w.layers.push_back(std::move(lw));
+  }
+  TACHYON_ASSIGN_OR_RETURN(w.final_norm, r.vector(names.final_norm, c.hidden_size));
+  if (c.tie_word_embeddings || !r.has(names.lm_head)) {
+    w.lm_head.dense = w.embed_tokens;
+  } else {
+    TACHYON_ASSIGN_OR_RETURN(w.lm_head, r.linear(names.lm_head, c.vocab_size, c.hidden_size));
+  }
+  return w;
+}
+
+void merge_ids(std::vector<int32_t>& into, const std::vector<int32_t>& ids) {
+  for (int32_t id : ids) {
+    if (id >= 0 && std::find(into.begin(), into.end(), id) == into.end()) into.push_back(id);
+  }
+}
+
+std::vector<int32_t> json_ids(const nlohmann::json& j, const char* key) {
+  std::vector<int32_t> out;
+  auto it = j.find(key);
+  if (it == j.end()) return out;
+  if (it->is_number_integer()) out.push_back(it->get<int32_t>());
+  if (it->is_array()) {
+    for (const auto& v : *it) {
+      if (v.is_number_integer()) out.push_back(v.get<int32_t>());
+    }
+  }
+  return out;
+}
+
+Status load_hf(const std::string& path, LoadedModel& out) {
+  {
+    // The architecture is checked before anything else is opened: an unsupported model is
+    // reported as such, not as whatever file it happens to lack.
+    const std::string config_path = (fs::path(path) / "config.json").string();
+    TACHYON_ASSIGN_OR_RETURN(nlohmann::json config_json, read_json_file(config_path));
+    TACHYON_RETURN_IF_ERROR(model_config_from_hf(config_json, config_path).status());
+  }
+  TACHYON_ASSIGN_OR_RETURN(HfDirectory dir, HfDirectory::open(path));
+  TACHYON_ASSIGN_OR_RETURN(ModelConfig config, model_config_from_hf(dir.config(), dir.config_path()));
+  if (!dir.weights()) return make_error(ErrorCode::kNotFound, "{}: no *.safetensors weights found", path);
+  WeightReader reader(*dir.weights(), dir.weights_path());
+  TACHYON_ASSIGN_OR_RETURN(ModelWeights weights, read_weights(reader, config, kHfNames));
+  if (!config.tie_word_embeddings && !dir.weights()->has(kHfNames.lm_head)) {
+    return make_error(ErrorCode::kNotFound, "{}: tensor '{}' is missing and tie_word_embeddings is false",
+                      dir.weights_path(), kHfNames.lm_head);
+  }
+  out.weight_dtypes = reader.dtypes();
+  if (!dir.tokenizer_json_path().empty()) {
+    TACHYON_ASSIGN_OR_RETURN(out.tokenizer,
+                             Tokenizer::from_hf_json(dir.tokenizer_json_path(), dir.tokenizer_config_path()));
+  }
+  out.bos_token_id = config.bos_token_id;
+  merge_ids(out.eos_token_ids, config.eos_token_ids);
+  if (dir.generation_config()) {
+    merge_ids(out.eos_token_ids, json_ids(*dir.generation_config(), "eos_token_id"));
+    auto bos = json_ids(*dir.generation_config(), "bos_token_id");
+    if (!bos.empty()) out.bos_token_id = bos[0];
+  }
+  out.format = "hf";
+  out.path = dir.path();
+  out.model = std::make_unique<LlamaModel>(std::move(config), std::move(weights));
+  return Status::Ok();
+}
+
+Status load_gguf(const std::string& path, LoadedModel& out) {
+  TACHYON_ASSIGN_OR_RETURN(auto source, GgufWeightSource::open(path));
+  const GgufFile& gguf = source->file();
+  TACHYON_ASSIGN_OR_RETURN(ModelConfig config, model_config_from_gguf(gguf));
+  if (source->has("rope_freqs.weight")) {
+    TACHYON_ASSIGN_OR_RETURN(Tensor f, source->tensor("rope_freqs.weight"));
+    if (f.dim() != 1 || f.size(0) != config.rope.rotary_dim / 2) {
+      return make_error(ErrorCode::kCorruptFile, "{}: rope_freqs.weight has shape {}, expected [{}]", path,
+                        f.shape_string(), config.rope.rotary_dim / 2);
+    }
+    Tensor f32 = f.to_f32();
+    config.rope_freq_divisors.assign(f32.data<float>(), f32.data<float>() + f32.numel());
+  }
+  WeightReader reader(*source, path);
+  TACHYON_ASSIGN_OR_RETURN(ModelWeights weights, read_weights(reader, config, kGgufNames));
+  out.weight_dtypes = reader.dtypes();
+  if (gguf.has("tokenizer.ggml.model")) {
+    TACHYON_ASSIGN_OR_RETURN(out.tokenizer, Tokenizer::from_gguf(gguf));
+  }
+  out.bos_token_id = config.bos_token_id;
+  merge_ids(out.eos_token_ids, config.eos_token_ids);
+  out.format = "gguf";
+  out.path = path;
+  out.model = std::make_unique<LlamaModel>(std::move(config), std::move(weights));
+  return Status::Ok();
+}
+
+Status load_llama2c(const std::string& path, LoadedModel& out) {
+  TACHYON_ASSIGN_OR_RETURN(auto ckpt, Llama2cCheckpoint::open(path));
+  const Llama2cConfig& lc = ckpt->config();
+  ModelConfig c;
+  c.architecture = "llama2.c";
+  c.vocab_size = lc.vocab_size;
+  c.hidden_size = lc.dim;
+  c.intermediate_size = lc.hidden_dim;
+  c.num_layers = lc.n_layers;
+  c.num_heads = lc.n_heads;
+  c.num_kv_heads = lc.n_kv_heads;
+  c.head_dim = lc.head_size();
+  c.max_position_embeddings = lc.seq_len;
+  c.rms_norm_eps = Llama2cConfig::kRmsNormEps;
+  c.rope.theta = Llama2cConfig::kRopeTheta;
+  c.rope.rotary_dim = c.head_dim;
+  c.rope.style = RopeStyle::kInterleaved;  // llama2.c rotates adjacent pairs
+  c.tie_word_embeddings = lc.shared_classifier;
+  c.bos_token_id = 1;
+  c.eos_token_ids = {2};
+  TACHYON_RETURN_IF_ERROR(c.validate(path));
+  WeightReader reader(*ckpt, path);
+  TACHYON_ASSIGN_OR_RETURN(ModelWeights weights, read_weights(reader, c, kHfNames));
+  out.weight_dtypes = reader.dtypes();
+  auto tok_path = find_llama2c_tokenizer(path, c.vocab_size);
+  if (tok_path.ok()) {
+    TACHYON_ASSIGN_OR_RETURN(out.tokenizer, Tokenizer::from_llama2c(*tok_path, c.vocab_size));
+  } else {
+    TACHYON_LOG_WARN("{}", tok_path.status().message());
+  }
+  out.bos_token_id = c.bos_token_id;
+  out.eos_token_ids = c.eos_token_ids;
+  out.format = "llama2c";
+  out.path = path;
+  out.model = std::make_unique<LlamaModel>(std::move(c), std::move(weights));
+  return Status::Ok();
+}
+
+Status load_synthetic(const LoadOptions& options, const std::string& preset, LoadedModel& out) {
+  TACHYON_ASSIGN_OR_RETURN(ModelConfig config, synthetic_config(preset));
+  SyntheticOptions so;
+  so.preset = preset;
+  so.weight_dtype = options.synthetic_dtype;
+  so.seed = options.synthetic_seed;
+  TACHYON_ASSIGN_OR_RETURN(ModelWeights weights, make_synthetic_weights(config, so));
+  out.format = "synthetic";
+  out.path = "synthetic:" + preset;
+  out.weight_dtypes = dtype_name(options.synthetic_dtype);
+  out.bos_token_id = config.bos_token_id;
+  out.eos_token_ids = config.eos_token_ids;
+  out.model = std::make_unique<LlamaModel>(std::move(config), std::move(weights));
+  return Status::Ok();
+}
+
+// A directory holding a llama2.c checkpoint (and no config.json): the one *.bin that is not a
+// tokenizer.
+Result<std::string> llama2c_in_directory(const std::string& dir) {
+  std::vector<std::string> found;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (e.path().extension() == ".bin" && name != "tokenizer.bin" && name.rfind("tok", 0) != 0) {
+      found.push_back(e.path().string());
+    }
+  }
+  if (found.size() == 1) return found[0];
+  return make_error(ErrorCode::kNotFound, "{}: {} llama2.c checkpoints (*.bin) found, expected one", dir, found.size());
+}
+
+Result<std::string> gguf_in_directory(const std::string& dir) {
+  std::vector<std::string> found;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    if (e.path().extension() == ".gguf") found.push_back(e.path().string());
+  }
+  if (found.size() == 1) return found[0];
+  return make_error(ErrorCode::kNotFound, "{}: {} *.gguf files found", dir, found.size());
+}
+
+}  // namespace
+
+Result<LoadedModel> load_model(const LoadOptions& options) {
+  Timer timer;
+  LoadedModel out;
+  const std::string& path = options.path;
+  Status status;
+  if (path.rfind("synthetic:", 0) == 0) {
+    status = load_synthetic(options, path.substr(10), out);
+  } else if (fs::is_directory(path)) {
+    if (fs::exists(fs::path(path) / "config.json")) {
+      status = load_hf(path, out);
+    } else if (auto gguf = gguf_in_directory(path); gguf.ok()) {
+      status = load_gguf(*gguf, out);
+    } else if (auto bin = llama2c_in_directory(path); bin.ok()) {
+      status = load_llama2c(*bin, out);
+    } else {
+      status = make_error(ErrorCode::kNotFound,
+                          "{}: no model found (expected config.json + *.safetensors, one *.gguf, or a llama2.c *.bin)",
+                          path);
+    }
+  } else {
+    TACHYON_ASSIGN_OR_RETURN(ModelFormat format, detect_model_format(path));
+    switch (format) {
+      case ModelFormat::kGguf: status = load_gguf(path, out); break;
+      case ModelFormat::kLlama2c: status = load_llama2c(path, out); break;
+      case ModelFormat::kHfDirectory: status = load_hf(path, out); break;
+      case ModelFormat::kSafetensors: {
+        // A bare safetensors file or index: its directory must hold config.json.
+        const std::string dir = fs::path(path).parent_path().string();
+        status = load_hf(dir.empty() ? "." : dir, out);
+        break;
+      }
+    }
+  }
+  TACHYON_RETURN_IF_ERROR(status);
+  if (out.tokenizer) {
+    if (out.bos_token_id < 0) out.bos_token_id = out.tokenizer->bos_id();
+    merge_ids(out.eos_token_ids, out.tokenizer->eos_ids());
+  }
+  out.load_seconds = timer.seconds();
+  TACHYON_LOG_INFO("loaded {} ({}) in {:.2f} s: {}; weights {}", out.path, out.format, out.load_seconds,
+                   out.model->config().summary(), out.weight_dtypes);
+  return out;
+}
+
+}  // namespace tachyon

@@ -1,0 +1,170 @@
+// The engine's logits against Hugging Face transformers (float32, CPU) on tiny random-weight
+// models of every supported family, loaded from the HF directory and from GGUF files written by
+// the `gguf` package: every prompt position, and 16 greedy decode steps through the paged cache.
+#include <gtest/gtest.h>
+
+#include "fixture.h"
+#include "kv/block_allocator.h"
+#include "kv/kv_cache.h"
+#include "model/forward_batch.h"
+#include "model/model_loader.h"
+#include "test_util.h"
+
+namespace tachyon {
+namespace {
+
+using testing::argmax;
+using testing::ModelFixture;
+using testing::relative_error;
+
+constexpr double kTolerance = 1e-4;  // max relative error in f32
+
+struct Session {
+  const LlamaModel* model;
+  KvCache cache;
+  BlockAllocator allocator;
+  BlockTable table;
+
+  static Session make(const LlamaModel& model, int max_tokens, int block_size = 16) {
+    const ModelConfig& c = model.config();
+    KvCacheConfig kv;
+    kv.num_layers = c.num_layers;
+    kv.num_kv_heads = c.num_kv_heads;
+    kv.head_dim = c.head_dim;
+    kv.block_size = block_size;
+    kv.num_blocks = (max_tokens + block_size - 1) / block_size + 2;
+    auto cache = KvCache::create(kv);
+    EXPECT_TRUE(cache.ok());
+    return Session{&model, std::move(cache).value(), BlockAllocator(kv.num_blocks), BlockTable(block_size)};
+  }
+
+  // Appends `tokens`, returning logits of every one of them [len, vocab].
+  Tensor run(std::span<const int32_t> tokens) {
+    const int start = table.num_tokens();
+    EXPECT_TRUE(table.grow_to(start + static_cast<int>(tokens.size()), allocator).ok());
+    SequenceChunk chunk{&table, start, tokens, LogitsWanted::kAll};
+    ForwardBatch batch = build_forward_batch({chunk});
+    Tensor logits;
+    const Status s = model->forward(batch, cache, logits);
+    EXPECT_TRUE(s.ok()) << s.to_string();
+    return logits;
+  }
+};
+
+LoadedModel load(const std::string& path) {
+  LoadOptions o;
+  o.path = path;
+  auto m = load_model(o);
+  EXPECT_TRUE(m.ok()) << path << ": " << m.status().to_string();
+  return std::move(m).value();
+}
+
+// Prompt logits (in one forward, and again in chunks of 5 through the paged cache) and 16
+// greedy decode steps, against the reference arrays.
+void check_against_fixture(const LlamaModel& model, const ModelFixture& f, const std::string& prompt_key,
+                           bool check_decode, double tolerance) {
+  const Tensor& ref_prompt = f.arrays.at(prompt_key);
+  const int64_t vocab = ref_prompt.size(1);
+  ASSERT_EQ(vocab, model.config().vocab_size);
+  const int P = static_cast<int>(f.prompt_ids.size());
+  Session s = Session::make(model, P + 20, /*block_size=*/4);  // small blocks: many block boundaries
+  Tensor logits = s.run(f.prompt_ids);
+  for (int i = 0; i < P; ++i) {
+    EXPECT_LE(relative_error(logits.data<float>() + i * vocab, ref_prompt.data<float>() + i * vocab, vocab), tolerance)
+        << f.dir << " " << prompt_key << " position " << i;
+  }
+  // Chunked prefill over the paged cache gives the same logits.
+  Session chunked = Session::make(model, P + 4, /*block_size=*/16);
+  for (int start = 0; start < P; start += 5) {
+    const int len = std::min(5, P - start);
+    Tensor part = chunked.run(std::span<const int32_t>(f.prompt_ids).subspan(static_cast<size_t>(start), static_cast<size_t>(len)));
+    for (int i = 0; i < len; ++i) {
+      EXPECT_LE(relative_error(part.data<float>() + i * vocab, ref_prompt.data<float>() + (start + i) * vocab, vocab),
+                tolerance)
+          << f.dir << " chunked prefill, position " << start + i;
+    }
+  }
+  if (!check_decode) return;
+  const Tensor& ref_decode = f.arrays.at("decode_logits");
+  int32_t next = argmax(logits.data<float>() + (P - 1) * vocab, vocab);
+  for (size_t step = 0; step < f.decode_ids.size(); ++step) {
+    ASSERT_EQ(next, f.decode_ids[step]) << f.dir << " greedy step " << step;
+    Tensor step_logits = s.run(std::span<const int32_t>(&f.decode_ids[step], 1));
+    EXPECT_LE(relative_error(step_logits.data<float>(), ref_decode.data<float>() + static_cast<int64_t>(step) * vocab, vocab),
+              tolerance)
+        << f.dir << " decode step " << step;
+    next = argmax(step_logits.data<float>(), vocab);
+  }
+}
+
+class Conformance : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Conformance, HfDirectoryMatchesTransformers) {
+  const ModelFixture f = testing::read_model_fixture(GetParam());
+  LoadedModel m = load(f.dir);
+  check_against_fixture(*m.model, f, "prompt_logits", true, kTolerance);
+}
+
+TEST_P(Conformance, GgufMatchesTransformers) {
+  const ModelFixture f = testing::read_model_fixture(GetParam());
+  LoadedModel m = load(f.dir + "/model.gguf");
+  EXPECT_EQ(m.format, "gguf");
+  check_against_fixture(*m.model, f, "prompt_logits", true, kTolerance);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, Conformance,
+                         ::testing::Values("llama", "llama3-scaled", "llama-tied", "qwen2", "qwen3", "mistral"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           for (auto& ch : n) if (ch == '-') ch = '_';
+                           return n;
+                         });
+
+// F16 and Q8_0 GGUF weights (dequantized on load) against a float64 numpy forward over the same
+// dequantized weights.
+TEST(Conformance, GgufF16AndQ8_0) {
+  const ModelFixture f = testing::read_model_fixture("llama");
+  LoadedModel f16 = load(f.dir + "/model-f16.gguf");
+  EXPECT_EQ(f16.weight_dtypes.find("f16") != std::string::npos, true) << f16.weight_dtypes;
+  check_against_fixture(*f16.model, f, "gguf_f16_prompt_logits", false, kTolerance);
+  LoadedModel q8 = load(f.dir + "/model-q8_0.gguf");
+  check_against_fixture(*q8.model, f, "gguf_q8_0_prompt_logits", false, kTolerance);
+}
+
+// Two sequences in one flattened batch (a prefill chunk and a decode token) give the same
+// logits as each run alone.
+TEST(Conformance, BatchedEqualsAlone) {
+  const ModelFixture f = testing::read_model_fixture("qwen2");
+  LoadedModel m = load(f.dir);
+  const LlamaModel& model = *m.model;
+  const int64_t vocab = model.config().vocab_size;
+  const std::vector<int32_t> a(f.prompt_ids.begin(), f.prompt_ids.end());
+  const std::vector<int32_t> b(f.prompt_ids.begin() + 3, f.prompt_ids.begin() + 11);
+
+  Session alone_a = Session::make(model, 64), alone_b = Session::make(model, 64);
+  Tensor la = alone_a.run(a);
+  Tensor lb = alone_b.run(b);
+
+  const ModelConfig& c = model.config();
+  KvCacheConfig kv{c.num_layers, c.num_kv_heads, c.head_dim, 16, 16, DType::kF32};
+  KvCache cache = std::move(KvCache::create(kv)).value();
+  BlockAllocator alloc(kv.num_blocks);
+  BlockTable ta(16), tb(16);
+  ASSERT_TRUE(ta.grow_to(static_cast<int>(a.size()), alloc).ok());
+  ASSERT_TRUE(tb.grow_to(static_cast<int>(b.size()), alloc).ok());
+  ForwardBatch batch = build_forward_batch({SequenceChunk{&ta, 0, a, LogitsWanted::kAll},
+                                            SequenceChunk{&tb, 0, b, LogitsWanted::kAll}});
+  Tensor both;
+  ASSERT_TRUE(model.forward(batch, cache, both).ok());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_LE(relative_error(both.data<float>() + static_cast<int64_t>(i) * vocab, la.data<float>() + static_cast<int64_t>(i) * vocab, vocab), 1e-5);
+  }
+  for (size_t i = 0; i < b.size(); ++i) {
+    EXPECT_LE(relative_error(both.data<float>() + static_cast<int64_t>(a.size() + i) * vocab,
+                             lb.data<float>() + static_cast<int64_t>(i) * vocab, vocab),
+              1e-5);
+  }
+}
+
+}  // namespace
+}  // namespace tachyon
