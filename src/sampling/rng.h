@@ -2,8 +2,9 @@
 // state is expanded from a 64-bit seed by four splitmix64 steps.
 //
 // The stream for a given seed is defined by this file alone (no std::*_distribution, whose
-// output differs between standard libraries), so a seeded request gives the same tokens on
-// every platform and build. Changing the generator, the seeding or next_double() changes every
+// output differs between standard libraries), so it is the same on every platform and build; a
+// seeded request draws the same tokens wherever its logits and float arithmetic are the same
+// (the sampler consumes one next_double() per non-greedy token). Changing the generator, the seeding or next_double() changes every
 // seeded output: treat it as a compatibility break and update the golden values in
 // tests/sampling/rng_test.cpp.
 #pragma once

@@ -137,6 +137,16 @@ void BpeModel::encode_cached(std::string_view word, std::vector<int32_t>& out, B
 
 void BpeModel::merge_word(std::string_view word, std::vector<int32_t>& out, BpeScratch& scratch) const {
   if (word.empty()) return;
+  // Symbol offsets are 32-bit; a pre-token of a gigabyte or more is merged in 1 GiB parts
+  // (cut at a code point start), which only differs at the cuts.
+  constexpr size_t kMaxWordBytes = size_t{1} << 30;
+  if (word.size() > kMaxWordBytes) {
+    size_t cut = kMaxWordBytes;
+    while (cut > 0 && (static_cast<uint8_t>(word[cut]) & 0xC0) == 0x80) --cut;
+    merge_word(word.substr(0, cut), out, scratch);
+    merge_word(word.substr(cut), out, scratch);
+    return;
+  }
   if (ignore_merges) {
     const int32_t whole = find(word);
     if (whole >= 0) {

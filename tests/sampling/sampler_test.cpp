@@ -605,14 +605,16 @@ TEST(Sampler, CostAtQwenVocabulary) {
     for (int32_t& token : prompt) token = static_cast<int32_t>(rng() % vocab);
     sampler.set_prompt(prompt);
     sample_ok(sampler, logits);  // warm the per-thread workspace
-    const int iterations = 50;
-    Timer timer;
-    for (int i = 0; i < iterations; ++i) sample_ok(sampler, logits);
-    const double ms = timer.millis() / iterations;
-    std::printf("sample() at vocab %d, %s: %.3f ms\n", vocab, c.name, ms);
-#ifdef NDEBUG
-    EXPECT_LT(ms, 5.0) << c.name;  // generous: the machine may be shared; the target is well under 1 ms
-#endif
+    // The median call, so that a preempted call on a shared machine does not count.
+    std::vector<double> ms;
+    for (int i = 0; i < 51; ++i) {
+      Timer timer;
+      sample_ok(sampler, logits);
+      ms.push_back(timer.millis());
+    }
+    std::nth_element(ms.begin(), ms.begin() + 25, ms.end());
+    std::printf("sample() at vocab %d, %s: median %.3f ms\n", vocab, c.name, ms[25]);
+    // Printed, not asserted: tests assert no timings (the target is well under 1 ms).
   }
 }
 

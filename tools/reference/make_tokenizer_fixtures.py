@@ -17,6 +17,8 @@ small rank-BPE below, checked against the `tiktoken` package when it is installe
                                TemplateProcessing BOS) + tokenizer_config.json
   tiny_metaspace/              a SentencePiece-style tokenizer.json (Metaspace prepend_scheme
                                "first", byte_fallback with <0x00>..<0xFF>, Metaspace decoder)
+  expected_hf_variants.json    normalizer / pre-tokenizer variants over the GPT-2 and
+                               tiny_metaspace vocabularies: their JSON and their ids
 
 Invalid UTF-8 is replaced before tokenizing exactly as bytes.decode("utf-8", errors="replace")
 does (each maximal invalid subpart becomes U+FFFD); the C++ tokenizer does the same.
@@ -406,6 +408,51 @@ def make_tiny_metaspace(texts, out_dir):
     return tok
 
 
+def hf_variants(tdir, out_dir):
+    """Pipelines the real files do not exercise, over the GPT-2 vocabulary (byte-level) and the
+    tiny_metaspace one. Returns {name: (base, normalizer json, pre_tokenizer json, tokenizer)}."""
+    def gpt2(pre, norm=None):
+        t = Tokenizer(models.BPE.from_file(os.path.join(tdir, "gpt2", "encoder.json"),
+                                           os.path.join(tdir, "gpt2", "vocab.bpe")))
+        t.pre_tokenizer = pre
+        if norm is not None:
+            t.normalizer = norm
+        t.decoder = decoders.ByteLevel()
+        t.add_special_tokens(["<|endoftext|>"])
+        return "gpt2", t
+
+    def metaspace(scheme, split):
+        t = Tokenizer.from_file(os.path.join(out_dir, "tiny_metaspace", "tokenizer.json"))
+        t.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme=scheme, split=split)
+        return "tiny_metaspace", t
+
+    P, N = pre_tokenizers, normalizers
+    no_regex = P.ByteLevel(add_prefix_space=False, use_regex=False)
+    variants = {
+        "bytelevel_prefix_space": gpt2(P.ByteLevel(add_prefix_space=True)),
+        "digits_individual": gpt2(P.Sequence([P.Digits(individual_digits=True), P.ByteLevel(add_prefix_space=False)])),
+        "digits_runs": gpt2(P.Sequence([P.Digits(individual_digits=False), P.ByteLevel(add_prefix_space=False)])),
+        "punctuation_contiguous": gpt2(P.Sequence([P.Punctuation(behavior="contiguous"),
+                                                   P.ByteLevel(add_prefix_space=False)])),
+        "whitespace_split": gpt2(P.Sequence([P.WhitespaceSplit(), no_regex])),
+        "whitespace": gpt2(P.Sequence([P.Whitespace(), no_regex])),
+        "split_merged_with_previous": gpt2(P.Sequence([P.Split(Regex(r"\s+"), "merged_with_previous"), no_regex])),
+        "split_removed_inverted": gpt2(P.Sequence([P.Split(Regex(r"\p{L}+"), "removed", invert=True), no_regex])),
+        "nfkc_lowercase": gpt2(P.ByteLevel(add_prefix_space=False), N.Sequence([N.NFKC(), N.Lowercase()])),
+        "strip_replace_regex": gpt2(P.ByteLevel(add_prefix_space=False),
+                                    N.Sequence([N.Strip(), N.Replace(Regex(r"\d+"), "#")])),
+        "nfd": gpt2(P.ByteLevel(add_prefix_space=False), N.NFD()),
+        "metaspace_always_split": metaspace("always", True),
+        "metaspace_never": metaspace("never", False),
+        "metaspace_first_split": metaspace("first", True),
+    }
+    out = {}
+    for name, (base, tok) in variants.items():
+        spec = json.loads(tok.to_str())
+        out[name] = (base, spec["normalizer"], spec["pre_tokenizer"], tok)
+    return out
+
+
 def hf_ids(tok, texts, parse_special):
     tok.encode_special_tokens = not parse_special
     out = [tok.encode(t, add_special_tokens=False).ids for t in texts]
@@ -494,6 +541,23 @@ def main():
          False, hf_ids(tiny_bl, texts, False))
     tiny_ms = make_tiny_metaspace(texts, os.path.join(args.out, "tiny_metaspace"))
     emit("tiny_metaspace", f"tokenizers {tv}: tiny_metaspace/tokenizer.json", True, hf_ids(tiny_ms, texts, True))
+
+    # Pipeline variants: the test rebuilds each tokenizer.json from the base vocabulary plus the
+    # normalizer and pre_tokenizer recorded here.
+    variants = {}
+    for name, (base, normalizer, pre_tokenizer, tok) in hf_variants(tdir, args.out).items():
+        variants[name] = {"base": base, "normalizer": normalizer, "pre_tokenizer": pre_tokenizer,
+                          "ids": hf_ids(tok, texts, True)}
+    with open(os.path.join(args.out, "expected_hf_variants.json"), "w", encoding="ascii") as f:
+        f.write("{\n")
+        for k, (name, v) in enumerate(variants.items()):
+            head = json.dumps({key: v[key] for key in ("base", "normalizer", "pre_tokenizer")}, ensure_ascii=True)
+            ids = ",\n".join("    " + json.dumps(x) for x in v["ids"])
+            f.write(f'  {json.dumps(name)}: {{"reference": "tokenizers {tv}", "spec": {head}, "ids": [\n{ids}\n  ]}}')
+            f.write(",\n" if k + 1 < len(variants) else "\n")
+        f.write("}\n")
+    json.load(open(os.path.join(args.out, "expected_hf_variants.json")))
+    print(f"  expected_hf_variants.json: {len(variants)} pipelines")
 
     total = sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(args.out) for f in fs)
     print(f"fixtures: {total} bytes under {args.out}")

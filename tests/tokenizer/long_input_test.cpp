@@ -1,6 +1,6 @@
-// Encoding speed: 1 MB of English must take well under a second, and one very long word (no
-// pre-tokenizer split to help) must not go quadratic. Bounds are loose so that a loaded CI
-// machine passes; the measured times are printed.
+// Long inputs: 1 MB of English, one very long word (no pre-tokenizer split to help) and long
+// runs of one character class round-trip exactly. Tests assert no timings; a quadratic BPE or
+// a backtracking regex shows up as the test's ctest timeout, and the times are printed.
 #include <gtest/gtest.h>
 
 #include <random>
@@ -11,13 +11,6 @@
 
 namespace tachyon::testing {
 namespace {
-
-// Sanitizer builds run several times slower; the bounds are about complexity, not constants.
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr double kSecondsBound = 20.0;
-#else
-constexpr double kSecondsBound = 2.0;
-#endif
 
 std::string english_megabyte() {
   // Varied words so that a per-word cache cannot do all the work.
@@ -38,9 +31,9 @@ std::string english_megabyte() {
   return text;
 }
 
-class EncodeSpeedTest : public ::testing::TestWithParam<const char*> {};
+class LongInputTest : public ::testing::TestWithParam<const char*> {};
 
-TEST_P(EncodeSpeedTest, OneMegabyteOfEnglish) {
+TEST_P(LongInputTest, OneMegabyteOfEnglish) {
   TACHYON_SKIP_WITHOUT_SHARED(shared);
   const Tokenizer* tok = shared_tokenizer(GetParam());
   ASSERT_NE(tok, nullptr);
@@ -49,11 +42,10 @@ TEST_P(EncodeSpeedTest, OneMegabyteOfEnglish) {
   const auto ids = tok->encode(text, EncodeOptions{false, false, false});
   const double seconds = timer.seconds();
   std::printf("[ speed    ] %s: %zu bytes -> %zu ids in %.3f s\n", GetParam(), text.size(), ids.size(), seconds);
-  EXPECT_LT(seconds, kSecondsBound);
   EXPECT_EQ(tok->decode(ids), text);
 }
 
-TEST_P(EncodeSpeedTest, LongWordIsNotQuadratic) {
+TEST_P(LongInputTest, LongWordIsNotQuadratic) {
   TACHYON_SKIP_WITHOUT_SHARED(shared);
   const Tokenizer* tok = shared_tokenizer(GetParam());
   ASSERT_NE(tok, nullptr);
@@ -67,11 +59,10 @@ TEST_P(EncodeSpeedTest, LongWordIsNotQuadratic) {
   const double seconds = timer.seconds();
   std::printf("[ speed    ] %s: one %zu-byte word -> %zu ids in %.3f s\n", GetParam(), word.size(), ids.size(),
               seconds);
-  EXPECT_LT(seconds, kSecondsBound);
   EXPECT_EQ(tok->decode(ids), word);
 }
 
-TEST_P(EncodeSpeedTest, LongRunsOfOneCharacterClass) {
+TEST_P(LongInputTest, LongRunsOfOneCharacterClass) {
   TACHYON_SKIP_WITHOUT_SHARED(shared);
   const Tokenizer* tok = shared_tokenizer(GetParam());
   ASSERT_NE(tok, nullptr);
@@ -80,14 +71,13 @@ TEST_P(EncodeSpeedTest, LongRunsOfOneCharacterClass) {
                                  std::string(1 << 17, '!'), std::string(1 << 16, '\t') + "x"}) {
     Timer timer;
     const auto ids = tok->encode(run, EncodeOptions{false, false, false});
-    const double seconds = timer.seconds();
-    EXPECT_LT(seconds, kSecondsBound) << GetParam() << " on a run of " << run.size() << " x '" << escape_bytes(run.substr(0, 1))
-                            << "'";
+    std::printf("[ time     ] %s: a run of %zu x '%s' in %.3f s\n", GetParam(), run.size(),
+                escape_bytes(run.substr(0, 1)).c_str(), timer.seconds());
     EXPECT_EQ(tok->decode(ids), run) << GetParam();
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Tokenizers, EncodeSpeedTest,
+INSTANTIATE_TEST_SUITE_P(Tokenizers, LongInputTest,
                          ::testing::Values("llama3-tiktoken", "gpt2-files", "llama-spm-gguf", "codellama-hf"),
                          [](const ::testing::TestParamInfo<const char*>& info) {
                            std::string name = info.param;
