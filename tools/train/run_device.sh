@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The whole training run on the GPU machine, in one command:
+#   bash tools/train/run_device.sh [PACK_DIR] [OUT_DIR]
+# PACK_DIR (default .pack) holds what tools/train/pack.sh made here:
+# train.bin.xz, val.bin, meta.json and tok/ (tokenizer.json, tokenizer_config.json).
+# OUT_DIR (default $OUT) receives the logs, the GPU evaluation and one .tar per
+# exported model.  Budgets (seconds of training): TARGET_S, DRAFT_S.
+# EXTRA_TARGET, EXTRA_DRAFT, EXTRA_EVAL append arguments (for a quick CPU dry run).
+set -euo pipefail
+export PYTHONUNBUFFERED=1
+pack="${1:-.pack}"
+out="${2:-${OUT:?set OUT or pass OUT_DIR}}"
+TARGET_S="${TARGET_S:-270}"
+DRAFT_S="${DRAFT_S:-185}"
+SEED="${SEED:-1234}"
+data=/tmp/tachyon-data
+models=/tmp/tachyon-models
+mkdir -p "$data" "$models" "$out"
+exec > >(tee -a "$out/run.log") 2>&1
+
+t0=$(date +%s)
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+python3 -c 'import torch, transformers, tokenizers, safetensors; print("torch", torch.__version__, "transformers", transformers.__version__, "tokenizers", tokenizers.__version__, "safetensors", safetensors.__version__)'
+xz -d -T0 -c "$pack/train.bin.xz" > "$data/train.bin"
+cp "$pack/val.bin" "$pack/meta.json" "$data/"
+sha256sum "$data/train.bin" "$data/val.bin"
+
+python3 tools/train/train.py target --data "$data" --tokenizer "$pack/tok" \
+  --out "$models/tachyon-demo" --seed "$SEED" --budget-s "$TARGET_S" --steps "${TARGET_STEPS:-0}" \
+  --max-epochs 16 \
+  --batch 256 --lr 2e-3 --warmup 200 --log "$out/train_target.jsonl" ${EXTRA_TARGET:-}
+# at most 16 MiB per returned file: split the target's archive in two
+tar -C "$models" -cf - tachyon-demo | split -b 15000000 -d - "$out/tachyon-demo.tar.part"
+echo "target done at $(( $(date +%s) - t0 )) s"
+
+python3 tools/train/train.py draft --data "$data" --tokenizer "$pack/tok" \
+  --teacher "$models/tachyon-demo" --out "$models/tachyon-demo-draft" --seed "$SEED" \
+  --budget-s "$DRAFT_S" --batch 256 --lr 3e-3 --warmup 200 --alpha "${ALPHA:-0.0}" \
+  --log "$out/train_draft.jsonl" ${EXTRA_DRAFT:-}
+tar -C "$models" -cf "$out/tachyon-demo-draft.tar" tachyon-demo-draft
+echo "draft done at $(( $(date +%s) - t0 )) s"
+
+python3 tools/train/eval.py --target "$models/tachyon-demo" --draft "$models/tachyon-demo-draft" \
+  --val "$data/val.bin" --positions "${POSITIONS:-2000}" --json "$out/eval_gpu.json" ${EXTRA_EVAL:-}
+echo "all done at $(( $(date +%s) - t0 )) s"
