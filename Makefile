@@ -2,7 +2,8 @@
 BUILD_DIR ?= build
 TACHYON := $(BUILD_DIR)/tachyon
 DEMO_MODEL ?= $(firstword $(wildcard models/tachyon-demo/config.json) $(wildcard ../shared/models/stories260K/stories260K.bin))
-DEMO_PROMPT ?= Once upon a time
+DEMO_PROMPT ?= func (b *Buffer) Len() int {
+DEMO_FLAGS ?= -n 96 --temp 0.7 --top-p 0.9 --repeat-penalty 1.1 --seed 42
 
 .PHONY: demo test build clean
 
@@ -11,7 +12,7 @@ build:
 
 demo: build
 	@if [ -z "$(DEMO_MODEL)" ]; then echo "no bundled model found (models/tachyon-demo)"; exit 1; fi
-	$(TACHYON) generate -m $(dir $(DEMO_MODEL)) -p "$(DEMO_PROMPT)" -n 128 --temp 0
+	$(TACHYON) generate -m $(dir $(DEMO_MODEL)) -p '$(DEMO_PROMPT)' $(DEMO_FLAGS)
 
 test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $$(nproc) --timeout 600
