@@ -10,10 +10,14 @@ namespace {
 
 // Up to this many tokens the GEMV kernel wins: it streams the weight once (re-reading the few
 // rows it holds from L1/L2 for each token group) and needs no packing. Measured with
-// `tachyon_bench gemv --rows 4864 --cols 896 --tokens N --algo gemv|gemm` (bf16): on a 16-core
-// AVX-512 Xeon the GEMM overtakes from ~32 tokens (16 threads) and ~48 (2 threads); with AVX2,
-// from ~16 tokens (Xeon) and ~8-16 (2-core EPYC).
-int64_t gemv_max_tokens(Isa isa) { return isa == Isa::kAvx512 ? 24 : 12; }
+// `tachyon_bench gemv --rows 4864 --cols 896 --tokens N --algo gemv|gemm --dtype D`: on a 16-core
+// AVX-512 Xeon the GEMM overtakes from ~32 tokens (16 threads) and ~48 (2 threads); with AVX2 on
+// a 2-core EPYC (Zen 1), from ~48 tokens for bf16 (the even/odd GEMV is cheap) and ~8-16 for
+// f16/f32.
+int64_t gemv_max_tokens(Isa isa, DType w_dtype) {
+  if (isa == Isa::kAvx512) return 24;
+  return w_dtype == DType::kBF16 ? 32 : 8;
+}
 
 const char* algo_name(LinearAlgo algo) { return algo == LinearAlgo::kGemm ? "gemm" : "gemv"; }
 
@@ -24,7 +28,7 @@ void linear(const LinearArgs& a, LinearAlgo algo) {
   const Isa isa = active_isa();
   TACHYON_CHECK(isa != Isa::kScalar, "cpu::linear called with the scalar ISA active");
   if (a.in == 0) algo = LinearAlgo::kGemv;  // y = bias (or 0): the GEMM loop has no k block to run
-  if (algo == LinearAlgo::kAuto) algo = a.n <= gemv_max_tokens(isa) ? LinearAlgo::kGemv : LinearAlgo::kGemm;
+  if (algo == LinearAlgo::kAuto) algo = a.n <= gemv_max_tokens(isa, a.w_dtype) ? LinearAlgo::kGemv : LinearAlgo::kGemm;
   log_path_once("linear: {} {} {}", isa_name(isa), dtype_name(a.w_dtype), algo_name(algo));
   if (isa == Isa::kAvx512) {
     linear_avx512(a, algo);

@@ -7,9 +7,10 @@
 // load(const F16*), set1(float), fmadd(a, b, c), add(a, b), store(float*, V), reduce_add(V),
 // and the GEMM tile shape kGemmMr (tokens) x 2 * kWidth (outputs).
 //
-// GEMV (few tokens): each thread owns a contiguous range of output rows; 4 weight rows are
-// streamed together and multiplied with a group of up to kGemvTokens tokens held in registers,
-// so every weight byte is loaded once per token group (once in all for batch 1), sequentially.
+// GEMV (few tokens): each thread owns a contiguous range of output rows, read as 4 far-apart
+// sequential streams (gemv_streams); one row of each stream is multiplied at a time with a group
+// of up to kGemvTokens tokens held in registers, so every weight byte comes from memory once (the
+// rows stay in L1/L2 across token groups).
 // GEMM (many tokens): per thread, a panel of kNc outputs x kKc inputs of W is converted to f32
 // and packed as [kNc / NR][kKc][NR] (8 x 8 register transposes); an MR x NR micro-kernel
 // broadcasts x and accumulates MR * 2 vectors in registers. W is read from memory once for all
@@ -47,14 +48,44 @@ inline float to_f32(F16 v) { return f16_to_f32(v.bits); }
 
 constexpr int kGemvRows = 4;  // weight rows streamed together
 
-// y[tok0 .. tok0+T, rows [r0, r0+R)] for T tokens and R rows; U-way unrolled over k.
+// Splits the output rows over threads (whole row groups, at least ~64 KiB of weight per chunk so
+// that thread start-up stays small next to the work) and walks each thread's rows
+// [r_begin, r_end) as kGemvRows far-apart streams: step i takes rows r_begin + j * q + i for
+// j < kGemvRows (q = (r_end - r_begin) / kGemvRows), then leftover rows one at a time. Each
+// stream then runs sequentially through its own DRAM pages, which keeps as many independent
+// hardware-prefetch streams busy as a long-row GEMV has; four adjacent short rows (in ~ 1k)
+// would look like one stream and leave a core at about half of its read bandwidth.
+// tile4(const int64_t rows[kGemvRows]) and tile1(const int64_t rows[1]) do the work.
+template <class Tile4, class Tile1>
+void gemv_streams(const LinearArgs& a, int64_t weight_elem_bytes, const Tile4& tile4, const Tile1& tile1) {
+  const int64_t groups = (a.out + kGemvRows - 1) / kGemvRows;
+  const int64_t group_bytes = kGemvRows * a.in * weight_elem_bytes;
+  const int64_t grain = std::max<int64_t>(1, (int64_t{64} << 10) / std::max<int64_t>(group_bytes, 1));
+  parallel_for(groups, grain, [&](int64_t g_begin, int64_t g_end) {
+    const int64_t r_begin = g_begin * kGemvRows;
+    const int64_t r_end = std::min(a.out, g_end * kGemvRows);
+    const int64_t q = (r_end - r_begin) / kGemvRows;
+    int64_t rows[kGemvRows];
+    for (int64_t i = 0; i < q; ++i) {
+      for (int j = 0; j < kGemvRows; ++j) rows[j] = r_begin + j * q + i;
+      tile4(rows);
+    }
+    for (int64_t r = r_begin + kGemvRows * q; r < r_end; ++r) {
+      rows[0] = r;
+      tile1(rows);
+    }
+  });
+}
+
+// y[tok0 .. tok0+T, rows[0 .. R)] for T tokens; U-way unrolled over k. With R > 1 the rows are
+// stream heads (gemv_streams) and each stream's next row is prefetched at the same column.
 template <class S, class WT, int R, int T, int U>
-inline void gemv_tile(const LinearArgs& a, const WT* w, int64_t r0, int64_t tok0) {
+inline void gemv_tile(const LinearArgs& a, const WT* w, const int64_t* rows, int64_t tok0) {
   using V = typename S::V;
   constexpr int W = S::kWidth;
   const int64_t in = a.in;
   const WT* wr[R];
-  for (int r = 0; r < R; ++r) wr[r] = w + (r0 + r) * a.w_stride;
+  for (int r = 0; r < R; ++r) wr[r] = w + rows[r] * a.w_stride;
   const float* xt[T];
   for (int t = 0; t < T; ++t) xt[t] = a.x + (tok0 + t) * a.x_stride;
 
@@ -63,18 +94,14 @@ inline void gemv_tile(const LinearArgs& a, const WT* w, int64_t r0, int64_t tok0
     for (int t = 0; t < T; ++t)
       for (int u = 0; u < U; ++u) acc[r][t][u] = S::zero();
 
-  // Software prefetch one row group ahead (the rows this thread reads next, at the same column):
-  // short rows (in ~ 1k) end before the hardware prefetchers ramp up on each new group.
   constexpr int64_t kStepBytes = int64_t{U} * W * static_cast<int64_t>(sizeof(WT));
-  const int64_t ahead = R > 1 ? int64_t{R} * a.w_stride : 0;
-
   int64_t k = 0;
   for (; k + U * W <= in; k += U * W) {
     if (R > 1 && (kStepBytes >= 64 || ((k * static_cast<int64_t>(sizeof(WT))) & 63) == 0)) {
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
         for (int64_t off = 0; off < std::max<int64_t>(kStepBytes, 64); off += 64) {
-          __builtin_prefetch(reinterpret_cast<const char*>(wr[r] + ahead + k) + off, 0, 3);
+          __builtin_prefetch(reinterpret_cast<const char*>(wr[r] + a.w_stride + k) + off, 0, 3);
         }
       }
     }
@@ -105,36 +132,36 @@ inline void gemv_tile(const LinearArgs& a, const WT* w, int64_t r0, int64_t tok0
       for (int u = 1; u < U; ++u) sum = S::add(sum, acc[r][t][u]);
       float y = S::reduce_add(sum);
       for (int64_t kk = k; kk < in; ++kk) y += to_f32(wr[r][kk]) * xt[t][kk];
-      if (a.bias != nullptr) y += a.bias[r0 + r];
-      a.y[(tok0 + t) * a.y_stride + r0 + r] = y;
+      if (a.bias != nullptr) y += a.bias[rows[r]];
+      a.y[(tok0 + t) * a.y_stride + rows[r]] = y;
     }
   }
 }
 
-// All tokens of rows [r0, r0 + R): token groups of T (the last group smaller).
+// All tokens of rows[0 .. R): token groups of T (the last group smaller).
 template <class S, class WT, int R>
-inline void gemv_rows(const LinearArgs& a, const WT* w, int64_t r0) {
+inline void gemv_rows(const LinearArgs& a, const WT* w, const int64_t* rows) {
   constexpr int T = S::kGemvTokens;
   int64_t t = 0;
   if (a.n == 1) {
-    gemv_tile<S, WT, R, 1, 2>(a, w, r0, 0);  // batch 1: two accumulators per row for more ILP
+    gemv_tile<S, WT, R, 1, 2>(a, w, rows, 0);  // batch 1: two accumulators per row for more ILP
     return;
   }
-  for (; t + T <= a.n; t += T) gemv_tile<S, WT, R, T, 1>(a, w, r0, t);
+  for (; t + T <= a.n; t += T) gemv_tile<S, WT, R, T, 1>(a, w, rows, t);
   switch (a.n - t) {
     case 0: break;
-    case 1: gemv_tile<S, WT, R, 1, 2>(a, w, r0, t); break;
+    case 1: gemv_tile<S, WT, R, 1, 2>(a, w, rows, t); break;
     case 2:
-      if constexpr (T > 2) gemv_tile<S, WT, R, 2, 1>(a, w, r0, t);
+      if constexpr (T > 2) gemv_tile<S, WT, R, 2, 1>(a, w, rows, t);
       break;
     case 3:
-      if constexpr (T > 3) gemv_tile<S, WT, R, 3, 1>(a, w, r0, t);
+      if constexpr (T > 3) gemv_tile<S, WT, R, 3, 1>(a, w, rows, t);
       break;
     case 4:
-      if constexpr (T > 4) gemv_tile<S, WT, R, 4, 1>(a, w, r0, t);
+      if constexpr (T > 4) gemv_tile<S, WT, R, 4, 1>(a, w, rows, t);
       break;
     case 5:
-      if constexpr (T > 5) gemv_tile<S, WT, R, 5, 1>(a, w, r0, t);
+      if constexpr (T > 5) gemv_tile<S, WT, R, 5, 1>(a, w, rows, t);
       break;
     default: break;
   }
@@ -144,16 +171,9 @@ inline void gemv_rows(const LinearArgs& a, const WT* w, int64_t r0) {
 template <class S, class WT>
 void gemv(const LinearArgs& a) {
   const WT* w = static_cast<const WT*>(a.w);
-  const int64_t groups = (a.out + kGemvRows - 1) / kGemvRows;
-  // At least ~64 KiB of weight per chunk so that thread start-up stays small next to the work.
-  const int64_t group_bytes = kGemvRows * a.in * static_cast<int64_t>(sizeof(WT));
-  const int64_t grain = std::max<int64_t>(1, (int64_t{64} << 10) / std::max<int64_t>(group_bytes, 1));
-  parallel_for(groups, grain, [&](int64_t g_begin, int64_t g_end) {
-    const int64_t r_end = std::min(a.out, g_end * kGemvRows);
-    int64_t r = g_begin * kGemvRows;
-    for (; r + kGemvRows <= r_end; r += kGemvRows) gemv_rows<S, WT, kGemvRows>(a, w, r);
-    for (; r < r_end; ++r) gemv_rows<S, WT, 1>(a, w, r);
-  });
+  gemv_streams(
+      a, sizeof(WT), [&](const int64_t* rows) { gemv_rows<S, WT, kGemvRows>(a, w, rows); },
+      [&](const int64_t* rows) { gemv_rows<S, WT, 1>(a, w, rows); });
 }
 
 // ---------------------------------------------------------------------------------------------
