@@ -12,6 +12,8 @@
 #include <sstream>
 #include <vector>
 
+#include <gtest/gtest.h>
+
 namespace tachyon::testing {
 
 namespace fs = std::filesystem;
@@ -85,6 +87,40 @@ CommandResult run_command(const std::string& command) {
   r.out = slurp(out_path);
   r.err = slurp(err_path);
   return r;
+}
+
+std::vector<int32_t> greedy_ids(const LlamaModel& model, const std::vector<int32_t>& prompt, int max_tokens) {
+  EngineOptions eo;
+  eo.max_model_len = std::min<int>(model.config().max_position_embeddings,
+                                   static_cast<int>(prompt.size()) + max_tokens + 1);
+  eo.num_kv_blocks = (eo.max_model_len + eo.block_size - 1) / eo.block_size;
+  eo.max_seqs = 1;
+  auto engine = Engine::create(model, nullptr, {}, eo);
+  if (!engine.ok()) {
+    ADD_FAILURE() << engine.status().to_string();
+    return {};
+  }
+  GenerationParams p;
+  p.sampling.temperature = 0.0f;
+  p.max_tokens = max_tokens;
+  p.ignore_eos = true;
+  auto id = (*engine)->add_request(prompt, p);
+  if (!id.ok()) {
+    ADD_FAILURE() << id.status().to_string();
+    return {};
+  }
+  std::vector<int32_t> out;
+  while ((*engine)->has_unfinished()) {
+    auto outputs = (*engine)->step();
+    if (!outputs.ok()) {
+      ADD_FAILURE() << outputs.status().to_string();
+      return out;
+    }
+    for (const auto& o : *outputs) out.insert(out.end(), o.new_token_ids.begin(), o.new_token_ids.end());
+  }
+  const Status leaks = (*engine)->check_no_leaks();
+  if (!leaks.ok()) ADD_FAILURE() << leaks.to_string();
+  return out;
 }
 
 }  // namespace tachyon::testing

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "core/tensor.h"
+#include "engine/engine.h"
 
 namespace tachyon::testing {
 
@@ -32,6 +33,10 @@ struct CommandResult {
   std::string err;  // stderr
 };
 CommandResult run_command(const std::string& command);
+
+// Greedy continuation of `prompt` (ids) by one request through the Engine, EOS ignored.
+// Small default engine options: a KV cache just large enough for the request.
+std::vector<int32_t> greedy_ids(const LlamaModel& model, const std::vector<int32_t>& prompt, int max_tokens);
 
 }  // namespace tachyon::testing
 

@@ -11,6 +11,7 @@ namespace tachyon::cli {
 
 // Registers a subcommand; `run` is set to its body when the subcommand is chosen.
 void add_generate(CLI::App& app, std::function<int()>& run);
+void add_bench(CLI::App& app, std::function<int()>& run);
 void add_info(CLI::App& app, std::function<int()>& run);
 void add_tokenize(CLI::App& app, std::function<int()>& run);
 

@@ -1,5 +1,7 @@
 #include "cli/common.h"
 
+#include <cctype>
+#include <cmath>
 #include <cstdio>
 
 #include "core/log.h"
@@ -22,6 +24,73 @@ Result<LoadedModel> load(const CommonOptions& options, DType synthetic_dtype) {
   lo.path = options.model;
   lo.synthetic_dtype = synthetic_dtype;
   return load_model(lo);
+}
+
+void add_engine_options(CLI::App& cmd, EngineArgs& a) {
+  cmd.add_option("--kv-cache-mem", a.kv_cache_mem, "KV cache size, e.g. 2GiB (default: a fraction of free memory)");
+  cmd.add_option("--kv-cache-fraction", a.kv_cache_fraction,
+                 "fraction of available memory for the KV cache when --kv-cache-mem is not given (default 0.25)");
+  cmd.add_option("--kv-dtype", a.kv_dtype, "KV cache dtype: f32, f16, bf16 (default f32)");
+  cmd.add_option("--block-size", a.block_size, "tokens per KV block (default 16)")->check(CLI::Range(1, 1024));
+  cmd.add_option("--max-model-len", a.max_model_len, "context length (default: the model's)")
+      ->check(CLI::NonNegativeNumber);
+  cmd.add_option("--max-batched-tokens", a.max_batched_tokens, "tokens per engine step (default 2048)")
+      ->check(CLI::PositiveNumber);
+  cmd.add_option("--max-seqs", a.max_seqs, "sequences running at once (default 256)")->check(CLI::PositiveNumber);
+  cmd.add_flag("--no-chunked-prefill", a.no_chunked_prefill, "run each prompt in one step");
+  cmd.add_flag("--no-prefix-caching", a.no_prefix_caching, "do not reuse the KV of earlier prompts");
+  cmd.add_flag("--batch-invariant", a.batch_invariant,
+               "outputs independent of what else is batched (bit-identical; slower)");
+}
+
+Result<size_t> parse_bytes(const std::string& text) {
+  size_t i = 0;
+  while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.' || text[i] == 'e' ||
+                             text[i] == 'E' || text[i] == '+')) {
+    ++i;
+  }
+  std::string number = text.substr(0, i), unit = text.substr(i);
+  while (!unit.empty() && unit.front() == ' ') unit.erase(0, 1);
+  char* end = nullptr;
+  const double value = number.empty() ? -1.0 : std::strtod(number.c_str(), &end);
+  if (number.empty() || end != number.c_str() + number.size() || !(value >= 0.0) || !std::isfinite(value)) {
+    return make_error(ErrorCode::kInvalidArgument, "'{}' is not a size (e.g. 2GiB, 512M, 1e9)", text);
+  }
+  double scale = 1.0;
+  if (!unit.empty()) {
+    const char p = static_cast<char>(std::toupper(static_cast<unsigned char>(unit[0])));
+    const std::string rest = unit.substr(1);
+    const int power = p == 'K' ? 1 : p == 'M' ? 2 : p == 'G' ? 3 : p == 'T' ? 4 : p == 'B' && rest.empty() ? 0 : -1;
+    const bool binary = rest == "iB" || rest == "i" || rest == "ib";
+    if (power < 0 || !(rest.empty() || rest == "B" || rest == "b" || binary)) {
+      return make_error(ErrorCode::kInvalidArgument, "'{}': unknown unit '{}' (B, K, M, G, T, KiB, MiB, GiB, TiB)",
+                        text, unit);
+    }
+    scale = std::pow(binary ? 1024.0 : 1000.0, power);
+  }
+  const double bytes = value * scale;
+  if (bytes > 1e18) return make_error(ErrorCode::kInvalidArgument, "'{}' is too large", text);
+  return static_cast<size_t>(bytes);
+}
+
+Result<EngineOptions> engine_options(const EngineArgs& a) {
+  EngineOptions o;
+  if (!a.kv_cache_mem.empty()) {
+    TACHYON_ASSIGN_OR_RETURN(o.kv_cache_bytes, parse_bytes(a.kv_cache_mem));
+    if (o.kv_cache_bytes == 0) return make_error(ErrorCode::kInvalidArgument, "--kv-cache-mem must be positive");
+  }
+  o.kv_cache_fraction = a.kv_cache_fraction;
+  const auto dtype = parse_dtype(a.kv_dtype);
+  if (!dtype) return make_error(ErrorCode::kInvalidArgument, "--kv-dtype '{}' is not a dtype", a.kv_dtype);
+  o.kv_dtype = *dtype;
+  o.block_size = a.block_size;
+  o.max_model_len = a.max_model_len;
+  o.max_batched_tokens = a.max_batched_tokens;
+  o.max_seqs = a.max_seqs;
+  o.chunked_prefill = !a.no_chunked_prefill;
+  o.prefix_caching = !a.no_prefix_caching;
+  o.batch_invariant = a.batch_invariant;
+  return o;
 }
 
 int report(const Status& status) {

@@ -7,6 +7,7 @@
 #include <CLI/CLI.hpp>
 
 #include "core/status.h"
+#include "engine/engine.h"
 #include "model/model_loader.h"
 
 namespace tachyon::cli {
@@ -18,6 +19,25 @@ struct CommonOptions {
 };
 
 void add_common_options(CLI::App& cmd, CommonOptions& options);
+
+// Run-time options of the serving engine (KV cache, batching), shared by generate/bench/serve.
+struct EngineArgs {
+  std::string kv_cache_mem;        // "2GiB", "512M", "1e9"; empty: a fraction of free memory
+  double kv_cache_fraction = 0.25;
+  std::string kv_dtype = "f32";
+  int block_size = 16;
+  int max_model_len = 0;
+  int max_batched_tokens = 2048;
+  int max_seqs = 256;
+  bool no_chunked_prefill = false;
+  bool no_prefix_caching = false;
+  bool batch_invariant = false;
+};
+void add_engine_options(CLI::App& cmd, EngineArgs& args);
+Result<EngineOptions> engine_options(const EngineArgs& args);
+// "2GiB", "512MiB", "1.5G", "100M", "4096" (bytes); K/M/G/T are powers of 1000 with "B" or
+// alone, of 1024 with "iB".
+Result<size_t> parse_bytes(const std::string& text);
 // Applies threads/verbosity; loads the model.
 Result<LoadedModel> load(const CommonOptions& options, DType synthetic_dtype = DType::kBF16);
 // Prints "tachyon: error: <status>" and returns 1.

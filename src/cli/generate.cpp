@@ -1,6 +1,9 @@
-// `tachyon generate`: prints only the generated text on stdout (streamed as it is decoded);
-// load time, prompt and decode speed go to stderr.
+// `tachyon generate`: one prompt, its generated text alone on stdout (streamed as it is decoded),
+// load time, prompt and decode speed on stderr. With --prompts-file, every line of the file is a
+// request of its own, all run together through the engine (continuous batching); stdout gets one
+// JSON object per line, in the file's order: {"index": i, "text": "..."}.
 #include <cstdio>
+#include <map>
 #include <random>
 
 #include <nlohmann/json.hpp>
@@ -8,8 +11,7 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "core/mapped_file.h"
-#include "engine/generator.h"
-#include "tokenizer/detokenizer.h"
+#include "engine/engine.h"
 
 namespace tachyon::cli {
 
@@ -17,18 +19,20 @@ namespace {
 
 struct GenerateArgs {
   CommonOptions common;
+  EngineArgs engine;
   std::string prompt;
   std::string prompt_file;
-  std::string prompt_ids;  // "[1, 2, 3]" or "1,2,3"
-  int prompt_len = 0;      // random prompt of this many tokens (models without a tokenizer)
+  std::string prompts_file;  // one request per line
+  std::string prompt_ids;    // "[1, 2, 3]" or "1,2,3"
+  int prompt_len = 0;        // random prompt of this many tokens (models without a tokenizer)
   int max_new_tokens = 128;
   SamplingParams sampling;
   int64_t seed = -1;
   bool ignore_eos = false;
   bool no_bos = false;
   bool special = false;
+  std::vector<std::string> stop;
   std::string dtype = "bf16";
-  int prefill_chunk = 512;
 };
 
 Result<std::vector<int32_t>> parse_ids(const std::string& text) {
@@ -46,10 +50,92 @@ Result<std::vector<int32_t>> parse_ids(const std::string& text) {
   return ids;
 }
 
+std::string json_line(const nlohmann::json& j) {
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+// Every line of the file as a request; prints the results in file order as they complete.
+int run_prompts_file(GenerateArgs& a, LoadedModel& m, const EngineOptions& eo, const GenerationParams& gp) {
+  if (!m.tokenizer) {
+    return report(make_error(ErrorCode::kInvalidArgument, "{} has no tokenizer: --prompts-file needs one", m.path));
+  }
+  auto text = read_text_file(a.prompts_file);
+  if (!text.ok()) return report(text.status());
+  std::vector<std::string> lines;
+  size_t pos = 0;
+  while (pos < text->size()) {
+    size_t end = text->find('\n', pos);
+    if (end == std::string::npos) end = text->size();
+    std::string line = text->substr(pos, end - pos);
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    lines.push_back(std::move(line));
+    pos = end + 1;
+  }
+  auto engine = Engine::create(*m.model, m.tokenizer.get(), m.eos_token_ids, eo);
+  if (!engine.ok()) return report(engine.status());
+  Engine& e = **engine;
+  std::map<RequestId, size_t> index_of;
+  std::vector<std::string> texts(lines.size());
+  std::vector<std::string> errors(lines.size());
+  std::vector<bool> done(lines.size(), false);
+  for (size_t i = 0; i < lines.size(); ++i) {
+    auto id = e.add_request(lines[i], gp);
+    if (!id.ok()) {
+      errors[i] = id.status().to_string();
+      done[i] = true;
+    } else {
+      index_of[*id] = i;
+    }
+  }
+  size_t next_to_print = 0;
+  int failures = 0;
+  const auto print_ready = [&]() {
+    for (; next_to_print < lines.size() && done[next_to_print]; ++next_to_print) {
+      nlohmann::json j;
+      j["index"] = next_to_print;
+      if (!errors[next_to_print].empty()) {
+        j["error"] = errors[next_to_print];
+        ++failures;
+      } else {
+        j["text"] = texts[next_to_print];
+      }
+      std::fprintf(stdout, "%s\n", json_line(j).c_str());
+    }
+    std::fflush(stdout);
+  };
+  print_ready();
+  Timer timer;
+  while (e.has_unfinished()) {
+    auto outputs = e.step();
+    if (!outputs.ok()) return report(outputs.status());
+    for (const RequestOutput& o : *outputs) {
+      const size_t i = index_of.at(o.id);
+      texts[i] += o.text;
+      if (o.finished) {
+        done[i] = true;
+        if (o.finish_reason == FinishReason::kError) errors[i] = o.error.to_string();
+      }
+    }
+    print_ready();
+  }
+  const EngineStats st = e.stats();
+  const double secs = timer.seconds();
+  std::fprintf(stderr,
+               "load %.2f s | %zu requests in %.2f s | %lld prompt tokens (%lld from the prefix cache), %lld generated "
+               "tokens (%.1f tok/s) | %lld steps, %lld preemptions\n",
+               m.load_seconds, lines.size(), secs, static_cast<long long>(st.prefix.query_tokens),
+               static_cast<long long>(st.prefix.hit_tokens), static_cast<long long>(st.generated_tokens),
+               secs > 0 ? static_cast<double>(st.generated_tokens) / secs : 0.0, static_cast<long long>(st.num_steps),
+               static_cast<long long>(st.num_preemptions));
+  return failures == 0 ? 0 : 1;
+}
+
 int run_generate(GenerateArgs& a) {
   const auto dtype = parse_dtype(a.dtype);
   if (!dtype) return report(make_error(ErrorCode::kInvalidArgument, "--dtype '{}' is not a dtype", a.dtype));
-  if (a.seed >= 0) a.sampling.seed = static_cast<uint64_t>(a.seed);
+  a.sampling.seed = a.seed >= 0 ? static_cast<uint64_t>(a.seed) : (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
+  auto eo = engine_options(a.engine);
+  if (!eo.ok()) return report(eo.status());
   auto loaded = load(a.common, *dtype);
   if (!loaded.ok()) return report(loaded.status());
   LoadedModel& m = *loaded;
@@ -57,12 +143,22 @@ int run_generate(GenerateArgs& a) {
   Status valid = a.sampling.validate(config.vocab_size);
   if (!valid.ok()) return report(valid);
 
+  GenerationParams gp;
+  gp.sampling = a.sampling;
+  gp.max_tokens = a.max_new_tokens;
+  gp.ignore_eos = a.ignore_eos;
+  gp.stop = a.stop;
+  if (a.no_bos) gp.add_bos = false;
+  gp.parse_special = a.special;
+  if (!a.prompts_file.empty()) return run_prompts_file(a, m, *eo, gp);
+
   std::vector<int32_t> prompt;
   if (!a.prompt_file.empty()) {
     auto text = read_text_file(a.prompt_file);
     if (!text.ok()) return report(text.status());
     a.prompt = *text;
   }
+  const bool text_prompt = a.prompt_ids.empty() && a.prompt_len == 0;
   if (!a.prompt_ids.empty()) {
     auto ids = parse_ids(a.prompt_ids);
     if (!ids.ok()) return report(ids.status());
@@ -72,65 +168,63 @@ int run_generate(GenerateArgs& a) {
     prompt.resize(static_cast<size_t>(a.prompt_len));
     for (auto& id : prompt) id = static_cast<int32_t>(rng() % static_cast<uint32_t>(config.vocab_size));
   } else if (m.tokenizer) {
-    EncodeOptions eo;
-    if (a.no_bos) eo.add_bos = false;
-    eo.parse_special = a.special;
-    prompt = m.tokenizer->encode(a.prompt, eo);
+    EncodeOptions enc;
+    enc.add_bos = gp.add_bos;
+    enc.parse_special = a.special;
+    prompt = m.tokenizer->encode(a.prompt, enc);
   } else {
     return report(make_error(ErrorCode::kInvalidArgument,
                              "{} has no tokenizer: give the prompt as --prompt-ids or --prompt-len", m.path));
   }
   if (prompt.empty()) return report(make_error(ErrorCode::kInvalidArgument, "the prompt is empty"));
+  gp.detokenize = text_prompt && m.tokenizer != nullptr;
 
-  auto sampler = Sampler::create(a.sampling, config.vocab_size);
-  if (!sampler.ok()) return report(sampler.status());
-  GenerateOptions go;
-  go.max_new_tokens = a.max_new_tokens;
-  go.stop_token_ids = m.eos_token_ids;
-  go.ignore_eos = a.ignore_eos;
-  go.prefill_chunk = a.prefill_chunk;
-
-  std::unique_ptr<IncrementalDetokenizer> detok;
-  if (m.tokenizer && a.prompt_ids.empty() && a.prompt_len == 0) {
-    DetokenizerOptions dopt;
-    dopt.skip_special = true;
-    detok = std::make_unique<IncrementalDetokenizer>(*m.tokenizer, dopt);
-    // Prime with the prompt so that the first generated piece keeps its leading space.
-    for (int32_t id : prompt) detok->push(id);
+  // One request: unless told otherwise, a KV cache just large enough for it.
+  EngineOptions one = *eo;
+  if (a.engine.kv_cache_mem.empty()) {
+    const int64_t need = static_cast<int64_t>(prompt.size()) + a.max_new_tokens + 1;
+    const int ctx = one.max_model_len > 0 ? one.max_model_len : config.max_position_embeddings;
+    if (need < ctx) one.max_model_len = static_cast<int>(need);
+    one.num_kv_blocks = ((one.max_model_len > 0 ? one.max_model_len : ctx) + one.block_size - 1) / one.block_size;
   }
+  auto engine = Engine::create(*m.model, m.tokenizer.get(), m.eos_token_ids, one);
+  if (!engine.ok()) return report(engine.status());
+  Engine& e = **engine;
+  auto id = e.add_request(prompt, gp);
+  if (!id.ok()) return report(id.status());
+
   bool first = true;
-  auto on_token = [&](const SampleResult& r) {
-    const bool is_stop = !a.ignore_eos && std::find(m.eos_token_ids.begin(), m.eos_token_ids.end(), r.token) !=
-                                              m.eos_token_ids.end();
-    if (detok) {
-      if (!is_stop) {
-        const std::string piece = detok->push(r.token);
-        std::fwrite(piece.data(), 1, piece.size(), stdout);
+  RequestOutput last;
+  while (e.has_unfinished()) {
+    auto outputs = e.step();
+    if (!outputs.ok()) return report(outputs.status());
+    for (RequestOutput& o : *outputs) {
+      if (gp.detokenize) {
+        std::fwrite(o.text.data(), 1, o.text.size(), stdout);
+      } else {
+        for (int32_t t : o.new_token_ids) {
+          std::fprintf(stdout, "%s%d", first ? "" : " ", t);
+          first = false;
+        }
       }
-    } else {
-      std::fprintf(stdout, "%s%d", first ? "" : " ", r.token);
+      std::fflush(stdout);
+      if (o.finished) last = std::move(o);
     }
-    first = false;
-    std::fflush(stdout);
-    return true;
-  };
-  auto stats = generate(*m.model, prompt, *sampler, go, on_token);
-  if (detok) {
-    const std::string rest = detok->flush();
-    std::fwrite(rest.data(), 1, rest.size(), stdout);
   }
   std::fputc('\n', stdout);
   std::fflush(stdout);
-  if (!stats.ok()) return report(stats.status());
-  const GenerateStats& s = *stats;
+  if (last.finish_reason == FinishReason::kError) return report(last.error);
+  const RequestTiming& t = last.timing;
+  const double prefill = t.first_token - t.first_scheduled;
+  const double decode = t.finished - t.first_token;
+  const int n = last.num_generated_tokens;
   const double weight_gb = static_cast<double>(m.model->weights().decode_bytes_per_token()) / 1e9;
   std::fprintf(stderr,
                "load %.2f s | prompt %d tokens in %.3f s (%.1f tok/s) | generated %d tokens in %.3f s (%.2f tok/s, "
                "%.2f GB weights/token) | finish: %s | seed %llu\n",
-               m.load_seconds, s.prompt_tokens, s.prefill_seconds,
-               s.prefill_seconds > 0 ? s.prompt_tokens / s.prefill_seconds : 0.0, s.generated_tokens, s.decode_seconds,
-               s.decode_seconds > 0 && s.generated_tokens > 1 ? (s.generated_tokens - 1) / s.decode_seconds : 0.0,
-               weight_gb, finish_reason_name(s.finish_reason), static_cast<unsigned long long>(sampler->seed()));
+               m.load_seconds, last.num_prompt_tokens, prefill, prefill > 0 ? last.num_prompt_tokens / prefill : 0.0, n,
+               decode, decode > 0 && n > 1 ? (n - 1) / decode : 0.0, weight_gb, finish_reason_name(last.finish_reason),
+               static_cast<unsigned long long>(*a.sampling.seed));
   return 0;
 }
 
@@ -163,8 +257,10 @@ void add_generate(CLI::App& app, std::function<int()>& run) {
   cmd->add_flag("--no-bos", args->no_bos, "do not add the BOS token");
   cmd->add_flag("--special", args->special, "parse special tokens written in the prompt");
   cmd->add_option("--dtype", args->dtype, "weight dtype of synthetic models: bf16, f16, f32 (default bf16)");
-  cmd->add_option("--prefill-chunk", args->prefill_chunk, "prompt tokens per forward (default 512)")
-      ->check(CLI::PositiveNumber);
+  cmd->add_option("--stop", args->stop, "stop string (repeatable); not part of the output");
+  cmd->add_option("--prompts-file", args->prompts_file,
+                  "run every line of FILE as its own request, all at once; prints one JSON object per line");
+  add_engine_options(*cmd, args->engine);
   cmd->callback([args, &run]() { run = [args]() { return run_generate(*args); }; });
 }
 

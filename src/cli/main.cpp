@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", std::string("tachyon 0.1.0"));
   std::function<int()> run;
   tachyon::cli::add_generate(app, run);
+  tachyon::cli::add_bench(app, run);
   tachyon::cli::add_info(app, run);
   tachyon::cli::add_tokenize(app, run);
   try {

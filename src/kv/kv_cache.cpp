@@ -1,5 +1,7 @@
 #include "kv/kv_cache.h"
 
+#include <cstring>
+
 namespace tachyon {
 
 size_t KvCacheConfig::bytes_per_token() const {
@@ -35,6 +37,26 @@ Result<KvCache> KvCache::create(const KvCacheConfig& config) {
     cache.v_.push_back(std::move(v).value());
   }
   return cache;
+}
+
+void KvCache::copy_blocks(std::span<const BlockCopy> copies) {
+  if (copies.empty()) return;
+  const size_t block_bytes = static_cast<size_t>(config_.block_size) * static_cast<size_t>(config_.num_kv_heads) *
+                             static_cast<size_t>(config_.head_dim) * dtype_size(config_.dtype);
+  for (const BlockCopy& c : copies) {
+    TACHYON_CHECK(c.src >= 0 && c.src < config_.num_blocks && c.dst >= 0 && c.dst < config_.num_blocks && c.src != c.dst,
+                  "copy of block {} to {} in a cache of {}", c.src, c.dst, config_.num_blocks);
+  }
+  for (std::vector<Tensor>* pools : {&k_, &v_}) {
+    for (Tensor& t : *pools) {
+      TACHYON_CHECK(t.device().is_cpu(), "kv cache copy: only host caches here");
+      auto* base = static_cast<uint8_t*>(t.raw_data());
+      for (const BlockCopy& c : copies) {
+        std::memcpy(base + static_cast<size_t>(c.dst) * block_bytes, base + static_cast<size_t>(c.src) * block_bytes,
+                    block_bytes);
+      }
+    }
+  }
 }
 
 }  // namespace tachyon

@@ -5,10 +5,12 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "core/status.h"
 #include "core/tensor.h"
+#include "kv/block_manager.h"
 
 namespace tachyon {
 
@@ -35,6 +37,8 @@ class KvCache {
   Tensor& k(int layer) { return k_[static_cast<size_t>(layer)]; }  // [num_blocks, block_size, num_kv_heads, head_dim]
   Tensor& v(int layer) { return v_[static_cast<size_t>(layer)]; }  // same
   size_t nbytes() const { return config_.bytes_per_block() * static_cast<size_t>(config_.num_blocks); }
+  // Runs copy-on-write copies: block src's K and V, in every layer, into block dst.
+  void copy_blocks(std::span<const BlockCopy> copies);
 
  private:
   KvCacheConfig config_;

@@ -6,7 +6,7 @@
 #include <span>
 #include <vector>
 
-#include "kv/block_allocator.h"
+#include "kv/block_manager.h"
 #include "model/llama_model.h"
 
 namespace tachyon {

@@ -38,7 +38,8 @@ LlamaModel::LlamaModel(ModelConfig config, ModelWeights weights)
   }
 }
 
-Status LlamaModel::forward(const ForwardBatch& batch, KvCache& cache, Tensor& logits) const {
+Status LlamaModel::forward(const ForwardBatch& batch, KvCache& cache, Tensor& logits, const ForwardOptions& options) const {
+  const ops::LinearMode mode = options.linear_mode;
   const ModelConfig& c = config_;
   const int64_t n = batch.token_ids.size(0);
   const int64_t n_logits = batch.logits_rows.size(0);
@@ -87,9 +88,9 @@ Status LlamaModel::forward(const ForwardBatch& batch, KvCache& cache, Tensor& lo
     } else {
       ops::add_rms_norm(x, out, w.attn_norm, c.rms_norm_eps, h);
     }
-    ops::linear(h, w.q_proj, w.q_bias.defined() ? &w.q_bias : nullptr, q);
-    ops::linear(h, w.k_proj, w.k_bias.defined() ? &w.k_bias : nullptr, k);
-    ops::linear(h, w.v_proj, w.v_bias.defined() ? &w.v_bias : nullptr, v);
+    ops::linear(h, w.q_proj, w.q_bias.defined() ? &w.q_bias : nullptr, q, mode);
+    ops::linear(h, w.k_proj, w.k_bias.defined() ? &w.k_bias : nullptr, k, mode);
+    ops::linear(h, w.v_proj, w.v_bias.defined() ? &w.v_bias : nullptr, v, mode);
     Tensor q_heads = q.reshape({n, c.num_heads, c.head_dim});
     Tensor k_heads = k.reshape({n, c.num_kv_heads, c.head_dim});
     if (c.qk_norm) {
@@ -104,13 +105,13 @@ Status LlamaModel::forward(const ForwardBatch& batch, KvCache& cache, Tensor& lo
     ops::store_kv(k_heads, v_heads, batch.attention.slot_mapping, cache.k(layer), cache.v(layer));
     Tensor attn_heads = attn.reshape({n, c.num_heads, c.head_dim});
     ops::paged_attention(q_heads, cache.k(layer), cache.v(layer), batch.attention, params, attn_heads);
-    ops::linear(attn, w.o_proj, w.o_bias.defined() ? &w.o_bias : nullptr, out);
+    ops::linear(attn, w.o_proj, w.o_bias.defined() ? &w.o_bias : nullptr, out, mode);
     // MLP block: x += attention output; h = norm(x).
     ops::add_rms_norm(x, out, w.ffn_norm, c.rms_norm_eps, h);
-    ops::linear(h, w.gate_proj, nullptr, gate);
-    ops::linear(h, w.up_proj, nullptr, up);
+    ops::linear(h, w.gate_proj, nullptr, gate, mode);
+    ops::linear(h, w.up_proj, nullptr, up, mode);
     ops::silu_mul(gate, up, gate);
-    ops::linear(gate, w.down_proj, nullptr, out);  // added into x by the next norm
+    ops::linear(gate, w.down_proj, nullptr, out, mode);  // added into x by the next norm
   }
 
   // Last residual add, final norm and LM head only for the rows whose logits are wanted.
@@ -126,7 +127,7 @@ Status LlamaModel::forward(const ForwardBatch& batch, KvCache& cache, Tensor& lo
   if (!logits.defined() || logits.size(0) != n_logits || logits.size(1) != c.vocab_size) {
     logits = Tensor::empty({n_logits, c.vocab_size}, DType::kF32);
   }
-  ops::linear(normed, weights_.lm_head, nullptr, logits);
+  ops::linear(normed, weights_.lm_head, nullptr, logits, mode);
   return Status::Ok();
 }
 

@@ -20,6 +20,10 @@ struct ForwardBatch {
   Tensor logits_rows; // [n_logits] i32: rows of the batch whose logits are wanted
 };
 
+struct ForwardOptions {
+  ops::LinearMode linear_mode = ops::LinearMode::kFastest;  // kBatchInvariant: outputs independent of batching
+};
+
 class LlamaModel {
  public:
   LlamaModel(ModelConfig config, ModelWeights weights);
@@ -28,7 +32,7 @@ class LlamaModel {
   const ModelWeights& weights() const { return weights_; }
 
   // Runs the batch, writing its K/V into `cache`, and fills logits [n_logits, vocab] f32.
-  Status forward(const ForwardBatch& batch, KvCache& cache, Tensor& logits) const;
+  Status forward(const ForwardBatch& batch, KvCache& cache, Tensor& logits, const ForwardOptions& options = {}) const;
 
  private:
   ModelConfig config_;

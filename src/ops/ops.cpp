@@ -103,7 +103,7 @@ std::string backend_info() {
   return line;
 }
 
-void linear(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& y) {
+void linear(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& y, LinearMode mode) {
   constexpr const char* op = "linear";
   require_cpu(op, "x", x);
   require_cpu(op, "y", y);
@@ -147,6 +147,13 @@ void linear(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& y) {
   a.n = n;
   a.in = in;
   a.out = out;
+  if (mode == LinearMode::kBatchInvariant) {
+    // Every token through the batch-1 GEMV tile: each output's summation order depends only on
+    // the weight's shape. One pass over the weight rows serves all tokens (rows stay in L1).
+    a.per_token = true;
+    cpu::linear(a, cpu::LinearAlgo::kGemv);
+    return;
+  }
   cpu::linear(a);
 }
 

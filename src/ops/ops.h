@@ -80,9 +80,16 @@ namespace ops {
 // One line naming the CPU kernels in use ("cpu kernels: avx512"), for `tachyon info` and logs.
 std::string backend_info();
 
+// How linear() may trade reproducibility for speed.
+enum class LinearMode : uint8_t {
+  kFastest,         // the fastest kernel for the batch's size (GEMV for few tokens, GEMM beyond)
+  kBatchInvariant,  // every token row through the same kernel and summation order, whatever the
+                    // batch: a sequence's outputs are bit-identical alone or batched with others
+};
+
 // y[n, out] = x[n, in] · W[out, in]^T (+ bias[out]). x, y f32 (y must not overlap x); W dense
 // f32/f16/bf16 (quantized formats come with quant/); bias f32/f16/bf16. Accumulates in f32.
-void linear(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& y);
+void linear(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& y, LinearMode mode = LinearMode::kFastest);
 
 // y[..., d] = x / rms(x) * weight[d], over the last dim of x (rank 1..4; e.g. [n, d], or
 // [n, heads, head_dim] for per-head q/k norms). weight f32/f16/bf16. y may be x.

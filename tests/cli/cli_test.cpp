@@ -4,6 +4,7 @@
 #include <fstream>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "test_util.h"
 
@@ -88,6 +89,70 @@ TEST(Cli, BadInputsGiveOneErrorLine) {
                      "top_p");
   // A model without a tokenizer asked for text.
   expect_clean_error(run_command(tachyon_binary() + " generate -m " + fixture("llama") + " -p hello"), "tokenizer");
+}
+
+
+// Every line of the file is a request of its own; the batched results, printed in file order,
+// equal each line generated alone (batch-invariant kernels make that exact).
+TEST(Cli, PromptsFileRunsEveryLineAndMatchesSingleRuns) {
+  const std::string dir = testing::scratch_dir("prompts");
+  const std::vector<std::string> lines = {"func main() {", "The quick brown fox", "", "import os\nimport sys",
+                                          "SELECT * FROM", "Once upon a time, in a land far away, there lived"};
+  {
+    std::ofstream f(dir + "/prompts.txt");
+    for (const auto& l : lines) f << (l == "import os\nimport sys" ? "import os" : l) << "\n";
+  }
+  const std::string model = testing::source_dir() + "/models/tachyon-demo";
+  const std::string common = " -n 12 --temp 0 --batch-invariant --max-model-len 128 ";
+  auto r = run_command(tachyon_binary() + " generate -m " + model + common + "--prompts-file " + dir + "/prompts.txt");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::vector<nlohmann::json> rows;
+  size_t pos = 0;
+  while (pos < r.out.size()) {
+    const size_t end = r.out.find('\n', pos);
+    rows.push_back(nlohmann::json::parse(r.out.substr(pos, end - pos)));
+    pos = end + 1;
+  }
+  ASSERT_EQ(rows.size(), lines.size()) << r.out;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    EXPECT_EQ(rows[i].at("index").get<size_t>(), i);
+    const std::string line = lines[i] == "import os\nimport sys" ? "import os" : lines[i];
+    if (line.empty()) continue;  // the empty line is a BOS-only prompt; -p '' is the same request
+    auto alone = run_command(tachyon_binary() + " generate -m " + model + common + "-p '" + line + "'");
+    ASSERT_EQ(alone.exit_code, 0) << alone.err;
+    EXPECT_EQ(rows[i].at("text").get<std::string>() + "\n", alone.out) << "line " << i;
+  }
+  expect_clean_error(run_command(tachyon_binary() + " generate -m " + model + " --prompts-file " + dir + "/missing.txt"),
+                     "missing.txt");
+}
+
+TEST(Cli, BenchWritesJsonAndOneSummaryLine) {
+  const std::string dir = testing::scratch_dir("bench");
+  auto r = run_command(tachyon_binary() +
+                       " bench -m synthetic:tiny --workload throughput -n 12 --mean-prompt-len 64 --mean-output-len 8 "
+                       "--shared-prefix 0.5 --max-batched-tokens 64 --json " + dir + "/t.json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
+  EXPECT_EQ(r.out.rfind("throughput: 12 requests", 0), 0u) << r.out;
+  std::ifstream f(dir + "/t.json");
+  const auto j = nlohmann::json::parse(f);
+  EXPECT_EQ(j.at("ttft_ms").at("count").get<int>(), 12);
+  EXPECT_GT(j.at("output_tokens").get<int>(), 12);
+  EXPECT_GT(j.at("prefix_hit_rate").get<double>(), 0.0);  // half of every prompt is shared
+  EXPECT_LE(j.at("prefix_hit_rate").get<double>(), 1.0);
+  for (const char* key : {"requests_per_s", "output_tokens_per_s", "schedule_fraction", "kv_peak_fraction"}) {
+    EXPECT_TRUE(j.contains(key)) << key;
+  }
+  auto l = run_command(tachyon_binary() + " bench -m synthetic:tiny --workload latency --prompt-len 16 --output-len 8 " +
+                       "--iters 2 --json " + dir + "/l.json");
+  ASSERT_EQ(l.exit_code, 0) << l.err;
+  EXPECT_EQ(l.out.rfind("latency: prompt 16, output 8", 0), 0u) << l.out;
+  std::ifstream lf(dir + "/l.json");
+  const auto lj = nlohmann::json::parse(lf);
+  EXPECT_EQ(lj.at("output_tokens").get<int>(), 16);
+  EXPECT_GT(lj.at("decode_tokens_per_s").get<double>(), 0.0);
+  expect_clean_error(run_command(tachyon_binary() + " bench -m synthetic:tiny --workload nope"), "workload");
+  expect_clean_error(run_command(tachyon_binary() + " bench -m synthetic:tiny --kv-cache-mem lots"), "size");
 }
 
 }  // namespace

@@ -5,7 +5,6 @@
 #include <nlohmann/json.hpp>
 
 #include "core/mapped_file.h"
-#include "engine/generator.h"
 #include "model/model_loader.h"
 #include "test_util.h"
 
@@ -24,18 +23,7 @@ TEST(BundledModel, TokenizerAndGreedyMatchTransformers) {
     const auto prompt_ids = c.at("prompt_ids").get<std::vector<int32_t>>();
     const auto expected = c.at("greedy_ids").get<std::vector<int32_t>>();
     EXPECT_EQ(m->tokenizer->encode(c.at("prompt").get<std::string>()), prompt_ids);
-    SamplingParams p;
-    p.temperature = 0.0f;
-    Sampler sampler(p);
-    GenerateOptions g;
-    g.max_new_tokens = static_cast<int>(expected.size());
-    g.ignore_eos = true;
-    std::vector<int32_t> got;
-    auto stats = generate(*m->model, prompt_ids, sampler, g, [&](const SampleResult& r) {
-      got.push_back(r.token);
-      return true;
-    });
-    ASSERT_TRUE(stats.ok()) << stats.status().to_string();
+    const std::vector<int32_t> got = testing::greedy_ids(*m->model, prompt_ids, static_cast<int>(expected.size()));
     EXPECT_EQ(got, expected) << c.at("prompt");
   }
 }

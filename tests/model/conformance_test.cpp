@@ -4,7 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "fixture.h"
-#include "kv/block_allocator.h"
+#include "kv/block_manager.h"
 #include "kv/kv_cache.h"
 #include "model/forward_batch.h"
 #include "model/model_loader.h"
@@ -22,7 +22,7 @@ constexpr double kTolerance = 1e-4;  // max relative error in f32
 struct Session {
   const LlamaModel* model;
   KvCache cache;
-  BlockAllocator allocator;
+  BlockManager blocks;
   BlockTable table;
 
   static Session make(const LlamaModel& model, int max_tokens, int block_size = 16) {
@@ -35,13 +35,14 @@ struct Session {
     kv.num_blocks = (max_tokens + block_size - 1) / block_size + 2;
     auto cache = KvCache::create(kv);
     EXPECT_TRUE(cache.ok());
-    return Session{&model, std::move(cache).value(), BlockAllocator(kv.num_blocks), BlockTable(block_size)};
+    return Session{&model, std::move(cache).value(), BlockManager({kv.num_blocks, block_size, false}),
+                   BlockTable(block_size)};
   }
 
   // Appends `tokens`, returning logits of every one of them [len, vocab].
   Tensor run(std::span<const int32_t> tokens) {
     const int start = table.num_tokens();
-    EXPECT_TRUE(table.grow_to(start + static_cast<int>(tokens.size()), allocator).ok());
+    EXPECT_TRUE(blocks.grow_to(table, start + static_cast<int>(tokens.size())).ok());
     SequenceChunk chunk{&table, start, tokens, LogitsWanted::kAll};
     ForwardBatch batch = build_forward_batch({chunk});
     Tensor logits;
@@ -148,10 +149,10 @@ TEST(Conformance, BatchedEqualsAlone) {
   const ModelConfig& c = model.config();
   KvCacheConfig kv{c.num_layers, c.num_kv_heads, c.head_dim, 16, 16, DType::kF32};
   KvCache cache = std::move(KvCache::create(kv)).value();
-  BlockAllocator alloc(kv.num_blocks);
+  BlockManager blocks({kv.num_blocks, 16, false});
   BlockTable ta(16), tb(16);
-  ASSERT_TRUE(ta.grow_to(static_cast<int>(a.size()), alloc).ok());
-  ASSERT_TRUE(tb.grow_to(static_cast<int>(b.size()), alloc).ok());
+  ASSERT_TRUE(blocks.grow_to(ta, static_cast<int>(a.size())).ok());
+  ASSERT_TRUE(blocks.grow_to(tb, static_cast<int>(b.size())).ok());
   ForwardBatch batch = build_forward_batch({SequenceChunk{&ta, 0, a, LogitsWanted::kAll},
                                             SequenceChunk{&tb, 0, b, LogitsWanted::kAll}});
   Tensor both;

@@ -7,7 +7,6 @@
 #include <nlohmann/json.hpp>
 
 #include "core/mapped_file.h"
-#include "engine/generator.h"
 #include "fixture.h"
 #include "model/model_loader.h"
 #include "test_util.h"
@@ -25,19 +24,7 @@ LoadedModel load(const std::string& path) {
 }
 
 std::vector<int32_t> greedy(const LoadedModel& m, const std::vector<int32_t>& prompt, int n) {
-  SamplingParams p;
-  p.temperature = 0.0f;
-  Sampler sampler(p);
-  GenerateOptions o;
-  o.max_new_tokens = n;
-  o.ignore_eos = true;
-  std::vector<int32_t> out;
-  auto stats = generate(*m.model, prompt, sampler, o, [&](const SampleResult& r) {
-    out.push_back(r.token);
-    return true;
-  });
-  EXPECT_TRUE(stats.ok()) << stats.status().to_string();
-  return out;
+  return testing::greedy_ids(*m.model, prompt, n);
 }
 
 TEST(Stories260K, GreedyMatchesIndependentReference) {

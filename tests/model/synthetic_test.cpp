@@ -2,9 +2,9 @@
 
 #include <gtest/gtest.h>
 
-#include "engine/generator.h"
 #include "model/model_loader.h"
 #include "model/synthetic.h"
+#include "test_util.h"
 
 namespace tachyon {
 namespace {
@@ -17,21 +17,9 @@ Result<LoadedModel> load(const std::string& path, DType dtype = DType::kBF16, ui
   return load_model(o);
 }
 
-std::vector<int32_t> run(const LlamaModel& model, std::vector<float>* first_logits = nullptr) {
-  SamplingParams p;
-  p.temperature = 0.0f;
-  Sampler sampler(p);
-  GenerateOptions o;
-  o.max_new_tokens = 12;
-  o.ignore_eos = true;
-  std::vector<int32_t> prompt = {1, 7, 99, 3, 250, 17};
-  std::vector<int32_t> out;
-  auto stats = generate(model, prompt, sampler, o, [&](const SampleResult& r) {
-    out.push_back(r.token);
-    return std::isfinite(r.logprob);
-  });
-  EXPECT_TRUE(stats.ok());
-  EXPECT_EQ(stats->generated_tokens, 12);
+std::vector<int32_t> run(const LlamaModel& model) {
+  const std::vector<int32_t> out = testing::greedy_ids(model, {1, 7, 99, 3, 250, 17}, 12);
+  EXPECT_EQ(out.size(), 12u);
   return out;
 }
 

@@ -2,6 +2,7 @@
 // random inputs, odd sizes, strided views, NaN-prefilled outputs.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <random>
 
 #include "ops/cpu/kernels.h"
@@ -55,6 +56,38 @@ TEST(Linear, MatchesReferenceOnOddShapes) {
           ops::linear(p.x, p.w, p.bias.defined() ? &p.bias : nullptr, y);
           ASSERT_TRUE(all_close(y, run_reference(p), kTol, what));
         }
+      }
+    }
+  }
+}
+
+// Batch-invariant mode: a token's output row is bit-identical whatever else shares the call
+// (each row alone vs. all rows together vs. a shuffled subset), and still matches the reference.
+TEST(Linear, BatchInvariantRowsAreBitIdenticalToBatchOne) {
+  const uint32_t seed = testing::fresh_seed();
+  SCOPED_TRACE(fmt::format("seed {} (TACHYON_TEST_SEED={} reproduces)", seed, seed));
+  std::mt19937 rng(seed);
+  for (Isa isa : testing::simd_isas()) {
+    testing::IsaScope scope(isa);
+    for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+      for (auto [in, out] : std::vector<std::pair<int64_t, int64_t>>{{67, 131}, {256, 515}, {896, 40}}) {
+        const int64_t n = 37;
+        const std::string what = fmt::format("{} {} in={} out={}", ops::cpu::isa_name(isa), dtype_name(dtype), in, out);
+        const Problem p = make_problem(rng, n, in, out, dtype, in % 2 == 1);
+        const Tensor* bias = p.bias.defined() ? &p.bias : nullptr;
+        Tensor all = testing::nan_tensor({n, out});
+        ops::linear(p.x, p.w, bias, all, ops::LinearMode::kBatchInvariant);
+        ASSERT_TRUE(all_close(all, run_reference(p), kTol, what));
+        for (int64_t t = 0; t < n; ++t) {
+          Tensor one = testing::nan_tensor({1, out});
+          ops::linear(p.x.slice(0, t, t + 1), p.w, bias, one);  // the ordinary batch-1 path
+          ASSERT_EQ(std::memcmp(one.data<float>(), all.data<float>() + t * out, static_cast<size_t>(out) * 4), 0)
+              << what << " token " << t;
+        }
+        Tensor some = testing::nan_tensor({5, out});
+        ops::linear(p.x.slice(0, 9, 14), p.w, bias, some, ops::LinearMode::kBatchInvariant);
+        ASSERT_EQ(std::memcmp(some.data<float>(), all.data<float>() + 9 * out, static_cast<size_t>(5 * out) * 4), 0)
+            << what;
       }
     }
   }

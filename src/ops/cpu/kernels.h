@@ -23,6 +23,9 @@ struct LinearArgs {
   float* y = nullptr;           // [n, out] f32, rows y_stride apart
   int64_t y_stride = 0;
   int64_t n = 0, in = 0, out = 0;
+  // GEMV only: every token through the batch-1 tile, so that a row's summation order never
+  // depends on how many tokens share the call (batch-invariant outputs).
+  bool per_token = false;
 };
 
 // How linear runs a problem (chosen by linear(); the benchmark and tests may force one).

@@ -120,8 +120,10 @@ template <int R>
 inline void gemv_bf16_pairs_rows(const LinearArgs& a, const uint16_t* w, const float* x_split, int64_t in16,
                                  const int64_t* rows) {
   int64_t t = 0;
-  for (; t + 2 <= a.n; t += 2) gemv_bf16_pairs_tile<R, 2>(a, w, x_split, in16, rows, t);
-  if (t < a.n) gemv_bf16_pairs_tile<R, 1>(a, w, x_split, in16, rows, t);
+  if (!a.per_token) {
+    for (; t + 2 <= a.n; t += 2) gemv_bf16_pairs_tile<R, 2>(a, w, x_split, in16, rows, t);
+  }
+  for (; t < a.n; ++t) gemv_bf16_pairs_tile<R, 1>(a, w, x_split, in16, rows, t);
 }
 
 void gemv_bf16_pairs(const LinearArgs& a) {

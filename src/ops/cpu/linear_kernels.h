@@ -143,8 +143,9 @@ template <class S, class WT, int R>
 inline void gemv_rows(const LinearArgs& a, const WT* w, const int64_t* rows) {
   constexpr int T = S::kGemvTokens;
   int64_t t = 0;
-  if (a.n == 1) {
-    gemv_tile<S, WT, R, 1, 2>(a, w, rows, 0);  // batch 1: two accumulators per row for more ILP
+  if (a.n == 1 || a.per_token) {
+    // Batch 1 (or batch-invariant): two accumulators per row for more ILP.
+    for (; t < a.n; ++t) gemv_tile<S, WT, R, 1, 2>(a, w, rows, t);
     return;
   }
   for (; t + T <= a.n; t += T) gemv_tile<S, WT, R, T, 1>(a, w, rows, t);

@@ -1,0 +1,375 @@
+// `tachyon bench`: drives the engine in-process with a workload and reports what a user of a
+// serving engine compares: requests/s, output tokens/s, TTFT, TPOT and inter-token latency
+// percentiles, KV use, prefix-cache hit rate, preemptions and the scheduler's share of step time.
+//
+//   --workload latency     one request at a time: prompt P tokens, generate G (--iters runs after
+//                          one warm-up); decode speed is also given as weight bytes streamed per s
+//   --workload throughput  N requests; prompt and output lengths drawn from a seeded log-normal
+//                          (ShareGPT-like spread), arrivals all at once or Poisson at --request-rate,
+//                          at most --concurrency in flight, an optional shared prompt prefix
+//
+// Prompts are random token ids (no tokenizer needed, so synthetic models work) and EOS is ignored,
+// so every request generates exactly its drawn length. stdout gets one summary line, --json FILE
+// everything; a progress bar goes to stderr when stderr is a terminal or --progress is given.
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "core/thread_pool.h"
+#include "core/timer.h"
+
+namespace tachyon::cli {
+namespace {
+
+using nlohmann::json;
+
+struct BenchArgs {
+  CommonOptions common;
+  EngineArgs engine;
+  std::string workload = "throughput";
+  std::string dtype = "bf16";
+  // latency
+  int prompt_len = 128;
+  int output_len = 128;
+  int iters = 3;
+  // throughput
+  int num_prompts = 64;
+  int mean_prompt_len = 256;
+  int mean_output_len = 128;
+  double len_sigma = 0.5;       // log-normal sigma of both lengths (0: fixed lengths)
+  int concurrency = 0;          // most requests in flight; 0 = no limit
+  double request_rate = 0.0;    // Poisson arrivals per second; 0 = all at once
+  double shared_prefix = 0.0;   // fraction of every prompt that is one common prefix
+  uint64_t seed = 0;
+  double bandwidth_gbps = 0.0;  // for the latency roofline fraction, if known
+  std::string json_path;
+  bool progress = false;
+};
+
+struct Percentiles {
+  double mean = 0, p50 = 0, p90 = 0, p99 = 0, max = 0;
+  size_t count = 0;
+};
+
+Percentiles percentiles(std::vector<double> v) {
+  Percentiles p;
+  p.count = v.size();
+  if (v.empty()) return p;
+  std::sort(v.begin(), v.end());
+  const auto at = [&](double q) {
+    const double pos = q * static_cast<double>(v.size() - 1);
+    const size_t lo = static_cast<size_t>(pos);
+    const size_t hi = std::min(lo + 1, v.size() - 1);
+    return v[lo] + (v[hi] - v[lo]) * (pos - static_cast<double>(lo));
+  };
+  double sum = 0;
+  for (double x : v) sum += x;
+  p.mean = sum / static_cast<double>(v.size());
+  p.p50 = at(0.5);
+  p.p90 = at(0.9);
+  p.p99 = at(0.99);
+  p.max = v.back();
+  return p;
+}
+
+json to_json_ms(const Percentiles& p) {
+  return json{{"mean", p.mean * 1e3}, {"p50", p.p50 * 1e3}, {"p90", p.p90 * 1e3},
+              {"p99", p.p99 * 1e3},   {"max", p.max * 1e3},  {"count", p.count}};
+}
+
+struct PlannedRequest {
+  double arrival = 0.0;  // seconds after the start
+  std::vector<int32_t> prompt;
+  int output_len = 0;
+};
+
+class Progress {
+ public:
+  Progress(bool enabled, size_t total) : enabled_(enabled), total_(total) {}
+  void update(size_t done, int64_t tokens, double seconds) {
+    if (!enabled_ || seconds < 2.0 || (seconds - last_ < 0.25 && done < total_)) return;
+    last_ = seconds;
+    const int width = 30;
+    const int filled = static_cast<int>(static_cast<double>(width) * static_cast<double>(done) /
+                                        static_cast<double>(std::max<size_t>(total_, 1)));
+    std::fprintf(stderr, "\r[%.*s%.*s] %zu/%zu requests, %.1f s, %.1f output tok/s ", filled,
+                 "==============================", width - filled, "                              ", done, total_,
+                 seconds, seconds > 0 ? static_cast<double>(tokens) / seconds : 0.0);
+    shown_ = true;
+  }
+  ~Progress() {
+    if (shown_) std::fprintf(stderr, "\n");
+  }
+
+ private:
+  bool enabled_;
+  size_t total_;
+  double last_ = -1.0;
+  bool shown_ = false;
+};
+
+std::vector<int32_t> random_prompt(std::mt19937_64& rng, int len, int vocab) {
+  std::vector<int32_t> p(static_cast<size_t>(len));
+  // Skip the first ids: special tokens live there in most vocabularies.
+  const int lo = std::min(vocab - 1, 16);
+  std::uniform_int_distribution<int32_t> d(lo, vocab - 1);
+  for (auto& t : p) t = d(rng);
+  return p;
+}
+
+std::vector<PlannedRequest> plan_latency(const BenchArgs& a, int vocab) {
+  std::mt19937_64 rng(a.seed);
+  std::vector<PlannedRequest> plan;
+  for (int i = 0; i < a.iters + 1; ++i) {  // the first one warms up
+    PlannedRequest r;
+    r.prompt = random_prompt(rng, a.prompt_len, vocab);
+    r.output_len = a.output_len;
+    plan.push_back(std::move(r));
+  }
+  return plan;
+}
+
+std::vector<PlannedRequest> plan_throughput(const BenchArgs& a, int vocab, int max_model_len) {
+  std::mt19937_64 rng(a.seed);
+  // Log-normal with the requested mean: mu = ln(mean) - sigma^2 / 2.
+  const auto draw = [&](int mean) {
+    if (a.len_sigma <= 0.0) return mean;
+    std::lognormal_distribution<double> d(std::log(static_cast<double>(mean)) - a.len_sigma * a.len_sigma / 2,
+                                          a.len_sigma);
+    return std::max(1, static_cast<int>(std::lround(d(rng))));
+  };
+  const int prefix_len = static_cast<int>(a.shared_prefix * a.mean_prompt_len);
+  const std::vector<int32_t> prefix = random_prompt(rng, prefix_len, vocab);
+  std::exponential_distribution<double> gap(a.request_rate > 0 ? a.request_rate : 1.0);
+  std::vector<PlannedRequest> plan;
+  double t = 0.0;
+  for (int i = 0; i < a.num_prompts; ++i) {
+    PlannedRequest r;
+    int p = std::max(draw(a.mean_prompt_len), prefix_len + 1);
+    int o = draw(a.mean_output_len);
+    p = std::min(p, max_model_len - 2);
+    o = std::min(o, max_model_len - p);  // prompt + output within the context
+    r.prompt = prefix;
+    auto rest = random_prompt(rng, p - static_cast<int>(prefix.size()), vocab);
+    r.prompt.insert(r.prompt.end(), rest.begin(), rest.end());
+    r.output_len = o;
+    if (a.request_rate > 0) t += gap(rng);
+    r.arrival = t;
+    plan.push_back(std::move(r));
+  }
+  return plan;
+}
+
+int run_bench(BenchArgs& a) {
+  if (a.workload != "latency" && a.workload != "throughput") {
+    return report(make_error(ErrorCode::kInvalidArgument, "--workload '{}': latency or throughput", a.workload));
+  }
+  if (a.prompt_len < 1 || a.output_len < 1 || a.num_prompts < 1 || a.mean_prompt_len < 1 || a.mean_output_len < 1 ||
+      a.iters < 1 || a.len_sigma < 0 || a.len_sigma > 3 || a.request_rate < 0 || a.concurrency < 0 ||
+      !(a.shared_prefix >= 0 && a.shared_prefix < 1)) {
+    return report(make_error(ErrorCode::kInvalidArgument,
+                             "lengths, --num-prompts and --iters must be positive, --len-sigma in [0, 3], "
+                             "--shared-prefix in [0, 1), rates and concurrency not negative"));
+  }
+  const auto dtype = parse_dtype(a.dtype);
+  if (!dtype) return report(make_error(ErrorCode::kInvalidArgument, "--dtype '{}' is not a dtype", a.dtype));
+  auto eo = engine_options(a.engine);
+  if (!eo.ok()) return report(eo.status());
+  auto loaded = load(a.common, *dtype);
+  if (!loaded.ok()) return report(loaded.status());
+  LoadedModel& m = *loaded;
+  auto engine = Engine::create(*m.model, nullptr, {}, *eo);
+  if (!engine.ok()) return report(engine.status());
+  Engine& e = **engine;
+  const int vocab = m.model->config().vocab_size;
+  const bool latency = a.workload == "latency";
+  if (latency && a.prompt_len + a.output_len > e.max_model_len()) {
+    return report(make_error(ErrorCode::kInvalidArgument, "prompt {} + output {} tokens exceed max_model_len {}",
+                             a.prompt_len, a.output_len, e.max_model_len()));
+  }
+  std::vector<PlannedRequest> plan = latency ? plan_latency(a, vocab) : plan_throughput(a, vocab, e.max_model_len());
+
+  std::vector<double> ttft, tpot, itl, e2e;
+  int64_t output_tokens = 0, prompt_tokens = 0;
+  size_t next = 0, done = 0, in_flight = 0;
+  const size_t measured_from = latency ? 1 : 0;  // the latency workload's first request warms up
+  const size_t limit = latency ? 1 : (a.concurrency > 0 ? static_cast<size_t>(a.concurrency) : plan.size());
+  Progress progress(a.progress || isatty(STDERR_FILENO) != 0, plan.size() - measured_from);
+  EngineStats before{};
+  double start = e.now();
+  Timer wall;
+  while (done < plan.size()) {
+    const double now = e.now() - start;
+    while (next < plan.size() && in_flight < limit && plan[next].arrival <= now) {
+      GenerationParams gp;
+      gp.sampling.temperature = 0.0f;
+      gp.max_tokens = plan[next].output_len;
+      gp.ignore_eos = true;
+      gp.detokenize = false;
+      auto id = e.add_request(plan[next].prompt, gp);
+      if (!id.ok()) return report(id.status());
+      ++next;
+      ++in_flight;
+    }
+    if (!e.has_unfinished()) {
+      if (next < plan.size()) {
+        std::this_thread::sleep_for(std::chrono::duration<double>(std::max(0.0, plan[next].arrival - now)));
+      }
+      continue;
+    }
+    auto outputs = e.step();
+    if (!outputs.ok()) return report(outputs.status());
+    for (const RequestOutput& o : *outputs) {
+      if (!o.finished) continue;
+      --in_flight;
+      if (o.finish_reason == FinishReason::kError) return report(o.error);
+      const size_t index = done++;
+      if (latency && index == 0) {  // warm-up done: measure from here
+        before = e.stats();
+        start = e.now();
+        wall.reset();
+        continue;
+      }
+      const RequestTiming& t = o.timing;
+      ttft.push_back(t.first_token - t.arrival);
+      e2e.push_back(t.finished - t.arrival);
+      if (t.token_times.size() > 1) {
+        tpot.push_back((t.token_times.back() - t.token_times.front()) / static_cast<double>(t.token_times.size() - 1));
+        for (size_t i = 1; i < t.token_times.size(); ++i) itl.push_back(t.token_times[i] - t.token_times[i - 1]);
+      }
+      output_tokens += o.num_generated_tokens;
+      prompt_tokens += o.num_prompt_tokens;
+    }
+    progress.update(done - std::min(done, measured_from), output_tokens, wall.seconds());
+  }
+  const double duration = wall.seconds();
+  const EngineStats after = e.stats();
+  const size_t measured = plan.size() - measured_from;
+
+  const Percentiles p_ttft = percentiles(ttft), p_tpot = percentiles(tpot), p_itl = percentiles(itl),
+                    p_e2e = percentiles(e2e);
+  const int64_t steps = after.num_steps - before.num_steps;
+  const double sched = after.schedule_seconds - before.schedule_seconds;
+  const double fwd = after.forward_seconds - before.forward_seconds;
+  const double samp = after.sample_seconds - before.sample_seconds;
+  const double step_total = sched + fwd + samp;
+  const double weight_bytes = static_cast<double>(m.model->weights().decode_bytes_per_token());
+  const double decode_tok_s = p_tpot.mean > 0 ? 1.0 / p_tpot.mean : 0.0;
+
+  json j;
+  j["bench"] = "engine";
+  j["workload"] = a.workload;
+  j["model"] = a.common.model;
+  j["weights"] = m.weight_dtypes;
+  j["threads"] = num_threads();
+  j["config"] = {{"num_requests", measured},
+                 {"prompt_len", latency ? a.prompt_len : a.mean_prompt_len},
+                 {"output_len", latency ? a.output_len : a.mean_output_len},
+                 {"len_sigma", latency ? 0.0 : a.len_sigma},
+                 {"concurrency", a.concurrency},
+                 {"request_rate", a.request_rate},
+                 {"shared_prefix", a.shared_prefix},
+                 {"seed", a.seed},
+                 {"max_batched_tokens", eo->max_batched_tokens},
+                 {"max_seqs", eo->max_seqs},
+                 {"chunked_prefill", eo->chunked_prefill},
+                 {"prefix_caching", eo->prefix_caching},
+                 {"block_size", eo->block_size},
+                 {"kv_blocks", after.kv_blocks_total},
+                 {"kv_cache_bytes", after.kv_cache_bytes},
+                 {"max_model_len", e.max_model_len()}};
+  j["duration_s"] = duration;
+  j["requests_per_s"] = static_cast<double>(measured) / duration;
+  j["output_tokens"] = output_tokens;
+  j["prompt_tokens"] = prompt_tokens;
+  j["output_tokens_per_s"] = static_cast<double>(output_tokens) / duration;
+  j["total_tokens_per_s"] = static_cast<double>(output_tokens + prompt_tokens) / duration;
+  j["ttft_ms"] = to_json_ms(p_ttft);
+  j["tpot_ms"] = to_json_ms(p_tpot);
+  j["itl_ms"] = to_json_ms(p_itl);
+  j["e2e_ms"] = to_json_ms(p_e2e);
+  j["kv_peak_blocks"] = after.kv_blocks_used_peak;
+  j["kv_peak_fraction"] = after.kv_blocks_total > 0 ? static_cast<double>(after.kv_blocks_used_peak) / after.kv_blocks_total : 0.0;
+  j["prefix_hit_rate"] = (after.prefix.query_tokens - before.prefix.query_tokens) > 0
+                             ? static_cast<double>(after.prefix.hit_tokens - before.prefix.hit_tokens) /
+                                   static_cast<double>(after.prefix.query_tokens - before.prefix.query_tokens)
+                             : 0.0;
+  j["preemptions"] = after.num_preemptions - before.num_preemptions;
+  j["steps"] = steps;
+  j["step_ms_mean"] = steps > 0 ? step_total / static_cast<double>(steps) * 1e3 : 0.0;
+  j["schedule_fraction"] = step_total > 0 ? sched / step_total : 0.0;  // scheduling + batch planning
+  j["sample_fraction"] = step_total > 0 ? samp / step_total : 0.0;
+  j["forward_fraction"] = step_total > 0 ? fwd / step_total : 0.0;
+  j["weight_bytes_per_token"] = weight_bytes;
+  if (latency) {
+    j["decode_tokens_per_s"] = decode_tok_s;
+    j["prefill_tokens_per_s"] = p_ttft.mean > 0 ? a.prompt_len / p_ttft.mean : 0.0;
+    j["decode_weight_gbps"] = decode_tok_s * weight_bytes / 1e9;
+    if (a.bandwidth_gbps > 0) j["decode_fraction_of_roofline"] = decode_tok_s * weight_bytes / 1e9 / a.bandwidth_gbps;
+  }
+  if (!a.json_path.empty()) {
+    std::ofstream f(a.json_path);
+    f << j.dump(2) << "\n";
+    if (!f) return report(make_error(ErrorCode::kIo, "cannot write {}", a.json_path));
+  }
+  if (latency) {
+    std::printf("latency: prompt %d, output %d | TTFT %.1f ms | TPOT %.2f ms (%.2f tok/s, %.2f GB/s of weights%s) | "
+                "e2e %.1f ms\n",
+                a.prompt_len, a.output_len, p_ttft.mean * 1e3, p_tpot.mean * 1e3, decode_tok_s,
+                decode_tok_s * weight_bytes / 1e9,
+                a.bandwidth_gbps > 0
+                    ? fmt::format(", {:.0f}% of {:.1f} GB/s", 100.0 * decode_tok_s * weight_bytes / 1e9 / a.bandwidth_gbps,
+                                  a.bandwidth_gbps)
+                          .c_str()
+                    : "",
+                p_e2e.mean * 1e3);
+  } else {
+    std::printf("throughput: %zu requests in %.1f s | %.2f req/s | %.1f output tok/s | TTFT p50 %.0f ms p99 %.0f ms | "
+                "TPOT p50 %.1f ms | ITL p99 %.1f ms | peak KV %.0f%% | prefix hits %.0f%% | %lld preemptions | "
+                "scheduler %.2f%% of step time\n",
+                measured, duration, static_cast<double>(measured) / duration,
+                static_cast<double>(output_tokens) / duration, p_ttft.p50 * 1e3, p_ttft.p99 * 1e3, p_tpot.p50 * 1e3,
+                p_itl.p99 * 1e3, 100.0 * j["kv_peak_fraction"].get<double>(), 100.0 * j["prefix_hit_rate"].get<double>(),
+                static_cast<long long>(j["preemptions"].get<int64_t>()), 100.0 * j["schedule_fraction"].get<double>());
+  }
+  return 0;
+}
+
+}  // namespace
+
+void add_bench(CLI::App& app, std::function<int()>& run) {
+  auto a = std::make_shared<BenchArgs>();
+  CLI::App* cmd = app.add_subcommand("bench", "benchmark the engine on a latency or throughput workload");
+  add_common_options(*cmd, a->common);
+  add_engine_options(*cmd, a->engine);
+  cmd->add_option("--workload", a->workload, "latency or throughput (default throughput)");
+  cmd->add_option("--dtype", a->dtype, "weight dtype of synthetic models (default bf16)");
+  cmd->add_option("--prompt-len", a->prompt_len, "latency: prompt tokens (default 128)");
+  cmd->add_option("--output-len", a->output_len, "latency: generated tokens (default 128)");
+  cmd->add_option("--iters", a->iters, "latency: measured requests after one warm-up (default 3)");
+  cmd->add_option("-n,--num-prompts", a->num_prompts, "throughput: requests (default 64)");
+  cmd->add_option("--mean-prompt-len", a->mean_prompt_len, "throughput: mean prompt tokens (default 256)");
+  cmd->add_option("--mean-output-len", a->mean_output_len, "throughput: mean generated tokens (default 128)");
+  cmd->add_option("--len-sigma", a->len_sigma, "throughput: log-normal sigma of the lengths; 0 = fixed (default 0.5)");
+  cmd->add_option("--concurrency", a->concurrency, "throughput: requests in flight at most; 0 = all (default 0)");
+  cmd->add_option("--request-rate", a->request_rate, "throughput: Poisson arrivals per second; 0 = all at once");
+  cmd->add_option("--shared-prefix", a->shared_prefix, "throughput: fraction of each prompt shared by all (default 0)");
+  cmd->add_option("--seed", a->seed, "workload seed (default 0)");
+  cmd->add_option("--bandwidth-gbps", a->bandwidth_gbps, "latency: memory bandwidth for the roofline fraction");
+  cmd->add_option("--json", a->json_path, "write every figure to FILE as JSON");
+  cmd->add_flag("--progress", a->progress, "progress bar on stderr even when it is not a terminal");
+  cmd->callback([a, &run]() { run = [a]() { return run_bench(*a); }; });
+}
+
+}  // namespace tachyon::cli

@@ -1,0 +1,365 @@
+#include "engine/engine.h"
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+
+#include "core/log.h"
+#include "engine/stop_strings.h"
+#include "model/forward_batch.h"
+#include "tokenizer/detokenizer.h"
+
+namespace tachyon {
+namespace {
+
+constexpr size_t kMaxStopStrings = 64;
+constexpr size_t kMaxStopStringBytes = 1024;
+
+// MemAvailable from /proc/meminfo, in bytes (0 if unknown).
+size_t host_memory_available() {
+  std::ifstream f("/proc/meminfo");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("MemAvailable:", 0) == 0) {
+      std::istringstream in(line.substr(13));
+      size_t kib = 0;
+      in >> kib;
+      return kib * 1024;
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+const char* finish_reason_name(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kStop: return "stop";
+    case FinishReason::kLength: return "length";
+    case FinishReason::kContext: return "context";
+    case FinishReason::kAbort: return "abort";
+    case FinishReason::kError: return "error";
+  }
+  return "?";
+}
+
+struct Engine::Request {
+  Request(RequestId id, std::vector<int32_t> prompt, int block_size, GenerationParams p, Sampler s)
+      : seq(id, std::move(prompt), block_size), params(std::move(p)), sampler(std::move(s)), stops(params.stop) {}
+
+  Sequence seq;
+  GenerationParams params;
+  Sampler sampler;
+  StopStringMatcher stops;
+  std::unique_ptr<IncrementalDetokenizer> detok;  // null when not detokenizing
+  RequestTiming timing;
+};
+
+Result<std::unique_ptr<Engine>> Engine::create(const LlamaModel& model, const Tokenizer* tokenizer,
+                                               std::vector<int32_t> eos_token_ids, const EngineOptions& options) {
+  const ModelConfig& c = model.config();
+  if (options.block_size <= 0 || options.block_size > 1024) {
+    return make_error(ErrorCode::kInvalidArgument, "block size {} must be in [1, 1024]", options.block_size);
+  }
+  if (options.max_batched_tokens <= 0 || options.max_seqs <= 0) {
+    return make_error(ErrorCode::kInvalidArgument, "max_batched_tokens ({}) and max_seqs ({}) must be positive",
+                      options.max_batched_tokens, options.max_seqs);
+  }
+  if (options.max_model_len < 0 || options.max_model_len > c.max_position_embeddings) {
+    return make_error(ErrorCode::kInvalidArgument, "max_model_len {} must be in [1, {}] (the model's context)",
+                      options.max_model_len, c.max_position_embeddings);
+  }
+  if (options.kv_dtype != DType::kF32 && options.kv_dtype != DType::kF16 && options.kv_dtype != DType::kBF16) {
+    return make_error(ErrorCode::kUnsupported, "kv cache dtype {} (f32, f16 or bf16)", dtype_name(options.kv_dtype));
+  }
+  int max_model_len = options.max_model_len > 0 ? options.max_model_len : c.max_position_embeddings;
+
+  KvCacheConfig kv;
+  kv.num_layers = c.num_layers;
+  kv.num_kv_heads = c.num_kv_heads;
+  kv.head_dim = c.head_dim;
+  kv.block_size = options.block_size;
+  kv.dtype = options.kv_dtype;
+  const int64_t blocks_per_seq = (max_model_len + options.block_size - 1) / options.block_size;
+  if (options.num_kv_blocks > 0) {
+    kv.num_blocks = options.num_kv_blocks;
+  } else if (options.kv_cache_bytes > 0) {
+    kv.num_blocks = kv.blocks_for_budget(options.kv_cache_bytes);
+  } else {
+    if (!(options.kv_cache_fraction > 0.0 && options.kv_cache_fraction <= 0.95)) {
+      return make_error(ErrorCode::kInvalidArgument, "kv cache fraction {} must be in (0, 0.95]",
+                        options.kv_cache_fraction);
+    }
+    const size_t budget = static_cast<size_t>(static_cast<double>(host_memory_available()) * options.kv_cache_fraction);
+    const int64_t wanted = blocks_per_seq * options.max_seqs;
+    kv.num_blocks = static_cast<int>(std::min<int64_t>(wanted, kv.blocks_for_budget(budget)));
+  }
+  if (kv.num_blocks < 1) {
+    return make_error(ErrorCode::kOutOfMemory, "kv cache: the budget holds no block of {} bytes", kv.bytes_per_block());
+  }
+  const int64_t capacity = static_cast<int64_t>(kv.num_blocks) * options.block_size;
+  if (capacity < max_model_len) {
+    if (options.max_model_len > 0) {
+      return make_error(ErrorCode::kOutOfMemory,
+                        "kv cache: {} blocks hold {} tokens, less than max_model_len = {}; give the cache more memory "
+                        "or lower max_model_len",
+                        kv.num_blocks, capacity, max_model_len);
+    }
+    TACHYON_LOG_WARN("kv cache holds {} tokens: max_model_len lowered from {} to {}", capacity, max_model_len, capacity);
+    max_model_len = static_cast<int>(capacity);
+  }
+  if (!options.chunked_prefill && options.max_batched_tokens < max_model_len) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "without chunked prefill, max_batched_tokens ({}) must be at least max_model_len ({})",
+                      options.max_batched_tokens, max_model_len);
+  }
+  TACHYON_ASSIGN_OR_RETURN(KvCache cache, KvCache::create(kv));
+  TACHYON_LOG_INFO("kv cache: {} blocks of {} tokens, {} ({:.1f} MiB); max_model_len {}", kv.num_blocks,
+                   options.block_size, dtype_name(kv.dtype), static_cast<double>(cache.nbytes()) / (1 << 20),
+                   max_model_len);
+  return std::unique_ptr<Engine>(
+      new Engine(model, tokenizer, std::move(eos_token_ids), options, max_model_len, std::move(cache)));
+}
+
+Engine::Engine(const LlamaModel& model, const Tokenizer* tokenizer, std::vector<int32_t> eos,
+               const EngineOptions& options, int max_model_len, KvCache cache)
+    : model_(model),
+      tokenizer_(tokenizer),
+      eos_token_ids_(std::move(eos)),
+      options_(options),
+      max_model_len_(max_model_len),
+      cache_(std::move(cache)),
+      blocks_(BlockManagerOptions{cache_.config().num_blocks, options.block_size, options.prefix_caching}),
+      scheduler_(SchedulerOptions{options.max_batched_tokens, options.max_seqs, options.chunked_prefill}, blocks_) {}
+
+Engine::~Engine() = default;
+
+Result<RequestId> Engine::add_request(std::string_view prompt, const GenerationParams& params) {
+  if (tokenizer_ == nullptr) {
+    return make_error(ErrorCode::kInvalidArgument, "the model has no tokenizer: give the prompt as token ids");
+  }
+  EncodeOptions eo;
+  eo.add_bos = params.add_bos;
+  eo.parse_special = params.parse_special;
+  return add_request(tokenizer_->encode(prompt, eo), params);
+}
+
+Result<RequestId> Engine::add_request(std::vector<int32_t> prompt_ids, const GenerationParams& params) {
+  const int vocab = model_.config().vocab_size;
+  if (prompt_ids.empty()) return make_error(ErrorCode::kInvalidArgument, "the prompt is empty (no tokens)");
+  for (size_t i = 0; i < prompt_ids.size(); ++i) {
+    if (prompt_ids[i] < 0 || prompt_ids[i] >= vocab) {
+      return make_error(ErrorCode::kInvalidArgument, "prompt token {} at index {} is outside the vocabulary [0, {})",
+                        prompt_ids[i], i, vocab);
+    }
+  }
+  if (static_cast<int64_t>(prompt_ids.size()) >= max_model_len_) {
+    return make_error(ErrorCode::kOutOfRange,
+                      "the prompt has {} tokens; the context holds {} (prompt and generated tokens together)",
+                      prompt_ids.size(), max_model_len_);
+  }
+  if (params.max_tokens < 1) {
+    return make_error(ErrorCode::kInvalidArgument, "max_tokens = {} must be at least 1", params.max_tokens);
+  }
+  for (int32_t id : params.stop_token_ids) {
+    if (id < 0 || id >= vocab) {
+      return make_error(ErrorCode::kInvalidArgument, "stop token id {} is outside the vocabulary [0, {})", id, vocab);
+    }
+  }
+  if (params.stop.size() > kMaxStopStrings) {
+    return make_error(ErrorCode::kInvalidArgument, "{} stop strings; at most {}", params.stop.size(), kMaxStopStrings);
+  }
+  for (const auto& s : params.stop) {
+    if (s.size() > kMaxStopStringBytes) {
+      return make_error(ErrorCode::kInvalidArgument, "a stop string of {} bytes; at most {}", s.size(),
+                        kMaxStopStringBytes);
+    }
+  }
+  const bool detokenize = params.detokenize && tokenizer_ != nullptr;
+  if (!params.stop.empty() && !detokenize) {
+    return make_error(ErrorCode::kInvalidArgument, "stop strings need detokenized output (a tokenizer)");
+  }
+  TACHYON_ASSIGN_OR_RETURN(Sampler sampler, Sampler::create(params.sampling, vocab));
+  sampler.set_prompt(prompt_ids);
+
+  const RequestId id = next_id_++;
+  auto req = std::make_unique<Request>(id, std::move(prompt_ids), options_.block_size, params, std::move(sampler));
+  if (detokenize) {
+    DetokenizerOptions dopt;
+    dopt.skip_special = params.skip_special_tokens;
+    req->detok = std::make_unique<IncrementalDetokenizer>(*tokenizer_, dopt);
+    // Primed with the prompt, so the first generated piece keeps its leading space.
+    for (int32_t t : req->seq.tokens()) req->detok->push(t);
+  }
+  req->timing.arrival = now();
+  TACHYON_RETURN_IF_ERROR(scheduler_.add(&req->seq));
+  requests_.emplace(id, std::move(req));
+  return id;
+}
+
+bool Engine::abort(RequestId id) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return false;
+  Request& req = *it->second;
+  RequestOutput out;
+  out.id = id;
+  finish(req, FinishReason::kAbort, out);
+  aborted_.push_back(std::move(out));
+  requests_.erase(it);
+  return true;
+}
+
+void Engine::fill_counts(const Request& req, RequestOutput& out) const {
+  out.num_prompt_tokens = req.seq.num_prompt_tokens();
+  out.num_generated_tokens = req.seq.num_generated();
+  out.num_cached_tokens = std::max(0, req.seq.num_cached_prompt_tokens());
+  out.num_preemptions = req.seq.num_preemptions();
+}
+
+void Engine::finish(Request& req, FinishReason reason, RequestOutput& out) {
+  scheduler_.finish(&req.seq);
+  if (req.detok && reason != FinishReason::kAbort && reason != FinishReason::kError && !req.stops.matched()) {
+    out.text += req.stops.push(req.detok->flush());
+    out.text += req.stops.flush();
+    if (req.stops.matched()) {  // the held-back tail completed a stop string
+      reason = FinishReason::kStop;
+      out.stop_reason = req.stops.matched_string();
+    }
+  }
+  out.finished = true;
+  out.finish_reason = reason;
+  req.timing.finished = now();
+  fill_counts(req, out);
+  out.timing = req.timing;
+  ++stats_.requests_finished;
+}
+
+bool Engine::process_sample(Request& req, const float* logits, RequestOutput& out) {
+  out.id = req.seq.id();
+  auto sampled = req.sampler.sample(logits, model_.config().vocab_size);
+  if (!sampled.ok()) {
+    out.error = sampled.status();
+    finish(req, FinishReason::kError, out);
+    return true;
+  }
+  const int32_t token = sampled->token;
+  req.sampler.accept(token);
+  req.seq.append_token(token);
+  ++stats_.generated_tokens;
+  const double t = now();
+  if (req.timing.first_token < 0) req.timing.first_token = t;
+  req.timing.token_times.push_back(t);
+  out.new_token_ids.push_back(token);
+  TokenLogprob lp;
+  lp.token = token;
+  lp.logprob = sampled->logprob;
+  lp.top = std::move(sampled->top_logprobs);
+  out.logprobs.push_back(std::move(lp));
+
+  const auto is_in = [token](const std::vector<int32_t>& ids) {
+    return std::find(ids.begin(), ids.end(), token) != ids.end();
+  };
+  if ((!req.params.ignore_eos && is_in(eos_token_ids_)) || is_in(req.params.stop_token_ids)) {
+    out.stop_reason = "token " + std::to_string(token);
+    finish(req, FinishReason::kStop, out);
+    return true;
+  }
+  if (req.detok) {
+    out.text += req.stops.push(req.detok->push(token));
+    if (req.stops.matched()) {
+      out.stop_reason = req.stops.matched_string();
+      finish(req, FinishReason::kStop, out);
+      return true;
+    }
+  }
+  if (req.seq.num_generated() >= req.params.max_tokens) {
+    finish(req, FinishReason::kLength, out);
+    return true;
+  }
+  if (req.seq.num_tokens() >= max_model_len_) {
+    finish(req, FinishReason::kContext, out);
+    return true;
+  }
+  fill_counts(req, out);
+  return false;
+}
+
+Result<std::vector<RequestOutput>> Engine::step() {
+  std::vector<RequestOutput> outputs;
+  outputs.swap(aborted_);
+  if (scheduler_.idle()) return outputs;
+  Timer phase;
+  const SchedulerStep plan = scheduler_.schedule();
+  ++stats_.num_steps;
+  if (plan.empty()) {
+    stats_.schedule_seconds += phase.seconds();
+    return outputs;
+  }
+  cache_.copy_blocks(plan.copies);
+  std::vector<SequenceChunk> chunks;
+  chunks.reserve(plan.chunks.size());
+  const double t_sched = now();
+  for (const ScheduledChunk& c : plan.chunks) {
+    SequenceChunk sc;
+    sc.block_table = &c.seq->block_table();
+    sc.start_position = c.start;
+    sc.tokens = c.seq->tokens().subspan(static_cast<size_t>(c.start), static_cast<size_t>(c.num_tokens));
+    sc.logits = c.sample ? LogitsWanted::kLast : LogitsWanted::kNone;
+    chunks.push_back(sc);
+    Request& req = *requests_.at(c.seq->id());
+    if (req.timing.first_scheduled < 0) req.timing.first_scheduled = t_sched;
+  }
+  const ForwardBatch batch = build_forward_batch(chunks);
+  stats_.prompt_tokens_computed += plan.num_prefill_tokens;
+  stats_.kv_blocks_used_peak = std::max(stats_.kv_blocks_used_peak, blocks_.num_used());
+  stats_.schedule_seconds += phase.seconds();
+
+  phase.reset();
+  ForwardOptions fo;
+  fo.linear_mode = options_.batch_invariant ? ops::LinearMode::kBatchInvariant : ops::LinearMode::kFastest;
+  TACHYON_RETURN_IF_ERROR(model_.forward(batch, cache_, logits_, fo));
+  stats_.forward_seconds += phase.seconds();
+
+  phase.reset();
+  scheduler_.complete(plan);
+  int row = 0;
+  const int vocab = model_.config().vocab_size;
+  for (const ScheduledChunk& c : plan.chunks) {
+    if (!c.sample) continue;
+    const RequestId id = c.seq->id();
+    Request& req = *requests_.at(id);
+    RequestOutput out;
+    const bool done = process_sample(req, logits_.data<float>() + static_cast<int64_t>(row) * vocab, out);
+    ++row;
+    outputs.push_back(std::move(out));
+    if (done) requests_.erase(id);
+  }
+  stats_.sample_seconds += phase.seconds();
+  return outputs;
+}
+
+EngineStats Engine::stats() const {
+  EngineStats s = stats_;
+  s.num_running = scheduler_.num_running();
+  s.num_waiting = scheduler_.num_waiting();
+  s.kv_blocks_total = blocks_.num_blocks();
+  s.kv_blocks_used = blocks_.num_used();
+  s.kv_blocks_cached = blocks_.num_cached();
+  s.kv_blocks_free = blocks_.num_free();
+  s.kv_cache_bytes = cache_.nbytes();
+  s.prefix = blocks_.prefix_stats();
+  s.num_preemptions = scheduler_.num_preemptions();
+  return s;
+}
+
+Status Engine::check_no_leaks() const {
+  std::vector<const BlockTable*> tables;
+  for (const auto& [id, req] : requests_) tables.push_back(&req->seq.block_table());
+  TACHYON_RETURN_IF_ERROR(blocks_.check(tables));
+  if (requests_.empty() && blocks_.num_used() != 0) {
+    return make_error(ErrorCode::kInternal, "{} kv blocks still used with no request left", blocks_.num_used());
+  }
+  return Status::Ok();
+}
+
+}  // namespace tachyon

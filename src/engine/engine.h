@@ -1,0 +1,122 @@
+// The serving engine: requests in, tokens and text out, many requests per forward.
+//
+//   add_request() → a Sequence waits in the Scheduler
+//   step()        → schedule (decodes first, prompt chunks, admissions, preemption) → copy-on-write
+//                   copies → one forward over the flattened batch → sample the rows that end a
+//                   sequence's known tokens → detokenize, check stop conditions → outputs;
+//                   finished requests' blocks go back to the pool
+//   abort()       → at any time; the request's blocks are freed at once
+//
+// One Engine is driven by one thread (the server runs it on its own loop thread). It borrows the
+// model and tokenizer, which must outlive it, and owns the paged KV cache.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "core/status.h"
+#include "core/timer.h"
+#include "engine/request.h"
+#include "kv/block_manager.h"
+#include "kv/kv_cache.h"
+#include "model/llama_model.h"
+#include "sched/scheduler.h"
+#include "tokenizer/tokenizer.h"
+
+namespace tachyon {
+
+struct EngineOptions {
+  int block_size = 16;              // tokens per KV block
+  // KV cache size, the first that is set: num_kv_blocks, kv_cache_bytes, else kv_cache_fraction
+  // of the memory available now, capped at what max_seqs sequences of max_model_len tokens need.
+  int num_kv_blocks = 0;
+  size_t kv_cache_bytes = 0;
+  double kv_cache_fraction = 0.25;
+  DType kv_dtype = DType::kF32;     // f32, f16 or bf16 on the CPU
+  int max_model_len = 0;            // 0: the model's context length
+  int max_batched_tokens = 2048;    // tokens per step
+  int max_seqs = 256;               // sequences running at once
+  bool chunked_prefill = true;
+  bool prefix_caching = true;
+  bool batch_invariant = false;     // outputs bit-identical whatever else is in the batch (slower)
+};
+
+struct EngineStats {
+  int num_running = 0;
+  int num_waiting = 0;       // includes preempted
+  int kv_blocks_total = 0;
+  int kv_blocks_used = 0;
+  int kv_blocks_cached = 0;  // unreferenced, kept for prefix hits
+  int kv_blocks_free = 0;
+  int kv_blocks_used_peak = 0;
+  size_t kv_cache_bytes = 0;
+  PrefixCacheStats prefix;
+  int64_t num_preemptions = 0;
+  int64_t num_steps = 0;
+  int64_t prompt_tokens_computed = 0;  // prefill tokens run (recomputation after preemption included)
+  int64_t generated_tokens = 0;
+  int64_t requests_finished = 0;
+  // Cumulative seconds per phase of step().
+  double schedule_seconds = 0.0;  // scheduling, copy-on-write, batch planning
+  double forward_seconds = 0.0;
+  double sample_seconds = 0.0;    // sampling, detokenizing, stop checks, outputs
+};
+
+class Engine {
+ public:
+  // `tokenizer` may be null (token ids in and out only). `eos_token_ids` stop every request
+  // that does not ignore EOS.
+  static Result<std::unique_ptr<Engine>> create(const LlamaModel& model, const Tokenizer* tokenizer,
+                                                std::vector<int32_t> eos_token_ids, const EngineOptions& options);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  Result<RequestId> add_request(std::string_view prompt, const GenerationParams& params);
+  Result<RequestId> add_request(std::vector<int32_t> prompt_ids, const GenerationParams& params);
+  // Runs one step; returns the news of every request that got a token, finished or was aborted.
+  Result<std::vector<RequestOutput>> step();
+  // Ends a request now, freeing its blocks; the next step() reports it finished with kAbort.
+  // False if the id is unknown or already finished.
+  bool abort(RequestId id);
+  bool has_unfinished() const { return !requests_.empty() || !aborted_.empty(); }
+  size_t num_unfinished() const { return requests_.size(); }
+
+  EngineStats stats() const;
+  const EngineOptions& options() const { return options_; }
+  int max_model_len() const { return max_model_len_; }
+  const LlamaModel& model() const { return model_; }
+  const Tokenizer* tokenizer() const { return tokenizer_; }
+  double now() const { return clock_.seconds(); }  // the engine's clock
+  // Every block free or cached, and the block manager's invariants hold (no request running).
+  Status check_no_leaks() const;
+
+ private:
+  struct Request;
+  Engine(const LlamaModel& model, const Tokenizer* tokenizer, std::vector<int32_t> eos, const EngineOptions& options,
+         int max_model_len, KvCache cache);
+  // Samples and post-processes one sequence's logits row; fills `out`; true if it finished.
+  bool process_sample(Request& req, const float* logits, RequestOutput& out);
+  void finish(Request& req, FinishReason reason, RequestOutput& out);
+  void fill_counts(const Request& req, RequestOutput& out) const;
+
+  const LlamaModel& model_;
+  const Tokenizer* tokenizer_;
+  std::vector<int32_t> eos_token_ids_;
+  EngineOptions options_;
+  int max_model_len_;
+  KvCache cache_;
+  BlockManager blocks_;
+  Scheduler scheduler_;
+  Timer clock_;
+  RequestId next_id_ = 1;
+  std::unordered_map<RequestId, std::unique_ptr<Request>> requests_;
+  std::vector<RequestOutput> aborted_;  // reported by the next step()
+  Tensor logits_;                       // [n_sampled, vocab] f32, reused
+  EngineStats stats_;
+};
+
+}  // namespace tachyon

@@ -1,0 +1,70 @@
+// What a caller hands the Engine for one request and what it gets back each step.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "sampling/sampler.h"
+
+namespace tachyon {
+
+using RequestId = uint64_t;
+
+struct GenerationParams {
+  SamplingParams sampling;
+  int max_tokens = 16;                  // tokens to generate at most; the context length also stops
+  std::vector<int32_t> stop_token_ids;  // besides the model's EOS tokens
+  std::vector<std::string> stop;        // stop strings: generation ends before the first match,
+                                        // which is never part of the returned text
+  bool ignore_eos = false;              // keep going past EOS (stop_token_ids still stop)
+  bool skip_special_tokens = true;      // in the returned text
+  bool detokenize = true;               // text deltas (needs a tokenizer)
+  std::optional<bool> add_bos;          // for text prompts; unset: the tokenizer's default
+  bool parse_special = false;           // text prompts may spell special tokens
+};
+
+enum class FinishReason : uint8_t {
+  kStop,     // EOS, a stop token or a stop string
+  kLength,   // max_tokens
+  kContext,  // the sequence reached the model's context length (OpenAI reports "length")
+  kAbort,    // aborted by the caller
+  kError,    // the request failed (the output's error says why); other requests go on
+};
+const char* finish_reason_name(FinishReason reason);
+
+// Seconds on the engine's clock (steady, 0 = engine creation).
+struct RequestTiming {
+  double arrival = 0.0;
+  double first_scheduled = -1.0;
+  double first_token = -1.0;
+  double finished = -1.0;
+  std::vector<double> token_times;  // when each generated token was sampled
+};
+
+struct TokenLogprob {
+  int32_t token = -1;
+  float logprob = 0.0f;
+  std::vector<std::pair<int32_t, float>> top;  // when GenerationParams::sampling.logprobs > 0
+};
+
+// One request's news from one step.
+struct RequestOutput {
+  RequestId id = 0;
+  std::vector<int32_t> new_token_ids;  // sampled this step (a stop token included)
+  std::vector<TokenLogprob> logprobs;  // one per new token
+  std::string text;                    // new text, stop strings held back until they cannot match
+  bool finished = false;
+  FinishReason finish_reason = FinishReason::kLength;
+  std::string stop_reason;             // the stop string or "token <id>" that ended it
+  Status error;                        // for kError
+  int num_prompt_tokens = 0;
+  int num_generated_tokens = 0;        // in all so far
+  int num_cached_tokens = 0;           // prompt tokens served from the prefix cache
+  int num_preemptions = 0;
+  RequestTiming timing;                // filled when finished
+};
+
+}  // namespace tachyon

@@ -1,0 +1,60 @@
+#include "engine/stop_strings.h"
+
+#include <algorithm>
+
+namespace tachyon {
+
+StopStringMatcher::StopStringMatcher(std::vector<std::string> stops) {
+  for (auto& s : stops) {
+    if (!s.empty()) stops_.push_back(std::move(s));  // an empty stop string would match at once
+  }
+}
+
+std::string StopStringMatcher::push(std::string_view piece) {
+  if (matched_) return {};
+  if (stops_.empty()) return std::string(piece);
+  pending_.append(piece);
+  // The first stop string to be complete wins: the match that ends earliest (then starts
+  // earliest), which does not depend on how the text was cut into pieces.
+  size_t best = std::string::npos, best_end = std::string::npos;
+  const std::string* best_stop = nullptr;
+  for (const std::string& s : stops_) {
+    const size_t at = pending_.find(s);
+    if (at == std::string::npos) continue;
+    const size_t end = at + s.size();
+    if (end < best_end || (end == best_end && at < best)) {
+      best = at;
+      best_end = end;
+      best_stop = &s;
+    }
+  }
+  if (best_stop != nullptr) {
+    matched_ = *best_stop;
+    std::string out = pending_.substr(0, best);
+    pending_.clear();
+    return out;
+  }
+  // Hold back the longest suffix of pending_ that is a proper prefix of some stop string.
+  size_t keep = 0;
+  for (const std::string& s : stops_) {
+    const size_t max_len = std::min(s.size() - 1, pending_.size());
+    for (size_t len = max_len; len > keep; --len) {
+      if (std::string_view(pending_).substr(pending_.size() - len) == std::string_view(s).substr(0, len)) {
+        keep = len;
+        break;
+      }
+    }
+  }
+  std::string out = pending_.substr(0, pending_.size() - keep);
+  pending_.erase(0, pending_.size() - keep);
+  return out;
+}
+
+std::string StopStringMatcher::flush() {
+  if (matched_) return {};
+  std::string out;
+  out.swap(pending_);
+  return out;
+}
+
+}  // namespace tachyon

@@ -1,0 +1,34 @@
+// Stop strings over streamed text: text arrives in pieces (one per token, split anywhere, even
+// inside a stop string), and what may be shown is only what can no longer be the start of a
+// match. The first stop string to be complete (the earliest end; then the earliest start) ends
+// the stream; neither it nor anything after it is shown. How the text is cut into pieces never
+// changes the result.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace tachyon {
+
+class StopStringMatcher {
+ public:
+  explicit StopStringMatcher(std::vector<std::string> stops);
+
+  bool empty() const { return stops_.empty(); }
+  // Adds a piece of text; returns the text that is now safe to show.
+  std::string push(std::string_view piece);
+  // A stop string was found (push() returned the text before it); the stream is over.
+  bool matched() const { return matched_.has_value(); }
+  const std::string& matched_string() const { return *matched_; }
+  // The end of the stream without a match: everything held back is safe.
+  std::string flush();
+
+ private:
+  std::vector<std::string> stops_;
+  std::string pending_;  // held back: a suffix that may begin a stop string
+  std::optional<std::string> matched_;
+};
+
+}  // namespace tachyon

@@ -1,0 +1,158 @@
+// The paged KV cache's bookkeeping: which block ids are free, which are owned (and by how many
+// sequences), and which hold a reusable prefix. Storage lives in KvCache; this file never touches
+// K/V data — where data must move (copy-on-write) it returns the copies for the caller to run.
+//
+// Every block is in exactly one of three pools:
+//   used    ref_count > 0: in at least one BlockTable (and maybe also in the prefix cache)
+//   cached  ref_count == 0, registered in the prefix cache: reusable by a later request, evicted
+//           least-recently-released first, and only when no free block is left
+//   free    ref_count == 0, not registered
+// num_used() + num_cached() + num_free() == num_blocks() at all times.
+//
+// Prefix caching: when a full block's K/V are written (commit()), the block is registered under a
+// hash chained over (parent block's hash, the block's token ids). A new sequence's match_prefix()
+// walks its tokens block by block and reuses every registered block along the chain. A 64-bit hash
+// alone could collide, so the cache also keeps each registered block's tokens and parent hash and
+// a hit must match both.
+//
+// Writes go only to private blocks: prepare_write() gives a sequence its own copy of any block in
+// the range it is about to write that another table shares (copy-on-write), and unregisters a
+// private block from the prefix cache before its contents change (truncate then append).
+//
+// Every operation that allocates is all-or-nothing: on OutOfRange nothing changed.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "core/status.h"
+
+namespace tachyon {
+
+struct BlockManagerOptions {
+  int num_blocks = 0;
+  int block_size = 16;  // tokens per block
+  bool prefix_caching = true;
+};
+
+// One copy-on-write: copy block src's K/V (every layer) into block dst before the step runs.
+struct BlockCopy {
+  int32_t src = -1;
+  int32_t dst = -1;
+};
+
+// The blocks one sequence owns, in order: the token at position p lives in block
+// blocks()[p / block_size] at offset p % block_size. Changed only through a BlockManager.
+class BlockTable {
+ public:
+  explicit BlockTable(int block_size = 16) : block_size_(block_size) {}
+
+  int block_size() const { return block_size_; }
+  int num_tokens() const { return num_tokens_; }  // positions the table has room for
+  const std::vector<int32_t>& blocks() const { return blocks_; }
+  bool empty() const { return blocks_.empty(); }
+  // Slot (block * block_size + offset) of the token at `position` (< num_tokens).
+  int32_t slot(int position) const;
+  // Chained hashes of the leading full blocks whose K/V are known (committed or matched).
+  const std::vector<uint64_t>& block_hashes() const { return hashes_; }
+
+ private:
+  friend class BlockManager;
+  int block_size_;
+  int num_tokens_ = 0;
+  std::vector<int32_t> blocks_;
+  std::vector<uint64_t> hashes_;  // hashes_.size() <= num_tokens_ / block_size_
+};
+
+struct PrefixCacheStats {
+  int64_t query_tokens = 0;  // tokens of admitted sequences
+  int64_t hit_tokens = 0;    // of which found in the prefix cache
+  int64_t evictions = 0;     // cached blocks reclaimed for new data
+  double hit_rate() const { return query_tokens > 0 ? static_cast<double>(hit_tokens) / query_tokens : 0.0; }
+};
+
+class BlockManager {
+ public:
+  explicit BlockManager(const BlockManagerOptions& options);
+
+  int num_blocks() const { return static_cast<int>(meta_.size()); }
+  int block_size() const { return block_size_; }
+  bool prefix_caching() const { return prefix_caching_; }
+  int num_used() const { return num_blocks() - num_free() - num_cached(); }
+  int num_free() const { return static_cast<int>(free_.size()); }
+  int num_cached() const { return num_cached_; }
+  // Blocks an allocation can take now: free ones, then cached ones by eviction.
+  int num_available() const { return num_free() + num_cached(); }
+  int ref_count(int32_t block) const { return meta_[static_cast<size_t>(block)].ref_count; }
+  const PrefixCacheStats& prefix_stats() const { return stats_; }
+
+  // Fresh blocks `table` needs to hold `num_tokens` tokens.
+  int blocks_needed(const BlockTable& table, int num_tokens) const;
+
+  // On an empty table: reuses the longest chain of cached full blocks that matches the start of
+  // `tokens`, covering at most `max_tokens` tokens; returns how many tokens it covers (a multiple
+  // of the block size; 0 without prefix caching).
+  int match_prefix(BlockTable& table, std::span<const int32_t> tokens, int max_tokens);
+  // Hit-rate accounting, by the caller that decides a match is used (a sequence admitted).
+  void record_prefix_query(int64_t query_tokens, int64_t hit_tokens) {
+    stats_.query_tokens += query_tokens;
+    stats_.hit_tokens += hit_tokens;
+  }
+  // Makes room for `num_tokens` tokens (no-op when it already has room).
+  Status grow_to(BlockTable& table, int num_tokens);
+  // Before writing positions [begin, end) of `table` (end <= num_tokens): every block in the range
+  // that is shared gets replaced by a private copy, whose copy is appended to `copies`; a private
+  // block registered in the prefix cache is unregistered.
+  Status prepare_write(BlockTable& table, int begin, int end, std::vector<BlockCopy>& copies);
+  // The K/V of positions [0, num_computed) of `table` are written, and `tokens` are the
+  // sequence's tokens (at least num_computed of them): hashes the newly full blocks and, with
+  // prefix caching, registers them.
+  void commit(BlockTable& table, std::span<const int32_t> tokens, int num_computed);
+  // Keeps the first `num_tokens` positions (rolls back the rest), releasing blocks no longer needed.
+  void truncate(BlockTable& table, int num_tokens);
+  // dst (empty) shares every block of src.
+  void fork(const BlockTable& src, BlockTable& dst);
+  // Releases every block of `table`, last block first (so a sequence's tail is evicted before
+  // its head, which other requests are likelier to share).
+  void free(BlockTable& table);
+  // Drops every cached (unreferenced) block from the prefix cache.
+  void clear_prefix_cache();
+
+  // Checks every invariant against the full set of live tables (tests and debug builds).
+  Status check(std::span<const BlockTable* const> tables) const;
+
+ private:
+  struct Meta {
+    int32_t ref_count = 0;
+    bool registered = false;  // in map_ under `hash`
+    uint64_t hash = 0;
+    uint64_t parent_hash = 0;
+    int32_t lru_prev = -1;    // cached list links (ref_count == 0 && registered)
+    int32_t lru_next = -1;
+  };
+
+  uint64_t hash_block(uint64_t parent, std::span<const int32_t> tokens) const;
+  int32_t take_block();                 // a block with ref_count 1 (caller checked availability)
+  void release(int32_t block);
+  void retain(int32_t block);
+  void unregister(int32_t block);
+  void lru_push_back(int32_t block);
+  void lru_remove(int32_t block);
+  const int32_t* block_tokens(int32_t block) const {
+    return registered_tokens_.data() + static_cast<size_t>(block) * static_cast<size_t>(block_size_);
+  }
+
+  int block_size_;
+  bool prefix_caching_;
+  std::vector<Meta> meta_;                       // [num_blocks]
+  std::vector<int32_t> free_;                    // LIFO
+  int32_t lru_head_ = -1, lru_tail_ = -1;        // cached blocks, least recently released first
+  int num_cached_ = 0;
+  std::unordered_map<uint64_t, int32_t> map_;    // hash -> registered block
+  std::vector<int32_t> registered_tokens_;       // [num_blocks, block_size]: tokens of registered blocks
+  PrefixCacheStats stats_;
+};
+
+}  // namespace tachyon

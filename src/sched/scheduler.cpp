@@ -1,0 +1,185 @@
+#include "sched/scheduler.h"
+
+#include <algorithm>
+
+namespace tachyon {
+
+const char* sequence_state_name(SequenceState state) {
+  switch (state) {
+    case SequenceState::kWaiting: return "waiting";
+    case SequenceState::kPrefilling: return "prefilling";
+    case SequenceState::kDecoding: return "decoding";
+    case SequenceState::kPreempted: return "preempted";
+    case SequenceState::kFinished: return "finished";
+  }
+  return "?";
+}
+
+Scheduler::Scheduler(const SchedulerOptions& options, BlockManager& blocks) : options_(options), blocks_(blocks) {
+  TACHYON_CHECK(options.max_batched_tokens > 0 && options.max_seqs > 0, "scheduler: max_batched_tokens {} max_seqs {}",
+                options.max_batched_tokens, options.max_seqs);
+}
+
+Status Scheduler::add(Sequence* seq) {
+  TACHYON_CHECK(seq->state_ == SequenceState::kWaiting && seq->num_computed_ == 0 && seq->block_table_.empty(),
+                "scheduler: sequence {} added twice", seq->id());
+  if (seq->num_tokens() == 0) return make_error(ErrorCode::kInvalidArgument, "sequence {} has no tokens", seq->id());
+  const int64_t capacity = static_cast<int64_t>(blocks_.num_blocks()) * blocks_.block_size();
+  if (seq->num_tokens() >= capacity) {
+    return make_error(ErrorCode::kOutOfRange, "the prompt has {} tokens; the KV cache holds {} tokens in all",
+                      seq->num_tokens(), capacity);
+  }
+  if (!options_.chunked_prefill && seq->num_tokens() > options_.max_batched_tokens) {
+    return make_error(ErrorCode::kOutOfRange,
+                      "the prompt has {} tokens, more than max_batched_tokens = {} (chunked prefill is off)",
+                      seq->num_tokens(), options_.max_batched_tokens);
+  }
+  waiting_.push_back(seq);
+  return Status::Ok();
+}
+
+int Scheduler::room(const Sequence& seq) const {
+  const BlockTable& t = seq.block_table_;
+  const int64_t in_table = static_cast<int64_t>(t.blocks().size()) * t.block_size() - seq.num_computed_;
+  const int64_t r = in_table + static_cast<int64_t>(blocks_.num_available()) * t.block_size();
+  return static_cast<int>(std::min<int64_t>(r, INT32_MAX));
+}
+
+bool Scheduler::reserve(Sequence& seq, int n, SchedulerStep& step) {
+  BlockTable& t = seq.block_table_;
+  const int before = t.num_tokens();
+  const int end = seq.num_computed_ + n;
+  if (!blocks_.grow_to(t, end).ok()) return false;
+  if (!blocks_.prepare_write(t, seq.num_computed_, end, step.copies).ok()) {
+    blocks_.truncate(t, before);
+    return false;
+  }
+  return true;
+}
+
+void Scheduler::add_chunk(Sequence& seq, int n, SchedulerStep& step) {
+  ScheduledChunk c;
+  c.seq = &seq;
+  c.start = seq.num_computed_;
+  c.num_tokens = n;
+  c.sample = seq.num_computed_ + n == seq.num_tokens();
+  step.chunks.push_back(c);
+  step.num_tokens += n;
+  if (seq.state_ == SequenceState::kDecoding) {
+    step.num_decode_tokens += n;
+  } else {
+    step.num_prefill_tokens += n;
+  }
+}
+
+void Scheduler::preempt(Sequence* seq) {
+  const auto it = std::find(running_.begin(), running_.end(), seq);
+  TACHYON_CHECK(it != running_.end(), "preempt of sequence {} that is not running", seq->id());
+  running_.erase(it);
+  blocks_.free(seq->block_table_);
+  seq->num_computed_ = 0;
+  seq->state_ = SequenceState::kPreempted;
+  ++seq->num_preemptions_;
+  ++num_preemptions_;
+  // Ahead of every new arrival, behind sequences preempted earlier (they are older).
+  auto pos = waiting_.begin();
+  while (pos != waiting_.end() && (*pos)->state_ == SequenceState::kPreempted) ++pos;
+  waiting_.insert(pos, seq);
+}
+
+SchedulerStep Scheduler::schedule() {
+  SchedulerStep step;
+  // Each round either schedules something, finds nothing to do, or preempts one sequence.
+  for (;;) {
+    int budget = options_.max_batched_tokens;
+    bool preempted = false;
+
+    // 1. Decodes, oldest first; a decode that finds no block preempts the newest sequence.
+    for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
+      Sequence* seq = running_[i];
+      if (seq->state_ != SequenceState::kDecoding) continue;
+      const int n = std::min(seq->num_uncomputed(), budget);
+      bool self_preempted = false;
+      while (!reserve(*seq, n, step)) {
+        Sequence* victim = running_.back();
+        step.preempted.push_back(victim);
+        preempt(victim);
+        preempted = true;
+        if (victim == seq) {
+          self_preempted = true;
+          break;
+        }
+      }
+      if (self_preempted) break;  // it was the newest: nothing after it is left to decode
+      add_chunk(*seq, n, step);
+      budget -= n;
+    }
+
+    // 2. Prompts already running: their next chunk, within the budget and the free blocks.
+    for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
+      Sequence* seq = running_[i];
+      if (seq->state_ != SequenceState::kPrefilling) continue;
+      const int remaining = seq->num_uncomputed();
+      const bool whole = !options_.chunked_prefill && remaining <= options_.max_batched_tokens;
+      const int n = std::min({remaining, budget, room(*seq)});
+      if (n <= 0 || (whole && n < remaining) || !reserve(*seq, n, step)) continue;
+      add_chunk(*seq, n, step);
+      budget -= n;
+    }
+
+    // 3. Admissions, preempted first, then in arrival order.
+    while (!preempted && !waiting_.empty() && budget > 0 && static_cast<int>(running_.size()) < options_.max_seqs) {
+      Sequence* seq = waiting_.front();
+      if (seq->block_table_.empty()) {
+        const int hit = blocks_.match_prefix(seq->block_table_, seq->tokens(), seq->num_tokens() - 1);
+        seq->num_computed_ = hit;
+      }
+      const int remaining = seq->num_uncomputed();
+      const bool whole = !options_.chunked_prefill && remaining <= options_.max_batched_tokens;
+      const int n = std::min({remaining, budget, room(*seq)});
+      if (n <= 0 || (whole && n < remaining) || !reserve(*seq, n, step)) {
+        blocks_.free(seq->block_table_);  // give matched blocks back; try again next step
+        seq->num_computed_ = 0;
+        break;
+      }
+      blocks_.record_prefix_query(seq->num_tokens(), seq->num_computed_);
+      if (seq->num_cached_prompt_tokens_ < 0) {
+        seq->num_cached_prompt_tokens_ = std::min(seq->num_computed_, seq->num_prompt_tokens());
+      }
+      waiting_.pop_front();
+      running_.push_back(seq);
+      seq->state_ = SequenceState::kPrefilling;
+      add_chunk(*seq, n, step);
+      budget -= n;
+    }
+
+    if (!step.chunks.empty() || running_.empty()) return step;
+    // Every running sequence is stuck mid-prompt on a full cache: make room.
+    Sequence* victim = running_.back();
+    step.preempted.push_back(victim);
+    preempt(victim);
+  }
+}
+
+void Scheduler::complete(const SchedulerStep& step) {
+  for (const ScheduledChunk& c : step.chunks) {
+    Sequence& seq = *c.seq;
+    if (seq.state_ == SequenceState::kFinished) continue;  // aborted after scheduling
+    TACHYON_CHECK(seq.num_computed_ == c.start, "sequence {}: chunk at {} but {} computed", seq.id(), c.start,
+                  seq.num_computed_);
+    seq.num_computed_ += c.num_tokens;
+    blocks_.commit(seq.block_table_, seq.tokens(), seq.num_computed_);
+    if (c.sample) seq.state_ = SequenceState::kDecoding;
+  }
+}
+
+void Scheduler::finish(Sequence* seq) {
+  if (seq->state_ == SequenceState::kFinished) return;
+  if (auto it = std::find(running_.begin(), running_.end(), seq); it != running_.end()) running_.erase(it);
+  if (auto it = std::find(waiting_.begin(), waiting_.end(), seq); it != waiting_.end()) waiting_.erase(it);
+  blocks_.free(seq->block_table_);
+  seq->num_computed_ = 0;
+  seq->state_ = SequenceState::kFinished;
+}
+
+}  // namespace tachyon

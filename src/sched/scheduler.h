@@ -1,0 +1,91 @@
+// Continuous batching: every step picks, under a token budget and a sequence limit, which
+// sequences run and how many of their tokens, so that one forward mixes decode tokens and prompt
+// chunks of many requests.
+//
+// Policy (first come, first served):
+//   1. running decodes, oldest first, one token each. When the KV cache has no block for one,
+//      the newest running sequence is preempted (its blocks freed, its KV recomputed later from
+//      its tokens) until it fits — possibly the decoding sequence itself.
+//   2. running prefills (prompts already partly computed), oldest first: the next chunk, as much
+//      as the budget and the free blocks allow (chunked prefill); never preempts anyone.
+//   3. waiting sequences, preempted ones first, then in arrival order, while the budget, the
+//      sequence limit and the free blocks allow; skipped in a step that preempted. On admission
+//      the prefix cache supplies every cached full block of the tokens but the last.
+// Without chunked prefill a prompt is scheduled whole or not at all. If nothing could be
+// scheduled while sequences run (all stuck mid-prefill on a full cache), the newest is preempted.
+//
+// The scheduler owns no sequences: the engine does, and tells it when one finishes or aborts.
+// Every block a sequence holds goes back to the block manager when it is finished or preempted.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <vector>
+
+#include "core/status.h"
+#include "kv/block_manager.h"
+#include "sched/sequence.h"
+
+namespace tachyon {
+
+struct SchedulerOptions {
+  int max_batched_tokens = 2048;  // tokens per step: prefill chunks plus decode tokens
+  int max_seqs = 256;             // sequences running at once
+  bool chunked_prefill = true;    // split prompts over steps; off: a prompt runs in one step
+};
+
+struct ScheduledChunk {
+  Sequence* seq = nullptr;
+  int start = 0;       // position of the chunk's first token (== seq->num_computed() at schedule time)
+  int num_tokens = 0;
+  bool sample = false; // the chunk ends at the sequence's last token: its logits give the next token
+};
+
+struct SchedulerStep {
+  std::vector<ScheduledChunk> chunks;    // decodes first, then prefill chunks
+  std::vector<BlockCopy> copies;         // copy-on-write to run on the KV storage before the forward
+  std::vector<Sequence*> preempted;      // preempted while planning this step
+  int num_tokens = 0;
+  int num_decode_tokens = 0;
+  int num_prefill_tokens = 0;
+  bool empty() const { return chunks.empty(); }
+};
+
+class Scheduler {
+ public:
+  Scheduler(const SchedulerOptions& options, BlockManager& blocks);
+
+  const SchedulerOptions& options() const { return options_; }
+  // Queues a new sequence (state kWaiting). Fails if it could never run: more tokens than the
+  // whole KV cache holds, or (without chunked prefill) more than one step's token budget.
+  Status add(Sequence* seq);
+  // Plans one step. The blocks for every scheduled token are allocated.
+  SchedulerStep schedule();
+  // After the step's forward wrote its K/V: advances each chunk's sequence, registers newly full
+  // blocks in the prefix cache, and moves sequences whose prompt is done to kDecoding.
+  void complete(const SchedulerStep& step);
+  // Finished or aborted, from any state: frees its blocks and forgets it (state kFinished).
+  void finish(Sequence* seq);
+
+  int num_running() const { return static_cast<int>(running_.size()); }
+  int num_waiting() const { return static_cast<int>(waiting_.size()); }  // includes preempted
+  bool idle() const { return running_.empty() && waiting_.empty(); }
+  int64_t num_preemptions() const { return num_preemptions_; }
+  const BlockManager& block_manager() const { return blocks_; }
+
+ private:
+  void preempt(Sequence* seq);
+  // Most tokens from seq->num_computed() on that its table can hold if it takes every available block.
+  int room(const Sequence& seq) const;
+  // Allocates and makes writable [num_computed, num_computed + n); all-or-nothing.
+  bool reserve(Sequence& seq, int n, SchedulerStep& step);
+  void add_chunk(Sequence& seq, int n, SchedulerStep& step);
+
+  SchedulerOptions options_;
+  BlockManager& blocks_;
+  std::deque<Sequence*> waiting_;  // preempted sequences at the front, in their original order
+  std::vector<Sequence*> running_; // in admission order: the back is the newest
+  int64_t num_preemptions_ = 0;
+};
+
+}  // namespace tachyon

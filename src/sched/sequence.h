@@ -1,0 +1,64 @@
+// One sequence as the scheduler sees it: its tokens (prompt, then generated), how many of them
+// have K/V in the cache, and the blocks holding those K/V. A sequence is always in exactly one
+// named state, and only the Scheduler changes it:
+//
+//   kWaiting --admit--> kPrefilling --prompt done--> kDecoding --finish--> kFinished
+//                           |   ^                        |
+//                           |   +------- resume ---------+-- kPreempted (KV dropped; recomputed
+//                           +--------------------------------^            from its tokens later)
+//
+// Generation does not care which state produced a token: a preempted sequence re-runs its prompt
+// and everything it generated as one prefill, then continues where it stopped.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "kv/block_manager.h"
+
+namespace tachyon {
+
+enum class SequenceState : uint8_t { kWaiting, kPrefilling, kDecoding, kPreempted, kFinished };
+const char* sequence_state_name(SequenceState state);
+
+class Sequence {
+ public:
+  Sequence(uint64_t id, std::vector<int32_t> prompt, int block_size)
+      : id_(id), tokens_(std::move(prompt)), num_prompt_tokens_(static_cast<int>(tokens_.size())),
+        block_table_(block_size) {}
+
+  uint64_t id() const { return id_; }
+  SequenceState state() const { return state_; }
+  bool finished() const { return state_ == SequenceState::kFinished; }
+
+  std::span<const int32_t> tokens() const { return tokens_; }    // [num_tokens]: prompt, then output
+  int num_tokens() const { return static_cast<int>(tokens_.size()); }
+  int num_prompt_tokens() const { return num_prompt_tokens_; }
+  int num_generated() const { return num_tokens() - num_prompt_tokens_; }
+  std::span<const int32_t> generated() const { return std::span<const int32_t>(tokens_).subspan(num_prompt_tokens_); }
+  int32_t last_token() const { return tokens_.back(); }
+  // A sampled token joins the sequence; its K/V are computed by the next step.
+  void append_token(int32_t token) { tokens_.push_back(token); }
+
+  int num_computed() const { return num_computed_; }   // leading tokens whose K/V are in the cache
+  int num_uncomputed() const { return num_tokens() - num_computed_; }
+  const BlockTable& block_table() const { return block_table_; }
+
+  int num_preemptions() const { return num_preemptions_; }
+  // Prompt tokens found in the prefix cache when the sequence was first admitted (-1: not yet).
+  int num_cached_prompt_tokens() const { return num_cached_prompt_tokens_; }
+
+ private:
+  friend class Scheduler;
+  uint64_t id_;
+  std::vector<int32_t> tokens_;
+  int num_prompt_tokens_;
+  int num_computed_ = 0;
+  BlockTable block_table_;
+  SequenceState state_ = SequenceState::kWaiting;
+  int num_preemptions_ = 0;
+  int num_cached_prompt_tokens_ = -1;
+};
+
+}  // namespace tachyon

@@ -1,0 +1,402 @@
+// The engine under concurrency, on the bundled model: 32 prompts of mixed lengths run together
+// must produce, token for token, what each produces alone — with chunked prefill on and off,
+// with a KV cache small enough to force preemptions, with prefix-cache hits, with staggered
+// arrivals and aborts — and every KV block must be back in the pool afterwards. Batch-invariant
+// linear layers make "the same" exact (without them a batched GEMM sums in another order).
+#include <algorithm>
+#include <map>
+
+#include <gtest/gtest.h>
+
+#include "core/mapped_file.h"
+#include "engine/engine.h"
+#include "model/model_loader.h"
+#include "test_util.h"
+
+namespace tachyon {
+namespace {
+
+struct Case {
+  std::vector<int32_t> prompt;
+  GenerationParams params;
+};
+
+struct Result1 {
+  std::vector<int32_t> tokens;
+  std::string text;
+  FinishReason reason = FinishReason::kLength;
+};
+
+class EngineTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    LoadOptions o;
+    o.path = testing::source_dir() + "/models/tachyon-demo";
+    auto m = load_model(o);
+    ASSERT_TRUE(m.ok()) << m.status().to_string();
+    model_ = new LoadedModel(std::move(m).value());
+    auto code = read_text_file(testing::source_dir() + "/tests/data/eval/code.txt");
+    auto prose = read_text_file(testing::source_dir() + "/tests/data/eval/prose.txt");
+    ASSERT_TRUE(code.ok() && prose.ok());
+    // 32 prompts of 1 to ~130 tokens; the last eight share a 300-byte prefix.
+    const std::string shared_prefix = code->substr(50000, 300);
+    for (int i = 0; i < 32; ++i) {
+      const std::string& src = i % 2 == 0 ? *code : *prose;
+      const size_t len = static_cast<size_t>(i == 0 ? 1 : (i * 97) % 420 + 5);
+      std::string text = src.substr(static_cast<size_t>(i) * 4099 % (src.size() - 1000), len);
+      if (i >= 24) text = shared_prefix + text.substr(0, static_cast<size_t>(i * 7));
+      Case c;
+      c.prompt = model_->tokenizer->encode(text);
+      c.params.sampling.temperature = 0.0f;
+      c.params.max_tokens = 6 + (i * 5) % 15;
+      cases_.push_back(c);
+    }
+    alone_ = new std::vector<Result1>();
+    for (const Case& c : cases_) alone_->push_back(run_alone(c));
+  }
+  static void TearDownTestSuite() {
+    delete alone_;
+    delete model_;
+    cases_.clear();
+  }
+
+  static EngineOptions base_options() {
+    EngineOptions o;
+    o.max_model_len = 512;
+    o.num_kv_blocks = 512 / 16 * 32;
+    o.max_batched_tokens = 256;
+    o.max_seqs = 32;
+    o.batch_invariant = true;
+    return o;
+  }
+
+  static std::unique_ptr<Engine> make(const EngineOptions& o) {
+    auto e = Engine::create(*model_->model, model_->tokenizer.get(), model_->eos_token_ids, o);
+    EXPECT_TRUE(e.ok()) << e.status().to_string();
+    return e.ok() ? std::move(e).value() : nullptr;
+  }
+
+  static Result1 run_alone(const Case& c) {
+    EngineOptions o = base_options();
+    o.max_seqs = 1;
+    o.num_kv_blocks = 512 / 16;
+    o.prefix_caching = false;
+    auto e = make(o);
+    std::map<RequestId, Result1> out;
+    auto id = e->add_request(c.prompt, c.params);
+    EXPECT_TRUE(id.ok()) << id.status().to_string();
+    drain(*e, out);
+    return out[*id];
+  }
+
+  // Steps until idle, collecting every request's tokens and text; checks per-step invariants.
+  // `between_steps(engine, step)` runs before every step and returns whether more requests are
+  // still to come (the loop ends when none are and the engine is idle).
+  static void drain(Engine& e, std::map<RequestId, Result1>& out,
+                    const std::function<bool(Engine&, int)>& between_steps = nullptr) {
+    int step = 0;
+    bool more = true;
+    while (more || e.has_unfinished()) {
+      more = between_steps ? between_steps(e, step) : false;
+      auto outputs = e.step();
+      ASSERT_TRUE(outputs.ok()) << outputs.status().to_string();
+      for (const RequestOutput& o : *outputs) {
+        Result1& r = out[o.id];
+        r.tokens.insert(r.tokens.end(), o.new_token_ids.begin(), o.new_token_ids.end());
+        r.text += o.text;
+        EXPECT_EQ(o.logprobs.size(), o.new_token_ids.size());
+        if (o.finished) {
+          r.reason = o.finish_reason;
+          const RequestTiming& t = o.timing;
+          if (o.finish_reason != FinishReason::kAbort) {
+            EXPECT_LE(t.arrival, t.first_scheduled);
+            EXPECT_LE(t.first_scheduled, t.first_token);
+            EXPECT_LE(t.first_token, t.finished);
+            EXPECT_EQ(t.token_times.size(), static_cast<size_t>(o.num_generated_tokens));
+            EXPECT_TRUE(std::is_sorted(t.token_times.begin(), t.token_times.end()));
+          }
+        }
+      }
+      ASSERT_LT(++step, 100000) << "the engine does not finish";
+    }
+    const Status leaks = e.check_no_leaks();
+    EXPECT_TRUE(leaks.ok()) << leaks.to_string();
+    EXPECT_EQ(e.stats().kv_blocks_used, 0);
+  }
+
+  // All cases at once; returns results in case order.
+  static std::vector<Result1> run_together(Engine& e, const std::vector<Case>& cases) {
+    std::vector<RequestId> ids;
+    for (const Case& c : cases) {
+      auto id = e.add_request(c.prompt, c.params);
+      EXPECT_TRUE(id.ok()) << id.status().to_string();
+      ids.push_back(*id);
+    }
+    std::map<RequestId, Result1> out;
+    drain(e, out);
+    std::vector<Result1> r;
+    for (RequestId id : ids) r.push_back(out[id]);
+    return r;
+  }
+
+  static void expect_same_as_alone(const std::vector<Result1>& got, const char* what) {
+    ASSERT_EQ(got.size(), alone_->size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_EQ(got[i].tokens, (*alone_)[i].tokens) << what << ": prompt " << i;
+      EXPECT_EQ(got[i].text, (*alone_)[i].text) << what << ": prompt " << i;
+      EXPECT_EQ(got[i].reason, (*alone_)[i].reason) << what << ": prompt " << i;
+    }
+  }
+
+  static LoadedModel* model_;
+  static std::vector<Case> cases_;
+  static std::vector<Result1>* alone_;
+};
+
+LoadedModel* EngineTest::model_ = nullptr;
+std::vector<Case> EngineTest::cases_;
+std::vector<Result1>* EngineTest::alone_ = nullptr;
+
+TEST_F(EngineTest, PromptsAreMixedLengths) {
+  size_t shortest = 1 << 20, longest = 0;
+  for (const Case& c : cases_) {
+    shortest = std::min(shortest, c.prompt.size());
+    longest = std::max(longest, c.prompt.size());
+  }
+  EXPECT_LE(shortest, 2u);
+  EXPECT_GE(longest, 100u);
+  for (const Result1& r : *alone_) EXPECT_FALSE(r.tokens.empty());
+}
+
+TEST_F(EngineTest, BatchedWithChunkedPrefillEqualsAlone) {
+  auto e = make(base_options());
+  expect_same_as_alone(run_together(*e, cases_), "chunked");
+  EXPECT_EQ(e->stats().num_preemptions, 0);
+}
+
+TEST_F(EngineTest, BatchedWithoutChunkedPrefillEqualsAlone) {
+  EngineOptions o = base_options();
+  o.chunked_prefill = false;
+  o.max_batched_tokens = 512;
+  auto e = make(o);
+  expect_same_as_alone(run_together(*e, cases_), "unchunked");
+}
+
+TEST_F(EngineTest, PreemptionUnderASmallCacheKeepsOutputs) {
+  for (bool chunked : {true, false}) {
+    EngineOptions o = base_options();
+    o.max_model_len = 320;
+    o.num_kv_blocks = 20;  // 320 tokens for 32 requests that need ~2900
+    o.chunked_prefill = chunked;
+    o.max_batched_tokens = chunked ? 96 : 320;
+    o.prefix_caching = false;
+    auto e = make(o);
+    expect_same_as_alone(run_together(*e, cases_), chunked ? "preempted, chunked" : "preempted, unchunked");
+    EXPECT_GT(e->stats().num_preemptions, 0);
+  }
+}
+
+TEST_F(EngineTest, PrefixCacheHitsOnASecondRunAndKeepsOutputs) {
+  EngineOptions o = base_options();
+  o.num_kv_blocks = 1024;
+  auto e = make(o);
+  expect_same_as_alone(run_together(*e, cases_), "prefix cache, first run");
+  const PrefixCacheStats first = e->stats().prefix;
+  EXPECT_GT(first.hit_tokens, 0);  // the shared 300-byte prefix
+  expect_same_as_alone(run_together(*e, cases_), "prefix cache, second run");
+  const PrefixCacheStats both = e->stats().prefix;
+  const int64_t second_hits = both.hit_tokens - first.hit_tokens;
+  const int64_t second_queries = both.query_tokens - first.query_tokens;
+  EXPECT_GT(static_cast<double>(second_hits), 0.8 * static_cast<double>(second_queries - 16 * 32));
+}
+
+TEST_F(EngineTest, PrefixCacheWithEvictionAndPreemption) {
+  EngineOptions o = base_options();
+  o.num_kv_blocks = 48;
+  o.max_batched_tokens = 128;
+  auto e = make(o);
+  expect_same_as_alone(run_together(*e, cases_), "small cache with prefix caching, first run");
+  expect_same_as_alone(run_together(*e, cases_), "small cache with prefix caching, second run");
+  EXPECT_GT(e->stats().prefix.evictions, 0);
+}
+
+TEST_F(EngineTest, StaggeredArrivalsAndAbortsKeepOutputs) {
+  auto e = make(base_options());
+  std::map<RequestId, size_t> index_of;
+  std::map<RequestId, Result1> out;
+  std::vector<RequestId> aborted;
+  size_t next = 0;
+  drain(*e, out, [&](Engine& eng, int step) {
+    // A new request every other step; abort a few mid-prefill or mid-decode.
+    if (next < cases_.size() && step % 2 == 0) {
+      auto id = eng.add_request(cases_[next].prompt, cases_[next].params);
+      EXPECT_TRUE(id.ok());
+      index_of[*id] = next++;
+    }
+    if (step == 5 || step == 9 || step == 20 || step == 41) {
+      const RequestId victim = index_of.rbegin()->first;  // the newest: often mid-prefill
+      if (eng.abort(victim)) aborted.push_back(victim);
+    }
+    if (step == 30 && !index_of.empty()) {
+      const RequestId victim = index_of.begin()->first + 3;  // an older one: mid-decode or done
+      if (eng.abort(victim)) aborted.push_back(victim);
+    }
+    return next < cases_.size();
+  });
+  EXPECT_EQ(next, cases_.size());
+  EXPECT_GE(aborted.size(), 3u);
+  for (const auto& [id, i] : index_of) {
+    const bool was_aborted = std::find(aborted.begin(), aborted.end(), id) != aborted.end();
+    if (was_aborted) {
+      EXPECT_EQ(out[id].reason, FinishReason::kAbort);
+      // What it produced before the abort is a prefix of its solo output.
+      const auto& full = (*alone_)[i].tokens;
+      ASSERT_LE(out[id].tokens.size(), full.size());
+      EXPECT_TRUE(std::equal(out[id].tokens.begin(), out[id].tokens.end(), full.begin()));
+    } else {
+      EXPECT_EQ(out[id].tokens, (*alone_)[i].tokens) << "prompt " << i;
+      EXPECT_EQ(out[id].text, (*alone_)[i].text) << "prompt " << i;
+    }
+  }
+  EXPECT_FALSE(e->abort(12345));
+}
+
+TEST_F(EngineTest, SeededSamplingSurvivesPreemption) {
+  std::vector<Case> sampled = cases_;
+  for (size_t i = 0; i < sampled.size(); ++i) {
+    sampled[i].params.sampling.temperature = 0.9f;
+    sampled[i].params.sampling.top_p = 0.95f;
+    sampled[i].params.sampling.repetition_penalty = 1.1f;
+    sampled[i].params.sampling.seed = 1000 + i;
+  }
+  std::vector<Result1> alone;
+  for (const Case& c : sampled) alone.push_back(run_alone(c));
+  EngineOptions o = base_options();
+  o.max_model_len = 320;
+  o.num_kv_blocks = 20;
+  o.max_batched_tokens = 96;
+  auto e = make(o);
+  const auto got = run_together(*e, sampled);
+  EXPECT_GT(e->stats().num_preemptions, 0);
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i].tokens, alone[i].tokens) << "prompt " << i;
+}
+
+TEST_F(EngineTest, StopStringsSplitAcrossTokensEndTheTextBeforeThem) {
+  // Find a solo output whose text has a boundary between two tokens with text on both sides.
+  int tested = 0;
+  for (size_t i = 0; i < cases_.size() && tested < 6; ++i) {
+    const Result1& solo = (*alone_)[i];
+    if (solo.tokens.size() < 4) continue;
+    std::string before;  // text of the first two tokens
+    for (size_t k = 0; k < 2; ++k) before += model_->tokenizer->decode({solo.tokens[k]});
+    if (before.size() < 2 || solo.text.size() < before.size() + 2 || solo.text.compare(0, before.size(), before) != 0) {
+      continue;
+    }
+    const std::string stop = solo.text.substr(before.size() - 1, 3);  // straddles tokens 2 and 3
+    const size_t first = solo.text.find(stop);
+    Case c = cases_[i];
+    c.params.stop = {"\x01never", stop};
+    auto e = make(base_options());
+    auto id = e->add_request(c.prompt, c.params);
+    ASSERT_TRUE(id.ok());
+    std::map<RequestId, Result1> out;
+    std::string stop_reason;
+    while (e->has_unfinished()) {
+      auto outputs = e->step();
+      ASSERT_TRUE(outputs.ok());
+      for (const auto& o : *outputs) {
+        out[o.id].text += o.text;
+        // Nothing after the first possible start of the stop string is ever shown.
+        EXPECT_LE(out[o.id].text.size(), first);
+        if (o.finished) {
+          out[o.id].reason = o.finish_reason;
+          stop_reason = o.stop_reason;
+        }
+      }
+    }
+    EXPECT_EQ(out[*id].text, solo.text.substr(0, first)) << "stop '" << stop << "'";
+    EXPECT_EQ(out[*id].reason, FinishReason::kStop);
+    EXPECT_EQ(stop_reason, stop);
+    EXPECT_TRUE(e->check_no_leaks().ok());
+    ++tested;
+  }
+  EXPECT_GE(tested, 3);
+}
+
+TEST_F(EngineTest, FinishReasons) {
+  auto e = make(base_options());
+  const Case& c = cases_[3];
+  const Result1& solo = (*alone_)[3];
+  ASSERT_GE(solo.tokens.size(), 3u);
+  // A stop token: generation ends with it (its id reported, no text for it).
+  GenerationParams p = c.params;
+  p.stop_token_ids = {solo.tokens[2]};
+  auto id = e->add_request(c.prompt, p);
+  ASSERT_TRUE(id.ok());
+  std::map<RequestId, Result1> out;
+  drain(*e, out);
+  const size_t first_at = static_cast<size_t>(std::find(solo.tokens.begin(), solo.tokens.end(), solo.tokens[2]) -
+                                              solo.tokens.begin());
+  EXPECT_EQ(out[*id].tokens, std::vector<int32_t>(solo.tokens.begin(), solo.tokens.begin() + first_at + 1));
+  EXPECT_EQ(out[*id].reason, FinishReason::kStop);
+  // The context: a 500-token limit on a 512-token model stops a long generation.
+  EngineOptions o = base_options();
+  o.max_model_len = c.prompt.size() + 4;
+  auto small = make(o);
+  GenerationParams q = c.params;
+  q.max_tokens = 50;
+  q.ignore_eos = true;
+  auto id2 = small->add_request(c.prompt, q);
+  ASSERT_TRUE(id2.ok());
+  std::map<RequestId, Result1> out2;
+  drain(*small, out2);
+  EXPECT_EQ(out2[*id2].tokens.size(), 4u);
+  EXPECT_EQ(out2[*id2].reason, FinishReason::kContext);
+}
+
+TEST_F(EngineTest, BadRequestsAreErrors) {
+  auto e = make(base_options());
+  GenerationParams p;
+  EXPECT_EQ(e->add_request(std::vector<int32_t>{}, p).status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(e->add_request(std::vector<int32_t>(512, 5), p).status().code(), ErrorCode::kOutOfRange);
+  EXPECT_EQ(e->add_request(std::vector<int32_t>{1, 99999}, p).status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(e->add_request(std::vector<int32_t>{1, -1}, p).status().code(), ErrorCode::kInvalidArgument);
+  GenerationParams zero = p;
+  zero.max_tokens = 0;
+  EXPECT_FALSE(e->add_request(std::vector<int32_t>{1, 2}, zero).ok());
+  GenerationParams hot = p;
+  hot.sampling.temperature = -3.0f;
+  EXPECT_FALSE(e->add_request(std::vector<int32_t>{1, 2}, hot).ok());
+  GenerationParams nan = p;
+  nan.sampling.top_p = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_FALSE(e->add_request(std::vector<int32_t>{1, 2}, nan).ok());
+  GenerationParams stops = p;
+  stops.stop.assign(100, "x");
+  EXPECT_FALSE(e->add_request(std::vector<int32_t>{1, 2}, stops).ok());
+  // Invalid UTF-8 in a text prompt is repaired by the tokenizer, not an error.
+  EXPECT_TRUE(e->add_request(std::string_view("\xff\xfe hello \xc3"), p).ok());
+  std::map<RequestId, Result1> out;
+  drain(*e, out);
+  EXPECT_FALSE(e->has_unfinished());
+  // Engine options that cannot work.
+  EngineOptions o = base_options();
+  o.num_kv_blocks = 4;  // 64 tokens < max_model_len 512, set explicitly
+  EXPECT_EQ(Engine::create(*model_->model, nullptr, {}, o).status().code(), ErrorCode::kOutOfMemory);
+  o = base_options();
+  o.chunked_prefill = false;
+  o.max_batched_tokens = 100;
+  EXPECT_FALSE(Engine::create(*model_->model, nullptr, {}, o).ok());
+  o = base_options();
+  o.max_model_len = 100000;
+  EXPECT_FALSE(Engine::create(*model_->model, nullptr, {}, o).ok());
+  // No tokenizer: text prompts and stop strings are errors, ids work.
+  auto bare = Engine::create(*model_->model, nullptr, {}, base_options());
+  ASSERT_TRUE(bare.ok());
+  EXPECT_FALSE((*bare)->add_request(std::string_view("hello"), p).ok());
+  GenerationParams with_stop = p;
+  with_stop.stop = {"x"};
+  EXPECT_FALSE((*bare)->add_request(std::vector<int32_t>{1, 2}, with_stop).ok());
+}
+
+}  // namespace
+}  // namespace tachyon
