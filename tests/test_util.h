@@ -34,6 +34,10 @@ struct CommandResult {
 };
 CommandResult run_command(const std::string& command);
 
+// Regularized upper incomplete gamma Q(a, x), and the p-value of Pearson's chi-square statistic.
+double upper_incomplete_gamma(double a, double x);
+double chi_square_p_value(double statistic, int degrees_of_freedom);
+
 // Greedy continuation of `prompt` (ids) by one request through the Engine, EOS ignored.
 // Small default engine options: a KV cache just large enough for the request.
 std::vector<int32_t> greedy_ids(const LlamaModel& model, const std::vector<int32_t>& prompt, int max_tokens);

@@ -16,40 +16,8 @@
 namespace tachyon {
 namespace {
 
-// Regularized upper incomplete gamma Q(a, x): a series for x < a + 1, else a continued fraction
-// (modified Lentz). Accurate to ~1e-12 for the sizes used here.
-double upper_incomplete_gamma(double a, double x) {
-  if (x <= 0.0) return 1.0;
-  const double log_prefix = -x + a * std::log(x) - std::lgamma(a);
-  if (x < a + 1.0) {
-    double term = 1.0 / a, sum = term;
-    for (int n = 1; n < 1000; ++n) {
-      term *= x / (a + n);
-      sum += term;
-      if (term < sum * 1e-16) break;
-    }
-    return 1.0 - sum * std::exp(log_prefix);
-  }
-  const double tiny = 1e-300;
-  double b = x + 1.0 - a, c = 1.0 / tiny, d = 1.0 / b, h = d;
-  for (int i = 1; i < 1000; ++i) {
-    const double an = -i * (i - a);
-    b += 2.0;
-    d = an * d + b;
-    if (std::fabs(d) < tiny) d = tiny;
-    c = b + an / c;
-    if (std::fabs(c) < tiny) c = tiny;
-    d = 1.0 / d;
-    const double delta = d * c;
-    h *= delta;
-    if (std::fabs(delta - 1.0) < 1e-16) break;
-  }
-  return std::exp(log_prefix) * h;
-}
-
-double chi_square_p_value(double statistic, int degrees_of_freedom) {
-  return upper_incomplete_gamma(0.5 * degrees_of_freedom, 0.5 * statistic);
-}
+using testing::chi_square_p_value;
+using testing::upper_incomplete_gamma;
 
 TEST(ChiSquare, PValueMatchesKnownQuantiles) {
   EXPECT_NEAR(chi_square_p_value(3.841458820694124, 1), 0.05, 1e-9);

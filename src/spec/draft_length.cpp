@@ -1,0 +1,58 @@
+#include "spec/draft_length.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/status.h"
+
+namespace tachyon {
+
+DraftLengthController::DraftLengthController(const DraftLengthOptions& options)
+    : options_(options), acceptance_(options.initial_acceptance) {
+  TACHYON_CHECK(options.k_max >= 0 && options.fixed_k >= 0 && options.ema_weight > 0 && options.ema_weight <= 1 &&
+                    options.compute_bound_tokens > 0 && options.probe_interval > 0,
+                "draft length controller: bad options");
+}
+
+double DraftLengthController::gain(int k, int batch_sequences) const {
+  const double a = std::clamp(acceptance_, 0.0, 0.999);
+  const double tokens = (1.0 - std::pow(a, k + 1)) / (1.0 - a);
+  const auto pass_cost = [&](int tokens_per_seq) {
+    const double batch_tokens = static_cast<double>(std::max(1, batch_sequences)) * tokens_per_seq;
+    return std::max(1.0, batch_tokens / options_.compute_bound_tokens);
+  };
+  // Relative to one plain decode pass of the same batch.
+  const double cost = pass_cost(k + 1) / pass_cost(1) + k * options_.proposer_cost;
+  return tokens / cost;
+}
+
+int DraftLengthController::next_k(int batch_sequences) {
+  if (options_.fixed_k > 0) return options_.fixed_k;
+  if (off_) {
+    if (++steps_since_off_ < options_.probe_interval) return 0;
+    steps_since_off_ = 0;
+    return std::min(1, options_.k_max);  // probe
+  }
+  int best_k = 0;
+  double best = 1.0;  // plain decoding
+  for (int k = 1; k <= options_.k_max; ++k) {
+    const double g = gain(k, batch_sequences);
+    if (g > best + 1e-9) {
+      best = g;
+      best_k = k;
+    }
+  }
+  if (best_k == 0) off_ = true;
+  return best_k;
+}
+
+void DraftLengthController::update(int proposed, int accepted) {
+  if (proposed <= 0) return;
+  const double rate = static_cast<double>(accepted) / proposed;
+  // The per-token rate behind "accepted of proposed" when a rejection ends the step: the
+  // estimate below treats each proposal as one Bernoulli trial, which slightly undercounts a.
+  acceptance_ = (1.0 - options_.ema_weight) * acceptance_ + options_.ema_weight * rate;
+  if (off_ && gain(1, 1) > 1.0) off_ = false;  // a probe went well
+}
+
+}  // namespace tachyon
