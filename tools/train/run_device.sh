@@ -5,7 +5,11 @@
 # train.bin.xz, val.bin, meta.json and tok/ (tokenizer.json, tokenizer_config.json).
 # OUT_DIR (default $OUT) receives the logs, the GPU evaluation and one .tar per
 # exported model.  Budgets (seconds of training): TARGET_S, DRAFT_S.
-# EXTRA_TARGET, EXTRA_DRAFT, EXTRA_EVAL append arguments (for a quick CPU dry run).
+# SKIP_TARGET=1 trains the draft alone, distilled from the committed
+# models/tachyon-demo (copied, not retrained; no target archive).
+# DRAFT_PRESET (default draft), DRAFT_LR (3e-3) choose the draft's shape and peak rate.
+# EXTRA_TARGET, EXTRA_DRAFT, EXTRA_EVAL append arguments (for a quick CPU dry run);
+# WORK_DIR (default /tmp) holds the unpacked data and the exported models.
 set -euo pipefail
 export PYTHONUNBUFFERED=1
 pack="${1:-.pack}"
@@ -13,8 +17,8 @@ out="${2:-${OUT:?set OUT or pass OUT_DIR}}"
 TARGET_S="${TARGET_S:-270}"
 DRAFT_S="${DRAFT_S:-185}"
 SEED="${SEED:-1234}"
-data=/tmp/tachyon-data
-models=/tmp/tachyon-models
+data="${WORK_DIR:-/tmp}/tachyon-data"
+models="${WORK_DIR:-/tmp}/tachyon-models"
 mkdir -p "$data" "$models" "$out"
 exec > >(tee -a "$out/run.log") 2>&1
 
@@ -25,6 +29,12 @@ xz -d -T0 -c "$pack/train.bin.xz" > "$data/train.bin"
 cp "$pack/val.bin" "$pack/meta.json" "$data/"
 sha256sum "$data/train.bin" "$data/val.bin"
 
+if [ "${SKIP_TARGET:-0}" = 1 ]; then
+  rm -rf "$models/tachyon-demo"
+  cp -r models/tachyon-demo "$models/tachyon-demo"
+  sha256sum "$models/tachyon-demo"/*
+  echo "target: committed models/tachyon-demo"
+else
 python3 tools/train/train.py target --data "$data" --tokenizer "$pack/tok" \
   --out "$models/tachyon-demo" --seed "$SEED" --budget-s "$TARGET_S" --steps "${TARGET_STEPS:-0}" \
   --max-epochs 16 \
@@ -32,10 +42,12 @@ python3 tools/train/train.py target --data "$data" --tokenizer "$pack/tok" \
 # at most 16 MiB per returned file: split the target's archive in two
 tar -C "$models" -cf - tachyon-demo | split -b 15000000 -d - "$out/tachyon-demo.tar.part"
 echo "target done at $(( $(date +%s) - t0 )) s"
+fi
 
 python3 tools/train/train.py draft --data "$data" --tokenizer "$pack/tok" \
   --teacher "$models/tachyon-demo" --out "$models/tachyon-demo-draft" --seed "$SEED" \
-  --budget-s "$DRAFT_S" --batch 256 --lr 3e-3 --warmup 200 --alpha "${ALPHA:-0.0}" \
+  --preset "${DRAFT_PRESET:-draft}" \
+  --budget-s "$DRAFT_S" --batch 256 --lr "${DRAFT_LR:-3e-3}" --warmup 200 --alpha "${ALPHA:-0.0}" \
   --log "$out/train_draft.jsonl" ${EXTRA_DRAFT:-}
 tar -C "$models" -cf "$out/tachyon-demo-draft.tar" tachyon-demo-draft
 echo "draft done at $(( $(date +%s) - t0 )) s"
