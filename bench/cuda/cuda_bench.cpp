@@ -1,0 +1,368 @@
+// tachyon_cuda_bench: the CUDA backend against the device's own ceilings, on random data.
+//
+//   tachyon_cuda_bench [--json FILE] [--quick]
+//
+//   copy       cudaMemcpy device-to-device of 1 GiB; GB/s counts bytes read + bytes written
+//   matmul     cuBLASLt bf16 x bf16 -> f32, 8192^3; TFLOP/s
+//   gemv       the custom GEMV on Llama-3-8B's decode shapes (bf16 weights) at n = 1, 2, 4, 8, 16 tokens:
+//              GB/s of weight bytes, and as a fraction of the measured copy bandwidth; cuBLASLt
+//              on the same problem beside it
+//   attention  decode attention (Llama-3-8B heads: 32 q / 8 kv, head_dim 128, bf16 cache, blocks
+//              of 16) at batch 1 and 32, context 1k / 4k / 16k: GB/s of K/V bytes read
+//
+// Every kernel is timed with CUDA events over many calls after warm-up, median of 5 repetitions;
+// GEMV and attention calls are captured in a CUDA graph and replayed (no host launch gaps).
+// Weights and caches rotate through copies that together exceed the L2 many times, so each call
+// reads from device memory as a model's step does. JSON goes to --json FILE (or stdout), then a
+// short table is printed last.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ops/cuda/cuda_ops.h"
+
+namespace cu = tachyon::ops::cuda;
+using tachyon::DType;
+using tachyon::Result;
+using tachyon::Status;
+
+namespace {
+
+constexpr size_t kGiB = size_t{1} << 30;
+
+struct Options {
+  std::string json_path;
+  bool quick = false;
+};
+
+#define BENCH_CUDA(expr) TACHYON_CUDA_RETURN_IF_ERROR(expr)
+
+// Median over `reps` of the mean time per call of `iters` calls of `body` on `stream` (ms).
+Result<double> time_ms(const std::function<Status(int, cu::Stream)>& body, cu::Stream stream, int warmup, int iters,
+                       int reps) {
+  cudaEvent_t start = nullptr, stop = nullptr;
+  BENCH_CUDA(cudaEventCreate(&start));
+  BENCH_CUDA(cudaEventCreate(&stop));
+  std::vector<double> samples;
+  for (int i = 0; i < warmup; ++i) TACHYON_RETURN_IF_ERROR(body(i, stream));
+  for (int r = 0; r < reps; ++r) {
+    BENCH_CUDA(cudaEventRecord(start, stream));
+    for (int i = 0; i < iters; ++i) TACHYON_RETURN_IF_ERROR(body(i, stream));
+    BENCH_CUDA(cudaEventRecord(stop, stream));
+    BENCH_CUDA(cudaEventSynchronize(stop));
+    float ms = 0.0f;
+    BENCH_CUDA(cudaEventElapsedTime(&ms, start, stop));
+    samples.push_back(static_cast<double>(ms) / iters);
+  }
+  BENCH_CUDA(cudaEventDestroy(start));
+  BENCH_CUDA(cudaEventDestroy(stop));
+  std::sort(samples.begin(), samples.end());
+  return samples[samples.size() / 2];
+}
+
+// The same, with the `iters` calls captured once as a CUDA graph and the graph replayed: small
+// kernels are timed without the host's launch gaps between them (as a captured decode step runs).
+Result<double> time_graph_ms(const std::function<Status(int, cu::Stream)>& body, int warmup, int iters, int reps) {
+  cudaStream_t stream = nullptr;
+  BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  for (int i = 0; i < warmup; ++i) TACHYON_RETURN_IF_ERROR(body(i, stream));  // plans, scratch growth
+  BENCH_CUDA(cudaStreamSynchronize(stream));
+  BENCH_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
+  Status captured = Status::Ok();
+  for (int i = 0; i < iters && captured.ok(); ++i) captured = body(i, stream);
+  cudaGraph_t graph = nullptr;
+  BENCH_CUDA(cudaStreamEndCapture(stream, &graph));
+  TACHYON_RETURN_IF_ERROR(captured);
+  cudaGraphExec_t exec = nullptr;
+  BENCH_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  auto replay = [&](int, cu::Stream s) -> Status {
+    BENCH_CUDA(cudaGraphLaunch(exec, s));
+    return Status::Ok();
+  };
+  TACHYON_ASSIGN_OR_RETURN(double ms, time_ms(replay, stream, 2, 1, reps));
+  BENCH_CUDA(cudaGraphExecDestroy(exec));
+  BENCH_CUDA(cudaGraphDestroy(graph));
+  BENCH_CUDA(cudaStreamDestroy(stream));
+  return ms / iters;
+}
+
+// ---- copy ------------------------------------------------------------------------------------------
+
+Result<double> bench_copy(nlohmann::json& out, const Options& opt) {
+  const size_t bytes = opt.quick ? kGiB / 4 : kGiB;
+  TACHYON_ASSIGN_OR_RETURN(auto src, cu::DeviceBuffer::allocate(bytes, "copy source"));
+  TACHYON_ASSIGN_OR_RETURN(auto dst, cu::DeviceBuffer::allocate(bytes, "copy destination"));
+  TACHYON_RETURN_IF_ERROR(cu::fill_random(src.data(), DType::kF32, static_cast<int64_t>(bytes / 4), 1, -1.f, 1.f, nullptr));
+  TACHYON_ASSIGN_OR_RETURN(
+      double ms,
+      time_ms([&](int, cu::Stream st) { return cu::copy_on_device(dst.data(), src.data(), bytes, st); }, nullptr, 3, 10, 5));
+  const double gbps = 2.0 * static_cast<double>(bytes) / (ms * 1e-3) / 1e9;
+  out["copy"] = {{"bytes", bytes}, {"ms", ms}, {"gbps_read_plus_write", gbps}};
+  std::fprintf(stderr, "copy: %zu bytes in %.3f ms: %.1f GB/s (read + write)\n", bytes, ms, gbps);
+  return gbps;
+}
+
+// ---- matmul ----------------------------------------------------------------------------------------
+
+Result<double> bench_matmul(cu::LinearContext& ctx, nlohmann::json& out, const Options& opt) {
+  const int64_t m = opt.quick ? 4096 : 8192;
+  TACHYON_ASSIGN_OR_RETURN(auto x, cu::DeviceBuffer::allocate(m * m * 2, "matmul x"));
+  TACHYON_ASSIGN_OR_RETURN(auto w, cu::DeviceBuffer::allocate(m * m * 2, "matmul w"));
+  TACHYON_ASSIGN_OR_RETURN(auto y, cu::DeviceBuffer::allocate(m * m * 4, "matmul y"));
+  TACHYON_RETURN_IF_ERROR(cu::fill_random(x.data(), DType::kBF16, m * m, 2, -1.f, 1.f, nullptr));
+  TACHYON_RETURN_IF_ERROR(cu::fill_random(w.data(), DType::kBF16, m * m, 3, -1.f, 1.f, nullptr));
+  TACHYON_ASSIGN_OR_RETURN(double ms, time_ms(
+                                          [&](int, cu::Stream st) {
+                                            return cu::gemm_bf16(ctx, x.as<uint16_t>(), m, w.as<uint16_t>(), m,
+                                                                 nullptr, y.as<float>(), m, m, m, m, st);
+                                          },
+                                          nullptr, 3, 10, 5));
+  const double tflops = 2.0 * static_cast<double>(m) * m * m / (ms * 1e-3) / 1e12;
+  out["matmul"] = {{"m", m}, {"n", m}, {"k", m}, {"ms", ms}, {"tflops", tflops}, {"types", "bf16 x bf16 -> f32"}};
+  std::fprintf(stderr, "matmul %lld^3 bf16: %.3f ms: %.1f TFLOP/s\n", static_cast<long long>(m), ms, tflops);
+  return tflops;
+}
+
+// ---- gemv ------------------------------------------------------------------------------------------
+
+struct Shape {
+  const char* name;
+  int64_t in, out;
+};
+
+struct GemvRow {
+  std::string name;
+  int64_t in, out, n;
+  double gemv_us, gemv_gbps, cublas_us, cublas_gbps;
+};
+
+Status bench_gemv(cu::LinearContext& ctx, double copy_gbps, nlohmann::json& out, std::vector<GemvRow>& rows,
+                  const Options& opt) {
+  const std::vector<Shape> shapes = {{"q/o 4096x4096", 4096, 4096},
+                                     {"k/v 4096->1024", 4096, 1024},
+                                     {"gate/up 4096->14336", 4096, 14336},
+                                     {"down 14336->4096", 14336, 4096},
+                                     {"lm_head 4096->128256", 4096, 128256}};
+  const size_t rotate_bytes = opt.quick ? kGiB / 2 : 2 * kGiB;
+  TACHYON_RETURN_IF_ERROR(ctx.reserve(16, 14336, 128256));
+  nlohmann::json list = nlohmann::json::array();
+  for (const Shape& s : shapes) {
+    const size_t weight_bytes = static_cast<size_t>(s.in * s.out) * 2;
+    const int copies = static_cast<int>(std::max<size_t>(1, (rotate_bytes + weight_bytes - 1) / weight_bytes));
+    TACHYON_ASSIGN_OR_RETURN(auto weights, cu::DeviceBuffer::allocate(weight_bytes * copies, "gemv weights"));
+    TACHYON_RETURN_IF_ERROR(
+        cu::fill_random(weights.data(), DType::kBF16, s.in * s.out * copies, 7, -0.05f, 0.05f, nullptr));
+    TACHYON_ASSIGN_OR_RETURN(auto x, cu::DeviceBuffer::allocate(16 * s.in * 4, "gemv x"));
+    TACHYON_ASSIGN_OR_RETURN(auto y, cu::DeviceBuffer::allocate(16 * s.out * 4, "gemv y"));
+    TACHYON_RETURN_IF_ERROR(cu::fill_random(x.data(), DType::kF32, 16 * s.in, 8, -1.f, 1.f, nullptr));
+    for (int64_t n : {1, 2, 4, 8, 16}) {
+      auto run = [&](cu::LinearAlgo algo) {
+        return [&, algo](int i, cu::Stream st) {
+          cu::LinearArgs a;
+          a.x = x.as<float>();
+          a.x_stride = s.in;
+          a.w = static_cast<const char*>(weights.data()) + static_cast<size_t>(i % copies) * weight_bytes;
+          a.w_dtype = DType::kBF16;
+          a.w_stride = s.in;
+          a.y = y.as<float>();
+          a.y_stride = s.out;
+          a.n = n;
+          a.in = s.in;
+          a.out = s.out;
+          return cu::linear(ctx, a, st, algo);
+        };
+      };
+      const int iters = std::max(copies, 40);
+      TACHYON_ASSIGN_OR_RETURN(double gemv_ms, time_graph_ms(run(cu::LinearAlgo::kGemv), copies, iters, 5));
+      TACHYON_ASSIGN_OR_RETURN(double cublas_ms, time_graph_ms(run(cu::LinearAlgo::kCublasLt), copies, iters, 5));
+      GemvRow r{s.name, s.in, s.out, n, gemv_ms * 1e3, weight_bytes / (gemv_ms * 1e-3) / 1e9, cublas_ms * 1e3,
+                weight_bytes / (cublas_ms * 1e-3) / 1e9};
+      rows.push_back(r);
+      list.push_back({{"shape", s.name}, {"in", s.in}, {"out", s.out}, {"n", n}, {"weight_bytes", weight_bytes},
+                      {"gemv_us", r.gemv_us}, {"gemv_gbps", r.gemv_gbps}, {"gemv_fraction_of_copy", r.gemv_gbps / copy_gbps},
+                      {"cublaslt_us", r.cublas_us}, {"cublaslt_gbps", r.cublas_gbps},
+                      {"cublaslt_fraction_of_copy", r.cublas_gbps / copy_gbps}});
+      std::fprintf(stderr, "gemv %-22s n=%2lld: %8.2f us %7.1f GB/s (%.0f%% of copy) | cublasLt %8.2f us %7.1f GB/s\n",
+                   s.name, static_cast<long long>(n), r.gemv_us, r.gemv_gbps, 100.0 * r.gemv_gbps / copy_gbps,
+                   r.cublas_us, r.cublas_gbps);
+    }
+  }
+  out["gemv"] = list;
+  return Status::Ok();
+}
+
+// ---- attention -------------------------------------------------------------------------------------
+
+struct AttentionRow {
+  int batch, context, splits;
+  double us, gbps;
+};
+
+Status bench_attention(double copy_gbps, nlohmann::json& out, std::vector<AttentionRow>& rows, const Options& opt) {
+  const int64_t heads = 32, kv_heads = 8, head_dim = 128, block_size = 16;
+  const size_t block_bytes = static_cast<size_t>(block_size * kv_heads * head_dim) * 2;  // one of K or V, bf16
+  const size_t rotate_bytes = opt.quick ? kGiB / 2 : 2 * kGiB;
+  TACHYON_ASSIGN_OR_RETURN(int sms, cu::current_sm_count());
+  nlohmann::json list = nlohmann::json::array();
+  std::mt19937 rng(11);
+  for (int batch : {1, 32}) {
+    for (int context : {1024, 4096, 16384}) {
+      const int64_t blocks_per_seq = (context + block_size - 1) / block_size;
+      const size_t kv_bytes = static_cast<size_t>(batch) * context * kv_heads * head_dim * 2 * 2;  // K + V read
+      const int layers = static_cast<int>(std::clamp<size_t>((rotate_bytes + kv_bytes - 1) / kv_bytes, 1, 64));
+      const int64_t num_blocks = layers * batch * blocks_per_seq;
+      TACHYON_ASSIGN_OR_RETURN(auto k, cu::DeviceBuffer::allocate(num_blocks * block_bytes, "k cache"));
+      TACHYON_ASSIGN_OR_RETURN(auto v, cu::DeviceBuffer::allocate(num_blocks * block_bytes, "v cache"));
+      TACHYON_RETURN_IF_ERROR(
+          cu::fill_random(k.data(), DType::kBF16, num_blocks * block_bytes / 2, 21, -1.f, 1.f, nullptr));
+      TACHYON_RETURN_IF_ERROR(
+          cu::fill_random(v.data(), DType::kBF16, num_blocks * block_bytes / 2, 22, -1.f, 1.f, nullptr));
+      // Each "layer" owns a shuffled set of blocks, as a paged cache does after a while.
+      std::vector<int32_t> ids(static_cast<size_t>(num_blocks));
+      std::iota(ids.begin(), ids.end(), 0);
+      std::shuffle(ids.begin(), ids.end(), rng);
+      std::vector<int32_t> query_start(batch + 1), context_lens(batch, context);
+      for (int s = 0; s <= batch; ++s) query_start[s] = s;
+      TACHYON_ASSIGN_OR_RETURN(auto d_tables, cu::DeviceBuffer::allocate(ids.size() * 4, "block tables"));
+      TACHYON_ASSIGN_OR_RETURN(auto d_qs, cu::DeviceBuffer::allocate(query_start.size() * 4, "query_start"));
+      TACHYON_ASSIGN_OR_RETURN(auto d_ctx, cu::DeviceBuffer::allocate(context_lens.size() * 4, "context_lens"));
+      TACHYON_RETURN_IF_ERROR(cu::copy_to_device(d_tables.data(), ids.data(), ids.size() * 4));
+      TACHYON_RETURN_IF_ERROR(cu::copy_to_device(d_qs.data(), query_start.data(), query_start.size() * 4));
+      TACHYON_RETURN_IF_ERROR(cu::copy_to_device(d_ctx.data(), context_lens.data(), context_lens.size() * 4));
+      TACHYON_ASSIGN_OR_RETURN(auto q, cu::DeviceBuffer::allocate(batch * heads * head_dim * 4, "q"));
+      TACHYON_ASSIGN_OR_RETURN(auto o, cu::DeviceBuffer::allocate(batch * heads * head_dim * 4, "out"));
+      TACHYON_RETURN_IF_ERROR(cu::fill_random(q.data(), DType::kF32, batch * heads * head_dim, 23, -1.f, 1.f, nullptr));
+      cu::KvCacheView cache;
+      cache.k = k.data();
+      cache.v = v.data();
+      cache.dtype = DType::kBF16;
+      cache.num_blocks = num_blocks;
+      cache.block_size = block_size;
+      cache.num_kv_heads = kv_heads;
+      cache.head_dim = head_dim;
+      cu::AttentionBatch b;
+      b.num_seqs = batch;
+      b.query_start = d_qs.as<int32_t>();
+      b.context_lens = d_ctx.as<int32_t>();
+      b.max_blocks_per_seq = blocks_per_seq;
+      b.max_query_len = 1;
+      b.max_context_len = context;
+      tachyon::AttentionParams params;
+      params.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+      TACHYON_ASSIGN_OR_RETURN(auto plan, cu::plan_paged_attention(b, heads, cache, params, sms));
+      TACHYON_ASSIGN_OR_RETURN(auto ws, cu::DeviceBuffer::allocate(std::max<size_t>(plan.workspace_bytes, 16), "ws"));
+      auto body = [&](int i, cu::Stream st) {
+        cu::AttentionBatch bl = b;
+        bl.block_tables = d_tables.as<int32_t>() + static_cast<int64_t>(i % layers) * batch * blocks_per_seq;
+        return cu::paged_attention(plan, q.as<float>(), heads * head_dim, head_dim, heads, cache, bl, params,
+                                   o.as<float>(), heads * head_dim, head_dim, ws.data(), ws.bytes(), st);
+      };
+      TACHYON_ASSIGN_OR_RETURN(double ms, time_graph_ms(body, layers, std::max(layers, 40), 5));
+      AttentionRow r{batch, context, plan.num_splits, ms * 1e3, kv_bytes / (ms * 1e-3) / 1e9};
+      rows.push_back(r);
+      list.push_back({{"batch", batch}, {"context", context}, {"heads", heads}, {"kv_heads", kv_heads},
+                      {"head_dim", head_dim}, {"cache", "bf16"}, {"splits", plan.num_splits}, {"kv_bytes", kv_bytes},
+                      {"us", r.us}, {"gbps", r.gbps}, {"fraction_of_copy", r.gbps / copy_gbps}});
+      std::fprintf(stderr, "attention decode batch %2d ctx %5d (%d splits): %8.2f us %7.1f GB/s (%.0f%% of copy)\n",
+                   batch, context, plan.num_splits, r.us, r.gbps, 100.0 * r.gbps / copy_gbps);
+    }
+  }
+  out["attention_decode"] = list;
+  return Status::Ok();
+}
+
+int fail(const Status& s) {
+  std::fprintf(stderr, "tachyon_cuda_bench: %s\n", s.to_string().c_str());
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options opt;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--json" && i + 1 < argc) {
+      opt.json_path = argv[++i];
+    } else if (a == "--quick") {
+      opt.quick = true;
+    } else {
+      std::fprintf(stderr, "usage: tachyon_cuda_bench [--json FILE] [--quick]\n");
+      return 2;
+    }
+  }
+  if (cu::device_count() == 0) {
+    std::fprintf(stderr, "tachyon_cuda_bench: no CUDA device\n");
+    return 1;
+  }
+  auto props = cu::device_properties(0);
+  if (!props.ok()) return fail(props.status());
+  std::fprintf(stderr, "device: %s\n", props->to_string().c_str());
+  nlohmann::json out;
+  out["device"] = {{"name", props->name},
+                   {"sm", props->compute_major * 10 + props->compute_minor},
+                   {"multiprocessors", props->multiprocessors},
+                   {"memory_bytes", props->total_memory},
+                   {"l2_bytes", props->l2_cache_bytes}};
+
+  auto copy = bench_copy(out, opt);
+  if (!copy.ok()) return fail(copy.status());
+  auto ctx = cu::LinearContext::create();
+  if (!ctx.ok()) return fail(ctx.status());
+  auto tflops = bench_matmul(**ctx, out, opt);
+  if (!tflops.ok()) return fail(tflops.status());
+  std::vector<GemvRow> gemv_rows;
+  if (Status s = bench_gemv(**ctx, *copy, out, gemv_rows, opt); !s.ok()) return fail(s);
+  std::vector<AttentionRow> attn_rows;
+  if (Status s = bench_attention(*copy, out, attn_rows, opt); !s.ok()) return fail(s);
+
+  // Llama-3-8B's linears for one decoded token at n = 1: 32 layers x (q, k, v, o, gate, up, down) + lm head.
+  double step_us = 0.0, step_bytes = 0.0;
+  for (const GemvRow& r : gemv_rows) {
+    if (r.n != 1) continue;
+    const std::string name = r.name;
+    const double count = name.rfind("lm_head", 0) == 0 ? 1.0 : 32.0 * (name.rfind("down", 0) == 0 ? 1.0 : 2.0);
+    step_us += count * r.gemv_us;
+    step_bytes += count * static_cast<double>(r.in * r.out * 2);
+  }
+  out["llama3_8b_linears_n1"] = {{"us_per_token", step_us}, {"weight_bytes", step_bytes},
+                                 {"gbps", step_bytes / (step_us * 1e-6) / 1e9},
+                                 {"fraction_of_copy", step_bytes / (step_us * 1e-6) / 1e9 / *copy}};
+
+  const std::string json = out.dump(2);
+  if (!opt.json_path.empty()) {
+    std::ofstream f(opt.json_path);
+    f << json << "\n";
+    if (!f) return fail(tachyon::make_error(tachyon::ErrorCode::kIo, "cannot write {}", opt.json_path));
+  } else {
+    std::printf("%s\n", json.c_str());
+  }
+
+  std::printf("\n== %s ==\n", props->to_string().c_str());
+  std::printf("copy D2D (read+write)      %8.1f GB/s\n", *copy);
+  std::printf("cuBLASLt bf16 matmul %lld^3 %6.1f TFLOP/s\n", static_cast<long long>(out["matmul"]["m"].get<int64_t>()),
+              *tflops);
+  std::printf("%-22s %3s %9s %8s %6s %9s %8s\n", "gemv (bf16 weights)", "n", "us", "GB/s", "%copy", "cuBLASLt", "GB/s");
+  for (const GemvRow& r : gemv_rows) {
+    std::printf("%-22s %3lld %9.2f %8.1f %5.0f%% %9.2f %8.1f\n", r.name.c_str(), static_cast<long long>(r.n), r.gemv_us,
+                r.gemv_gbps, 100.0 * r.gemv_gbps / *copy, r.cublas_us, r.cublas_gbps);
+  }
+  std::printf("Llama-3-8B linears, 1 token: %.1f us/token = %.1f GB/s (%.0f%% of copy)\n", step_us,
+              step_bytes / (step_us * 1e-6) / 1e9, 100.0 * step_bytes / (step_us * 1e-6) / 1e9 / *copy);
+  std::printf("%-30s %6s %9s %8s %6s\n", "decode attention (bf16 KV)", "splits", "us", "GB/s", "%copy");
+  for (const AttentionRow& r : attn_rows) {
+    std::printf("batch %2d context %5d %14d %9.2f %8.1f %5.0f%%\n", r.batch, r.context, r.splits, r.us, r.gbps,
+                100.0 * r.gbps / *copy);
+  }
+  return 0;
+}

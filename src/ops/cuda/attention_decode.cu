@@ -1,0 +1,421 @@
+// Decode attention over the paged cache (flash-decoding): every sequence has one query row, at
+// the last position of its context. Grid (splits, kv heads, sequences): a block takes one slice
+// of one sequence's context for one KV head and serves all the query heads of that head's GQA
+// group, so each K/V row is read from memory once. Tiles of 32 keys are gathered through the
+// block table into shared memory (f32) and each tile is read from shared memory once per phase,
+// whatever the group size: scores split the head dims over the 4 warps (lane = key, all heads in
+// registers), the softmax takes one warp per head, and P·V splits the keys over the warps (lane =
+// 4 dims, all heads in registers); the warps' partial outputs meet once at the end. With several
+// slices a second kernel combines the partial (max, sum, accumulator) triples in slice order.
+// Invariants: keys outside [window start, context) are never loaded; a block never writes
+// another block's output; results do not depend on timing.
+#include <algorithm>
+
+#include "ops/cuda/device_math.cuh"
+#include "ops/cuda/launch.h"
+
+namespace tachyon::ops::cuda::detail {
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int kWarps = kThreads / 32;
+constexpr int kTile = 32;  // keys per tile: one per lane when scoring
+constexpr float kLog2e = 1.4426950408889634f;
+
+struct DecodeParams {
+  AttentionQuery query;
+  KvCacheView cache;
+  AttentionBatch batch;
+  int64_t group;  // query heads per KV head
+  int splits;
+  float* part_acc;  // [num_seqs, splits, num_heads, head_dim]
+  float* part_ml;   // [num_seqs, splits, num_heads, 2]: running max (log2 units), sum
+};
+
+struct DecodeSmem {
+  float* q;       // [group][head_dim], pre-scaled by scale * log2(e)
+  float* k;       // [kTile][head_dim + 4]
+  float* v;       // [kTile][head_dim + 4]; after the last tile k/v hold the warps' outputs
+  float* red;     // [kWarps][group][head_dim] (aliases k and v)
+  float* part;    // [kWarps][group][kTile]: per-warp partial scores
+  float* p;       // [group][kTile]
+  float* alpha;   // [group]
+  float* m;       // [group]
+  float* l;       // [group]
+  int64_t* slot;  // [kTile]: element offset of each key's row for this KV head
+};
+
+__host__ __device__ inline int64_t decode_kv_floats(int64_t group, int64_t head_dim) {
+  const int64_t tiles = 2 * kTile * (head_dim + 4);
+  const int64_t reduce = kWarps * group * head_dim;
+  return tiles > reduce ? tiles : reduce;
+}
+
+__host__ __device__ inline size_t decode_smem_floats(int64_t group, int64_t head_dim) {
+  const int64_t floats = group * head_dim + decode_kv_floats(group, head_dim) + kWarps * group * kTile +
+                         group * kTile + 3 * group;
+  return static_cast<size_t>((floats + 1) / 2 * 2);  // the int64 slots that follow stay 8-byte aligned
+}
+
+__device__ inline DecodeSmem carve(float* base, int64_t group, int64_t head_dim) {
+  DecodeSmem s;
+  const int64_t rs = head_dim + 4;
+  s.q = base;
+  s.k = s.q + group * head_dim;
+  s.v = s.k + kTile * rs;
+  s.red = s.k;
+  s.part = s.k + decode_kv_floats(group, head_dim);
+  s.p = s.part + kWarps * group * kTile;
+  s.alpha = s.p + group * kTile;
+  s.m = s.alpha + group;
+  s.l = s.m + group;
+  s.slot = reinterpret_cast<int64_t*>(base + decode_smem_floats(group, head_dim));
+  return s;
+}
+
+// Gathers `valid` K and V rows (element offsets in slot[]) into shared memory as f32.
+template <DType D>
+__device__ inline void load_kv_tile(const void* k_cache, const void* v_cache, const int64_t* slot, int valid,
+                                    int64_t head_dim, float* ks, float* vs) {
+  using E = Elem<D>;
+  using T = typename E::T;
+  const T* kc = static_cast<const T*>(k_cache);
+  const T* vc = static_cast<const T*>(v_cache);
+  const int64_t rs = head_dim + 4;
+  constexpr int kBatch = 2;  // chunks of K and of V per thread in flight together
+  if (D == DType::kF32 || head_dim % 8 == 0) {
+    constexpr int CH = E::kVec;  // 16-byte chunks
+    const int64_t per_row = head_dim / CH;
+    const int64_t total = valid * per_row;
+    for (int64_t c0 = threadIdx.x; c0 < total; c0 += kThreads * kBatch) {
+      uint4 kr[kBatch], vr[kBatch];
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        const int64_t c = c0 + j * kThreads;
+        if (c < total) {
+          const int64_t t = c / per_row, off = (c % per_row) * CH;
+          kr[j] = *reinterpret_cast<const uint4*>(kc + slot[t] + off);
+          vr[j] = *reinterpret_cast<const uint4*>(vc + slot[t] + off);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        const int64_t c = c0 + j * kThreads;
+        if (c < total) {
+          const int64_t t = c / per_row, off = (c % per_row) * CH;
+          float f[CH];
+          E::unpack(kr[j], f);
+#pragma unroll
+          for (int i = 0; i < CH; i += 4) *reinterpret_cast<float4*>(ks + t * rs + off + i) = make_float4(f[i], f[i + 1], f[i + 2], f[i + 3]);
+          E::unpack(vr[j], f);
+#pragma unroll
+          for (int i = 0; i < CH; i += 4) *reinterpret_cast<float4*>(vs + t * rs + off + i) = make_float4(f[i], f[i + 1], f[i + 2], f[i + 3]);
+        }
+      }
+    }
+  } else {
+    // 16-bit cache with head_dim % 8 == 4: 8-byte chunks of 4 elements.
+    const int64_t per_row = head_dim / 4;
+    const int64_t total = valid * per_row;
+    for (int64_t c0 = threadIdx.x; c0 < total; c0 += kThreads * kBatch) {
+      uint2 kr[kBatch], vr[kBatch];
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        const int64_t c = c0 + j * kThreads;
+        if (c < total) {
+          const int64_t t = c / per_row, off = (c % per_row) * 4;
+          kr[j] = *reinterpret_cast<const uint2*>(kc + slot[t] + off);
+          vr[j] = *reinterpret_cast<const uint2*>(vc + slot[t] + off);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        const int64_t c = c0 + j * kThreads;
+        if (c < total) {
+          const int64_t t = c / per_row, off = (c % per_row) * 4;
+          float f[8];
+          E::unpack(make_uint4(kr[j].x, kr[j].y, 0u, 0u), f);
+          *reinterpret_cast<float4*>(ks + t * rs + off) = make_float4(f[0], f[1], f[2], f[3]);
+          E::unpack(make_uint4(vr[j].x, vr[j].y, 0u, 0u), f);
+          *reinterpret_cast<float4*>(vs + t * rs + off) = make_float4(f[0], f[1], f[2], f[3]);
+        }
+      }
+    }
+  }
+}
+
+// GMAX: the largest group this instantiation serves (group <= GMAX); head_dim <= 256, so a lane
+// owns at most two 4-dim chunks of the output (kChunks).
+template <DType D, int GMAX>
+__global__ void __launch_bounds__(kThreads, 4) decode_kernel(const DecodeParams p) {
+  constexpr int kChunks = 2;
+  extern __shared__ float smem_raw[];
+  const int split = blockIdx.x;
+  const int64_t kvh = blockIdx.y;
+  const int s = blockIdx.z;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int q_begin = p.batch.query_start[s];
+  const int q_len = p.batch.query_start[s + 1] - q_begin;
+  if (q_len <= 0) return;  // a sequence with no query this step (the combine skips it too)
+
+  const int64_t hd = p.cache.head_dim, rs = hd + 4;
+  const int group = static_cast<int>(p.group);
+  const int64_t chunks = hd / 4;  // 4-dim chunks per head
+  const int64_t num_heads = p.query.num_heads;
+  const DecodeSmem sm = carve(smem_raw, group, hd);
+
+  const int ctx = p.batch.context_lens[s];
+  const int pos = ctx - 1;
+  const int first = p.query.sliding_window > 0 ? max(0, pos - p.query.sliding_window + 1) : 0;
+  const int keys = ctx - first;
+  const int per_split = ((keys + p.splits - 1) / p.splits + kTile - 1) / kTile * kTile;
+  const int kb = first + split * per_split;
+  const int ke = min(ctx, kb + per_split);
+
+  const float qscale = p.query.scale * kLog2e;
+  const float* qrow = p.query.q + static_cast<int64_t>(q_begin) * p.query.q_token_stride;
+  for (int64_t e = tid; e < group * hd; e += kThreads) {
+    const int64_t g = e / hd, d = e % hd;
+    sm.q[e] = qrow[(kvh * group + g) * p.query.q_head_stride + d] * qscale;
+  }
+  if (tid < group) {
+    sm.m[tid] = -INFINITY;
+    sm.l[tid] = 0.0f;
+  }
+  // acc[g][j]: this warp's keys' contribution to head g, dims 4 (lane + 32 j) .. + 3.
+  float4 acc[GMAX][kChunks];
+#pragma unroll
+  for (int g = 0; g < GMAX; ++g) {
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) acc[g][j] = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  const int32_t* table = p.batch.block_tables + static_cast<int64_t>(s) * p.batch.max_blocks_per_seq;
+  const int64_t bs = p.cache.block_size;
+  __syncthreads();
+
+  for (int k0 = kb; k0 < ke; k0 += kTile) {
+    const int valid = min(kTile, ke - k0);
+    if (tid < valid) {
+      const int key = k0 + tid;
+      const int64_t block = table[key / bs];
+      sm.slot[tid] = ((block * bs + key % bs) * p.cache.num_kv_heads + kvh) * hd;
+    }
+    __syncthreads();
+    load_kv_tile<D>(p.cache.k, p.cache.v, sm.slot, valid, hd, sm.k, sm.v);
+    __syncthreads();
+
+    // Scores: lane = key; warp w sums the chunks c = w, w + 4, ... for every head of the group.
+    {
+      float part[GMAX];
+#pragma unroll
+      for (int g = 0; g < GMAX; ++g) part[g] = 0.0f;
+      const float* kt = sm.k + lane * rs;
+      for (int64_t c = warp; c < chunks; c += kWarps) {
+        const float4 b = *reinterpret_cast<const float4*>(kt + 4 * c);
+#pragma unroll
+        for (int g = 0; g < GMAX; ++g) {
+          if (g < group) {
+            const float4 a = *reinterpret_cast<const float4*>(sm.q + g * hd + 4 * c);
+            part[g] = fmaf(a.x, b.x, part[g]);
+            part[g] = fmaf(a.y, b.y, part[g]);
+            part[g] = fmaf(a.z, b.z, part[g]);
+            part[g] = fmaf(a.w, b.w, part[g]);
+          }
+        }
+      }
+#pragma unroll
+      for (int g = 0; g < GMAX; ++g) {
+        if (g < group) sm.part[(warp * group + g) * kTile + lane] = part[g];
+      }
+    }
+    __syncthreads();
+
+    // Online softmax: one warp per head, lane = key.
+    for (int g = warp; g < group; g += kWarps) {
+      float score = -INFINITY;
+      if (lane < valid) {
+        score = 0.0f;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) score += sm.part[(w * group + g) * kTile + lane];
+      }
+      const float m_old = sm.m[g];
+      const float m_new = fmaxf(m_old, warp_max(score));  // finite: lane 0 holds a valid key
+      const float pe = lane < valid ? exp2f(score - m_new) : 0.0f;
+      const float sum = warp_sum(pe);
+      sm.p[g * kTile + lane] = pe;
+      __syncwarp();  // every lane has read m[g] before lane 0 replaces it
+      if (lane == 0) {
+        const float a = exp2f(m_old - m_new);
+        sm.alpha[g] = a;
+        sm.m[g] = m_new;
+        sm.l[g] = sm.l[g] * a + sum;
+      }
+    }
+    __syncthreads();
+
+    // P·V: warp w takes keys w, w + 4, ...; lane owns dims 4 (lane + 32 j) .. + 3 of every head.
+#pragma unroll
+    for (int g = 0; g < GMAX; ++g) {
+      if (g < group) {
+        const float a = sm.alpha[g];
+#pragma unroll
+        for (int j = 0; j < kChunks; ++j) {
+          acc[g][j].x *= a;
+          acc[g][j].y *= a;
+          acc[g][j].z *= a;
+          acc[g][j].w *= a;
+        }
+      }
+    }
+    for (int t = warp; t < valid; t += kWarps) {
+#pragma unroll
+      for (int j = 0; j < kChunks; ++j) {
+        const int64_t c = lane + 32 * j;
+        if (c < chunks) {
+          const float4 vv = *reinterpret_cast<const float4*>(sm.v + t * rs + 4 * c);
+#pragma unroll
+          for (int g = 0; g < GMAX; ++g) {
+            if (g < group) {
+              const float pt = sm.p[g * kTile + t];
+              acc[g][j].x = fmaf(pt, vv.x, acc[g][j].x);
+              acc[g][j].y = fmaf(pt, vv.y, acc[g][j].y);
+              acc[g][j].z = fmaf(pt, vv.z, acc[g][j].z);
+              acc[g][j].w = fmaf(pt, vv.w, acc[g][j].w);
+            }
+          }
+        }
+      }
+    }
+    __syncthreads();  // the next tile overwrites slot, k, v, part and p
+  }
+
+  // The warps' partial outputs meet in shared memory (k/v are free now), summed in warp order.
+#pragma unroll
+  for (int g = 0; g < GMAX; ++g) {
+    if (g < group) {
+#pragma unroll
+      for (int j = 0; j < kChunks; ++j) {
+        const int64_t c = lane + 32 * j;
+        if (c < chunks) *reinterpret_cast<float4*>(sm.red + (warp * group + g) * hd + 4 * c) = acc[g][j];
+      }
+    }
+  }
+  __syncthreads();
+  const int64_t slots = group * chunks;  // float4 outputs of the block
+  const int64_t base = (static_cast<int64_t>(s) * p.splits + split) * num_heads;
+  float* orow = p.query.out + static_cast<int64_t>(q_begin) * p.query.out_token_stride;
+  for (int64_t e = tid; e < slots; e += kThreads) {
+    const int64_t g = e / chunks, d = (e % chunks) * 4;
+    float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float4 r = *reinterpret_cast<const float4*>(sm.red + (w * group + g) * hd + d);
+      o.x += r.x;
+      o.y += r.y;
+      o.z += r.z;
+      o.w += r.w;
+    }
+    if (p.splits == 1) {
+      const float inv = 1.0f / sm.l[g];
+      float* out = orow + (kvh * group + g) * p.query.out_head_stride + d;
+      out[0] = o.x * inv;
+      out[1] = o.y * inv;
+      out[2] = o.z * inv;
+      out[3] = o.w * inv;
+    } else {
+      *reinterpret_cast<float4*>(p.part_acc + (base + kvh * group + g) * hd + d) = o;
+    }
+  }
+  if (p.splits > 1 && tid < group) {
+    p.part_ml[(base + kvh * group + tid) * 2] = sm.m[tid];
+    p.part_ml[(base + kvh * group + tid) * 2 + 1] = sm.l[tid];
+  }
+}
+
+// out[row, h, :] = sum_j 2^(m_j - M) acc_j / sum_j 2^(m_j - M) l_j, slices in order.
+__global__ void decode_combine_kernel(const DecodeParams p) {
+  const int64_t h = blockIdx.x;
+  const int s = blockIdx.y;
+  const int q_begin = p.batch.query_start[s];
+  if (p.batch.query_start[s + 1] - q_begin <= 0) return;
+  const int64_t hd = p.cache.head_dim, num_heads = p.query.num_heads;
+  const int64_t base = static_cast<int64_t>(s) * p.splits * num_heads + h;
+  float m_max = -INFINITY;
+  for (int j = 0; j < p.splits; ++j) m_max = fmaxf(m_max, p.part_ml[(base + j * num_heads) * 2]);
+  float denom = 0.0f;
+  for (int j = 0; j < p.splits; ++j) {
+    const float m = p.part_ml[(base + j * num_heads) * 2];
+    if (m != -INFINITY) denom += exp2f(m - m_max) * p.part_ml[(base + j * num_heads) * 2 + 1];
+  }
+  const float inv = 1.0f / denom;
+  float* o = p.query.out + static_cast<int64_t>(q_begin) * p.query.out_token_stride + h * p.query.out_head_stride;
+  for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) {
+    float sum = 0.0f;
+    for (int j = 0; j < p.splits; ++j) {
+      const float m = p.part_ml[(base + j * num_heads) * 2];
+      if (m != -INFINITY) sum += exp2f(m - m_max) * p.part_acc[(base + j * num_heads) * hd + d];
+    }
+    o[d] = sum * inv;
+  }
+}
+
+template <DType D, int GMAX>
+cudaError_t launch_decode(const DecodeParams& p, size_t shared, Stream stream) {
+  const auto kernel = decode_kernel<D, GMAX>;
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared));
+  if (e != cudaSuccess) return e;
+  const dim3 grid(static_cast<unsigned>(p.splits), static_cast<unsigned>(p.cache.num_kv_heads),
+                  static_cast<unsigned>(p.batch.num_seqs));
+  kernel<<<grid, kThreads, shared, stream>>>(p);
+  return cudaGetLastError();
+}
+
+template <DType D>
+cudaError_t launch_decode_dtype(const DecodeParams& p, size_t shared, Stream stream) {
+  if (p.group <= 1) return launch_decode<D, 1>(p, shared, stream);
+  if (p.group <= 2) return launch_decode<D, 2>(p, shared, stream);
+  if (p.group <= 4) return launch_decode<D, 4>(p, shared, stream);
+  return launch_decode<D, 8>(p, shared, stream);
+}
+
+}  // namespace
+
+size_t decode_workspace_floats(int num_seqs, int64_t num_heads, int64_t head_dim, int splits) {
+  if (splits <= 1) return 0;
+  return static_cast<size_t>(num_seqs) * splits * num_heads * (head_dim + 2);
+}
+
+size_t decode_shared_bytes(int64_t group, int64_t head_dim) {
+  return decode_smem_floats(group, head_dim) * sizeof(float) + kTile * sizeof(int64_t);
+}
+
+cudaError_t launch_attention_decode(const AttentionQuery& query, const KvCacheView& cache,
+                                    const AttentionBatch& batch, int splits, float* workspace, Stream stream) {
+  if (batch.num_seqs == 0) return cudaSuccess;
+  DecodeParams p;
+  p.query = query;
+  p.cache = cache;
+  p.batch = batch;
+  p.group = query.num_heads / cache.num_kv_heads;
+  p.splits = splits;
+  p.part_acc = workspace;
+  p.part_ml = splits > 1 ? workspace + static_cast<size_t>(batch.num_seqs) * splits * query.num_heads * cache.head_dim
+                         : nullptr;
+  if (p.group > kDecodeMaxGroup || cache.head_dim > kDecodeMaxHeadDim || cache.head_dim % 4 != 0) {
+    return cudaErrorInvalidValue;
+  }
+  const size_t shared = decode_shared_bytes(p.group, cache.head_dim);
+  cudaError_t e = cudaErrorInvalidValue;
+  switch (cache.dtype) {
+    case DType::kBF16: e = launch_decode_dtype<DType::kBF16>(p, shared, stream); break;
+    case DType::kF16: e = launch_decode_dtype<DType::kF16>(p, shared, stream); break;
+    case DType::kF32: e = launch_decode_dtype<DType::kF32>(p, shared, stream); break;
+    default: break;
+  }
+  if (e != cudaSuccess || splits == 1) return e;
+  const dim3 grid(static_cast<unsigned>(query.num_heads), static_cast<unsigned>(batch.num_seqs));
+  decode_combine_kernel<<<grid, 128, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace tachyon::ops::cuda::detail

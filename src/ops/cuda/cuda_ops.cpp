@@ -1,0 +1,194 @@
+// The launchers of cuda_ops.h other than linear: argument checks with the values in the message,
+// then the kernel launch, its configuration error returned as a Status with file:line.
+#include "ops/cuda/cuda_ops.h"
+
+#include <algorithm>
+
+#include "ops/cuda/host_util.h"
+#include "ops/cuda/launch.h"
+
+namespace tachyon::ops::cuda {
+namespace {
+
+bool is_float(DType d) { return d == DType::kF32 || d == DType::kF16 || d == DType::kBF16; }
+
+Status check_rows(const char* op, const char* name, const void* data, const Rows& rows, const Rows& like) {
+  TACHYON_CUDA_REQUIRE(rows.rows == like.rows && rows.cols == like.cols, "{}: {} has {} x {} rows, expected {} x {}",
+                       op, name, rows.rows, rows.cols, like.rows, like.cols);
+  TACHYON_CUDA_REQUIRE(rows.rows == 0 || data != nullptr, "{}: {} is null", op, name);
+  TACHYON_CUDA_REQUIRE(rows.size1 >= 1 && rows.size2 >= 1 && rows.rows % (rows.size1 * rows.size2) == 0,
+                       "{}: {} rows {} do not factor as [.., {}, {}]", op, name, rows.rows, rows.size1, rows.size2);
+  return Status::Ok();
+}
+
+Status check_cache(const char* op, const KvCacheView& cache) {
+  TACHYON_CUDA_REQUIRE(cache.k != nullptr && cache.v != nullptr, "{}: cache pointers are null", op);
+  TACHYON_CUDA_REQUIRE(is_float(cache.dtype), "{}: cache dtype {} is not f32/f16/bf16", op, dtype_name(cache.dtype));
+  TACHYON_CUDA_REQUIRE(cache.num_blocks > 0 && cache.block_size > 0 && cache.num_kv_heads > 0 && cache.head_dim > 0,
+                       "{}: cache [{}, {}, {}, {}]", op, cache.num_blocks, cache.block_size, cache.num_kv_heads,
+                       cache.head_dim);
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status rms_norm(const float* x, const Rows& x_rows, const void* weight, DType weight_dtype, float eps, float* y,
+                const Rows& y_rows, Stream stream) {
+  TACHYON_RETURN_IF_ERROR(check_rows("rms_norm", "x", x, x_rows, x_rows));
+  TACHYON_RETURN_IF_ERROR(check_rows("rms_norm", "y", y, y_rows, x_rows));
+  TACHYON_CUDA_REQUIRE(weight != nullptr && is_float(weight_dtype), "rms_norm: weight {} ({})", weight,
+                       dtype_name(weight_dtype));
+  TACHYON_CUDA_RETURN_IF_ERROR(detail::launch_rms_norm(x, x_rows, weight, weight_dtype, eps, y, y_rows, stream));
+  return Status::Ok();
+}
+
+Status add_rms_norm(float* residual, const Rows& residual_rows, const float* x, const Rows& x_rows,
+                    const void* weight, DType weight_dtype, float eps, float* y, const Rows& y_rows, Stream stream) {
+  TACHYON_RETURN_IF_ERROR(check_rows("add_rms_norm", "residual", residual, residual_rows, residual_rows));
+  TACHYON_RETURN_IF_ERROR(check_rows("add_rms_norm", "x", x, x_rows, residual_rows));
+  TACHYON_RETURN_IF_ERROR(check_rows("add_rms_norm", "y", y, y_rows, residual_rows));
+  TACHYON_CUDA_REQUIRE(weight != nullptr && is_float(weight_dtype), "add_rms_norm: weight {} ({})", weight,
+                       dtype_name(weight_dtype));
+  TACHYON_CUDA_RETURN_IF_ERROR(detail::launch_add_rms_norm(residual, residual_rows, x, x_rows, weight, weight_dtype,
+                                                           eps, y, y_rows, stream));
+  return Status::Ok();
+}
+
+Status rope(float* x, int64_t n, int64_t heads, int64_t head_dim, int64_t token_stride, int64_t head_stride,
+            const int32_t* positions, const float* inv_freq, int rotary_dim, RopeStyle style, float attention_scale,
+            Stream stream) {
+  TACHYON_CUDA_REQUIRE(n >= 0 && heads >= 0, "rope: n={} heads={}", n, heads);
+  TACHYON_CUDA_REQUIRE(rotary_dim > 0 && rotary_dim % 2 == 0 && rotary_dim <= head_dim,
+                       "rope: rotary_dim {} for head_dim {}", rotary_dim, head_dim);
+  TACHYON_CUDA_REQUIRE(n == 0 || (x != nullptr && positions != nullptr && inv_freq != nullptr),
+                       "rope: null pointer (x {}, positions {}, inv_freq {})", static_cast<void*>(x),
+                       static_cast<const void*>(positions), static_cast<const void*>(inv_freq));
+  log_path_once("cuda rope: {}", style == RopeStyle::kNeox ? "neox" : "interleaved");
+  TACHYON_CUDA_RETURN_IF_ERROR(detail::launch_rope(x, n, heads, token_stride, head_stride, positions, inv_freq,
+                                                   rotary_dim, style == RopeStyle::kInterleaved, attention_scale,
+                                                   stream));
+  return Status::Ok();
+}
+
+Status silu_mul(const float* gate, const Rows& gate_rows, const float* up, const Rows& up_rows, float* out,
+                const Rows& out_rows, Stream stream) {
+  TACHYON_RETURN_IF_ERROR(check_rows("silu_mul", "gate", gate, gate_rows, gate_rows));
+  TACHYON_RETURN_IF_ERROR(check_rows("silu_mul", "up", up, up_rows, gate_rows));
+  TACHYON_RETURN_IF_ERROR(check_rows("silu_mul", "out", out, out_rows, gate_rows));
+  TACHYON_CUDA_RETURN_IF_ERROR(detail::launch_silu_mul(gate, gate_rows, up, up_rows, out, out_rows, stream));
+  return Status::Ok();
+}
+
+Status embedding(const void* table, DType table_dtype, int64_t table_stride, int64_t vocab, int64_t d,
+                 const int32_t* ids, int64_t n, float* out, int64_t out_stride, Stream stream) {
+  TACHYON_CUDA_REQUIRE(is_float(table_dtype), "embedding: table dtype {}", dtype_name(table_dtype));
+  TACHYON_CUDA_REQUIRE(vocab > 0 && d > 0 && n >= 0 && table_stride >= d && out_stride >= d,
+                       "embedding: vocab={} d={} n={} strides table {} out {}", vocab, d, n, table_stride, out_stride);
+  TACHYON_CUDA_REQUIRE(n == 0 || (table != nullptr && ids != nullptr && out != nullptr), "embedding: null pointer");
+  TACHYON_CUDA_RETURN_IF_ERROR(
+      detail::launch_embedding(table, table_dtype, table_stride, vocab, d, ids, n, out, out_stride, stream));
+  return Status::Ok();
+}
+
+Status store_kv(const float* k, int64_t k_token_stride, int64_t k_head_stride, const float* v, int64_t v_token_stride,
+                int64_t v_head_stride, int64_t n, const int32_t* slot_mapping, const KvCacheView& cache,
+                Stream stream) {
+  TACHYON_RETURN_IF_ERROR(check_cache("store_kv", cache));
+  TACHYON_CUDA_REQUIRE(n == 0 || (k != nullptr && v != nullptr && slot_mapping != nullptr), "store_kv: null pointer");
+  TACHYON_CUDA_RETURN_IF_ERROR(detail::launch_store_kv(k, k_token_stride, k_head_stride, v, v_token_stride,
+                                                       v_head_stride, n, slot_mapping, cache, stream));
+  return Status::Ok();
+}
+
+std::string AttentionPlan::describe() const {
+  switch (algo) {
+    case AttentionAlgo::kDecode: return fmt::format("decode, {} split(s), {} bytes of workspace", num_splits, workspace_bytes);
+    case AttentionAlgo::kPrefill: return "prefill (tiled online softmax)";
+    default: return "auto";
+  }
+}
+
+Result<AttentionPlan> plan_paged_attention(const AttentionBatch& batch, int64_t num_heads, const KvCacheView& cache,
+                                           const AttentionParams& params, int sm_count, AttentionAlgo algo) {
+  TACHYON_RETURN_IF_ERROR(check_cache("paged_attention", cache));
+  TACHYON_CUDA_REQUIRE(num_heads > 0 && num_heads % cache.num_kv_heads == 0,
+                       "paged_attention: {} heads is not a multiple of {} kv heads", num_heads, cache.num_kv_heads);
+  TACHYON_CUDA_REQUIRE(cache.head_dim % 4 == 0 && cache.head_dim <= detail::kPrefillMaxHeadDim,
+                       "paged_attention: head_dim {} (the CUDA kernels take multiples of 4 up to {})", cache.head_dim,
+                       detail::kPrefillMaxHeadDim);
+  TACHYON_CUDA_REQUIRE(params.sliding_window >= 0, "paged_attention: sliding_window {}", params.sliding_window);
+  TACHYON_CUDA_REQUIRE(batch.num_seqs >= 0 && batch.max_query_len >= 0 && batch.max_context_len >= 0,
+                       "paged_attention: {} sequences, max query {} / context {}", batch.num_seqs, batch.max_query_len,
+                       batch.max_context_len);
+  const int64_t group = num_heads / cache.num_kv_heads;
+  const bool decode_fits =
+      batch.max_query_len <= 1 && group <= detail::kDecodeMaxGroup && cache.head_dim <= detail::kDecodeMaxHeadDim;
+  if (algo == AttentionAlgo::kAuto) {
+    algo = decode_fits ? AttentionAlgo::kDecode : AttentionAlgo::kPrefill;
+    if (!decode_fits && batch.max_query_len <= 1) {
+      log_path_once("cuda paged_attention: {} query heads per KV head: decode batches run the prefill kernel", group);
+    }
+  }
+  TACHYON_CUDA_REQUIRE(algo != AttentionAlgo::kDecode || decode_fits,
+                       "paged_attention: the decode kernel takes one query per sequence (max {}) and at most {} query "
+                       "heads per KV head (got {})",
+                       batch.max_query_len, detail::kDecodeMaxGroup, group);
+  AttentionPlan plan;
+  plan.algo = algo;
+  if (algo == AttentionAlgo::kDecode) {
+    // Enough blocks for ~4 per SM, each slice at least 128 keys (4 tiles), at most 64 slices.
+    int64_t keys = batch.max_context_len;
+    if (params.sliding_window > 0) keys = std::min<int64_t>(keys, params.sliding_window);
+    const int64_t blocks = std::max<int64_t>(1, static_cast<int64_t>(batch.num_seqs) * cache.num_kv_heads);
+    const int64_t want = (static_cast<int64_t>(std::max(sm_count, 1)) * 4 + blocks - 1) / blocks;
+    const int64_t by_length = std::max<int64_t>(1, (keys + 127) / 128);
+    plan.num_splits = static_cast<int>(std::clamp<int64_t>(std::min(want, by_length), 1, 64));
+    plan.workspace_bytes =
+        detail::decode_workspace_floats(batch.num_seqs, num_heads, cache.head_dim, plan.num_splits) * sizeof(float);
+  }
+  return plan;
+}
+
+Status paged_attention(const AttentionPlan& plan, const float* q, int64_t q_token_stride, int64_t q_head_stride,
+                       int64_t num_heads, const KvCacheView& cache, const AttentionBatch& batch,
+                       const AttentionParams& params, float* out, int64_t out_token_stride, int64_t out_head_stride,
+                       void* workspace, size_t workspace_bytes, Stream stream) {
+  TACHYON_RETURN_IF_ERROR(check_cache("paged_attention", cache));
+  TACHYON_CUDA_REQUIRE(num_heads > 0 && num_heads % cache.num_kv_heads == 0,
+                       "paged_attention: {} heads is not a multiple of {} kv heads", num_heads, cache.num_kv_heads);
+  TACHYON_CUDA_REQUIRE(cache.head_dim % 4 == 0 && cache.head_dim <= detail::kPrefillMaxHeadDim,
+                       "paged_attention: head_dim {}", cache.head_dim);
+  TACHYON_CUDA_REQUIRE(workspace_bytes >= plan.workspace_bytes && (plan.workspace_bytes == 0 || workspace != nullptr),
+                       "paged_attention: workspace of {} bytes, the plan needs {}", workspace_bytes,
+                       plan.workspace_bytes);
+  const uintptr_t cache_bits = reinterpret_cast<uintptr_t>(cache.k) | reinterpret_cast<uintptr_t>(cache.v) |
+                               reinterpret_cast<uintptr_t>(workspace);
+  TACHYON_CUDA_REQUIRE((cache_bits & 15u) == 0, "paged_attention: caches and workspace must be 16-byte aligned");
+  if (batch.num_seqs == 0) return Status::Ok();
+  TACHYON_CUDA_REQUIRE(q != nullptr && out != nullptr && batch.query_start != nullptr &&
+                           batch.context_lens != nullptr && batch.block_tables != nullptr,
+                       "paged_attention: null pointer");
+  detail::AttentionQuery query;
+  query.q = q;
+  query.q_token_stride = q_token_stride;
+  query.q_head_stride = q_head_stride;
+  query.out = out;
+  query.out_token_stride = out_token_stride;
+  query.out_head_stride = out_head_stride;
+  query.num_heads = num_heads;
+  query.scale = params.scale;
+  query.sliding_window = params.sliding_window;
+  if (plan.algo == AttentionAlgo::kDecode) {
+    TACHYON_CUDA_REQUIRE(batch.max_query_len <= 1, "paged_attention: a decode plan for a batch with {}-row queries",
+                         batch.max_query_len);
+    log_path_once("cuda paged_attention: decode ({} cache, split-K)", dtype_name(cache.dtype));
+    TACHYON_CUDA_RETURN_IF_ERROR(detail::launch_attention_decode(query, cache, batch, plan.num_splits,
+                                                                 static_cast<float*>(workspace), stream));
+  } else {
+    log_path_once("cuda paged_attention: prefill ({} cache, tiled online softmax)", dtype_name(cache.dtype));
+    TACHYON_CUDA_RETURN_IF_ERROR(detail::launch_attention_prefill(query, cache, batch, stream));
+  }
+  return Status::Ok();
+}
+
+}  // namespace tachyon::ops::cuda

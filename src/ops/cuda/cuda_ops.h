@@ -1,0 +1,207 @@
+// The CUDA backend's host-callable API: device helpers (count, properties, allocation and copies
+// with out-of-memory messages that give the sizes) and one launcher per op of ops/ops.h, taking
+// raw device pointers, strides in elements, sizes and a stream. Launchers check their arguments,
+// return Status (with the values and file:line of a failing CUDA call) and never synchronise:
+// execution errors surface at the caller's next synchronize(). Nothing here knows about tensors,
+// requests or schedulers; ops.cpp will unwrap Tensors into these calls.
+//
+// Numerics follow ops.h and ops/cpu/reference.h: f32 activations, f32 accumulation, f16/bf16
+// stored with round-to-nearest-even. linear() has a GEMV for 1..16 tokens (exact f32 math on the
+// stored weights) and cuBLASLt beyond (activations rounded to the weight's 16-bit type first);
+// kAuto switches at kLinearAutoGemvMaxTokens.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "core/status.h"
+#include "ops/cuda/cuda_types.h"
+#include "ops/ops.h"
+
+namespace tachyon::ops::cuda {
+
+// ---- errors ------------------------------------------------------------------------------------
+
+// A Status naming the failed expression, the CUDA error and where it happened; Ok for cudaSuccess.
+Status cuda_status(cudaError_t error, const char* expression, const char* file, int line);
+
+}  // namespace tachyon::ops::cuda
+
+// Returns a Status from the enclosing function when a CUDA runtime call fails.
+#define TACHYON_CUDA_RETURN_IF_ERROR(expr)                                                                  \
+  do {                                                                                                      \
+    const cudaError_t tachyon_cuda_error_ = (expr);                                                         \
+    if (tachyon_cuda_error_ != cudaSuccess)                                                                 \
+      return ::tachyon::ops::cuda::cuda_status(tachyon_cuda_error_, #expr, __FILE__, __LINE__);             \
+  } while (0)
+
+namespace tachyon::ops::cuda {
+
+// ---- devices -----------------------------------------------------------------------------------
+
+// CUDA devices visible to this process; 0 when there is no device or no driver (never an error).
+int device_count();
+
+struct DeviceProperties {
+  int index = 0;
+  std::string name;
+  int compute_major = 0, compute_minor = 0;
+  int multiprocessors = 0;
+  size_t total_memory = 0;            // bytes
+  size_t l2_cache_bytes = 0;
+  size_t shared_memory_per_block = 0;  // the opt-in maximum
+  int memory_clock_khz = 0;
+  int memory_bus_bits = 0;
+  std::string to_string() const;  // "NVIDIA H200 (sm_90, 132 SMs, 139.8 GiB)"
+};
+Result<DeviceProperties> device_properties(int device);
+Status set_device(int device);
+// The multiprocessor count of the current device (sizes split-K grids).
+Result<int> current_sm_count();
+
+// ---- memory ------------------------------------------------------------------------------------
+
+// cudaMalloc; on failure the message names `what`, the bytes asked for and the device's free and
+// total memory.
+Result<void*> device_malloc(size_t bytes, std::string_view what);
+void device_free(void* ptr);  // null is a no-op; errors are logged, not returned (used in destructors)
+
+// Owns one device allocation. Move-only.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  static Result<DeviceBuffer> allocate(size_t bytes, std::string_view what);
+  ~DeviceBuffer() { device_free(data_); }
+  DeviceBuffer(DeviceBuffer&& o) noexcept : data_(o.data_), bytes_(o.bytes_) {
+    o.data_ = nullptr;
+    o.bytes_ = 0;
+  }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  void* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+  template <typename T>
+  T* as() const { return static_cast<T*>(data_); }
+
+ private:
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// Synchronous host <-> device copies (they wait for the default stream); asynchronous on-device ops.
+Status copy_to_device(void* device_dst, const void* host_src, size_t bytes);
+Status copy_to_host(void* host_dst, const void* device_src, size_t bytes);
+Status copy_on_device(void* device_dst, const void* device_src, size_t bytes, Stream stream);
+Status memset_device(void* device_dst, int byte, size_t bytes, Stream stream);
+// Waits for the stream (null: the whole device) and returns any error its work raised.
+Status synchronize(Stream stream);
+
+// Uniform [lo, hi) values from a counter-based generator, written as f32/f16/bf16: the same
+// `seed` gives the same contents on any device.
+Status fill_random(void* data, DType dtype, int64_t count, uint64_t seed, float lo, float hi, Stream stream);
+
+// ---- linear ------------------------------------------------------------------------------------
+
+// kAuto runs the GEMV up to this many tokens and cuBLASLt beyond: on the H200 the GEMV streams a
+// bf16 weight faster than cuBLASLt at one token, cuBLASLt wins from 8 (docs/perf.md).
+constexpr int kLinearAutoGemvMaxTokens = 4;
+
+enum class LinearAlgo : uint8_t {
+  kAuto,      // GEMV for n <= kLinearAutoGemvMaxTokens, cuBLASLt beyond
+  kGemv,      // the custom GEMV (any n up to 16)
+  kCublasLt,  // cuBLASLt (activations converted to the weight's dtype; f32 weights: plain f32)
+};
+
+// What linear() needs across calls: the cuBLASLt handle, its workspace, scratch for converted
+// activations and split-K partial sums (grown on demand, each growth logged), and the cuBLASLt
+// algorithms already chosen per shape. One per stream that runs linears; not thread-safe.
+class LinearContext {
+ public:
+  static Result<std::unique_ptr<LinearContext>> create();
+  ~LinearContext();
+  LinearContext(const LinearContext&) = delete;
+  LinearContext& operator=(const LinearContext&) = delete;
+
+  // Grows the scratch buffers for up to `max_tokens` x `max_in` activations (so that no
+  // allocation happens later, e.g. during graph capture).
+  Status reserve(int64_t max_tokens, int64_t max_in, int64_t max_out);
+
+  struct Impl;
+  Impl& impl() { return *impl_; }
+
+ private:
+  explicit LinearContext(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+Status linear(LinearContext& context, const LinearArgs& args, Stream stream, LinearAlgo algo = LinearAlgo::kAuto);
+
+// y[n, out] (f32, rows y_stride apart) = x[n, in] · w[out, in]^T with x and w bf16 (rows
+// x_stride / w_stride apart), f32 accumulation, through cuBLASLt; bias f32 [out] or null.
+Status gemm_bf16(LinearContext& context, const uint16_t* x, int64_t x_stride, const uint16_t* w, int64_t w_stride,
+                 const float* bias, float* y, int64_t y_stride, int64_t n, int64_t in, int64_t out, Stream stream);
+
+// ---- norms, rope, activations, embedding -----------------------------------------------------------
+
+// y[r] = x[r] / rms(x[r]) * weight (weight [cols] f32/f16/bf16, packed). y may be x.
+Status rms_norm(const float* x, const Rows& x_rows, const void* weight, DType weight_dtype, float eps, float* y,
+                const Rows& y_rows, Stream stream);
+// residual[r] += x[r]; y[r] = rms_norm(residual[r]).
+Status add_rms_norm(float* residual, const Rows& residual_rows, const float* x, const Rows& x_rows,
+                    const void* weight, DType weight_dtype, float eps, float* y, const Rows& y_rows, Stream stream);
+
+// In place on x[n, heads, head_dim] (x[t, h, :] at x + t * token_stride + h * head_stride);
+// positions [n] i32 and inv_freq [rotary_dim / 2] f32 on the device; the rest of RopeTable here.
+Status rope(float* x, int64_t n, int64_t heads, int64_t head_dim, int64_t token_stride, int64_t head_stride,
+            const int32_t* positions, const float* inv_freq, int rotary_dim, RopeStyle style, float attention_scale,
+            Stream stream);
+
+// out = silu(gate) * up, row by row.
+Status silu_mul(const float* gate, const Rows& gate_rows, const float* up, const Rows& up_rows, float* out,
+                const Rows& out_rows, Stream stream);
+
+// out[n, d] f32 (rows out_stride apart) = table[ids[n], :] (table [vocab, d] f32/f16/bf16, rows
+// table_stride apart). ids [n] i32 on the device, checked by the caller; an id outside the table
+// yields a NaN row.
+Status embedding(const void* table, DType table_dtype, int64_t table_stride, int64_t vocab, int64_t d,
+                 const int32_t* ids, int64_t n, float* out, int64_t out_stride, Stream stream);
+
+// ---- paged KV cache and attention ------------------------------------------------------------------
+
+// k/v[t, h, :] at k + t * k_token_stride + h * k_head_stride ([n, num_kv_heads, head_dim] f32)
+// stored at slot_mapping[t] (i32, device; < 0: skip) of the cache.
+Status store_kv(const float* k, int64_t k_token_stride, int64_t k_head_stride, const float* v, int64_t v_token_stride,
+                int64_t v_head_stride, int64_t n, const int32_t* slot_mapping, const KvCacheView& cache,
+                Stream stream);
+
+enum class AttentionAlgo : uint8_t {
+  kAuto,     // decode when every sequence has at most one query row, prefill otherwise
+  kDecode,   // split-K over the context, GQA groups share each K/V read
+  kPrefill,  // tiled online softmax over query tiles (any batch)
+};
+
+// How paged_attention runs one step's batch: planned once per step, reused by every layer.
+struct AttentionPlan {
+  AttentionAlgo algo = AttentionAlgo::kPrefill;
+  int num_splits = 1;          // decode: slices of each context
+  size_t workspace_bytes = 0;  // device scratch paged_attention needs (decode partials)
+  std::string describe() const;
+};
+Result<AttentionPlan> plan_paged_attention(const AttentionBatch& batch, int64_t num_heads, const KvCacheView& cache,
+                                           const AttentionParams& params, int sm_count,
+                                           AttentionAlgo algo = AttentionAlgo::kAuto);
+
+// out[n, num_heads, head_dim] = attention of q[n, num_heads, head_dim] (f32, device, any token
+// and head strides) over the paged cache, with ops.h's semantics (AttentionMetadata, causal
+// within the chunk, sliding window, GQA). `workspace` holds at least plan.workspace_bytes.
+Status paged_attention(const AttentionPlan& plan, const float* q, int64_t q_token_stride, int64_t q_head_stride,
+                       int64_t num_heads, const KvCacheView& cache, const AttentionBatch& batch,
+                       const AttentionParams& params, float* out, int64_t out_token_stride, int64_t out_head_stride,
+                       void* workspace, size_t workspace_bytes, Stream stream);
+
+}  // namespace tachyon::ops::cuda

@@ -1,0 +1,86 @@
+// Plain argument structs of the CUDA kernels, shared by the host API (cuda_ops.h) and the .cu
+// files. Everything here is raw device pointers, strides in elements and sizes: nothing of the
+// engine, and no header that nvcc cannot parse (fmt is kept out of every .cu translation unit).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "core/dtype.h"
+
+#if defined(__CUDACC__)
+#define TACHYON_HOST_DEVICE __host__ __device__
+#else
+#define TACHYON_HOST_DEVICE
+#endif
+
+namespace tachyon::ops::cuda {
+
+using Stream = cudaStream_t;
+
+// The rows of an activation tensor whose last dim is packed and whose leading dims (up to three)
+// have any strides; the same description as ops/cpu/rows.h's RowLayout, field for field.
+struct Rows {
+  int64_t rows = 0;   // product of the leading dims
+  int64_t cols = 0;   // the last dim
+  int64_t size1 = 1;  // leading dims, innermost last: rows = size0 * size1 * size2
+  int64_t size2 = 1;
+  int64_t stride0 = 0;  // strides in elements of the leading dims
+  int64_t stride1 = 0;
+  int64_t stride2 = 0;
+
+  TACHYON_HOST_DEVICE int64_t offset(int64_t r) const {
+    const int64_t i2 = r % size2;
+    const int64_t r1 = r / size2;
+    const int64_t i1 = r1 % size1;
+    const int64_t i0 = r1 / size1;
+    return i0 * stride0 + i1 * stride1 + i2 * stride2;
+  }
+
+  // Packed rows: [rows, cols] with rows `stride` elements apart.
+  static Rows packed(int64_t rows, int64_t cols, int64_t stride) {
+    Rows r;
+    r.rows = rows;
+    r.cols = cols;
+    r.stride2 = stride;
+    r.size2 = rows > 0 ? rows : 1;
+    return r;
+  }
+};
+
+// y[n, out] = x[n, in] · W[out, in]^T (+ bias[out]). Device pointers.
+struct LinearArgs {
+  const float* x = nullptr;  // [n, in] f32, rows x_stride apart
+  int64_t x_stride = 0;
+  const void* w = nullptr;  // [out, in] f32 / f16 / bf16 (w_dtype), rows w_stride apart
+  DType w_dtype = DType::kBF16;
+  int64_t w_stride = 0;
+  const void* bias = nullptr;  // [out] f32 / f16 / bf16 (bias_dtype), packed, or null
+  DType bias_dtype = DType::kF32;
+  float* y = nullptr;  // [n, out] f32, rows y_stride apart; must not overlap x
+  int64_t y_stride = 0;
+  int64_t n = 0, in = 0, out = 0;
+};
+
+// The paged K/V cache of one layer: [num_blocks, block_size, num_kv_heads, head_dim], packed.
+struct KvCacheView {
+  void* k = nullptr;  // f32 / f16 / bf16 (dtype)
+  void* v = nullptr;
+  DType dtype = DType::kBF16;
+  int64_t num_blocks = 0, block_size = 0, num_kv_heads = 0, head_dim = 0;
+};
+
+// One step's batch as attention reads it (ops.h AttentionMetadata): the arrays on the device,
+// the maxima on the host (they size the launch grids).
+struct AttentionBatch {
+  int num_seqs = 0;
+  const int32_t* query_start = nullptr;   // [num_seqs + 1] i32, device
+  const int32_t* context_lens = nullptr;  // [num_seqs] i32, device
+  const int32_t* block_tables = nullptr;  // [num_seqs, max_blocks_per_seq] i32, device
+  int64_t max_blocks_per_seq = 0;
+  int max_query_len = 0;    // host: max over sequences of query_start[s + 1] - query_start[s]
+  int max_context_len = 0;  // host: max of context_lens
+};
+
+}  // namespace tachyon::ops::cuda

@@ -1,0 +1,171 @@
+// Device helpers of the CUDA backend: error -> Status conversion, device queries, allocation with
+// sized out-of-memory messages, copies, and the once-per-process kernel log.
+#include <cuda_runtime.h>
+
+#include <mutex>
+#include <string>
+#include <unordered_set>
+
+#include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/host_util.h"
+#include "ops/cuda/launch.h"
+
+namespace tachyon::ops::cuda {
+namespace {
+
+std::string gib(size_t bytes) { return fmt::format("{:.2f} GiB", static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0)); }
+
+}  // namespace
+
+Status cuda_status(cudaError_t error, const char* expression, const char* file, int line) {
+  if (error == cudaSuccess) return Status::Ok();
+  const ErrorCode code = error == cudaErrorMemoryAllocation ? ErrorCode::kOutOfMemory : ErrorCode::kInternal;
+  return make_error(code, "{}:{}: {} failed: {} ({})", file, line, expression, cudaGetErrorString(error),
+                    cudaGetErrorName(error));
+}
+
+void log_path_once(std::string_view path) {
+  if (static_cast<int>(log_level()) < static_cast<int>(LogLevel::kInfo)) return;
+  static std::mutex mutex;
+  static std::unordered_set<std::string> seen;
+  std::string key(path);
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (!seen.insert(key).second) return;
+  }
+  TACHYON_LOG_INFO("{}", key);
+}
+
+int device_count() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    (void)cudaGetLastError();  // clear the sticky "no device / no driver" error
+    return 0;
+  }
+  return count;
+}
+
+std::string DeviceProperties::to_string() const {
+  return fmt::format("{} (sm_{}{}, {} SMs, {}, L2 {} MiB)", name, compute_major, compute_minor, multiprocessors,
+                     gib(total_memory), l2_cache_bytes >> 20);
+}
+
+Result<DeviceProperties> device_properties(int device) {
+  cudaDeviceProp prop{};
+  TACHYON_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, device));
+  DeviceProperties p;
+  p.index = device;
+  p.name = prop.name;
+  p.compute_major = prop.major;
+  p.compute_minor = prop.minor;
+  p.multiprocessors = prop.multiProcessorCount;
+  p.total_memory = prop.totalGlobalMem;
+  p.l2_cache_bytes = static_cast<size_t>(prop.l2CacheSize);
+  p.shared_memory_per_block = prop.sharedMemPerBlockOptin;
+  int clock_khz = 0, bus_bits = 0;
+  if (cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, device) == cudaSuccess) p.memory_clock_khz = clock_khz;
+  if (cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device) == cudaSuccess) p.memory_bus_bits = bus_bits;
+  (void)cudaGetLastError();
+  return p;
+}
+
+Status set_device(int device) {
+  TACHYON_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+  return Status::Ok();
+}
+
+Result<int> current_sm_count() {
+  int device = 0, sms = 0;
+  TACHYON_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  TACHYON_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  return sms;
+}
+
+Result<void*> device_malloc(size_t bytes, std::string_view what) {
+  void* ptr = nullptr;
+  if (bytes == 0) return ptr;
+  const cudaError_t error = cudaMalloc(&ptr, bytes);
+  if (error == cudaSuccess) return ptr;
+  (void)cudaGetLastError();
+  size_t free_bytes = 0, total_bytes = 0;
+  int device = -1;
+  (void)cudaGetDevice(&device);
+  const bool have_info = cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess;
+  (void)cudaGetLastError();
+  const std::string info = have_info ? fmt::format("; device {} has {} free of {}", device, gib(free_bytes), gib(total_bytes))
+                                     : std::string();
+  if (error == cudaErrorMemoryAllocation) {
+    return make_error(ErrorCode::kOutOfMemory, "out of device memory allocating {} ({} bytes = {}){}", what, bytes,
+                      gib(bytes), info);
+  }
+  return make_error(ErrorCode::kInternal, "cudaMalloc of {} bytes for {} failed: {} ({}){}", bytes, what,
+                    cudaGetErrorString(error), cudaGetErrorName(error), info);
+}
+
+void device_free(void* ptr) {
+  if (ptr == nullptr) return;
+  const cudaError_t error = cudaFree(ptr);
+  if (error != cudaSuccess) TACHYON_LOG_WARN("cudaFree failed: {}", cudaGetErrorString(error));
+}
+
+Result<DeviceBuffer> DeviceBuffer::allocate(size_t bytes, std::string_view what) {
+  TACHYON_ASSIGN_OR_RETURN(void* ptr, device_malloc(bytes, what));
+  DeviceBuffer b;
+  b.data_ = ptr;
+  b.bytes_ = bytes;
+  return b;
+}
+
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
+  if (this != &o) {
+    device_free(data_);
+    data_ = o.data_;
+    bytes_ = o.bytes_;
+    o.data_ = nullptr;
+    o.bytes_ = 0;
+  }
+  return *this;
+}
+
+Status copy_to_device(void* device_dst, const void* host_src, size_t bytes) {
+  if (bytes == 0) return Status::Ok();
+  TACHYON_CUDA_RETURN_IF_ERROR(cudaMemcpy(device_dst, host_src, bytes, cudaMemcpyHostToDevice));
+  return Status::Ok();
+}
+
+Status copy_to_host(void* host_dst, const void* device_src, size_t bytes) {
+  if (bytes == 0) return Status::Ok();
+  TACHYON_CUDA_RETURN_IF_ERROR(cudaMemcpy(host_dst, device_src, bytes, cudaMemcpyDeviceToHost));
+  return Status::Ok();
+}
+
+Status copy_on_device(void* device_dst, const void* device_src, size_t bytes, Stream stream) {
+  if (bytes == 0) return Status::Ok();
+  TACHYON_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(device_dst, device_src, bytes, cudaMemcpyDeviceToDevice, stream));
+  return Status::Ok();
+}
+
+Status memset_device(void* device_dst, int byte, size_t bytes, Stream stream) {
+  if (bytes == 0) return Status::Ok();
+  TACHYON_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(device_dst, byte, bytes, stream));
+  return Status::Ok();
+}
+
+Status synchronize(Stream stream) {
+  if (stream == nullptr) {
+    TACHYON_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+  } else {
+    TACHYON_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  }
+  return Status::Ok();
+}
+
+Status fill_random(void* data, DType dtype, int64_t count, uint64_t seed, float lo, float hi, Stream stream) {
+  TACHYON_CUDA_REQUIRE(dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16,
+                       "fill_random: dtype {} is not f32/f16/bf16", dtype_name(dtype));
+  TACHYON_CUDA_REQUIRE(count >= 0 && (count == 0 || data != nullptr), "fill_random: {} elements at {}", count, data);
+  TACHYON_CUDA_RETURN_IF_ERROR(detail::launch_fill_random(data, dtype, count, seed, lo, hi, stream));
+  return Status::Ok();
+}
+
+}  // namespace tachyon::ops::cuda

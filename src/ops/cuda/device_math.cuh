@@ -1,0 +1,173 @@
+// Device-side helpers shared by the kernels: element loads/stores of f32/f16/bf16 buffers (the
+// conversions round to nearest even exactly as core/dtype.h does on the host), 16-byte vector
+// unpacking, streaming loads and warp reductions. Included by .cu files only.
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace tachyon::ops::cuda::detail {
+
+constexpr unsigned kFullMask = 0xffffffffu;
+
+__host__ __device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+__host__ __device__ __forceinline__ int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+
+__device__ __forceinline__ float bf16_bits_to_f32(uint32_t bits) { return __uint_as_float(bits << 16); }
+
+// f32 -> bf16 bits, round to nearest even, NaN kept quiet (core/dtype.h's f32_to_bf16).
+__device__ __forceinline__ uint16_t f32_to_bf16_bits(float f) {
+  uint32_t u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+__device__ __forceinline__ float f16_bits_to_f32(uint16_t bits) { return __half2float(__ushort_as_half(bits)); }
+
+// f32 -> f16 bits, round to nearest even; overflow to Inf (IEEE, as core/dtype.h's f32_to_f16).
+__device__ __forceinline__ uint16_t f32_to_f16_bits(float f) {
+  if (f != f) return static_cast<uint16_t>((__float_as_uint(f) >> 16 & 0x8000u) | 0x7e00u);
+  return __half_as_ushort(__float2half_rn(f));
+}
+
+// Element i of a float-typed buffer as f32; `dtype` is uniform across the launch.
+__device__ __forceinline__ float load_as_f32(const void* base, DType dtype, int64_t i) {
+  switch (dtype) {
+    case DType::kF16: return f16_bits_to_f32(static_cast<const uint16_t*>(base)[i]);
+    case DType::kBF16: return bf16_bits_to_f32(static_cast<const uint16_t*>(base)[i]);
+    default: return static_cast<const float*>(base)[i];
+  }
+}
+
+__device__ __forceinline__ void store_from_f32(void* base, DType dtype, int64_t i, float value) {
+  switch (dtype) {
+    case DType::kF16: static_cast<uint16_t*>(base)[i] = f32_to_f16_bits(value); break;
+    case DType::kBF16: static_cast<uint16_t*>(base)[i] = f32_to_bf16_bits(value); break;
+    default: static_cast<float*>(base)[i] = value; break;
+  }
+}
+
+// Compile-time element traits: storage type, elements per 16-byte vector, unpacking.
+template <DType D>
+struct Elem;
+
+template <>
+struct Elem<DType::kF32> {
+  using T = float;
+  static constexpr int kVec = 4;
+  __device__ __forceinline__ static float load(const T* p, int64_t i) { return p[i]; }
+  __device__ __forceinline__ static void unpack(const uint4& u, float* f) {
+    f[0] = __uint_as_float(u.x);
+    f[1] = __uint_as_float(u.y);
+    f[2] = __uint_as_float(u.z);
+    f[3] = __uint_as_float(u.w);
+  }
+};
+
+template <>
+struct Elem<DType::kBF16> {
+  using T = uint16_t;
+  static constexpr int kVec = 8;
+  __device__ __forceinline__ static float load(const T* p, int64_t i) { return bf16_bits_to_f32(p[i]); }
+  // Little endian: the element at the lower address is the low half of each word.
+  __device__ __forceinline__ static void unpack(const uint4& u, float* f) {
+    f[0] = __uint_as_float(u.x << 16);
+    f[1] = __uint_as_float(u.x & 0xffff0000u);
+    f[2] = __uint_as_float(u.y << 16);
+    f[3] = __uint_as_float(u.y & 0xffff0000u);
+    f[4] = __uint_as_float(u.z << 16);
+    f[5] = __uint_as_float(u.z & 0xffff0000u);
+    f[6] = __uint_as_float(u.w << 16);
+    f[7] = __uint_as_float(u.w & 0xffff0000u);
+  }
+};
+
+template <>
+struct Elem<DType::kF16> {
+  using T = uint16_t;
+  static constexpr int kVec = 8;
+  __device__ __forceinline__ static float load(const T* p, int64_t i) { return f16_bits_to_f32(p[i]); }
+  __device__ __forceinline__ static void unpack(const uint4& u, float* f) {
+    const uint32_t words[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      __half2 h;
+      memcpy(&h, &words[i], 4);
+      const float2 v = __half22float2(h);
+      f[2 * i] = v.x;
+      f[2 * i + 1] = v.y;
+    }
+  }
+};
+
+// A 16-byte load that bypasses L1 (each weight byte is read once per call): read-only path.
+__device__ __forceinline__ uint4 load_stream_16(const void* p) {
+  uint4 r;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(p));
+  return r;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(kFullMask, v, offset);
+  return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, offset));
+  return v;
+}
+
+// One level of warp_transpose_sum: lanes with bit S set keep values [S, 2S), the others [0, S),
+// and each receives the half it keeps from its partner lane^S. Recursion keeps every index a
+// compile-time constant (so the array stays in registers).
+template <int S, int N>
+__device__ __forceinline__ void transpose_sum_level(float (&v)[N], int lane) {
+  if constexpr (S >= 1) {
+    const bool upper = (lane & S) != 0;
+#pragma unroll
+    for (int i = 0; i < S; ++i) {
+      const float send = upper ? v[i] : v[i + S];
+      const float keep = upper ? v[i + S] : v[i];
+      v[i] = keep + __shfl_xor_sync(kFullMask, send, S);
+    }
+    transpose_sum_level<S / 2, N>(v, lane);
+  }
+}
+
+// Sums N values (a power of two <= 32) of every lane across the warp in N - 1 + log2(32 / N)
+// shuffles instead of 5 N. On return lane L holds the warp's total of value (L mod N).
+template <int N>
+__device__ __forceinline__ float warp_transpose_sum(float (&v)[N]) {
+  static_assert(N >= 1 && N <= 32 && (N & (N - 1)) == 0, "N must be a power of two <= 32");
+  const int lane = threadIdx.x & 31;
+  transpose_sum_level<N / 2, N>(v, lane);
+  float r = v[0];
+#pragma unroll
+  for (int offset = N; offset < 32; offset *= 2) r += __shfl_xor_sync(kFullMask, r, offset);
+  return r;
+}
+
+// Block-wide sum (blockDim.x a multiple of 32, at most 1024); every thread gets the total.
+// `scratch` holds 32 floats of shared memory; the call ends with the block synchronised.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int warps = blockDim.x >> 5;
+  v = warp_sum(v);
+  __syncthreads();  // scratch may still be read by a previous call
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  float total = 0.0f;
+  for (int i = 0; i < warps; ++i) total += scratch[i];
+  return total;
+}
+
+}  // namespace tachyon::ops::cuda::detail

@@ -1,0 +1,94 @@
+// The kernel launchers of the .cu files: raw pointers, strides and sizes in, the launch's
+// cudaError_t out (configuration errors; execution errors surface at the next synchronisation).
+// Internal to ops/cuda: cuda_ops.cpp checks arguments, turns errors into Status with file:line,
+// and is the only caller. Nothing here includes fmt (nvcc cannot parse it).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "ops/cuda/cuda_types.h"
+
+namespace tachyon::ops::cuda::detail {
+
+// ---- linear (linear_gemv.cu) -------------------------------------------------------------------
+
+constexpr int kGemvMaxTokens = 16;
+constexpr int kGemvThreads = 128;  // 4 warps per block
+
+// How the GEMV covers a problem: `splits` slices of the K dimension of `chunk` elements each (a
+// multiple of the vector step, so every slice starts 16-byte aligned); with splits > 1 the slices'
+// sums go to `partial` [splits, n, out] f32 and a second kernel adds them (and the bias) in a
+// fixed order, so results do not depend on timing.
+struct GemvShape {
+  int splits = 1;
+  int64_t chunk = 0;
+  bool vector_loads = false;  // 16-byte loads (w, x rows 16-byte aligned); else scalar loads
+  int rows_per_warp = 1;
+  int64_t step = 0;  // elements one warp covers with one 16-byte load per lane
+};
+GemvShape plan_gemv(const LinearArgs& a, int sm_count);
+cudaError_t launch_gemv(const LinearArgs& a, const GemvShape& shape, float* partial, Stream stream);
+
+// dst[n, dst_stride] (f16/bf16, rounded to nearest even) = x[n, in] f32 (rows x_stride apart).
+cudaError_t launch_convert_rows(const float* x, int64_t x_stride, int64_t n, int64_t in, void* dst, DType dst_dtype,
+                                int64_t dst_stride, Stream stream);
+// y[t, o] += bias[o].
+cudaError_t launch_add_bias(float* y, int64_t y_stride, int64_t n, int64_t out, const void* bias, DType bias_dtype,
+                            Stream stream);
+
+// ---- row-wise ops (norm.cu, elementwise.cu) ------------------------------------------------------
+
+cudaError_t launch_rms_norm(const float* x, const Rows& x_rows, const void* weight, DType weight_dtype, float eps,
+                            float* y, const Rows& y_rows, Stream stream);
+cudaError_t launch_add_rms_norm(float* residual, const Rows& residual_rows, const float* x, const Rows& x_rows,
+                                const void* weight, DType weight_dtype, float eps, float* y, const Rows& y_rows,
+                                Stream stream);
+cudaError_t launch_silu_mul(const float* gate, const Rows& gate_rows, const float* up, const Rows& up_rows, float* out,
+                            const Rows& out_rows, Stream stream);
+cudaError_t launch_embedding(const void* table, DType table_dtype, int64_t table_stride, int64_t vocab, int64_t d,
+                             const int32_t* ids, int64_t n, float* out, int64_t out_stride, Stream stream);
+cudaError_t launch_fill_random(void* data, DType dtype, int64_t count, uint64_t seed, float lo, float hi,
+                               Stream stream);
+
+// ---- rope (rope.cu) ----------------------------------------------------------------------------
+
+cudaError_t launch_rope(float* x, int64_t n, int64_t heads, int64_t token_stride, int64_t head_stride,
+                        const int32_t* positions, const float* inv_freq, int rotary_dim, bool interleaved,
+                        float attention_scale, Stream stream);
+
+// ---- paged KV cache and attention (kv_cache.cu, attention_decode.cu, attention_prefill.cu) -------
+
+cudaError_t launch_store_kv(const float* k, int64_t k_token_stride, int64_t k_head_stride, const float* v,
+                            int64_t v_token_stride, int64_t v_head_stride, int64_t n, const int32_t* slot_mapping,
+                            const KvCacheView& cache, Stream stream);
+
+struct AttentionQuery {
+  const float* q = nullptr;  // [n, num_heads, head_dim] f32
+  int64_t q_token_stride = 0, q_head_stride = 0;
+  float* out = nullptr;  // [n, num_heads, head_dim] f32
+  int64_t out_token_stride = 0, out_head_stride = 0;
+  int64_t num_heads = 0;
+  float scale = 1.0f;
+  int sliding_window = 0;
+};
+
+// Decode (every sequence has at most one query row): grid (splits, kv heads, sequences); each
+// block reads one slice of one sequence's context for one KV head once, for all the query heads
+// of its group. With splits > 1, `workspace` holds the partial results (decode_workspace_floats)
+// and a second kernel combines them.
+constexpr int kDecodeMaxGroup = 8;       // query heads per KV head
+constexpr int kDecodeMaxHeadDim = 256;
+size_t decode_workspace_floats(int num_seqs, int64_t num_heads, int64_t head_dim, int splits);
+size_t decode_shared_bytes(int64_t group, int64_t head_dim);
+cudaError_t launch_attention_decode(const AttentionQuery& query, const KvCacheView& cache,
+                                    const AttentionBatch& batch, int splits, float* workspace, Stream stream);
+
+// Prefill / mixed batches: grid (query tiles, heads, sequences); K/V tiles staged in shared
+// memory, online softmax, no score matrix in memory. Any batch (decode rows included).
+constexpr int kPrefillMaxHeadDim = 256;
+size_t prefill_shared_bytes(int64_t head_dim);
+cudaError_t launch_attention_prefill(const AttentionQuery& query, const KvCacheView& cache,
+                                     const AttentionBatch& batch, Stream stream);
+
+}  // namespace tachyon::ops::cuda::detail

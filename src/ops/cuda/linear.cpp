@@ -1,0 +1,258 @@
+// linear() on the GPU: the custom GEMV (linear_gemv.cu) for 1..16 tokens, cuBLASLt beyond. The
+// cuBLASLt path multiplies 16-bit activations (converted from f32 in a small kernel) by the
+// 16-bit weight with f32 accumulation and f32 output; f32 weights run in plain f32. The bias is
+// cuBLASLt's epilogue when it is f32, else a separate kernel. Chosen algorithms are cached per
+// shape in the LinearContext, so a steady-state step makes no heuristic queries.
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <map>
+#include <tuple>
+
+#include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/host_util.h"
+#include "ops/cuda/launch.h"
+
+namespace tachyon::ops::cuda {
+namespace {
+
+constexpr size_t kWorkspaceBytes = 32u << 20;
+
+const char* cublas_status_name(cublasStatus_t s) {
+  switch (s) {
+    case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
+    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_ARCH_MISMATCH: return "CUBLAS_STATUS_ARCH_MISMATCH";
+    case CUBLAS_STATUS_MAPPING_ERROR: return "CUBLAS_STATUS_MAPPING_ERROR";
+    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
+    case CUBLAS_STATUS_INTERNAL_ERROR: return "CUBLAS_STATUS_INTERNAL_ERROR";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
+    default: return "CUBLAS_STATUS_(other)";
+  }
+}
+
+Status cublas_status(cublasStatus_t s, const char* expression, const char* file, int line) {
+  if (s == CUBLAS_STATUS_SUCCESS) return Status::Ok();
+  return make_error(s == CUBLAS_STATUS_ALLOC_FAILED ? ErrorCode::kOutOfMemory : ErrorCode::kInternal,
+                    "{}:{}: {} failed: {} ({})", file, line, expression, cublas_status_name(s), static_cast<int>(s));
+}
+
+#define TACHYON_CUBLAS_RETURN_IF_ERROR(expr)                                                \
+  do {                                                                                      \
+    const cublasStatus_t tachyon_cublas_status_ = (expr);                                   \
+    if (tachyon_cublas_status_ != CUBLAS_STATUS_SUCCESS)                                    \
+      return cublas_status(tachyon_cublas_status_, #expr, __FILE__, __LINE__);              \
+  } while (0)
+
+cudaDataType_t cuda_type(DType d) {
+  switch (d) {
+    case DType::kF16: return CUDA_R_16F;
+    case DType::kBF16: return CUDA_R_16BF;
+    default: return CUDA_R_32F;
+  }
+}
+
+int alignment_of(const void* p, int64_t stride_bytes) {
+  uintptr_t a = reinterpret_cast<uintptr_t>(p) | static_cast<uintptr_t>(stride_bytes) | 256u;
+  return static_cast<int>(a & (~a + 1));  // lowest set bit, at most 256
+}
+
+// Descriptors of one cuBLASLt matmul, destroyed on scope exit.
+struct MatmulDescs {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulPreference_t pref = nullptr;
+  ~MatmulDescs() {
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (c) cublasLtMatrixLayoutDestroy(c);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (op) cublasLtMatmulDescDestroy(op);
+  }
+};
+
+}  // namespace
+
+struct LinearContext::Impl {
+  cublasLtHandle_t handle = nullptr;
+  DeviceBuffer workspace;
+  DeviceBuffer activations;  // x converted to 16 bits for cuBLASLt
+  DeviceBuffer partial;      // GEMV split-K partial sums
+  // (n, in, out, x ld, w ld, y ld, dtype, bias epilogue, alignments) -> algorithm
+  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, bool, int, int, int>;
+  std::map<Key, cublasLtMatmulAlgo_t> algos;
+  int sm_count = 0;
+
+  ~Impl() {
+    if (handle) cublasLtDestroy(handle);
+  }
+
+  Status grow(DeviceBuffer& buffer, size_t bytes, const char* what) {
+    if (buffer.bytes() >= bytes) return Status::Ok();
+    // The old buffer may still be in use by queued work: wait before freeing it.
+    TACHYON_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+    buffer = DeviceBuffer();
+    const size_t rounded = std::max<size_t>(bytes, 1u << 20);
+    TACHYON_ASSIGN_OR_RETURN(buffer, DeviceBuffer::allocate(rounded, what));
+    TACHYON_LOG_DEBUG("cuda linear: {} scratch grown to {} bytes", what, rounded);
+    return Status::Ok();
+  }
+
+  // y[n, out] = x[n, in] · w[out, in]^T in cuBLASLt's column-major terms: Y^T (out x n, ld
+  // y_stride) = op(W) · X^T, where W is stored as a column-major in x out matrix (ld w_stride)
+  // taken transposed, and X^T is column-major in x n (ld x_stride).
+  Status matmul(const void* x, int64_t x_stride, const void* w, int64_t w_stride, DType ab_dtype, const float* bias,
+                float* y, int64_t y_stride, int64_t n, int64_t in, int64_t out, Stream stream) {
+    MatmulDescs d;
+    TACHYON_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescCreate(&d.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t trans_a = CUBLAS_OP_T, trans_b = CUBLAS_OP_N;
+    TACHYON_CUBLAS_RETURN_IF_ERROR(
+        cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a, sizeof(trans_a)));
+    TACHYON_CUBLAS_RETURN_IF_ERROR(
+        cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b, sizeof(trans_b)));
+    if (bias != nullptr) {
+      const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+      TACHYON_CUBLAS_RETURN_IF_ERROR(
+          cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+      TACHYON_CUBLAS_RETURN_IF_ERROR(
+          cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+      const cudaDataType_t bias_type = CUDA_R_32F;
+      TACHYON_CUBLAS_RETURN_IF_ERROR(
+          cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
+    }
+    const cudaDataType_t ab = cuda_type(ab_dtype);
+    TACHYON_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&d.a, ab, in, out, w_stride));
+    TACHYON_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&d.b, ab, in, n, x_stride));
+    TACHYON_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&d.c, CUDA_R_32F, out, n, y_stride));
+
+    const size_t esize = dtype_size(ab_dtype);
+    const int align_a = alignment_of(w, w_stride * static_cast<int64_t>(esize));
+    const int align_b = alignment_of(x, x_stride * static_cast<int64_t>(esize));
+    const int align_c = alignment_of(y, y_stride * 4);
+    const Key key{n, in, out, x_stride, w_stride, y_stride, static_cast<int>(ab_dtype), bias != nullptr,
+                  align_a, align_b, align_c};
+    auto it = algos.find(key);
+    if (it == algos.end()) {
+      TACHYON_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&d.pref));
+      const uint64_t ws = workspace.bytes();
+      TACHYON_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(
+          d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+      const uint32_t a32 = static_cast<uint32_t>(align_a), b32 = static_cast<uint32_t>(align_b),
+                     c32 = static_cast<uint32_t>(align_c);
+      TACHYON_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(
+          d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &a32, sizeof(a32)));
+      TACHYON_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(
+          d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &b32, sizeof(b32)));
+      TACHYON_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(
+          d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &c32, sizeof(c32)));
+      TACHYON_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(
+          d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &c32, sizeof(c32)));
+      cublasLtMatmulHeuristicResult_t result{};
+      int found = 0;
+      TACHYON_CUBLAS_RETURN_IF_ERROR(
+          cublasLtMatmulAlgoGetHeuristic(handle, d.op, d.a, d.b, d.c, d.c, d.pref, 1, &result, &found));
+      if (found == 0) {
+        return make_error(ErrorCode::kUnsupported,
+                          "cuBLASLt has no algorithm for {} x {} -> {} ({}, n={}, lds {}/{}/{}, bias {})", in, out, n,
+                          dtype_name(ab_dtype), n, x_stride, w_stride, y_stride, bias != nullptr);
+      }
+      it = algos.emplace(key, result.algo).first;
+    }
+    const float alpha = 1.0f, beta = 0.0f;
+    TACHYON_CUBLAS_RETURN_IF_ERROR(cublasLtMatmul(handle, d.op, &alpha, w, d.a, x, d.b, &beta, y, d.c, y, d.c,
+                                                  &it->second, workspace.data(), workspace.bytes(), stream));
+    return Status::Ok();
+  }
+};
+
+LinearContext::LinearContext(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+LinearContext::~LinearContext() = default;
+
+Result<std::unique_ptr<LinearContext>> LinearContext::create() {
+  auto impl = std::make_unique<Impl>();
+  TACHYON_CUBLAS_RETURN_IF_ERROR(cublasLtCreate(&impl->handle));
+  TACHYON_ASSIGN_OR_RETURN(impl->workspace, DeviceBuffer::allocate(kWorkspaceBytes, "cuBLASLt workspace"));
+  TACHYON_ASSIGN_OR_RETURN(impl->sm_count, current_sm_count());
+  return std::unique_ptr<LinearContext>(new LinearContext(std::move(impl)));
+}
+
+Status LinearContext::reserve(int64_t max_tokens, int64_t max_in, int64_t max_out) {
+  const int64_t ld = (max_in + 7) / 8 * 8;
+  TACHYON_RETURN_IF_ERROR(impl_->grow(impl_->activations, static_cast<size_t>(max_tokens * ld) * 2, "activations"));
+  // Split-K only runs on matrices with few rows (it fills the SMs with K slices instead).
+  const int64_t split_rows = std::min<int64_t>(max_out, 32768);
+  TACHYON_RETURN_IF_ERROR(impl_->grow(impl_->partial,
+                                      static_cast<size_t>(32 * std::min<int64_t>(max_tokens, detail::kGemvMaxTokens) *
+                                                          split_rows) * sizeof(float),
+                                      "split-K partial sums"));
+  return Status::Ok();
+}
+
+Status gemm_bf16(LinearContext& context, const uint16_t* x, int64_t x_stride, const uint16_t* w, int64_t w_stride,
+                 const float* bias, float* y, int64_t y_stride, int64_t n, int64_t in, int64_t out, Stream stream) {
+  TACHYON_CUDA_REQUIRE(n > 0 && in > 0 && out > 0, "gemm_bf16: n={} in={} out={}", n, in, out);
+  TACHYON_CUDA_REQUIRE(x_stride >= in && w_stride >= in && y_stride >= out,
+                       "gemm_bf16: strides x {} w {} y {} for in={} out={}", x_stride, w_stride, y_stride, in, out);
+  log_path_once("cuda gemm: cuBLASLt bf16 x bf16 -> f32");
+  return context.impl().matmul(x, x_stride, w, w_stride, DType::kBF16, bias, y, y_stride, n, in, out, stream);
+}
+
+Status linear(LinearContext& context, const LinearArgs& a, Stream stream, LinearAlgo algo) {
+  TACHYON_CUDA_REQUIRE(a.x != nullptr && a.w != nullptr && a.y != nullptr, "linear: null pointer (x {}, w {}, y {})",
+                       static_cast<const void*>(a.x), a.w, static_cast<void*>(a.y));
+  TACHYON_CUDA_REQUIRE(a.n >= 0 && a.in > 0 && a.out > 0, "linear: n={} in={} out={}", a.n, a.in, a.out);
+  TACHYON_CUDA_REQUIRE(a.w_dtype == DType::kF32 || a.w_dtype == DType::kF16 || a.w_dtype == DType::kBF16,
+                       "linear: weight dtype {} has no CUDA kernel", dtype_name(a.w_dtype));
+  TACHYON_CUDA_REQUIRE(a.bias == nullptr || a.bias_dtype == DType::kF32 || a.bias_dtype == DType::kF16 ||
+                           a.bias_dtype == DType::kBF16,
+                       "linear: bias dtype {}", dtype_name(a.bias_dtype));
+  TACHYON_CUDA_REQUIRE(a.x_stride >= a.in && a.w_stride >= a.in && a.y_stride >= a.out,
+                       "linear: strides x {} w {} y {} for in={} out={}", a.x_stride, a.w_stride, a.y_stride, a.in,
+                       a.out);
+  if (a.n == 0) return Status::Ok();
+  LinearContext::Impl& ctx = context.impl();
+  if (algo == LinearAlgo::kAuto) algo = a.n <= kLinearAutoGemvMaxTokens ? LinearAlgo::kGemv : LinearAlgo::kCublasLt;
+
+  if (algo == LinearAlgo::kGemv) {
+    TACHYON_CUDA_REQUIRE(a.n <= detail::kGemvMaxTokens, "linear: the GEMV takes at most {} tokens, got {}",
+                         detail::kGemvMaxTokens, a.n);
+    const detail::GemvShape shape = detail::plan_gemv(a, ctx.sm_count);
+    float* partial = nullptr;
+    if (shape.splits > 1) {
+      TACHYON_RETURN_IF_ERROR(ctx.grow(ctx.partial, static_cast<size_t>(shape.splits * a.n * a.out) * sizeof(float),
+                                       "split-K partial sums"));
+      partial = ctx.partial.as<float>();
+    }
+    log_path_once("cuda linear: gemv {} ({})", dtype_name(a.w_dtype),
+                  shape.vector_loads ? "16-byte loads" : "scalar loads: rows not 16-byte aligned");
+    TACHYON_CUDA_RETURN_IF_ERROR(detail::launch_gemv(a, shape, partial, stream));
+    return Status::Ok();
+  }
+
+  // cuBLASLt.
+  const bool epilogue_bias = a.bias != nullptr && a.bias_dtype == DType::kF32;
+  const float* bias = epilogue_bias ? static_cast<const float*>(a.bias) : nullptr;
+  if (a.w_dtype == DType::kF32) {
+    log_path_once("cuda linear: cuBLASLt f32 x f32 -> f32");
+    TACHYON_RETURN_IF_ERROR(ctx.matmul(a.x, a.x_stride, a.w, a.w_stride, DType::kF32, bias, a.y, a.y_stride, a.n,
+                                       a.in, a.out, stream));
+  } else {
+    const int64_t ld = (a.in + 7) / 8 * 8;  // 16-byte aligned rows for the converted activations
+    TACHYON_RETURN_IF_ERROR(ctx.grow(ctx.activations, static_cast<size_t>(a.n * ld) * 2, "activations"));
+    TACHYON_CUDA_RETURN_IF_ERROR(detail::launch_convert_rows(a.x, a.x_stride, a.n, a.in, ctx.activations.data(),
+                                                             a.w_dtype, ld, stream));
+    log_path_once("cuda linear: cuBLASLt {0} x {0} -> f32 (activations rounded to {0})", dtype_name(a.w_dtype));
+    TACHYON_RETURN_IF_ERROR(ctx.matmul(ctx.activations.data(), ld, a.w, a.w_stride, a.w_dtype, bias, a.y, a.y_stride,
+                                       a.n, a.in, a.out, stream));
+  }
+  if (a.bias != nullptr && !epilogue_bias) {
+    log_path_once("cuda linear: {} bias added by a separate kernel", dtype_name(a.bias_dtype));
+    TACHYON_CUDA_RETURN_IF_ERROR(detail::launch_add_bias(a.y, a.y_stride, a.n, a.out, a.bias, a.bias_dtype, stream));
+  }
+  return Status::Ok();
+}
+
+}  // namespace tachyon::ops::cuda

@@ -1,0 +1,327 @@
+// The skinny GEMV of linear() for 1..16 tokens, where a step is bound by reading the weight once.
+// Each warp owns a few output rows; each lane streams 16 bytes of each of its rows per step
+// (several loads in flight before the first use) and keeps the tokens' x values of that step in
+// registers, reused across its rows. Short matrices split K over the grid so that every SM has
+// enough loads in flight; the slices' sums meet in a fixed-order reduction kernel.
+// Also: the f32 -> f16/bf16 activation conversion feeding cuBLASLt, and a bias kernel.
+// Must never: read weights through L1 (each byte is used once), or depend on timing for results.
+#include <algorithm>
+
+#include "ops/cuda/device_math.cuh"
+#include "ops/cuda/launch.h"
+
+namespace tachyon::ops::cuda::detail {
+namespace {
+
+constexpr int kWarps = kGemvThreads / 32;
+
+struct GemvParams {
+  const float* x;  // [n, in] f32
+  int64_t x_stride;
+  const void* w;  // [out, in]
+  int64_t w_stride;
+  const void* bias;  // [out] or null
+  DType bias_dtype;
+  float* y;  // [n, out]
+  int64_t y_stride;
+  float* partial;  // [splits, n, out] when splits > 1
+  int64_t n, in, out;
+  int64_t chunk;
+  int splits;
+  bool vector_loads;
+};
+
+// Rows per warp, 16-byte steps per iteration and the register budget (minimum resident blocks),
+// by token bucket: more rows reuse each x load more; more steps put more loads in flight; more
+// tokens hold more accumulators and x values, so fewer rows and steps fit without spilling.
+template <int NT>
+struct GemvTile;
+template <>
+struct GemvTile<1> {
+  static constexpr int kRows = 4, kSteps = 4, kMinBlocks = 1;
+};
+template <>
+struct GemvTile<2> {
+  static constexpr int kRows = 4, kSteps = 4, kMinBlocks = 1;
+};
+template <>
+struct GemvTile<4> {
+  static constexpr int kRows = 4, kSteps = 2, kMinBlocks = 1;
+};
+template <>
+struct GemvTile<8> {
+  static constexpr int kRows = 4, kSteps = 1, kMinBlocks = 3;
+};
+template <>
+struct GemvTile<16> {
+  static constexpr int kRows = 2, kSteps = 1, kMinBlocks = 3;
+};
+
+// acc[r][t] += w_r · x_t over V elements at column k (x rows 16-byte aligned). Tokens past n
+// re-read row n - 1; their sums are never stored.
+template <int ROWS, int NT, int V>
+__device__ __forceinline__ void gemv_step(const float (&wf)[ROWS][V], const float* x, int64_t x_stride, int64_t n,
+                                          int64_t k, float (&acc)[ROWS][NT]) {
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+    const float* xt = x + (t < n ? t : n - 1) * x_stride + k;
+    float xv[V];
+#pragma unroll
+    for (int j = 0; j < V; j += 4) {
+      const float4 q = __ldg(reinterpret_cast<const float4*>(xt + j));
+      xv[j] = q.x;
+      xv[j + 1] = q.y;
+      xv[j + 2] = q.z;
+      xv[j + 3] = q.w;
+    }
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+#pragma unroll
+      for (int j = 0; j < V; ++j) acc[r][t] = fmaf(wf[r][j], xv[j], acc[r][t]);
+    }
+  }
+}
+
+template <DType WD, int NT>
+__global__ void __launch_bounds__(kGemvThreads, GemvTile<NT>::kMinBlocks) gemv_kernel(const GemvParams p) {
+  using E = Elem<WD>;
+  using T = typename E::T;
+  constexpr int ROWS = GemvTile<NT>::kRows;
+  constexpr int U = GemvTile<NT>::kSteps;
+  constexpr int V = E::kVec;
+  constexpr int STEP = 32 * V;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * ROWS;
+  if (row0 >= p.out) return;  // no block-wide synchronisation below
+  const int split = blockIdx.y;
+  const int64_t k_begin = split * p.chunk;
+  const int64_t k_end = min64(p.in, k_begin + p.chunk);
+  const int64_t k_vec_end = p.vector_loads ? k_begin + (k_end - k_begin) / STEP * STEP : k_begin;
+
+  const T* w = static_cast<const T*>(p.w);
+  const T* wr[ROWS];
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r) wr[r] = w + min64(row0 + r, p.out - 1) * p.w_stride;  // clamped: rows past out are not stored
+
+  float acc[ROWS][NT];
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r) {
+#pragma unroll
+    for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
+  }
+
+  // All lanes run the same number of iterations: k_vec_end - k_begin is a multiple of STEP.
+  int64_t k = k_begin + lane * V;
+  for (; k + (U - 1) * STEP < k_vec_end; k += U * STEP) {
+    uint4 raw[U][ROWS];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r) raw[u][r] = load_stream_16(wr[r] + k + u * STEP);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      float wf[ROWS][V];
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r) E::unpack(raw[u][r], wf[r]);
+      gemv_step<ROWS, NT, V>(wf, p.x, p.x_stride, p.n, k + u * STEP, acc);
+    }
+  }
+  for (; k < k_vec_end; k += STEP) {
+    uint4 raw[ROWS];
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) raw[r] = load_stream_16(wr[r] + k);
+    float wf[ROWS][V];
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) E::unpack(raw[r], wf[r]);
+    gemv_step<ROWS, NT, V>(wf, p.x, p.x_stride, p.n, k, acc);
+  }
+  // Scalar tail (and the whole slice when rows or x are not 16-byte aligned).
+  for (int64_t kk = k_vec_end + lane; kk < k_end; kk += 32) {
+    float xv[NT];
+#pragma unroll
+    for (int t = 0; t < NT; ++t) xv[t] = p.x[(t < p.n ? t : p.n - 1) * p.x_stride + kk];
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+      const float wv = E::load(wr[r], kk);
+#pragma unroll
+      for (int t = 0; t < NT; ++t) acc[r][t] = fmaf(wv, xv[t], acc[r][t]);
+    }
+  }
+
+  // Reduce across the warp: value i = r * NT + t ends in lane i (mod 32).
+  constexpr int kValues = ROWS * NT;
+  constexpr int kGroup = kValues < 32 ? kValues : 32;
+  float flat[kValues];
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r) {
+#pragma unroll
+    for (int t = 0; t < NT; ++t) flat[r * NT + t] = acc[r][t];
+  }
+#pragma unroll
+  for (int g = 0; g < kValues / kGroup; ++g) {
+    float part[kGroup];
+#pragma unroll
+    for (int i = 0; i < kGroup; ++i) part[i] = flat[g * kGroup + i];
+    const float sum = warp_transpose_sum<kGroup>(part);
+    if (lane < kGroup) {
+      const int idx = g * kGroup + lane;
+      const int64_t row = row0 + idx / NT;
+      const int64_t t = idx % NT;
+      if (row < p.out && t < p.n) {
+        if (p.splits == 1) {
+          const float b = p.bias != nullptr ? load_as_f32(p.bias, p.bias_dtype, row) : 0.0f;
+          p.y[t * p.y_stride + row] = sum + b;
+        } else {
+          p.partial[(static_cast<int64_t>(split) * p.n + t) * p.out + row] = sum;
+        }
+      }
+    }
+  }
+}
+
+// y[t, o] = sum over splits of partial[s, t, o] (in split order) + bias[o].
+__global__ void gemv_reduce_kernel(const float* __restrict__ partial, int splits, int64_t n, int64_t out,
+                                   const void* bias, DType bias_dtype, float* __restrict__ y, int64_t y_stride) {
+  const int64_t total = n * out;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t t = i / out, o = i % out;
+    float sum = 0.0f;
+    for (int s = 0; s < splits; ++s) sum += partial[(s * n + t) * out + o];
+    if (bias != nullptr) sum += load_as_f32(bias, bias_dtype, o);
+    y[t * y_stride + o] = sum;
+  }
+}
+
+template <DType WD, int NT>
+cudaError_t launch_bucket(const GemvParams& p, const GemvShape& shape, Stream stream) {
+  const int64_t rows_per_block = static_cast<int64_t>(kWarps) * GemvTile<NT>::kRows;
+  const dim3 grid(static_cast<unsigned>((p.out + rows_per_block - 1) / rows_per_block),
+                  static_cast<unsigned>(shape.splits));
+  gemv_kernel<WD, NT><<<grid, kGemvThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+template <DType WD>
+cudaError_t launch_dtype(const GemvParams& p, const GemvShape& shape, Stream stream) {
+  if (p.n <= 1) return launch_bucket<WD, 1>(p, shape, stream);
+  if (p.n <= 2) return launch_bucket<WD, 2>(p, shape, stream);
+  if (p.n <= 4) return launch_bucket<WD, 4>(p, shape, stream);
+  if (p.n <= 8) return launch_bucket<WD, 8>(p, shape, stream);
+  return launch_bucket<WD, 16>(p, shape, stream);
+}
+
+int rows_per_warp(int64_t n) {
+  if (n <= 1) return GemvTile<1>::kRows;
+  if (n <= 2) return GemvTile<2>::kRows;
+  if (n <= 4) return GemvTile<4>::kRows;
+  if (n <= 8) return GemvTile<8>::kRows;
+  return GemvTile<16>::kRows;
+}
+
+int steps_per_iteration(int64_t n) {
+  if (n <= 1) return GemvTile<1>::kSteps;
+  if (n <= 2) return GemvTile<2>::kSteps;
+  if (n <= 4) return GemvTile<4>::kSteps;
+  if (n <= 8) return GemvTile<8>::kSteps;
+  return GemvTile<16>::kSteps;
+}
+
+__global__ void convert_rows_kernel(const float* __restrict__ x, int64_t x_stride, int64_t n, int64_t in, void* dst,
+                                    DType dst_dtype, int64_t dst_stride) {
+  const int64_t total = n * in;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t t = i / in, k = i % in;
+    store_from_f32(dst, dst_dtype, t * dst_stride + k, x[t * x_stride + k]);
+  }
+}
+
+__global__ void add_bias_kernel(float* __restrict__ y, int64_t y_stride, int64_t n, int64_t out, const void* bias,
+                                DType bias_dtype) {
+  const int64_t total = n * out;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t t = i / out, o = i % out;
+    y[t * y_stride + o] += load_as_f32(bias, bias_dtype, o);
+  }
+}
+
+unsigned grid_for(int64_t total, int threads) {
+  const int64_t blocks = (total + threads - 1) / threads;
+  return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(blocks, 65535)));
+}
+
+}  // namespace
+
+GemvShape plan_gemv(const LinearArgs& a, int sm_count) {
+  GemvShape s;
+  const size_t esize = dtype_size(a.w_dtype);
+  const int vec = static_cast<int>(16 / esize);
+  s.step = 32 * vec;
+  s.rows_per_warp = rows_per_warp(a.n);
+  const auto aligned16 = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; };
+  s.vector_loads = aligned16(a.w) && (a.w_stride * static_cast<int64_t>(esize)) % 16 == 0 && aligned16(a.x) &&
+                   a.x_stride % 4 == 0;
+  // Enough warps for ~32 per SM; every slice at least one full iteration of the unrolled loop.
+  const int64_t row_warps = (a.out + s.rows_per_warp - 1) / s.rows_per_warp;
+  const int64_t target_warps = static_cast<int64_t>(std::max(sm_count, 1)) * 32;
+  const int64_t min_chunk = s.step * steps_per_iteration(a.n);
+  const int64_t max_splits = std::max<int64_t>(1, std::min<int64_t>(a.in / min_chunk, 32));
+  const int64_t want = std::max<int64_t>(1, std::min<int64_t>(target_warps / std::max<int64_t>(row_warps, 1), max_splits));
+  int64_t chunk = (a.in + want - 1) / want;
+  chunk = (chunk + s.step - 1) / s.step * s.step;  // slices start on a vector boundary
+  s.chunk = std::max<int64_t>(chunk, 1);
+  s.splits = static_cast<int>((a.in + s.chunk - 1) / s.chunk);
+  if (s.splits < 1) s.splits = 1;
+  return s;
+}
+
+cudaError_t launch_gemv(const LinearArgs& a, const GemvShape& shape, float* partial, Stream stream) {
+  GemvParams p;
+  p.x = a.x;
+  p.x_stride = a.x_stride;
+  p.w = a.w;
+  p.w_stride = a.w_stride;
+  p.bias = a.bias;
+  p.bias_dtype = a.bias_dtype;
+  p.y = a.y;
+  p.y_stride = a.y_stride;
+  p.partial = partial;
+  p.n = a.n;
+  p.in = a.in;
+  p.out = a.out;
+  p.chunk = shape.chunk;
+  p.splits = shape.splits;
+  p.vector_loads = shape.vector_loads;
+  cudaError_t e = cudaSuccess;
+  switch (a.w_dtype) {
+    case DType::kBF16: e = launch_dtype<DType::kBF16>(p, shape, stream); break;
+    case DType::kF16: e = launch_dtype<DType::kF16>(p, shape, stream); break;
+    case DType::kF32: e = launch_dtype<DType::kF32>(p, shape, stream); break;
+    default: return cudaErrorInvalidValue;
+  }
+  if (e != cudaSuccess || shape.splits == 1) return e;
+  const int threads = 256;
+  gemv_reduce_kernel<<<grid_for(a.n * a.out, threads), threads, 0, stream>>>(partial, shape.splits, a.n, a.out, a.bias,
+                                                                            a.bias_dtype, a.y, a.y_stride);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_convert_rows(const float* x, int64_t x_stride, int64_t n, int64_t in, void* dst, DType dst_dtype,
+                                int64_t dst_stride, Stream stream) {
+  const int threads = 256;
+  convert_rows_kernel<<<grid_for(n * in, threads), threads, 0, stream>>>(x, x_stride, n, in, dst, dst_dtype,
+                                                                        dst_stride);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_add_bias(float* y, int64_t y_stride, int64_t n, int64_t out, const void* bias, DType bias_dtype,
+                            Stream stream) {
+  const int threads = 256;
+  add_bias_kernel<<<grid_for(n * out, threads), threads, 0, stream>>>(y, y_stride, n, out, bias, bias_dtype);
+  return cudaGetLastError();
+}
+
+}  // namespace tachyon::ops::cuda::detail

@@ -1,0 +1,129 @@
+// rms_norm and add_rms_norm: one block per row, two passes over the row (sum of squares, then
+// scale), 16-byte accesses when every row is 16-byte aligned. Each element is read and written by
+// the same thread in both passes, so y may alias x (and residual) element for element.
+#include <algorithm>
+
+#include "ops/cuda/device_math.cuh"
+#include "ops/cuda/launch.h"
+
+namespace tachyon::ops::cuda::detail {
+namespace {
+
+struct NormParams {
+  float* residual;  // add_rms_norm only: [rows, d], updated
+  Rows residual_rows;
+  const float* x;
+  Rows x_rows;
+  const void* weight;  // [d]
+  DType weight_dtype;
+  float eps;
+  float* y;
+  Rows y_rows;
+  bool vec4;
+};
+
+template <bool kAdd>
+__global__ void rms_norm_kernel(const NormParams p) {
+  __shared__ float scratch[32];
+  const int64_t row = blockIdx.x;
+  const int64_t d = p.x_rows.cols;
+  const float* x = p.x + p.x_rows.offset(row);
+  float* y = p.y + p.y_rows.offset(row);
+  float* res = kAdd ? p.residual + p.residual_rows.offset(row) : nullptr;
+  float ss = 0.0f;
+  if (p.vec4) {
+    for (int64_t i = threadIdx.x * 4; i < d; i += blockDim.x * 4) {
+      float4 v = *reinterpret_cast<const float4*>(x + i);
+      if (kAdd) {
+        const float4 r = *reinterpret_cast<const float4*>(res + i);
+        v.x += r.x;
+        v.y += r.y;
+        v.z += r.z;
+        v.w += r.w;
+        *reinterpret_cast<float4*>(res + i) = v;
+      }
+      ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+    }
+  } else {
+    for (int64_t i = threadIdx.x; i < d; i += blockDim.x) {
+      float v = x[i];
+      if (kAdd) {
+        v += res[i];
+        res[i] = v;
+      }
+      ss += v * v;
+    }
+  }
+  const float total = block_sum(ss, scratch);
+  const float inv = 1.0f / sqrtf(total / static_cast<float>(d) + p.eps);
+  const float* src = kAdd ? res : x;
+  if (p.vec4) {
+    for (int64_t i = threadIdx.x * 4; i < d; i += blockDim.x * 4) {
+      const float4 v = *reinterpret_cast<const float4*>(src + i);
+      float4 o;
+      o.x = v.x * inv * load_as_f32(p.weight, p.weight_dtype, i);
+      o.y = v.y * inv * load_as_f32(p.weight, p.weight_dtype, i + 1);
+      o.z = v.z * inv * load_as_f32(p.weight, p.weight_dtype, i + 2);
+      o.w = v.w * inv * load_as_f32(p.weight, p.weight_dtype, i + 3);
+      *reinterpret_cast<float4*>(y + i) = o;
+    }
+  } else {
+    for (int64_t i = threadIdx.x; i < d; i += blockDim.x) y[i] = src[i] * inv * load_as_f32(p.weight, p.weight_dtype, i);
+  }
+}
+
+bool rows_aligned16(const float* base, const Rows& r) {
+  if (base == nullptr) return true;
+  if ((reinterpret_cast<uintptr_t>(base) & 15u) != 0 || r.cols % 4 != 0) return false;
+  return r.stride0 % 4 == 0 && r.stride1 % 4 == 0 && r.stride2 % 4 == 0;
+}
+
+int threads_for(int64_t d, bool vec4) {
+  const int64_t lanes = vec4 ? (d + 3) / 4 : d;
+  const int64_t t = (lanes + 31) / 32 * 32;
+  return static_cast<int>(std::clamp<int64_t>(t, 32, 512));
+}
+
+template <bool kAdd>
+cudaError_t launch(const NormParams& p, Stream stream) {
+  if (p.x_rows.rows == 0) return cudaSuccess;
+  if (p.x_rows.rows > 0x7fffffff) return cudaErrorInvalidValue;
+  const int threads = threads_for(p.x_rows.cols, p.vec4);
+  rms_norm_kernel<kAdd><<<static_cast<unsigned>(p.x_rows.rows), threads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t launch_rms_norm(const float* x, const Rows& x_rows, const void* weight, DType weight_dtype, float eps,
+                            float* y, const Rows& y_rows, Stream stream) {
+  NormParams p{};
+  p.x = x;
+  p.x_rows = x_rows;
+  p.weight = weight;
+  p.weight_dtype = weight_dtype;
+  p.eps = eps;
+  p.y = y;
+  p.y_rows = y_rows;
+  p.vec4 = rows_aligned16(x, x_rows) && rows_aligned16(y, y_rows);
+  return launch<false>(p, stream);
+}
+
+cudaError_t launch_add_rms_norm(float* residual, const Rows& residual_rows, const float* x, const Rows& x_rows,
+                                const void* weight, DType weight_dtype, float eps, float* y, const Rows& y_rows,
+                                Stream stream) {
+  NormParams p{};
+  p.residual = residual;
+  p.residual_rows = residual_rows;
+  p.x = x;
+  p.x_rows = x_rows;
+  p.weight = weight;
+  p.weight_dtype = weight_dtype;
+  p.eps = eps;
+  p.y = y;
+  p.y_rows = y_rows;
+  p.vec4 = rows_aligned16(residual, residual_rows) && rows_aligned16(x, x_rows) && rows_aligned16(y, y_rows);
+  return launch<true>(p, stream);
+}
+
+}  // namespace tachyon::ops::cuda::detail

@@ -1,0 +1,363 @@
+// CUDA paged attention == the scalar reference's paged attention (which tests/ops ties to textbook
+// attention over contiguous K/V): mixed batches (prefill chunks and decode rows) through the
+// prefill kernel, all-decode batches through the split-K decode kernel at several split counts,
+// GQA group sizes 1..8, odd head dims, sliding windows, f32/f16/bf16 caches, block sizes 16 and
+// 5, shuffled block tables. Cache slots a query must not read (unowned blocks, keys before a
+// window) hold NaN, and released blocks are -1 in the table, so reading them shows up.
+#ifdef TACHYON_HAS_CUDA
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <numeric>
+#include <random>
+
+#include "gpu_test_util.h"
+#include "ops/cpu/reference.h"
+#include "ops/ops.h"
+
+namespace tachyon {
+namespace {
+
+using testing::all_close;
+using testing::Mirror;
+namespace cu = ::tachyon::ops::cuda;
+
+struct SeqSpec {
+  int context_len;
+  int q_len;
+};
+
+struct Scenario {
+  int num_heads = 4, num_kv_heads = 2, head_dim = 64, block_size = 16;
+  int sliding_window = 0;
+  DType cache_dtype = DType::kF32;
+  std::vector<SeqSpec> seqs;
+
+  std::string describe() const {
+    std::string s = fmt::format("heads={} kv_heads={} head_dim={} block={} window={} cache={} seqs=", num_heads,
+                                num_kv_heads, head_dim, block_size, sliding_window, dtype_name(cache_dtype));
+    for (const auto& q : seqs) s += fmt::format("({} ctx, {} q)", q.context_len, q.q_len);
+    return s;
+  }
+};
+
+// The host batch (what the reference reads) and its device mirror.
+struct Batch {
+  Tensor q;                 // [n, num_heads, head_dim] f32
+  Tensor k_cache, v_cache;  // [num_blocks, block_size, num_kv_heads, head_dim]
+  AttentionMetadata meta;
+  AttentionParams params;
+};
+
+Batch build(const Scenario& sc, std::mt19937& rng) {
+  Batch b;
+  const int num_seqs = static_cast<int>(sc.seqs.size());
+  std::vector<int> blocks_needed;
+  int total_blocks = 0, max_blocks = 0, n = 0;
+  for (const auto& s : sc.seqs) {
+    const int blocks = (s.context_len + sc.block_size - 1) / sc.block_size;
+    blocks_needed.push_back(blocks);
+    total_blocks += blocks;
+    max_blocks = std::max(max_blocks, blocks);
+    n += s.q_len;
+  }
+  const int pool = total_blocks + 3;  // a few blocks nobody owns (NaN)
+  std::vector<int32_t> ids(static_cast<size_t>(pool));
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), rng);
+
+  const std::vector<int64_t> cache_shape = {pool, sc.block_size, sc.num_kv_heads, sc.head_dim};
+  b.k_cache = testing::nan_tensor(cache_shape, sc.cache_dtype);
+  b.v_cache = testing::nan_tensor(cache_shape, sc.cache_dtype);
+  b.meta.num_seqs = num_seqs;
+  b.meta.block_size = sc.block_size;
+  b.meta.query_start = Tensor::empty({num_seqs + 1}, DType::kI32);
+  b.meta.context_lens = Tensor::empty({num_seqs}, DType::kI32);
+  b.meta.block_tables = Tensor::empty({num_seqs, max_blocks + 2}, DType::kI32);
+  std::fill_n(b.meta.block_tables.data<int32_t>(), b.meta.block_tables.numel(), -1);
+  b.params.scale = 1.0f / std::sqrt(static_cast<float>(sc.head_dim));
+  b.params.sliding_window = sc.sliding_window;
+  b.q = testing::random_tensor({n, sc.num_heads, sc.head_dim}, rng);
+
+  int next_block = 0, row = 0;
+  b.meta.query_start.data<int32_t>()[0] = 0;
+  for (int s = 0; s < num_seqs; ++s) {
+    const SeqSpec& spec = sc.seqs[static_cast<size_t>(s)];
+    int32_t* table = b.meta.block_tables.data<int32_t>() + s * (max_blocks + 2);
+    for (int i = 0; i < blocks_needed[static_cast<size_t>(s)]; ++i) table[i] = ids[static_cast<size_t>(next_block++)];
+    b.meta.context_lens.data<int32_t>()[s] = spec.context_len;
+    b.meta.query_start.data<int32_t>()[s + 1] = row + spec.q_len;
+    const Tensor k = testing::random_tensor({spec.context_len, sc.num_kv_heads, sc.head_dim}, rng);
+    const Tensor v = testing::random_tensor({spec.context_len, sc.num_kv_heads, sc.head_dim}, rng);
+    std::vector<int32_t> slots(static_cast<size_t>(spec.context_len));
+    for (int j = 0; j < spec.context_len; ++j) {
+      slots[static_cast<size_t>(j)] = table[j / sc.block_size] * sc.block_size + j % sc.block_size;
+    }
+    ops::reference::store_kv(k, v, testing::i32_tensor(slots), b.k_cache, b.v_cache);
+    if (sc.sliding_window > 0) {
+      // Keys before the first query's window are never read: poison them, and drop whole blocks
+      // from the table as a block manager that frees them would.
+      const int first_key = std::max(0, spec.context_len - spec.q_len - sc.sliding_window + 1);
+      Tensor nan_row = testing::nan_tensor({1, sc.num_kv_heads, sc.head_dim});
+      for (int j = 0; j < first_key; ++j) {
+        ops::reference::store_kv(nan_row, nan_row, testing::i32_tensor({slots[static_cast<size_t>(j)]}), b.k_cache,
+                                 b.v_cache);
+      }
+      for (int i = 0; (i + 1) * sc.block_size <= first_key; ++i) table[i] = -1;
+    }
+    row += spec.q_len;
+  }
+  b.meta.max_query_len = 0;
+  b.meta.max_context_len = 0;
+  for (const auto& s : sc.seqs) {
+    b.meta.max_query_len = std::max(b.meta.max_query_len, s.q_len);
+    b.meta.max_context_len = std::max(b.meta.max_context_len, s.context_len);
+  }
+  return b;
+}
+
+Tensor reference(const Batch& b) {
+  Tensor out = testing::nan_tensor(b.q.shape());
+  ops::reference::paged_attention(b.q, b.k_cache, b.v_cache, b.meta, b.params, out);
+  return out;
+}
+
+// The batch on the device.
+struct DeviceBatch {
+  Mirror k, v, query_start, context_lens, block_tables;
+  cu::KvCacheView cache;
+  cu::AttentionBatch batch;
+
+  explicit DeviceBatch(const Batch& b)
+      : k(b.k_cache), v(b.v_cache), query_start(b.meta.query_start), context_lens(b.meta.context_lens),
+        block_tables(b.meta.block_tables) {
+    cache.k = k.ptr<void>();
+    cache.v = v.ptr<void>();
+    cache.dtype = b.k_cache.dtype();
+    cache.num_blocks = b.k_cache.size(0);
+    cache.block_size = b.k_cache.size(1);
+    cache.num_kv_heads = b.k_cache.size(2);
+    cache.head_dim = b.k_cache.size(3);
+    batch.num_seqs = b.meta.num_seqs;
+    batch.query_start = query_start.ptr<int32_t>();
+    batch.context_lens = context_lens.ptr<int32_t>();
+    batch.block_tables = block_tables.ptr<int32_t>();
+    batch.max_blocks_per_seq = b.meta.block_tables.size(1);
+    batch.max_query_len = b.meta.max_query_len;
+    batch.max_context_len = b.meta.max_context_len;
+  }
+};
+
+int sm_count() {
+  auto sms = cu::current_sm_count();
+  return sms.ok() ? *sms : 1;
+}
+
+// Runs `plan` on the device; q and out are views of wider poisoned buffers when `strided`.
+::testing::AssertionResult run(const Batch& b, const DeviceBatch& d, const cu::AttentionPlan& plan, bool strided,
+                               Tensor* result) {
+  const int64_t n = b.q.size(0), heads = b.q.size(1), hd = b.q.size(2);
+  const int64_t extra = strided ? 2 : 0;
+  Tensor q_wide = testing::nan_tensor({n, heads + extra, hd});
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t h = 0; h < heads; ++h) {
+      for (int64_t i = 0; i < hd; ++i) {
+        q_wide.data<float>()[(t * (heads + extra) + h + extra / 2) * hd + i] = b.q.data<float>()[(t * heads + h) * hd + i];
+      }
+    }
+  }
+  Mirror dq(q_wide), dout(testing::nan_tensor({n, heads + extra, hd}));
+  const Tensor q = dq.host().slice(1, extra / 2, extra / 2 + heads);
+  const Tensor out = dout.host().slice(1, extra / 2, extra / 2 + heads);
+  auto ws = cu::DeviceBuffer::allocate(std::max<size_t>(plan.workspace_bytes, 16), "attention workspace");
+  if (!ws.ok()) return ::testing::AssertionFailure() << ws.status().to_string();
+  Status s = cu::paged_attention(plan, dq.ptr<float>(q), q.stride(0), q.stride(1), heads, d.cache, d.batch, b.params,
+                                 dout.ptr<float>(out), out.stride(0), out.stride(1), ws->data(), ws->bytes(), nullptr);
+  if (s.ok()) s = cu::synchronize(nullptr);
+  if (s.ok()) s = dout.download();
+  if (!s.ok()) return ::testing::AssertionFailure() << s.to_string();
+  if (strided) {
+    auto left = testing::all_nan(dout.host().slice(1, 0, 1), "out padding (left)");
+    if (!left) return left;
+    auto right = testing::all_nan(dout.host().slice(1, heads + 1, heads + 2), "out padding (right)");
+    if (!right) return right;
+  }
+  *result = out.contiguous();
+  return ::testing::AssertionSuccess();
+}
+
+// Decode rows, a whole prompt, a chunked-prefill tail, a context ending on a block edge, a long
+// prompt spanning several query and key tiles.
+std::vector<SeqSpec> mixed_seqs(std::mt19937& rng, int block_size) {
+  std::uniform_int_distribution<int> ctx(1, 150), prompt(1, 60), chunk(2, 40);
+  std::vector<SeqSpec> seqs;
+  seqs.push_back({ctx(rng), 1});
+  const int p = prompt(rng);
+  seqs.push_back({p, p});
+  const int c = std::uniform_int_distribution<int>(30, 150)(rng);
+  seqs.push_back({c, std::min(c, chunk(rng))});
+  seqs.push_back({2 * block_size, 1});
+  const int long_ctx = std::uniform_int_distribution<int>(200, 300)(rng);
+  seqs.push_back({long_ctx, long_ctx - std::uniform_int_distribution<int>(0, 100)(rng)});
+  std::shuffle(seqs.begin(), seqs.end(), rng);
+  return seqs;
+}
+
+std::vector<Scenario> scenarios(std::mt19937& rng, bool decode_only) {
+  std::vector<Scenario> out;
+  const std::vector<std::pair<int, int>> head_configs = {{4, 4}, {8, 4}, {8, 2}, {14, 2}, {8, 1}, {32, 8}};
+  const std::vector<int> head_dims = {64, 128, 48, 20, 256, 96};
+  const std::vector<int> windows = {0, 7, 40};
+  const std::vector<DType> dtypes = {DType::kF32, DType::kBF16, DType::kF16};
+  int i = 0;
+  for (auto [h, kvh] : head_configs) {
+    for (int hd : head_dims) {
+      if (h / kvh * hd > 4096) continue;
+      Scenario s;
+      s.num_heads = h;
+      s.num_kv_heads = kvh;
+      s.head_dim = hd;
+      s.block_size = (i % 4 == 3) ? 5 : 16;
+      s.sliding_window = windows[static_cast<size_t>(i % 3)];
+      s.cache_dtype = dtypes[static_cast<size_t>((i / 3) % 3)];
+      if (decode_only) {
+        std::uniform_int_distribution<int> ctx(1, 2500);
+        for (int j = 0; j < 5; ++j) s.seqs.push_back({ctx(rng), 1});
+        s.seqs.push_back({3 * s.block_size, 1});
+        s.seqs.push_back({1, 1});
+      } else {
+        s.seqs = mixed_seqs(rng, s.block_size);
+      }
+      out.push_back(s);
+      ++i;
+    }
+  }
+  return out;
+}
+
+TEST(CudaPagedAttention, PrefillKernelMatchesReference) {
+  TACHYON_SKIP_WITHOUT_GPU();
+  const uint32_t seed = testing::fresh_seed();
+  SCOPED_TRACE(fmt::format("seed {} (TACHYON_TEST_SEED={} reproduces)", seed, seed));
+  std::mt19937 rng(seed);
+  for (const Scenario& sc : scenarios(rng, false)) {
+    const Batch b = build(sc, rng);
+    const DeviceBatch d(b);
+    auto plan = cu::plan_paged_attention(d.batch, sc.num_heads, d.cache, b.params, sm_count());
+    ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+    ASSERT_EQ(plan->algo, cu::AttentionAlgo::kPrefill) << sc.describe();
+    Tensor out;
+    ASSERT_TRUE(run(b, d, *plan, false, &out)) << sc.describe();
+    ASSERT_TRUE(all_close(out, reference(b), 2e-5, "prefill " + sc.describe()));
+  }
+}
+
+TEST(CudaPagedAttention, DecodeKernelMatchesReferenceAtEverySplitCount) {
+  TACHYON_SKIP_WITHOUT_GPU();
+  const uint32_t seed = testing::fresh_seed();
+  SCOPED_TRACE(fmt::format("seed {} (TACHYON_TEST_SEED={} reproduces)", seed, seed));
+  std::mt19937 rng(seed);
+  for (const Scenario& sc : scenarios(rng, true)) {
+    const Batch b = build(sc, rng);
+    const DeviceBatch d(b);
+    const Tensor expected = reference(b);
+    auto planned = cu::plan_paged_attention(d.batch, sc.num_heads, d.cache, b.params, sm_count());
+    ASSERT_TRUE(planned.ok()) << planned.status().to_string();
+    ASSERT_EQ(planned->algo, cu::AttentionAlgo::kDecode) << sc.describe();
+    for (int splits : {0, 1, 3, 8, 64}) {  // 0: as planned
+      cu::AttentionPlan plan = *planned;
+      if (splits > 0) {
+        plan.num_splits = splits;
+        plan.workspace_bytes = static_cast<size_t>(b.meta.num_seqs) * splits * sc.num_heads * (sc.head_dim + 2) * 4;
+      }
+      Tensor out;
+      ASSERT_TRUE(run(b, d, plan, false, &out)) << sc.describe();
+      ASSERT_TRUE(all_close(out, expected, 5e-5, fmt::format("decode {} {}", plan.describe(), sc.describe())));
+    }
+    // The prefill kernel serves decode rows too, and agrees.
+    auto prefill = cu::plan_paged_attention(d.batch, sc.num_heads, d.cache, b.params, sm_count(),
+                                            cu::AttentionAlgo::kPrefill);
+    ASSERT_TRUE(prefill.ok()) << prefill.status().to_string();
+    Tensor out;
+    ASSERT_TRUE(run(b, d, *prefill, false, &out)) << sc.describe();
+    ASSERT_TRUE(all_close(out, expected, 5e-5, "prefill on decode rows " + sc.describe()));
+  }
+}
+
+// Sequences with no query this step are skipped by both kernels.
+TEST(CudaPagedAttention, SequencesWithoutQueriesAreSkipped) {
+  TACHYON_SKIP_WITHOUT_GPU();
+  const uint32_t seed = testing::fresh_seed();
+  SCOPED_TRACE(fmt::format("seed {}", seed));
+  std::mt19937 rng(seed);
+  for (bool decode : {true, false}) {
+    Scenario sc;
+    sc.num_heads = 8;
+    sc.num_kv_heads = 2;
+    sc.head_dim = 64;
+    sc.cache_dtype = DType::kBF16;
+    sc.seqs = {{40, 1}, {33, 0}, {300, 1}, {17, 0}};
+    if (!decode) sc.seqs[2].q_len = 20;
+    const Batch b = build(sc, rng);
+    const DeviceBatch d(b);
+    auto plan = cu::plan_paged_attention(d.batch, sc.num_heads, d.cache, b.params, sm_count());
+    ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+    Tensor out;
+    ASSERT_TRUE(run(b, d, *plan, false, &out)) << sc.describe();
+    ASSERT_TRUE(all_close(out, reference(b), 2e-5, plan->describe() + " " + sc.describe()));
+  }
+}
+
+TEST(CudaPagedAttention, StridedQueryAndOutput) {
+  TACHYON_SKIP_WITHOUT_GPU();
+  const uint32_t seed = testing::fresh_seed();
+  SCOPED_TRACE(fmt::format("seed {}", seed));
+  std::mt19937 rng(seed);
+  for (auto algo : {cu::AttentionAlgo::kDecode, cu::AttentionAlgo::kPrefill}) {
+    Scenario sc;
+    sc.num_heads = 6;
+    sc.num_kv_heads = 2;
+    sc.head_dim = 32;
+    sc.cache_dtype = DType::kF16;
+    sc.seqs = {{400, 1}, {17, 1}, {1, 1}};
+    const Batch b = build(sc, rng);
+    const DeviceBatch d(b);
+    auto plan = cu::plan_paged_attention(d.batch, sc.num_heads, d.cache, b.params, sm_count(), algo);
+    ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+    Tensor out;
+    ASSERT_TRUE(run(b, d, *plan, true, &out)) << sc.describe();
+    ASSERT_TRUE(all_close(out, reference(b), 2e-5, plan->describe()));
+  }
+}
+
+TEST(CudaPagedAttention, BadArgumentsAreStatusErrors) {
+  TACHYON_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(1);
+  Scenario sc;
+  sc.seqs = {{40, 5}};
+  const Batch b = build(sc, rng);
+  const DeviceBatch d(b);
+  // Decode forced on a batch with 5-row queries.
+  EXPECT_FALSE(cu::plan_paged_attention(d.batch, sc.num_heads, d.cache, b.params, 132, cu::AttentionAlgo::kDecode).ok());
+  // Heads not a multiple of the KV heads.
+  EXPECT_FALSE(cu::plan_paged_attention(d.batch, 3, d.cache, b.params, 132).ok());
+  // A head_dim the kernels do not take.
+  cu::KvCacheView odd = d.cache;
+  odd.head_dim = 18;
+  EXPECT_FALSE(cu::plan_paged_attention(d.batch, sc.num_heads, odd, b.params, 132).ok());
+  // A workspace smaller than the plan.
+  cu::AttentionPlan plan;
+  plan.algo = cu::AttentionAlgo::kDecode;
+  plan.num_splits = 4;
+  plan.workspace_bytes = 1 << 20;
+  const Status s = cu::paged_attention(plan, nullptr, 0, 0, sc.num_heads, d.cache, d.batch, b.params, nullptr, 0, 0,
+                                       nullptr, 100, nullptr);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("100"), std::string::npos) << s.to_string();
+}
+
+}  // namespace
+}  // namespace tachyon
+
+#endif  // TACHYON_HAS_CUDA
