@@ -14,5 +14,7 @@ void add_generate(CLI::App& app, std::function<int()>& run);
 void add_bench(CLI::App& app, std::function<int()>& run);
 void add_info(CLI::App& app, std::function<int()>& run);
 void add_tokenize(CLI::App& app, std::function<int()>& run);
+void add_serve(CLI::App& app, std::function<int()>& run);
+void add_chat(CLI::App& app, std::function<int()>& run);
 
 }  // namespace tachyon::cli

@@ -16,6 +16,8 @@ int main(int argc, char** argv) {
   tachyon::cli::add_bench(app, run);
   tachyon::cli::add_info(app, run);
   tachyon::cli::add_tokenize(app, run);
+  tachyon::cli::add_serve(app, run);
+  tachyon::cli::add_chat(app, run);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

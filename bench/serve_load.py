@@ -1,0 +1,252 @@
+#!/usr/bin/env python3
+"""Load generator for `tachyon serve`: output tokens/s through HTTP streaming, and what the
+network path adds per token compared with the engine driven in-process (`tachyon bench`).
+
+The workload is `tachyon bench --workload throughput --len-sigma 0`'s: N requests of random token
+ids (P prompt tokens each, ids in [16, vocab)), greedy, EOS ignored so that each generates exactly
+G tokens, at most C in flight. Requests go to /v1/completions with the prompt as token ids,
+"stream": true and "logprobs": 0 (so every event says how many tokens it carries). The client is
+asyncio over raw sockets (HTTP/1.1, chunked SSE parsing by hand) to keep its own cost small.
+
+    .venv/bin/python bench/serve_load.py --base-url http://127.0.0.1:8000 -n 64 --prompt-len 128 \
+        --output-len 64 --concurrency 16 [--bench-binary build/tachyon --bench-model MODEL] [--json out.json]
+
+With --bench-binary, `tachyon bench` then runs the same workload in-process (after the HTTP run,
+so the two never compete for the CPU; give it the engine options the server got, after --) and
+the comparison is printed: output tokens/s of each, and the mean inter-token latency and TTFT
+the server adds.
+"""
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.parse
+import urllib.request
+
+
+def percentile(values, q):
+    if not values:
+        return 0.0
+    v = sorted(values)
+    pos = q * (len(v) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(v) - 1)
+    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
+
+
+def summary_ms(values):
+    return {"mean": statistics.fmean(values) * 1e3 if values else 0.0, "p50": percentile(values, 0.5) * 1e3,
+            "p90": percentile(values, 0.9) * 1e3, "p99": percentile(values, 0.99) * 1e3,
+            "max": max(values) * 1e3 if values else 0.0, "count": len(values)}
+
+
+class Result:
+    def __init__(self):
+        self.start = 0.0
+        self.token_times = []  # arrival time of each token (tokens of one event share its time)
+        self.end = 0.0
+        self.error = None
+
+
+async def one_request(host, port, path, body, result):
+    data = json.dumps(body).encode()
+    head = (f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n").encode()
+    result.start = time.perf_counter()
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        writer.write(head + data)
+        await writer.drain()
+        status = await reader.readline()
+        if not status.startswith(b"HTTP/1.1 200"):
+            rest = await reader.read()
+            raise RuntimeError(f"{status.decode().strip()}: {rest[-300:]!r}")
+        while (await reader.readline()) not in (b"\r\n", b""):
+            pass  # headers
+        buffer = b""
+        done = False
+        while not done:
+            size_line = await reader.readline()
+            if not size_line:
+                raise RuntimeError("the stream ended without [DONE]")
+            size = int(size_line.strip(), 16)
+            if size == 0:
+                break
+            buffer += await reader.readexactly(size)
+            await reader.readexactly(2)  # CRLF after the chunk
+            now = time.perf_counter()
+            while b"\n\n" in buffer:
+                event, buffer = buffer.split(b"\n\n", 1)
+                if not event.startswith(b"data: "):
+                    continue
+                payload = event[6:]
+                if payload == b"[DONE]":
+                    done = True
+                    break
+                obj = json.loads(payload)
+                if "error" in obj:
+                    raise RuntimeError(obj["error"]["message"])
+                for choice in obj["choices"]:
+                    lp = choice.get("logprobs")
+                    n = len(lp["tokens"]) if lp else 0
+                    result.token_times.extend([now] * n)
+        result.end = time.perf_counter()
+    finally:
+        writer.close()
+
+
+async def run_load(args, vocab, model):
+    url = urllib.parse.urlsplit(args.base_url)
+    rng = random.Random(args.seed)
+    prompts = [[rng.randrange(min(16, vocab - 1), vocab) for _ in range(args.prompt_len)]
+               for _ in range(args.num_prompts + args.warmup)]
+
+    def body(prompt):
+        return {"model": model, "prompt": prompt, "max_tokens": args.output_len, "temperature": 0,
+                "ignore_eos": True, "stream": True, "logprobs": 0}
+
+    for p in prompts[:args.warmup]:  # warm-up, not measured
+        await one_request(url.hostname, url.port, "/v1/completions", body(p), Result())
+    semaphore = asyncio.Semaphore(args.concurrency if args.concurrency > 0 else len(prompts))
+    results = [Result() for _ in range(args.num_prompts)]
+
+    async def limited(p, r):
+        async with semaphore:
+            try:
+                await one_request(url.hostname, url.port, "/v1/completions", body(p), r)
+            except Exception as e:  # counted, reported below
+                r.error = e
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(limited(p, r) for p, r in zip(prompts[args.warmup:], results)))
+    return results, time.perf_counter() - t0
+
+
+def get_json(base_url, path):
+    with urllib.request.urlopen(base_url + path, timeout=60) as r:
+        return json.loads(r.read())
+
+
+def server_histograms(base_url):
+    """(sum, count) of the server's own TTFT and TPOT histograms (engine clock), from /metrics."""
+    with urllib.request.urlopen(base_url + "/metrics", timeout=60) as r:
+        text = r.read().decode()
+    values = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            values[name] = float(value)
+    get = lambda name: (values.get(name + "_sum", 0.0), values.get(name + "_count", 0.0))
+    return {"ttft": get("tachyon_time_to_first_token_seconds"), "tpot": get("tachyon_time_per_output_token_seconds"),
+            "prefix": (values.get("tachyon_prefix_cache_hits_total", 0.0),
+                       values.get("tachyon_prefix_cache_queries_total", 0.0))}
+
+
+def histogram_mean_ms(before, after):
+    count = after[1] - before[1]
+    return (after[0] - before[0]) / count * 1e3 if count > 0 else 0.0
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--base-url", default="http://127.0.0.1:8000")
+    ap.add_argument("--model", help="served model name (default: the server's only model)")
+    ap.add_argument("-n", "--num-prompts", type=int, default=64)
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--output-len", type=int, default=64)
+    ap.add_argument("--concurrency", type=int, default=16, help="requests in flight at most; 0 = all")
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--seed", type=int, help="prompt seed (default: a fresh one, so that a running server's "
+                    "prefix cache holds none of the prompts)")
+    ap.add_argument("--vocab", type=int, default=0, help="prompt ids are drawn below this (default: from "
+                    "--bench-model's config.json, else 8192)")
+    ap.add_argument("--bench-binary", help="also run `BINARY bench` on the same workload and compare")
+    ap.add_argument("--bench-model", help="-m for the in-process run")
+    ap.add_argument("--json", help="write every figure to this file")
+    ap.add_argument("bench_args", nargs="*", help="after --: engine options for `tachyon bench` (as the server's)")
+    args = ap.parse_args()
+    if args.seed is None:
+        args.seed = random.SystemRandom().randrange(1 << 31)
+
+    model = args.model or get_json(args.base_url, "/v1/models")["data"][0]["id"]
+    vocab = args.vocab
+    if not vocab and args.bench_model and os.path.isfile(os.path.join(args.bench_model, "config.json")):
+        with open(os.path.join(args.bench_model, "config.json")) as f:
+            vocab = json.load(f)["vocab_size"]
+    vocab = vocab or 8192
+
+    before = server_histograms(args.base_url)
+    results, duration = asyncio.run(run_load(args, vocab, model))
+    after = server_histograms(args.base_url)
+    errors = [r.error for r in results if r.error is not None]
+    ok = [r for r in results if r.error is None]
+    output_tokens = sum(len(r.token_times) for r in ok)
+    ttft = [r.token_times[0] - r.start for r in ok if r.token_times]
+    itl = [b - a for r in ok for a, b in zip(r.token_times, r.token_times[1:])]
+    tpot = [(r.token_times[-1] - r.token_times[0]) / (len(r.token_times) - 1) for r in ok if len(r.token_times) > 1]
+    e2e = [r.end - r.start for r in ok]
+    out = {
+        "bench": "http", "base_url": args.base_url, "model": model,
+        "config": {"num_requests": args.num_prompts, "prompt_len": args.prompt_len, "output_len": args.output_len,
+                   "concurrency": args.concurrency, "seed": args.seed},
+        "errors": len(errors), "duration_s": duration,
+        "requests_per_s": len(ok) / duration, "output_tokens": output_tokens,
+        "output_tokens_per_s": output_tokens / duration,
+        "ttft_ms": summary_ms(ttft), "tpot_ms": summary_ms(tpot), "itl_ms": summary_ms(itl), "e2e_ms": summary_ms(e2e),
+    }
+    # The server's own view (engine clock, warm-up requests included): what is left of the client's
+    # figures is delivery (formatting, sockets, the client's parsing).
+    out["server_side"] = {"ttft_mean_ms": histogram_mean_ms(before["ttft"], after["ttft"]),
+                          "tpot_mean_ms": histogram_mean_ms(before["tpot"], after["tpot"]),
+                          "prefix_hit_tokens": after["prefix"][0] - before["prefix"][0]}
+    print(f"http: {len(ok)} requests in {duration:.1f} s | {out['requests_per_s']:.2f} req/s | "
+          f"{out['output_tokens_per_s']:.1f} output tok/s | TTFT p50 {out['ttft_ms']['p50']:.0f} ms "
+          f"p99 {out['ttft_ms']['p99']:.0f} ms | TPOT mean {out['tpot_ms']['mean']:.1f} ms | "
+          f"ITL p50 {out['itl_ms']['p50']:.1f} ms p99 {out['itl_ms']['p99']:.1f} ms | {len(errors)} errors")
+    print(f"server side: TTFT mean {out['server_side']['ttft_mean_ms']:.1f} ms, TPOT mean "
+          f"{out['server_side']['tpot_mean_ms']:.1f} ms, {out['server_side']['prefix_hit_tokens']:.0f} prefix-cache "
+          f"hit tokens (client: TTFT mean {out['ttft_ms']['mean']:.1f} ms, "
+          f"TPOT mean {out['tpot_ms']['mean']:.1f} ms)")
+    if errors:
+        print(f"first error: {errors[0]!r}", file=sys.stderr)
+
+    if args.bench_binary:
+        if not args.bench_model:
+            ap.error("--bench-binary needs --bench-model")
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "bench.json")
+            command = [args.bench_binary, "bench", "-m", args.bench_model, "--workload", "throughput",
+                       "-n", str(args.num_prompts), "--mean-prompt-len", str(args.prompt_len),
+                       "--mean-output-len", str(args.output_len), "--len-sigma", "0",
+                       "--concurrency", str(args.concurrency), "--seed", str(args.seed), "--json", path,
+                       *args.bench_args]
+            print("in-process: " + " ".join(command), file=sys.stderr)
+            subprocess.run(command, check=True, stdout=sys.stderr)
+            with open(path) as f:
+                engine = json.load(f)
+        out["engine"] = engine
+        out["compare"] = {
+            "throughput_ratio": out["output_tokens_per_s"] / engine["output_tokens_per_s"],
+            "added_tpot_ms": out["tpot_ms"]["mean"] - engine["tpot_ms"]["mean"],
+            "added_itl_p50_ms": out["itl_ms"]["p50"] - engine["itl_ms"]["p50"],
+            "added_ttft_p50_ms": out["ttft_ms"]["p50"] - engine["ttft_ms"]["p50"],
+        }
+        c = out["compare"]
+        print(f"engine: {engine['output_tokens_per_s']:.1f} output tok/s, TPOT mean {engine['tpot_ms']['mean']:.1f} ms, "
+              f"TTFT p50 {engine['ttft_ms']['p50']:.0f} ms | http/engine throughput {c['throughput_ratio']:.3f}, "
+              f"added per token {c['added_tpot_ms']:+.2f} ms (TPOT mean), {c['added_itl_p50_ms']:+.2f} ms (ITL p50), "
+              f"added TTFT p50 {c['added_ttft_p50_ms']:+.1f} ms")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=2)
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+// `tachyon serve`: the OpenAI-compatible HTTP server (src/server/) over one model. Startup lines
+// and logs go to stderr, including "listening on http://HOST:PORT" once the socket accepts
+// (with --port 0 that line tells which port was picked). SIGINT/SIGTERM drain and exit 0.
+#include <sys/resource.h>
+
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "server/async_engine.h"
+#include "server/chat_prompt.h"
+#include "server/http_server.h"
+#include "server/metrics.h"
+
+namespace tachyon::cli {
+namespace {
+
+struct ServeArgs {
+  CommonOptions common;
+  EngineArgs engine;
+  std::string host = "127.0.0.1";
+  int port = 8000;
+  std::string served_model_name;
+  std::string chat_template;
+  std::string max_body = "8MiB";
+  int max_waiting = 1024;
+  double request_timeout = 600.0;
+  int io_threads = 2;
+  double keep_alive_timeout = 65.0;
+  std::string dtype = "bf16";
+};
+
+// The -m path's last component: "models/tachyon-demo/" -> "tachyon-demo".
+std::string default_model_name(const std::string& path) {
+  std::string p = path;
+  while (p.size() > 1 && p.back() == '/') p.pop_back();
+  const std::string name = std::filesystem::path(p).filename().string();
+  return name.empty() ? p : name;
+}
+
+// Thousands of connections need as many descriptors: raise the soft limit to the hard one.
+void raise_open_files_limit() {
+  rlimit lim{};
+  if (getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur < lim.rlim_max) {
+    lim.rlim_cur = lim.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &lim);
+  }
+}
+
+int run_serve(ServeArgs& a) {
+  std::signal(SIGPIPE, SIG_IGN);  // a client that hangs up is an error code on the socket, not a signal
+  raise_open_files_limit();
+  const auto dtype = parse_dtype(a.dtype);
+  if (!dtype) return report(make_error(ErrorCode::kInvalidArgument, "--dtype '{}' is not a dtype", a.dtype));
+  auto max_body = parse_bytes(a.max_body);
+  if (!max_body.ok()) return report(max_body.status().with_context("--max-body"));
+  if (*max_body == 0) return report(make_error(ErrorCode::kInvalidArgument, "--max-body must be positive"));
+  if (a.max_waiting < 1 || a.request_timeout < 0 || a.io_threads < 1 || a.keep_alive_timeout <= 0) {
+    return report(make_error(ErrorCode::kInvalidArgument,
+                             "--max-waiting and --io-threads must be at least 1, --request-timeout not negative, "
+                             "--keep-alive-timeout positive"));
+  }
+  auto eo = engine_options(a.engine);
+  if (!eo.ok()) return report(eo.status());
+  auto loaded = load(a.common, *dtype);
+  if (!loaded.ok()) return report(loaded.status());
+  LoadedModel& m = *loaded;
+  if (!m.tokenizer) {
+    return report(make_error(ErrorCode::kInvalidArgument, "{} has no tokenizer: the server needs one", m.path));
+  }
+  auto chat_template = server::load_server_chat_template(*m.tokenizer, a.chat_template);
+  if (!chat_template.ok()) return report(chat_template.status());
+  auto engine = Engine::create(*m.model, m.tokenizer.get(), m.eos_token_ids, *eo);
+  if (!engine.ok()) return report(engine.status());
+  const EngineStats stats = (*engine)->stats();
+
+  server::ServingContext context;
+  context.model_name = a.served_model_name.empty() ? default_model_name(a.common.model) : a.served_model_name;
+  context.tokenizer = m.tokenizer.get();
+  context.chat_template = &*chat_template;
+  context.template_extras = chat_template_extras(*m.tokenizer);
+  context.max_model_len = (*engine)->max_model_len();
+  context.vocab_size = m.model->config().vocab_size;
+  context.max_choices = a.max_waiting;
+
+  server::ServerMetrics metrics;
+  server::AsyncEngineOptions ao;
+  ao.max_waiting = a.max_waiting;
+  ao.request_timeout = a.request_timeout;
+  auto async_engine = std::make_unique<server::AsyncEngine>(std::move(*engine), ao, metrics);
+
+  server::HttpServerOptions ho;
+  ho.host = a.host;
+  ho.port = a.port;
+  ho.io_threads = a.io_threads;
+  ho.max_body = *max_body;
+  ho.keep_alive_timeout = a.keep_alive_timeout;
+  auto http = server::HttpServer::create(ho, context, std::move(async_engine), metrics);
+  if (!http.ok()) return report(http.status());
+
+  const char* template_source = !a.chat_template.empty()          ? a.chat_template.c_str()
+                                : m.tokenizer->chat_template().empty() ? "built-in ChatML (the model has none)"
+                                                                       : "the model's";
+  std::fprintf(stderr,
+               "tachyon serve: model '%s' (%s) loaded in %.2f s | max_model_len %d | kv cache %d blocks of %d tokens "
+               "(%.1f MiB) | max_seqs %d, max_waiting %d | chat template: %s\n",
+               context.model_name.c_str(), m.path.c_str(), m.load_seconds, context.max_model_len, stats.kv_blocks_total,
+               eo->block_size, static_cast<double>(stats.kv_cache_bytes) / (1 << 20), eo->max_seqs, a.max_waiting,
+               template_source);
+  std::fprintf(stderr, "tachyon serve: listening on http://%s:%d\n", a.host.c_str(), (*http)->port());
+  std::fflush(stderr);
+  return (*http)->run();
+}
+
+}  // namespace
+
+void add_serve(CLI::App& app, std::function<int()>& run) {
+  auto a = std::make_shared<ServeArgs>();
+  CLI::App* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions)");
+  add_common_options(*cmd, a->common);
+  cmd->add_option("--host", a->host, "address to listen on (default 127.0.0.1)");
+  cmd->add_option("--port", a->port, "TCP port; 0 picks a free one (default 8000)")->check(CLI::Range(0, 65535));
+  cmd->add_option("--served-model-name", a->served_model_name,
+                  "the model name clients send (default: the last component of -m)");
+  cmd->add_option("--chat-template", a->chat_template, "Jinja chat template file (default: the model's, else ChatML)");
+  cmd->add_option("--max-body", a->max_body, "largest request body, e.g. 8MiB (default 8MiB)");
+  cmd->add_option("--max-waiting", a->max_waiting, "requests waiting to run before new ones get 503 (default 1024)");
+  cmd->add_option("--request-timeout", a->request_timeout, "seconds before a request is aborted; 0 = never (default 600)");
+  cmd->add_option("--io-threads", a->io_threads, "threads for network I/O (default 2)");
+  cmd->add_option("--keep-alive-timeout", a->keep_alive_timeout, "seconds an idle connection stays open (default 65)");
+  cmd->add_option("--dtype", a->dtype, "weight dtype of synthetic models (default bf16)");
+  add_engine_options(*cmd, a->engine);
+  cmd->callback([a, &run]() { run = [a]() { return run_serve(*a); }; });
+}
+
+}  // namespace tachyon::cli

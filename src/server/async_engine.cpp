@@ -1,0 +1,242 @@
+#include "server/async_engine.h"
+
+#include "core/log.h"
+
+namespace tachyon::server {
+
+void RequestStream::set_notify(std::function<void()> notify) {
+  std::lock_guard lock(mu_);
+  notify_ = std::move(notify);
+}
+
+std::vector<RequestOutput> RequestStream::take() {
+  std::vector<RequestOutput> out;
+  std::lock_guard lock(mu_);
+  out.swap(pending_);
+  notified_ = false;
+  return out;
+}
+
+void RequestStream::push(RequestOutput output) {
+  std::function<void()> notify;
+  {
+    std::lock_guard lock(mu_);
+    pending_.push_back(std::move(output));
+    if (!notified_ && notify_) {
+      notified_ = true;
+      notify = notify_;
+    }
+  }
+  if (notify) notify();
+}
+
+AsyncEngine::AsyncEngine(std::unique_ptr<Engine> engine, AsyncEngineOptions options, ServerMetrics& metrics)
+    : engine_(std::move(engine)),
+      options_(options),
+      metrics_(metrics),
+      max_model_len_(engine_->max_model_len()),
+      vocab_size_(engine_->model().config().vocab_size) {
+  metrics_.set_engine_stats(engine_->stats());
+  thread_ = std::thread([this] { loop(); });
+}
+
+AsyncEngine::~AsyncEngine() {
+  {
+    std::lock_guard lock(mu_);
+    stop_now_ = true;
+  }
+  cv_.notify_one();
+  if (thread_.joinable()) thread_.join();
+}
+
+SubmitError AsyncEngine::submit(const std::vector<std::shared_ptr<RequestStream>>& streams) {
+  {
+    std::lock_guard lock(mu_);
+    if (draining_.load(std::memory_order_acquire) || stop_now_) return SubmitError::kDraining;
+    const size_t waiting = submissions_.size() + in_transit_ + static_cast<size_t>(engine_waiting_);
+    if (waiting + streams.size() > static_cast<size_t>(options_.max_waiting)) return SubmitError::kQueueFull;
+    for (const auto& s : streams) submissions_.push_back(s);
+    unfinished_.fetch_add(static_cast<int>(streams.size()), std::memory_order_acq_rel);
+  }
+  cv_.notify_one();
+  return SubmitError::kNone;
+}
+
+void AsyncEngine::abort(const std::shared_ptr<RequestStream>& stream) {
+  if (stream->cancelled_.exchange(true, std::memory_order_acq_rel)) return;
+  {
+    std::lock_guard lock(mu_);
+    aborts_.push_back(stream);
+  }
+  cv_.notify_one();
+}
+
+void AsyncEngine::begin_drain() {
+  {
+    std::lock_guard lock(mu_);
+    draining_.store(true, std::memory_order_release);
+  }
+  cv_.notify_one();
+}
+
+void AsyncEngine::finish_stream(const std::shared_ptr<RequestStream>& stream, RequestOutput output) {
+  stream->started_ = true;
+  metrics_.record_finished(output, stream->timed_out());
+  unfinished_.fetch_sub(1, std::memory_order_acq_rel);
+  stream->push(std::move(output));
+}
+
+void AsyncEngine::deliver(RequestOutput output) {
+  auto it = streams_.find(output.id);
+  if (it == streams_.end()) return;  // aborted by its consumer: nobody listens
+  it->second->started_ = true;
+  if (!output.finished) {
+    it->second->push(std::move(output));
+    return;
+  }
+  std::shared_ptr<RequestStream> stream = std::move(it->second);
+  streams_.erase(it);
+  finish_stream(stream, std::move(output));
+}
+
+void AsyncEngine::publish_stats() {
+  const EngineStats stats = engine_->stats();
+  {
+    std::lock_guard lock(mu_);
+    engine_waiting_ = stats.num_waiting;
+  }
+  metrics_.set_engine_stats(stats);
+}
+
+// Adds a submission to the engine, or holds it while its leader's prompt is being prefilled.
+void AsyncEngine::admit(std::shared_ptr<RequestStream> s, double now) {
+  if (s->cancelled_.load(std::memory_order_acquire)) {
+    unfinished_.fetch_sub(1, std::memory_order_acq_rel);
+    return;
+  }
+  // Holding is worth it only when there is a full block to share.
+  const RequestStream* leader = s->leader_.get();
+  const bool shareable = engine_->options().prefix_caching &&
+                         s->prompt_ids_.size() > static_cast<size_t>(engine_->options().block_size);
+  if (leader != nullptr && shareable && !leader->started_ && !leader->cancelled_.load(std::memory_order_acquire)) {
+    held_.push_back(std::move(s));
+    return;
+  }
+  s->leader_.reset();
+  auto id = engine_->add_request(std::move(s->prompt_ids_), s->params_);
+  if (!id.ok()) {
+    RequestOutput out;
+    out.finished = true;
+    out.finish_reason = FinishReason::kError;
+    out.error = id.status();
+    finish_stream(s, std::move(out));
+    return;
+  }
+  s->engine_id_ = *id;
+  if (options_.request_timeout > 0) s->deadline_ = now + options_.request_timeout;
+  metrics_.record_admitted(s->num_prompt_tokens_);
+  streams_.emplace(*id, std::move(s));
+}
+
+void AsyncEngine::loop() {
+  std::vector<std::shared_ptr<RequestStream>> submitted, aborted, released;
+  for (;;) {
+    {
+      std::unique_lock lock(mu_);
+      cv_.wait(lock, [&] {
+        return stop_now_ || !submissions_.empty() || !aborts_.empty() || !held_.empty() ||
+               engine_->has_unfinished() || (draining_.load(std::memory_order_acquire) && streams_.empty());
+      });
+      if (stop_now_) break;
+      if (draining_.load(std::memory_order_acquire) && submissions_.empty() && aborts_.empty() && streams_.empty() &&
+          held_.empty() && !engine_->has_unfinished()) {
+        break;
+      }
+      in_transit_ = submissions_.size() + held_.size();
+      submitted.swap(submissions_);
+      aborted.swap(aborts_);
+    }
+    // Aborts first: a request cancelled before it was added is skipped by admit(). An aborted
+    // request stays in streams_ until the next step reports it, so that it is counted like any other.
+    for (const auto& s : aborted) {
+      if (s->engine_id_ != 0 && streams_.count(s->engine_id_) != 0) engine_->abort(s->engine_id_);
+    }
+    aborted.clear();
+    const double now = engine_->now();
+    // Followers whose leader has its first token (so its prompt's full blocks are in the prefix
+    // cache) or will never get one.
+    released.clear();
+    for (auto it = held_.begin(); it != held_.end();) {
+      const RequestStream& leader = *(*it)->leader_;
+      if (leader.started_ || leader.cancelled_.load(std::memory_order_acquire) ||
+          (*it)->cancelled_.load(std::memory_order_acquire)) {
+        released.push_back(std::move(*it));
+        it = held_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    for (auto& s : released) admit(std::move(s), now);
+    for (auto& s : submitted) admit(std::move(s), now);
+    submitted.clear();
+    {
+      const int waiting = engine_->stats().num_waiting;
+      std::lock_guard lock(mu_);  // both at once: submit() must never count a request twice
+      engine_waiting_ = waiting;
+      in_transit_ = held_.size();
+    }
+    if (options_.request_timeout > 0) {
+      for (auto& [id, s] : streams_) {
+        if (s->deadline_ > 0 && now > s->deadline_ && !s->timed_out_.load(std::memory_order_acquire)) {
+          s->timed_out_.store(true, std::memory_order_release);
+          engine_->abort(id);  // reported with kAbort by the step below
+          TACHYON_LOG_WARN("request timed out after {:g} s; aborted", options_.request_timeout);
+        }
+      }
+    }
+    if (engine_->has_unfinished()) {
+      auto outputs = engine_->step();
+      if (!outputs.ok()) {
+        // The step failed as a whole (the forward): fail every request, keep serving.
+        TACHYON_LOG_ERROR("engine step failed: {}", outputs.status().to_string());
+        std::vector<RequestId> ids;
+        for (const auto& [id, s] : streams_) ids.push_back(id);
+        for (RequestId id : ids) {
+          engine_->abort(id);
+          std::shared_ptr<RequestStream> s = std::move(streams_.at(id));
+          streams_.erase(id);
+          RequestOutput out;
+          out.id = id;
+          out.finished = true;
+          out.finish_reason = FinishReason::kError;
+          out.error = outputs.status();
+          finish_stream(s, std::move(out));
+        }
+      } else {
+        for (RequestOutput& o : *outputs) deliver(std::move(o));
+      }
+    }
+    publish_stats();
+  }
+  // Destruction without a drain: whatever is left ends as aborted.
+  for (auto& [id, s] : streams_) {
+    engine_->abort(id);
+    RequestOutput out;
+    out.id = id;
+    out.finished = true;
+    out.finish_reason = FinishReason::kAbort;
+    finish_stream(s, std::move(out));
+  }
+  streams_.clear();
+  for (auto& s : held_) {
+    RequestOutput out;
+    out.finished = true;
+    out.finish_reason = FinishReason::kAbort;
+    finish_stream(s, std::move(out));
+  }
+  held_.clear();
+  publish_stats();
+  stopped_.store(true, std::memory_order_release);
+}
+
+}  // namespace tachyon::server

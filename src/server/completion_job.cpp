@@ -1,0 +1,283 @@
+#include "server/completion_job.h"
+
+#include <ctime>
+#include <random>
+
+#include <fmt/format.h>
+
+#include "tokenizer/unicode.h"
+
+namespace tachyon::server {
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+std::string dump(const ojson& j) { return j.dump(-1, ' ', false, ojson::error_handler_t::replace); }
+
+std::string random_hex(size_t n) {
+  thread_local std::mt19937_64 rng(std::random_device{}() ^ (static_cast<uint64_t>(std::random_device{}()) << 32));
+  std::string out;
+  out.reserve(n);
+  while (out.size() < n) {
+    uint64_t bits = rng();
+    for (int i = 0; i < 16 && out.size() < n; ++i, bits >>= 4) out += "0123456789abcdef"[bits & 15];
+  }
+  return out;
+}
+
+const char* finish_reason_text(FinishReason reason) {
+  // OpenAI knows "stop" and "length"; running into the context is "length" too.
+  return reason == FinishReason::kStop ? "stop" : "length";
+}
+
+size_t count_code_points(std::string_view valid_utf8) {
+  size_t n = 0;
+  for (unsigned char c : valid_utf8) n += (c & 0xC0) != 0x80;
+  return n;
+}
+
+// OpenAI's legacy completions write a token that is not valid UTF-8 by itself as "bytes:\xNN...".
+std::string legacy_token_text(const std::string& piece) {
+  if (is_valid_utf8(piece)) return piece;
+  std::string out = "bytes:";
+  for (unsigned char c : piece) out += fmt::format("\\x{:02x}", c);
+  return out;
+}
+
+ojson byte_list(const std::string& piece) {
+  ojson bytes = ojson::array();
+  for (unsigned char c : piece) bytes.push_back(static_cast<int>(c));
+  return bytes;
+}
+
+std::string sse(const ojson& j) { return "data: " + dump(j) + "\n\n"; }
+
+}  // namespace
+
+CompletionJob::CompletionJob(const ServingContext& context, ApiRequest request)
+    : context_(context), request_(std::move(request)) {
+  const bool chat = request_.endpoint == Endpoint::kChatCompletions;
+  id_ = (chat ? "chatcmpl-" : "cmpl-") + random_hex(32);
+  created_ = static_cast<int64_t>(std::time(nullptr));
+  chunk_header_ = fmt::format(R"({{"id":"{}","object":"{}","created":{},"model":{},)", id_,
+                              chat ? "chat.completion.chunk" : "text_completion", created_,
+                              dump(ojson(context_.model_name)));
+  for (size_t p = 0; p < request_.prompts.size(); ++p) {
+    const size_t first = streams_.size();
+    for (int j = 0; j < request_.n; ++j) {
+      GenerationParams params = request_.params;
+      if (params.sampling.seed) params.sampling.seed = *params.sampling.seed + static_cast<uint64_t>(j);
+      streams_.push_back(std::make_shared<RequestStream>(request_.prompts[p].ids, std::move(params)));
+      if (j > 0) streams_.back()->set_leader(streams_[first]);
+      Choice c;
+      c.prompt = p;
+      choices_.push_back(std::move(c));
+    }
+  }
+}
+
+const std::string& CompletionJob::chunk_header() const { return chunk_header_; }
+
+ojson CompletionJob::logprobs_json(Choice& choice, const std::vector<TokenLogprob>& logprobs) const {
+  const Tokenizer& tok = *context_.tokenizer;
+  if (request_.endpoint == Endpoint::kCompletions) {
+    ojson tokens = ojson::array(), token_logprobs = ojson::array(), top = ojson::array(), offsets = ojson::array();
+    for (const TokenLogprob& lp : logprobs) {
+      const std::string piece = tok.token_to_piece(lp.token);
+      tokens.push_back(legacy_token_text(piece));
+      token_logprobs.push_back(lp.logprob);
+      ojson alternatives = ojson::object();
+      for (const auto& [id, value] : lp.top) alternatives[legacy_token_text(tok.token_to_piece(id))] = value;
+      top.push_back(std::move(alternatives));
+      offsets.push_back(choice.text_offset);
+      if (!tok.is_special(lp.token)) choice.text_offset += count_code_points(sanitize_utf8(piece));
+    }
+    ojson out = ojson::object();
+    out["tokens"] = std::move(tokens);
+    out["token_logprobs"] = std::move(token_logprobs);
+    out["top_logprobs"] = std::move(top);
+    out["text_offset"] = std::move(offsets);
+    return out;
+  }
+  ojson content = ojson::array();
+  for (const TokenLogprob& lp : logprobs) {
+    const std::string piece = tok.token_to_piece(lp.token);
+    ojson entry = ojson::object();
+    entry["token"] = sanitize_utf8(piece);
+    entry["logprob"] = lp.logprob;
+    entry["bytes"] = byte_list(piece);
+    ojson top = ojson::array();
+    for (const auto& [id, value] : lp.top) {
+      const std::string alt = tok.token_to_piece(id);
+      ojson a = ojson::object();
+      a["token"] = sanitize_utf8(alt);
+      a["logprob"] = value;
+      a["bytes"] = byte_list(alt);
+      top.push_back(std::move(a));
+    }
+    entry["top_logprobs"] = std::move(top);
+    content.push_back(std::move(entry));
+  }
+  ojson out = ojson::object();
+  out["content"] = std::move(content);
+  out["refusal"] = nullptr;
+  return out;
+}
+
+ojson CompletionJob::usage_json() const {
+  int64_t prompt_tokens = 0, completion_tokens = 0;
+  for (const PromptInput& p : request_.prompts) prompt_tokens += static_cast<int64_t>(p.ids.size());
+  for (const Choice& c : choices_) completion_tokens += c.num_generated;
+  ojson usage = ojson::object();
+  usage["prompt_tokens"] = prompt_tokens;
+  usage["completion_tokens"] = completion_tokens;
+  usage["total_tokens"] = prompt_tokens + completion_tokens;
+  return usage;
+}
+
+void CompletionJob::fail(ApiError error, std::string& events) {
+  if (error_) return;
+  error_ = std::move(error);
+  if (request_.stream) {
+    events += sse(error_json(*error_));
+    events += "data: [DONE]\n\n";
+  }
+  done_ = true;
+}
+
+void CompletionJob::on_output(size_t index, RequestOutput& o, std::string& events) {
+  Choice& c = choices_[index];
+  if (c.finished || done_) return;
+  if (o.finished && (o.finish_reason == FinishReason::kAbort || o.finish_reason == FinishReason::kError)) {
+    ApiError e;
+    if (o.finish_reason == FinishReason::kAbort && streams_[index]->timed_out()) {
+      e.status = 504;
+      e.type = "timeout_error";
+      e.code = "request_timeout";
+      e.message = "the request ran past the server's request timeout and was aborted";
+    } else if (o.finish_reason == FinishReason::kAbort) {
+      e.status = 503;
+      e.type = "server_error";
+      e.message = "the request was aborted";
+    } else {
+      const ErrorCode code = o.error.code();
+      const bool user = code == ErrorCode::kInvalidArgument || code == ErrorCode::kOutOfRange;
+      e.status = user ? 400 : 500;
+      e.type = user ? "invalid_request_error" : "server_error";
+      e.message = o.error.message();
+    }
+    fail(std::move(e), events);
+    return;
+  }
+  const bool chat = request_.endpoint == Endpoint::kChatCompletions;
+  c.num_generated = o.num_generated_tokens;
+  if (request_.stream) {
+    const bool with_logprobs = request_.logprobs && !o.logprobs.empty();
+    const bool has_content = !o.text.empty() || with_logprobs;
+    const std::string lp = with_logprobs ? dump(logprobs_json(c, o.logprobs)) : "null";
+    if (chat) {
+      if (has_content) {
+        events += "data: " + chunk_header() +
+                  fmt::format(R"("choices":[{{"index":{},"delta":{{"content":{}}},"logprobs":{},"finish_reason":null}}]}})",
+                              index, dump(ojson(o.text)), lp) +
+                  "\n\n";
+      }
+      if (o.finished) {
+        events += "data: " + chunk_header() +
+                  fmt::format(R"("choices":[{{"index":{},"delta":{{}},"logprobs":null,"finish_reason":"{}"}}]}})", index,
+                              finish_reason_text(o.finish_reason)) +
+                  "\n\n";
+      }
+    } else if (has_content || o.finished) {
+      const std::string reason = o.finished ? fmt::format("\"{}\"", finish_reason_text(o.finish_reason)) : "null";
+      events += "data: " + chunk_header() +
+                fmt::format(R"("choices":[{{"index":{},"text":{},"logprobs":{},"finish_reason":{}}}]}})", index,
+                            dump(ojson(o.text)), lp, reason) +
+                "\n\n";
+    }
+  } else {
+    c.text += o.text;
+    if (request_.logprobs) {
+      for (TokenLogprob& lp : o.logprobs) c.logprobs.push_back(std::move(lp));
+    }
+  }
+  if (o.finished) {
+    c.finished = true;
+    c.reason = o.finish_reason;
+    ++num_finished_;
+  }
+}
+
+std::string CompletionJob::poll() {
+  std::string events;
+  if (done_) return events;
+  const bool chat = request_.endpoint == Endpoint::kChatCompletions;
+  if (request_.stream && !started_) {
+    // Every choice opens with the assistant role (chat) or the echoed prompt (completions).
+    for (size_t i = 0; i < choices_.size(); ++i) {
+      if (chat) {
+        events += "data: " + chunk_header() +
+                  fmt::format(R"("choices":[{{"index":{},"delta":{{"role":"assistant","content":""}},"logprobs":null,"finish_reason":null}}]}})",
+                              i) +
+                  "\n\n";
+      } else if (request_.echo) {
+        events += "data: " + chunk_header() +
+                  fmt::format(R"("choices":[{{"index":{},"text":{},"logprobs":null,"finish_reason":null}}]}})", i,
+                              dump(ojson(request_.prompts[choices_[i].prompt].text))) +
+                  "\n\n";
+      }
+    }
+  }
+  started_ = true;
+  for (size_t i = 0; i < streams_.size() && !done_; ++i) {
+    std::vector<RequestOutput> outputs = streams_[i]->take();
+    for (RequestOutput& o : outputs) {
+      on_output(i, o, events);
+      if (done_) break;
+    }
+  }
+  if (!done_ && num_finished_ == choices_.size()) {
+    if (request_.stream) {
+      if (request_.include_usage) {
+        events += "data: " + chunk_header() + R"("choices":[],"usage":)" + dump(usage_json()) + "}\n\n";
+      }
+      events += "data: [DONE]\n\n";
+    }
+    done_ = true;
+  }
+  return events;
+}
+
+int CompletionJob::status() const { return error_ ? error_->status : 200; }
+
+std::string CompletionJob::body() const {
+  if (error_) return error_body(*error_);
+  const bool chat = request_.endpoint == Endpoint::kChatCompletions;
+  ojson out = ojson::object();
+  out["id"] = id_;
+  out["object"] = chat ? "chat.completion" : "text_completion";
+  out["created"] = created_;
+  out["model"] = context_.model_name;
+  ojson choices = ojson::array();
+  for (size_t i = 0; i < choices_.size(); ++i) {
+    Choice c = choices_[i];  // logprobs_json advances text_offset
+    ojson choice = ojson::object();
+    choice["index"] = i;
+    if (chat) {
+      ojson message = ojson::object();
+      message["role"] = "assistant";
+      message["content"] = c.text;
+      choice["message"] = std::move(message);
+    } else {
+      choice["text"] = request_.echo ? request_.prompts[c.prompt].text + c.text : c.text;
+    }
+    choice["logprobs"] = request_.logprobs ? logprobs_json(c, c.logprobs) : ojson(nullptr);
+    choice["finish_reason"] = finish_reason_text(c.reason);
+    choices.push_back(std::move(choice));
+  }
+  out["choices"] = std::move(choices);
+  out["usage"] = usage_json();
+  return dump(out);
+}
+
+}  // namespace tachyon::server

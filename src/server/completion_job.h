@@ -1,0 +1,78 @@
+// One HTTP completion request in flight: its engine requests (one per choice: prompts x n, prompt
+// first) and the OpenAI response objects built from their outputs, as server-sent events for a
+// streaming request or one JSON body otherwise. Knows nothing of sockets: the connection calls
+// poll() when its streams notify, and writes what comes back.
+//
+// Response objects follow OpenAI's: ids "cmpl-..." / "chatcmpl-...", `object`, `created`, `model`,
+// choices[i] with index, text | message | delta, logprobs, finish_reason ("stop"; "length" for
+// max_tokens and for the context limit), and usage (prompt tokens of each prompt once, completion
+// tokens of every choice). A stream sends the role (chat) or the echoed prompt (completions) first,
+// one event per engine output while the client keeps up (several outputs in one write when it does
+// not), a last event per choice with its finish_reason, the usage event when
+// stream_options.include_usage, then "data: [DONE]".
+//
+// A choice that fails (engine error, timeout) ends the whole request with an error: the error
+// body for a plain request, an {"error": ...} event then [DONE] for a stream.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "server/async_engine.h"
+#include "server/openai_api.h"
+
+namespace tachyon::server {
+
+class CompletionJob {
+ public:
+  CompletionJob(const ServingContext& context, ApiRequest request);
+
+  // The engine requests, one per choice; the caller sets their notify and submits them.
+  const std::vector<std::shared_ptr<RequestStream>>& streams() const { return streams_; }
+  bool streaming() const { return request_.stream; }
+
+  // Takes what the streams delivered. Streaming: the bytes to send now (possibly empty; the last
+  // piece ends with "data: [DONE]\n\n"). Not streaming: empty.
+  std::string poll();
+  // Every choice finished (or the request failed); for a stream, [DONE] was returned.
+  bool done() const { return done_; }
+  // A choice failed: the caller aborts the others.
+  bool failed() const { return error_.has_value(); }
+  // Not streaming, once done(): the HTTP status and JSON body.
+  int status() const;
+  std::string body() const;
+
+ private:
+  struct Choice {
+    size_t prompt = 0;                  // index into request_.prompts
+    std::string text;                   // everything so far (plain requests)
+    std::vector<TokenLogprob> logprobs; // everything so far (plain requests)
+    int num_generated = 0;
+    size_t text_offset = 0;             // code points of text returned so far (completions logprobs)
+    bool finished = false;
+    FinishReason reason = FinishReason::kLength;
+  };
+
+  void on_output(size_t index, RequestOutput& output, std::string& events);
+  void fail(ApiError error, std::string& events);
+  const std::string& chunk_header() const;  // {"id":...,"object":...,"created":...,"model":..., of every event
+  nlohmann::ordered_json logprobs_json(Choice& choice, const std::vector<TokenLogprob>& logprobs) const;
+  nlohmann::ordered_json usage_json() const;
+
+  const ServingContext& context_;
+  ApiRequest request_;
+  std::string id_;
+  int64_t created_ = 0;
+  std::string chunk_header_;
+  std::vector<Choice> choices_;
+  std::vector<std::shared_ptr<RequestStream>> streams_;
+  size_t num_finished_ = 0;
+  bool started_ = false;
+  bool done_ = false;
+  std::optional<ApiError> error_;
+};
+
+}  // namespace tachyon::server

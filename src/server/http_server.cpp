@@ -1,0 +1,602 @@
+// Connection handling: Beast parses requests; responses are written as raw bytes (status line,
+// headers, then a Content-Length body or chunks) so that a stream's events go out in as few writes
+// as possible. Every handler of a connection runs on its strand; the engine loop reaches a
+// connection only by posting to that strand.
+#include "server/http_server.h"
+
+#include <csignal>
+#include <ctime>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <unordered_map>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/asio/write.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/core/string.hpp>
+#include <boost/beast/http/error.hpp>
+#include <boost/beast/http/parser.hpp>
+#include <boost/beast/http/read.hpp>
+#include <boost/beast/http/status.hpp>
+#include <boost/beast/http/string_body.hpp>
+#include <fmt/format.h>
+
+#include "core/log.h"
+#include "server/completion_job.h"
+
+namespace tachyon::server {
+namespace {
+
+namespace net = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = net::ip::tcp;
+using error_code = boost::system::error_code;
+
+constexpr size_t kMaxHeaderBytes = 64 * 1024;
+constexpr size_t kMaxLingerBytes = size_t{64} << 20;
+constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
+
+std::string status_line(int status) {
+  const beast::string_view reason = http::obsolete_reason(static_cast<http::status>(status));
+  return fmt::format("HTTP/1.1 {} {}\r\n", status, std::string_view(reason.data(), reason.size()));
+}
+
+std::string chunk(std::string_view data) {
+  return fmt::format("{:x}\r\n", data.size()) + std::string(data) + "\r\n";
+}
+
+}  // namespace
+
+class Session;
+
+struct HttpServer::Impl {
+  Impl(const HttpServerOptions& o, const ServingContext& c, std::unique_ptr<AsyncEngine> e, ServerMetrics& m)
+      : options(o), context(c), metrics(m), created(std::time(nullptr)), engine(std::move(e)),
+        ioc(std::max(1, o.io_threads)), acceptor(ioc), signals(ioc, SIGINT, SIGTERM), drain_timer(ioc),
+        retry_timer(ioc) {}
+  ~Impl() {
+    ioc.stop();
+    engine.reset();  // its loop may still post to connections: it goes before the io_context
+  }
+
+  void accept();
+  void on_signal(const error_code& ec, int signal);
+  void begin_drain();
+  void check_drained();
+  void add(const std::shared_ptr<Session>& s);
+  void remove(Session* s);
+
+  // Everything a connection touches is declared before the io_context, so that it outlives the
+  // connections the io_context's destructor frees.
+  HttpServerOptions options;
+  ServingContext context;
+  ServerMetrics& metrics;
+  int64_t created;
+  int port = 0;
+  std::atomic<bool> draining{false};
+  std::atomic<int> active{0};  // responses to generation requests not yet fully written
+  int exit_code = 0;
+  std::mutex sessions_mu;
+  std::unordered_map<Session*, std::weak_ptr<Session>> sessions;
+  std::unique_ptr<AsyncEngine> engine;  // reset in ~Impl, before the io_context goes
+  net::io_context ioc;
+  tcp::acceptor acceptor;
+  net::signal_set signals;
+  net::steady_timer drain_timer;
+  net::steady_timer retry_timer;
+};
+
+// One client connection.
+class Session : public std::enable_shared_from_this<Session> {
+ public:
+  Session(tcp::socket socket, HttpServer::Impl& server)
+      : socket_(std::move(socket)), timer_(socket_.get_executor()), server_(server) {}
+  ~Session() {
+    // Only reached with a job still running when the server stops without draining.
+    if (job_ && server_.engine) abort_job();
+    if (counted_) server_.active.fetch_sub(1);
+    server_.remove(this);
+  }
+
+  // Runs the connection on its strand.
+  void start() {
+    net::post(socket_.get_executor(), [self = shared_from_this()] {
+      error_code ec;
+      self->socket_.set_option(tcp::no_delay(true), ec);
+      self->read_request();
+    });
+  }
+
+  // From the server on a drain (any thread).
+  void drain() {
+    net::post(socket_.get_executor(), [self = shared_from_this()] { self->on_drain(); });
+  }
+
+ private:
+  // Idle connections close now, busy ones after their response.
+  void on_drain() {
+    if (state_ == State::kReading || state_ == State::kAwaitingRequest) close();
+  }
+
+  enum class State { kReading, kGenerating, kResponding, kAwaitingRequest, kLingering, kClosed };
+
+  // --- timers: one deadline at a time (reading a request, or one write) ---
+  void arm_timer(double seconds) {
+    const uint64_t seq = ++timer_seq_;
+    timer_.expires_after(std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)));
+    timer_.async_wait([self = shared_from_this(), seq](const error_code& ec) {
+      if (ec || seq != self->timer_seq_) return;
+      self->close();
+    });
+  }
+  void disarm_timer() {
+    ++timer_seq_;
+    timer_.cancel();
+  }
+
+  // --- reading requests ---
+  void read_request() {
+    if (state_ == State::kClosed) return;
+    if (server_.draining.load()) {
+      close();
+      return;
+    }
+    state_ = State::kReading;
+    parser_.emplace();
+    parser_->header_limit(kMaxHeaderBytes);
+    parser_->body_limit(server_.options.max_body);
+    arm_timer(server_.options.keep_alive_timeout);
+    http::async_read_header(socket_, buffer_, *parser_,
+                            [self = shared_from_this()](const error_code& ec, size_t) { self->on_header(ec); });
+  }
+
+  void on_header(const error_code& ec) {
+    if (state_ == State::kClosed) return;
+    if (ec) {
+      read_failed(ec);
+      return;
+    }
+    auto& req = parser_->get();
+    if (beast::iequals(req[http::field::expect], "100-continue")) {
+      net::async_write(socket_, net::buffer(kContinue.data(), kContinue.size()),
+                       [self = shared_from_this()](const error_code& wec, size_t) {
+                         if (wec) {
+                           self->close();
+                           return;
+                         }
+                         self->read_body();
+                       });
+      return;
+    }
+    read_body();
+  }
+
+  void read_body() {
+    if (parser_->is_done()) {
+      on_body(error_code{});
+      return;
+    }
+    http::async_read(socket_, buffer_, *parser_,
+                     [self = shared_from_this()](const error_code& ec, size_t) { self->on_body(ec); });
+  }
+
+  void on_body(const error_code& ec) {
+    if (state_ == State::kClosed) return;
+    disarm_timer();
+    if (ec) {
+      read_failed(ec);
+      return;
+    }
+    http::request<http::string_body> req = parser_->release();
+    parser_.reset();
+    keep_alive_ = req.keep_alive();
+    http10_ = req.version() < 11;
+    handle(std::move(req));
+  }
+
+  void read_failed(const error_code& ec) {
+    if (ec == http::error::body_limit) {
+      reply_error_and_close(413, fmt::format("the request body exceeds the server's limit of {} bytes",
+                                             server_.options.max_body), "request_too_large");
+    } else if (ec == http::error::header_limit) {
+      reply_error_and_close(431, fmt::format("the request headers exceed {} bytes", kMaxHeaderBytes), "");
+    } else if (ec.category() == make_error_code(http::error::bad_target).category() && ec != http::error::end_of_stream &&
+               ec != http::error::partial_message) {
+      reply_error_and_close(400, fmt::format("malformed HTTP request: {}", ec.message()), "");
+    } else {
+      close();  // the client closed, timed out, or the server is draining
+    }
+  }
+
+  // --- routing ---
+  void handle(http::request<http::string_body> req) {
+    std::string_view target(req.target().data(), req.target().size());
+    const std::string path(target.substr(0, target.find('?')));
+    const bool get = req.method() == http::verb::get;
+    const bool post = req.method() == http::verb::post;
+    if (path == "/v1/completions" || path == "/v1/chat/completions") {
+      if (!post) return reply_error(405, fmt::format("{} needs POST", path), "method_not_allowed");
+      return start_generation(path == "/v1/chat/completions" ? Endpoint::kChatCompletions : Endpoint::kCompletions,
+                              req.body());
+    }
+    if (path == "/health") {
+      if (!get) return reply_error(405, "/health needs GET", "method_not_allowed");
+      if (server_.draining.load()) return reply(503, "application/json", R"({"status":"draining"})");
+      return reply(200, "application/json", R"({"status":"ok"})");
+    }
+    if (path == "/metrics") {
+      if (!get) return reply_error(405, "/metrics needs GET", "method_not_allowed");
+      return reply(200, "text/plain; version=0.0.4; charset=utf-8", server_.metrics.render());
+    }
+    if (path == "/v1/models" || path.rfind("/v1/models/", 0) == 0) {
+      if (!get) return reply_error(405, "/v1/models needs GET", "method_not_allowed");
+      nlohmann::ordered_json model = nlohmann::ordered_json::object();
+      model["id"] = server_.context.model_name;
+      model["object"] = "model";
+      model["created"] = server_.created;
+      model["owned_by"] = "tachyon";
+      model["max_model_len"] = server_.context.max_model_len;
+      if (path != "/v1/models") {
+        if (path.substr(11) != server_.context.model_name) {
+          return reply_error(404, fmt::format("The model '{}' does not exist", path.substr(11)), "model_not_found");
+        }
+        return reply(200, "application/json", model.dump());
+      }
+      nlohmann::ordered_json list = nlohmann::ordered_json::object();
+      list["object"] = "list";
+      list["data"] = nlohmann::ordered_json::array({model});
+      return reply(200, "application/json", list.dump());
+    }
+    reply_error(404, fmt::format("no route for {} {}", std::string_view(req.method_string().data(),
+                                                                        req.method_string().size()), path), "");
+  }
+
+  void start_generation(Endpoint endpoint, const std::string& body) {
+    ApiRequest request;
+    if (auto error = parse_api_request(endpoint, body, server_.context, request)) {
+      return reply(error->status, "application/json", error_body(*error));
+    }
+    auto job = std::make_shared<CompletionJob>(server_.context, std::move(request));
+    std::weak_ptr<Session> weak = weak_from_this();
+    auto executor = socket_.get_executor();
+    for (const auto& s : job->streams()) {
+      s->set_notify([weak, executor] {
+        net::post(executor, [weak] {
+          if (auto self = weak.lock()) self->on_job_ready();
+        });
+      });
+    }
+    switch (server_.engine->submit(job->streams())) {
+      case SubmitError::kNone: break;
+      case SubmitError::kQueueFull: {
+        server_.metrics.record_rejected();
+        ApiError e{503, "the server is overloaded: too many requests are waiting; retry later", "server_error", "",
+                   "queue_full"};
+        return reply(503, "application/json", error_body(e));
+      }
+      case SubmitError::kDraining: {
+        server_.metrics.record_rejected();
+        keep_alive_ = false;
+        ApiError e{503, "the server is shutting down", "server_error", "", "shutting_down"};
+        return reply(503, "application/json", error_body(e));
+      }
+    }
+    job_ = std::move(job);
+    state_ = State::kGenerating;
+    counted_ = true;
+    server_.active.fetch_add(1);
+    if (job_->streaming()) {
+      std::string head = status_line(200) +
+                         "Content-Type: text/event-stream; charset=utf-8\r\nCache-Control: no-cache\r\n"
+                         "X-Accel-Buffering: no\r\n";
+      if (http10_) {
+        keep_alive_ = false;
+        head += "Connection: close\r\n\r\n";
+      } else {
+        head += fmt::format("Transfer-Encoding: chunked\r\nConnection: {}\r\n\r\n", keep_alive_ ? "keep-alive" : "close");
+      }
+      server_.metrics.record_http_response(200);
+      pending_ += head;
+      on_job_ready();  // the opening events
+    }
+    watch();
+  }
+
+  // A read kept posted while a request generates: it completes when the client hangs up (or
+  // sends its next request early, which then stays in the buffer for the parser).
+  void watch() {
+    if (watching_ || state_ == State::kClosed) return;
+    watching_ = true;
+    socket_.async_read_some(buffer_.prepare(4096), [self = shared_from_this()](const error_code& ec, size_t n) {
+      self->watching_ = false;
+      if (self->state_ == State::kClosed) return;
+      if (ec) {
+        self->close();  // aborts the job, if any
+        return;
+      }
+      self->buffer_.commit(n);
+      if (self->state_ == State::kAwaitingRequest) self->read_request();
+    });
+  }
+
+  // The job's streams delivered outputs (or the job is to be driven once more).
+  void on_job_ready() {
+    if (!job_ || state_ == State::kClosed) return;
+    std::string events = job_->poll();
+    if (job_->failed()) abort_job();
+    if (job_->streaming()) {
+      if (!events.empty()) pending_ += http10_ ? events : chunk(events);
+      if (job_->done()) {
+        if (!http10_) pending_ += "0\r\n\r\n";
+        finish_job();
+      }
+    } else if (job_->done()) {
+      const int status = job_->status();
+      finish_job();
+      append_response(status, "application/json", job_body_);
+    }
+    write_more();
+  }
+
+  void finish_job() {
+    if (!job_->streaming()) job_body_ = job_->body();
+    job_.reset();
+    state_ = State::kResponding;
+  }
+
+  void abort_job() {
+    if (!job_) return;
+    for (const auto& s : job_->streams()) server_.engine->abort(s);
+  }
+
+  // --- writing ---
+  void append_response(int status, std::string_view content_type, std::string_view body) {
+    server_.metrics.record_http_response(status);
+    if (server_.draining.load()) keep_alive_ = false;
+    pending_ += status_line(status);
+    pending_ += fmt::format("Content-Type: {}\r\nContent-Length: {}\r\nConnection: {}\r\n\r\n", content_type,
+                            body.size(), keep_alive_ ? "keep-alive" : "close");
+    pending_ += body;
+  }
+
+  void reply(int status, std::string_view content_type, std::string_view body) {
+    append_response(status, content_type, body);
+    state_ = State::kResponding;
+    write_more();
+  }
+
+  void reply_error(int status, std::string message, std::string code) {
+    ApiError e;
+    e.status = status;
+    e.message = std::move(message);
+    e.code = std::move(code);
+    reply(status, "application/json", error_body(e));
+  }
+
+  // For a request whose body is not read (too large, malformed): the response, then a lingering
+  // close, so that the client can finish sending and read the answer instead of a reset.
+  void reply_error_and_close(int status, std::string message, std::string code) {
+    keep_alive_ = false;
+    linger_ = true;
+    reply_error(status, std::move(message), std::move(code));
+  }
+
+  // Half-closes, then reads and drops what the client still sends until it closes (or a couple of
+  // seconds, or kMaxLingerBytes): closing with unread input would reset the connection and could
+  // destroy the response before the client read it.
+  void linger() {
+    state_ = State::kLingering;
+    error_code ec;
+    socket_.shutdown(tcp::socket::shutdown_send, ec);
+    arm_timer(2.0);
+    discard();
+  }
+  void discard() {
+    socket_.async_read_some(buffer_.prepare(64 * 1024), [self = shared_from_this()](const error_code& ec, size_t n) {
+      if (self->state_ != State::kLingering) return;
+      self->lingered_ += n;
+      if (ec || self->lingered_ > kMaxLingerBytes) {
+        self->close();
+        return;
+      }
+      self->discard();
+    });
+  }
+
+  void write_more() {
+    if (writing_ || state_ == State::kClosed) return;
+    if (pending_.empty()) {
+      if (state_ == State::kResponding) response_written();
+      return;
+    }
+    out_.swap(pending_);
+    pending_.clear();
+    writing_ = true;
+    arm_timer(server_.options.write_timeout);
+    net::async_write(socket_, net::buffer(out_), [self = shared_from_this()](const error_code& ec, size_t) {
+      self->writing_ = false;
+      self->disarm_timer();
+      if (self->state_ == State::kClosed) return;
+      if (ec) {
+        self->close();
+        return;
+      }
+      self->out_.clear();
+      self->write_more();
+    });
+  }
+
+  // The whole response is out: next request, or close.
+  void response_written() {
+    if (counted_) {
+      counted_ = false;
+      server_.active.fetch_sub(1);
+    }
+    if (!keep_alive_ || server_.draining.load()) {
+      if (linger_ && !watching_) {
+        linger();
+      } else {
+        close();
+      }
+      return;
+    }
+    if (watching_) {
+      // The posted read will deliver the next request's first bytes (or the hang-up).
+      state_ = State::kAwaitingRequest;
+      arm_timer(server_.options.keep_alive_timeout);
+      return;
+    }
+    read_request();
+  }
+
+  void close() {
+    if (state_ == State::kClosed) return;
+    state_ = State::kClosed;
+    abort_job();
+    job_.reset();
+    if (counted_) {
+      counted_ = false;
+      server_.active.fetch_sub(1);
+    }
+    disarm_timer();
+    error_code ec;
+    socket_.shutdown(tcp::socket::shutdown_both, ec);
+    socket_.close(ec);
+  }
+
+  tcp::socket socket_;
+  net::steady_timer timer_;
+  uint64_t timer_seq_ = 0;
+  HttpServer::Impl& server_;
+  beast::flat_buffer buffer_;
+  std::optional<http::request_parser<http::string_body>> parser_;
+  State state_ = State::kReading;
+  bool keep_alive_ = true;
+  bool http10_ = false;
+  bool watching_ = false;
+  bool writing_ = false;
+  bool counted_ = false;  // holds one of server_.active
+  bool linger_ = false;   // the request's body was left unread: close gently
+  size_t lingered_ = 0;
+  std::shared_ptr<CompletionJob> job_;
+  std::string job_body_;
+  std::string pending_;  // bytes waiting for the current write to finish
+  std::string out_;      // bytes being written
+};
+
+void HttpServer::Impl::add(const std::shared_ptr<Session>& s) {
+  std::lock_guard lock(sessions_mu);
+  sessions.emplace(s.get(), s);
+}
+
+void HttpServer::Impl::remove(Session* s) {
+  std::lock_guard lock(sessions_mu);
+  sessions.erase(s);
+}
+
+void HttpServer::Impl::accept() {
+  acceptor.async_accept(net::make_strand(ioc), [this](const error_code& ec, tcp::socket socket) {
+    if (!acceptor.is_open()) return;
+    if (ec) {
+      // Out of file descriptors and the like: wait a little instead of spinning.
+      TACHYON_LOG_WARN("accept failed: {}", ec.message());
+      retry_timer.expires_after(std::chrono::milliseconds(50));
+      retry_timer.async_wait([this](const error_code&) { accept(); });
+      return;
+    }
+    auto session = std::make_shared<Session>(std::move(socket), *this);
+    add(session);
+    session->start();
+    accept();
+  });
+}
+
+void HttpServer::Impl::on_signal(const error_code& ec, int signal) {
+  if (ec) return;
+  if (draining.load()) {
+    TACHYON_LOG_WARN("second signal ({}): exiting without waiting for {} requests", signal, active.load());
+    exit_code = 1;
+    ioc.stop();
+    return;
+  }
+  std::fprintf(stderr, "tachyon serve: signal %d: draining (no new connections; %d requests in flight)\n", signal,
+               active.load());
+  begin_drain();
+  signals.async_wait([this](const error_code& e, int s) { on_signal(e, s); });
+}
+
+void HttpServer::Impl::begin_drain() {
+  draining.store(true);
+  error_code ec;
+  acceptor.close(ec);
+  engine->begin_drain();
+  std::vector<std::shared_ptr<Session>> live;
+  {
+    std::lock_guard lock(sessions_mu);
+    for (auto& [ptr, weak] : sessions) {
+      if (auto s = weak.lock()) live.push_back(std::move(s));
+    }
+  }
+  for (auto& s : live) s->drain();
+  check_drained();
+}
+
+// Done when the engine loop has finished every request and every response is written.
+void HttpServer::Impl::check_drained() {
+  if (engine->stopped() && active.load() == 0) {
+    std::fprintf(stderr, "tachyon serve: drained; exiting\n");
+    ioc.stop();
+    return;
+  }
+  drain_timer.expires_after(std::chrono::milliseconds(20));
+  drain_timer.async_wait([this](const error_code& ec) {
+    if (!ec) check_drained();
+  });
+}
+
+HttpServer::HttpServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+HttpServer::~HttpServer() = default;
+
+int HttpServer::port() const { return impl_->port; }
+
+Result<std::unique_ptr<HttpServer>> HttpServer::create(const HttpServerOptions& options, const ServingContext& context,
+                                                       std::unique_ptr<AsyncEngine> engine, ServerMetrics& metrics) {
+  if (options.io_threads < 1) {
+    return make_error(ErrorCode::kInvalidArgument, "io threads = {} must be at least 1", options.io_threads);
+  }
+  if (options.port < 0 || options.port > 65535) {
+    return make_error(ErrorCode::kInvalidArgument, "port {} must be in [0, 65535]", options.port);
+  }
+  auto impl = std::make_unique<Impl>(options, context, std::move(engine), metrics);
+  error_code ec;
+  const net::ip::address address = net::ip::make_address(options.host, ec);
+  if (ec) return make_error(ErrorCode::kInvalidArgument, "--host '{}' is not an IP address: {}", options.host, ec.message());
+  const tcp::endpoint endpoint(address, static_cast<unsigned short>(options.port));
+  impl->acceptor.open(endpoint.protocol(), ec);
+  if (!ec) impl->acceptor.set_option(net::socket_base::reuse_address(true), ec);
+  if (!ec) impl->acceptor.bind(endpoint, ec);
+  if (!ec) impl->acceptor.listen(net::socket_base::max_listen_connections, ec);
+  if (ec) return make_error(ErrorCode::kIo, "cannot listen on {}:{}: {}", options.host, options.port, ec.message());
+  impl->port = impl->acceptor.local_endpoint().port();
+  return std::unique_ptr<HttpServer>(new HttpServer(std::move(impl)));
+}
+
+int HttpServer::run() {
+  Impl& s = *impl_;
+  s.signals.async_wait([&s](const error_code& ec, int signal) { s.on_signal(ec, signal); });
+  s.accept();
+  std::vector<std::thread> threads;
+  for (int i = 1; i < s.options.io_threads; ++i) threads.emplace_back([&s] { s.ioc.run(); });
+  s.ioc.run();
+  for (auto& t : threads) t.join();
+  return s.exit_code;
+}
+
+}  // namespace tachyon::server

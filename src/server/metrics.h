@@ -1,0 +1,63 @@
+// The server's counters, gauges and latency histograms, rendered for GET /metrics in the Prometheus
+// text exposition format (version 0.0.4). Every name starts with `tachyon_`.
+//
+// The engine loop records each finished request and publishes an EngineStats snapshot after every
+// step; connection threads count HTTP responses and render. One mutex guards everything: updates
+// are a few additions per finished request, far below one engine step.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+
+namespace tachyon::server {
+
+// Cumulative histogram with fixed upper bounds (seconds), as Prometheus expects.
+class Histogram {
+ public:
+  explicit Histogram(std::vector<double> bounds);
+  void observe(double value);
+  // `name`_bucket{le=...}, `name`_sum, `name`_count lines.
+  void render(const std::string& name, std::string& out) const;
+  uint64_t count() const { return count_; }
+
+ private:
+  std::vector<double> bounds_;
+  std::vector<uint64_t> counts_;  // [bounds + 1]: the last is +Inf
+  double sum_ = 0.0;
+  uint64_t count_ = 0;
+};
+
+class ServerMetrics {
+ public:
+  ServerMetrics();
+
+  // Engine loop.
+  void record_admitted(int num_prompt_tokens);
+  void record_finished(const RequestOutput& output, bool timed_out);
+  void set_engine_stats(const EngineStats& stats);
+  // Connection threads.
+  void record_http_response(int status);
+  void record_rejected();  // refused by the bounded queue or while draining
+
+  std::string render() const;
+
+ private:
+  mutable std::mutex mu_;
+  EngineStats engine_;
+  int64_t prompt_tokens_ = 0;
+  std::array<int64_t, 6> finished_{};  // by FinishReason, then timeouts
+  int64_t rejected_ = 0;
+  std::map<int, int64_t> http_responses_;
+  Histogram ttft_;
+  Histogram tpot_;
+  Histogram e2e_;
+  Histogram queue_;
+};
+
+}  // namespace tachyon::server

@@ -1,0 +1,431 @@
+#include "server/openai_api.h"
+
+#include <cmath>
+#include <limits>
+
+#include <fmt/format.h>
+
+#include "server/chat_prompt.h"
+#include "tokenizer/unicode.h"
+
+namespace tachyon::server {
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+constexpr int kMaxN = 128;
+// Deeper JSON is refused before parsing: copies, the chat template's conversion and dumps of a
+// JSON value recurse, and a body of nested brackets must not exhaust the stack.
+constexpr int kMaxJsonDepth = 64;
+
+// The deepest nesting of arrays and objects in `text`, brackets inside strings excluded; stops
+// counting past `limit`.
+int json_depth(std::string_view text, int limit) {
+  int depth = 0, deepest = 0;
+  bool in_string = false, escaped = false;
+  for (const char c : text) {
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      deepest = std::max(deepest, ++depth);
+      if (deepest > limit) return deepest;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
+ApiError invalid(std::string message, std::string param = "", std::string code = "") {
+  ApiError e;
+  e.status = 400;
+  e.message = std::move(message);
+  e.param = std::move(param);
+  e.code = std::move(code);
+  return e;
+}
+
+// A field present and not null.
+const ojson* field(const ojson& body, const char* key) {
+  auto it = body.find(key);
+  if (it == body.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+std::optional<ApiError> read_float(const ojson& body, const char* key, float& out) {
+  const ojson* v = field(body, key);
+  if (v == nullptr) return std::nullopt;
+  if (!v->is_number()) return invalid(fmt::format("'{}' must be a number, got {}", key, v->type_name()), key);
+  const double d = v->get<double>();
+  if (!std::isfinite(d) || std::fabs(d) > 1e30) return invalid(fmt::format("'{}' = {} is out of range", key, d), key);
+  out = static_cast<float>(d);
+  return std::nullopt;
+}
+
+std::optional<ApiError> read_int(const ojson& body, const char* key, int64_t& out) {
+  const ojson* v = field(body, key);
+  if (v == nullptr) return std::nullopt;
+  if (v->is_number_integer()) {
+    if (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      return invalid(fmt::format("'{}' is out of range", key), key);
+    }
+    out = v->get<int64_t>();
+    return std::nullopt;
+  }
+  // 16.0 is an integer to a JavaScript client.
+  if (v->is_number_float()) {
+    const double d = v->get<double>();
+    if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9e15) {
+      out = static_cast<int64_t>(d);
+      return std::nullopt;
+    }
+  }
+  return invalid(fmt::format("'{}' must be an integer, got {}", key, v->dump()), key);
+}
+
+std::optional<ApiError> read_bool(const ojson& body, const char* key, bool& out) {
+  const ojson* v = field(body, key);
+  if (v == nullptr) return std::nullopt;
+  if (!v->is_boolean()) return invalid(fmt::format("'{}' must be a boolean, got {}", key, v->type_name()), key);
+  out = v->get<bool>();
+  return std::nullopt;
+}
+
+#define TACHYON_API_TRY(expr)                     \
+  do {                                            \
+    if (auto api_error_ = (expr)) return api_error_; \
+  } while (0)
+
+// The first word of a SamplingParams::validate message is the field's name.
+std::string param_of(const std::string& message) { return message.substr(0, message.find(' ')); }
+
+std::optional<ApiError> read_stop(const ojson& body, std::vector<std::string>& out) {
+  const ojson* v = field(body, "stop");
+  if (v == nullptr) return std::nullopt;
+  const auto add = [&](const ojson& s) -> std::optional<ApiError> {
+    if (!s.is_string()) return invalid(fmt::format("'stop' must be a string or a list of strings, got {}", s.dump()), "stop");
+    std::string text = s.get<std::string>();
+    if (!text.empty()) out.push_back(std::move(text));
+    return std::nullopt;
+  };
+  if (v->is_array()) {
+    for (const ojson& s : *v) TACHYON_API_TRY(add(s));
+  } else {
+    TACHYON_API_TRY(add(*v));
+  }
+  return std::nullopt;
+}
+
+std::optional<ApiError> read_logit_bias(const ojson& body, int vocab_size, SamplingParams& sampling) {
+  const ojson* v = field(body, "logit_bias");
+  if (v == nullptr) return std::nullopt;
+  if (!v->is_object()) return invalid("'logit_bias' must be an object of token id -> bias", "logit_bias");
+  for (auto it = v->begin(); it != v->end(); ++it) {
+    const std::string& key = it.key();
+    char* end = nullptr;
+    const long id = std::strtol(key.c_str(), &end, 10);
+    if (key.empty() || end != key.c_str() + key.size() || id < 0 || id >= vocab_size) {
+      return invalid(fmt::format("logit_bias key '{}' is not a token id in [0, {})", key, vocab_size), "logit_bias");
+    }
+    if (!it.value().is_number()) {
+      return invalid(fmt::format("logit_bias for token {} must be a number", key), "logit_bias");
+    }
+    sampling.logit_bias.emplace_back(static_cast<int32_t>(id), it.value().get<float>());
+  }
+  return std::nullopt;
+}
+
+// A list of token ids, each in the vocabulary.
+std::optional<ApiError> read_ids(const ojson& list, int vocab_size, std::vector<int32_t>& out) {
+  out.reserve(list.size());
+  for (size_t i = 0; i < list.size(); ++i) {
+    const ojson& t = list[i];
+    if (!t.is_number_integer()) {
+      return invalid(fmt::format("prompt token {} must be an integer, got {}", i, t.dump()), "prompt");
+    }
+    const int64_t id = t.get<int64_t>();
+    if (id < 0 || id >= vocab_size) {
+      return invalid(fmt::format("prompt token {} at index {} is outside the vocabulary [0, {})", id, i, vocab_size),
+                     "prompt");
+    }
+    out.push_back(static_cast<int32_t>(id));
+  }
+  return std::nullopt;
+}
+
+std::optional<ApiError> read_prompts(const ojson& body, const ServingContext& ctx, std::vector<PromptInput>& out) {
+  const ojson* v = field(body, "prompt");
+  if (v == nullptr) return invalid("'prompt' is required", "prompt");
+  EncodeOptions eo;
+  eo.parse_special = true;  // as Hugging Face tokenizers do: special tokens written in the text are recognized
+  const auto text_prompt = [&](const std::string& text) {
+    PromptInput p;
+    p.text = text;
+    p.ids = ctx.tokenizer->encode(text, eo);
+    out.push_back(std::move(p));
+  };
+  const auto id_prompt = [&](const ojson& list) -> std::optional<ApiError> {
+    PromptInput p;
+    TACHYON_API_TRY(read_ids(list, ctx.vocab_size, p.ids));
+    p.text = ctx.tokenizer->decode(p.ids, false);
+    out.push_back(std::move(p));
+    return std::nullopt;
+  };
+  if (v->is_string()) {
+    text_prompt(v->get<std::string>());
+    return std::nullopt;
+  }
+  if (!v->is_array() || v->empty()) {
+    return invalid("'prompt' must be a string, a list of token ids, or a non-empty list of strings or of token id "
+                   "lists", "prompt");
+  }
+  const ojson& first = (*v)[0];
+  if (first.is_number()) return id_prompt(*v);
+  for (const ojson& item : *v) {
+    if (item.is_string()) {
+      text_prompt(item.get<std::string>());
+    } else if (item.is_array() && !item.empty()) {
+      TACHYON_API_TRY(id_prompt(item));
+    } else {
+      return invalid(fmt::format("a batch prompt must be a string or a non-empty list of token ids, got {}",
+                                 item.type_name()), "prompt");
+    }
+  }
+  return std::nullopt;
+}
+
+std::optional<ApiError> read_messages(const ojson& body, ojson& messages) {
+  const ojson* v = field(body, "messages");
+  if (v == nullptr) return invalid("'messages' is required", "messages");
+  if (!v->is_array() || v->empty()) return invalid("'messages' must be a non-empty list of messages", "messages");
+  messages = ojson::array();
+  for (size_t i = 0; i < v->size(); ++i) {
+    const ojson& m = (*v)[i];
+    if (!m.is_object()) {
+      return invalid(fmt::format("messages[{}] must be an object, got {}", i, m.type_name()), "messages");
+    }
+    auto role = m.find("role");
+    if (role == m.end() || !role->is_string()) {
+      return invalid(fmt::format("messages[{}].role must be a string", i), "messages");
+    }
+    ojson copy = m;
+    auto content = m.find("content");
+    if (content != m.end()) {
+      std::string text;
+      TACHYON_API_TRY(flatten_content(*content, i, text));
+      if (!content->is_null()) copy["content"] = std::move(text);
+    }
+    messages.push_back(std::move(copy));
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+ojson error_json(const ApiError& e) {
+  ojson inner = ojson::object();
+  inner["message"] = e.message;
+  inner["type"] = e.type;
+  inner["param"] = e.param.empty() ? ojson(nullptr) : ojson(e.param);
+  inner["code"] = e.code.empty() ? ojson(nullptr) : ojson(e.code);
+  ojson out = ojson::object();
+  out["error"] = std::move(inner);
+  return out;
+}
+
+std::string error_body(const ApiError& e) {
+  return error_json(e).dump(-1, ' ', false, ojson::error_handler_t::replace);
+}
+
+std::optional<ApiError> flatten_content(const ojson& content, size_t index, std::string& out) {
+  out.clear();
+  if (content.is_null()) return std::nullopt;
+  if (content.is_string()) {
+    out = content.get<std::string>();
+    return std::nullopt;
+  }
+  if (!content.is_array()) {
+    return invalid(fmt::format("messages[{}].content must be a string or a list of parts", index), "messages");
+  }
+  bool first = true;
+  for (const ojson& part : content) {
+    const ojson* type = part.is_object() ? field(part, "type") : nullptr;
+    const ojson* text = part.is_object() ? field(part, "text") : nullptr;
+    if (type == nullptr || !type->is_string() || type->get<std::string>() != "text" || text == nullptr ||
+        !text->is_string()) {
+      return invalid(fmt::format("messages[{}].content: only parts of type \"text\" with a string \"text\" are "
+                                 "supported", index), "messages");
+    }
+    if (!first) out += "\n";
+    out += text->get<std::string>();
+    first = false;
+  }
+  return std::nullopt;
+}
+
+std::optional<ApiError> parse_api_request(Endpoint endpoint, std::string_view body_text, const ServingContext& ctx,
+                                          ApiRequest& out) {
+  if (!is_valid_utf8(body_text)) return invalid("the request body is not valid UTF-8");
+  if (json_depth(body_text, kMaxJsonDepth) > kMaxJsonDepth) {
+    return invalid(fmt::format("the request body nests arrays and objects deeper than {} levels", kMaxJsonDepth));
+  }
+  ojson body = ojson::parse(body_text, nullptr, /*allow_exceptions=*/false);
+  if (body.is_discarded()) return invalid("the request body is not valid JSON");
+  if (!body.is_object()) return invalid(fmt::format("the request body must be a JSON object, got {}", body.type_name()));
+  const bool chat = endpoint == Endpoint::kChatCompletions;
+  out = ApiRequest{};
+  out.endpoint = endpoint;
+
+  if (const ojson* model = field(body, "model")) {
+    if (!model->is_string()) return invalid("'model' must be a string", "model");
+    if (model->get<std::string>() != ctx.model_name) {
+      ApiError e;
+      e.status = 404;
+      e.message = fmt::format("The model '{}' does not exist; this server serves '{}'", model->get<std::string>(),
+                              ctx.model_name);
+      e.param = "model";
+      e.code = "model_not_found";
+      return e;
+    }
+  }
+
+  GenerationParams& p = out.params;
+  SamplingParams& s = p.sampling;
+  TACHYON_API_TRY(read_float(body, "temperature", s.temperature));
+  TACHYON_API_TRY(read_float(body, "top_p", s.top_p));
+  TACHYON_API_TRY(read_float(body, "min_p", s.min_p));
+  TACHYON_API_TRY(read_float(body, "presence_penalty", s.presence_penalty));
+  TACHYON_API_TRY(read_float(body, "frequency_penalty", s.frequency_penalty));
+  TACHYON_API_TRY(read_float(body, "repetition_penalty", s.repetition_penalty));
+  int64_t top_k = 0;
+  TACHYON_API_TRY(read_int(body, "top_k", top_k));
+  if (top_k < -1 || top_k > std::numeric_limits<int32_t>::max()) {
+    return invalid(fmt::format("'top_k' must be -1 or 0 (off) or a positive count, got {}", top_k), "top_k");
+  }
+  s.top_k = static_cast<int>(top_k);
+  if (field(body, "seed") != nullptr) {
+    int64_t value = 0;
+    TACHYON_API_TRY(read_int(body, "seed", value));
+    s.seed = static_cast<uint64_t>(value);
+  }
+  TACHYON_API_TRY(read_logit_bias(body, ctx.vocab_size, s));
+  TACHYON_API_TRY(read_stop(body, p.stop));
+  TACHYON_API_TRY(read_bool(body, "ignore_eos", p.ignore_eos));
+  TACHYON_API_TRY(read_bool(body, "stream", out.stream));
+  if (const ojson* so = field(body, "stream_options")) {
+    if (!so->is_object()) return invalid("'stream_options' must be an object", "stream_options");
+    TACHYON_API_TRY(read_bool(*so, "include_usage", out.include_usage));
+  }
+  if (!out.stream) out.include_usage = false;
+
+  int64_t n = 1;
+  TACHYON_API_TRY(read_int(body, "n", n));
+  if (n < 1 || n > kMaxN) return invalid(fmt::format("'n' must be in [1, {}], got {}", kMaxN, n), "n");
+  out.n = static_cast<int>(n);
+
+  if (chat) {
+    TACHYON_API_TRY(read_bool(body, "logprobs", out.logprobs));
+    int64_t top = 0;
+    TACHYON_API_TRY(read_int(body, "top_logprobs", top));
+    if (top < 0 || top > SamplingParams::kMaxLogprobs) {
+      return invalid(fmt::format("'top_logprobs' must be in [0, {}], got {}", SamplingParams::kMaxLogprobs, top),
+                     "top_logprobs");
+    }
+    if (top > 0 && !out.logprobs) return invalid("'top_logprobs' needs 'logprobs': true", "top_logprobs");
+    out.top_logprobs = static_cast<int>(top);
+  } else {
+    if (field(body, "logprobs") != nullptr) {
+      int64_t top = 0;
+      TACHYON_API_TRY(read_int(body, "logprobs", top));
+      if (top < 0 || top > SamplingParams::kMaxLogprobs) {
+        return invalid(fmt::format("'logprobs' must be in [0, {}], got {}", SamplingParams::kMaxLogprobs, top),
+                       "logprobs");
+      }
+      out.logprobs = true;
+      out.top_logprobs = static_cast<int>(top);
+    }
+    TACHYON_API_TRY(read_bool(body, "echo", out.echo));
+    if (out.echo && out.logprobs) {
+      return invalid("'echo' with 'logprobs' would need the prompt's logprobs, which this server does not compute",
+                     "echo");
+    }
+    int64_t best_of = out.n;
+    TACHYON_API_TRY(read_int(body, "best_of", best_of));
+    if (best_of != out.n) return invalid("'best_of' other than 'n' is not supported", "best_of");
+    if (const ojson* suffix = field(body, "suffix"); suffix != nullptr && !(suffix->is_string() && suffix->empty())) {
+      return invalid("'suffix' is not supported", "suffix");
+    }
+  }
+  s.logprobs = out.top_logprobs;
+  if (Status valid = s.validate(ctx.vocab_size); !valid.ok()) return invalid(valid.message(), param_of(valid.message()));
+
+  // The prompt(s).
+  if (chat) {
+    ojson messages;
+    TACHYON_API_TRY(read_messages(body, messages));
+    if (const ojson* tools = field(body, "tools"); tools != nullptr && !(tools->is_array() && tools->empty())) {
+      return invalid("'tools' are not supported", "tools");
+    }
+    bool add_generation_prompt = true;
+    TACHYON_API_TRY(read_bool(body, "add_generation_prompt", add_generation_prompt));
+    ojson variables = nullptr;
+    if (const ojson* kwargs = field(body, "chat_template_kwargs")) {
+      if (!kwargs->is_object()) return invalid("'chat_template_kwargs' must be an object", "chat_template_kwargs");
+      variables = *kwargs;
+    }
+    Result<ChatPrompt> prompt = build_chat_prompt(*ctx.chat_template, ctx.template_extras, *ctx.tokenizer, messages,
+                                                  add_generation_prompt, variables);
+    if (!prompt.ok()) return invalid(prompt.status().message(), "messages");
+    PromptInput input;
+    input.text = std::move(prompt->text);
+    input.ids = std::move(prompt->ids);
+    out.prompts.push_back(std::move(input));
+  } else {
+    TACHYON_API_TRY(read_prompts(body, ctx, out.prompts));
+  }
+  if (static_cast<int64_t>(out.prompts.size()) * out.n > ctx.max_choices) {
+    return invalid(fmt::format("{} prompts x n = {} choices; at most {} per request", out.prompts.size(), out.n,
+                               ctx.max_choices), "n");
+  }
+  size_t longest = 0;
+  for (const PromptInput& prompt : out.prompts) {
+    if (prompt.ids.empty()) return invalid("the prompt is empty (no tokens)", chat ? "messages" : "prompt");
+    longest = std::max(longest, prompt.ids.size());
+  }
+  if (static_cast<int64_t>(longest) >= ctx.max_model_len) {
+    return invalid(fmt::format("This model's maximum context length is {} tokens; the prompt has {} tokens, which "
+                               "leaves no room for a completion",
+                               ctx.max_model_len, longest),
+                   chat ? "messages" : "prompt", "context_length_exceeded");
+  }
+
+  // max_tokens: completions default to 16 (as OpenAI), chat to the rest of the context.
+  int64_t max_tokens = chat ? ctx.max_model_len - static_cast<int64_t>(longest) : 16;
+  const char* max_key = "max_tokens";
+  if (chat && field(body, "max_completion_tokens") != nullptr) max_key = "max_completion_tokens";
+  TACHYON_API_TRY(read_int(body, max_key, max_tokens));
+  if (max_tokens < 1) {
+    return invalid(fmt::format("'{}' must be at least 1, got {}", max_key, max_tokens), max_key);
+  }
+  if (max_tokens > ctx.max_model_len) {
+    return invalid(fmt::format("'{}' = {} is larger than the model's context length of {} tokens", max_key, max_tokens,
+                               ctx.max_model_len),
+                   max_key, "context_length_exceeded");
+  }
+  p.max_tokens = static_cast<int>(max_tokens);
+  p.detokenize = true;
+  p.skip_special_tokens = true;
+  return std::nullopt;
+}
+
+}  // namespace tachyon::server

@@ -1,0 +1,81 @@
+// The OpenAI API's request side: a JSON body of POST /v1/completions or /v1/chat/completions,
+// checked field by field and turned into prompts (token ids) and GenerationParams; and its error
+// objects. Nothing here touches the engine or the network.
+//
+// Every user mistake comes back as an ApiError (HTTP status, OpenAI-style type/param/code), never
+// as an exception or an abort. Values are checked against the served model: vocabulary, context
+// length (prompt < max_model_len, 1 <= max_tokens <= max_model_len), sampling ranges.
+//
+// Accepted fields (others are ignored, as vLLM does):
+//   both        model, max_tokens, temperature, top_p, top_k, min_p, n, stop, seed,
+//               presence_penalty, frequency_penalty, repetition_penalty, logit_bias, stream,
+//               stream_options.include_usage, ignore_eos, user
+//   completions prompt (string | [ids] | [strings] | [[ids]]), echo, logprobs (int), best_of (= n)
+//   chat        messages, max_completion_tokens, logprobs (bool), top_logprobs,
+//               add_generation_prompt, chat_template_kwargs
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/request.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
+
+namespace tachyon::server {
+
+enum class Endpoint { kCompletions, kChatCompletions };
+
+// {"error": {"message", "type", "param", "code"}} with an HTTP status.
+struct ApiError {
+  int status = 400;
+  std::string message;
+  std::string type = "invalid_request_error";
+  std::string param;  // empty: null
+  std::string code;   // empty: null
+};
+nlohmann::ordered_json error_json(const ApiError& error);
+std::string error_body(const ApiError& error);
+
+// What request parsing needs to know about the served model. Read-only; shared by all threads.
+struct ServingContext {
+  std::string model_name;                 // the only name `model` may hold
+  const Tokenizer* tokenizer = nullptr;   // never null in the server
+  const ChatTemplate* chat_template = nullptr;
+  ChatTemplateExtras template_extras;
+  int max_model_len = 0;
+  int vocab_size = 0;
+  int max_choices = 1024;                 // prompts x n of one request
+};
+
+struct PromptInput {
+  std::vector<int32_t> ids;
+  std::string text;  // as given, or decoded from the ids; for echo
+};
+
+struct ApiRequest {
+  Endpoint endpoint = Endpoint::kCompletions;
+  std::vector<PromptInput> prompts;  // completions may batch; chat has one
+  GenerationParams params;           // for choice j of each prompt the seed is seed + j
+  int n = 1;
+  bool stream = false;
+  bool include_usage = false;
+  bool echo = false;
+  bool logprobs = false;
+  int top_logprobs = 0;
+};
+
+// Parses `body` (any bytes) into `out`; the error to answer with otherwise.
+std::optional<ApiError> parse_api_request(Endpoint endpoint, std::string_view body, const ServingContext& context,
+                                          ApiRequest& out);
+
+// The message content as one string: a string as is; a list of {"type": "text", "text"} parts
+// joined by newlines; null as empty. Other part types are an error.
+std::optional<ApiError> flatten_content(const nlohmann::ordered_json& content, size_t index, std::string& out);
+
+}  // namespace tachyon::server

@@ -1,0 +1,222 @@
+// AsyncEngine without the network: many submitters, outputs on each request's stream, aborts that
+// free KV blocks at the next step, the bounded waiting queue, deadlines and the drain.
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "model/model_loader.h"
+#include "server/async_engine.h"
+#include "test_util.h"
+
+namespace tachyon::server {
+namespace {
+
+class AsyncEngineTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    LoadOptions lo;
+    lo.path = testing::source_dir() + "/models/tachyon-demo";
+    auto m = load_model(lo);
+    ASSERT_TRUE(m.ok()) << m.status().to_string();
+    model_ = new LoadedModel(std::move(*m));
+  }
+  static void TearDownTestSuite() { delete model_; }
+
+  std::unique_ptr<AsyncEngine> make(AsyncEngineOptions ao, int max_seqs = 64) {
+    EngineOptions eo;
+    eo.num_kv_blocks = 256;
+    eo.max_seqs = max_seqs;
+    auto e = Engine::create(*model_->model, model_->tokenizer.get(), model_->eos_token_ids, eo);
+    EXPECT_TRUE(e.ok()) << e.status().to_string();
+    return std::make_unique<AsyncEngine>(std::move(*e), ao, metrics_);
+  }
+
+  static std::shared_ptr<RequestStream> stream(int max_tokens, uint64_t seed = 1) {
+    GenerationParams p;
+    p.max_tokens = max_tokens;
+    p.ignore_eos = true;
+    p.sampling.seed = seed;
+    return std::make_shared<RequestStream>(model_->tokenizer->encode("Once upon a time"), p);
+  }
+
+  // Collects a stream's outputs through its notify callback, as a connection does.
+  struct Collector {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::vector<RequestOutput> outputs;
+    bool finished = false;
+    void attach(const std::shared_ptr<RequestStream>& s) {
+      std::weak_ptr<RequestStream> weak = s;
+      s->set_notify([this, weak] {
+        auto strong = weak.lock();
+        if (!strong) return;
+        std::lock_guard lock(mu);
+        for (auto& o : strong->take()) {
+          finished = finished || o.finished;
+          outputs.push_back(std::move(o));
+        }
+        cv.notify_all();
+      });
+    }
+    bool wait_finished() {
+      std::unique_lock lock(mu);
+      return cv.wait_for(lock, std::chrono::seconds(120), [&] { return finished; });
+    }
+    bool wait_tokens(int n) {
+      std::unique_lock lock(mu);
+      return cv.wait_for(lock, std::chrono::seconds(120), [&] {
+        int count = 0;
+        for (const auto& o : outputs) count += static_cast<int>(o.new_token_ids.size());
+        return count >= n || finished;
+      });
+    }
+  };
+
+  static inline LoadedModel* model_ = nullptr;
+  ServerMetrics metrics_;
+};
+
+bool metric_is(const std::string& text, const std::string& line) { return text.find(line + "\n") != std::string::npos; }
+
+TEST_F(AsyncEngineTest, ManySubmittersEachGetTheirTokens) {
+  auto engine = make({});
+  constexpr int kThreads = 8, kPerThread = 4, kTokens = 6;
+  std::vector<std::unique_ptr<Collector>> collectors(kThreads * kPerThread);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kPerThread; ++i) {
+        auto s = stream(kTokens, static_cast<uint64_t>(t * 100 + i));
+        auto& c = collectors[static_cast<size_t>(t * kPerThread + i)];
+        c = std::make_unique<Collector>();
+        c->attach(s);
+        ASSERT_EQ(engine->submit({s}), SubmitError::kNone);
+        ASSERT_TRUE(c->wait_finished());
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (const auto& c : collectors) {
+    int tokens = 0;
+    for (const auto& o : c->outputs) tokens += static_cast<int>(o.new_token_ids.size());
+    EXPECT_EQ(tokens, kTokens);
+    EXPECT_EQ(c->outputs.back().finish_reason, FinishReason::kLength);
+  }
+  engine->begin_drain();
+  while (!engine->stopped()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_EQ(engine->num_unfinished(), 0);
+  const std::string m = metrics_.render();
+  EXPECT_TRUE(metric_is(m, "tachyon_kv_cache_blocks_used 0")) << m;
+  EXPECT_TRUE(metric_is(m, "tachyon_requests_finished_total{finish_reason=\"length\"} 32")) << m;
+  EXPECT_TRUE(metric_is(m, "tachyon_generation_tokens_total 192")) << m;
+}
+
+TEST_F(AsyncEngineTest, AbortFreesBlocksAtTheNextStep) {
+  auto engine = make({});
+  auto s = stream(400);
+  Collector c;
+  c.attach(s);
+  ASSERT_EQ(engine->submit({s}), SubmitError::kNone);
+  ASSERT_TRUE(c.wait_tokens(2));
+  engine->abort(s);
+  ASSERT_TRUE(c.wait_finished());
+  EXPECT_EQ(c.outputs.back().finish_reason, FinishReason::kAbort);
+  EXPECT_FALSE(s->timed_out());
+  engine->begin_drain();
+  while (!engine->stopped()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  const std::string m = metrics_.render();
+  EXPECT_TRUE(metric_is(m, "tachyon_kv_cache_blocks_used 0")) << m;
+  EXPECT_TRUE(metric_is(m, "tachyon_requests_finished_total{finish_reason=\"abort\"} 1")) << m;
+}
+
+TEST_F(AsyncEngineTest, AbortBeforeAdmissionNeverRuns) {
+  auto engine = make({});
+  auto s = stream(4);
+  engine->abort(s);  // cancelled first: the loop skips it
+  ASSERT_EQ(engine->submit({s}), SubmitError::kNone);
+  engine->begin_drain();
+  while (!engine->stopped()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_EQ(engine->num_unfinished(), 0);
+  EXPECT_TRUE(s->take().empty());
+}
+
+TEST_F(AsyncEngineTest, BoundedQueueRefusesAndDrainRefuses) {
+  AsyncEngineOptions ao;
+  ao.max_waiting = 2;
+  auto engine = make(ao, /*max_seqs=*/1);
+  auto running = stream(400);
+  Collector c;
+  c.attach(running);
+  ASSERT_EQ(engine->submit({running}), SubmitError::kNone);
+  ASSERT_TRUE(c.wait_tokens(1));  // admitted: it runs, nothing waits
+  auto a = stream(400, 2), b = stream(400, 3), d = stream(4, 4);
+  EXPECT_EQ(engine->submit({a, b, d}), SubmitError::kQueueFull);  // all or nothing
+  EXPECT_EQ(engine->submit({a, b}), SubmitError::kNone);
+  EXPECT_EQ(engine->submit({d}), SubmitError::kQueueFull);
+  for (const auto& s : {running, a, b}) engine->abort(s);
+  engine->begin_drain();
+  EXPECT_EQ(engine->submit({d}), SubmitError::kDraining);
+  while (!engine->stopped()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_EQ(engine->num_unfinished(), 0);
+}
+
+TEST_F(AsyncEngineTest, DeadlineAbortsAndMarksTheStream) {
+  AsyncEngineOptions ao;
+  ao.request_timeout = 0.001;  // far below 400 engine steps
+  auto engine = make(ao);
+  auto s = stream(400);
+  Collector c;
+  c.attach(s);
+  ASSERT_EQ(engine->submit({s}), SubmitError::kNone);
+  ASSERT_TRUE(c.wait_finished());
+  EXPECT_EQ(c.outputs.back().finish_reason, FinishReason::kAbort);
+  EXPECT_TRUE(s->timed_out());
+  EXPECT_TRUE(metric_is(metrics_.render(), "tachyon_requests_finished_total{finish_reason=\"timeout\"} 1"));
+}
+
+// The choices of an n > 1 request: the others wait for choice 0's prefill and then take the
+// prompt's full blocks from the prefix cache.
+TEST_F(AsyncEngineTest, ChoicesOfOnePromptShareItsKv) {
+  auto engine = make({});
+  std::vector<int32_t> prompt = model_->tokenizer->encode(
+      "Once upon a time, in a land far away, there lived a programmer who wrote servers in C++ all day long. "
+      "Every morning she read the logs, and every evening she fixed what they said.");
+  ASSERT_GE(prompt.size(), 33u);
+  const int full_blocks = static_cast<int>((prompt.size() - 1) / 16);  // the last token is always recomputed
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  std::vector<std::unique_ptr<Collector>> collectors;
+  for (int j = 0; j < 3; ++j) {
+    GenerationParams p;
+    p.max_tokens = 4;
+    p.ignore_eos = true;
+    p.sampling.seed = 7 + static_cast<uint64_t>(j);
+    streams.push_back(std::make_shared<RequestStream>(prompt, p));
+    if (j > 0) streams.back()->set_leader(streams[0]);
+    collectors.push_back(std::make_unique<Collector>());
+    collectors.back()->attach(streams.back());
+  }
+  ASSERT_EQ(engine->submit(streams), SubmitError::kNone);
+  for (auto& c : collectors) ASSERT_TRUE(c->wait_finished());
+  engine->begin_drain();
+  while (!engine->stopped()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  const std::string m = metrics_.render();
+  EXPECT_TRUE(metric_is(m, fmt::format("tachyon_prefix_cache_hits_total {}", 2 * full_blocks * 16))) << m;
+  EXPECT_TRUE(metric_is(m, "tachyon_requests_finished_total{finish_reason=\"length\"} 3")) << m;
+}
+
+TEST(ServerMetrics, HistogramsAreCumulative) {
+  Histogram h({0.1, 1.0});
+  h.observe(0.05);
+  h.observe(0.5);
+  h.observe(0.5);
+  h.observe(5.0);
+  std::string out;
+  h.render("x", out);
+  EXPECT_EQ(out,
+            "x_bucket{le=\"0.1\"} 1\nx_bucket{le=\"1\"} 3\nx_bucket{le=\"+Inf\"} 4\nx_sum 6.05\nx_count 4\n");
+}
+
+}  // namespace
+}  // namespace tachyon::server

@@ -1,0 +1,216 @@
+// `tachyon serve` as clients see it: the real binary on a free loopback port with the bundled model
+// (models/tachyon-demo), driven by the Python scripts beside this file through the official
+// `openai` client and raw sockets. The scripts run with the project's virtual environment
+// (.venv, made by scripts/setup); without it these tests skip and say so.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <sstream>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "test_util.h"
+
+namespace tachyon {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string model_dir() { return testing::source_dir() + "/models/tachyon-demo"; }
+std::string script(const std::string& name) { return testing::source_dir() + "/tests/server/" + name; }
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// The venv's Python when it has the openai package; nullopt otherwise.
+std::optional<std::string> python() {
+  static const std::optional<std::string> found = []() -> std::optional<std::string> {
+    const std::string p = testing::source_dir() + "/.venv/bin/python";
+    if (!fs::exists(p)) return std::nullopt;
+    if (testing::run_command(p + " -c 'import openai'").exit_code != 0) return std::nullopt;
+    return p;
+  }();
+  return found;
+}
+
+#define SKIP_WITHOUT_VENV()                                                                                  \
+  if (!python()) GTEST_SKIP() << "no .venv with the openai package (scripts/setup makes it); skipping"
+
+// One `tachyon serve` process; killed at destruction if still running.
+class ServerProcess {
+ public:
+  explicit ServerProcess(const std::string& args) {
+    log_ = testing::scratch_dir("serve") + "/server.log";
+    const std::string command = "exec " + testing::tachyon_binary() + " serve -m " + model_dir() +
+                                " --port 0 --kv-cache-mem 128MiB " + args;
+    pid_ = fork();
+    if (pid_ == 0) {
+      FILE* f = std::freopen(log_.c_str(), "w", stdout);
+      if (f == nullptr || dup2(fileno(stdout), STDERR_FILENO) < 0) _exit(127);
+      execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    // Wait for "listening on http://127.0.0.1:PORT" (or the process's end).
+    const std::string marker = "listening on http://127.0.0.1:";
+    for (int i = 0; i < 2400 && port_ == 0; ++i) {
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        break;
+      }
+      const std::string text = slurp(log_);
+      const size_t at = text.find(marker);
+      if (at != std::string::npos && text.find('\n', at) != std::string::npos) {
+        port_ = std::stoi(text.substr(at + marker.size()));
+      } else {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+    }
+  }
+  ~ServerProcess() {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+
+  bool started() const { return port_ > 0; }
+  int port() const { return port_; }
+  pid_t pid() const { return pid_; }
+  std::string log() const { return slurp(log_); }
+  std::string base_url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+
+  // Sends `signal` (none: 0) and waits for the exit; the exit code, or 128 + signal number.
+  int stop(int signal = SIGTERM) {
+    if (pid_ <= 0) return -1;
+    if (signal != 0) kill(pid_, signal);
+    int status = 0;
+    waitpid(pid_, &status, 0);
+    pid_ = -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+
+  // Runs tests/server/<name> against this server; its output is the failure message.
+  testing::CommandResult run_script(const std::string& name, const std::string& env = "") const {
+    const std::string command = "TACHYON_BASE_URL=" + base_url() + " TACHYON_MODEL_NAME=tachyon-demo" +
+                                " TACHYON_MODEL_DIR=" + model_dir() + " TACHYON_BINARY=" +
+                                testing::tachyon_binary() + " " + env + " " + *python() + " " + script(name);
+    return testing::run_command(command);
+  }
+
+ private:
+  std::string log_;
+  pid_t pid_ = -1;
+  int port_ = 0;
+};
+
+void expect_script_passes(const ServerProcess& server, const std::string& name, const std::string& env = "") {
+  const testing::CommandResult r = server.run_script(name, env);
+  EXPECT_EQ(r.exit_code, 0) << name << ":\n" << r.out << r.err << "\nserver log:\n" << server.log();
+}
+
+TEST(Server, OpenAiClientCompletionsAndChat) {
+  SKIP_WITHOUT_VENV();
+  ServerProcess server("--batch-invariant");
+  ASSERT_TRUE(server.started()) << server.log();
+  expect_script_passes(server, "openai_client_test.py");
+  EXPECT_EQ(server.stop(), 0) << server.log();
+}
+
+TEST(Server, ManyConcurrentStreamsAllComplete) {
+  SKIP_WITHOUT_VENV();
+  ServerProcess server("--io-threads 2");
+  ASSERT_TRUE(server.started()) << server.log();
+  expect_script_passes(server, "load_test.py", "TACHYON_LOAD_CONCURRENCY=256");
+  EXPECT_EQ(server.stop(), 0) << server.log();
+}
+
+TEST(Server, BadInputsGetErrorStatusesAndTheServerStaysUp) {
+  SKIP_WITHOUT_VENV();
+  ServerProcess server("--max-body 1MiB --max-seqs 1 --max-waiting 2");
+  ASSERT_TRUE(server.started()) << server.log();
+  expect_script_passes(server, "bad_input_test.py");
+  EXPECT_EQ(server.stop(), 0) << server.log();
+}
+
+TEST(Server, ClientsHangingUpFreeTheirKvBlocks) {
+  SKIP_WITHOUT_VENV();
+  ServerProcess server("");
+  ASSERT_TRUE(server.started()) << server.log();
+  expect_script_passes(server, "disconnect_test.py");
+  EXPECT_EQ(server.stop(), 0) << server.log();
+}
+
+TEST(Server, RequestTimeoutAbortsWithAnError) {
+  SKIP_WITHOUT_VENV();
+  ServerProcess server("--request-timeout 0.001");
+  ASSERT_TRUE(server.started()) << server.log();
+  expect_script_passes(server, "timeout_test.py");
+  EXPECT_EQ(server.stop(), 0) << server.log();
+}
+
+TEST(Server, SigtermDrainsStreamsInFlightAndExitsZero) {
+  SKIP_WITHOUT_VENV();
+  ServerProcess server("");
+  ASSERT_TRUE(server.started()) << server.log();
+  expect_script_passes(server, "sigterm_test.py", "TACHYON_SERVER_PID=" + std::to_string(server.pid()));
+  EXPECT_EQ(server.stop(0), 0) << server.log();  // the script sent SIGTERM
+  EXPECT_NE(server.log().find("drained"), std::string::npos) << server.log();
+}
+
+TEST(Server, IdleServerExitsZeroOnSigint) {
+  ServerProcess server("");
+  ASSERT_TRUE(server.started()) << server.log();
+  EXPECT_EQ(server.stop(SIGINT), 0) << server.log();
+}
+
+TEST(Server, BadOptionsGiveOneErrorLine) {
+  const std::string serve = testing::tachyon_binary() + " serve -m " + model_dir() + " --port 0 ";
+  const auto expect_error = [](const testing::CommandResult& r, const std::string& needle) {
+    EXPECT_EQ(r.exit_code, 1) << r.err;
+    EXPECT_EQ(r.err.rfind("tachyon: error: ", 0), 0u) << r.err;
+    EXPECT_NE(r.err.find(needle), std::string::npos) << r.err;
+  };
+  expect_error(testing::run_command(serve + "--max-body lots"), "max-body");
+  expect_error(testing::run_command(serve + "--host not-an-address"), "not-an-address");
+  expect_error(testing::run_command(serve + "--chat-template /nonexistent/template.jinja"), "template.jinja");
+  const std::string dir = testing::scratch_dir("template");
+  std::ofstream(dir + "/broken.jinja") << "{% for m in messages %}{{ m.content ";
+  expect_error(testing::run_command(serve + "--chat-template " + dir + "/broken.jinja"), "broken.jinja");
+}
+
+// `tachyon chat`: each stdin line is a turn, the reply streams to stdout, history accumulates.
+TEST(Server, ChatCommandKeepsTheConversation) {
+  const std::string chat = testing::tachyon_binary() + " chat -m " + model_dir() + " --temp 0 -n 6 -v";
+  const testing::CommandResult r =
+      testing::run_command("(printf 'Hello there\\nWrite a Go function\\n/exit\\nnever read\\n' | " + chat + ")");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  // The second turn's prompt holds the first exchange: more prompt tokens, some from the cache.
+  std::vector<int> prompt_tokens;
+  const std::string marker = " prompt tokens (";
+  for (size_t pos = r.err.find(marker); pos != std::string::npos; pos = r.err.find(marker, pos + 1)) {
+    const size_t open = r.err.rfind('[', pos);
+    prompt_tokens.push_back(std::atoi(r.err.c_str() + open + 1));
+  }
+  ASSERT_EQ(prompt_tokens.size(), 2u) << r.err;
+  EXPECT_GT(prompt_tokens[1], prompt_tokens[0] + 6) << r.err;
+  // The first turn alone, from a fresh process, gives the same first reply.
+  const testing::CommandResult first = testing::run_command("(printf 'Hello there\\n' | " + chat + ")");
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  ASSERT_FALSE(first.out.empty());
+  EXPECT_EQ(r.out.rfind(first.out, 0), 0u) << r.out << "\n---\n" << first.out;
+  EXPECT_GT(r.out.size(), first.out.size());
+}
+
+}  // namespace
+}  // namespace tachyon
