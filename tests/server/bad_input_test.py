@@ -178,6 +178,7 @@ class BadInputs(unittest.TestCase):
         # --max-seqs 1 --max-waiting 2: one long request runs, two wait, the next is refused.
         long_request = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": CONTEXT - 16, "stream": True,
                         "ignore_eos": True}
+        wait_until_idle(BASE_URL)  # requests of earlier tests (aborted by hang-ups) have left the queue
         streams = []
         try:
             first = http.client.HTTPConnection(HOST, PORT, timeout=300)
