@@ -213,6 +213,13 @@ void AsyncEngine::loop() {
           finish_stream(s, std::move(out));
         }
       } else {
+        // The step admitted requests: count them out of the queue before any client hears of
+        // it, so that a submit() prompted by a first token never sees them as still waiting.
+        {
+          const int waiting = engine_->stats().num_waiting;
+          std::lock_guard lock(mu_);
+          engine_waiting_ = waiting;
+        }
         for (RequestOutput& o : *outputs) deliver(std::move(o));
       }
     }
