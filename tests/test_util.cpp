@@ -19,7 +19,12 @@ namespace tachyon::testing {
 
 namespace fs = std::filesystem;
 
-std::string source_dir() { return TACHYON_SOURCE_DIR; }
+std::string source_dir() {
+  // Binaries built on one machine and run on another (scripts/gpu-check --prebuilt) are told
+  // where the checkout is.
+  if (const char* env = std::getenv("TACHYON_SOURCE_DIR")) return env;
+  return TACHYON_SOURCE_DIR;
+}
 
 std::optional<std::string> shared_dir() {
   if (const char* env = std::getenv("TACHYON_SHARED_DIR")) {
@@ -90,8 +95,10 @@ CommandResult run_command(const std::string& command) {
   return r;
 }
 
-std::vector<int32_t> greedy_ids(const LlamaModel& model, const std::vector<int32_t>& prompt, int max_tokens) {
+std::vector<int32_t> greedy_ids(const LlamaModel& model, const std::vector<int32_t>& prompt, int max_tokens,
+                                std::optional<DType> kv_dtype) {
   EngineOptions eo;
+  eo.kv_dtype = kv_dtype;
   eo.max_model_len = std::min<int>(model.config().max_position_embeddings,
                                    static_cast<int>(prompt.size()) + max_tokens + 1);
   eo.num_kv_blocks = (eo.max_model_len + eo.block_size - 1) / eo.block_size;

@@ -12,7 +12,7 @@
 
 namespace tachyon::testing {
 
-// The repository root.
+// The repository root ($TACHYON_SOURCE_DIR, else the one this binary was built from).
 std::string source_dir();
 // ../shared beside the checkout (or $TACHYON_SHARED_DIR); nullopt when absent, so tests
 // that need it can GTEST_SKIP().
@@ -39,8 +39,10 @@ double upper_incomplete_gamma(double a, double x);
 double chi_square_p_value(double statistic, int degrees_of_freedom);
 
 // Greedy continuation of `prompt` (ids) by one request through the Engine, EOS ignored.
-// Small default engine options: a KV cache just large enough for the request.
-std::vector<int32_t> greedy_ids(const LlamaModel& model, const std::vector<int32_t>& prompt, int max_tokens);
+// Small default engine options: a KV cache just large enough for the request, on the model's
+// device, of `kv_dtype` (default: the engine's for that device).
+std::vector<int32_t> greedy_ids(const LlamaModel& model, const std::vector<int32_t>& prompt, int max_tokens,
+                                std::optional<DType> kv_dtype = std::nullopt);
 
 }  // namespace tachyon::testing
 

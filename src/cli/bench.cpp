@@ -8,8 +8,11 @@
 //                          (ShareGPT-like spread), arrivals all at once or Poisson at --request-rate,
 //                          at most --concurrency in flight, an optional shared prompt prefix
 //
-// Prompts are random token ids (no tokenizer needed, so synthetic models work) and EOS is ignored,
-// so every request generates exactly its drawn length. stdout gets one summary line, --json FILE
+// Prompts are random token ids (no tokenizer needed, so synthetic models work), or with
+// --prompt-text FILE slices of that text at seeded offsets (speculative decoding needs text that
+// means something); EOS is ignored, so every request generates exactly its drawn length.
+// With --spec-ngram or --draft-model the engine decodes speculatively; the acceptance figures
+// follow the summary line and go to the JSON under "spec". stdout gets one summary line, --json FILE
 // everything; a progress bar goes to stderr when stderr is a terminal or --progress is given.
 #include <unistd.h>
 
@@ -26,6 +29,8 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "cli/spec_args.h"
+#include "core/mapped_file.h"
 #include "core/thread_pool.h"
 #include "core/timer.h"
 
@@ -37,6 +42,8 @@ using nlohmann::json;
 struct BenchArgs {
   CommonOptions common;
   EngineArgs engine;
+  SpecArgs spec;
+  std::string prompt_text;      // file whose tokenized text the prompts are cut from; empty: random ids
   std::string workload = "throughput";
   std::string dtype = "bf16";
   // latency
@@ -128,19 +135,33 @@ std::vector<int32_t> random_prompt(std::mt19937_64& rng, int len, int vocab) {
   return p;
 }
 
-std::vector<PlannedRequest> plan_latency(const BenchArgs& a, int vocab) {
+// `len` consecutive tokens of `text` from a seeded offset, or random ids when there is no text.
+std::vector<int32_t> make_prompt(std::mt19937_64& rng, int len, int vocab, const std::vector<int32_t>& text) {
+  if (text.empty()) return random_prompt(rng, len, vocab);
+  std::vector<int32_t> p;
+  p.reserve(static_cast<size_t>(len));
+  size_t at = static_cast<size_t>(rng() % text.size());
+  while (p.size() < static_cast<size_t>(len)) {
+    p.push_back(text[at]);
+    at = (at + 1) % text.size();
+  }
+  return p;
+}
+
+std::vector<PlannedRequest> plan_latency(const BenchArgs& a, int vocab, const std::vector<int32_t>& text) {
   std::mt19937_64 rng(a.seed);
   std::vector<PlannedRequest> plan;
   for (int i = 0; i < a.iters + 1; ++i) {  // the first one warms up
     PlannedRequest r;
-    r.prompt = random_prompt(rng, a.prompt_len, vocab);
+    r.prompt = make_prompt(rng, a.prompt_len, vocab, text);
     r.output_len = a.output_len;
     plan.push_back(std::move(r));
   }
   return plan;
 }
 
-std::vector<PlannedRequest> plan_throughput(const BenchArgs& a, int vocab, int max_model_len) {
+std::vector<PlannedRequest> plan_throughput(const BenchArgs& a, int vocab, int max_model_len,
+                                            const std::vector<int32_t>& text) {
   std::mt19937_64 rng(a.seed);
   // Log-normal with the requested mean: mu = ln(mean) - sigma^2 / 2.
   const auto draw = [&](int mean) {
@@ -161,7 +182,7 @@ std::vector<PlannedRequest> plan_throughput(const BenchArgs& a, int vocab, int m
     p = std::min(p, max_model_len - 2);
     o = std::min(o, max_model_len - p);  // prompt + output within the context
     r.prompt = prefix;
-    auto rest = random_prompt(rng, p - static_cast<int>(prefix.size()), vocab);
+    auto rest = make_prompt(rng, p - static_cast<int>(prefix.size()), vocab, text);
     r.prompt.insert(r.prompt.end(), rest.begin(), rest.end());
     r.output_len = o;
     if (a.request_rate > 0) t += gap(rng);
@@ -189,6 +210,21 @@ int run_bench(BenchArgs& a) {
   auto loaded = load(a.common, *dtype);
   if (!loaded.ok()) return report(loaded.status());
   LoadedModel& m = *loaded;
+  std::unique_ptr<LoadedModel> draft;  // --draft-model, alive as long as the engine
+  Status spec = apply_spec_options(a.spec, m, draft, *eo);
+  if (!spec.ok()) return report(spec);
+  std::vector<int32_t> text;
+  if (!a.prompt_text.empty()) {
+    if (!m.tokenizer) {
+      return report(make_error(ErrorCode::kInvalidArgument, "{} has no tokenizer: --prompt-text needs one", m.path));
+    }
+    auto contents = read_text_file(a.prompt_text);
+    if (!contents.ok()) return report(contents.status());
+    EncodeOptions enc;
+    enc.add_bos = false;
+    text = m.tokenizer->encode(*contents, enc);
+    if (text.empty()) return report(make_error(ErrorCode::kInvalidArgument, "--prompt-text {} is empty", a.prompt_text));
+  }
   auto engine = Engine::create(*m.model, nullptr, {}, *eo);
   if (!engine.ok()) return report(engine.status());
   Engine& e = **engine;
@@ -198,7 +234,8 @@ int run_bench(BenchArgs& a) {
     return report(make_error(ErrorCode::kInvalidArgument, "prompt {} + output {} tokens exceed max_model_len {}",
                              a.prompt_len, a.output_len, e.max_model_len()));
   }
-  std::vector<PlannedRequest> plan = latency ? plan_latency(a, vocab) : plan_throughput(a, vocab, e.max_model_len());
+  std::vector<PlannedRequest> plan =
+      latency ? plan_latency(a, vocab, text) : plan_throughput(a, vocab, e.max_model_len(), text);
 
   std::vector<double> ttft, tpot, itl, e2e;
   int64_t output_tokens = 0, prompt_tokens = 0;
@@ -272,6 +309,7 @@ int run_bench(BenchArgs& a) {
   j["workload"] = a.workload;
   j["model"] = a.common.model;
   j["weights"] = m.weight_dtypes;
+  j["device"] = m.model->device().to_string();
   j["threads"] = num_threads();
   j["config"] = {{"num_requests", measured},
                  {"prompt_len", latency ? a.prompt_len : a.mean_prompt_len},
@@ -312,6 +350,24 @@ int run_bench(BenchArgs& a) {
   j["sample_fraction"] = step_total > 0 ? samp / step_total : 0.0;
   j["forward_fraction"] = step_total > 0 ? fwd / step_total : 0.0;
   j["weight_bytes_per_token"] = weight_bytes;
+  if (eo->spec.method != SpecMethod::kNone) {
+    const SpecStats& s1 = after.spec;
+    const SpecStats& s0 = before.spec;
+    const int64_t proposed = s1.num_proposed - s0.num_proposed, accepted = s1.num_accepted - s0.num_accepted;
+    const int64_t verify_steps = s1.num_verify_steps - s0.num_verify_steps;
+    j["spec"] = {{"proposer", s1.proposer},
+                 {"draft_model", a.spec.draft_model},
+                 {"k", eo->spec.k},
+                 {"k_max", eo->spec.k_max},
+                 {"proposed", proposed},
+                 {"accepted", accepted},
+                 {"acceptance_rate", proposed > 0 ? static_cast<double>(accepted) / static_cast<double>(proposed) : 0.0},
+                 {"verify_steps", verify_steps},
+                 {"mean_accepted_length",
+                  verify_steps > 0 ? static_cast<double>(accepted) / static_cast<double>(verify_steps) : 0.0},
+                 {"propose_seconds", s1.propose_seconds - s0.propose_seconds}};
+  }
+  if (!a.prompt_text.empty()) j["prompt_text"] = a.prompt_text;
   if (latency) {
     j["decode_tokens_per_s"] = decode_tok_s;
     j["prefill_tokens_per_s"] = p_ttft.mean > 0 ? a.prompt_len / p_ttft.mean : 0.0;
@@ -343,6 +399,15 @@ int run_bench(BenchArgs& a) {
                 p_itl.p99 * 1e3, 100.0 * j["kv_peak_fraction"].get<double>(), 100.0 * j["prefix_hit_rate"].get<double>(),
                 static_cast<long long>(j["preemptions"].get<int64_t>()), 100.0 * j["schedule_fraction"].get<double>());
   }
+  if (j.contains("spec")) {
+    const json& s = j["spec"];
+    const std::string k = eo->spec.k > 0 ? fmt::format("K {}", eo->spec.k) : fmt::format("K dynamic <= {}", eo->spec.k_max);
+    std::printf("speculative (%s, %s): %lld proposed, %lld accepted (%.1f%%), %.2f accepted per verify step, "
+                "%.2f s proposing\n",
+                s["proposer"].get<std::string>().c_str(), k.c_str(), static_cast<long long>(s["proposed"].get<int64_t>()),
+                static_cast<long long>(s["accepted"].get<int64_t>()), 100.0 * s["acceptance_rate"].get<double>(),
+                s["mean_accepted_length"].get<double>(), s["propose_seconds"].get<double>());
+  }
   return 0;
 }
 
@@ -353,6 +418,8 @@ void add_bench(CLI::App& app, std::function<int()>& run) {
   CLI::App* cmd = app.add_subcommand("bench", "benchmark the engine on a latency or throughput workload");
   add_common_options(*cmd, a->common);
   add_engine_options(*cmd, a->engine);
+  add_spec_options(*cmd, a->spec);
+  cmd->add_option("--prompt-text", a->prompt_text, "cut prompts from this text file (tokenized) instead of random ids");
   cmd->add_option("--workload", a->workload, "latency or throughput (default throughput)");
   cmd->add_option("--dtype", a->dtype, "weight dtype of synthetic models (default bf16)");
   cmd->add_option("--prompt-len", a->prompt_len, "latency: prompt tokens (default 128)");

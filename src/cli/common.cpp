@@ -6,6 +6,9 @@
 
 #include "core/log.h"
 #include "core/thread_pool.h"
+#if defined(TACHYON_HAS_CUDA)
+#include "ops/cuda/cuda_ops.h"
+#endif
 
 namespace tachyon::cli {
 
@@ -14,23 +17,46 @@ void add_common_options(CLI::App& cmd, CommonOptions& options) {
                  "HF directory, GGUF file, llama2.c checkpoint (or its directory), or synthetic:PRESET")
       ->required();
   cmd.add_option("-t,--threads", options.threads, "CPU threads (default: all cores)")->check(CLI::NonNegativeNumber);
+  cmd.add_option("--device", options.device, "where the model runs: cpu, cuda or cuda:N (default cpu)");
   cmd.add_flag("-v,--verbose", options.verbose, "log what is loaded and which kernels run");
+}
+
+Result<Device> parse_device(const std::string& text) {
+  if (text == "cpu") return Device::cpu();
+  if (text == "cuda") return Device::cuda(0);
+  if (text.rfind("cuda:", 0) == 0 && text.size() > 5 && text.size() <= 8 &&
+      text.find_first_not_of("0123456789", 5) == std::string::npos) {
+    return Device::cuda(std::stoi(text.substr(5)));
+  }
+  return make_error(ErrorCode::kInvalidArgument, "--device '{}': expected cpu, cuda or cuda:N", text);
 }
 
 Result<LoadedModel> load(const CommonOptions& options, DType synthetic_dtype) {
   if (options.verbose) set_log_level(LogLevel::kInfo);
   if (options.threads > 0) set_num_threads(options.threads);
+  TACHYON_ASSIGN_OR_RETURN(Device device, parse_device(options.device));
+  if (device.type == DeviceType::kCuda) {
+#if defined(TACHYON_HAS_CUDA)
+    TACHYON_RETURN_IF_ERROR(ops::cuda::start_backend(device.index));
+#else
+    return make_error(ErrorCode::kUnsupported,
+                      "--device {}: this build has no CUDA backend (configure with -DTACHYON_CUDA=ON where nvcc is)",
+                      options.device);
+#endif
+  }
   LoadOptions lo;
   lo.path = options.model;
   lo.synthetic_dtype = synthetic_dtype;
+  lo.device = device;
   return load_model(lo);
 }
 
 void add_engine_options(CLI::App& cmd, EngineArgs& a) {
   cmd.add_option("--kv-cache-mem", a.kv_cache_mem, "KV cache size, e.g. 2GiB (default: a fraction of free memory)");
   cmd.add_option("--kv-cache-fraction", a.kv_cache_fraction,
-                 "fraction of available memory for the KV cache when --kv-cache-mem is not given (default 0.25)");
-  cmd.add_option("--kv-dtype", a.kv_dtype, "KV cache dtype: f32, f16, bf16 (default f32)");
+                 "fraction of available memory for the KV cache when --kv-cache-mem is not given (default 0.25 of "
+                 "the host's, 0.9 of a GPU's free memory)");
+  cmd.add_option("--kv-dtype", a.kv_dtype, "KV cache dtype: f32, f16, bf16 (default: f32 on the CPU, bf16 on a GPU)");
   cmd.add_option("--block-size", a.block_size, "tokens per KV block (default 16)")->check(CLI::Range(1, 1024));
   cmd.add_option("--max-model-len", a.max_model_len, "context length (default: the model's)")
       ->check(CLI::NonNegativeNumber);
@@ -41,6 +67,7 @@ void add_engine_options(CLI::App& cmd, EngineArgs& a) {
   cmd.add_flag("--no-prefix-caching", a.no_prefix_caching, "do not reuse the KV of earlier prompts");
   cmd.add_flag("--batch-invariant", a.batch_invariant,
                "outputs independent of what else is batched (bit-identical; slower)");
+  cmd.add_flag("--enforce-eager", a.enforce_eager, "on a GPU, run every step eagerly (no CUDA graphs)");
 }
 
 Result<size_t> parse_bytes(const std::string& text) {
@@ -80,9 +107,11 @@ Result<EngineOptions> engine_options(const EngineArgs& a) {
     if (o.kv_cache_bytes == 0) return make_error(ErrorCode::kInvalidArgument, "--kv-cache-mem must be positive");
   }
   o.kv_cache_fraction = a.kv_cache_fraction;
-  const auto dtype = parse_dtype(a.kv_dtype);
-  if (!dtype) return make_error(ErrorCode::kInvalidArgument, "--kv-dtype '{}' is not a dtype", a.kv_dtype);
-  o.kv_dtype = *dtype;
+  if (a.kv_dtype != "auto") {
+    const auto dtype = parse_dtype(a.kv_dtype);
+    if (!dtype) return make_error(ErrorCode::kInvalidArgument, "--kv-dtype '{}' is not a dtype", a.kv_dtype);
+    o.kv_dtype = *dtype;
+  }
   o.block_size = a.block_size;
   o.max_model_len = a.max_model_len;
   o.max_batched_tokens = a.max_batched_tokens;
@@ -90,6 +119,7 @@ Result<EngineOptions> engine_options(const EngineArgs& a) {
   o.chunked_prefill = !a.no_chunked_prefill;
   o.prefix_caching = !a.no_prefix_caching;
   o.batch_invariant = a.batch_invariant;
+  o.cuda_graphs = !a.enforce_eager;
   return o;
 }
 

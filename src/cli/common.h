@@ -14,6 +14,7 @@ namespace tachyon::cli {
 
 struct CommonOptions {
   std::string model;
+  std::string device = "cpu";  // cpu, cuda, cuda:N
   int threads = 0;  // 0 = all cores
   bool verbose = false;
 };
@@ -23,8 +24,8 @@ void add_common_options(CLI::App& cmd, CommonOptions& options);
 // Run-time options of the serving engine (KV cache, batching), shared by generate/bench/serve.
 struct EngineArgs {
   std::string kv_cache_mem;        // "2GiB", "512M", "1e9"; empty: a fraction of free memory
-  double kv_cache_fraction = 0.25;
-  std::string kv_dtype = "f32";
+  double kv_cache_fraction = 0.0;  // 0: 0.25 of available host memory, 0.9 of a GPU's free memory
+  std::string kv_dtype = "auto";
   int block_size = 16;
   int max_model_len = 0;
   int max_batched_tokens = 2048;
@@ -32,13 +33,16 @@ struct EngineArgs {
   bool no_chunked_prefill = false;
   bool no_prefix_caching = false;
   bool batch_invariant = false;
+  bool enforce_eager = false;  // no CUDA graphs
 };
 void add_engine_options(CLI::App& cmd, EngineArgs& args);
 Result<EngineOptions> engine_options(const EngineArgs& args);
 // "2GiB", "512MiB", "1.5G", "100M", "4096" (bytes); K/M/G/T are powers of 1000 with "B" or
 // alone, of 1024 with "iB".
 Result<size_t> parse_bytes(const std::string& text);
-// Applies threads/verbosity; loads the model.
+// "cpu", "cuda" (device 0) or "cuda:N".
+Result<Device> parse_device(const std::string& text);
+// Applies threads/verbosity, starts the device's backend, loads the model onto the device.
 Result<LoadedModel> load(const CommonOptions& options, DType synthetic_dtype = DType::kBF16);
 // Prints "tachyon: error: <status>" and returns 1.
 int report(const Status& status);

@@ -10,6 +10,7 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "cli/spec_args.h"
 #include "core/mapped_file.h"
 #include "engine/engine.h"
 
@@ -20,6 +21,7 @@ namespace {
 struct GenerateArgs {
   CommonOptions common;
   EngineArgs engine;
+  SpecArgs spec;
   std::string prompt;
   std::string prompt_file;
   std::string prompts_file;  // one request per line
@@ -127,6 +129,7 @@ int run_prompts_file(GenerateArgs& a, LoadedModel& m, const EngineOptions& eo, c
                static_cast<long long>(st.prefix.hit_tokens), static_cast<long long>(st.generated_tokens),
                secs > 0 ? static_cast<double>(st.generated_tokens) / secs : 0.0, static_cast<long long>(st.num_steps),
                static_cast<long long>(st.num_preemptions));
+  if (const std::string spec = spec_summary(eo, st.spec); !spec.empty()) std::fprintf(stderr, "%s\n", spec.c_str());
   return failures == 0 ? 0 : 1;
 }
 
@@ -142,6 +145,9 @@ int run_generate(GenerateArgs& a) {
   const ModelConfig& config = m.model->config();
   Status valid = a.sampling.validate(config.vocab_size);
   if (!valid.ok()) return report(valid);
+  std::unique_ptr<LoadedModel> draft;  // --draft-model, alive as long as the engine
+  Status spec = apply_spec_options(a.spec, m, draft, *eo);
+  if (!spec.ok()) return report(spec);
 
   GenerationParams gp;
   gp.sampling = a.sampling;
@@ -225,6 +231,9 @@ int run_generate(GenerateArgs& a) {
                m.load_seconds, last.num_prompt_tokens, prefill, prefill > 0 ? last.num_prompt_tokens / prefill : 0.0, n,
                decode, decode > 0 && n > 1 ? (n - 1) / decode : 0.0, weight_gb, finish_reason_name(last.finish_reason),
                static_cast<unsigned long long>(*a.sampling.seed));
+  if (const std::string summary = spec_summary(one, e.stats().spec); !summary.empty()) {
+    std::fprintf(stderr, "%s\n", summary.c_str());
+  }
   return 0;
 }
 
@@ -261,6 +270,7 @@ void add_generate(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--prompts-file", args->prompts_file,
                   "run every line of FILE as its own request, all at once; prints one JSON object per line");
   add_engine_options(*cmd, args->engine);
+  add_spec_options(*cmd, args->spec);
   cmd->callback([args, &run]() { run = [args]() { return run_generate(*args); }; });
 }
 

@@ -9,6 +9,7 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "cli/spec_args.h"
 #include "server/async_engine.h"
 #include "server/chat_prompt.h"
 #include "server/http_server.h"
@@ -20,6 +21,7 @@ namespace {
 struct ServeArgs {
   CommonOptions common;
   EngineArgs engine;
+  SpecArgs spec;
   std::string host = "127.0.0.1";
   int port = 8000;
   std::string served_model_name;
@@ -70,6 +72,9 @@ int run_serve(ServeArgs& a) {
   if (!m.tokenizer) {
     return report(make_error(ErrorCode::kInvalidArgument, "{} has no tokenizer: the server needs one", m.path));
   }
+  std::unique_ptr<LoadedModel> draft;  // --draft-model, alive as long as the server
+  Status spec = apply_spec_options(a.spec, m, draft, *eo);
+  if (!spec.ok()) return report(spec);
   auto chat_template = server::load_server_chat_template(*m.tokenizer, a.chat_template);
   if (!chat_template.ok()) return report(chat_template.status());
   auto engine = Engine::create(*m.model, m.tokenizer.get(), m.eos_token_ids, *eo);
@@ -132,6 +137,7 @@ void add_serve(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--keep-alive-timeout", a->keep_alive_timeout, "seconds an idle connection stays open (default 65)");
   cmd->add_option("--dtype", a->dtype, "weight dtype of synthetic models (default bf16)");
   add_engine_options(*cmd, a->engine);
+  add_spec_options(*cmd, a->spec);
   cmd->callback([a, &run]() { run = [a]() { return run_serve(*a); }; });
 }
 

@@ -120,6 +120,21 @@ Tensor Tensor::slice(int d, int64_t start, int64_t end) const {
   return t;
 }
 
+Tensor Tensor::split_last(int64_t parts) const {
+  TACHYON_CHECK(ndim_ >= 1 && ndim_ < kMaxDims && parts > 0 && shape_[static_cast<size_t>(ndim_ - 1)] % parts == 0 &&
+                    (strides_[static_cast<size_t>(ndim_ - 1)] == 1 || shape_[static_cast<size_t>(ndim_ - 1)] <= 1),
+                "split_last({}) of {}", parts, shape_string());
+  Tensor t = *this;
+  const size_t last = static_cast<size_t>(ndim_ - 1);
+  const int64_t inner = shape_[last] / parts;
+  t.shape_[last] = parts;
+  t.strides_[last] = inner;
+  t.shape_[last + 1] = inner;
+  t.strides_[last + 1] = 1;
+  t.ndim_ = ndim_ + 1;
+  return t;
+}
+
 Tensor Tensor::select(int d, int64_t index) const {
   if (d < 0) d += ndim_;
   Tensor t = slice(d, index, index + 1);

@@ -96,6 +96,8 @@ class Tensor {
   Tensor slice(int d, int64_t start, int64_t end) const;  // [start, end) along d
   Tensor select(int d, int64_t index) const;              // drops dim d
   Tensor reshape(const std::vector<int64_t>& shape) const;  // contiguous only; one -1 allowed
+  // [..., d] with a packed last dim -> [..., parts, d / parts] (e.g. a strided q slice into heads).
+  Tensor split_last(int64_t parts) const;
   // Copies.
   Tensor contiguous() const;
   Tensor to_f32() const;  // any float dtype -> contiguous f32 copy (host only)

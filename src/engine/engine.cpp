@@ -4,9 +4,11 @@
 #include <fstream>
 #include <sstream>
 
+#include "core/device_memory.h"
 #include "core/log.h"
 #include "engine/stop_strings.h"
 #include "model/forward_batch.h"
+#include "ops/ops.h"
 #include "tokenizer/detokenizer.h"
 
 namespace tachyon {
@@ -69,8 +71,10 @@ Result<std::unique_ptr<Engine>> Engine::create(const LlamaModel& model, const To
     return make_error(ErrorCode::kInvalidArgument, "max_model_len {} must be in [1, {}] (the model's context)",
                       options.max_model_len, c.max_position_embeddings);
   }
-  if (options.kv_dtype != DType::kF32 && options.kv_dtype != DType::kF16 && options.kv_dtype != DType::kBF16) {
-    return make_error(ErrorCode::kUnsupported, "kv cache dtype {} (f32, f16 or bf16)", dtype_name(options.kv_dtype));
+  const Device device = model.device();
+  const DType kv_dtype = options.kv_dtype.value_or(device.is_cpu() ? DType::kF32 : DType::kBF16);
+  if (kv_dtype != DType::kF32 && kv_dtype != DType::kF16 && kv_dtype != DType::kBF16) {
+    return make_error(ErrorCode::kUnsupported, "kv cache dtype {} (f32, f16 or bf16)", dtype_name(kv_dtype));
   }
   int max_model_len = options.max_model_len > 0 ? options.max_model_len : c.max_position_embeddings;
 
@@ -79,18 +83,24 @@ Result<std::unique_ptr<Engine>> Engine::create(const LlamaModel& model, const To
   kv.num_kv_heads = c.num_kv_heads;
   kv.head_dim = c.head_dim;
   kv.block_size = options.block_size;
-  kv.dtype = options.kv_dtype;
+  kv.dtype = kv_dtype;
+  kv.device = device;
   const int64_t blocks_per_seq = (max_model_len + options.block_size - 1) / options.block_size;
   if (options.num_kv_blocks > 0) {
     kv.num_blocks = options.num_kv_blocks;
   } else if (options.kv_cache_bytes > 0) {
     kv.num_blocks = kv.blocks_for_budget(options.kv_cache_bytes);
   } else {
-    if (!(options.kv_cache_fraction > 0.0 && options.kv_cache_fraction <= 0.95)) {
-      return make_error(ErrorCode::kInvalidArgument, "kv cache fraction {} must be in (0, 0.95]",
-                        options.kv_cache_fraction);
+    const double fraction = options.kv_cache_fraction > 0.0 ? options.kv_cache_fraction : device.is_cpu() ? 0.25 : 0.9;
+    if (!(fraction > 0.0 && fraction <= 0.95)) {
+      return make_error(ErrorCode::kInvalidArgument, "kv cache fraction {} must be in (0, 0.95]", fraction);
     }
-    const size_t budget = static_cast<size_t>(static_cast<double>(host_memory_available()) * options.kv_cache_fraction);
+    size_t available = host_memory_available();
+    if (!device.is_cpu()) {
+      size_t total = 0;
+      TACHYON_RETURN_IF_ERROR(memory_info(device, available, total));
+    }
+    const size_t budget = static_cast<size_t>(static_cast<double>(available) * fraction);
     const int64_t wanted = blocks_per_seq * options.max_seqs;
     kv.num_blocks = static_cast<int>(std::min<int64_t>(wanted, kv.blocks_for_budget(budget)));
   }
@@ -114,11 +124,16 @@ Result<std::unique_ptr<Engine>> Engine::create(const LlamaModel& model, const To
                       options.max_batched_tokens, max_model_len);
   }
   TACHYON_ASSIGN_OR_RETURN(KvCache cache, KvCache::create(kv));
-  TACHYON_LOG_INFO("kv cache: {} blocks of {} tokens, {} ({:.1f} MiB); max_model_len {}", kv.num_blocks,
-                   options.block_size, dtype_name(kv.dtype), static_cast<double>(cache.nbytes()) / (1 << 20),
+  TACHYON_LOG_INFO("kv cache: {} blocks of {} tokens, {} on {} ({:.1f} MiB); max_model_len {}", kv.num_blocks,
+                   options.block_size, dtype_name(kv.dtype), device.to_string(), static_cast<double>(cache.nbytes()) / (1 << 20),
                    max_model_len);
-  return std::unique_ptr<Engine>(
+  std::unique_ptr<Engine> engine(
       new Engine(model, tokenizer, std::move(eos_token_ids), options, max_model_len, std::move(cache)));
+  SpecCacheGeometry spec_cache{engine->cache_.config().num_blocks, options.block_size, engine->cache_.config().dtype,
+                               max_model_len,
+                               options.batch_invariant ? ops::LinearMode::kBatchInvariant : ops::LinearMode::kFastest};
+  TACHYON_ASSIGN_OR_RETURN(engine->spec_, SpecDecoder::create(options.spec, c, spec_cache));
+  return engine;
 }
 
 Engine::Engine(const LlamaModel& model, const Tokenizer* tokenizer, std::vector<int32_t> eos,
@@ -218,6 +233,7 @@ void Engine::fill_counts(const Request& req, RequestOutput& out) const {
 
 void Engine::finish(Request& req, FinishReason reason, RequestOutput& out) {
   scheduler_.finish(&req.seq);
+  if (spec_) spec_->release(req.seq.id());
   if (req.detok && reason != FinishReason::kAbort && reason != FinishReason::kError && !req.stops.matched()) {
     out.text += req.stops.push(req.detok->flush());
     out.text += req.stops.flush();
@@ -242,7 +258,11 @@ bool Engine::process_sample(Request& req, const float* logits, RequestOutput& ou
     finish(req, FinishReason::kError, out);
     return true;
   }
-  const int32_t token = sampled->token;
+  return emit_token(req, std::move(*sampled), out);
+}
+
+bool Engine::emit_token(Request& req, SampleResult sampled, RequestOutput& out) {
+  const int32_t token = sampled.token;
   req.sampler.accept(token);
   req.seq.append_token(token);
   ++stats_.generated_tokens;
@@ -252,8 +272,8 @@ bool Engine::process_sample(Request& req, const float* logits, RequestOutput& ou
   out.new_token_ids.push_back(token);
   TokenLogprob lp;
   lp.token = token;
-  lp.logprob = sampled->logprob;
-  lp.top = std::move(sampled->top_logprobs);
+  lp.logprob = sampled.logprob;
+  lp.top = std::move(sampled.top_logprobs);
   out.logprobs.push_back(std::move(lp));
 
   const auto is_in = [token](const std::vector<int32_t>& ids) {
@@ -288,6 +308,7 @@ Result<std::vector<RequestOutput>> Engine::step() {
   std::vector<RequestOutput> outputs;
   outputs.swap(aborted_);
   if (scheduler_.idle()) return outputs;
+  if (spec_) TACHYON_RETURN_IF_ERROR(propose_drafts());
   Timer phase;
   const SchedulerStep plan = scheduler_.schedule();
   ++stats_.num_steps;
@@ -298,13 +319,21 @@ Result<std::vector<RequestOutput>> Engine::step() {
   cache_.copy_blocks(plan.copies);
   std::vector<SequenceChunk> chunks;
   chunks.reserve(plan.chunks.size());
+  std::vector<std::vector<int32_t>> verify_tokens;  // speculative chunks: the last token, then the draft
+  verify_tokens.reserve(plan.chunks.size());
   const double t_sched = now();
   for (const ScheduledChunk& c : plan.chunks) {
     SequenceChunk sc;
     sc.block_table = &c.seq->block_table();
     sc.start_position = c.start;
-    sc.tokens = c.seq->tokens().subspan(static_cast<size_t>(c.start), static_cast<size_t>(c.num_tokens));
+    sc.tokens = c.seq->tokens().subspan(static_cast<size_t>(c.start), static_cast<size_t>(c.num_tokens - c.num_draft));
     sc.logits = c.sample ? LogitsWanted::kLast : LogitsWanted::kNone;
+    if (c.num_draft > 0) {  // every row's logits verify the draft
+      verify_tokens.emplace_back(sc.tokens.begin(), sc.tokens.end());
+      verify_tokens.back().insert(verify_tokens.back().end(), c.seq->draft().begin(), c.seq->draft().end());
+      sc.tokens = verify_tokens.back();
+      sc.logits = LogitsWanted::kAll;
+    }
     chunks.push_back(sc);
     Request& req = *requests_.at(c.seq->id());
     if (req.timing.first_scheduled < 0) req.timing.first_scheduled = t_sched;
@@ -317,7 +346,23 @@ Result<std::vector<RequestOutput>> Engine::step() {
   phase.reset();
   ForwardOptions fo;
   fo.linear_mode = options_.batch_invariant ? ops::LinearMode::kBatchInvariant : ops::LinearMode::kFastest;
-  TACHYON_RETURN_IF_ERROR(model_.forward(batch, cache_, logits_, fo));
+  fo.cuda_graphs = options_.cuda_graphs;
+  const bool on_device_greedy = device_greedy(plan);
+  if (on_device_greedy) {
+    TACHYON_RETURN_IF_ERROR(model_.forward_on_device(batch, cache_, device_logits_, fo));
+    const int64_t rows = device_logits_.size(0);
+    if (!device_ids_.defined() || device_ids_.size(0) != rows) {
+      TACHYON_ASSIGN_OR_RETURN(device_ids_, empty_on({rows}, DType::kI32, model_.device(), "sampled ids"));
+      TACHYON_ASSIGN_OR_RETURN(device_logprobs_, empty_on({rows}, DType::kF32, model_.device(), "sampled logprobs"));
+      host_ids_ = Tensor::empty({rows}, DType::kI32);
+      host_logprobs_ = Tensor::empty({rows}, DType::kF32);
+    }
+    ops::argmax(device_logits_, device_ids_, &device_logprobs_);
+    TACHYON_RETURN_IF_ERROR(copy_into(host_ids_, device_ids_));  // waits for the step
+    TACHYON_RETURN_IF_ERROR(copy_into(host_logprobs_, device_logprobs_));
+  } else {
+    TACHYON_RETURN_IF_ERROR(model_.forward(batch, cache_, logits_, fo));
+  }
   stats_.forward_seconds += phase.seconds();
 
   phase.reset();
@@ -329,13 +374,39 @@ Result<std::vector<RequestOutput>> Engine::step() {
     const RequestId id = c.seq->id();
     Request& req = *requests_.at(id);
     RequestOutput out;
-    const bool done = process_sample(req, logits_.data<float>() + static_cast<int64_t>(row) * vocab, out);
-    ++row;
+    bool done = false;
+    if (on_device_greedy) {
+      out.id = id;
+      SampleResult r;
+      r.token = host_ids_.data<int32_t>()[row];
+      r.logprob = host_logprobs_.data<float>()[row];
+      done = emit_token(req, std::move(r), out);
+    } else {
+      const float* rows = logits_.data<float>() + static_cast<int64_t>(row) * vocab;
+      done = c.num_draft > 0 ? verify_draft(req, rows, out) : process_sample(req, rows, out);
+    }
+    row += 1 + c.num_draft;
     outputs.push_back(std::move(out));
     if (done) requests_.erase(id);
   }
   stats_.sample_seconds += phase.seconds();
   return outputs;
+}
+
+bool Engine::device_greedy(const SchedulerStep& plan) const {
+  if (model_.device().is_cpu()) return false;
+  bool any = false;
+  for (const ScheduledChunk& c : plan.chunks) {
+    if (!c.sample) continue;
+    if (c.num_draft > 0) return false;
+    const SamplingParams& p = requests_.at(c.seq->id())->params.sampling;
+    if (!p.greedy() || p.logprobs > 0 || p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f ||
+        p.frequency_penalty != 0.0f || !p.logit_bias.empty()) {
+      return false;
+    }
+    any = true;
+  }
+  return any;
 }
 
 EngineStats Engine::stats() const {
@@ -349,6 +420,7 @@ EngineStats Engine::stats() const {
   s.kv_cache_bytes = cache_.nbytes();
   s.prefix = blocks_.prefix_stats();
   s.num_preemptions = scheduler_.num_preemptions();
+  if (spec_) s.spec = spec_->stats();
   return s;
 }
 
@@ -359,7 +431,51 @@ Status Engine::check_no_leaks() const {
   if (requests_.empty() && blocks_.num_used() != 0) {
     return make_error(ErrorCode::kInternal, "{} kv blocks still used with no request left", blocks_.num_used());
   }
+  if (spec_) TACHYON_RETURN_IF_ERROR(spec_->check_no_leaks());
   return Status::Ok();
+}
+
+const Sequence* Engine::find_sequence(RequestId id) const {
+  auto it = requests_.find(id);
+  return it == requests_.end() ? nullptr : &it->second->seq;
+}
+
+// ---- Speculative decoding hooks (the work is in spec/spec_decoder.h) ----
+
+Status Engine::propose_drafts() {
+  std::vector<SpecCandidate> candidates;
+  for (auto& [id, req] : requests_) {
+    Sequence& seq = req->seq;
+    if (seq.state() != SequenceState::kDecoding) continue;
+    // Up to K + 1 tokens come out of a step: K stops one short of max_tokens and of the context.
+    const int room = std::min(req->params.max_tokens - seq.num_generated(), max_model_len_ - seq.num_tokens()) - 1;
+    candidates.push_back({&seq, &req->sampler, room});
+  }
+  // In request order, so that a step's draft batch does not depend on the hash map's order.
+  std::sort(candidates.begin(), candidates.end(),
+            [](const SpecCandidate& a, const SpecCandidate& b) { return a.seq->id() < b.seq->id(); });
+  return spec_->propose(candidates, scheduler_.num_running());
+}
+
+bool Engine::verify_draft(Request& req, const float* logits, RequestOutput& out) {
+  out.id = req.seq.id();
+  auto verified = spec_->verify(req.seq, logits, model_.config().vocab_size, req.sampler);
+  if (!verified.ok()) {
+    out.error = verified.status();
+    finish(req, FinishReason::kError, out);
+    return true;
+  }
+  // Stop conditions apply to every token in order; what follows a stop is dropped.
+  int emitted = 0;
+  bool done = false;
+  for (SampleResult& r : verified->tokens) {
+    ++emitted;
+    if ((done = emit_token(req, std::move(r), out))) break;
+  }
+  // The sequence now holds `emitted` new tokens: all but the last are accepted drafts whose K/V
+  // the step wrote; the rest of the draft's positions are rolled back.
+  scheduler_.accept_draft(&req.seq, emitted - 1);
+  return done;
 }
 
 }  // namespace tachyon

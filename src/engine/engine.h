@@ -4,7 +4,9 @@
 //   step()        → schedule (decodes first, prompt chunks, admissions, preemption) → copy-on-write
 //                   copies → one forward over the flattened batch → sample the rows that end a
 //                   sequence's known tokens → detokenize, check stop conditions → outputs;
-//                   finished requests' blocks go back to the pool
+//                   finished requests' blocks go back to the pool. With speculative decoding,
+//                   decoding sequences get drafts before scheduling and their K + 1 rows are
+//                   verified after the forward (spec/spec_decoder.h)
 //   abort()       → at any time; the request's blocks are freed at once
 //
 // One Engine is driven by one thread (the server runs it on its own loop thread). It borrows the
@@ -13,6 +15,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
@@ -24,6 +27,7 @@
 #include "kv/kv_cache.h"
 #include "model/llama_model.h"
 #include "sched/scheduler.h"
+#include "spec/spec_decoder.h"
 #include "tokenizer/tokenizer.h"
 
 namespace tachyon {
@@ -31,17 +35,21 @@ namespace tachyon {
 struct EngineOptions {
   int block_size = 16;              // tokens per KV block
   // KV cache size, the first that is set: num_kv_blocks, kv_cache_bytes, else kv_cache_fraction
-  // of the memory available now, capped at what max_seqs sequences of max_model_len tokens need.
+  // of the memory available now on the model's device (0: 0.25 of the host's, 0.9 of a GPU's free
+  // memory after the weights), capped at what max_seqs sequences of max_model_len tokens need.
+  // The cache lives where the model does.
   int num_kv_blocks = 0;
   size_t kv_cache_bytes = 0;
-  double kv_cache_fraction = 0.25;
-  DType kv_dtype = DType::kF32;     // f32, f16 or bf16 on the CPU
+  double kv_cache_fraction = 0.0;
+  std::optional<DType> kv_dtype;    // f32, f16 or bf16; default f32 on the CPU, bf16 on a GPU
   int max_model_len = 0;            // 0: the model's context length
   int max_batched_tokens = 2048;    // tokens per step
   int max_seqs = 256;               // sequences running at once
   bool chunked_prefill = true;
   bool prefix_caching = true;
   bool batch_invariant = false;     // outputs bit-identical whatever else is in the batch (slower)
+  bool cuda_graphs = true;          // on a GPU, replay decode steps as CUDA graphs (false: eager)
+  SpecDecodeOptions spec;           // speculative decoding (off by default)
 };
 
 struct EngineStats {
@@ -63,6 +71,7 @@ struct EngineStats {
   double schedule_seconds = 0.0;  // scheduling, copy-on-write, batch planning
   double forward_seconds = 0.0;
   double sample_seconds = 0.0;    // sampling, detokenizing, stop checks, outputs
+  SpecStats spec;                 // speculative decoding (proposer empty when off)
 };
 
 class Engine {
@@ -93,6 +102,9 @@ class Engine {
   double now() const { return clock_.seconds(); }  // the engine's clock
   // Every block free or cached, and the block manager's invariants hold (no request running).
   Status check_no_leaks() const;
+  // Tests and tools: a running request's sequence (null when unknown or finished), the KV storage.
+  const Sequence* find_sequence(RequestId id) const;
+  KvCache& kv_cache() { return cache_; }
 
  private:
   struct Request;
@@ -101,6 +113,13 @@ class Engine {
   // Samples and post-processes one sequence's logits row; fills `out`; true if it finished.
   bool process_sample(Request& req, const float* logits, RequestOutput& out);
   void finish(Request& req, FinishReason reason, RequestOutput& out);
+  // Appends one token to the request and applies every stop condition; true if it finished.
+  bool emit_token(Request& req, SampleResult sampled, RequestOutput& out);
+  // Speculative decoding (spec/spec_decoder.h does the work): drafts for the decoding
+  // sequences before scheduling; the verification of one sequence's K + 1 logits rows, emitting
+  // its tokens in order until one finishes the request.
+  Status propose_drafts();
+  bool verify_draft(Request& req, const float* logits, RequestOutput& out);
   void fill_counts(const Request& req, RequestOutput& out) const;
 
   const LlamaModel& model_;
@@ -116,7 +135,13 @@ class Engine {
   std::unordered_map<RequestId, std::unique_ptr<Request>> requests_;
   std::vector<RequestOutput> aborted_;  // reported by the next step()
   Tensor logits_;                       // [n_sampled, vocab] f32, reused
+  // On a GPU, when every sampled row is plain greedy: the argmax and its logprob are taken on the
+  // device and only they come back.
+  bool device_greedy(const SchedulerStep& plan) const;
+  Tensor device_logits_, device_ids_, device_logprobs_;
+  Tensor host_ids_, host_logprobs_;
   EngineStats stats_;
+  std::unique_ptr<SpecDecoder> spec_;   // null: no speculative decoding
 };
 
 }  // namespace tachyon

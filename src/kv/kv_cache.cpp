@@ -1,6 +1,9 @@
 #include "kv/kv_cache.h"
 
+#include <atomic>
 #include <cstring>
+
+#include "core/device_memory.h"
 
 namespace tachyon {
 
@@ -23,15 +26,18 @@ Result<KvCache> KvCache::create(const KvCacheConfig& config) {
                       "kv cache: layers={} kv_heads={} head_dim={} block_size={} num_blocks={} must all be positive",
                       config.num_layers, config.num_kv_heads, config.head_dim, config.block_size, config.num_blocks);
   }
+  static std::atomic<uint64_t> next_id{1};
   KvCache cache;
   cache.config_ = config;
+  cache.id_ = next_id.fetch_add(1, std::memory_order_relaxed);
   const std::vector<int64_t> shape = {config.num_blocks, config.block_size, config.num_kv_heads, config.head_dim};
   for (int l = 0; l < config.num_layers; ++l) {
-    auto k = Tensor::try_empty(shape, config.dtype);
-    auto v = Tensor::try_empty(shape, config.dtype);
+    auto k = empty_on(shape, config.dtype, config.device, "kv cache");
+    auto v = k.ok() ? empty_on(shape, config.dtype, config.device, "kv cache") : k;
     if (!k.ok() || !v.ok()) {
-      return make_error(ErrorCode::kOutOfMemory, "kv cache: cannot allocate {} blocks ({} bytes in all)",
-                        config.num_blocks, config.bytes_per_block() * static_cast<size_t>(config.num_blocks));
+      return make_error(ErrorCode::kOutOfMemory, "kv cache: cannot allocate {} blocks ({} bytes in all) on {}: {}",
+                        config.num_blocks, config.bytes_per_block() * static_cast<size_t>(config.num_blocks),
+                        config.device.to_string(), (k.ok() ? v : k).status().message());
     }
     cache.k_.push_back(std::move(k).value());
     cache.v_.push_back(std::move(v).value());
@@ -49,7 +55,16 @@ void KvCache::copy_blocks(std::span<const BlockCopy> copies) {
   }
   for (std::vector<Tensor>* pools : {&k_, &v_}) {
     for (Tensor& t : *pools) {
-      TACHYON_CHECK(t.device().is_cpu(), "kv cache copy: only host caches here");
+      if (!t.device().is_cpu()) {
+        const int64_t per_block = t.numel() / t.size(0);
+        for (const BlockCopy& c : copies) {
+          Tensor dst = t.select(0, c.dst).reshape({per_block});
+          const Tensor src = t.select(0, c.src).reshape({per_block});
+          const Status st = copy_into(dst, src);
+          TACHYON_CHECK(st.ok(), "kv cache copy of block {} to {}: {}", c.src, c.dst, st.message());
+        }
+        continue;
+      }
       auto* base = static_cast<uint8_t*>(t.raw_data());
       for (const BlockCopy& c : copies) {
         std::memcpy(base + static_cast<size_t>(c.dst) * block_bytes, base + static_cast<size_t>(c.src) * block_bytes,

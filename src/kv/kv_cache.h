@@ -21,6 +21,7 @@ struct KvCacheConfig {
   int block_size = 16;
   int num_blocks = 0;
   DType dtype = DType::kF32;  // the CPU reference cache is f32
+  Device device = Device::cpu();
 
   // Bytes one token occupies across all layers (K and V).
   size_t bytes_per_token() const;
@@ -34,6 +35,8 @@ class KvCache {
   static Result<KvCache> create(const KvCacheConfig& config);
 
   const KvCacheConfig& config() const { return config_; }
+  // Unique per cache made in this process (what a captured graph that writes it is keyed by).
+  uint64_t id() const { return id_; }
   Tensor& k(int layer) { return k_[static_cast<size_t>(layer)]; }  // [num_blocks, block_size, num_kv_heads, head_dim]
   Tensor& v(int layer) { return v_[static_cast<size_t>(layer)]; }  // same
   size_t nbytes() const { return config_.bytes_per_block() * static_cast<size_t>(config_.num_blocks); }
@@ -42,6 +45,7 @@ class KvCache {
 
  private:
   KvCacheConfig config_;
+  uint64_t id_ = 0;
   std::vector<Tensor> k_;
   std::vector<Tensor> v_;
 };

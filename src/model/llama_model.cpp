@@ -1,6 +1,13 @@
 #include "model/llama_model.h"
 
+#include <algorithm>
+#include <array>
 #include <cmath>
+#include <mutex>
+
+#include "core/device_memory.h"
+#include "core/log.h"
+#include "ops/backend.h"
 
 namespace tachyon {
 
@@ -28,6 +35,160 @@ size_t ModelWeights::total_bytes() const {
   return n;
 }
 
+Result<ModelWeights> copy_weights_to(const ModelWeights& weights, Device device) {
+  ModelWeights out;
+  auto tensor = [&](const Tensor& t, const char* what) -> Result<Tensor> {
+    if (!t.defined()) return Tensor();
+    return copy_to(t, device, what);
+  };
+  auto weight = [&](const Weight& w, const char* what) -> Result<Weight> {
+    if (w.quant) {
+      return make_error(ErrorCode::kUnsupported, "{}: quantized weights ({}) cannot be moved to {} yet", what,
+                        quant_format_name(w.quant->format), device.to_string());
+    }
+    Weight o;
+    TACHYON_ASSIGN_OR_RETURN(o.dense, tensor(w.dense, what));
+    return o;
+  };
+  TACHYON_ASSIGN_OR_RETURN(out.embed_tokens, tensor(weights.embed_tokens, "embedding"));
+  for (const LayerWeights& l : weights.layers) {
+    LayerWeights o;
+    TACHYON_ASSIGN_OR_RETURN(o.attn_norm, tensor(l.attn_norm, "attn_norm"));
+    TACHYON_ASSIGN_OR_RETURN(o.q_proj, weight(l.q_proj, "q_proj"));
+    TACHYON_ASSIGN_OR_RETURN(o.k_proj, weight(l.k_proj, "k_proj"));
+    TACHYON_ASSIGN_OR_RETURN(o.v_proj, weight(l.v_proj, "v_proj"));
+    TACHYON_ASSIGN_OR_RETURN(o.o_proj, weight(l.o_proj, "o_proj"));
+    TACHYON_ASSIGN_OR_RETURN(o.q_bias, tensor(l.q_bias, "q_bias"));
+    TACHYON_ASSIGN_OR_RETURN(o.k_bias, tensor(l.k_bias, "k_bias"));
+    TACHYON_ASSIGN_OR_RETURN(o.v_bias, tensor(l.v_bias, "v_bias"));
+    TACHYON_ASSIGN_OR_RETURN(o.o_bias, tensor(l.o_bias, "o_bias"));
+    TACHYON_ASSIGN_OR_RETURN(o.q_norm, tensor(l.q_norm, "q_norm"));
+    TACHYON_ASSIGN_OR_RETURN(o.k_norm, tensor(l.k_norm, "k_norm"));
+    TACHYON_ASSIGN_OR_RETURN(o.ffn_norm, tensor(l.ffn_norm, "ffn_norm"));
+    TACHYON_ASSIGN_OR_RETURN(o.gate_proj, weight(l.gate_proj, "gate_proj"));
+    TACHYON_ASSIGN_OR_RETURN(o.up_proj, weight(l.up_proj, "up_proj"));
+    TACHYON_ASSIGN_OR_RETURN(o.down_proj, weight(l.down_proj, "down_proj"));
+    out.layers.push_back(std::move(o));
+  }
+  TACHYON_ASSIGN_OR_RETURN(out.final_norm, tensor(weights.final_norm, "final_norm"));
+  const bool tied = weights.lm_head.dense.defined() && weights.embed_tokens.defined() &&
+                    weights.lm_head.dense.raw_data() == weights.embed_tokens.raw_data() &&
+                    weights.lm_head.dense.shape() == weights.embed_tokens.shape();
+  if (tied) {
+    out.lm_head.dense = out.embed_tokens;
+  } else {
+    TACHYON_ASSIGN_OR_RETURN(out.lm_head, weight(weights.lm_head, "lm_head"));
+  }
+  return out;
+}
+
+namespace {
+
+// Rows [0, a) of `dst` = a, then b, then c (all [rows, cols] of one dtype, contiguous), on any device.
+Status concat_rows(Tensor& dst, std::initializer_list<const Tensor*> parts) {
+  int64_t row = 0;
+  for (const Tensor* p : parts) {
+    Tensor slot = dst.slice(0, row, row + p->size(0));
+    TACHYON_RETURN_IF_ERROR(copy_into(slot, *p));
+    row += p->size(0);
+  }
+  return Status::Ok();
+}
+
+Result<Weight> fuse(std::initializer_list<Weight*> parts, const char* what) {
+  int64_t rows = 0;
+  const Tensor first = (*parts.begin())->dense;
+  for (Weight* w : parts) {
+    if (w->quant || !w->dense.defined() || !w->dense.is_contiguous() || w->dense.dtype() != first.dtype() ||
+        w->dense.dim() != 2 || w->dense.size(1) != first.size(1) || !(w->dense.device() == first.device())) {
+      return Weight();
+    }
+    rows += w->dense.size(0);
+  }
+  TACHYON_ASSIGN_OR_RETURN(Tensor fused, empty_on({rows, first.size(1)}, first.dtype(), first.device(), what));
+  int64_t row = 0;
+  for (Weight* w : parts) {
+    Tensor slot = fused.slice(0, row, row + w->dense.size(0));
+    TACHYON_RETURN_IF_ERROR(copy_into(slot, w->dense));
+    const int64_t end = row + w->dense.size(0);
+    w->dense = fused.slice(0, row, end);  // the separate weight becomes a view; its memory is freed
+    row = end;
+  }
+  Weight out;
+  out.dense = std::move(fused);
+  return out;
+}
+
+// The index tensors of a batch, in the order they are packed into one i32 buffer.
+std::array<const Tensor*, 7> index_tensors(const ForwardBatch& b) {
+  const AttentionMetadata& m = b.attention;
+  return {&b.token_ids, &b.positions, &b.logits_rows, &m.query_start, &m.context_lens, &m.block_tables,
+          &m.slot_mapping};
+}
+
+Tensor pack(const ForwardBatch& batch) {
+  int64_t total = 0;
+  for (const Tensor* t : index_tensors(batch)) total += t->numel();
+  Tensor packed = Tensor::empty({std::max<int64_t>(total, 1)}, DType::kI32);
+  int64_t offset = 0;
+  for (const Tensor* t : index_tensors(batch)) {
+    const Tensor c = t->contiguous();
+    std::copy_n(c.data<int32_t>(), c.numel(), packed.data<int32_t>() + offset);
+    offset += c.numel();
+  }
+  return packed;
+}
+
+// The batch's index tensors on `device` (the host values stay in `batch`), packed into one
+// buffer so that one copy moves them all.
+Result<ForwardBatch> batch_on(const ForwardBatch& batch, Device device) {
+  TACHYON_ASSIGN_OR_RETURN(Tensor on_device, copy_to(pack(batch), device, "batch"));
+  ForwardBatch d;
+  d.attention = batch.attention;
+  Tensor* outs[] = {&d.token_ids, &d.positions, &d.logits_rows, &d.attention.query_start,
+                    &d.attention.context_lens, &d.attention.block_tables, &d.attention.slot_mapping};
+  int64_t offset = 0;
+  const auto parts = index_tensors(batch);
+  for (size_t i = 0; i < parts.size(); ++i) {
+    *outs[i] = Tensor::from_buffer(on_device.buffer(), static_cast<size_t>(offset) * sizeof(int32_t),
+                                   parts[i]->shape(), DType::kI32);
+    offset += parts[i]->numel();
+  }
+  return d;
+}
+
+// Rewrites, in place, a batch that batch_on() made from one of the same shapes.
+Status upload_into(const ForwardBatch& batch, ForwardBatch& on_device) {
+  const Tensor packed = pack(batch);
+  Tensor dst = Tensor::from_buffer(on_device.token_ids.buffer(), 0, {packed.numel()}, DType::kI32);
+  TACHYON_RETURN_IF_ERROR(copy_into(dst, packed));
+  on_device.attention.max_query_len = batch.attention.max_query_len;
+  on_device.attention.max_context_len = batch.attention.max_context_len;
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status fuse_projections(ModelWeights& weights) {
+  for (LayerWeights& l : weights.layers) {
+    TACHYON_ASSIGN_OR_RETURN(l.qkv_proj, fuse({&l.q_proj, &l.k_proj, &l.v_proj}, "qkv_proj"));
+    if (l.qkv_proj.defined() && l.q_bias.defined()) {
+      if (!l.k_bias.defined() || !l.v_bias.defined() || l.q_bias.dtype() != DType::kF32 ||
+          l.k_bias.dtype() != DType::kF32 || l.v_bias.dtype() != DType::kF32) {
+        return make_error(ErrorCode::kUnsupported, "fusing q/k/v: biases must all be present and f32");
+      }
+      const int64_t total = l.q_bias.size(0) + l.k_bias.size(0) + l.v_bias.size(0);
+      TACHYON_ASSIGN_OR_RETURN(l.qkv_bias, empty_on({total}, DType::kF32, l.q_bias.device(), "qkv_bias"));
+      Tensor as_rows = l.qkv_bias.reshape({total, 1});
+      TACHYON_RETURN_IF_ERROR(concat_rows(as_rows, {&l.q_bias, &l.k_bias, &l.v_bias}));
+    } else if (l.qkv_proj.defined() && (l.k_bias.defined() || l.v_bias.defined())) {
+      return make_error(ErrorCode::kUnsupported, "fusing q/k/v: k or v has a bias but q has none");
+    }
+    TACHYON_ASSIGN_OR_RETURN(l.gate_up_proj, fuse({&l.gate_proj, &l.up_proj}, "gate_up_proj"));
+  }
+  return Status::Ok();
+}
+
 LlamaModel::LlamaModel(ModelConfig config, ModelWeights weights)
     : config_(std::move(config)), weights_(std::move(weights)) {
   rope_ = make_rope_table(config_.rope);
@@ -39,6 +200,21 @@ LlamaModel::LlamaModel(ModelConfig config, ModelWeights weights)
 }
 
 Status LlamaModel::forward(const ForwardBatch& batch, KvCache& cache, Tensor& logits, const ForwardOptions& options) const {
+  if (device().is_cpu()) return forward_on_device(batch, cache, logits, options);
+  Tensor on_device;
+  TACHYON_RETURN_IF_ERROR(forward_on_device(batch, cache, on_device, options));
+  const int64_t n_logits = batch.logits_rows.size(0);
+  if (!logits.defined() || !logits.device().is_cpu() || logits.dtype() != DType::kF32 || logits.dim() != 2 ||
+      logits.size(0) != n_logits || logits.size(1) != config_.vocab_size) {
+    logits = Tensor::empty({n_logits, config_.vocab_size}, DType::kF32);
+  }
+  if (n_logits > 0) TACHYON_RETURN_IF_ERROR(copy_into(logits, on_device));  // waits for the device
+  return ops::synchronize(device());
+}
+
+Status LlamaModel::forward_on_device(const ForwardBatch& host_batch, KvCache& cache, Tensor& logits,
+                                     const ForwardOptions& options) const {
+  const ForwardBatch& batch = host_batch;
   const ops::LinearMode mode = options.linear_mode;
   const ModelConfig& c = config_;
   const int64_t n = batch.token_ids.size(0);
@@ -60,26 +236,125 @@ Status LlamaModel::forward(const ForwardBatch& batch, KvCache& cache, Tensor& lo
     if (rows[i] < 0 || rows[i] >= n) return make_error(ErrorCode::kInvalidArgument, "forward: logits row {} of {}", rows[i], n);
   }
 
+  const Device dev = device();
+  if (!(cache.config().device == dev)) {
+    return make_error(ErrorCode::kInvalidArgument, "forward: the model runs on {} but its kv cache is on {}",
+                      dev.to_string(), cache.config().device.to_string());
+  }
+  if (dev.is_cpu()) return run_layers(batch, cache, logits, mode);
+  const bool decode = batch.attention.max_query_len == 1 && n == batch.attention.num_seqs && n_logits == n;
+  if (decode) return forward_decode_on_device(batch, cache, logits, options);
+  TACHYON_ASSIGN_OR_RETURN(ForwardBatch device_batch, batch_on(batch, dev));
+  return run_layers(device_batch, cache, logits, mode);
+}
+
+// A decode batch on a device (one token and one logits row per sequence) runs with its block
+// tables widened to a power-of-two number of columns and max_context_len set to the widened
+// capacity, so that every kernel launch depends only on (tokens, columns): the step can be a CUDA
+// graph, captured once per shape and replayed with the inputs rewritten in place. Eager decode
+// steps take the same widened shape, so a replay equals an eager step bit for bit.
+Status LlamaModel::forward_decode_on_device(const ForwardBatch& batch, KvCache& cache, Tensor& logits,
+                                            const ForwardOptions& options) const {
+  const Device dev = device();
+  const int64_t n = batch.token_ids.size(0);
+  const AttentionMetadata& m = batch.attention;
+  int64_t width = 16;
+  while (width < m.block_tables.size(1)) width *= 2;
+  ForwardBatch padded = batch;
+  padded.attention.block_tables = Tensor::empty({m.num_seqs, width}, DType::kI32);
+  int32_t* table = padded.attention.block_tables.data<int32_t>();
+  std::fill(table, table + padded.attention.block_tables.numel(), -1);
+  const Tensor old_tables = m.block_tables.contiguous();
+  for (int s = 0; s < m.num_seqs; ++s) {
+    std::copy_n(old_tables.data<int32_t>() + s * old_tables.size(1), old_tables.size(1), table + s * width);
+  }
+  padded.attention.max_context_len = static_cast<int>(width * m.block_size);
+
+  const GraphKey key{cache.id(), n, width, static_cast<int>(options.linear_mode)};
+  std::lock_guard<std::mutex> lock(graphs_mutex_);
+  auto it = graphs_.find(key);
+  if (it == graphs_.end()) {
+    // Shapes come and go with the batch: keep the memory they hold bounded.
+    if (graphs_.size() >= kMaxDecodeGraphs) graphs_.clear();
+    DecodeGraph g;
+    TACHYON_ASSIGN_OR_RETURN(g.input, batch_on(padded, dev));
+    TACHYON_ASSIGN_OR_RETURN(g.logits, empty_on({n, config_.vocab_size}, DType::kF32, dev, "logits"));
+    it = graphs_.emplace(key, std::move(g)).first;
+  } else {
+    TACHYON_RETURN_IF_ERROR(upload_into(padded, it->second.input));
+  }
+  DecodeGraph& g = it->second;
+  ops::Backend* backend = ops::backend_for(dev);
+  if (g.graph) {
+    TACHYON_RETURN_IF_ERROR(backend->replay(g.graph));
+  } else {
+    // Eager: the result of this step, and the warm-up (workspaces sized, tables uploaded) that
+    // makes a capture of the same shape touch no allocation outside the graph.
+    TACHYON_RETURN_IF_ERROR(run_layers(g.input, cache, g.logits, options.linear_mode));
+    if (options.cuda_graphs) {
+      TACHYON_RETURN_IF_ERROR(backend->begin_capture());
+      const Status captured = run_layers(g.input, cache, g.logits, options.linear_mode);
+      auto graph = backend->end_capture();
+      TACHYON_RETURN_IF_ERROR(captured);
+      TACHYON_RETURN_IF_ERROR(graph.status());
+      g.graph = std::move(graph).value();
+      TACHYON_LOG_INFO("captured a decode graph: {} tokens, block tables of {} columns", n, width);
+    }
+  }
+  logits = g.logits;
+  return Status::Ok();
+}
+
+Status LlamaModel::run_layers(const ForwardBatch& batch, KvCache& cache, Tensor& logits, ops::LinearMode mode) const {
+  const ModelConfig& c = config_;
+  const ForwardBatch* b = &batch;
+  const Device dev = device();
+  const int64_t n = batch.token_ids.size(0);
+  const int64_t n_logits = batch.logits_rows.size(0);
+  Status alloc_status;
+  auto scratch = [&](std::vector<int64_t> shape) -> Tensor {
+    auto t = empty_on(shape, DType::kF32, dev, "activations");
+    if (!t.ok()) {
+      if (alloc_status.ok()) alloc_status = t.status();
+      return Tensor();
+    }
+    return std::move(t).value();
+  };
   const int64_t hidden = c.hidden_size;
-  Tensor x = Tensor::empty({n, hidden}, DType::kF32);       // residual stream
-  Tensor h = Tensor::empty({n, hidden}, DType::kF32);       // normed input of a sublayer
-  Tensor q = Tensor::empty({n, c.q_dim()}, DType::kF32);
-  Tensor k = Tensor::empty({n, c.kv_dim()}, DType::kF32);
-  Tensor v = Tensor::empty({n, c.kv_dim()}, DType::kF32);
-  Tensor attn = Tensor::empty({n, c.q_dim()}, DType::kF32);
-  Tensor out = Tensor::empty({n, hidden}, DType::kF32);     // sublayer output before the residual add
-  Tensor gate = Tensor::empty({n, c.intermediate_size}, DType::kF32);
-  Tensor up = Tensor::empty({n, c.intermediate_size}, DType::kF32);
+  Tensor x = scratch({n, hidden});       // residual stream
+  Tensor h = scratch({n, hidden});       // normed input of a sublayer
+  const bool fused_qkv = std::all_of(weights_.layers.begin(), weights_.layers.end(),
+                                     [](const LayerWeights& l) { return l.qkv_proj.defined(); });
+  const bool fused_gate_up = std::all_of(weights_.layers.begin(), weights_.layers.end(),
+                                         [](const LayerWeights& l) { return l.gate_up_proj.defined(); });
+  Tensor q, k, v, qkv, gate, up, gate_up;
+  if (fused_qkv) {
+    qkv = scratch({n, c.q_dim() + 2 * c.kv_dim()});
+  } else {
+    q = scratch({n, c.q_dim()});
+    k = scratch({n, c.kv_dim()});
+    v = scratch({n, c.kv_dim()});
+  }
+  Tensor attn = scratch({n, c.q_dim()});
+  Tensor out = scratch({n, hidden});     // sublayer output before the residual add
+  if (fused_gate_up) {
+    gate_up = scratch({n, 2 * c.intermediate_size});
+  } else {
+    gate = scratch({n, c.intermediate_size});
+    up = scratch({n, c.intermediate_size});
+  }
   Tensor q_normed, k_normed;
   if (c.qk_norm) {
-    q_normed = Tensor::empty({n * c.num_heads, c.head_dim}, DType::kF32);
-    k_normed = Tensor::empty({n * c.num_kv_heads, c.head_dim}, DType::kF32);
+    q_normed = scratch({n * c.num_heads, c.head_dim});
+    k_normed = scratch({n * c.num_kv_heads, c.head_dim});
   }
+  Tensor normed = scratch({n_logits, hidden});
+  TACHYON_RETURN_IF_ERROR(alloc_status);
   AttentionParams params;
   params.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   params.sliding_window = c.sliding_window;
 
-  ops::embedding(weights_.embed_tokens, batch.token_ids, x);
+  ops::embedding(weights_.embed_tokens, b->token_ids, x);
   for (int layer = 0; layer < c.num_layers; ++layer) {
     const LayerWeights& w = weights_.layers[static_cast<size_t>(layer)];
     // Attention block: x += previous MLP output (fused with the norm), h = norm(x).
@@ -88,46 +363,57 @@ Status LlamaModel::forward(const ForwardBatch& batch, KvCache& cache, Tensor& lo
     } else {
       ops::add_rms_norm(x, out, w.attn_norm, c.rms_norm_eps, h);
     }
-    ops::linear(h, w.q_proj, w.q_bias.defined() ? &w.q_bias : nullptr, q, mode);
-    ops::linear(h, w.k_proj, w.k_bias.defined() ? &w.k_bias : nullptr, k, mode);
-    ops::linear(h, w.v_proj, w.v_bias.defined() ? &w.v_bias : nullptr, v, mode);
-    Tensor q_heads = q.reshape({n, c.num_heads, c.head_dim});
-    Tensor k_heads = k.reshape({n, c.num_kv_heads, c.head_dim});
-    if (c.qk_norm) {
-      ops::rms_norm(q.reshape({n * c.num_heads, c.head_dim}), w.q_norm, c.rms_norm_eps, q_normed);
-      ops::rms_norm(k.reshape({n * c.num_kv_heads, c.head_dim}), w.k_norm, c.rms_norm_eps, k_normed);
-      q_heads = q_normed.reshape({n, c.num_heads, c.head_dim});
-      k_heads = k_normed.reshape({n, c.num_kv_heads, c.head_dim});
+    Tensor q_heads, k_heads, v_heads;
+    if (fused_qkv) {  // one matrix; q, k, v are column ranges of its output
+      ops::linear(h, w.qkv_proj, w.qkv_bias.defined() ? &w.qkv_bias : nullptr, qkv, mode);
+      q_heads = qkv.slice(1, 0, c.q_dim()).split_last(c.num_heads);
+      k_heads = qkv.slice(1, c.q_dim(), c.q_dim() + c.kv_dim()).split_last(c.num_kv_heads);
+      v_heads = qkv.slice(1, c.q_dim() + c.kv_dim(), c.q_dim() + 2 * c.kv_dim()).split_last(c.num_kv_heads);
+    } else {
+      ops::linear(h, w.q_proj, w.q_bias.defined() ? &w.q_bias : nullptr, q, mode);
+      ops::linear(h, w.k_proj, w.k_bias.defined() ? &w.k_bias : nullptr, k, mode);
+      ops::linear(h, w.v_proj, w.v_bias.defined() ? &w.v_bias : nullptr, v, mode);
+      q_heads = q.split_last(c.num_heads);
+      k_heads = k.split_last(c.num_kv_heads);
+      v_heads = v.split_last(c.num_kv_heads);
     }
-    ops::rope(q_heads, batch.positions, rope_);
-    ops::rope(k_heads, batch.positions, rope_);
-    Tensor v_heads = v.reshape({n, c.num_kv_heads, c.head_dim});
-    ops::store_kv(k_heads, v_heads, batch.attention.slot_mapping, cache.k(layer), cache.v(layer));
+    if (c.qk_norm) {
+      Tensor qn = q_normed.reshape({n, c.num_heads, c.head_dim});
+      Tensor kn = k_normed.reshape({n, c.num_kv_heads, c.head_dim});
+      ops::rms_norm(q_heads, w.q_norm, c.rms_norm_eps, qn);
+      ops::rms_norm(k_heads, w.k_norm, c.rms_norm_eps, kn);
+      q_heads = qn;
+      k_heads = kn;
+    }
+    ops::rope(q_heads, b->positions, rope_);
+    ops::rope(k_heads, b->positions, rope_);
+    ops::store_kv(k_heads, v_heads, b->attention.slot_mapping, cache.k(layer), cache.v(layer));
     Tensor attn_heads = attn.reshape({n, c.num_heads, c.head_dim});
-    ops::paged_attention(q_heads, cache.k(layer), cache.v(layer), batch.attention, params, attn_heads);
+    ops::paged_attention(q_heads, cache.k(layer), cache.v(layer), b->attention, params, attn_heads);
     ops::linear(attn, w.o_proj, w.o_bias.defined() ? &w.o_bias : nullptr, out, mode);
     // MLP block: x += attention output; h = norm(x).
     ops::add_rms_norm(x, out, w.ffn_norm, c.rms_norm_eps, h);
-    ops::linear(h, w.gate_proj, nullptr, gate, mode);
-    ops::linear(h, w.up_proj, nullptr, up, mode);
-    ops::silu_mul(gate, up, gate);
-    ops::linear(gate, w.down_proj, nullptr, out, mode);  // added into x by the next norm
+    if (fused_gate_up) {  // one matrix; gate and up are halves of its output
+      ops::linear(h, w.gate_up_proj, nullptr, gate_up, mode);
+      Tensor g = gate_up.slice(1, 0, c.intermediate_size);
+      ops::silu_mul(g, gate_up.slice(1, c.intermediate_size, 2 * c.intermediate_size), g);
+      ops::linear(g, w.down_proj, nullptr, out, mode);  // added into x by the next norm
+    } else {
+      ops::linear(h, w.gate_proj, nullptr, gate, mode);
+      ops::linear(h, w.up_proj, nullptr, up, mode);
+      ops::silu_mul(gate, up, gate);
+      ops::linear(gate, w.down_proj, nullptr, out, mode);  // added into x by the next norm
+    }
   }
 
-  // Last residual add, final norm and LM head only for the rows whose logits are wanted.
-  Tensor selected = Tensor::empty({n_logits, hidden}, DType::kF32);
-  for (int64_t i = 0; i < n_logits; ++i) {
-    const float* xr = x.data<float>() + static_cast<int64_t>(rows[i]) * hidden;
-    const float* orow = out.data<float>() + static_cast<int64_t>(rows[i]) * hidden;
-    float* dst = selected.data<float>() + i * hidden;
-    for (int64_t j = 0; j < hidden; ++j) dst[j] = xr[j] + orow[j];
+  // Last residual add and final norm (every row: cheap), then the LM head over the wanted rows only.
+  ops::add_rms_norm(x, out, weights_.final_norm, c.rms_norm_eps, h);
+  if (n_logits > 0) ops::embedding(h, b->logits_rows, normed);  // gathers the rows
+  if (!logits.defined() || !(logits.device() == dev) || logits.dtype() != DType::kF32 || logits.dim() != 2 ||
+      logits.size(0) != n_logits || logits.size(1) != c.vocab_size) {
+    TACHYON_ASSIGN_OR_RETURN(logits, empty_on({n_logits, c.vocab_size}, DType::kF32, dev, "logits"));
   }
-  Tensor normed = Tensor::empty({n_logits, hidden}, DType::kF32);
-  ops::rms_norm(selected, weights_.final_norm, c.rms_norm_eps, normed);
-  if (!logits.defined() || logits.size(0) != n_logits || logits.size(1) != c.vocab_size) {
-    logits = Tensor::empty({n_logits, c.vocab_size}, DType::kF32);
-  }
-  ops::linear(normed, weights_.lm_head, nullptr, logits, mode);
+  if (n_logits > 0) ops::linear(normed, weights_.lm_head, nullptr, logits, mode);
   return Status::Ok();
 }
 

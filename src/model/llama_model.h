@@ -4,6 +4,11 @@
 // LM head. The batch is flat: prefill chunks and decode tokens of several sequences together.
 #pragma once
 
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
+
 #include "core/status.h"
 #include "core/tensor.h"
 #include "kv/kv_cache.h"
@@ -22,6 +27,7 @@ struct ForwardBatch {
 
 struct ForwardOptions {
   ops::LinearMode linear_mode = ops::LinearMode::kFastest;  // kBatchInvariant: outputs independent of batching
+  bool cuda_graphs = true;  // on a GPU, decode steps replay a graph captured once per batch shape
 };
 
 class LlamaModel {
@@ -30,14 +36,46 @@ class LlamaModel {
 
   const ModelConfig& config() const { return config_; }
   const ModelWeights& weights() const { return weights_; }
+  // Where the weights live, and so where forward() runs and its KV cache must be.
+  Device device() const { return weights_.embed_tokens.device(); }
 
-  // Runs the batch, writing its K/V into `cache`, and fills logits [n_logits, vocab] f32.
+  // Runs the batch (described on the host), writing its K/V into `cache` (on device()), and fills
+  // logits [n_logits, vocab] f32 on the host. On a GPU the batch's plan is copied over first and
+  // the call returns once the logits are back.
   Status forward(const ForwardBatch& batch, KvCache& cache, Tensor& logits, const ForwardOptions& options = {}) const;
+  // Like forward(), but `logits` stays on device() (allocated there when it is not [n_logits,
+  // vocab] f32 on device() already) and nothing waits for the device.
+  Status forward_on_device(const ForwardBatch& batch, KvCache& cache, Tensor& logits,
+                           const ForwardOptions& options = {}) const;
 
  private:
+  Status run_layers(const ForwardBatch& batch, KvCache& cache, Tensor& logits, ops::LinearMode mode) const;
+  Status forward_decode_on_device(const ForwardBatch& batch, KvCache& cache, Tensor& logits,
+                                  const ForwardOptions& options) const;
+
+  // Decode steps on a device, one per (cache, tokens, block-table columns, linear mode): inputs and
+  // logits at fixed device addresses, and the graph once captured.
+  struct GraphKey {
+    uint64_t cache = 0;  // the id of the KV cache the graph writes
+    int64_t tokens = 0, columns = 0;
+    int mode = 0;
+    bool operator<(const GraphKey& o) const {
+      return std::tie(cache, tokens, columns, mode) < std::tie(o.cache, o.tokens, o.columns, o.mode);
+    }
+  };
+  struct DecodeGraph {
+    ForwardBatch input;
+    Tensor logits;
+    std::shared_ptr<void> graph;
+  };
+
+  static constexpr size_t kMaxDecodeGraphs = 256;
+
   ModelConfig config_;
   ModelWeights weights_;
   RopeTable rope_;
+  mutable std::mutex graphs_mutex_;
+  mutable std::map<GraphKey, DecodeGraph> graphs_;
 };
 
 }  // namespace tachyon

@@ -13,6 +13,7 @@
 #include "io/llama2c.h"
 #include "io/model_format.h"
 #include "model/synthetic.h"
+#include "ops/ops.h"
 
 namespace tachyon {
 
@@ -257,7 +258,9 @@ Status load_synthetic(const LoadOptions& options, const std::string& preset, Loa
   so.preset = preset;
   so.weight_dtype = options.synthetic_dtype;
   so.seed = options.synthetic_seed;
+  so.device = options.device;
   TACHYON_ASSIGN_OR_RETURN(ModelWeights weights, make_synthetic_weights(config, so));
+  TACHYON_RETURN_IF_ERROR(ops::synchronize(options.device));
   out.format = "synthetic";
   out.path = "synthetic:" + preset;
   out.weight_dtypes = dtype_name(options.synthetic_dtype);
@@ -328,13 +331,30 @@ Result<LoadedModel> load_model(const LoadOptions& options) {
     }
   }
   TACHYON_RETURN_IF_ERROR(status);
+  if (!(out.model->device() == options.device)) {
+    auto weights = copy_weights_to(out.model->weights(), options.device);
+    if (!weights.ok()) {
+      return make_error(weights.status().code(), "{}: moving the weights to {}: {}", out.path,
+                        options.device.to_string(), weights.status().message());
+    }
+    ModelConfig config = out.model->config();
+    out.model = std::make_unique<LlamaModel>(std::move(config), std::move(weights).value());
+  }
+  if (!options.device.is_cpu()) {
+    // One matrix for q/k/v and one for gate/up: fewer launches and one pass over each input.
+    ModelWeights weights = out.model->weights();
+    TACHYON_RETURN_IF_ERROR(fuse_projections(weights));
+    TACHYON_RETURN_IF_ERROR(ops::synchronize(options.device));
+    ModelConfig config = out.model->config();
+    out.model = std::make_unique<LlamaModel>(std::move(config), std::move(weights));
+  }
   if (out.tokenizer) {
     if (out.bos_token_id < 0) out.bos_token_id = out.tokenizer->bos_id();
     merge_ids(out.eos_token_ids, out.tokenizer->eos_ids());
   }
   out.load_seconds = timer.seconds();
-  TACHYON_LOG_INFO("loaded {} ({}) in {:.2f} s: {}; weights {}", out.path, out.format, out.load_seconds,
-                   out.model->config().summary(), out.weight_dtypes);
+  TACHYON_LOG_INFO("loaded {} ({}) in {:.2f} s: {}; weights {} on {}", out.path, out.format, out.load_seconds,
+                   out.model->config().summary(), out.weight_dtypes, options.device.to_string());
   return out;
 }
 

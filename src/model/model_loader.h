@@ -20,6 +20,9 @@ struct LoadOptions {
   std::string path;                      // -m
   DType synthetic_dtype = DType::kBF16;  // weights of synthetic models
   uint64_t synthetic_seed = 0;
+  // Where the weights go (--device): files are read on the host and copied over once; synthetic
+  // weights are made on the device itself. The device's backend must be running.
+  Device device = Device::cpu();
 };
 
 struct LoadedModel {

@@ -2,7 +2,8 @@
 
 #include <cmath>
 
-#include "core/thread_pool.h"
+#include "core/device_memory.h"
+#include "ops/ops.h"
 
 namespace tachyon {
 
@@ -36,34 +37,6 @@ constexpr Preset kPresets[] = {
     {"llama3.2-1b", "LlamaForCausalLM", 128256, 2048, 8192, 16, 32, 8, 64, 5e5f, 1e-5f, 131072, true, false, false, RopeScaling::kLlama3, 32.f},
     {"mistral-7b", "MistralForCausalLM", 32768, 4096, 14336, 32, 32, 8, 128, 1e6f, 1e-5f, 32768, false, false, false, RopeScaling::kNone, 1.f},
 };
-
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-// Fills `t` with uniform values in [-bound, bound) + offset, element i drawn from (seed, stream, i).
-void fill_uniform(Tensor& t, uint64_t seed, uint64_t stream, float bound, float offset) {
-  const uint64_t base = splitmix64(seed ^ splitmix64(stream));
-  const int64_t n = t.numel();
-  const DType dtype = t.dtype();
-  void* data = t.raw_data();
-  parallel_for(n, 1 << 16, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      const uint64_t r = splitmix64(base + static_cast<uint64_t>(i));
-      const float u = static_cast<float>(r >> 40) * (1.0f / 16777216.0f);  // [0, 1)
-      const float v = offset + bound * (2.0f * u - 1.0f);
-      switch (dtype) {
-        case DType::kF32: static_cast<float*>(data)[i] = v; break;
-        case DType::kBF16: static_cast<uint16_t*>(data)[i] = f32_to_bf16(v); break;
-        case DType::kF16: static_cast<uint16_t*>(data)[i] = f32_to_f16(v); break;
-        default: break;
-      }
-    }
-  });
-}
 
 }  // namespace
 
@@ -118,21 +91,22 @@ Result<ModelWeights> make_synthetic_weights(const ModelConfig& c, const Syntheti
   uint64_t stream = 0;
   const uint64_t seed = options.seed;
   auto matrix = [&](int64_t out, int64_t in) -> Result<Weight> {
-    TACHYON_ASSIGN_OR_RETURN(Tensor t, Tensor::try_empty({out, in}, options.weight_dtype));
+    TACHYON_ASSIGN_OR_RETURN(Tensor t, empty_on({out, in}, options.weight_dtype, options.device, "weight"));
     // Uniform with variance 1/in: each output starts with unit variance for unit-variance inputs.
-    fill_uniform(t, seed, ++stream, std::sqrt(3.0f / static_cast<float>(in)), 0.0f);
+    ops::fill_uniform(t, seed, ++stream, std::sqrt(3.0f / static_cast<float>(in)), 0.0f);
     Weight w;
     w.dense = std::move(t);
     return w;
   };
   auto vector = [&](int64_t n, float bound, float offset) -> Result<Tensor> {
-    TACHYON_ASSIGN_OR_RETURN(Tensor t, Tensor::try_empty({n}, DType::kF32));
-    fill_uniform(t, seed, ++stream, bound, offset);
+    TACHYON_ASSIGN_OR_RETURN(Tensor t, empty_on({n}, DType::kF32, options.device, "weight"));
+    ops::fill_uniform(t, seed, ++stream, bound, offset);
     return t;
   };
   ModelWeights w;
-  TACHYON_ASSIGN_OR_RETURN(w.embed_tokens, Tensor::try_empty({c.vocab_size, c.hidden_size}, options.weight_dtype));
-  fill_uniform(w.embed_tokens, seed, ++stream, 1.0f, 0.0f);
+  TACHYON_ASSIGN_OR_RETURN(w.embed_tokens,
+                           empty_on({c.vocab_size, c.hidden_size}, options.weight_dtype, options.device, "embedding"));
+  ops::fill_uniform(w.embed_tokens, seed, ++stream, 1.0f, 0.0f);
   for (int l = 0; l < c.num_layers; ++l) {
     LayerWeights lw;
     TACHYON_ASSIGN_OR_RETURN(lw.attn_norm, vector(c.hidden_size, 0.1f, 1.0f));

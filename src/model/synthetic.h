@@ -1,7 +1,7 @@
 // Synthetic models: random weights of a real model's shape (`-m synthetic:qwen2.5-0.5b`), for
 // speed work. Deterministic from a seed whatever the thread count (a counter-based generator
 // indexed by tensor and element), scaled like a trained model's initialization so activations
-// stay finite through every layer.
+// stay finite through every layer. The same seed gives the same weights on the CPU and a GPU.
 #pragma once
 
 #include <string>
@@ -17,6 +17,7 @@ struct SyntheticOptions {
   std::string preset;        // "tiny", "qwen2.5-0.5b", "llama3-8b", ...
   DType weight_dtype = DType::kBF16;
   uint64_t seed = 0;
+  Device device = Device::cpu();  // made where they run: a GPU's weights never cross the host
 };
 
 std::vector<std::string> synthetic_presets();

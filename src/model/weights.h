@@ -4,6 +4,7 @@
 
 #include <vector>
 
+#include "core/status.h"
 #include "core/tensor.h"
 #include "quant/quant_weight.h"
 
@@ -25,6 +26,11 @@ struct LayerWeights {
   Weight gate_proj;   // [intermediate, hidden]
   Weight up_proj;     // [intermediate, hidden]
   Weight down_proj;   // [hidden, intermediate]
+  // On a GPU, q/k/v and gate/up are stored as one matrix each (one launch, one pass over the
+  // input) and the separate weights above are row-range views of them; undefined otherwise.
+  Weight qkv_proj;    // [q_dim + 2 * kv_dim, hidden]
+  Tensor qkv_bias;    // [q_dim + 2 * kv_dim] f32, when q/k/v have biases
+  Weight gate_up_proj;  // [2 * intermediate, hidden]
 };
 
 struct ModelWeights {
@@ -37,5 +43,13 @@ struct ModelWeights {
   size_t decode_bytes_per_token() const;
   size_t total_bytes() const;
 };
+
+// A copy of `weights` on `device`, dtypes unchanged (a tied LM head stays shared with the
+// embedding). Quantized weights cannot move yet: an error names the first one.
+Result<ModelWeights> copy_weights_to(const ModelWeights& weights, Device device);
+
+// Makes LayerWeights::qkv_proj / gate_up_proj (and qkv_bias) on the weights' device, turning the
+// separate weights into views of them. Layers whose pieces differ in dtype are left as they are.
+Status fuse_projections(ModelWeights& weights);
 
 }  // namespace tachyon

@@ -1,12 +1,19 @@
 // The op interface: argument checks (internal invariants — the model calls these with tensors it
 // built, so a mismatch is a bug and aborts with the shapes in the message), then dispatch on the
 // tensors' device to a backend. CPU: the SIMD kernels of ops/cpu, or the scalar reference when
-// the active ISA is kScalar. CUDA tensors fail a check until the CUDA backend plugs in here.
+// the active ISA is kScalar. Tensors on a device go to that device's registered Backend
+// (ops/backend.h), which checks them itself.
 #include "ops/ops.h"
 
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
+#include <cmath>
+#include <limits>
+
+#include "ops/backend.h"
 
 #include "ops/cpu/isa.h"
 #include "ops/cpu/kernels.h"
@@ -18,11 +25,23 @@ namespace {
 
 using ops::cpu::RowLayout;
 
-// Every tensor of an op lives on the CPU (the only backend so far).
+std::array<std::atomic<ops::Backend*>, 2> g_backends{};
+
+// The backend of `t`'s device, or null when t is on the host. A device without a running
+// backend is a caller's bug: abort with the device named.
+ops::Backend* device_backend(const char* op, const Tensor& t) {
+  if (!t.defined() || t.device().is_cpu()) return nullptr;
+  ops::Backend* b = ops::backend_for(t.device());
+  TACHYON_CHECK(b != nullptr, "{}: a tensor is on {}, and no backend for it is running", op, t.device().to_string());
+  return b;
+}
+
+// Every tensor of a CPU op lives on the CPU (an op runs where its first tensor is; softmax has
+// no device kernel).
 void require_cpu(const char* op, const char* name, const Tensor& t) {
   TACHYON_CHECK(t.defined(), "{}: {} is undefined", op, name);
-  TACHYON_CHECK(t.device().is_cpu(), "{}: {} is on {}, but this build has no {} backend for ops yet", op, name,
-                t.device().to_string(), t.device().type == DeviceType::kCuda ? "CUDA" : "device");
+  TACHYON_CHECK(t.device().is_cpu(), "{}: {} is on {}, but this op runs on the CPU (all its tensors on one device)",
+                op, name, t.device().to_string());
 }
 
 void require_dtype(const char* op, const char* name, const Tensor& t, DType dtype) {
@@ -95,6 +114,17 @@ ops::cpu::KvCacheView cache_view(const char* op, const Tensor& k_cache, const Te
 
 namespace ops {
 
+void register_backend(DeviceType type, Backend* backend) { g_backends[static_cast<size_t>(type)].store(backend); }
+
+Backend* backend_for(Device device) { return g_backends[static_cast<size_t>(device.type)].load(); }
+
+Status synchronize(Device device) {
+  if (device.is_cpu()) return Status::Ok();
+  Backend* b = backend_for(device);
+  if (b == nullptr) return make_error(ErrorCode::kUnsupported, "no backend for {} is running", device.to_string());
+  return b->synchronize();
+}
+
 std::string backend_info() {
   const cpu::Isa active = cpu::active_isa();
   const cpu::Isa detected = cpu::detected_isa();
@@ -105,6 +135,7 @@ std::string backend_info() {
 
 void linear(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& y, LinearMode mode) {
   constexpr const char* op = "linear";
+  if (Backend* b = device_backend(op, x)) return b->linear(x, w, bias, y, mode);
   require_cpu(op, "x", x);
   require_cpu(op, "y", y);
   TACHYON_CHECK(w.defined(), "linear: weight is undefined");
@@ -159,6 +190,7 @@ void linear(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& y, Lin
 
 void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& y) {
   constexpr const char* op = "rms_norm";
+  if (Backend* b = device_backend(op, x)) return b->rms_norm(x, weight, eps, y);
   require_cpu(op, "x", x);
   require_cpu(op, "y", y);
   require_cpu(op, "weight", weight);
@@ -180,6 +212,7 @@ void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& y) {
 
 void add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& weight, float eps, Tensor& y) {
   constexpr const char* op = "add_rms_norm";
+  if (Backend* b = device_backend(op, x)) return b->add_rms_norm(residual, x, weight, eps, y);
   require_cpu(op, "residual", residual);
   require_cpu(op, "x", x);
   require_cpu(op, "y", y);
@@ -206,6 +239,7 @@ void add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& weight, float
 
 void rope(Tensor& x, const Tensor& positions, const RopeTable& table) {
   constexpr const char* op = "rope";
+  if (Backend* b = device_backend(op, x)) return b->rope(x, positions, table);
   require_cpu(op, "x", x);
   require_dtype(op, "x", x, DType::kF32);
   require_rank(op, "x", x, 3);
@@ -224,6 +258,7 @@ void rope(Tensor& x, const Tensor& positions, const RopeTable& table) {
 
 void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) {
   constexpr const char* op = "silu_mul";
+  if (Backend* b = device_backend(op, gate)) return b->silu_mul(gate, up, out);
   require_cpu(op, "gate", gate);
   require_cpu(op, "up", up);
   require_cpu(op, "out", out);
@@ -245,6 +280,7 @@ void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) {
 
 void embedding(const Tensor& table, const Tensor& ids, Tensor& out) {
   constexpr const char* op = "embedding";
+  if (Backend* b = device_backend(op, out)) return b->embedding(table, ids, out);
   require_cpu(op, "table", table);
   require_cpu(op, "out", out);
   require_rank(op, "table", table, 2);
@@ -281,6 +317,7 @@ void softmax(Tensor& x) {
 
 void store_kv(const Tensor& k, const Tensor& v, const Tensor& slot_mapping, Tensor& k_cache, Tensor& v_cache) {
   constexpr const char* op = "store_kv";
+  if (Backend* b = device_backend(op, k)) return b->store_kv(k, v, slot_mapping, k_cache, v_cache);
   require_cpu(op, "k", k);
   require_cpu(op, "v", v);
   const cpu::KvCacheView cache = cache_view(op, k_cache, v_cache);
@@ -310,6 +347,7 @@ void store_kv(const Tensor& k, const Tensor& v, const Tensor& slot_mapping, Tens
 void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttentionMetadata& meta,
                      const AttentionParams& params, Tensor& out) {
   constexpr const char* op = "paged_attention";
+  if (Backend* b = device_backend(op, q)) return b->paged_attention(q, k_cache, v_cache, meta, params, out);
   require_cpu(op, "q", q);
   require_cpu(op, "out", out);
   const cpu::KvCacheView cache = cache_view(op, k_cache, v_cache);
@@ -377,6 +415,52 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
   batch.max_blocks_per_seq = max_blocks;
   cpu::paged_attention(q.data<float>(), q.stride(0), q.stride(1), num_heads, cache, batch, params, out.data<float>(),
                        out.stride(0), out.stride(1));
+}
+
+void argmax(const Tensor& x, Tensor& ids, Tensor* logprobs) {
+  constexpr const char* op = "argmax";
+  if (Backend* b = device_backend(op, x)) return b->argmax(x, ids, logprobs);
+  require_cpu(op, "x", x);
+  require_rank(op, "x", x, 2);
+  require_dtype(op, "x", x, DType::kF32);
+  require_last_dim_contiguous(op, "x", x);
+  require_index(op, "ids", ids, x.size(0));
+  if (logprobs != nullptr) {
+    require_cpu(op, "logprobs", *logprobs);
+    require_dtype(op, "logprobs", *logprobs, DType::kF32);
+    TACHYON_CHECK(logprobs->dim() == 1 && logprobs->size(0) == x.size(0) && logprobs->is_contiguous(),
+                  "argmax: logprobs {} for x {}", logprobs->shape_string(), x.shape_string());
+  }
+  const int64_t n = x.size(0), d = x.size(1);
+  for (int64_t r = 0; r < n; ++r) {
+    const float* row = x.data<float>() + r * x.stride(0);
+    int64_t best = 0;
+    float best_v = -std::numeric_limits<float>::infinity();
+    for (int64_t j = 0; j < d; ++j) {
+      if (std::isfinite(row[j]) && row[j] > best_v) {  // the first of equal maxima
+        best_v = row[j];
+        best = j;
+      }
+    }
+    ids.data<int32_t>()[r] = static_cast<int32_t>(best);
+    if (logprobs != nullptr) {
+      double sum = 0.0;
+      for (int64_t j = 0; j < d; ++j) {
+        if (std::isfinite(row[j])) sum += std::exp(static_cast<double>(row[j]) - best_v);
+      }
+      logprobs->data<float>()[r] =
+          std::isfinite(best_v) ? static_cast<float>(-std::log(sum)) : -std::numeric_limits<float>::infinity();
+    }
+  }
+}
+
+void fill_uniform(Tensor& t, uint64_t seed, uint64_t stream, float bound, float offset) {
+  constexpr const char* op = "fill_uniform";
+  if (Backend* b = device_backend(op, t)) return b->fill_uniform(t, seed, stream, bound, offset);
+  require_cpu(op, "t", t);
+  require_float(op, "t", t);
+  TACHYON_CHECK(t.is_contiguous(), "fill_uniform: {} must be contiguous", t.shape_string());
+  cpu::fill_uniform(t.raw_data(), t.dtype(), t.numel(), seed, stream, bound, offset);
 }
 
 }  // namespace ops

@@ -108,6 +108,19 @@ void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out);
 // out[n, d] (f32) = table[ids[n], :] (table f32/f16/bf16 [vocab, d]; ids i32, checked < vocab).
 void embedding(const Tensor& table, const Tensor& ids, Tensor& out);
 
+// ids[r] (i32) = the index of the largest finite value of row r of x[n, d] (f32); the first on
+// ties (the sampler's greedy choice). A row without a finite value gives 0. logprobs (optional,
+// [n] f32): log_softmax over the row's finite values at that index (the sampler's greedy logprob).
+void argmax(const Tensor& x, Tensor& ids, Tensor* logprobs = nullptr);
+
+// Fills t (f32/f16/bf16, contiguous) with offset + bound * u, u uniform in [-1, 1), element i drawn
+// from (seed, stream, i) alone: the same values on every device and thread count.
+void fill_uniform(Tensor& t, uint64_t seed, uint64_t stream, float bound, float offset);
+
+// Waits for the ops issued on `device` (nothing for the CPU) and returns the first error any of
+// them raised.
+Status synchronize(Device device);
+
 // In place softmax over the last dim of x[n, d] (f32).
 void softmax(Tensor& x);
 

@@ -57,19 +57,31 @@ bool Scheduler::reserve(Sequence& seq, int n, SchedulerStep& step) {
   return true;
 }
 
-void Scheduler::add_chunk(Sequence& seq, int n, SchedulerStep& step) {
+void Scheduler::add_chunk(Sequence& seq, int n, SchedulerStep& step, int num_draft) {
   ScheduledChunk c;
   c.seq = &seq;
   c.start = seq.num_computed_;
-  c.num_tokens = n;
+  c.num_tokens = n + num_draft;
   c.sample = seq.num_computed_ + n == seq.num_tokens();
+  c.num_draft = num_draft;
   step.chunks.push_back(c);
-  step.num_tokens += n;
+  step.num_tokens += c.num_tokens;
+  step.num_draft_tokens += num_draft;
   if (seq.state_ == SequenceState::kDecoding) {
-    step.num_decode_tokens += n;
+    step.num_decode_tokens += c.num_tokens;
   } else {
-    step.num_prefill_tokens += n;
+    step.num_prefill_tokens += c.num_tokens;
   }
+}
+
+int Scheduler::reserve_draft(Sequence& seq, int n, int budget, SchedulerStep& step) {
+  const int num_draft = static_cast<int>(seq.draft_.size());
+  if (num_draft == 0) return 0;
+  if (n != seq.num_uncomputed() || n + num_draft > budget || !reserve(seq, n + num_draft, step)) {
+    seq.draft_.clear();
+    return 0;
+  }
+  return num_draft;
 }
 
 void Scheduler::preempt(Sequence* seq) {
@@ -78,6 +90,7 @@ void Scheduler::preempt(Sequence* seq) {
   running_.erase(it);
   blocks_.free(seq->block_table_);
   seq->num_computed_ = 0;
+  seq->draft_.clear();
   seq->state_ = SequenceState::kPreempted;
   ++seq->num_preemptions_;
   ++num_preemptions_;
@@ -99,8 +112,9 @@ SchedulerStep Scheduler::schedule() {
       Sequence* seq = running_[i];
       if (seq->state_ != SequenceState::kDecoding) continue;
       const int n = std::min(seq->num_uncomputed(), budget);
+      const int num_draft = reserve_draft(*seq, n, budget, step);
       bool self_preempted = false;
-      while (!reserve(*seq, n, step)) {
+      while (num_draft == 0 && !reserve(*seq, n, step)) {
         Sequence* victim = running_.back();
         step.preempted.push_back(victim);
         preempt(victim);
@@ -111,8 +125,8 @@ SchedulerStep Scheduler::schedule() {
         }
       }
       if (self_preempted) break;  // it was the newest: nothing after it is left to decode
-      add_chunk(*seq, n, step);
-      budget -= n;
+      add_chunk(*seq, n, step, num_draft);
+      budget -= n + num_draft;
     }
 
     // 2. Prompts already running: their next chunk, within the budget and the free blocks.
@@ -167,10 +181,27 @@ void Scheduler::complete(const SchedulerStep& step) {
     if (seq.state_ == SequenceState::kFinished) continue;  // aborted after scheduling
     TACHYON_CHECK(seq.num_computed_ == c.start, "sequence {}: chunk at {} but {} computed", seq.id(), c.start,
                   seq.num_computed_);
-    seq.num_computed_ += c.num_tokens;
+    seq.num_computed_ += c.num_tokens - c.num_draft;  // draft positions wait for accept_draft()
     blocks_.commit(seq.block_table_, seq.tokens(), seq.num_computed_);
     if (c.sample) seq.state_ = SequenceState::kDecoding;
   }
+}
+
+void Scheduler::accept_draft(Sequence* seq, int num_accepted) {
+  const std::vector<int32_t> draft = std::move(seq->draft_);
+  seq->draft_.clear();
+  if (seq->state_ == SequenceState::kFinished) return;
+  TACHYON_CHECK(num_accepted >= 0 && num_accepted <= static_cast<int>(draft.size()) &&
+                    seq->num_computed_ + num_accepted < seq->num_tokens(),
+                "sequence {}: {} of {} draft tokens accepted, {} computed of {} tokens", seq->id(), num_accepted,
+                draft.size(), seq->num_computed_, seq->num_tokens());
+  for (int i = 0; i < num_accepted; ++i) {
+    TACHYON_CHECK(seq->tokens_[static_cast<size_t>(seq->num_computed_ + i)] == draft[static_cast<size_t>(i)],
+                  "sequence {}: accepted draft token {} is not the sequence's", seq->id(), i);
+  }
+  seq->num_computed_ += num_accepted;
+  blocks_.truncate(seq->block_table_, seq->num_computed_);
+  blocks_.commit(seq->block_table_, seq->tokens(), seq->num_computed_);
 }
 
 void Scheduler::finish(Sequence* seq) {
@@ -179,6 +210,7 @@ void Scheduler::finish(Sequence* seq) {
   if (auto it = std::find(waiting_.begin(), waiting_.end(), seq); it != waiting_.end()) waiting_.erase(it);
   blocks_.free(seq->block_table_);
   seq->num_computed_ = 0;
+  seq->draft_.clear();
   seq->state_ = SequenceState::kFinished;
 }
 

@@ -11,6 +11,9 @@
 //   3. waiting sequences, preempted ones first, then in arrival order, while the budget, the
 //      sequence limit and the free blocks allow; skipped in a step that preempted. On admission
 //      the prefix cache supplies every cached full block of the tokens but the last.
+// A decoding sequence with a draft (speculative decoding) runs its last token and the draft in one
+// chunk, charged to the budget at full length; the draft is dropped — never the decode itself, and
+// never anyone preempted for it — when the budget or the free blocks cannot take it whole.
 // Without chunked prefill a prompt is scheduled whole or not at all. If nothing could be
 // scheduled while sequences run (all stuck mid-prefill on a full cache), the newest is preempted.
 //
@@ -39,6 +42,7 @@ struct ScheduledChunk {
   int start = 0;       // position of the chunk's first token (== seq->num_computed() at schedule time)
   int num_tokens = 0;
   bool sample = false; // the chunk ends at the sequence's last token: its logits give the next token
+  int num_draft = 0;   // of num_tokens, the trailing draft tokens (not yet part of the sequence)
 };
 
 struct SchedulerStep {
@@ -48,6 +52,7 @@ struct SchedulerStep {
   int num_tokens = 0;
   int num_decode_tokens = 0;
   int num_prefill_tokens = 0;
+  int num_draft_tokens = 0;              // included in num_decode_tokens
   bool empty() const { return chunks.empty(); }
 };
 
@@ -66,6 +71,11 @@ class Scheduler {
   void complete(const SchedulerStep& step);
   // Finished or aborted, from any state: frees its blocks and forgets it (state kFinished).
   void finish(Sequence* seq);
+  // After a step verified seq's draft and the engine appended what it emitted: the first
+  // `num_accepted` draft tokens are now the sequence's tokens after its computed ones and keep
+  // their K/V; the positions of the rest are rolled back (block-table truncation, no copy), so the
+  // table is what a run that never proposed them would hold. Clears the draft. No-op once finished.
+  void accept_draft(Sequence* seq, int num_accepted);
 
   int num_running() const { return static_cast<int>(running_.size()); }
   int num_waiting() const { return static_cast<int>(waiting_.size()); }  // includes preempted
@@ -79,7 +89,10 @@ class Scheduler {
   int room(const Sequence& seq) const;
   // Allocates and makes writable [num_computed, num_computed + n); all-or-nothing.
   bool reserve(Sequence& seq, int n, SchedulerStep& step);
-  void add_chunk(Sequence& seq, int n, SchedulerStep& step);
+  void add_chunk(Sequence& seq, int n, SchedulerStep& step, int num_draft = 0);
+  // Reserves a decode of n tokens plus seq's draft; returns the draft's length, or 0 after
+  // dropping a draft that does not fit the budget or the free blocks (nothing reserved then).
+  int reserve_draft(Sequence& seq, int n, int budget, SchedulerStep& step);
 
   SchedulerOptions options_;
   BlockManager& blocks_;

@@ -41,6 +41,12 @@ class Sequence {
   // A sampled token joins the sequence; its K/V are computed by the next step.
   void append_token(int32_t token) { tokens_.push_back(token); }
 
+  // Speculative decoding: tokens proposed to follow the sequence, set before a step. If the
+  // scheduler takes them, the step runs them after the last token (writing their K/V) and they
+  // join the sequence only as far as the verifier accepts them (Scheduler::accept_draft).
+  std::span<const int32_t> draft() const { return draft_; }
+  void set_draft(std::vector<int32_t> draft) { draft_ = std::move(draft); }
+
   int num_computed() const { return num_computed_; }   // leading tokens whose K/V are in the cache
   int num_uncomputed() const { return num_tokens() - num_computed_; }
   const BlockTable& block_table() const { return block_table_; }
@@ -59,6 +65,7 @@ class Sequence {
   SequenceState state_ = SequenceState::kWaiting;
   int num_preemptions_ = 0;
   int num_cached_prompt_tokens_ = -1;
+  std::vector<int32_t> draft_;  // [<= K] proposed, not yet verified
 };
 
 }  // namespace tachyon

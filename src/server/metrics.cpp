@@ -120,6 +120,24 @@ std::string ServerMetrics::render() const {
   counter(out, "tachyon_requests_rejected_total", "Requests refused because the waiting queue was full or the "
           "server was draining.", static_cast<double>(rejected_));
 
+  if (!s.spec.proposer.empty()) {  // speculative decoding, labelled by proposer
+    const SpecStats& sp = s.spec;
+    const auto spec_line = [&](const char* name, const char* type, const char* help, double value) {
+      header(out, name, type, help);
+      out += fmt::format("{}{{proposer=\"{}\"}} {}\n", name, sp.proposer, number(value));
+    };
+    spec_line("tachyon_spec_proposed_tokens_total", "counter", "Draft tokens proposed and verified.",
+              static_cast<double>(sp.num_proposed));
+    spec_line("tachyon_spec_accepted_tokens_total", "counter", "Draft tokens the target accepted.",
+              static_cast<double>(sp.num_accepted));
+    spec_line("tachyon_spec_verify_steps_total", "counter", "Sequence-steps that verified a draft.",
+              static_cast<double>(sp.num_verify_steps));
+    spec_line("tachyon_spec_acceptance_rate", "gauge", "Accepted over proposed draft tokens, since start.",
+              sp.acceptance_rate());
+    spec_line("tachyon_spec_mean_accepted_length", "gauge",
+              "Accepted draft tokens per verify step, since start (the target's own token not counted).",
+              sp.mean_accepted_length());
+  }
   header(out, "tachyon_requests_finished_total", "counter", "Finished requests by finish reason.");
   for (size_t i = 0; i < finished_.size(); ++i) {
     out += fmt::format("tachyon_requests_finished_total{{finish_reason=\"{}\"}} {}\n", kFinishLabels[i], finished_[i]);

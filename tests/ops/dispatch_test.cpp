@@ -1,27 +1,40 @@
 // ops:: dispatch: argument checks abort with the shapes in the message, CUDA tensors are refused
-// clearly until the CUDA backend exists, and the ISA choice can be named and forced.
+// clearly when no CUDA backend runs, and the ISA choice can be named and forced. Also the ops
+// without a backend-specific kernel file: argmax and the synthetic-weight fill.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+
+#include "core/thread_pool.h"
+
+#include "ops/backend.h"
 #include "ops/cpu/isa.h"
 #include "ops/ops.h"
 #include "ops_test_util.h"
+#include "test_util.h"
 
 namespace tachyon {
 namespace {
 
 using ops::cpu::Isa;
 
-TEST(OpsDispatchDeathTest, CudaTensorsAreRefused) {
+TEST(OpsDispatchDeathTest, CudaTensorsAreRefusedWithoutABackend) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   static float fake[64];
   Tensor on_gpu = Tensor::view_of(fake, {2, 4}, DType::kF32, nullptr, Device::cuda(0));
   Tensor y = Tensor::empty({2, 4}, DType::kF32);
   Tensor w = Tensor::empty({4}, DType::kF32);
-  EXPECT_DEATH(ops::rms_norm(on_gpu, w, 1e-6f, y), "rms_norm: x is on cuda:0.*no CUDA backend");
+  ASSERT_EQ(ops::backend_for(Device::cuda(0)), nullptr);
+  EXPECT_DEATH(ops::rms_norm(on_gpu, w, 1e-6f, y), "rms_norm: a tensor is on cuda:0, and no backend for it is running");
+  EXPECT_DEATH(ops::rms_norm(w.reshape({1, 4}), on_gpu.slice(0, 0, 1), 1e-6f, y), "rms_norm: weight is on cuda:0");
   EXPECT_DEATH(ops::softmax(on_gpu), "softmax: x is on cuda:0");
   Weight weight;
   weight.dense = Tensor::empty({4, 4}, DType::kBF16);
-  EXPECT_DEATH(ops::linear(on_gpu, weight, nullptr, y), "linear: x is on cuda:0");
+  EXPECT_DEATH(ops::linear(on_gpu, weight, nullptr, y), "linear: a tensor is on cuda:0");
 }
 
 TEST(OpsDispatchDeathTest, ShapeMismatchesNameTheShapes) {
@@ -77,6 +90,56 @@ TEST(OpsDispatch, IsaNamesAndOverride) {
   }
   EXPECT_EQ(ops::cpu::active_isa() == Isa::kScalar,
             std::getenv("TACHYON_ISA") != nullptr && std::string(std::getenv("TACHYON_ISA")) == "scalar");
+}
+
+TEST(OpsArgmax, FirstLargestFiniteValue) {
+  std::mt19937 rng(testing::fresh_seed());
+  const int64_t d = 1001;
+  Tensor x = testing::random_tensor({6, d}, rng);
+  float* p = x.data<float>();
+  p[0 * d + 1000] = 5.0f;                                        // at the end
+  p[1 * d + 7] = 5.0f, p[1 * d + 9] = 5.0f;                      // a tie: the first
+  p[2 * d + 3] = std::numeric_limits<float>::infinity();         // non-finite values are skipped
+  p[2 * d + 4] = std::numeric_limits<float>::quiet_NaN();
+  p[2 * d + 5] = 4.0f;
+  for (int64_t j = 0; j < d; ++j) p[3 * d + j] = -std::numeric_limits<float>::infinity();  // none finite: 0
+  Tensor ids = Tensor::empty({6}, DType::kI32), lps = Tensor::empty({6}, DType::kF32);
+  ops::argmax(x, ids, &lps);
+  EXPECT_EQ(ids.data<int32_t>()[0], 1000);
+  EXPECT_EQ(ids.data<int32_t>()[1], 7);
+  EXPECT_EQ(ids.data<int32_t>()[2], 5);
+  EXPECT_EQ(ids.data<int32_t>()[3], 0);
+  EXPECT_EQ(lps.data<float>()[3], -std::numeric_limits<float>::infinity());
+  for (int r : {0, 1, 2, 4, 5}) {
+    const float* row = p + r * d;
+    if (r >= 4) EXPECT_EQ(ids.data<int32_t>()[r], std::max_element(row, row + d) - row);
+    double sum = 0.0;  // log_softmax over the finite values
+    for (int64_t j = 0; j < d; ++j) {
+      if (std::isfinite(row[j])) sum += std::exp(static_cast<double>(row[j]));
+    }
+    EXPECT_NEAR(lps.data<float>()[r], row[ids.data<int32_t>()[r]] - std::log(sum), 1e-5) << r;
+  }
+}
+
+TEST(OpsFillUniform, DeterministicInRangeAndIndependentOfThreads) {
+  Tensor a = Tensor::empty({300007}, DType::kF32);
+  ops::fill_uniform(a, 5, 2, 0.5f, 1.0f);
+  const float* v = a.data<float>();
+  double sum = 0.0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    ASSERT_TRUE(v[i] >= 0.5f && v[i] < 1.5f) << i << ": " << v[i];
+    sum += v[i];
+  }
+  EXPECT_NEAR(sum / static_cast<double>(a.numel()), 1.0, 0.005);
+  const int threads = num_threads();
+  set_num_threads(1);
+  Tensor b = Tensor::empty({300007}, DType::kF32);
+  ops::fill_uniform(b, 5, 2, 0.5f, 1.0f);
+  set_num_threads(threads);
+  EXPECT_EQ(std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()), 0);
+  Tensor c = Tensor::empty({300007}, DType::kF32);
+  ops::fill_uniform(c, 5, 3, 0.5f, 1.0f);  // another stream: other values
+  EXPECT_NE(std::memcmp(a.raw_data(), c.raw_data(), a.nbytes()), 0);
 }
 
 }  // namespace

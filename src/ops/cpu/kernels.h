@@ -62,6 +62,11 @@ void embedding(const void* table, DType table_dtype, int64_t table_stride,  // [
                int64_t d, const int32_t* ids, int64_t n,                    // ids [n] i32, each < vocab
                float* out, int64_t out_stride);                             // [n, d] f32
 
+// Uniform values offset + bound * [-1, 1): element i from splitmix64(fill_uniform_base(seed,
+// stream) + i), 24 random bits, one fused multiply-add; the CUDA backend draws the same values.
+uint64_t fill_uniform_base(uint64_t seed, uint64_t stream);
+void fill_uniform(void* data, DType dtype, int64_t count, uint64_t seed, uint64_t stream, float bound, float offset);
+
 // The paged K/V cache of one layer: [num_blocks, block_size, num_kv_heads, head_dim], contiguous.
 struct KvCacheView {
   void* k = nullptr;  // f32 / f16 / bf16 (dtype)

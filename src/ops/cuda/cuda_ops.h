@@ -105,6 +105,25 @@ Status synchronize(Stream stream);
 // `seed` gives the same contents on any device.
 Status fill_random(void* data, DType dtype, int64_t count, uint64_t seed, float lo, float hi, Stream stream);
 
+// offset + bound * u with u uniform in [-1, 1): element i from (seed, stream, i), the very values
+// ops/cpu's fill_uniform draws (synthetic weights identical on the CPU and the GPU).
+Status fill_uniform(void* data, DType dtype, int64_t count, uint64_t seed, uint64_t stream, float bound, float offset,
+                    Stream cuda_stream);
+
+// ids[r] = index of the largest value of row r of x[n, d] (f32, rows x_stride apart); the first of
+// equal maxima; non-finite values count as -inf (never chosen unless the row has nothing else).
+// logprobs (nullable): log_softmax of the row (finite values only) at that index.
+Status argmax(const float* x, int64_t x_stride, int64_t n, int64_t d, int32_t* ids, float* logprobs, Stream stream);
+
+// ---- the backend of ops.h ------------------------------------------------------------------------
+
+// Starts the CUDA backend on `device` and registers it with ops (ops/backend.h) and core
+// (core/device_memory.h): from then on Tensors can live on Device::cuda(device) and every op on
+// them runs here, in order on one stream. Device memory comes from a stream-ordered pool
+// (cudaMallocAsync) that keeps freed memory for reuse. Idempotent for the same device; another
+// device while one runs is an error (one device per process).
+Status start_backend(int device);
+
 // ---- linear ------------------------------------------------------------------------------------
 
 // kAuto runs the GEMV up to this many tokens and cuBLASLt beyond: on the H200 the GEMV streams a

@@ -9,6 +9,7 @@
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/host_util.h"
 #include "ops/cuda/launch.h"
+#include "ops/cpu/kernels.h"
 
 namespace tachyon::ops::cuda {
 namespace {
@@ -165,6 +166,27 @@ Status fill_random(void* data, DType dtype, int64_t count, uint64_t seed, float 
                        "fill_random: dtype {} is not f32/f16/bf16", dtype_name(dtype));
   TACHYON_CUDA_REQUIRE(count >= 0 && (count == 0 || data != nullptr), "fill_random: {} elements at {}", count, data);
   TACHYON_CUDA_RETURN_IF_ERROR(detail::launch_fill_random(data, dtype, count, seed, lo, hi, stream));
+  return Status::Ok();
+}
+
+}  // namespace tachyon::ops::cuda
+
+namespace tachyon::ops::cuda {
+
+Status fill_uniform(void* data, DType dtype, int64_t count, uint64_t seed, uint64_t stream, float bound, float offset,
+                    Stream cuda_stream) {
+  TACHYON_CUDA_REQUIRE(dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16,
+                       "fill_uniform: dtype {} is not f32/f16/bf16", dtype_name(dtype));
+  TACHYON_CUDA_REQUIRE(count >= 0 && (count == 0 || data != nullptr), "fill_uniform: {} elements at {}", count, data);
+  TACHYON_CUDA_RETURN_IF_ERROR(detail::launch_fill_uniform(data, dtype, count, cpu::fill_uniform_base(seed, stream),
+                                                           bound, offset, cuda_stream));
+  return Status::Ok();
+}
+
+Status argmax(const float* x, int64_t x_stride, int64_t n, int64_t d, int32_t* ids, float* logprobs, Stream stream) {
+  TACHYON_CUDA_REQUIRE(n >= 0 && d >= 1 && x_stride >= d, "argmax: [{}, {}] rows {} apart", n, d, x_stride);
+  TACHYON_CUDA_REQUIRE(n == 0 || (x != nullptr && ids != nullptr), "argmax: null pointer");
+  TACHYON_CUDA_RETURN_IF_ERROR(detail::launch_argmax(x, x_stride, n, d, ids, logprobs, stream));
   return Status::Ok();
 }
 

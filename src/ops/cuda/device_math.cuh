@@ -17,6 +17,11 @@ constexpr unsigned kFullMask = 0xffffffffu;
 __host__ __device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 __host__ __device__ __forceinline__ int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
+// Blocks of a grid-stride loop over `total` elements (at least 1, at most 65535).
+inline unsigned grid_for(int64_t total, int threads) {
+  return static_cast<unsigned>(max64(1, min64((total + threads - 1) / threads, 65535)));
+}
+
 __device__ __forceinline__ float bf16_bits_to_f32(uint32_t bits) { return __uint_as_float(bits << 16); }
 
 // f32 -> bf16 bits, round to nearest even, NaN kept quiet (core/dtype.h's f32_to_bf16).

@@ -9,11 +9,6 @@
 namespace tachyon::ops::cuda::detail {
 namespace {
 
-unsigned grid_for(int64_t total, int threads) {
-  const int64_t blocks = (total + threads - 1) / threads;
-  return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(blocks, 65535)));
-}
-
 __global__ void silu_mul_kernel(const float* __restrict__ gate, const Rows gate_rows, const float* __restrict__ up,
                                 const Rows up_rows, float* __restrict__ out, const Rows out_rows) {
   const int64_t cols = gate_rows.cols;

@@ -51,6 +51,12 @@ cudaError_t launch_embedding(const void* table, DType table_dtype, int64_t table
 cudaError_t launch_fill_random(void* data, DType dtype, int64_t count, uint64_t seed, float lo, float hi,
                                Stream stream);
 
+// ---- reductions and the synthetic-weight fill (reduce.cu) -------------------------------------------
+cudaError_t launch_argmax(const float* x, int64_t x_stride, int64_t n, int64_t d, int32_t* ids, float* logprobs,
+                          Stream stream);
+cudaError_t launch_fill_uniform(void* data, DType dtype, int64_t count, uint64_t base, float bound, float offset,
+                                Stream stream);
+
 // ---- rope (rope.cu) ----------------------------------------------------------------------------
 
 cudaError_t launch_rope(float* x, int64_t n, int64_t heads, int64_t token_stride, int64_t head_stride,

@@ -248,11 +248,6 @@ __global__ void add_bias_kernel(float* __restrict__ y, int64_t y_stride, int64_t
   }
 }
 
-unsigned grid_for(int64_t total, int threads) {
-  const int64_t blocks = (total + threads - 1) / threads;
-  return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(blocks, 65535)));
-}
-
 }  // namespace
 
 GemvShape plan_gemv(const LinearArgs& a, int sm_count) {

@@ -1,0 +1,70 @@
+#include "cli/spec_args.h"
+
+#include <fmt/format.h>
+
+namespace tachyon::cli {
+
+void add_spec_options(CLI::App& cmd, SpecArgs& a) {
+  cmd.add_flag("--spec-ngram", a.ngram, "speculative decoding with n-gram (prompt lookup) proposals");
+  cmd.add_option("--draft-model", a.draft_model,
+                 "speculative decoding with this draft model (same tokenizer as -m; HF dir, GGUF, llama2.c)");
+  cmd.add_option("--spec-k", a.k, "draft tokens per step, fixed (default: chosen per request, up to --spec-k-max)");
+  cmd.add_option("--spec-k-max", a.k_max, "most draft tokens per step for the dynamic choice (default 8)");
+}
+
+Status apply_spec_options(const SpecArgs& a, const LoadedModel& target, std::unique_ptr<LoadedModel>& draft,
+                          EngineOptions& options) {
+  const bool with_draft = !a.draft_model.empty();
+  if (a.ngram && with_draft) {
+    return make_error(ErrorCode::kInvalidArgument, "--spec-ngram and --draft-model exclude each other: pick one");
+  }
+  if (!a.ngram && !with_draft) {
+    if (a.k != -1) return make_error(ErrorCode::kInvalidArgument, "--spec-k needs --spec-ngram or --draft-model");
+    return Status::Ok();
+  }
+  if (a.k != -1 && a.k < 1) return make_error(ErrorCode::kInvalidArgument, "--spec-k {} must be at least 1", a.k);
+  SpecDecodeOptions& s = options.spec;
+  s.method = a.ngram ? SpecMethod::kNgram : SpecMethod::kDraftModel;
+  s.k = a.k == -1 ? 0 : a.k;
+  s.k_max = a.k_max;
+  if (with_draft) {
+    LoadOptions lo;
+    lo.path = a.draft_model;
+    lo.device = target.model->device();  // beside the target
+    auto loaded = load_model(lo);
+    if (!loaded.ok()) return loaded.status().with_context("--draft-model");
+    draft = std::make_unique<LoadedModel>(std::move(loaded).value());
+    const int tv = target.model->config().vocab_size, dv = draft->model->config().vocab_size;
+    if (tv != dv) {
+      return make_error(ErrorCode::kInvalidArgument,
+                        "--draft-model {}: its vocabulary has {} tokens, the target's {}; a draft must share the "
+                        "target's tokenizer",
+                        a.draft_model, dv, tv);
+    }
+    if (target.tokenizer && draft->tokenizer) {
+      for (int32_t id = 0; id < tv; ++id) {
+        if (target.tokenizer->token_to_piece(id) != draft->tokenizer->token_to_piece(id)) {
+          return make_error(ErrorCode::kInvalidArgument,
+                            "--draft-model {}: token {} is '{}' for the draft, '{}' for the target; a draft must "
+                            "share the target's tokenizer",
+                            a.draft_model, id, draft->tokenizer->token_to_piece(id),
+                            target.tokenizer->token_to_piece(id));
+        }
+      }
+    }
+    s.draft_model = draft->model.get();
+  }
+  return Status::Ok();
+}
+
+std::string spec_summary(const EngineOptions& options, const SpecStats& st) {
+  if (options.spec.method == SpecMethod::kNone) return {};
+  const std::string k = options.spec.k > 0 ? fmt::format("K {}", options.spec.k)
+                                           : fmt::format("K dynamic <= {}", options.spec.k_max);
+  return fmt::format("speculative ({}, {}): {} proposed, {} accepted ({:.1f}%), {:.2f} accepted per step, {} verify "
+                     "steps, {:.2f} s proposing",
+                     st.proposer, k, st.num_proposed, st.num_accepted, 100.0 * st.acceptance_rate(),
+                     st.mean_accepted_length(), st.num_verify_steps, st.propose_seconds);
+}
+
+}  // namespace tachyon::cli

@@ -1,0 +1,51 @@
+// A device backend of the op interface: ops.cpp sends every op whose tensors live on a device of
+// the backend's type here (the CPU ops never come through this). The backend checks what its
+// kernels need and runs them in order on its stream; ops never wait for the device, so errors
+// raised while kernels run surface at synchronize(). Backends register when they start
+// (ops/cuda: ops::cuda::start_backend()).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/status.h"
+#include "core/tensor.h"
+#include "ops/ops.h"
+
+namespace tachyon::ops {
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string describe() const = 0;  // "cuda:0 NVIDIA H200 (sm_90, 132 SMs, 139.8 GiB)"
+
+  virtual void linear(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& y, LinearMode mode) = 0;
+  virtual void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& y) = 0;
+  virtual void add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& weight, float eps, Tensor& y) = 0;
+  virtual void rope(Tensor& x, const Tensor& positions, const RopeTable& table) = 0;
+  virtual void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) = 0;
+  virtual void embedding(const Tensor& table, const Tensor& ids, Tensor& out) = 0;
+  virtual void store_kv(const Tensor& k, const Tensor& v, const Tensor& slot_mapping, Tensor& k_cache,
+                        Tensor& v_cache) = 0;
+  virtual void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                               const AttentionMetadata& meta, const AttentionParams& params, Tensor& out) = 0;
+  virtual void argmax(const Tensor& x, Tensor& ids, Tensor* logprobs) = 0;
+  virtual void fill_uniform(Tensor& t, uint64_t seed, uint64_t stream, float bound, float offset) = 0;
+  // Waits for every op issued so far; returns the first error any of them raised.
+  virtual Status synchronize() = 0;
+
+  // Graphs: the ops issued between begin_capture() and end_capture() are recorded, not run, and
+  // replay() runs them again with the same arguments (device pointers included: the inputs must
+  // be rewritten in place between replays). Nothing may wait for the device while capturing.
+  virtual Status begin_capture() = 0;
+  virtual Result<std::shared_ptr<void>> end_capture() = 0;  // an opaque executable graph
+  virtual Status replay(const std::shared_ptr<void>& graph) = 0;
+};
+
+// Registers (null: removes) the backend of a device type.
+void register_backend(DeviceType type, Backend* backend);
+// The backend running `device`'s type, or null (then ops on it fail their checks).
+Backend* backend_for(Device device);
+
+}  // namespace tachyon::ops

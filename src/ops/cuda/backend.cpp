@@ -1,0 +1,393 @@
+// The CUDA backend of ops.h: unwraps Tensors into the raw-pointer launchers of cuda_ops.h, all on
+// one stream, and provides core's device memory (a stream-ordered pool) so that Tensors can live
+// on the GPU. A launcher's argument error here is a caller's bug (the model built the tensors):
+// it aborts with the launcher's message, like the CPU ops' checks. Execution errors surface at
+// synchronize() or the next copy to the host.
+#include <cuda_runtime.h>
+
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "core/device_memory.h"
+#include "core/log.h"
+#include "ops/backend.h"
+#include "ops/cpu/rows.h"
+#include "ops/cuda/cuda_ops.h"
+
+namespace tachyon::ops::cuda {
+namespace {
+
+void require_ok(const Status& status) { TACHYON_CHECK(status.ok(), "{}", status.message()); }
+
+bool is_float(DType d) { return d == DType::kF32 || d == DType::kF16 || d == DType::kBF16; }
+
+Rows rows_of(const Tensor& t) {
+  const cpu::RowLayout l = cpu::RowLayout::of(t);
+  Rows r;
+  r.rows = l.rows;
+  r.cols = l.cols;
+  r.size1 = l.size1;
+  r.size2 = l.size2;
+  r.stride0 = l.stride0;
+  r.stride1 = l.stride1;
+  r.stride2 = l.stride2;
+  return r;
+}
+
+class CudaBackend final : public ops::Backend, public DeviceMemory {
+ public:
+  static Result<std::unique_ptr<CudaBackend>> create(int device) {
+    TACHYON_RETURN_IF_ERROR(set_device(device));
+    TACHYON_ASSIGN_OR_RETURN(DeviceProperties props, device_properties(device));
+    auto b = std::unique_ptr<CudaBackend>(new CudaBackend(device, std::move(props)));
+    TACHYON_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&b->stream_, cudaStreamNonBlocking));
+    // Keep freed blocks in the pool: activations are allocated and freed every step.
+    cudaMemPool_t pool = nullptr;
+    TACHYON_CUDA_RETURN_IF_ERROR(cudaDeviceGetDefaultMemPool(&pool, device));
+    uint64_t threshold = UINT64_MAX;
+    TACHYON_CUDA_RETURN_IF_ERROR(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
+    TACHYON_ASSIGN_OR_RETURN(b->linear_, LinearContext::create());
+    return b;
+  }
+
+  ~CudaBackend() override {
+    cudaStreamSynchronize(stream_);
+    workspace_.reset();
+    rope_tables_.clear();
+    linear_.reset();
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+
+  int device() const { return device_; }
+
+  // ---- DeviceMemory ------------------------------------------------------------------------------
+
+  Result<void*> allocate(Device device, size_t bytes, std::string_view what) override {
+    TACHYON_RETURN_IF_ERROR(check_device(device));
+    void* p = nullptr;
+    const cudaError_t e = cudaMallocAsync(&p, bytes, stream_);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      size_t free_bytes = 0, total_bytes = 0;
+      cudaMemGetInfo(&free_bytes, &total_bytes);
+      return make_error(ErrorCode::kOutOfMemory,
+                        "cuda:{}: out of memory allocating {} ({:.2f} MiB; {:.2f} GiB free of {:.2f} GiB): {}", device_,
+                        what, static_cast<double>(bytes) / (1 << 20), static_cast<double>(free_bytes) / (1 << 30),
+                        static_cast<double>(total_bytes) / (1 << 30), cudaGetErrorString(e));
+    }
+    return p;
+  }
+
+  void deallocate(Device, void* ptr) override {
+    if (ptr == nullptr) return;
+    const cudaError_t e = cudaFreeAsync(ptr, stream_);
+    if (e != cudaSuccess) TACHYON_LOG_WARN("cudaFreeAsync: {}", cudaGetErrorString(e));
+  }
+
+  Status copy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) override {
+    if (!dst_device.is_cpu()) TACHYON_RETURN_IF_ERROR(check_device(dst_device));
+    if (!src_device.is_cpu()) TACHYON_RETURN_IF_ERROR(check_device(src_device));
+    TACHYON_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_));
+    // The host side is free (or filled) only once the copy ran.
+    if (dst_device.is_cpu() || src_device.is_cpu()) TACHYON_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    return Status::Ok();
+  }
+
+  Status memset(void* dst, Device device, int byte, size_t bytes) override {
+    TACHYON_RETURN_IF_ERROR(check_device(device));
+    TACHYON_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(dst, byte, bytes, stream_));
+    return Status::Ok();
+  }
+
+  Status memory_info(Device device, size_t& free_bytes, size_t& total_bytes) override {
+    TACHYON_RETURN_IF_ERROR(check_device(device));
+    TACHYON_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
+    return Status::Ok();
+  }
+
+  // ---- ops ---------------------------------------------------------------------------------------
+
+  std::string describe() const override { return fmt::format("cuda:{} {}", device_, props_.to_string()); }
+
+  void linear(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& y, ops::LinearMode mode) override {
+    TACHYON_CHECK(w.defined() && !w.quant, "linear: the CUDA backend runs dense f32/f16/bf16 weights only");
+    const Tensor& wd = w.dense;
+    on_device("linear", {&x, &y, &wd, bias});
+    TACHYON_CHECK(x.dim() == 2 && y.dim() == 2 && wd.dim() == 2 && x.dtype() == DType::kF32 &&
+                      y.dtype() == DType::kF32 && is_float(wd.dtype()) && x.stride(1) == 1 && y.stride(1) == 1 &&
+                      wd.stride(1) == 1,
+                  "linear: x {} w {} y {}", x.shape_string(), wd.shape_string(), y.shape_string());
+    LinearArgs a;
+    a.x = x.data<float>();
+    a.x_stride = x.stride(0);
+    a.w = wd.raw_data();
+    a.w_dtype = wd.dtype();
+    a.w_stride = wd.stride(0);
+    if (bias != nullptr) {
+      TACHYON_CHECK(bias->dim() == 1 && bias->size(0) == wd.size(0) && bias->is_contiguous() && is_float(bias->dtype()),
+                    "linear: bias {} for w {}", bias->shape_string(), wd.shape_string());
+      a.bias = bias->raw_data();
+      a.bias_dtype = bias->dtype();
+    }
+    a.y = y.data<float>();
+    a.y_stride = y.stride(0);
+    a.n = x.size(0);
+    a.in = x.size(1);
+    a.out = wd.size(0);
+    TACHYON_CHECK(wd.size(1) == a.in && y.size(0) == a.n && y.size(1) == a.out, "linear: x {} w {} y {}",
+                  x.shape_string(), wd.shape_string(), y.shape_string());
+    if (a.n == 0) return;
+    if (mode == ops::LinearMode::kBatchInvariant) {
+      // Every token through the GEMV, whose per-output summation order does not depend on n: a
+      // row's result is the same alone or in any batch.
+      constexpr int64_t kChunk = 16;
+      for (int64_t t0 = 0; t0 < a.n; t0 += kChunk) {
+        LinearArgs c = a;
+        c.x = a.x + t0 * a.x_stride;
+        c.y = a.y + t0 * a.y_stride;
+        c.n = std::min(kChunk, a.n - t0);
+        require_ok(cuda::linear(*linear_, c, stream_, LinearAlgo::kGemv));
+      }
+      return;
+    }
+    require_ok(cuda::linear(*linear_, a, stream_, LinearAlgo::kAuto));
+  }
+
+  void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& y) override {
+    on_device("rms_norm", {&x, &weight, &y});
+    TACHYON_CHECK(weight.dim() == 1 && weight.size(0) == x.size(-1) && weight.is_contiguous() && x.shape() == y.shape(),
+                  "rms_norm: x {} weight {} y {}", x.shape_string(), weight.shape_string(), y.shape_string());
+    require_ok(cuda::rms_norm(x.data<float>(), rows_of(x), weight.raw_data(), weight.dtype(), eps, y.data<float>(),
+                              rows_of(y), stream_));
+  }
+
+  void add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& weight, float eps, Tensor& y) override {
+    on_device("add_rms_norm", {&residual, &x, &weight, &y});
+    TACHYON_CHECK(weight.dim() == 1 && weight.size(0) == x.size(-1) && weight.is_contiguous() &&
+                      x.shape() == y.shape() && x.shape() == residual.shape(),
+                  "add_rms_norm: residual {} x {} weight {} y {}", residual.shape_string(), x.shape_string(),
+                  weight.shape_string(), y.shape_string());
+    require_ok(cuda::add_rms_norm(residual.data<float>(), rows_of(residual), x.data<float>(), rows_of(x),
+                                  weight.raw_data(), weight.dtype(), eps, y.data<float>(), rows_of(y), stream_));
+  }
+
+  void rope(Tensor& x, const Tensor& positions, const RopeTable& table) override {
+    on_device("rope", {&x, &positions});
+    TACHYON_CHECK(x.dim() == 3 && x.stride(2) == 1 && positions.dtype() == DType::kI32 && positions.dim() == 1 &&
+                      positions.size(0) == x.size(0) && positions.is_contiguous(),
+                  "rope: x {} positions {}", x.shape_string(), positions.shape_string());
+    TACHYON_CHECK(table.rotary_dim > 0 && table.rotary_dim % 2 == 0 && table.rotary_dim <= x.size(2) &&
+                      table.inv_freq.size() == static_cast<size_t>(table.rotary_dim / 2),
+                  "rope: table with rotary_dim {} for x {}", table.rotary_dim, x.shape_string());
+    require_ok(cuda::rope(x.data<float>(), x.size(0), x.size(1), x.size(2), x.stride(0), x.stride(1),
+                          positions.data<int32_t>(), inv_freq_on_device(table), table.rotary_dim, table.style,
+                          table.attention_scale, stream_));
+  }
+
+  void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) override {
+    on_device("silu_mul", {&gate, &up, &out});
+    TACHYON_CHECK(gate.shape() == up.shape() && gate.shape() == out.shape(), "silu_mul: gate {} up {} out {}",
+                  gate.shape_string(), up.shape_string(), out.shape_string());
+    require_ok(cuda::silu_mul(gate.data<float>(), rows_of(gate), up.data<float>(), rows_of(up), out.data<float>(),
+                              rows_of(out), stream_));
+  }
+
+  void embedding(const Tensor& table, const Tensor& ids, Tensor& out) override {
+    on_device("embedding", {&table, &ids, &out});
+    TACHYON_CHECK(table.dim() == 2 && table.stride(1) == 1 && out.dim() == 2 && out.stride(1) == 1 &&
+                      out.size(1) == table.size(1) && ids.dim() == 1 && ids.size(0) == out.size(0) &&
+                      ids.dtype() == DType::kI32 && ids.is_contiguous(),
+                  "embedding: table {} ids {} out {}", table.shape_string(), ids.shape_string(), out.shape_string());
+    // The ids were checked against the vocabulary on the host (LlamaModel::forward); one outside
+    // the table gives a NaN row rather than a read out of bounds.
+    require_ok(cuda::embedding(table.raw_data(), table.dtype(), table.stride(0), table.size(0), table.size(1),
+                               ids.data<int32_t>(), ids.size(0), out.data<float>(), out.stride(0), stream_));
+  }
+
+  void store_kv(const Tensor& k, const Tensor& v, const Tensor& slot_mapping, Tensor& k_cache,
+                Tensor& v_cache) override {
+    on_device("store_kv", {&k, &v, &slot_mapping, &k_cache, &v_cache});
+    const KvCacheView cache = cache_view("store_kv", k_cache, v_cache);
+    TACHYON_CHECK(k.dim() == 3 && k.shape() == v.shape() && k.size(1) == cache.num_kv_heads &&
+                      k.size(2) == cache.head_dim && k.stride(2) == 1 && v.stride(2) == 1 &&
+                      slot_mapping.dim() == 1 && slot_mapping.size(0) == k.size(0) &&
+                      slot_mapping.dtype() == DType::kI32,
+                  "store_kv: k {} v {} slots {} cache {}", k.shape_string(), v.shape_string(),
+                  slot_mapping.shape_string(), k_cache.shape_string());
+    require_ok(cuda::store_kv(k.data<float>(), k.stride(0), k.stride(1), v.data<float>(), v.stride(0), v.stride(1),
+                              k.size(0), slot_mapping.data<int32_t>(), cache, stream_));
+  }
+
+  void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttentionMetadata& meta,
+                       const AttentionParams& params, Tensor& out) override {
+    on_device("paged_attention",
+              {&q, &k_cache, &v_cache, &out, &meta.query_start, &meta.context_lens, &meta.block_tables});
+    const KvCacheView cache = cache_view("paged_attention", k_cache, v_cache);
+    TACHYON_CHECK(q.dim() == 3 && q.shape() == out.shape() && q.stride(2) == 1 && out.stride(2) == 1 &&
+                      q.size(2) == cache.head_dim && meta.block_size == cache.block_size &&
+                      meta.block_tables.dim() == 2 && meta.block_tables.size(0) == meta.num_seqs &&
+                      meta.block_tables.is_contiguous(),
+                  "paged_attention: q {} out {} cache {} block_tables {}", q.shape_string(), out.shape_string(),
+                  k_cache.shape_string(), meta.block_tables.shape_string());
+    if (q.size(0) == 0) return;
+    AttentionBatch batch;
+    batch.num_seqs = meta.num_seqs;
+    batch.query_start = meta.query_start.data<int32_t>();
+    batch.context_lens = meta.context_lens.data<int32_t>();
+    batch.block_tables = meta.block_tables.data<int32_t>();
+    batch.max_blocks_per_seq = meta.block_tables.size(1);
+    batch.max_query_len = meta.max_query_len;
+    batch.max_context_len = meta.max_context_len;
+    auto plan = plan_paged_attention(batch, q.size(1), cache, params, props_.multiprocessors);
+    require_ok(plan.status());
+    if (plan->workspace_bytes > workspace_bytes_) {
+      workspace_.reset();
+      auto p = allocate(Device::cuda(device_), plan->workspace_bytes, "attention workspace");
+      require_ok(p.status());
+      workspace_ = std::shared_ptr<void>(*p, [this](void* ptr) { deallocate(Device::cuda(device_), ptr); });
+      workspace_bytes_ = plan->workspace_bytes;
+    }
+    require_ok(cuda::paged_attention(*plan, q.data<float>(), q.stride(0), q.stride(1), q.size(1), cache, batch, params,
+                                     out.data<float>(), out.stride(0), out.stride(1), workspace_.get(),
+                                     workspace_bytes_, stream_));
+  }
+
+  void argmax(const Tensor& x, Tensor& ids, Tensor* logprobs) override {
+    on_device("argmax", {&x, &ids, logprobs});
+    TACHYON_CHECK(logprobs == nullptr || (logprobs->dim() == 1 && logprobs->size(0) == x.size(0) &&
+                                          logprobs->dtype() == DType::kF32 && logprobs->is_contiguous()),
+                  "argmax: logprobs {} for x {}", logprobs->shape_string(), x.shape_string());
+    TACHYON_CHECK(x.dim() == 2 && x.stride(1) == 1 && x.dtype() == DType::kF32 && ids.dim() == 1 &&
+                      ids.size(0) == x.size(0) && ids.dtype() == DType::kI32 && ids.is_contiguous(),
+                  "argmax: x {} ids {}", x.shape_string(), ids.shape_string());
+    require_ok(cuda::argmax(x.data<float>(), x.stride(0), x.size(0), x.size(1), ids.data<int32_t>(),
+                            logprobs != nullptr ? logprobs->data<float>() : nullptr, stream_));
+  }
+
+  void fill_uniform(Tensor& t, uint64_t seed, uint64_t stream, float bound, float offset) override {
+    on_device("fill_uniform", {&t});
+    TACHYON_CHECK(t.is_contiguous() && is_float(t.dtype()), "fill_uniform: {}", t.shape_string());
+    require_ok(cuda::fill_uniform(t.raw_data(), t.dtype(), t.numel(), seed, stream, bound, offset, stream_));
+  }
+
+  Status synchronize() override {
+    TACHYON_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    return Status::Ok();
+  }
+
+  Status begin_capture() override {
+    TACHYON_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    return Status::Ok();
+  }
+
+  Result<std::shared_ptr<void>> end_capture() override {
+    cudaGraph_t graph = nullptr;
+    TACHYON_CUDA_RETURN_IF_ERROR(cudaStreamEndCapture(stream_, &graph));
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    TACHYON_CUDA_RETURN_IF_ERROR(e);
+    ++graphs_captured_;
+    return std::shared_ptr<void>(exec, [](void* g) { cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(g)); });
+  }
+
+  Status replay(const std::shared_ptr<void>& graph) override {
+    TACHYON_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(static_cast<cudaGraphExec_t>(graph.get()), stream_));
+    return Status::Ok();
+  }
+
+ private:
+  CudaBackend(int device, DeviceProperties props) : device_(device), props_(std::move(props)) {}
+
+  Status check_device(Device device) const {
+    if (device.type == DeviceType::kCuda && device.index == device_) return Status::Ok();
+    return make_error(ErrorCode::kInvalidArgument, "{} requested, but the CUDA backend runs cuda:{}",
+                      device.to_string(), device_);
+  }
+
+  void on_device(const char* op, std::initializer_list<const Tensor*> tensors) const {
+    for (const Tensor* t : tensors) {
+      if (t == nullptr) continue;
+      TACHYON_CHECK(t->defined(), "{}: an argument is undefined", op);
+      TACHYON_CHECK(t->device().type == DeviceType::kCuda && t->device().index == device_,
+                    "{}: a {} tensor is on {}, the others on cuda:{}", op, t->shape_string(), t->device().to_string(),
+                    device_);
+    }
+  }
+
+  static KvCacheView cache_view(const char* op, const Tensor& k_cache, const Tensor& v_cache) {
+    TACHYON_CHECK(k_cache.dim() == 4 && k_cache.shape() == v_cache.shape() && k_cache.dtype() == v_cache.dtype() &&
+                      k_cache.is_contiguous() && v_cache.is_contiguous(),
+                  "{}: caches {} and {}", op, k_cache.shape_string(), v_cache.shape_string());
+    KvCacheView view;
+    view.k = k_cache.raw_data();
+    view.v = v_cache.raw_data();
+    view.dtype = k_cache.dtype();
+    view.num_blocks = k_cache.size(0);
+    view.block_size = k_cache.size(1);
+    view.num_kv_heads = k_cache.size(2);
+    view.head_dim = k_cache.size(3);
+    return view;
+  }
+
+  // The table's frequencies on the device, uploaded on first use. Keyed by the table's address but
+  // checked against its values: a freed model's table may come back at the same address.
+  const float* inv_freq_on_device(const RopeTable& table) {
+    const float* key = table.inv_freq.data();
+    auto it = rope_tables_.find(key);
+    if (it == rope_tables_.end() || it->second.values != table.inv_freq) {
+      RopeUpload up;
+      up.values = table.inv_freq;
+      auto buf = DeviceBuffer::allocate(table.inv_freq.size() * sizeof(float), "rope frequencies");
+      require_ok(buf.status());
+      up.device = std::move(*buf);
+      require_ok(copy_to_device(up.device.data(), table.inv_freq.data(), up.device.bytes()));
+      it = rope_tables_.insert_or_assign(key, std::move(up)).first;
+    }
+    return it->second.device.as<float>();
+  }
+
+  struct RopeUpload {
+    std::vector<float> values;
+    DeviceBuffer device;
+  };
+
+  int device_;
+  DeviceProperties props_;
+  Stream stream_ = nullptr;
+  std::unique_ptr<LinearContext> linear_;
+  std::shared_ptr<void> workspace_;
+  size_t workspace_bytes_ = 0;
+  std::unordered_map<const float*, RopeUpload> rope_tables_;
+  int64_t graphs_captured_ = 0;
+};
+
+std::mutex g_mutex;
+// Never destroyed: device tensors held by static objects may be freed during exit, and the CUDA
+// runtime tears itself down then anyway.
+CudaBackend* g_backend = nullptr;
+
+}  // namespace
+
+Status start_backend(int device) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (g_backend) {
+    if (g_backend->device() == device) return Status::Ok();
+    return make_error(ErrorCode::kUnsupported, "the CUDA backend already runs cuda:{}; cuda:{} needs another process",
+                      g_backend->device(), device);
+  }
+  const int count = device_count();
+  if (device < 0 || device >= count) {
+    return make_error(ErrorCode::kNotFound, "cuda:{} requested, but {} CUDA device(s) are visible", device, count);
+  }
+  TACHYON_ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> backend, CudaBackend::create(device));
+  g_backend = backend.release();
+  register_device_memory(DeviceType::kCuda, g_backend);
+  ops::register_backend(DeviceType::kCuda, g_backend);
+  TACHYON_LOG_INFO("cuda backend: {}", g_backend->describe());
+  return Status::Ok();
+}
+
+}  // namespace tachyon::ops::cuda

@@ -1,0 +1,49 @@
+// Proposers for speculative decoding: something cheaper than the target model that guesses the
+// next few tokens of a sequence. The engine asks once per step for every speculating sequence
+// together (a draft model runs them as one batch per draft position), the target verifies all
+// guesses of a sequence in one forward, and the verifier decides what is kept (verifier.h).
+//
+// A proposer only guesses: whatever it returns, the emitted tokens follow the target exactly
+// (greedy) or in distribution (sampling). To keep sampling lossless it must say how it guessed:
+// either the distribution q each token was drawn from, or nothing, meaning a deterministic guess
+// (q one-hot on the token, as n-gram lookup makes).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "core/status.h"
+#include "sampling/sampler.h"
+
+namespace tachyon {
+
+// One sequence to draft for.
+struct DraftRequest {
+  uint64_t id = 0;                  // the request; a proposer may keep state under it until release()
+  std::span<const int32_t> tokens;  // the sequence so far: prompt, then output (last one included)
+  int k = 0;                        // draft at most this many tokens (>= 1)
+  // The request's sampler: its parameters and history (penalties) shape a draft model's q, the
+  // same way they shape the target's p. Not drawn from: a proposer keeps its own randomness.
+  const Sampler* sampler = nullptr;
+};
+
+struct Draft {
+  std::vector<int32_t> tokens;  // [<= k] the guessed continuation (empty: no guess)
+  std::vector<float> probs;     // [tokens.size(), vocab] q of each position, or empty: one-hot guesses
+};
+
+class Proposer {
+ public:
+  virtual ~Proposer() = default;
+  // The label of metrics and logs: "ngram", "draft".
+  virtual const char* name() const = 0;
+  // Fills drafts[i] for requests[i].
+  virtual Status propose(std::span<const DraftRequest> requests, std::vector<Draft>& drafts) = 0;
+  // The request finished or was aborted: drop what is kept for it.
+  virtual void release(uint64_t id) {}
+  // Every resource kept for released requests is back (tests).
+  virtual Status check_no_leaks() const { return Status::Ok(); }
+};
+
+}  // namespace tachyon

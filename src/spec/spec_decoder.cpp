@@ -1,0 +1,130 @@
+#include "spec/spec_decoder.h"
+
+#include <algorithm>
+
+#include "core/log.h"
+#include "core/timer.h"
+#include "spec/draft_model_proposer.h"
+#include "spec/ngram_lookup_proposer.h"
+
+namespace tachyon {
+
+const char* spec_method_name(SpecMethod method) {
+  switch (method) {
+    case SpecMethod::kNone: return "none";
+    case SpecMethod::kNgram: return "ngram";
+    case SpecMethod::kDraftModel: return "draft";
+  }
+  return "?";
+}
+
+Status SpecDecodeOptions::validate(const ModelConfig& target) const {
+  if (method == SpecMethod::kNone) return Status::Ok();
+  if (k_max < 1 || k_max > kLargestK) {
+    return make_error(ErrorCode::kInvalidArgument, "speculative decoding: --spec-k-max {} must be in [1, {}]", k_max,
+                      kLargestK);
+  }
+  if (k < 0 || k > k_max) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "speculative decoding: --spec-k {} must be in [1, --spec-k-max = {}] (or unset: dynamic)", k,
+                      k_max);
+  }
+  if (method == SpecMethod::kDraftModel) {
+    if (draft_model == nullptr) {
+      return make_error(ErrorCode::kInvalidArgument, "speculative decoding with a draft model: no draft model given");
+    }
+    const ModelConfig& d = draft_model->config();
+    if (d.vocab_size != target.vocab_size) {
+      return make_error(ErrorCode::kInvalidArgument,
+                        "the draft model's vocabulary has {} tokens, the target's {}: a draft must share the "
+                        "target's tokenizer",
+                        d.vocab_size, target.vocab_size);
+    }
+  }
+  return Status::Ok();
+}
+
+Result<std::unique_ptr<SpecDecoder>> SpecDecoder::create(const SpecDecodeOptions& options, const ModelConfig& target,
+                                                         const SpecCacheGeometry& geometry) {
+  TACHYON_RETURN_IF_ERROR(options.validate(target));
+  std::unique_ptr<Proposer> proposer;
+  switch (options.method) {
+    case SpecMethod::kNone: return std::unique_ptr<SpecDecoder>();
+    case SpecMethod::kNgram: proposer = std::make_unique<NgramLookupProposer>(options.ngram); break;
+    case SpecMethod::kDraftModel: {
+      DraftModelOptions o;
+      o.num_kv_blocks = geometry.num_kv_blocks;
+      o.block_size = geometry.block_size;
+      o.kv_dtype = geometry.kv_dtype;
+      o.max_model_len = std::min(geometry.max_model_len, options.draft_model->config().max_position_embeddings);
+      o.linear_mode = geometry.linear_mode;
+      TACHYON_ASSIGN_OR_RETURN(proposer, DraftModelProposer::create(*options.draft_model, o));
+      break;
+    }
+  }
+  TACHYON_LOG_INFO("speculative decoding: {} proposer, K {}", proposer->name(),
+                   options.k > 0 ? fmt::format("fixed at {}", options.k) : fmt::format("dynamic, at most {}", options.k_max));
+  return std::unique_ptr<SpecDecoder>(new SpecDecoder(options, std::move(proposer)));
+}
+
+SpecDecoder::SpecDecoder(const SpecDecodeOptions& options, std::unique_ptr<Proposer> proposer)
+    : options_(options), proposer_(std::move(proposer)) {
+  controller_options_.k_max = options.k_max;
+  controller_options_.fixed_k = options.k;
+  stats_.proposer = proposer_->name();
+}
+
+Status SpecDecoder::propose(std::span<const SpecCandidate> candidates, int num_running) {
+  Timer timer;
+  draft_requests_.clear();
+  draft_seqs_.clear();
+  for (const SpecCandidate& c : candidates) {
+    c.seq->set_draft({});
+    if (c.max_draft < 1) continue;
+    RequestState& st = requests_.try_emplace(c.seq->id(), controller_options_).first->second;
+    const int k = std::min(st.controller.next_k(num_running), c.max_draft);
+    if (k < 1) continue;
+    DraftRequest r;
+    r.id = c.seq->id();
+    r.tokens = c.seq->tokens();
+    r.k = k;
+    r.sampler = c.sampler;
+    draft_requests_.push_back(r);
+    draft_seqs_.push_back(c.seq);
+  }
+  if (!draft_requests_.empty()) {
+    TACHYON_RETURN_IF_ERROR(proposer_->propose(draft_requests_, drafts_));
+    for (size_t i = 0; i < drafts_.size(); ++i) {
+      Draft& d = drafts_[i];
+      if (d.tokens.empty()) continue;
+      RequestState& st = requests_.at(draft_seqs_[i]->id());
+      st.draft_probs = std::move(d.probs);
+      draft_seqs_[i]->set_draft(std::move(d.tokens));
+    }
+  }
+  stats_.propose_seconds += timer.seconds();
+  return Status::Ok();
+}
+
+Result<Verification> SpecDecoder::verify(const Sequence& seq, const float* logits, int vocab, Sampler& sampler) {
+  RequestState& st = requests_.at(seq.id());
+  const std::span<const int32_t> draft = seq.draft();
+  const bool with_q = !st.draft_probs.empty() && st.draft_probs.size() == draft.size() * static_cast<size_t>(vocab);
+  TACHYON_ASSIGN_OR_RETURN(Verification v,
+                           verify_draft(draft, with_q ? st.draft_probs.data() : nullptr, logits, vocab, sampler));
+  st.draft_probs.clear();
+  const int proposed = static_cast<int>(draft.size());
+  st.controller.update(proposed, v.num_accepted);
+  ++stats_.num_verify_steps;
+  stats_.num_proposed += proposed;
+  stats_.num_accepted += v.num_accepted;
+  stats_.num_emitted += static_cast<int64_t>(v.tokens.size());
+  return v;
+}
+
+void SpecDecoder::release(uint64_t id) {
+  requests_.erase(id);
+  proposer_->release(id);
+}
+
+}  // namespace tachyon

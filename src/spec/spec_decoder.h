@@ -1,0 +1,125 @@
+// Speculative decoding as a layer over the engine step (DESIGN.md): before the scheduler plans a
+// step, propose() gives every decoding sequence that speculates a draft of K tokens; the target
+// runs the last token and the draft in one forward, and verify() turns that sequence's K + 1
+// logits rows into the tokens to emit. The engine emits them in order through its usual stop
+// checks, and the scheduler rolls the rejected positions back by block-table truncation.
+//
+// K per request and step comes from a DraftLengthController (moving average of the acceptance
+// rate, the batch size, `--spec-k-max`), or is fixed by `--spec-k`; the controller turns
+// speculation off for a request whose acceptance does not pay, and probes it again now and then.
+// K never reaches past the request's max_tokens or the context.
+//
+// Owns the proposer and each request's controller; holds no sequence. One engine thread only.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "core/status.h"
+#include "model/llama_model.h"
+#include "sampling/sampler.h"
+#include "sched/sequence.h"
+#include "spec/draft_length.h"
+#include "spec/ngram_proposer.h"
+#include "spec/proposer.h"
+#include "spec/verifier.h"
+
+namespace tachyon {
+
+enum class SpecMethod : uint8_t {
+  kNone,        // plain decoding
+  kNgram,       // `--spec-ngram`: prompt lookup
+  kDraftModel,  // `--draft-model PATH`
+};
+const char* spec_method_name(SpecMethod method);
+
+struct SpecDecodeOptions {
+  SpecMethod method = SpecMethod::kNone;
+  const LlamaModel* draft_model = nullptr;  // kDraftModel: borrowed, must outlive the engine
+  int k = 0;       // > 0: K fixed at this (`--spec-k`); 0: the controller picks K in [0, k_max]
+  int k_max = 8;   // `--spec-k-max`
+  NgramProposerOptions ngram;
+
+  static constexpr int kLargestK = 32;
+  // kInvalidArgument naming the bad value: k_max outside [1, kLargestK], k outside [0, k_max],
+  // a draft model missing, or with a vocabulary other than the target's.
+  Status validate(const ModelConfig& target) const;
+};
+
+// Cumulative, per proposer (one proposer per engine; `proposer` names it).
+struct SpecStats {
+  std::string proposer;           // "ngram", "draft"; empty when speculation is off
+  int64_t num_verify_steps = 0;   // sequence-steps that verified a draft
+  int64_t num_proposed = 0;       // draft tokens verified
+  int64_t num_accepted = 0;       // of which accepted
+  int64_t num_emitted = 0;        // tokens the verify steps produced (accepted + the target's own)
+  double propose_seconds = 0.0;   // time in the proposer (draft model forwards, lookups)
+  double acceptance_rate() const {
+    return num_proposed > 0 ? static_cast<double>(num_accepted) / static_cast<double>(num_proposed) : 0.0;
+  }
+  // Accepted draft tokens per verify step (the target's own token not counted).
+  double mean_accepted_length() const {
+    return num_verify_steps > 0 ? static_cast<double>(num_accepted) / static_cast<double>(num_verify_steps) : 0.0;
+  }
+};
+
+// A decoding sequence the engine offers for speculation this step.
+struct SpecCandidate {
+  Sequence* seq = nullptr;
+  const Sampler* sampler = nullptr;  // the request's
+  int max_draft = 0;                 // K at most: tokens left to max_tokens and to the context, less one
+};
+
+// Where the draft model's cache comes from (kDraftModel): the engine's cache geometry.
+struct SpecCacheGeometry {
+  int num_kv_blocks = 0;
+  int block_size = 16;
+  DType kv_dtype = DType::kF32;
+  int max_model_len = 0;
+  ops::LinearMode linear_mode = ops::LinearMode::kFastest;
+};
+
+class SpecDecoder {
+ public:
+  // Validates the options against the target (see SpecDecodeOptions::validate) and builds the
+  // proposer; null when options.method is kNone.
+  static Result<std::unique_ptr<SpecDecoder>> create(const SpecDecodeOptions& options, const ModelConfig& target,
+                                                     const SpecCacheGeometry& geometry);
+
+  // Sets every candidate's draft (empty for those not speculating this step). `num_running` is
+  // the batch size the controllers weigh K against.
+  Status propose(std::span<const SpecCandidate> candidates, int num_running);
+  // The target's rows for seq's draft: [K + 1, vocab]. Records acceptance for the request's
+  // controller and the stats.
+  Result<Verification> verify(const Sequence& seq, const float* logits, int vocab, Sampler& sampler);
+  // The request finished or was aborted.
+  void release(uint64_t id);
+
+  const SpecStats& stats() const { return stats_; }
+  const Proposer& proposer() const { return *proposer_; }
+  Status check_no_leaks() const { return proposer_->check_no_leaks(); }
+
+ private:
+  struct RequestState {
+    explicit RequestState(const DraftLengthOptions& o) : controller(o) {}
+    DraftLengthController controller;
+    std::vector<float> draft_probs;  // [K, vocab] q of the current draft, or empty: one-hot
+  };
+  SpecDecoder(const SpecDecodeOptions& options, std::unique_ptr<Proposer> proposer);
+
+  SpecDecodeOptions options_;
+  DraftLengthOptions controller_options_;
+  std::unique_ptr<Proposer> proposer_;
+  std::unordered_map<uint64_t, RequestState> requests_;
+  SpecStats stats_;
+  // Reused each step.
+  std::vector<DraftRequest> draft_requests_;
+  std::vector<Sequence*> draft_seqs_;
+  std::vector<Draft> drafts_;
+};
+
+}  // namespace tachyon

@@ -1,0 +1,92 @@
+#include "spec/verifier.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "spec/rejection_sampler.h"
+
+namespace tachyon {
+namespace {
+
+// The logprob of `token` and the top-N under the Sampler's reporting convention: the softmax of
+// the row after penalties and temperature, before truncation, which is what probabilities()
+// gives for the same parameters with truncation off.
+Status report_logprobs(const Sampler& reporter, const float* row, int vocab, const TokenCounts& history,
+                       int num_top, SampleResult& r, std::vector<float>& scratch) {
+  TACHYON_RETURN_IF_ERROR(reporter.probabilities(row, vocab, history, scratch));
+  const auto log_of = [](float p) {
+    return p > 0.0f ? std::log(p) : std::numeric_limits<float>::lowest();
+  };
+  r.logprob = log_of(scratch[static_cast<size_t>(r.token)]);
+  r.top_logprobs.clear();
+  if (num_top <= 0) return Status::Ok();
+  std::vector<int32_t> ids(static_cast<size_t>(vocab));
+  for (int i = 0; i < vocab; ++i) ids[static_cast<size_t>(i)] = i;
+  const size_t n = std::min<size_t>(static_cast<size_t>(num_top), ids.size());
+  std::partial_sort(ids.begin(), ids.begin() + static_cast<ptrdiff_t>(n), ids.end(), [&](int32_t a, int32_t b) {
+    const float pa = scratch[static_cast<size_t>(a)], pb = scratch[static_cast<size_t>(b)];
+    return pa != pb ? pa > pb : a < b;
+  });
+  for (size_t i = 0; i < n && scratch[static_cast<size_t>(ids[i])] > 0.0f; ++i) {
+    r.top_logprobs.emplace_back(ids[i], log_of(scratch[static_cast<size_t>(ids[i])]));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<Verification> verify_draft(std::span<const int32_t> draft, const float* draft_probs, const float* logits,
+                                  int vocab, Sampler& sampler) {
+  const size_t k = draft.size();
+  const size_t v = static_cast<size_t>(vocab);
+  Verification out;
+  TokenCounts history = sampler.history();  // plus draft[0..i) at row i
+
+  if (sampler.params().greedy()) {
+    // Every row's choice as plain decoding would make it; verify_greedy keeps the agreeing prefix.
+    std::vector<SampleResult> rows;
+    std::vector<int32_t> argmax;
+    for (size_t i = 0; i <= k; ++i) {
+      TACHYON_ASSIGN_OR_RETURN(SampleResult r, sampler.sample(logits + i * v, vocab, history));
+      argmax.push_back(r.token);
+      rows.push_back(std::move(r));
+      if (i < k && argmax[i] != draft[i]) break;  // later rows cannot be reached
+      if (i < k) history.add_output(draft[i]);
+    }
+    if (argmax.size() < k + 1) argmax.resize(k + 1, -1);
+    const VerifyResult vr = verify_greedy(draft, argmax);
+    out.num_accepted = vr.num_accepted;
+    rows.resize(static_cast<size_t>(vr.num_accepted) + 1);
+    out.tokens = std::move(rows);
+    return out;
+  }
+
+  std::vector<float> target(v * (k + 1));
+  std::vector<float> row;
+  std::vector<TokenCounts> histories;  // history at each row, for the logprobs
+  histories.reserve(k + 1);
+  for (size_t i = 0; i <= k; ++i) {
+    TACHYON_RETURN_IF_ERROR(sampler.probabilities(logits + i * v, vocab, history, row));
+    std::copy(row.begin(), row.end(), target.begin() + static_cast<ptrdiff_t>(i * v));
+    histories.push_back(history);
+    if (i < k) history.add_output(draft[i]);
+  }
+  const VerifyResult vr = verify_sampled(draft, draft_probs, target.data(), vocab, sampler.rng());
+  out.num_accepted = vr.num_accepted;
+  SamplingParams report = sampler.params();
+  report.top_k = 0;
+  report.top_p = 1.0f;
+  report.min_p = 0.0f;
+  report.seed = 0;  // never drawn from; a fixed seed spares the random device
+  const Sampler reporter(report);
+  for (size_t i = 0; i < vr.tokens.size(); ++i) {
+    SampleResult r;
+    r.token = vr.tokens[i];
+    TACHYON_RETURN_IF_ERROR(report_logprobs(reporter, logits + i * v, vocab, histories[i], sampler.params().logprobs, r, row));
+    out.tokens.push_back(std::move(r));
+  }
+  return out;
+}
+
+}  // namespace tachyon

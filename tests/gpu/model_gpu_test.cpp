@@ -1,0 +1,421 @@
+// The whole model on the GPU (--device cuda) against independent references and the CPU path:
+// Hugging Face logits of every conformance fixture, stories260K's greedy story, 32 prompts batched
+// against each alone, the engine end to end (prefix caching, copy-on-write, no leaked block), and
+// the device ops the model adds (argmax, the synthetic-weight fill). Skips without a device.
+#ifdef TACHYON_HAS_CUDA
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <random>
+
+#include "core/device_memory.h"
+#include "fixture.h"
+#include "gpu_test_util.h"
+#include "kv/block_manager.h"
+#include "kv/kv_cache.h"
+#include "model/forward_batch.h"
+#include "model/model_loader.h"
+#include "ops/ops.h"
+#include "test_util.h"
+
+namespace tachyon {
+namespace {
+
+using testing::argmax;
+using testing::relative_error;
+
+const Device kGpu = Device::cuda(0);
+
+#define TACHYON_START_GPU()                                       \
+  do {                                                            \
+    TACHYON_SKIP_WITHOUT_GPU();                                   \
+    ASSERT_OK(::tachyon::ops::cuda::start_backend(0));            \
+  } while (0)
+
+LoadedModel load(const std::string& path, Device device) {
+  LoadOptions o;
+  o.path = path;
+  o.device = device;
+  auto m = load_model(o);
+  EXPECT_TRUE(m.ok()) << path << ": " << m.status().to_string();
+  return std::move(m).value();
+}
+
+Tensor to_host(const Tensor& t) {
+  auto h = copy_to(t, Device::cpu());
+  EXPECT_TRUE(h.ok()) << h.status().to_string();
+  return std::move(h).value();
+}
+
+// Sequences of one model sharing one paged cache: each step runs every sequence's next chunk in
+// one forward (logits of the chunk's last token, or of all its tokens).
+struct Sessions {
+  const LlamaModel* model;
+  KvCache cache;
+  BlockManager blocks;
+  std::vector<BlockTable> tables;
+
+  static Sessions make(const LlamaModel& model, int num_seqs, int max_tokens, DType kv_dtype, int block_size = 16) {
+    const ModelConfig& c = model.config();
+    KvCacheConfig kv;
+    kv.num_layers = c.num_layers;
+    kv.num_kv_heads = c.num_kv_heads;
+    kv.head_dim = c.head_dim;
+    kv.block_size = block_size;
+    kv.dtype = kv_dtype;
+    kv.device = model.device();
+    kv.num_blocks = num_seqs * ((max_tokens + block_size - 1) / block_size + 1);
+    auto cache = KvCache::create(kv);
+    EXPECT_TRUE(cache.ok()) << cache.status().to_string();
+    Sessions s{&model, std::move(cache).value(), BlockManager({kv.num_blocks, block_size, false}), {}};
+    for (int i = 0; i < num_seqs; ++i) s.tables.emplace_back(block_size);
+    return s;
+  }
+
+  // chunks[i] appended to sequence i (empty: skipped); logits rows in sequence order.
+  Tensor run(const std::vector<std::vector<int32_t>>& chunks, LogitsWanted wanted, const ForwardOptions& fo = {}) {
+    std::vector<SequenceChunk> batch;
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      if (chunks[i].empty()) continue;
+      const int start = tables[i].num_tokens();
+      EXPECT_TRUE(blocks.grow_to(tables[i], start + static_cast<int>(chunks[i].size())).ok());
+      batch.push_back(SequenceChunk{&tables[i], start, chunks[i], wanted});
+    }
+    ForwardBatch fb = build_forward_batch(batch);
+    Tensor logits;
+    const Status s = model->forward(fb, cache, logits, fo);
+    EXPECT_TRUE(s.ok()) << s.to_string();
+    return logits;
+  }
+};
+
+TEST(GpuOps, FillUniformEqualsTheCpuDrawsAndArgmaxTheCpuArgmax) {
+  TACHYON_START_GPU();
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+    Tensor host = Tensor::empty({100003}, dtype);
+    ops::fill_uniform(host, 7, 3, 0.25f, 1.0f);
+    auto dev = empty_on({100003}, dtype, kGpu);
+    ASSERT_TRUE(dev.ok());
+    ops::fill_uniform(*dev, 7, 3, 0.25f, 1.0f);
+    ASSERT_TRUE(testing::bitwise_equal(to_host(*dev), host, dtype_name(dtype)));
+  }
+  std::mt19937 rng(testing::fresh_seed());
+  for (int64_t d : {1, 31, 1000, 32000, 128257}) {
+    Tensor x = testing::random_tensor({5, d}, rng);
+    x.data<float>()[2 * d + (d - 1)] = 7.0f;  // a maximum at the last column
+    if (d > 3) {                              // a tie: the first index wins
+      x.data<float>()[3 * d + 1] = 5.0f;
+      x.data<float>()[3 * d + 3] = 5.0f;
+    }
+    Tensor ids = Tensor::empty({5}, DType::kI32), lps = Tensor::empty({5}, DType::kF32);
+    ops::argmax(x, ids, &lps);
+    auto dx = copy_to(x, kGpu);
+    auto dids = empty_on({5}, DType::kI32, kGpu);
+    auto dlps = empty_on({5}, DType::kF32, kGpu);
+    ASSERT_TRUE(dx.ok() && dids.ok() && dlps.ok());
+    ops::argmax(*dx, *dids, &*dlps);
+    const Tensor got = to_host(*dids), got_lp = to_host(*dlps);
+    for (int r = 0; r < 5; ++r) {
+      EXPECT_EQ(got.data<int32_t>()[r], ids.data<int32_t>()[r]) << "d=" << d << " row " << r;
+      EXPECT_NEAR(got_lp.data<float>()[r], lps.data<float>()[r], 1e-4 * (1.0 + std::fabs(lps.data<float>()[r])))
+          << "d=" << d << " row " << r;
+    }
+  }
+}
+
+TEST(GpuModel, SyntheticWeightsAreMadeOnTheDeviceAndEqualTheCpuOnes) {
+  TACHYON_START_GPU();
+  LoadedModel cpu = load("synthetic:tiny", Device::cpu());
+  LoadedModel gpu = load("synthetic:tiny", kGpu);
+  EXPECT_EQ(gpu.model->device(), kGpu);
+  EXPECT_TRUE(testing::bitwise_equal(to_host(gpu.model->weights().layers[2].gate_proj.dense),
+                                     cpu.model->weights().layers[2].gate_proj.dense, "gate_proj"));
+  EXPECT_TRUE(testing::bitwise_equal(to_host(gpu.model->weights().final_norm), cpu.model->weights().final_norm,
+                                     "final_norm"));
+}
+
+// GPU logits against the transformers reference of every conformance fixture: the prompt in one
+// forward, in chunks of 5 (prefill through the paged cache), and 16 greedy decode steps.
+class GpuConformance : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GpuConformance, LogitsMatchTransformers) {
+  TACHYON_START_GPU();
+  const testing::ModelFixture f = testing::read_model_fixture(GetParam());
+  LoadedModel m = load(f.dir, kGpu);
+  const Tensor& ref_prompt = f.arrays.at("prompt_logits");
+  const Tensor& ref_decode = f.arrays.at("decode_logits");
+  const int64_t vocab = ref_prompt.size(1);
+  const int P = static_cast<int>(f.prompt_ids.size());
+  // f32 weights: the GEMV is exact f32 math and cuBLASLt runs f32, so an f32 KV cache keeps the
+  // f32 tolerance within a small factor; a bf16 cache rounds K and V (bf16 tolerance).
+  for (DType kv : {DType::kF32, DType::kBF16}) {
+    const double tol = kv == DType::kF32 ? 1e-3 : 3e-2;
+    Sessions whole = Sessions::make(*m.model, 1, P + 20, kv, 4);
+    Tensor logits = whole.run({f.prompt_ids}, LogitsWanted::kAll);
+    for (int i = 0; i < P; ++i) {
+      EXPECT_LE(relative_error(logits.data<float>() + i * vocab, ref_prompt.data<float>() + i * vocab, vocab), tol)
+          << f.dir << " kv " << dtype_name(kv) << " position " << i;
+    }
+    Sessions chunked = Sessions::make(*m.model, 1, P + 4, kv, 16);
+    for (int start = 0; start < P; start += 5) {
+      const int len = std::min(5, P - start);
+      std::vector<int32_t> part(f.prompt_ids.begin() + start, f.prompt_ids.begin() + start + len);
+      Tensor l = chunked.run({part}, LogitsWanted::kAll);
+      for (int i = 0; i < len; ++i) {
+        EXPECT_LE(relative_error(l.data<float>() + i * vocab, ref_prompt.data<float>() + (start + i) * vocab, vocab),
+                  tol)
+            << f.dir << " kv " << dtype_name(kv) << " chunked prefill position " << start + i;
+      }
+    }
+    int32_t next = argmax(logits.data<float>() + (P - 1) * vocab, vocab);
+    for (size_t step = 0; step < f.decode_ids.size(); ++step) {
+      ASSERT_EQ(next, f.decode_ids[step]) << f.dir << " kv " << dtype_name(kv) << " greedy step " << step;
+      Tensor l = whole.run({{f.decode_ids[step]}}, LogitsWanted::kLast);
+      EXPECT_LE(relative_error(l.data<float>(), ref_decode.data<float>() + static_cast<int64_t>(step) * vocab, vocab),
+                tol)
+          << f.dir << " kv " << dtype_name(kv) << " decode step " << step;
+      next = argmax(l.data<float>(), vocab);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, GpuConformance,
+                         ::testing::Values("llama", "llama3-scaled", "llama-tied", "qwen2", "qwen3", "mistral"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           for (auto& ch : n) if (ch == '-') ch = '_';
+                           return n;
+                         });
+
+TEST(GpuModel, Stories260KGreedyEqualsTheCpuPath) {
+  TACHYON_START_GPU();
+  TACHYON_SKIP_WITHOUT_SHARED(shared);
+  LoadedModel cpu = load(shared + "/models/stories260K", Device::cpu());
+  LoadedModel gpu = load(shared + "/models/stories260K", kGpu);
+  const std::vector<int32_t> prompt = cpu.tokenizer->encode("Once upon a time");
+  const int n = 64;
+  const auto expected = testing::greedy_ids(*cpu.model, prompt, n);
+  const auto f32 = testing::greedy_ids(*gpu.model, prompt, n, DType::kF32);
+  const auto bf16 = testing::greedy_ids(*gpu.model, prompt, n, DType::kBF16);
+  auto agree = [&](const std::vector<int32_t>& got) {
+    size_t i = 0;
+    while (i < got.size() && i < expected.size() && got[i] == expected[i]) ++i;
+    return i;
+  };
+  std::printf("stories260K greedy agreement with the CPU over %d tokens: f32 KV %zu, bf16 KV %zu\n", n, agree(f32),
+              agree(bf16));
+  EXPECT_EQ(f32, expected);
+  EXPECT_GE(agree(bf16), 32u);
+}
+
+// 32 prompts of mixed lengths in one batch against each alone, prefill then 24 greedy steps:
+// logits within bf16 tolerance; tokens equal until a step whose top-2 margin is within it.
+TEST(GpuModel, BatchedEqualsAloneWithinTolerance) {
+  TACHYON_START_GPU();
+  LoadedModel m = load(testing::source_dir() + "/models/tachyon-demo", kGpu);
+  const int64_t vocab = m.model->config().vocab_size;
+  const uint32_t seed = testing::fresh_seed();
+  std::mt19937 rng(seed);
+  const int num = 32, steps = 24;
+  std::vector<std::vector<int32_t>> prompts(num);
+  for (auto& p : prompts) {
+    p.resize(std::uniform_int_distribution<int>(1, 90)(rng));
+    for (auto& id : p) id = std::uniform_int_distribution<int32_t>(3, static_cast<int32_t>(vocab) - 1)(rng);
+  }
+  const double tol = 2e-2;
+  Sessions batched = Sessions::make(*m.model, num, 90 + steps + 1, DType::kBF16);
+  std::vector<Sessions> alone;
+  for (int i = 0; i < num; ++i) alone.push_back(Sessions::make(*m.model, 1, 90 + steps + 1, DType::kBF16));
+
+  std::vector<std::vector<int32_t>> next_b(num), next_a(num);
+  std::vector<int> agreed(num, 0);
+  std::vector<bool> diverged(num, false);
+  Tensor lb = batched.run(prompts, LogitsWanted::kLast);
+  for (int step = 0; step <= steps; ++step) {
+    for (int i = 0; i < num; ++i) {
+      if (diverged[static_cast<size_t>(i)]) {
+        next_a[i].clear();
+        next_b[i].clear();
+        continue;
+      }
+      Tensor la = alone[i].run({step == 0 ? prompts[i] : next_a[i]}, LogitsWanted::kLast);
+      const float* a = la.data<float>();
+      const float* b = lb.data<float>() + i * vocab;
+      EXPECT_LE(relative_error(b, a, vocab), tol) << "seed " << seed << " prompt " << i << " step " << step;
+      const int32_t ta = argmax(a, vocab), tb = argmax(b, vocab);
+      if (ta != tb) {
+        // Only a near-tie may flip: the alone run's top-2 margin is within the tolerance.
+        float top1 = -INFINITY, top2 = -INFINITY, scale = 0.0f;
+        for (int64_t j = 0; j < vocab; ++j) {
+          scale = std::max(scale, std::fabs(a[j]));
+          if (a[j] > top1) {
+            top2 = top1;
+            top1 = a[j];
+          } else if (a[j] > top2) {
+            top2 = a[j];
+          }
+        }
+        EXPECT_LE(top1 - top2, tol * scale) << "seed " << seed << " prompt " << i << " step " << step;
+        diverged[static_cast<size_t>(i)] = true;
+        next_a[i].clear();
+        next_b[i].clear();
+        continue;
+      }
+      agreed[static_cast<size_t>(i)] = step + 1;
+      next_a[i] = {ta};
+      next_b[i] = {tb};
+    }
+    if (step == steps) break;
+    bool any = false;
+    for (auto& c : next_b) any = any || !c.empty();
+    if (!any) break;
+    lb = batched.run(next_b, LogitsWanted::kLast);
+    // Rows of the sequences still running, in order: re-pack so row i is sequence i.
+    Tensor packed = Tensor::zeros({num, vocab}, DType::kF32);
+    int row = 0;
+    for (int i = 0; i < num; ++i) {
+      if (next_b[i].empty()) continue;
+      std::copy_n(lb.data<float>() + row * vocab, vocab, packed.data<float>() + i * vocab);
+      ++row;
+    }
+    lb = packed;
+  }
+  int full = 0;
+  for (int a : agreed) full += a == steps + 1;
+  std::printf("batched vs alone (seed %u): %d of %d prompts agree on all %d greedy tokens; first disagreement at",
+              seed, full, num, steps + 1);
+  for (int a : agreed) std::printf(" %d", a);
+  std::printf("\n");
+}
+
+// Decode steps replayed from CUDA graphs equal eager steps bit for bit, over a growing context
+// that crosses block-table widths (new graphs) and with batches of several sizes.
+TEST(GpuModel, GraphReplayEqualsEagerBitForBit) {
+  TACHYON_START_GPU();
+  LoadedModel m = load(testing::source_dir() + "/models/tachyon-demo", kGpu);
+  const int64_t vocab = m.model->config().vocab_size;
+  for (int num : {1, 3}) {
+    Sessions graphs = Sessions::make(*m.model, num, 400, DType::kBF16);
+    Sessions eager = Sessions::make(*m.model, num, 400, DType::kBF16);
+    ForwardOptions no_graphs;
+    no_graphs.cuda_graphs = false;
+    std::vector<std::vector<int32_t>> chunk(num);
+    for (int i = 0; i < num; ++i) chunk[i] = {static_cast<int32_t>(5 + i), 17, 42, static_cast<int32_t>(99 + 3 * i)};
+    Tensor lg = graphs.run(chunk, LogitsWanted::kLast);
+    Tensor le = eager.run(chunk, LogitsWanted::kLast, no_graphs);
+    for (int step = 0; step < 300; ++step) {
+      for (int i = 0; i < num; ++i) chunk[i] = {argmax(le.data<float>() + i * vocab, vocab)};
+      lg = graphs.run(chunk, LogitsWanted::kLast);
+      le = eager.run(chunk, LogitsWanted::kLast, no_graphs);
+      ASSERT_EQ(std::memcmp(lg.raw_data(), le.raw_data(), le.nbytes()), 0) << num << " sequences, step " << step;
+    }
+  }
+}
+
+TEST(GpuEngine, ServesRequestsWithPrefixCachingAndReturnsEveryBlock) {
+  TACHYON_START_GPU();
+  LoadedModel gpu = load(testing::source_dir() + "/models/tachyon-demo", kGpu);
+  LoadedModel cpu = load(testing::source_dir() + "/models/tachyon-demo", Device::cpu());
+  EngineOptions eo;
+  eo.num_kv_blocks = 64;
+  eo.max_model_len = 256;
+  eo.kv_dtype = DType::kF32;
+  auto engine = Engine::create(*gpu.model, gpu.tokenizer.get(), gpu.eos_token_ids, eo);
+  ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+  GenerationParams p;
+  p.sampling.temperature = 0.0f;
+  p.max_tokens = 20;
+  p.ignore_eos = true;
+  // The same long prompt three times (the later ones hit the prefix cache) and two others.
+  const std::string shared_prompt =
+      "Once upon a time there was a little robot who lived in a big city full of tall towers and busy streets.";
+  std::vector<std::string> prompts = {shared_prompt, shared_prompt, "Tom had a red ball.", shared_prompt,
+                                      "The sun was hot."};
+  std::map<RequestId, std::vector<int32_t>> got;
+  std::vector<RequestId> ids;
+  auto drain = [&] {
+    while ((*engine)->has_unfinished()) {
+      auto out = (*engine)->step();
+      ASSERT_TRUE(out.ok()) << out.status().to_string();
+      for (const auto& o : *out) got[o.id].insert(got[o.id].end(), o.new_token_ids.begin(), o.new_token_ids.end());
+    }
+  };
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    auto id = (*engine)->add_request(prompts[i], p);
+    ASSERT_TRUE(id.ok());
+    ids.push_back(*id);
+    if (i == 0) drain();  // the first one's blocks are cached before the others arrive
+  }
+  drain();
+  ASSERT_OK((*engine)->check_no_leaks());
+  EXPECT_GT((*engine)->stats().prefix.hit_tokens, 0);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const auto expected = testing::greedy_ids(*cpu.model, gpu.tokenizer->encode(prompts[i]), 20);
+    size_t agree = 0;
+    while (agree < expected.size() && agree < got[ids[i]].size() && expected[agree] == got[ids[i]][agree]) ++agree;
+    EXPECT_GE(agree, 16u) << "prompt " << i << ": the GPU engine's greedy tokens leave the CPU's at " << agree;
+  }
+}
+
+TEST(GpuKvCache, CopyBlocksOnTheDevice) {
+  TACHYON_START_GPU();
+  KvCacheConfig kv;
+  kv.num_layers = 2;
+  kv.num_kv_heads = 3;
+  kv.head_dim = 8;
+  kv.block_size = 4;
+  kv.num_blocks = 5;
+  kv.dtype = DType::kBF16;
+  kv.device = kGpu;
+  auto cache = KvCache::create(kv);
+  ASSERT_TRUE(cache.ok()) << cache.status().to_string();
+  for (int l = 0; l < kv.num_layers; ++l) {
+    ops::fill_uniform(cache->k(l), 1, 10 + l, 1.0f, 0.0f);
+    ops::fill_uniform(cache->v(l), 1, 20 + l, 1.0f, 0.0f);
+  }
+  const Tensor before = to_host(cache->k(1));
+  const std::vector<BlockCopy> copies = {{1, 3}, {4, 0}};
+  cache->copy_blocks(copies);
+  ASSERT_OK(ops::synchronize(kGpu));
+  const Tensor after = to_host(cache->k(1));
+  const int64_t per_block = before.numel() / kv.num_blocks;
+  const auto* b = before.data<uint16_t>();
+  const auto* a = after.data<uint16_t>();
+  for (int blk = 0; blk < kv.num_blocks; ++blk) {
+    const int src = blk == 3 ? 1 : blk == 0 ? 4 : blk;
+    EXPECT_TRUE(std::equal(a + blk * per_block, a + (blk + 1) * per_block, b + src * per_block)) << "block " << blk;
+  }
+}
+
+TEST(GpuModel, ClearErrors) {
+  TACHYON_START_GPU();
+  // A model on the GPU with its cache on the host.
+  LoadedModel gpu = load("synthetic:tiny", kGpu);
+  LoadedModel cpu = load("synthetic:tiny", Device::cpu());
+  Sessions host = Sessions::make(*cpu.model, 1, 8, DType::kF32);
+  BlockTable table(16);
+  ASSERT_TRUE(host.blocks.grow_to(table, 2).ok());
+  const std::vector<int32_t> tokens = {5, 6};
+  ForwardBatch fb = build_forward_batch({SequenceChunk{&table, 0, tokens, LogitsWanted::kLast}});
+  Tensor logits;
+  const Status s = gpu.model->forward(fb, host.cache, logits);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("kv cache is on cpu"), std::string::npos) << s.to_string();
+  // Another device while cuda:0 runs; an absent device.
+  EXPECT_FALSE(ops::cuda::start_backend(1).ok());
+  // Far more memory than the device has: the message gives the sizes.
+  auto huge = empty_on({int64_t{1} << 40, 1024}, DType::kF32, kGpu, "a huge test tensor");
+  ASSERT_FALSE(huge.ok());
+  EXPECT_EQ(huge.status().code(), ErrorCode::kOutOfMemory);
+  EXPECT_NE(huge.status().message().find("a huge test tensor"), std::string::npos) << huge.status().to_string();
+}
+
+}  // namespace
+}  // namespace tachyon
+
+#endif  // TACHYON_HAS_CUDA

@@ -1,0 +1,569 @@
+// Speculative decoding through the engine, on real models: the bundled pair tachyon-demo (target)
+// and tachyon-demo-draft (draft), and stories260K from ../shared (its own draft). Oracles:
+//   greedy   token for token (and text, finish reason, logprobs) what plain greedy decoding gives,
+//            for every proposer and K = 1..8 and the dynamic K, stop strings and max_tokens
+//            falling inside a verified draft, in a batch that mixes speculative decodes with
+//            prompt chunks and plain decodes, under preemption;
+//   sampling the joint law of the first generated tokens is the target's own, computed exactly
+//            from the model (chi-square at a fixed seed);
+//   KV       after every step the request's block table and K/V equal those of a plain run at
+//            the same tokens (rejected positions rolled back, nothing left of them); the draft
+//            model's cache after a rejection drafts what a fresh one does;
+// and every KV block is back after each run (check_no_leaks, the draft cache included).
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <map>
+
+#include <gtest/gtest.h>
+
+#include "core/mapped_file.h"
+#include "engine/engine.h"
+#include "model/forward_batch.h"
+#include "model/model_loader.h"
+#include "server/metrics.h"
+#include "spec/draft_model_proposer.h"
+#include "test_util.h"
+
+namespace tachyon {
+namespace {
+
+struct Case {
+  std::vector<int32_t> prompt;
+  GenerationParams params;
+};
+
+struct Outcome {
+  std::vector<int32_t> tokens;
+  std::vector<float> logprobs;
+  std::string text;
+  FinishReason reason = FinishReason::kLength;
+};
+
+LoadedModel load_or_die(const std::string& path) {
+  LoadOptions o;
+  o.path = path;
+  auto m = load_model(o);
+  EXPECT_TRUE(m.ok()) << path << ": " << m.status().to_string();
+  return std::move(m).value();
+}
+
+EngineOptions small_options(int max_seqs = 8) {
+  EngineOptions o;
+  o.max_model_len = 512;
+  o.num_kv_blocks = 512 / 16 * max_seqs;
+  o.max_batched_tokens = 256;
+  o.max_seqs = max_seqs;
+  o.batch_invariant = true;
+  return o;
+}
+
+SpecDecodeOptions spec_options(SpecMethod method, const LlamaModel* draft, int k) {
+  SpecDecodeOptions s;
+  s.method = method;
+  s.draft_model = draft;
+  s.k = k;
+  s.k_max = 8;
+  return s;
+}
+
+std::unique_ptr<Engine> make_engine(const LoadedModel& m, const EngineOptions& o) {
+  auto e = Engine::create(*m.model, m.tokenizer.get(), m.eos_token_ids, o);
+  EXPECT_TRUE(e.ok()) << e.status().to_string();
+  return e.ok() ? std::move(e).value() : nullptr;
+}
+
+// Steps until idle; `before_step(engine, step)` may add requests and returns whether more come.
+std::map<RequestId, Outcome> drain(Engine& e, const std::function<bool(Engine&, int)>& before_step = nullptr) {
+  std::map<RequestId, Outcome> out;
+  bool more = true;
+  for (int step = 0; more || e.has_unfinished(); ++step) {
+    more = before_step ? before_step(e, step) : false;
+    auto outputs = e.step();
+    EXPECT_TRUE(outputs.ok()) << outputs.status().to_string();
+    if (!outputs.ok()) break;
+    for (const RequestOutput& o : *outputs) {
+      Outcome& r = out[o.id];
+      EXPECT_EQ(o.logprobs.size(), o.new_token_ids.size());
+      r.tokens.insert(r.tokens.end(), o.new_token_ids.begin(), o.new_token_ids.end());
+      for (const TokenLogprob& lp : o.logprobs) r.logprobs.push_back(lp.logprob);
+      r.text += o.text;
+      if (o.finished) {
+        r.reason = o.finish_reason;
+        EXPECT_EQ(o.num_generated_tokens, static_cast<int>(r.tokens.size()));
+        EXPECT_EQ(o.timing.token_times.size(), r.tokens.size());
+      }
+    }
+    if (step > 100000) {
+      ADD_FAILURE() << "the engine does not finish";
+      break;
+    }
+  }
+  const Status leaks = e.check_no_leaks();
+  EXPECT_TRUE(leaks.ok()) << leaks.to_string();
+  EXPECT_EQ(e.stats().kv_blocks_used, 0);
+  return out;
+}
+
+std::vector<Outcome> run_all(Engine& e, const std::vector<Case>& cases) {
+  std::vector<RequestId> ids;
+  for (const Case& c : cases) {
+    auto id = e.add_request(c.prompt, c.params);
+    EXPECT_TRUE(id.ok()) << id.status().to_string();
+    ids.push_back(*id);
+  }
+  auto out = drain(e);
+  std::vector<Outcome> r;
+  for (RequestId id : ids) r.push_back(out[id]);
+  return r;
+}
+
+void expect_same(const std::vector<Outcome>& got, const std::vector<Outcome>& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].tokens, want[i].tokens) << what << ": request " << i;
+    EXPECT_EQ(got[i].text, want[i].text) << what << ": request " << i;
+    EXPECT_EQ(got[i].reason, want[i].reason) << what << ": request " << i;
+    ASSERT_EQ(got[i].logprobs.size(), want[i].logprobs.size()) << what << ": request " << i;
+    for (size_t t = 0; t < got[i].logprobs.size(); ++t) {
+      EXPECT_NEAR(got[i].logprobs[t], want[i].logprobs[t], 1e-3) << what << ": request " << i << " token " << t;
+    }
+  }
+}
+
+class SpecEngineTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    target_ = new LoadedModel(load_or_die(testing::source_dir() + "/models/tachyon-demo"));
+    draft_ = new LoadedModel(load_or_die(testing::source_dir() + "/models/tachyon-demo-draft"));
+    auto code = read_text_file(testing::source_dir() + "/tests/data/eval/code.txt");
+    auto prose = read_text_file(testing::source_dir() + "/tests/data/eval/prose.txt");
+    ASSERT_TRUE(code.ok() && prose.ok());
+    cases_ = new std::vector<Case>();
+    for (int i = 0; i < 5; ++i) {
+      const std::string& src = i % 2 == 0 ? *code : *prose;
+      Case c;
+      c.prompt = target_->tokenizer->encode(src.substr(static_cast<size_t>(i) * 7919 % (src.size() - 600),
+                                                       static_cast<size_t>(60 + 45 * i)));
+      c.params.sampling.temperature = 0.0f;
+      c.params.max_tokens = 17 + 5 * i;  // rarely a multiple of K + 1: max_tokens cuts a verified draft
+      cases_->push_back(c);
+    }
+    plain_ = new std::vector<Outcome>(run_plain(*cases_));
+    // A stop string from inside request 1's plain output: generation must end at the same token
+    // and text whichever step's draft the string falls in.
+    ASSERT_GE((*plain_)[1].tokens.size(), 12u);
+    const std::string& text = (*plain_)[1].text;
+    const size_t at = text.size() / 2;
+    Case stopped = (*cases_)[1];
+    stopped.params.stop = {text.substr(at, 3)};
+    cases_->push_back(stopped);
+    plain_->push_back(run_plain({stopped})[0]);
+    ASSERT_EQ(plain_->back().reason, FinishReason::kStop);
+  }
+  static void TearDownTestSuite() {
+    delete plain_;
+    delete cases_;
+    delete draft_;
+    delete target_;
+  }
+
+  static std::vector<Outcome> run_plain(const std::vector<Case>& cases) {
+    auto e = make_engine(*target_, small_options());
+    return run_all(*e, cases);
+  }
+
+  static LoadedModel* target_;
+  static LoadedModel* draft_;
+  static std::vector<Case>* cases_;
+  static std::vector<Outcome>* plain_;
+};
+
+LoadedModel* SpecEngineTest::target_ = nullptr;
+LoadedModel* SpecEngineTest::draft_ = nullptr;
+std::vector<Case>* SpecEngineTest::cases_ = nullptr;
+std::vector<Outcome>* SpecEngineTest::plain_ = nullptr;
+
+TEST_F(SpecEngineTest, GreedyWithTheDraftModelEqualsPlainForEveryK) {
+  for (int k = 0; k <= 8; ++k) {  // 0: the controller's dynamic K
+    EngineOptions o = small_options();
+    o.spec = spec_options(SpecMethod::kDraftModel, draft_->model.get(), k);
+    auto e = make_engine(*target_, o);
+    ASSERT_NE(e, nullptr);
+    expect_same(run_all(*e, *cases_), *plain_, "draft K " + std::to_string(k));
+    const SpecStats s = e->stats().spec;
+    EXPECT_EQ(s.proposer, "draft");
+    EXPECT_GT(s.num_verify_steps, 0) << "K " << k;
+    EXPECT_GT(s.num_accepted, 0) << "K " << k;                // the pair was trained to agree
+    EXPECT_LT(s.num_accepted, s.num_proposed) << "K " << k;   // and rejections happen
+    EXPECT_LE(s.num_emitted, s.num_accepted + s.num_verify_steps);
+  }
+}
+
+TEST_F(SpecEngineTest, GreedyWithNgramLookupEqualsPlainForEveryK) {
+  for (int k = 0; k <= 8; ++k) {
+    EngineOptions o = small_options();
+    o.spec = spec_options(SpecMethod::kNgram, nullptr, k);
+    auto e = make_engine(*target_, o);
+    ASSERT_NE(e, nullptr);
+    expect_same(run_all(*e, *cases_), *plain_, "ngram K " + std::to_string(k));
+    const SpecStats s = e->stats().spec;
+    EXPECT_EQ(s.proposer, "ngram");
+    EXPECT_GT(s.num_proposed, 0) << "K " << k;
+    EXPECT_LE(s.num_accepted, s.num_proposed);
+  }
+}
+
+// New requests arrive every step, so prompt chunks share steps with verify chunks; a request with
+// max_tokens 1 or 2 never speculates (plain decodes in the same batch); a cache too small for all
+// of them preempts sequences that hold drafts. Outputs stay those of plain greedy decoding.
+TEST_F(SpecEngineTest, MixedBatchOfSpeculativeAndPlainRequestsUnderPreemption) {
+  std::vector<Case> cases = *cases_;
+  for (int i = 0; i < 6; ++i) {
+    Case c = (*cases_)[static_cast<size_t>(i) % cases_->size()];
+    c.params.max_tokens = i % 3 == 0 ? 1 : i % 3 == 1 ? 2 : 30;
+    c.prompt.resize(c.prompt.size() - static_cast<size_t>(i));
+    cases.push_back(c);
+  }
+  const std::vector<Outcome> want = [&] {
+    auto e = make_engine(*target_, small_options(16));
+    return run_all(*e, cases);
+  }();
+  for (bool small_cache : {false, true}) {
+    EngineOptions o = small_options(16);
+    if (small_cache) {
+      o.max_model_len = 192;
+      o.num_kv_blocks = 12;  // 192 tokens for 12 requests that need ~1300
+      o.max_batched_tokens = 64;
+      o.prefix_caching = false;
+    }
+    o.spec = spec_options(SpecMethod::kDraftModel, draft_->model.get(), 0);
+    auto e = make_engine(*target_, o);
+    ASSERT_NE(e, nullptr);
+    std::vector<RequestId> ids;
+    int mixed_steps = 0;
+    int64_t verify_before = 0, prompt_before = 0;
+    auto out = drain(*e, [&](Engine& eng, int step) {
+      const EngineStats st = eng.stats();
+      if (st.spec.num_verify_steps > verify_before && st.prompt_tokens_computed > prompt_before) ++mixed_steps;
+      verify_before = st.spec.num_verify_steps;
+      prompt_before = st.prompt_tokens_computed;
+      if (static_cast<size_t>(step) < cases.size()) {
+        auto id = eng.add_request(cases[static_cast<size_t>(step)].prompt, cases[static_cast<size_t>(step)].params);
+        EXPECT_TRUE(id.ok()) << id.status().to_string();
+        ids.push_back(*id);
+      }
+      return ids.size() < cases.size();
+    });
+    std::vector<Outcome> got;
+    for (RequestId id : ids) got.push_back(out[id]);
+    expect_same(got, want, small_cache ? "mixed, small cache" : "mixed");
+    EXPECT_GT(mixed_steps, 0) << "no step verified drafts while running prompt chunks";
+    if (small_cache) {
+      EXPECT_GT(e->stats().num_preemptions, 0);
+    }
+  }
+}
+
+// K/V storage of one position of a sequence, every layer, K then V.
+std::vector<float> kv_at(Engine& e, const BlockTable& table, int position) {
+  KvCache& cache = e.kv_cache();
+  const KvCacheConfig& c = cache.config();
+  const int64_t row = static_cast<int64_t>(c.num_kv_heads) * c.head_dim;
+  std::vector<float> out;
+  for (int l = 0; l < c.num_layers; ++l) {
+    for (Tensor* t : {&cache.k(l), &cache.v(l)}) {
+      const float* p = t->data<float>() + static_cast<int64_t>(table.slot(position)) * row;
+      out.insert(out.end(), p, p + row);
+    }
+  }
+  return out;
+}
+
+// After every speculative step, the request's table and K/V are those of a plain run at the same
+// tokens: same number of positions and blocks, the same K/V at every position; the rejected
+// drafts' positions are gone.
+TEST_F(SpecEngineTest, RejectedPositionsAreRolledBackToWhatAPlainRunHolds) {
+  for (SpecMethod method : {SpecMethod::kDraftModel, SpecMethod::kNgram}) {
+    SCOPED_TRACE(spec_method_name(method));
+    EngineOptions o = small_options(1);
+    o.prefix_caching = false;
+    EngineOptions so = o;
+    so.spec = spec_options(method, draft_->model.get(), 4);
+    auto spec = make_engine(*target_, so);
+    auto plain = make_engine(*target_, o);
+    Case c = (*cases_)[2];
+    c.params.max_tokens = 60;
+    const RequestId a = *spec->add_request(c.prompt, c.params);
+    const RequestId b = *plain->add_request(c.prompt, c.params);
+    int compared = 0;
+    while (spec->has_unfinished()) {
+      ASSERT_TRUE(spec->step().ok());
+      const Sequence* sa = spec->find_sequence(a);
+      if (sa == nullptr || sa->state() != SequenceState::kDecoding) continue;
+      const Sequence* sb = plain->find_sequence(b);
+      while (sb != nullptr && sb->num_tokens() < sa->num_tokens()) {
+        ASSERT_TRUE(plain->step().ok());
+        sb = plain->find_sequence(b);
+      }
+      ASSERT_NE(sb, nullptr);
+      ASSERT_TRUE(std::equal(sa->tokens().begin(), sa->tokens().end(), sb->tokens().begin(), sb->tokens().end()));
+      ASSERT_EQ(sa->num_computed(), sb->num_computed());
+      ASSERT_EQ(sa->block_table().num_tokens(), sb->block_table().num_tokens());
+      ASSERT_EQ(sa->block_table().blocks().size(), sb->block_table().blocks().size());
+      ASSERT_EQ(sa->block_table().num_tokens(), sa->num_computed());
+      for (int p = 0; p < sa->num_computed(); ++p) {
+        const std::vector<float> ka = kv_at(*spec, sa->block_table(), p), kb = kv_at(*plain, sb->block_table(), p);
+        float worst = 0.0f;
+        for (size_t i = 0; i < ka.size(); ++i) worst = std::max(worst, std::fabs(ka[i] - kb[i]));
+        ASSERT_LE(worst, 1e-4f) << "position " << p << " of " << sa->num_computed();
+      }
+      ++compared;
+      const Status leaks = spec->check_no_leaks();
+      ASSERT_TRUE(leaks.ok()) << leaks.to_string();
+    }
+    const SpecStats s = spec->stats().spec;
+    EXPECT_GT(compared, 3);
+    EXPECT_LT(s.num_accepted, s.num_proposed) << "no draft token was ever rejected: nothing rolled back";
+    while (plain->has_unfinished()) ASSERT_TRUE(plain->step().ok());
+    for (Engine* e : {spec.get(), plain.get()}) {
+      const Status leaks = e->check_no_leaks();
+      EXPECT_TRUE(leaks.ok()) << leaks.to_string();
+      EXPECT_EQ(e->stats().kv_blocks_used, 0);
+    }
+  }
+}
+
+// The draft model's own cache: after the target rejected its drafts, it keeps only what agrees
+// with the sequence and drafts exactly what a fresh proposer (which never saw them) drafts.
+TEST_F(SpecEngineTest, DraftModelCacheCatchesUpWithoutTheRejectedTokens) {
+  DraftModelOptions o;
+  o.num_kv_blocks = 64;
+  o.max_model_len = 512;
+  o.linear_mode = ops::LinearMode::kBatchInvariant;
+  auto used = DraftModelProposer::create(*draft_->model, o);
+  ASSERT_TRUE(used.ok()) << used.status().to_string();
+  SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  const int vocab = target_->model->config().vocab_size;
+  Sampler sampler = *Sampler::create(greedy, vocab);
+  std::vector<int32_t> seq = (*cases_)[0].prompt;
+  std::vector<Draft> drafts;
+  DraftRequest r{7, seq, 5, &sampler};
+  ASSERT_TRUE((*used)->propose({&r, 1}, drafts).ok());
+  ASSERT_EQ(drafts[0].tokens.size(), 5u);
+  EXPECT_EQ((*used)->num_cached_tokens(7), static_cast<int>(seq.size()) + 4);
+  // The target kept two drafts and chose another token than the third.
+  seq.insert(seq.end(), drafts[0].tokens.begin(), drafts[0].tokens.begin() + 2);
+  seq.push_back((drafts[0].tokens[2] + 1) % vocab);
+  r.tokens = seq;
+  ASSERT_TRUE((*used)->propose({&r, 1}, drafts).ok());
+  auto fresh = DraftModelProposer::create(*draft_->model, o);
+  ASSERT_TRUE(fresh.ok());
+  std::vector<Draft> fresh_drafts;
+  ASSERT_TRUE((*fresh)->propose({&r, 1}, fresh_drafts).ok());
+  EXPECT_EQ(drafts[0].tokens, fresh_drafts[0].tokens);
+  EXPECT_EQ((*used)->num_cached_tokens(7), static_cast<int>(seq.size()) + 4);
+  (*used)->release(7);
+  (*fresh)->release(7);
+  EXPECT_TRUE((*used)->check_no_leaks().ok());
+  EXPECT_TRUE((*fresh)->check_no_leaks().ok());
+  EXPECT_EQ((*used)->num_cached_tokens(7), -1);
+}
+
+// The exact law of the first `depth` generated tokens of `prompt` under `params`, from one forward
+// per prefix: outcome (t1, ..., t_depth) -> probability.
+std::map<std::vector<int32_t>, double> exact_law(const LlamaModel& model, const std::vector<int32_t>& prompt,
+                                                 const SamplingParams& params, int depth) {
+  const int vocab = model.config().vocab_size;
+  KvCacheConfig kc;
+  kc.num_layers = model.config().num_layers;
+  kc.num_kv_heads = model.config().num_kv_heads;
+  kc.head_dim = model.config().head_dim;
+  kc.num_blocks = 64;
+  KvCache cache = *KvCache::create(kc);
+  BlockManager blocks(BlockManagerOptions{kc.num_blocks, kc.block_size, false});
+  Sampler sampler(params);
+  std::map<std::vector<int32_t>, double> law{{{}, 1.0}};
+  Tensor logits;
+  std::vector<float> p;
+  for (int d = 0; d < depth; ++d) {
+    std::map<std::vector<int32_t>, double> next;
+    for (const auto& [prefix, mass] : law) {
+      std::vector<int32_t> tokens = prompt;
+      tokens.insert(tokens.end(), prefix.begin(), prefix.end());
+      BlockTable table(kc.block_size);
+      EXPECT_TRUE(blocks.grow_to(table, static_cast<int>(tokens.size())).ok());
+      SequenceChunk c{&table, 0, tokens, LogitsWanted::kLast};
+      EXPECT_TRUE(model.forward(build_forward_batch({c}), cache, logits).ok());
+      blocks.free(table);
+      TokenCounts history;
+      history.add_prompt(prompt);
+      for (int32_t t : prefix) history.add_output(t);
+      EXPECT_TRUE(sampler.probabilities(logits.data<float>(), vocab, history, p).ok());
+      for (int t = 0; t < vocab; ++t) {
+        if (p[static_cast<size_t>(t)] <= 0.0f) continue;
+        std::vector<int32_t> longer = prefix;
+        longer.push_back(t);
+        next[longer] = mass * p[static_cast<size_t>(t)];
+      }
+    }
+    law = std::move(next);
+  }
+  return law;
+}
+
+// Sampling stays lossless through the engine: over many seeded requests the first four generated
+// tokens (one plain sample, then drafts verified with K up to 2 and the bonus token) follow the
+// target's exact joint law. top-k 2 keeps the outcome space at 16; a frequency penalty makes
+// the verifier's per-row history matter.
+TEST_F(SpecEngineTest, SampledOutputKeepsTheTargetDistribution) {
+  // Code that repeats itself, so that n-gram lookup finds drafts too; cut to 49 tokens, so that
+  // after the first request only the last one is not in the prefix caches (cost stays low).
+  std::vector<int32_t> prompt = target_->tokenizer->encode(
+      "for (int i = 0; i < n; ++i) {\n  a[i] = b[i] + c[i];\n}\nfor (int i = 0; i < n; ++i) {\n  a[i] = b[i]");
+  ASSERT_GE(prompt.size(), 49u);
+  prompt.resize(49);
+  SamplingParams sp;
+  sp.temperature = 2.0f;  // flat enough that every outcome is seen
+  sp.top_k = 2;
+  sp.frequency_penalty = 1.0f;
+  constexpr int kDepth = 4;
+  const auto law = exact_law(*target_->model, prompt, sp, kDepth);
+  double total = 0.0;
+  for (const auto& [o, pr] : law) total += pr;
+  ASSERT_NEAR(total, 1.0, 1e-4);
+  for (SpecMethod method : {SpecMethod::kDraftModel, SpecMethod::kNgram}) {
+    SCOPED_TRACE(spec_method_name(method));
+    EngineOptions o = small_options(64);
+    o.max_model_len = 64;
+    o.num_kv_blocks = 5 * 64;
+    o.max_batched_tokens = 2048;
+    o.batch_invariant = false;  // not needed for a law, and faster
+    // K fixed: the controller would turn speculation off for a batch this large.
+    o.spec = spec_options(method, draft_->model.get(), 2);
+    auto e = make_engine(*target_, o);
+    ASSERT_NE(e, nullptr);
+    constexpr int kRequests = 800;
+    std::vector<Case> cases(kRequests);
+    for (int i = 0; i < kRequests; ++i) {
+      cases[static_cast<size_t>(i)].prompt = prompt;
+      GenerationParams& g = cases[static_cast<size_t>(i)].params;
+      g.sampling = sp;
+      g.sampling.seed = 1000 + static_cast<uint64_t>(i);
+      g.max_tokens = kDepth;
+      g.ignore_eos = true;
+      g.detokenize = false;
+    }
+    std::map<std::vector<int32_t>, int64_t> counts;
+    for (const Outcome& r : run_all(*e, cases)) {
+      ASSERT_EQ(r.tokens.size(), static_cast<size_t>(kDepth));
+      ASSERT_TRUE(law.count(r.tokens)) << "an outcome the target cannot produce";
+      ++counts[r.tokens];
+    }
+    const SpecStats s = e->stats().spec;
+    EXPECT_GT(s.num_accepted, 0);
+    EXPECT_LT(s.num_accepted, s.num_proposed);
+    // Pearson's chi-square over outcomes expected at least 5 times, the rest pooled.
+    double stat = 0.0, pooled_e = 0.0;
+    int64_t pooled_n = 0;
+    int cells = 0;
+    for (const auto& [outcome, pr] : law) {
+      const double expected = pr * kRequests;
+      const int64_t n = counts.count(outcome) ? counts[outcome] : 0;
+      if (expected < 5.0) {
+        pooled_e += expected;
+        pooled_n += n;
+        continue;
+      }
+      stat += (n - expected) * (n - expected) / expected;
+      ++cells;
+    }
+    if (pooled_e >= 5.0) {
+      stat += (pooled_n - pooled_e) * (pooled_n - pooled_e) / pooled_e;
+      ++cells;
+    }
+    ASSERT_GE(cells, 4);
+    EXPECT_GT(testing::chi_square_p_value(stat, cells - 1), 1e-4) << "chi2 " << stat << " over " << cells << " cells";
+  }
+}
+
+TEST_F(SpecEngineTest, BadOptionsAreClearErrors) {
+  const auto error_of = [&](const SpecDecodeOptions& s) {
+    EngineOptions o = small_options();
+    o.spec = s;
+    auto e = Engine::create(*target_->model, target_->tokenizer.get(), target_->eos_token_ids, o);
+    EXPECT_FALSE(e.ok());
+    return e.ok() ? std::string() : e.status().to_string();
+  };
+  SpecDecodeOptions s = spec_options(SpecMethod::kNgram, nullptr, 9);
+  EXPECT_NE(error_of(s).find("--spec-k 9"), std::string::npos) << error_of(s);
+  s = spec_options(SpecMethod::kNgram, nullptr, -1);
+  EXPECT_NE(error_of(s).find("--spec-k -1"), std::string::npos);
+  s = spec_options(SpecMethod::kNgram, nullptr, 0);
+  s.k_max = 0;
+  EXPECT_NE(error_of(s).find("--spec-k-max 0"), std::string::npos);
+  s = spec_options(SpecMethod::kDraftModel, nullptr, 2);
+  EXPECT_NE(error_of(s).find("no draft model"), std::string::npos);
+  LoadedModel other = load_or_die("synthetic:tiny");
+  s = spec_options(SpecMethod::kDraftModel, other.model.get(), 2);
+  EXPECT_NE(error_of(s).find("vocabulary has 512 tokens, the target's 8192"), std::string::npos) << error_of(s);
+}
+
+TEST_F(SpecEngineTest, MetricsExportTheAcceptanceFigures) {
+  EngineOptions o = small_options();
+  o.spec = spec_options(SpecMethod::kDraftModel, draft_->model.get(), 3);
+  auto e = make_engine(*target_, o);
+  run_all(*e, {(*cases_)[0]});
+  const SpecStats s = e->stats().spec;
+  ASSERT_GT(s.num_proposed, 0);
+  server::ServerMetrics metrics;
+  metrics.set_engine_stats(e->stats());
+  const std::string text = metrics.render();
+  EXPECT_NE(text.find("tachyon_spec_proposed_tokens_total{proposer=\"draft\"} " + std::to_string(s.num_proposed)),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("tachyon_spec_accepted_tokens_total{proposer=\"draft\"} " + std::to_string(s.num_accepted)),
+            std::string::npos);
+  EXPECT_NE(text.find("# TYPE tachyon_spec_acceptance_rate gauge"), std::string::npos);
+  EXPECT_NE(text.find("tachyon_spec_mean_accepted_length{proposer=\"draft\"}"), std::string::npos);
+  server::ServerMetrics off;
+  off.set_engine_stats(EngineStats{});
+  EXPECT_EQ(off.render().find("tachyon_spec_"), std::string::npos);
+}
+
+// stories260K (../shared): the model drafts for itself (every draft accepted) and n-gram lookup;
+// greedy output equals plain greedy for K = 1..8.
+TEST(SpecEngineStories, GreedyEqualsPlainWithSelfDraftAndNgram) {
+  TACHYON_SKIP_WITHOUT_SHARED(shared);
+  LoadedModel m = load_or_die(shared + "/models/stories260K");
+  std::vector<Case> cases;
+  for (const char* text : {"Once upon a time", "Lily and Ben went to the park. Lily and Ben", "The sun"}) {
+    Case c;
+    c.prompt = m.tokenizer->encode(text);
+    c.params.sampling.temperature = 0.0f;
+    c.params.max_tokens = 45;
+    cases.push_back(c);
+  }
+  EngineOptions base = small_options();
+  const std::vector<Outcome> want = [&] {
+    auto e = make_engine(m, base);
+    return run_all(*e, cases);
+  }();
+  for (SpecMethod method : {SpecMethod::kDraftModel, SpecMethod::kNgram}) {
+    for (int k = 1; k <= 8; ++k) {
+      EngineOptions o = base;
+      o.spec = spec_options(method, m.model.get(), k);
+      auto e = make_engine(m, o);
+      ASSERT_NE(e, nullptr);
+      expect_same(run_all(*e, cases), want, std::string(spec_method_name(method)) + " K " + std::to_string(k));
+      const SpecStats s = e->stats().spec;
+      if (method == SpecMethod::kDraftModel) {
+        EXPECT_EQ(s.num_accepted, s.num_proposed) << "a self-draft is always right";
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tachyon
