@@ -86,10 +86,22 @@ Result<std::unique_ptr<Engine>> Engine::create(const LlamaModel& model, const To
   kv.dtype = kv_dtype;
   kv.device = device;
   const int64_t blocks_per_seq = (max_model_len + options.block_size - 1) / options.block_size;
+  // A draft model's cache has as many blocks as the target's: a memory budget pays for both.
+  KvCacheConfig budgeted = kv;
+  if (options.spec.method == SpecMethod::kDraftModel && options.spec.draft_model != nullptr) {
+    const ModelConfig& d = options.spec.draft_model->config();
+    KvCacheConfig draft = kv;
+    draft.num_layers = d.num_layers;
+    draft.num_kv_heads = d.num_kv_heads;
+    draft.head_dim = d.head_dim;
+    budgeted.num_layers = 1;
+    budgeted.num_kv_heads = 1;
+    budgeted.head_dim = static_cast<int>((kv.bytes_per_token() + draft.bytes_per_token()) / (2 * dtype_size(kv.dtype)));
+  }
   if (options.num_kv_blocks > 0) {
     kv.num_blocks = options.num_kv_blocks;
   } else if (options.kv_cache_bytes > 0) {
-    kv.num_blocks = kv.blocks_for_budget(options.kv_cache_bytes);
+    kv.num_blocks = budgeted.blocks_for_budget(options.kv_cache_bytes);
   } else {
     const double fraction = options.kv_cache_fraction > 0.0 ? options.kv_cache_fraction : device.is_cpu() ? 0.25 : 0.9;
     if (!(fraction > 0.0 && fraction <= 0.95)) {
@@ -102,7 +114,7 @@ Result<std::unique_ptr<Engine>> Engine::create(const LlamaModel& model, const To
     }
     const size_t budget = static_cast<size_t>(static_cast<double>(available) * fraction);
     const int64_t wanted = blocks_per_seq * options.max_seqs;
-    kv.num_blocks = static_cast<int>(std::min<int64_t>(wanted, kv.blocks_for_budget(budget)));
+    kv.num_blocks = static_cast<int>(std::min<int64_t>(wanted, budgeted.blocks_for_budget(budget)));
   }
   if (kv.num_blocks < 1) {
     return make_error(ErrorCode::kOutOfMemory, "kv cache: the budget holds no block of {} bytes", kv.bytes_per_block());

@@ -510,6 +510,25 @@ TEST_F(SpecEngineTest, BadOptionsAreClearErrors) {
   EXPECT_NE(error_of(s).find("vocabulary has 512 tokens, the target's 8192"), std::string::npos) << error_of(s);
 }
 
+// A memory budget pays for the target's cache and the draft's (as many blocks each).
+TEST_F(SpecEngineTest, KvBudgetPaysForTheDraftCacheToo) {
+  EngineOptions o = small_options();
+  o.num_kv_blocks = 0;
+  o.kv_dtype = DType::kF32;
+  const ModelConfig& t = target_->model->config();
+  const ModelConfig& d = draft_->model->config();
+  const size_t target_block = 2ull * t.num_layers * t.num_kv_heads * t.head_dim * 4 * 16;
+  const size_t draft_block = 2ull * d.num_layers * d.num_kv_heads * d.head_dim * 4 * 16;
+  o.kv_cache_bytes = 100 * (target_block + draft_block) + target_block / 2;
+  auto plain = make_engine(*target_, o);
+  ASSERT_TRUE(plain);
+  EXPECT_EQ(plain->stats().kv_blocks_total, static_cast<int>(o.kv_cache_bytes / target_block));
+  o.spec = spec_options(SpecMethod::kDraftModel, draft_->model.get(), 2);
+  auto spec = make_engine(*target_, o);
+  ASSERT_TRUE(spec);
+  EXPECT_EQ(spec->stats().kv_blocks_total, 100);
+}
+
 TEST_F(SpecEngineTest, MetricsExportTheAcceptanceFigures) {
   EngineOptions o = small_options();
   o.spec = spec_options(SpecMethod::kDraftModel, draft_->model.get(), 3);
