@@ -14,7 +14,8 @@ asyncio over raw sockets (HTTP/1.1, chunked SSE parsing by hand) to keep its own
 With --bench-binary, `tachyon bench` then runs the same workload in-process (after the HTTP run,
 so the two never compete for the CPU; give it the engine options the server got, after --) and
 the comparison is printed: output tokens/s of each, and the mean inter-token latency and TTFT
-the server adds.
+the server adds. Against a server started with --stream-timestamps, the latency that delivery adds
+to every token (engine hand-over to the client's parse) is measured directly, p50/p99/max.
 """
 import argparse
 import asyncio
@@ -50,6 +51,7 @@ class Result:
     def __init__(self):
         self.start = 0.0
         self.token_times = []  # arrival time of each token (tokens of one event share its time)
+        self.delivery = []     # per token: arrival - the server's hand-over (--stream-timestamps)
         self.end = 0.0
         self.error = None
 
@@ -81,6 +83,7 @@ async def one_request(host, port, path, body, result):
             buffer += await reader.readexactly(size)
             await reader.readexactly(2)  # CRLF after the chunk
             now = time.perf_counter()
+            now_monotonic = time.monotonic()
             while b"\n\n" in buffer:
                 event, buffer = buffer.split(b"\n\n", 1)
                 if not event.startswith(b"data: "):
@@ -96,6 +99,8 @@ async def one_request(host, port, path, body, result):
                     lp = choice.get("logprobs")
                     n = len(lp["tokens"]) if lp else 0
                     result.token_times.extend([now] * n)
+                    if "tachyon_handed_over" in obj:
+                        result.delivery.extend([now_monotonic - obj["tachyon_handed_over"]] * n)
         result.end = time.perf_counter()
     finally:
         writer.close()
@@ -202,6 +207,14 @@ def main():
     }
     # The server's own view (engine clock, warm-up requests included): what is left of the client's
     # figures is delivery (formatting, sockets, the client's parsing).
+    delivery = [d for r in ok for d in r.delivery]
+    if delivery:
+        # The server ran with --stream-timestamps: the time from the engine loop handing a token
+        # over to this client parsing it (both clocks CLOCK_MONOTONIC of this host).
+        out["delivery_ms"] = summary_ms(delivery)
+        print(f"delivery (engine hand-over -> client): {len(delivery)} tokens | p50 "
+              f"{out['delivery_ms']['p50']:.3f} ms | p99 {out['delivery_ms']['p99']:.3f} ms | max "
+              f"{out['delivery_ms']['max']:.3f} ms")
     out["server_side"] = {"ttft_mean_ms": histogram_mean_ms(before["ttft"], after["ttft"]),
                           "tpot_mean_ms": histogram_mean_ms(before["tpot"], after["tpot"]),
                           "prefix_hit_tokens": after["prefix"][0] - before["prefix"][0]}

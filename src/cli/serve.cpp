@@ -32,6 +32,7 @@ struct ServeArgs {
   int io_threads = 2;
   double keep_alive_timeout = 65.0;
   std::string dtype = "bf16";
+  bool stream_timestamps = false;
 };
 
 // The -m path's last component: "models/tachyon-demo/" -> "tachyon-demo".
@@ -89,6 +90,7 @@ int run_serve(ServeArgs& a) {
   context.max_model_len = (*engine)->max_model_len();
   context.vocab_size = m.model->config().vocab_size;
   context.max_choices = a.max_waiting;
+  context.stream_timestamps = a.stream_timestamps;
 
   server::ServerMetrics metrics;
   server::AsyncEngineOptions ao;
@@ -132,6 +134,8 @@ void add_serve(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--chat-template", a->chat_template, "Jinja chat template file (default: the model's, else ChatML)");
   cmd->add_option("--max-body", a->max_body, "largest request body, e.g. 8MiB (default 8MiB)");
   cmd->add_option("--max-waiting", a->max_waiting, "requests waiting to run before new ones get 503 (default 1024)");
+  cmd->add_flag("--stream-timestamps", a->stream_timestamps,
+                "add \"tachyon_handed_over\" (CLOCK_MONOTONIC seconds) to streamed chunks, for delivery benchmarks");
   cmd->add_option("--request-timeout", a->request_timeout, "seconds before a request is aborted; 0 = never (default 600)");
   cmd->add_option("--io-threads", a->io_threads, "threads for network I/O (default 2)");
   cmd->add_option("--keep-alive-timeout", a->keep_alive_timeout, "seconds an idle connection stays open (default 65)");

@@ -65,6 +65,8 @@ struct RequestOutput {
   int num_cached_tokens = 0;           // prompt tokens served from the prefix cache
   int num_preemptions = 0;
   RequestTiming timing;                // filled when finished
+  double handed_over_at = 0.0;         // set by a consumer that queues outputs (the server): the
+                                       // CLOCK_MONOTONIC second it took this one from the engine
 };
 
 }  // namespace tachyon

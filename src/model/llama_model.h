@@ -69,7 +69,8 @@ class LlamaModel {
     std::shared_ptr<void> graph;
   };
 
-  static constexpr size_t kMaxDecodeGraphs = 256;
+  // Each graph keeps [tokens, vocab] f32 logits on the device: bound what shapes that come and go hold.
+  static constexpr size_t kMaxDecodeGraphs = 64;
 
   ModelConfig config_;
   ModelWeights weights_;

@@ -1,5 +1,7 @@
 #include "server/async_engine.h"
 
+#include <chrono>
+
 #include "core/log.h"
 
 namespace tachyon::server {
@@ -18,6 +20,8 @@ std::vector<RequestOutput> RequestStream::take() {
 }
 
 void RequestStream::push(RequestOutput output) {
+  output.handed_over_at =
+      std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
   std::function<void()> notify;
   {
     std::lock_guard lock(mu_);

@@ -175,22 +175,25 @@ void CompletionJob::on_output(size_t index, RequestOutput& o, std::string& event
     const bool with_logprobs = request_.logprobs && !o.logprobs.empty();
     const bool has_content = !o.text.empty() || with_logprobs;
     const std::string lp = with_logprobs ? dump(logprobs_json(c, o.logprobs)) : "null";
+    const std::string stamp = context_.stream_timestamps
+                                  ? fmt::format(R"("tachyon_handed_over":{:.6f},)", o.handed_over_at)
+                                  : std::string();
     if (chat) {
       if (has_content) {
-        events += "data: " + chunk_header() +
+        events += "data: " + chunk_header() + stamp +
                   fmt::format(R"("choices":[{{"index":{},"delta":{{"content":{}}},"logprobs":{},"finish_reason":null}}]}})",
                               index, dump(ojson(o.text)), lp) +
                   "\n\n";
       }
       if (o.finished) {
-        events += "data: " + chunk_header() +
+        events += "data: " + chunk_header() + stamp +
                   fmt::format(R"("choices":[{{"index":{},"delta":{{}},"logprobs":null,"finish_reason":"{}"}}]}})", index,
                               finish_reason_text(o.finish_reason)) +
                   "\n\n";
       }
     } else if (has_content || o.finished) {
       const std::string reason = o.finished ? fmt::format("\"{}\"", finish_reason_text(o.finish_reason)) : "null";
-      events += "data: " + chunk_header() +
+      events += "data: " + chunk_header() + stamp +
                 fmt::format(R"("choices":[{{"index":{},"text":{},"logprobs":{},"finish_reason":{}}}]}})", index,
                             dump(ojson(o.text)), lp, reason) +
                 "\n\n";

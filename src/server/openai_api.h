@@ -51,6 +51,9 @@ struct ServingContext {
   int max_model_len = 0;
   int vocab_size = 0;
   int max_choices = 1024;                 // prompts x n of one request
+  // Streamed chunks carry "tachyon_handed_over": the CLOCK_MONOTONIC second the engine loop
+  // handed their tokens over (a client on the same host measures what delivery adds).
+  bool stream_timestamps = false;
 };
 
 struct PromptInput {

@@ -1,10 +1,13 @@
 """Bounded load: many concurrent streaming requests from one asyncio process (AsyncOpenAI). All
 complete without error, each with exactly its max_tokens; afterwards /metrics shows nothing
 running or waiting and the KV cache empty. Environment: TACHYON_BASE_URL, TACHYON_MODEL_NAME;
-TACHYON_LOAD_CONCURRENCY (default 256)."""
+TACHYON_LOAD_CONCURRENCY (default 256); TACHYON_EXPECT_TIMESTAMPS=1 for a server run with
+--stream-timestamps: every chunk that ends a choice carries the hand-over time, earlier than its
+arrival here on the same monotonic clock and by less than a minute."""
 import asyncio
 import os
 import sys
+import time
 import unittest
 
 import openai
@@ -15,6 +18,7 @@ BASE_URL = os.environ["TACHYON_BASE_URL"]
 MODEL = os.environ["TACHYON_MODEL_NAME"]
 CONCURRENCY = int(os.environ.get("TACHYON_LOAD_CONCURRENCY", "256"))
 MAX_TOKENS = 12
+EXPECT_TIMESTAMPS = os.environ.get("TACHYON_EXPECT_TIMESTAMPS") == "1"
 
 PROMPTS = ["func main() {", "package main\n\nimport", "The quick brown fox", "def parse(line):",
            "SELECT name FROM", "Once upon a time", "#include <stdio.h>", "// Package http provides"]
@@ -32,6 +36,13 @@ async def one(client, i):
     async for chunk in stream:
         if chunk.usage is not None:
             usage = chunk.usage
+        stamp = (chunk.model_extra or {}).get("tachyon_handed_over")
+        if stamp is not None:
+            delay = time.monotonic() - stamp
+            if not 0 <= delay < 60:
+                raise AssertionError(f"request {i}: handed over {delay:.6f} s before arrival")
+        elif EXPECT_TIMESTAMPS and any(c.finish_reason for c in chunk.choices):
+            raise AssertionError(f"request {i}: a final chunk without tachyon_handed_over: {chunk}")
         for c in chunk.choices:
             if i % 2:
                 text += c.text
