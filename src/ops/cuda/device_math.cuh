@@ -17,6 +17,14 @@ constexpr unsigned kFullMask = 0xffffffffu;
 __host__ __device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 __host__ __device__ __forceinline__ int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
+// The splitmix64 finalizer: counter-based random bits (ops/cpu/fill.cpp draws the same).
+__host__ __device__ __forceinline__ uint64_t splitmix64(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
 // Blocks of a grid-stride loop over `total` elements (at least 1, at most 65535).
 inline unsigned grid_for(int64_t total, int threads) {
   return static_cast<unsigned>(max64(1, min64((total + threads - 1) / threads, 65535)));

@@ -37,13 +37,6 @@ __global__ void embedding_kernel(const void* table, DType table_dtype, int64_t t
   for (int64_t i = threadIdx.x; i < d; i += blockDim.x) o[i] = load_as_f32(table, table_dtype, base + i);
 }
 
-__device__ __forceinline__ uint64_t splitmix64(uint64_t z) {
-  z += 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
 __global__ void fill_random_kernel(void* data, DType dtype, int64_t count, uint64_t seed, float lo, float hi) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
