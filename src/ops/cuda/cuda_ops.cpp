@@ -136,12 +136,13 @@ Result<AttentionPlan> plan_paged_attention(const AttentionBatch& batch, int64_t 
   AttentionPlan plan;
   plan.algo = algo;
   if (algo == AttentionAlgo::kDecode) {
-    // Enough blocks for ~4 per SM, each slice at least 128 keys (4 tiles), at most 64 slices.
+    // Enough blocks for ~4 per SM, each slice at least 64 keys (2 tiles), at most 64 slices: at
+    // batch 1 and short contexts the kernel is latency-bound, and more, shorter slices win.
     int64_t keys = batch.max_context_len;
     if (params.sliding_window > 0) keys = std::min<int64_t>(keys, params.sliding_window);
     const int64_t blocks = std::max<int64_t>(1, static_cast<int64_t>(batch.num_seqs) * cache.num_kv_heads);
     const int64_t want = (static_cast<int64_t>(std::max(sm_count, 1)) * 4 + blocks - 1) / blocks;
-    const int64_t by_length = std::max<int64_t>(1, (keys + 127) / 128);
+    const int64_t by_length = std::max<int64_t>(1, (keys + 63) / 64);
     plan.num_splits = static_cast<int>(std::clamp<int64_t>(std::min(want, by_length), 1, 64));
     plan.workspace_bytes =
         detail::decode_workspace_floats(batch.num_seqs, num_heads, cache.head_dim, plan.num_splits) * sizeof(float);
