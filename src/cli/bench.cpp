@@ -309,6 +309,10 @@ int run_bench(BenchArgs& a) {
   j["workload"] = a.workload;
   j["model"] = a.common.model;
   j["weights"] = m.weight_dtypes;
+  // The layers' linear weights as they run: "dense" (as stored), "int8" or "int4-gN" (--quant).
+  j["weight_format"] = a.common.quant.empty()          ? std::string("dense")
+                       : a.common.quant == "int4" ? "int4-g" + std::to_string(a.common.quant_group)
+                                                  : a.common.quant;
   j["device"] = m.model->device().to_string();
   j["threads"] = num_threads();
   j["config"] = {{"num_requests", measured},

@@ -4,8 +4,12 @@
 #include <cmath>
 #include <cstdio>
 
+#include <fmt/format.h>
+
 #include "core/log.h"
 #include "core/thread_pool.h"
+#include "core/timer.h"
+#include "model/quantize_weights.h"
 #if defined(TACHYON_HAS_CUDA)
 #include "ops/cuda/cuda_ops.h"
 #endif
@@ -19,6 +23,12 @@ void add_common_options(CLI::App& cmd, CommonOptions& options) {
   cmd.add_option("-t,--threads", options.threads, "CPU threads (default: all cores)")->check(CLI::NonNegativeNumber);
   cmd.add_option("--device", options.device, "where the model runs: cpu, cuda or cuda:N (default cpu)");
   cmd.add_flag("-v,--verbose", options.verbose, "log what is loaded and which kernels run");
+  cmd.add_option("--quant", options.quant,
+                 "quantize the layers' linear weights when loading: int8 (per channel) or int4 (group-wise, "
+                 "asymmetric); embedding and LM head stay 16-bit. CPU only")
+      ->check(CLI::IsMember({"int8", "int4"}));
+  cmd.add_option("--quant-group", options.quant_group, "inputs per scale of --quant int4: 32, 64 or 128 (default 128)")
+      ->check(CLI::IsMember({32, 64, 128}));
 }
 
 Result<Device> parse_device(const std::string& text) {
@@ -35,6 +45,14 @@ Result<LoadedModel> load(const CommonOptions& options, DType synthetic_dtype) {
   if (options.verbose) set_log_level(LogLevel::kInfo);
   if (options.threads > 0) set_num_threads(options.threads);
   TACHYON_ASSIGN_OR_RETURN(Device device, parse_device(options.device));
+  QuantSpec quant;
+  if (!options.quant.empty()) {
+    TACHYON_ASSIGN_OR_RETURN(quant, parse_quant_spec(options.quant, options.quant_group));
+    if (!device.is_cpu()) {
+      return make_error(ErrorCode::kUnsupported, "--quant {} runs on the CPU only (no {} kernels for --device {} yet)",
+                        options.quant, options.quant, options.device);
+    }
+  }
   if (device.type == DeviceType::kCuda) {
 #if defined(TACHYON_HAS_CUDA)
     TACHYON_RETURN_IF_ERROR(ops::cuda::start_backend(device.index));
@@ -48,7 +66,21 @@ Result<LoadedModel> load(const CommonOptions& options, DType synthetic_dtype) {
   lo.path = options.model;
   lo.synthetic_dtype = synthetic_dtype;
   lo.device = device;
-  return load_model(lo);
+  TACHYON_ASSIGN_OR_RETURN(LoadedModel loaded, load_model(lo));
+  if (options.quant.empty()) return loaded;
+  Timer timer;
+  ModelWeights weights = loaded.model->weights();
+  if (Status s = quantize_linear_weights(weights, quant); !s.ok()) {
+    return make_error(s.code(), "{}: --quant {}: {}", loaded.path, options.quant, s.message());
+  }
+  ModelConfig config = loaded.model->config();
+  loaded.model = std::make_unique<LlamaModel>(std::move(config), std::move(weights));
+  const std::string format = quant.format == QuantFormat::kInt4Group
+                                 ? fmt::format("int4 g{}", quant.group_size)
+                                 : std::string(quant_format_name(quant.format));
+  loaded.weight_dtypes = fmt::format("{} (embedding, lm head: {})", format, loaded.weight_dtypes);
+  TACHYON_LOG_INFO("quantized the linear weights to {} in {:.2f} s", format, timer.seconds());
+  return loaded;
 }
 
 void add_engine_options(CLI::App& cmd, EngineArgs& a) {

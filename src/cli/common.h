@@ -17,6 +17,10 @@ struct CommonOptions {
   std::string device = "cpu";  // cpu, cuda, cuda:N
   int threads = 0;  // 0 = all cores
   bool verbose = false;
+  // Load-time weight quantization of the layers' linear weights: "" (as stored), "int8" (per
+  // channel) or "int4" (group-wise, --quant-group inputs per scale). CPU only for now.
+  std::string quant;
+  int quant_group = 128;
 };
 
 void add_common_options(CLI::App& cmd, CommonOptions& options);
@@ -42,7 +46,8 @@ Result<EngineOptions> engine_options(const EngineArgs& args);
 Result<size_t> parse_bytes(const std::string& text);
 // "cpu", "cuda" (device 0) or "cuda:N".
 Result<Device> parse_device(const std::string& text);
-// Applies threads/verbosity, starts the device's backend, loads the model onto the device.
+// Applies threads/verbosity, starts the device's backend, loads the model onto the device and
+// quantizes its linear weights when --quant asks; weight_dtypes then names the format too.
 Result<LoadedModel> load(const CommonOptions& options, DType synthetic_dtype = DType::kBF16);
 // Prints "tachyon: error: <status>" and returns 1.
 int report(const Status& status);

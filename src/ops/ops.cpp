@@ -17,6 +17,7 @@
 
 #include "ops/cpu/isa.h"
 #include "ops/cpu/kernels.h"
+#include "ops/cpu/quant_linear.h"
 #include "ops/cpu/reference.h"
 #include "ops/cpu/rows.h"
 
@@ -83,6 +84,16 @@ Tensor as_f32_vector(const Tensor& t) {
   return t.to_f32();
 }
 
+// linear's bias, checked ([out] f32/f16/bf16 on the host) and as packed f32; undefined when null.
+Tensor bias_f32(const char* op, const Tensor* bias, int64_t out) {
+  if (bias == nullptr) return Tensor();
+  require_cpu(op, "bias", *bias);
+  require_float(op, "bias", *bias);
+  TACHYON_CHECK(bias->dim() == 1 && bias->size(0) == out, "linear: bias is {}, expected [{}]", bias->shape_string(),
+                out);
+  return as_f32_vector(*bias);
+}
+
 bool use_reference(const char* op) {
   if (ops::cpu::active_isa() != ops::cpu::Isa::kScalar) return false;
   ops::cpu::log_path_once("{}: scalar reference", op);
@@ -133,13 +144,52 @@ std::string backend_info() {
   return line;
 }
 
+namespace {
+
+// linear with a packed weight on the host: int8 per channel or int4 group-wise (GGUF blocks are
+// dequantized when loaded and never reach here). Outputs do not depend on the batch, so both
+// LinearModes run the same kernel.
+void quant_linear(const Tensor& x, const QuantWeight& w, const Tensor* bias, Tensor& y) {
+  constexpr const char* op = "linear";
+  TACHYON_CHECK(w.format == QuantFormat::kInt8Channel || w.format == QuantFormat::kInt4Group,
+                "linear: quantized weights ({}) have no CPU kernel", quant_format_name(w.format));
+  require_cpu(op, "w.packed", w.packed);
+  require_rank(op, "x", x, 2);
+  require_rank(op, "y", y, 2);
+  require_dtype(op, "x", x, DType::kF32);
+  require_dtype(op, "y", y, DType::kF32);
+  require_last_dim_contiguous(op, "x", x);
+  require_last_dim_contiguous(op, "y", y);
+  const int64_t n = x.size(0), in = x.size(1), out = w.out_features;
+  TACHYON_CHECK(w.in_features == in, "linear: x {} and the {} weight [{}, {}] disagree on in_features",
+                x.shape_string(), quant_format_name(w.format), out, w.in_features);
+  TACHYON_CHECK(y.size(0) == n && y.size(1) == out, "linear: y is {}, expected [{}, {}]", y.shape_string(), n, out);
+  const Tensor bias32 = bias_f32(op, bias, out);
+  if (use_reference(op)) {
+    cpu::quant_linear_reference(x, w, bias != nullptr ? &bias32 : nullptr, y);
+    return;
+  }
+  cpu::log_path_once("linear: avx2 {}", quant_format_name(w.format));
+  cpu::QuantLinearArgs a;
+  a.x = x.data<float>();
+  a.x_stride = x.stride(0);
+  a.w = &w;
+  a.bias = bias != nullptr ? bias32.data<float>() : nullptr;
+  a.y = y.data<float>();
+  a.y_stride = y.stride(0);
+  a.n = n;
+  cpu::quant_linear(a);
+}
+
+}  // namespace
+
 void linear(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& y, LinearMode mode) {
   constexpr const char* op = "linear";
   if (Backend* b = device_backend(op, x)) return b->linear(x, w, bias, y, mode);
   require_cpu(op, "x", x);
   require_cpu(op, "y", y);
   TACHYON_CHECK(w.defined(), "linear: weight is undefined");
-  TACHYON_CHECK(!w.quant, "linear: quantized weights ({}) have no CPU kernel yet", quant_format_name(w.quant->format));
+  if (w.quant) return quant_linear(x, *w.quant, bias, y);
   const Tensor& wd = w.dense;
   require_cpu(op, "w", wd);
   require_rank(op, "x", x, 2);
@@ -154,14 +204,7 @@ void linear(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& y, Lin
   const int64_t n = x.size(0), in = x.size(1), out = wd.size(0);
   TACHYON_CHECK(wd.size(1) == in, "linear: x {} and w {} disagree on in_features", x.shape_string(), wd.shape_string());
   TACHYON_CHECK(y.size(0) == n && y.size(1) == out, "linear: y is {}, expected [{}, {}]", y.shape_string(), n, out);
-  Tensor bias32;
-  if (bias != nullptr) {
-    require_cpu(op, "bias", *bias);
-    require_float(op, "bias", *bias);
-    TACHYON_CHECK(bias->dim() == 1 && bias->size(0) == out, "linear: bias is {}, expected [{}]", bias->shape_string(),
-                  out);
-    bias32 = as_f32_vector(*bias);
-  }
+  const Tensor bias32 = bias_f32(op, bias, out);
   if (use_reference(op)) {
     reference::linear(x, w, bias != nullptr ? &bias32 : nullptr, y);
     return;

@@ -1,0 +1,17 @@
+// Load-time quantization of a model's linear layers (`--quant int8|int4`): every layer's
+// q/k/v/o/gate/up/down projection becomes a packed QuantWeight; the embedding and the LM head
+// stay in their 16-bit form (they are the layers most sensitive to rounding, and a tied LM head
+// is the embedding table itself).
+#pragma once
+
+#include "core/status.h"
+#include "model/weights.h"
+#include "quant/quantize.h"
+
+namespace tachyon {
+
+// In place, on the host. Fails (changing nothing) when the weights are on a device (no device
+// kernels for these formats yet), fused (qkv_proj / gate_up_proj) or already quantized.
+Status quantize_linear_weights(ModelWeights& weights, const QuantSpec& spec);
+
+}  // namespace tachyon

@@ -1,0 +1,34 @@
+// y = x · W^T (+ bias) with W in a packed low-bit format (quant/quantize.h defines the layouts
+// and their meaning). Two implementations, never sharing code:
+// - quant_linear_reference: dequantize (quant/quantize.h), then the scalar reference linear. The
+//   oracle of the kernel tests and what runs under TACHYON_ISA=scalar.
+// - quant_linear: AVX2 + FMA (the x86-64 baseline; it also runs when AVX-512 is active). Weights
+//   are decoded in registers, 8 at a time, and multiplied into f32 accumulators; each thread owns
+//   a range of output rows and streams every packed byte from memory once per call. Every token
+//   is accumulated in the same order whatever the batch, so outputs are batch-invariant.
+// Both take checked arguments (ops::linear checks them).
+#pragma once
+
+#include <cstdint>
+
+#include "core/tensor.h"
+#include "quant/quant_weight.h"
+
+namespace tachyon::ops::cpu {
+
+struct QuantLinearArgs {
+  const float* x = nullptr;  // [n, in] f32, rows x_stride apart
+  int64_t x_stride = 0;
+  const QuantWeight* w = nullptr;  // kInt8Channel or kInt4Group, [out, in]
+  const float* bias = nullptr;     // [out] f32, or null
+  float* y = nullptr;              // [n, out] f32, rows y_stride apart
+  int64_t y_stride = 0;
+  int64_t n = 0;
+};
+
+void quant_linear(const QuantLinearArgs& args);
+
+// x [n, in] f32, bias [out] f32 or null, y [n, out] f32 (row strides of the tensors).
+void quant_linear_reference(const Tensor& x, const QuantWeight& w, const Tensor* bias, Tensor& y);
+
+}  // namespace tachyon::ops::cpu

@@ -1,0 +1,178 @@
+// The AVX2 + FMA quantized linear (quant_linear.h). Per output row, 8 packed weights at a time
+// are widened to i32, converted to f32 (int4: minus the group's zero point) and multiplied into
+// f32 accumulators with up to kTokens tokens sharing each decoded vector; int8 applies the row's
+// scale once at the end, int4 each group's scale when the group is done. Threads own blocks of
+// kRowBlock rows: a block's packed rows stay in L1 while every token group passes over them, so
+// each weight byte comes from memory once per call whatever the batch.
+// Every token keeps the same two accumulator chains in the same order for any batch size and any
+// tokens-per-tile, which makes the outputs batch-invariant.
+#include "ops/cpu/quant_linear.h"
+
+#include "core/status.h"
+
+#if defined(__x86_64__)
+
+#include <immintrin.h>
+
+#include <algorithm>
+
+#include "core/thread_pool.h"
+
+namespace tachyon::ops::cpu {
+namespace {
+
+constexpr int64_t kRowBlock = 8;   // rows a thread finishes before moving on
+constexpr int kInt8Tokens = 4;     // tokens per tile: 8 accumulators + 2 weight vectors + x
+constexpr int kInt4Tokens = 3;     // 6 group accumulators + 3 final ones + 4 weight vectors + x
+constexpr int64_t kInt4Block = 32; // weights per 16 packed bytes (quant/quantize.h)
+
+inline float reduce_add(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// y[tok0 .. tok0 + T, o] for int8 per-channel weights (any in: 16, then 8, then scalar steps).
+template <int T>
+void int8_tile(const QuantLinearArgs& a, int64_t o, int64_t tok0) {
+  const QuantWeight& q = *a.w;
+  const int64_t in = q.in_features;
+  const int8_t* w = q.packed.data<int8_t>() + o * in;  // [in] i8
+  const float* xt[T];
+  for (int t = 0; t < T; ++t) xt[t] = a.x + (tok0 + t) * a.x_stride;
+  __m256 acc[T][2];
+  for (int t = 0; t < T; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+  int64_t k = 0;
+  for (; k + 16 <= in; k += 16) {
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + k));
+    const __m256 w0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+    const __m256 w1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)));
+#pragma GCC unroll 4
+    for (int t = 0; t < T; ++t) {
+      acc[t][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xt[t] + k), acc[t][0]);
+      acc[t][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xt[t] + k + 8), acc[t][1]);
+    }
+  }
+  if (k + 8 <= in) {
+    const __m256 w0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + k))));
+    for (int t = 0; t < T; ++t) acc[t][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xt[t] + k), acc[t][0]);
+    k += 8;
+  }
+  const float scale = q.scales.data<float>()[o];
+  for (int t = 0; t < T; ++t) {
+    float sum = reduce_add(_mm256_add_ps(acc[t][0], acc[t][1]));
+    for (int64_t kk = k; kk < in; ++kk) sum += static_cast<float>(w[kk]) * xt[t][kk];
+    float y = sum * scale;
+    if (a.bias != nullptr) y += a.bias[o];
+    a.y[(tok0 + t) * a.y_stride + o] = y;
+  }
+}
+
+// y[tok0 .. tok0 + T, o] for int4 group-wise weights (in is a multiple of the group, itself a
+// multiple of 32).
+template <int T>
+void int4_tile(const QuantLinearArgs& a, int64_t o, int64_t tok0) {
+  const QuantWeight& q = *a.w;
+  const int64_t in = q.in_features, group = q.group_size, groups = in / group;
+  const uint8_t* w = q.packed.data<uint8_t>() + o * (in / 2);  // [in / 2] u8
+  const float* scales = q.scales.data<float>() + o * groups;   // [groups] f32
+  const float* zeros = q.zeros.data<float>() + o * groups;     // [groups] f32
+  const float* xt[T];
+  for (int t = 0; t < T; ++t) xt[t] = a.x + (tok0 + t) * a.x_stride;
+  const __m128i low_nibbles = _mm_set1_epi8(0x0f);
+  __m256 acc[T];
+  for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    const __m256 zero = _mm256_set1_ps(zeros[g]);
+    __m256 gacc[T][2];
+    for (int t = 0; t < T; ++t) gacc[t][0] = gacc[t][1] = _mm256_setzero_ps();
+    for (int64_t k = g * group; k < (g + 1) * group; k += kInt4Block) {
+      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + k / 2));
+      const __m128i lo = _mm_and_si128(b, low_nibbles);                     // weights k .. k + 16
+      const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), low_nibbles);  // weights k + 16 .. k + 32
+      const __m256 w0 = _mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)), zero);
+      const __m256 w1 = _mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))), zero);
+      const __m256 w2 = _mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)), zero);
+      const __m256 w3 = _mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))), zero);
+#pragma GCC unroll 4
+      for (int t = 0; t < T; ++t) {
+        gacc[t][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xt[t] + k), gacc[t][0]);
+        gacc[t][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xt[t] + k + 8), gacc[t][1]);
+        gacc[t][0] = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xt[t] + k + 16), gacc[t][0]);
+        gacc[t][1] = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xt[t] + k + 24), gacc[t][1]);
+      }
+    }
+    const __m256 scale = _mm256_set1_ps(scales[g]);
+    for (int t = 0; t < T; ++t) acc[t] = _mm256_fmadd_ps(scale, _mm256_add_ps(gacc[t][0], gacc[t][1]), acc[t]);
+  }
+  for (int t = 0; t < T; ++t) {
+    float y = reduce_add(acc[t]);
+    if (a.bias != nullptr) y += a.bias[o];
+    a.y[(tok0 + t) * a.y_stride + o] = y;
+  }
+}
+
+// Rows [o_begin, o_end) for all tokens: tiles of TMax tokens, then one smaller tile.
+template <int TMax, template <int> class Tile>
+void run_rows(const QuantLinearArgs& a, int64_t o_begin, int64_t o_end) {
+  for (int64_t r0 = o_begin; r0 < o_end; r0 += kRowBlock) {
+    const int64_t r1 = std::min(o_end, r0 + kRowBlock);
+    int64_t t = 0;
+    for (; t + TMax <= a.n; t += TMax) {
+      for (int64_t o = r0; o < r1; ++o) Tile<TMax>::run(a, o, t);
+    }
+    const int64_t rest = a.n - t;
+    for (int64_t o = r0; o < r1; ++o) {
+      if (rest == 1) Tile<1>::run(a, o, t);
+      if constexpr (TMax > 2) {
+        if (rest == 2) Tile<2>::run(a, o, t);
+      }
+      if constexpr (TMax > 3) {
+        if (rest == 3) Tile<3>::run(a, o, t);
+      }
+    }
+    static_assert(TMax <= 4, "extend the remainder tiles above");
+  }
+}
+
+template <int T>
+struct Int8Tile {
+  static void run(const QuantLinearArgs& a, int64_t o, int64_t tok0) { int8_tile<T>(a, o, tok0); }
+};
+template <int T>
+struct Int4Tile {
+  static void run(const QuantLinearArgs& a, int64_t o, int64_t tok0) { int4_tile<T>(a, o, tok0); }
+};
+
+}  // namespace
+
+void quant_linear(const QuantLinearArgs& a) {
+  const QuantWeight& q = *a.w;
+  const int64_t out = q.out_features;
+  if (a.n == 0 || out == 0) return;
+  const int64_t row_bytes = q.format == QuantFormat::kInt4Group ? q.in_features / 2 : q.in_features;
+  // Whole row blocks, at least ~32 KiB of packed weight per chunk so thread start-up stays small.
+  const int64_t blocks = (out + kRowBlock - 1) / kRowBlock;
+  const int64_t grain = std::max<int64_t>(1, (int64_t{32} << 10) / std::max<int64_t>(1, kRowBlock * row_bytes * a.n));
+  parallel_for(blocks, grain, [&](int64_t b_begin, int64_t b_end) {
+    const int64_t o_begin = b_begin * kRowBlock, o_end = std::min(out, b_end * kRowBlock);
+    switch (q.format) {
+      case QuantFormat::kInt8Channel: run_rows<kInt8Tokens, Int8Tile>(a, o_begin, o_end); break;
+      case QuantFormat::kInt4Group: run_rows<kInt4Tokens, Int4Tile>(a, o_begin, o_end); break;
+      default: TACHYON_CHECK(false, "quant_linear: no kernel for {}", quant_format_name(q.format));
+    }
+  });
+}
+
+}  // namespace tachyon::ops::cpu
+
+#else  // !__x86_64__: active_isa() is kScalar and ops::linear runs quant_linear_reference.
+
+namespace tachyon::ops::cpu {
+void quant_linear(const QuantLinearArgs&) {
+  TACHYON_CHECK(false, "quant_linear: no SIMD kernel in this build (the scalar ISA should be active)");
+}
+}  // namespace tachyon::ops::cpu
+
+#endif  // __x86_64__

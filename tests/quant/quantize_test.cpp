@@ -1,0 +1,246 @@
+// The int8 per-channel and int4 group-wise formats: the rounding error of quantize/dequantize
+// against its bound, bad inputs, and the fast kernel behind ops::linear against the reference
+// "dequantize, then the scalar linear" on fresh random inputs of awkward sizes.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <string>
+
+#include "core/dtype.h"
+#include "core/thread_pool.h"
+#include "ops/cpu/isa.h"
+#include "ops/cpu/quant_linear.h"
+#include "ops/ops.h"
+#include "quant/quantize.h"
+#include "test_util.h"
+
+namespace tachyon {
+namespace {
+
+using ops::cpu::Isa;
+
+// A bf16 weight [out, in] (what the bundled models store) with a few outlier columns, so that
+// scales differ a lot between rows and groups.
+Tensor random_weight(int64_t out, int64_t in, std::mt19937& rng, DType dtype = DType::kBF16) {
+  Tensor w32 = testing::random_tensor({out, in}, rng, -0.1f, 0.1f);
+  for (int64_t o = 0; o < out; ++o) w32.data<float>()[o * in + (o * 7) % in] *= 20.0f;
+  if (dtype == DType::kF32) return w32;
+  Tensor w = Tensor::empty({out, in}, dtype);
+  for (int64_t i = 0; i < out * in; ++i) {
+    w.data<uint16_t>()[i] = dtype == DType::kBF16 ? f32_to_bf16(w32.data<float>()[i]) : f32_to_f16(w32.data<float>()[i]);
+  }
+  return w;
+}
+
+float weight_at(const Tensor& w, int64_t o, int64_t i) {
+  const int64_t k = o * w.stride(0) + i;
+  switch (w.dtype()) {
+    case DType::kF32: return w.data<float>()[k];
+    case DType::kBF16: return bf16_to_f32(w.data<uint16_t>()[k]);
+    default: return f16_to_f32(w.data<uint16_t>()[k]);
+  }
+}
+
+TEST(QuantizeInt8, ErrorWithinHalfAScalePerChannel) {
+  std::mt19937 rng(testing::fresh_seed());
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+    const Tensor w = random_weight(37, 83, rng, dtype);
+    auto q = quantize_int8_channel(w);
+    ASSERT_TRUE(q.ok()) << q.status().to_string();
+    EXPECT_EQ(q->format, QuantFormat::kInt8Channel);
+    EXPECT_EQ(q->packed.dtype(), DType::kI8);
+    const Tensor d = dequantize(*q);
+    for (int64_t o = 0; o < 37; ++o) {
+      const float scale = q->scales.data<float>()[o];
+      float max_abs = 0.0f;
+      for (int64_t i = 0; i < 83; ++i) max_abs = std::max(max_abs, std::fabs(weight_at(w, o, i)));
+      EXPECT_FLOAT_EQ(scale, max_abs / 127.0f);
+      for (int64_t i = 0; i < 83; ++i) {
+        ASSERT_LE(std::fabs(weight_at(w, o, i) - d.data<float>()[o * 83 + i]), scale * 0.5f * (1 + 1e-5f))
+            << dtype_name(dtype) << " row " << o << " col " << i;
+      }
+    }
+  }
+}
+
+TEST(QuantizeInt8, ZeroRowAndRowStride) {
+  Tensor w = Tensor::zeros({3, 16}, DType::kF32);
+  for (int i = 0; i < 16; ++i) w.data<float>()[16 + i] = static_cast<float>(i) - 8.0f;
+  auto q = quantize_int8_channel(w.slice(1, 0, 10));  // rows 16 apart, 10 columns
+  ASSERT_TRUE(q.ok()) << q.status().to_string();
+  EXPECT_EQ(q->in_features, 10);
+  EXPECT_EQ(q->scales.data<float>()[0], 0.0f);
+  const Tensor d = dequantize(*q);
+  for (int i = 0; i < 10; ++i) {
+    EXPECT_EQ(d.data<float>()[i], 0.0f);
+    EXPECT_NEAR(d.data<float>()[10 + i], static_cast<float>(i) - 8.0f, 8.0f / 127.0f / 2.0f);
+  }
+}
+
+TEST(QuantizeInt4, ErrorWithinHalfAScalePerGroup) {
+  std::mt19937 rng(testing::fresh_seed());
+  for (int group : {32, 64, 128}) {
+    const int64_t out = 13, in = 256;
+    const Tensor w = random_weight(out, in, rng);
+    auto q = quantize_int4_group(w, group);
+    ASSERT_TRUE(q.ok()) << q.status().to_string();
+    EXPECT_EQ(q->group_size, group);
+    EXPECT_EQ(q->packed.size(1), in / 2);
+    EXPECT_EQ(q->scales.size(1), in / group);
+    const Tensor d = dequantize(*q);
+    for (int64_t o = 0; o < out; ++o) {
+      for (int64_t g = 0; g < in / group; ++g) {
+        const float scale = q->scales.data<float>()[o * (in / group) + g];
+        const float zero = q->zeros.data<float>()[o * (in / group) + g];
+        EXPECT_EQ(zero, std::nearbyint(zero));
+        EXPECT_GE(zero, 0.0f);
+        EXPECT_LE(zero, 15.0f);
+        float lo = 0.0f, hi = 0.0f;
+        for (int64_t i = g * group; i < (g + 1) * group; ++i) {
+          lo = std::min(lo, weight_at(w, o, i));
+          hi = std::max(hi, weight_at(w, o, i));
+        }
+        EXPECT_FLOAT_EQ(scale, (hi - lo) / 15.0f);
+        for (int64_t i = g * group; i < (g + 1) * group; ++i) {
+          ASSERT_LE(std::fabs(weight_at(w, o, i) - d.data<float>()[o * in + i]), scale * 0.5f * (1 + 1e-4f) + 1e-7f)
+              << "group size " << group << " row " << o << " col " << i;
+        }
+      }
+    }
+  }
+}
+
+// The packed layout itself (quant/quantize.h): byte j of a 32-weight block holds weight j low and
+// weight j + 16 high.
+TEST(QuantizeInt4, PackedLayout) {
+  Tensor w = Tensor::empty({1, 32}, DType::kF32);
+  for (int i = 0; i < 32; ++i) w.data<float>()[i] = static_cast<float>(i % 16);  // 0..15 twice: scale 1, zero 0
+  auto q = quantize_int4_group(w, 32);
+  ASSERT_TRUE(q.ok());
+  EXPECT_FLOAT_EQ(q->scales.data<float>()[0], 1.0f);
+  EXPECT_EQ(q->zeros.data<float>()[0], 0.0f);
+  for (int j = 0; j < 16; ++j) EXPECT_EQ(q->packed.data<uint8_t>()[j], j | (j << 4)) << j;
+}
+
+TEST(Quantize, BadInputsAreErrors) {
+  std::mt19937 rng(testing::fresh_seed());
+  const Tensor w = random_weight(8, 96, rng);
+  auto not_multiple = quantize_int4_group(w, 64);
+  ASSERT_FALSE(not_multiple.ok());
+  EXPECT_NE(not_multiple.status().message().find("not a multiple of the group size 64"), std::string::npos)
+      << not_multiple.status().to_string();
+  EXPECT_FALSE(quantize_int4_group(w, 48).ok());
+  EXPECT_TRUE(quantize_int4_group(w, 32).ok());
+  const Tensor ints = Tensor::zeros({8, 32}, DType::kI32);
+  auto not_float = quantize_int8_channel(ints);
+  ASSERT_FALSE(not_float.ok());
+  EXPECT_NE(not_float.status().message().find("expected f32, f16 or bf16"), std::string::npos);
+  EXPECT_FALSE(quantize_int4_group(ints, 32).ok());
+  EXPECT_FALSE(quantize_int8_channel(Tensor::zeros({32}, DType::kF32)).ok());
+  Tensor nan = Tensor::zeros({2, 32}, DType::kF32);
+  nan.data<float>()[40] = std::nanf("");
+  EXPECT_FALSE(quantize_int8_channel(nan).ok());
+  EXPECT_FALSE(quantize_int4_group(nan, 32).ok());
+  EXPECT_FALSE(parse_quant_spec("int3", 128).ok());
+  EXPECT_FALSE(parse_quant_spec("int4", 100).ok());
+  Weight dense;
+  dense.dense = w;
+  auto once = quantize_weight(dense, QuantSpec{QuantFormat::kInt8Channel, 0});
+  ASSERT_TRUE(once.ok());
+  EXPECT_LT(once->nbytes(), dense.nbytes());
+  EXPECT_FALSE(quantize_weight(*once, QuantSpec{QuantFormat::kInt8Channel, 0}).ok());
+}
+
+// x [n, in] and y [n, out] are views with row strides larger than their widths, y starts as NaN
+// (an output the kernel forgets stays NaN) and the columns past `out` must stay untouched.
+void expect_kernel_matches_reference(const QuantWeight& q, int64_t n, bool with_bias, std::mt19937& rng) {
+  const int64_t in = q.in_features, out = q.out_features;
+  const Tensor x_storage = testing::random_tensor({n, in + 5}, rng);
+  const Tensor x = x_storage.slice(1, 2, 2 + in);
+  const Tensor bias = testing::random_tensor({out}, rng);
+  Tensor expected = Tensor::empty({n, out}, DType::kF32);
+  ops::cpu::quant_linear_reference(x, q, with_bias ? &bias : nullptr, expected);
+  const Tensor dense = dequantize(q);
+  Weight w;
+  w.quant = std::make_shared<const QuantWeight>(q);
+  for (Isa isa : {Isa::kAvx2, Isa::kAvx512}) {
+    if (!ops::cpu::isa_supported(isa)) continue;
+    ops::cpu::set_isa(isa);
+    for (ops::LinearMode mode : {ops::LinearMode::kFastest, ops::LinearMode::kBatchInvariant}) {
+      Tensor y_storage = Tensor::empty({n, out + 3}, DType::kF32);
+      for (int64_t i = 0; i < y_storage.numel(); ++i) y_storage.data<float>()[i] = std::nanf("");
+      Tensor y = y_storage.slice(1, 0, out);
+      ops::linear(x, w, with_bias ? &bias : nullptr, y, mode);
+      for (int64_t t = 0; t < n; ++t) {
+        for (int64_t o = 0; o < out; ++o) {
+          // f32 accumulation against the reference's double: at most ~in roundings of the
+          // running sum, each within 2^-24 of sum |w x|.
+          double abs_sum = with_bias ? std::fabs(bias.data<float>()[o]) : 0.0;
+          for (int64_t i = 0; i < in; ++i) {
+            abs_sum += std::fabs(static_cast<double>(dense.data<float>()[o * in + i]) * x.data<float>()[t * x.stride(0) + i]);
+          }
+          const float got = y.data<float>()[t * y.stride(0) + o];
+          ASSERT_TRUE(std::isfinite(got)) << "token " << t << " row " << o;
+          ASSERT_NEAR(got, expected.data<float>()[t * out + o], 1.2e-7 * static_cast<double>(in + 8) * abs_sum + 1e-6)
+              << quant_format_name(q.format) << " " << ops::cpu::isa_name(isa) << " n=" << n << " token " << t
+              << " row " << o;
+        }
+        for (int64_t c = out; c < out + 3; ++c) ASSERT_TRUE(std::isnan(y_storage.data<float>()[t * (out + 3) + c]));
+      }
+    }
+    ops::cpu::clear_isa_override();
+  }
+}
+
+TEST(QuantLinear, Int8KernelMatchesReference) {
+  std::mt19937 rng(testing::fresh_seed());
+  for (int threads : {1, 2}) {
+    const int saved = num_threads();
+    set_num_threads(threads);
+    for (int64_t in : {8, 29, 96, 264}) {
+      for (int64_t n : {1, 3, 17}) {
+        auto q = quantize_int8_channel(random_weight(67, in, rng));
+        ASSERT_TRUE(q.ok());
+        expect_kernel_matches_reference(*q, n, n != 3, rng);
+      }
+    }
+    set_num_threads(saved);
+  }
+}
+
+TEST(QuantLinear, Int4KernelMatchesReference) {
+  std::mt19937 rng(testing::fresh_seed());
+  for (int threads : {1, 2}) {
+    const int saved = num_threads();
+    set_num_threads(threads);
+    for (int group : {32, 64, 128}) {
+      for (int64_t n : {1, 3, 17}) {
+        auto q = quantize_int4_group(random_weight(61, 3 * group, rng), group);
+        ASSERT_TRUE(q.ok()) << q.status().to_string();
+        expect_kernel_matches_reference(*q, n, n == 17, rng);
+      }
+    }
+    set_num_threads(saved);
+  }
+}
+
+// TACHYON_ISA=scalar (here: the scalar override) runs the reference, bit for bit.
+TEST(QuantLinear, ScalarIsaRunsTheReference) {
+  std::mt19937 rng(testing::fresh_seed());
+  auto q = quantize_int4_group(random_weight(9, 64, rng), 32);
+  ASSERT_TRUE(q.ok());
+  const Tensor x = testing::random_tensor({2, 64}, rng);
+  Tensor expected = Tensor::empty({2, 9}, DType::kF32), y = Tensor::empty({2, 9}, DType::kF32);
+  ops::cpu::quant_linear_reference(x, *q, nullptr, expected);
+  Weight w;
+  w.quant = std::make_shared<const QuantWeight>(*q);
+  ops::cpu::set_isa(Isa::kScalar);
+  ops::linear(x, w, nullptr, y);
+  ops::cpu::clear_isa_override();
+  for (int i = 0; i < 18; ++i) EXPECT_EQ(y.data<float>()[i], expected.data<float>()[i]);
+}
+
+}  // namespace
+}  // namespace tachyon
