@@ -586,3 +586,46 @@ TEST(SpecEngineStories, GreedyEqualsPlainWithSelfDraftAndNgram) {
 
 }  // namespace
 }  // namespace tachyon
+
+namespace tachyon {
+namespace {
+
+// Every family of the transformers conformance fixtures (GQA, QKV bias, q/k norm, sliding window,
+// tied embeddings, llama3 rope scaling): speculative greedy output equals plain greedy, with the
+// n-gram proposer (whose drafts are often rejected) and the model as its own draft, K 1..8.
+TEST(SpecEngineFixtures, GreedyEqualsPlainOnEveryFamily) {
+  for (const char* name : {"llama", "llama3-scaled", "llama-tied", "qwen2", "qwen3", "mistral"}) {
+    LoadedModel m = load_or_die(testing::source_dir() + "/tests/fixtures/models/" + name);
+    const int vocab = m.model->config().vocab_size;
+    std::vector<Case> cases;
+    for (int variant = 0; variant < 2; ++variant) {
+      Case c;
+      for (int i = 0; i < 24; ++i) c.prompt.push_back(3 + (i % (5 + variant)) * 7 % (vocab - 3));  // repeats
+      c.params.sampling.temperature = 0.0f;
+      c.params.max_tokens = 24;
+      c.params.ignore_eos = true;
+      c.params.detokenize = false;
+      cases.push_back(c);
+    }
+    EngineOptions base = small_options();
+    base.max_model_len = std::min(base.max_model_len, m.model->config().max_position_embeddings);
+    auto plain = make_engine(m, base);
+    ASSERT_NE(plain, nullptr) << name;
+    const std::vector<Outcome> want = run_all(*plain, cases);
+    for (SpecMethod method : {SpecMethod::kNgram, SpecMethod::kDraftModel}) {
+      for (int k : {1, 2, 5, 8}) {
+        EngineOptions o = base;
+        o.spec = spec_options(method, m.model.get(), k);
+        auto e = make_engine(m, o);
+        ASSERT_NE(e, nullptr) << name;
+        expect_same(run_all(*e, cases), want,
+                    std::string(name) + " " + spec_method_name(method) + " K " + std::to_string(k));
+        EXPECT_GT(e->stats().spec.num_proposed, 0) << name << " proposed nothing";
+        EXPECT_TRUE(e->check_no_leaks().ok()) << name;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tachyon
