@@ -212,9 +212,8 @@ Status LlamaModel::forward(const ForwardBatch& batch, KvCache& cache, Tensor& lo
   return ops::synchronize(device());
 }
 
-Status LlamaModel::forward_on_device(const ForwardBatch& host_batch, KvCache& cache, Tensor& logits,
+Status LlamaModel::forward_on_device(const ForwardBatch& batch, KvCache& cache, Tensor& logits,
                                      const ForwardOptions& options) const {
-  const ForwardBatch& batch = host_batch;
   const ops::LinearMode mode = options.linear_mode;
   const ModelConfig& c = config_;
   const int64_t n = batch.token_ids.size(0);
