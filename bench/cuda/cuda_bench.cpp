@@ -205,7 +205,14 @@ Status bench_gemv(cu::LinearContext& ctx, double copy_gbps, nlohmann::json& out,
 
 struct AttentionRow {
   int batch, context, splits;
+  bool tensor_cores;
   double us, gbps;
+};
+
+struct PrefillRow {
+  int tokens;
+  bool tensor_cores;
+  double us, tflops;
 };
 
 Status bench_attention(double copy_gbps, nlohmann::json& out, std::vector<AttentionRow>& rows, const Options& opt) {
@@ -259,25 +266,105 @@ Status bench_attention(double copy_gbps, nlohmann::json& out, std::vector<Attent
       b.max_context_len = context;
       tachyon::AttentionParams params;
       params.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-      TACHYON_ASSIGN_OR_RETURN(auto plan, cu::plan_paged_attention(b, heads, cache, params, sms));
-      TACHYON_ASSIGN_OR_RETURN(auto ws, cu::DeviceBuffer::allocate(std::max<size_t>(plan.workspace_bytes, 16), "ws"));
-      auto body = [&](int i, cu::Stream st) {
-        cu::AttentionBatch bl = b;
-        bl.block_tables = d_tables.as<int32_t>() + static_cast<int64_t>(i % layers) * batch * blocks_per_seq;
-        return cu::paged_attention(plan, q.as<float>(), heads * head_dim, head_dim, heads, cache, bl, params,
-                                   o.as<float>(), heads * head_dim, head_dim, ws.data(), ws.bytes(), st);
-      };
-      TACHYON_ASSIGN_OR_RETURN(double ms, time_graph_ms(body, layers, std::max(layers, 40), 5));
-      AttentionRow r{batch, context, plan.num_splits, ms * 1e3, kv_bytes / (ms * 1e-3) / 1e9};
-      rows.push_back(r);
-      list.push_back({{"batch", batch}, {"context", context}, {"heads", heads}, {"kv_heads", kv_heads},
-                      {"head_dim", head_dim}, {"cache", "bf16"}, {"splits", plan.num_splits}, {"kv_bytes", kv_bytes},
-                      {"us", r.us}, {"gbps", r.gbps}, {"fraction_of_copy", r.gbps / copy_gbps}});
-      std::fprintf(stderr, "attention decode batch %2d ctx %5d (%d splits): %8.2f us %7.1f GB/s (%.0f%% of copy)\n",
-                   batch, context, plan.num_splits, r.us, r.gbps, 100.0 * r.gbps / copy_gbps);
+      TACHYON_ASSIGN_OR_RETURN(auto planned, cu::plan_paged_attention(b, heads, cache, params, sms));
+      TACHYON_ASSIGN_OR_RETURN(auto ws, cu::DeviceBuffer::allocate(std::max<size_t>(planned.workspace_bytes, 16), "ws"));
+      // The planner's kernel, and the CUDA-core kernel beside it when the planner chose tensor cores.
+      for (bool tensor_cores : {true, false}) {
+        if (tensor_cores && !planned.tensor_cores) continue;
+        cu::AttentionPlan plan = planned;
+        plan.tensor_cores = tensor_cores;
+        auto body = [&](int i, cu::Stream st) {
+          cu::AttentionBatch bl = b;
+          bl.block_tables = d_tables.as<int32_t>() + static_cast<int64_t>(i % layers) * batch * blocks_per_seq;
+          return cu::paged_attention(plan, q.as<float>(), heads * head_dim, head_dim, heads, cache, bl, params,
+                                     o.as<float>(), heads * head_dim, head_dim, ws.data(), ws.bytes(), st);
+        };
+        TACHYON_ASSIGN_OR_RETURN(double ms, time_graph_ms(body, layers, std::max(layers, 40), 5));
+        AttentionRow r{batch, context, plan.num_splits, tensor_cores, ms * 1e3, kv_bytes / (ms * 1e-3) / 1e9};
+        rows.push_back(r);
+        list.push_back({{"batch", batch}, {"context", context}, {"heads", heads}, {"kv_heads", kv_heads},
+                        {"head_dim", head_dim}, {"cache", "bf16"}, {"splits", plan.num_splits},
+                        {"tensor_cores", tensor_cores}, {"kv_bytes", kv_bytes}, {"us", r.us}, {"gbps", r.gbps},
+                        {"fraction_of_copy", r.gbps / copy_gbps}});
+        std::fprintf(stderr,
+                     "attention decode batch %2d ctx %5d (%d splits, %s): %8.2f us %7.1f GB/s (%.0f%% of copy)\n",
+                     batch, context, plan.num_splits, tensor_cores ? "tensor cores" : "CUDA cores", r.us, r.gbps,
+                     100.0 * r.gbps / copy_gbps);
+      }
     }
   }
   out["attention_decode"] = list;
+  return Status::Ok();
+}
+
+// Causal prefill attention of one sequence (Llama-3-8B heads, bf16 cache, shuffled blocks):
+// FLOPs 4 * head_dim * heads * (tokens * (tokens + 1) / 2) (QK^T and P·V over the causal half).
+Status bench_attention_prefill(double matmul_tflops, nlohmann::json& out, std::vector<PrefillRow>& rows) {
+  const int64_t heads = 32, kv_heads = 8, head_dim = 128, block_size = 16;
+  TACHYON_ASSIGN_OR_RETURN(int sms, cu::current_sm_count());
+  nlohmann::json list = nlohmann::json::array();
+  std::mt19937 rng(12);
+  for (int tokens : {512, 2048, 8192}) {
+    const int64_t blocks = (tokens + block_size - 1) / block_size;
+    const size_t cache_elems = static_cast<size_t>(blocks * block_size * kv_heads * head_dim);
+    TACHYON_ASSIGN_OR_RETURN(auto k, cu::DeviceBuffer::allocate(cache_elems * 2, "k cache"));
+    TACHYON_ASSIGN_OR_RETURN(auto v, cu::DeviceBuffer::allocate(cache_elems * 2, "v cache"));
+    TACHYON_RETURN_IF_ERROR(cu::fill_random(k.data(), DType::kBF16, static_cast<int64_t>(cache_elems), 31, -1.f, 1.f, nullptr));
+    TACHYON_RETURN_IF_ERROR(cu::fill_random(v.data(), DType::kBF16, static_cast<int64_t>(cache_elems), 32, -1.f, 1.f, nullptr));
+    std::vector<int32_t> ids(static_cast<size_t>(blocks));
+    std::iota(ids.begin(), ids.end(), 0);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    const std::vector<int32_t> query_start = {0, tokens}, context_lens = {tokens};
+    TACHYON_ASSIGN_OR_RETURN(auto d_tables, cu::DeviceBuffer::allocate(ids.size() * 4, "block tables"));
+    TACHYON_ASSIGN_OR_RETURN(auto d_qs, cu::DeviceBuffer::allocate(8, "query_start"));
+    TACHYON_ASSIGN_OR_RETURN(auto d_ctx, cu::DeviceBuffer::allocate(4, "context_lens"));
+    TACHYON_RETURN_IF_ERROR(cu::copy_to_device(d_tables.data(), ids.data(), ids.size() * 4));
+    TACHYON_RETURN_IF_ERROR(cu::copy_to_device(d_qs.data(), query_start.data(), 8));
+    TACHYON_RETURN_IF_ERROR(cu::copy_to_device(d_ctx.data(), context_lens.data(), 4));
+    const int64_t q_elems = static_cast<int64_t>(tokens) * heads * head_dim;
+    TACHYON_ASSIGN_OR_RETURN(auto q, cu::DeviceBuffer::allocate(q_elems * 4, "q"));
+    TACHYON_ASSIGN_OR_RETURN(auto o, cu::DeviceBuffer::allocate(q_elems * 4, "out"));
+    TACHYON_RETURN_IF_ERROR(cu::fill_random(q.data(), DType::kF32, q_elems, 33, -1.f, 1.f, nullptr));
+    cu::KvCacheView cache;
+    cache.k = k.data();
+    cache.v = v.data();
+    cache.dtype = DType::kBF16;
+    cache.num_blocks = blocks;
+    cache.block_size = block_size;
+    cache.num_kv_heads = kv_heads;
+    cache.head_dim = head_dim;
+    cu::AttentionBatch b;
+    b.num_seqs = 1;
+    b.query_start = d_qs.as<int32_t>();
+    b.context_lens = d_ctx.as<int32_t>();
+    b.block_tables = d_tables.as<int32_t>();
+    b.max_blocks_per_seq = blocks;
+    b.max_query_len = tokens;
+    b.max_context_len = tokens;
+    tachyon::AttentionParams params;
+    params.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+    TACHYON_ASSIGN_OR_RETURN(auto planned, cu::plan_paged_attention(b, heads, cache, params, sms));
+    const double flops = 4.0 * head_dim * heads * (static_cast<double>(tokens) * (tokens + 1) / 2);
+    for (bool tensor_cores : {true, false}) {
+      if (tensor_cores && !planned.tensor_cores) continue;
+      cu::AttentionPlan plan = planned;
+      plan.tensor_cores = tensor_cores;
+      auto body = [&](int, cu::Stream st) {
+        return cu::paged_attention(plan, q.as<float>(), heads * head_dim, head_dim, heads, cache, b, params,
+                                   o.as<float>(), heads * head_dim, head_dim, nullptr, 0, st);
+      };
+      const int iters = tokens >= 8192 ? 3 : 10;
+      TACHYON_ASSIGN_OR_RETURN(double ms, time_graph_ms(body, 1, iters, 3));
+      PrefillRow r{tokens, tensor_cores, ms * 1e3, flops / (ms * 1e-3) / 1e12};
+      rows.push_back(r);
+      list.push_back({{"tokens", tokens}, {"heads", heads}, {"kv_heads", kv_heads}, {"head_dim", head_dim},
+                      {"cache", "bf16"}, {"tensor_cores", tensor_cores}, {"flops", flops}, {"us", r.us},
+                      {"tflops", r.tflops}, {"fraction_of_matmul", r.tflops / matmul_tflops}});
+      std::fprintf(stderr, "attention prefill %5d tokens (%s): %9.1f us %6.1f TFLOP/s (%.0f%% of matmul)\n", tokens,
+                   tensor_cores ? "tensor cores" : "CUDA cores", r.us, r.tflops, 100.0 * r.tflops / matmul_tflops);
+    }
+  }
+  out["attention_prefill"] = list;
   return Status::Ok();
 }
 
@@ -325,6 +412,8 @@ int main(int argc, char** argv) {
   if (Status s = bench_gemv(**ctx, *copy, out, gemv_rows, opt); !s.ok()) return fail(s);
   std::vector<AttentionRow> attn_rows;
   if (Status s = bench_attention(*copy, out, attn_rows, opt); !s.ok()) return fail(s);
+  std::vector<PrefillRow> prefill_rows;
+  if (Status s = bench_attention_prefill(*tflops, out, prefill_rows); !s.ok()) return fail(s);
 
   // Llama-3-8B's linears for one decoded token at n = 1: 32 layers x (q, k, v, o, gate, up, down) + lm head.
   double step_us = 0.0, step_bytes = 0.0;
@@ -359,10 +448,15 @@ int main(int argc, char** argv) {
   }
   std::printf("Llama-3-8B linears, 1 token: %.1f us/token = %.1f GB/s (%.0f%% of copy)\n", step_us,
               step_bytes / (step_us * 1e-6) / 1e9, 100.0 * step_bytes / (step_us * 1e-6) / 1e9 / *copy);
-  std::printf("%-30s %6s %9s %8s %6s\n", "decode attention (bf16 KV)", "splits", "us", "GB/s", "%copy");
+  std::printf("%-30s %6s %-13s %9s %8s %6s\n", "decode attention (bf16 KV)", "splits", "kernel", "us", "GB/s", "%copy");
   for (const AttentionRow& r : attn_rows) {
-    std::printf("batch %2d context %5d %14d %9.2f %8.1f %5.0f%%\n", r.batch, r.context, r.splits, r.us, r.gbps,
-                100.0 * r.gbps / *copy);
+    std::printf("batch %2d context %5d %14d %-13s %9.2f %8.1f %5.0f%%\n", r.batch, r.context, r.splits,
+                r.tensor_cores ? "tensor cores" : "CUDA cores", r.us, r.gbps, 100.0 * r.gbps / *copy);
+  }
+  std::printf("%-30s %-13s %9s %8s %6s\n", "prefill attention (bf16 KV)", "kernel", "us", "TFLOP/s", "%mm");
+  for (const PrefillRow& r : prefill_rows) {
+    std::printf("causal, %5d tokens %11s %-13s %9.1f %8.1f %5.0f%%\n", r.tokens, "",
+                r.tensor_cores ? "tensor cores" : "CUDA cores", r.us, r.tflops, 100.0 * r.tflops / *tflops);
   }
   return 0;
 }

@@ -271,6 +271,13 @@ Status LlamaModel::forward_decode_on_device(const ForwardBatch& batch, KvCache& 
 
   const GraphKey key{cache.id(), n, width, static_cast<int>(options.linear_mode)};
   std::lock_guard<std::mutex> lock(graphs_mutex_);
+  ops::Backend* backend = ops::backend_for(dev);
+  if (backend->scratch_epoch() != graphs_epoch_) {
+    // A workspace that captured graphs write to was replaced (a larger shape grew it): they would
+    // touch freed memory. Capture again as shapes come.
+    for (auto& [k, g] : graphs_) g.graph.reset();
+    graphs_epoch_ = backend->scratch_epoch();
+  }
   auto it = graphs_.find(key);
   if (it == graphs_.end()) {
     // Shapes come and go with the batch: keep the memory they hold bounded.
@@ -283,7 +290,6 @@ Status LlamaModel::forward_decode_on_device(const ForwardBatch& batch, KvCache& 
     TACHYON_RETURN_IF_ERROR(upload_into(padded, it->second.input));
   }
   DecodeGraph& g = it->second;
-  ops::Backend* backend = ops::backend_for(dev);
   if (g.graph) {
     TACHYON_RETURN_IF_ERROR(backend->replay(g.graph));
   } else {

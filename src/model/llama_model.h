@@ -77,6 +77,7 @@ class LlamaModel {
   RopeTable rope_;
   mutable std::mutex graphs_mutex_;
   mutable std::map<GraphKey, DecodeGraph> graphs_;
+  mutable uint64_t graphs_epoch_ = 0;  // the backend's scratch_epoch() the graphs were captured at
 };
 
 }  // namespace tachyon

@@ -41,6 +41,9 @@ class Backend {
   virtual Status begin_capture() = 0;
   virtual Result<std::shared_ptr<void>> end_capture() = 0;  // an opaque executable graph
   virtual Status replay(const std::shared_ptr<void>& graph) = 0;
+  // Changes whenever the backend replaces a scratch buffer that captured graphs may point at
+  // (workspaces grown for a larger shape): graphs captured before a change must not be replayed.
+  virtual uint64_t scratch_epoch() const { return 0; }
 };
 
 // Registers (null: removes) the backend of a device type.

@@ -1,6 +1,7 @@
 // CUDA paged attention == the scalar reference's paged attention (which tests/ops ties to textbook
 // attention over contiguous K/V): mixed batches (prefill chunks and decode rows) through the
 // prefill kernel, all-decode batches through the split-K decode kernel at several split counts,
+// each on the tensor-core kernels where the planner picks them and on the CUDA-core kernels,
 // GQA group sizes 1..8, odd head dims, sliding windows, f32/f16/bf16 caches, block sizes 16 and
 // 5, shuffled block tables. Cache slots a query must not read (unowned blocks, keys before a
 // window) hold NaN, and released blocks are -1 in the table, so reading them shows up.
@@ -115,6 +116,23 @@ Batch build(const Scenario& sc, std::mt19937& rng) {
     b.meta.max_context_len = std::max(b.meta.max_context_len, s.context_len);
   }
   return b;
+}
+
+// Tolerance for a plan: the CUDA-core kernels compute in f32 on the cache's values (tight); the
+// tensor-core kernels round the scaled query and the softmax weights to the cache's 16-bit type.
+double tolerance(const cu::AttentionPlan& plan, DType cache_dtype, double f32_tol) {
+  if (!plan.tensor_cores) return f32_tol;
+  return cache_dtype == DType::kBF16 ? 2e-2 : 4e-3;
+}
+
+// The plan as made, and (when it chose tensor cores) the same plan on the CUDA-core kernels.
+std::vector<cu::AttentionPlan> both_kernels(const cu::AttentionPlan& plan) {
+  std::vector<cu::AttentionPlan> plans = {plan};
+  if (plan.tensor_cores) {
+    plans.push_back(plan);
+    plans.back().tensor_cores = false;
+  }
+  return plans;
 }
 
 Tensor reference(const Batch& b) {
@@ -244,12 +262,76 @@ TEST(CudaPagedAttention, PrefillKernelMatchesReference) {
   for (const Scenario& sc : scenarios(rng, false)) {
     const Batch b = build(sc, rng);
     const DeviceBatch d(b);
-    auto plan = cu::plan_paged_attention(d.batch, sc.num_heads, d.cache, b.params, sm_count());
-    ASSERT_TRUE(plan.ok()) << plan.status().to_string();
-    ASSERT_EQ(plan->algo, cu::AttentionAlgo::kPrefill) << sc.describe();
-    Tensor out;
-    ASSERT_TRUE(run(b, d, *plan, false, &out)) << sc.describe();
-    ASSERT_TRUE(all_close(out, reference(b), 2e-5, "prefill " + sc.describe()));
+    auto planned = cu::plan_paged_attention(d.batch, sc.num_heads, d.cache, b.params, sm_count());
+    ASSERT_TRUE(planned.ok()) << planned.status().to_string();
+    ASSERT_EQ(planned->algo, cu::AttentionAlgo::kPrefill) << sc.describe();
+    const Tensor expected = reference(b);
+    for (const cu::AttentionPlan& plan : both_kernels(*planned)) {
+      Tensor out;
+      ASSERT_TRUE(run(b, d, plan, false, &out)) << sc.describe();
+      ASSERT_TRUE(all_close(out, expected, tolerance(plan, sc.cache_dtype, 2e-5), plan.describe() + " " + sc.describe()));
+    }
+  }
+}
+
+// The planner picks the tensor-core kernels exactly where they apply (16-bit cache, head_dim 64
+// or 128, sm_80+), and a tensor-core plan for a cache they cannot read is an error, not a launch.
+TEST(CudaPagedAttention, TensorCoresArePlannedWhereTheyApply) {
+  TACHYON_SKIP_WITHOUT_GPU();
+  auto cc = cu::current_compute_capability();
+  ASSERT_TRUE(cc.ok()) << cc.status().to_string();
+  std::mt19937 rng(7);
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (int hd : {48, 64, 128, 256}) {
+      Scenario sc;
+      sc.head_dim = hd;
+      sc.cache_dtype = dtype;
+      sc.seqs = {{40, 5}, {9, 1}};
+      const Batch b = build(sc, rng);
+      const DeviceBatch d(b);
+      auto plan = cu::plan_paged_attention(d.batch, sc.num_heads, d.cache, b.params, sm_count());
+      ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+      const bool expect = *cc >= 80 && dtype != DType::kF32 && (hd == 64 || hd == 128);
+      EXPECT_EQ(plan->tensor_cores, expect) << sc.describe();
+      if (dtype == DType::kF32 || (hd != 64 && hd != 128)) {
+        cu::AttentionPlan forced = *plan;
+        forced.tensor_cores = true;
+        Tensor out;
+        EXPECT_FALSE(run(b, d, forced, false, &out)) << sc.describe();
+      }
+    }
+  }
+}
+
+// Long prefills (several 64-row query tiles and 64-key tiles, the causal diagonal inside and
+// across tiles, chunks that start mid-context) on the shapes the tensor-core kernels serve.
+TEST(CudaPagedAttention, TensorCorePrefillOnLongChunks) {
+  TACHYON_SKIP_WITHOUT_GPU();
+  const uint32_t seed = testing::fresh_seed();
+  SCOPED_TRACE(fmt::format("seed {} (TACHYON_TEST_SEED={} reproduces)", seed, seed));
+  std::mt19937 rng(seed);
+  for (DType dtype : {DType::kBF16, DType::kF16}) {
+    for (int hd : {64, 128}) {
+      for (int window : {0, 100}) {
+        Scenario sc;
+        sc.num_heads = 8;
+        sc.num_kv_heads = 2;
+        sc.head_dim = hd;
+        sc.cache_dtype = dtype;
+        sc.sliding_window = window;
+        sc.seqs = {{517, 517}, {700, 131}, {64, 64}, {200, 1}, {129, 65}};
+        const Batch b = build(sc, rng);
+        const DeviceBatch d(b);
+        auto planned = cu::plan_paged_attention(d.batch, sc.num_heads, d.cache, b.params, sm_count());
+        ASSERT_TRUE(planned.ok()) << planned.status().to_string();
+        const Tensor expected = reference(b);
+        for (const cu::AttentionPlan& plan : both_kernels(*planned)) {
+          Tensor out;
+          ASSERT_TRUE(run(b, d, plan, false, &out)) << sc.describe();
+          ASSERT_TRUE(all_close(out, expected, tolerance(plan, dtype, 2e-5), plan.describe() + " " + sc.describe()));
+        }
+      }
+    }
   }
 }
 
@@ -265,23 +347,29 @@ TEST(CudaPagedAttention, DecodeKernelMatchesReferenceAtEverySplitCount) {
     auto planned = cu::plan_paged_attention(d.batch, sc.num_heads, d.cache, b.params, sm_count());
     ASSERT_TRUE(planned.ok()) << planned.status().to_string();
     ASSERT_EQ(planned->algo, cu::AttentionAlgo::kDecode) << sc.describe();
-    for (int splits : {0, 1, 3, 8, 64}) {  // 0: as planned
-      cu::AttentionPlan plan = *planned;
-      if (splits > 0) {
-        plan.num_splits = splits;
-        plan.workspace_bytes = static_cast<size_t>(b.meta.num_seqs) * splits * sc.num_heads * (sc.head_dim + 2) * 4;
+    for (const cu::AttentionPlan& kernel : both_kernels(*planned)) {
+      for (int splits : {0, 1, 3, 8, 64}) {  // 0: as planned
+        cu::AttentionPlan plan = kernel;
+        if (splits > 0) {
+          plan.num_splits = splits;
+          plan.workspace_bytes = static_cast<size_t>(b.meta.num_seqs) * splits * sc.num_heads * (sc.head_dim + 2) * 4;
+        }
+        Tensor out;
+        ASSERT_TRUE(run(b, d, plan, false, &out)) << sc.describe();
+        ASSERT_TRUE(all_close(out, expected, tolerance(plan, sc.cache_dtype, 5e-5),
+                              fmt::format("decode {} {}", plan.describe(), sc.describe())));
       }
-      Tensor out;
-      ASSERT_TRUE(run(b, d, plan, false, &out)) << sc.describe();
-      ASSERT_TRUE(all_close(out, expected, 5e-5, fmt::format("decode {} {}", plan.describe(), sc.describe())));
     }
     // The prefill kernel serves decode rows too, and agrees.
     auto prefill = cu::plan_paged_attention(d.batch, sc.num_heads, d.cache, b.params, sm_count(),
                                             cu::AttentionAlgo::kPrefill);
     ASSERT_TRUE(prefill.ok()) << prefill.status().to_string();
-    Tensor out;
-    ASSERT_TRUE(run(b, d, *prefill, false, &out)) << sc.describe();
-    ASSERT_TRUE(all_close(out, expected, 5e-5, "prefill on decode rows " + sc.describe()));
+    for (const cu::AttentionPlan& plan : both_kernels(*prefill)) {
+      Tensor out;
+      ASSERT_TRUE(run(b, d, plan, false, &out)) << sc.describe();
+      ASSERT_TRUE(all_close(out, expected, tolerance(plan, sc.cache_dtype, 5e-5),
+                            "prefill on decode rows " + plan.describe() + " " + sc.describe()));
+    }
   }
 }
 
@@ -301,11 +389,13 @@ TEST(CudaPagedAttention, SequencesWithoutQueriesAreSkipped) {
     if (!decode) sc.seqs[2].q_len = 20;
     const Batch b = build(sc, rng);
     const DeviceBatch d(b);
-    auto plan = cu::plan_paged_attention(d.batch, sc.num_heads, d.cache, b.params, sm_count());
-    ASSERT_TRUE(plan.ok()) << plan.status().to_string();
-    Tensor out;
-    ASSERT_TRUE(run(b, d, *plan, false, &out)) << sc.describe();
-    ASSERT_TRUE(all_close(out, reference(b), 2e-5, plan->describe() + " " + sc.describe()));
+    auto planned = cu::plan_paged_attention(d.batch, sc.num_heads, d.cache, b.params, sm_count());
+    ASSERT_TRUE(planned.ok()) << planned.status().to_string();
+    for (const cu::AttentionPlan& plan : both_kernels(*planned)) {
+      Tensor out;
+      ASSERT_TRUE(run(b, d, plan, false, &out)) << sc.describe();
+      ASSERT_TRUE(all_close(out, reference(b), tolerance(plan, sc.cache_dtype, 2e-5), plan.describe() + " " + sc.describe()));
+    }
   }
 }
 
@@ -318,16 +408,18 @@ TEST(CudaPagedAttention, StridedQueryAndOutput) {
     Scenario sc;
     sc.num_heads = 6;
     sc.num_kv_heads = 2;
-    sc.head_dim = 32;
+    sc.head_dim = 64;
     sc.cache_dtype = DType::kF16;
     sc.seqs = {{400, 1}, {17, 1}, {1, 1}};
     const Batch b = build(sc, rng);
     const DeviceBatch d(b);
-    auto plan = cu::plan_paged_attention(d.batch, sc.num_heads, d.cache, b.params, sm_count(), algo);
-    ASSERT_TRUE(plan.ok()) << plan.status().to_string();
-    Tensor out;
-    ASSERT_TRUE(run(b, d, *plan, true, &out)) << sc.describe();
-    ASSERT_TRUE(all_close(out, reference(b), 2e-5, plan->describe()));
+    auto planned = cu::plan_paged_attention(d.batch, sc.num_heads, d.cache, b.params, sm_count(), algo);
+    ASSERT_TRUE(planned.ok()) << planned.status().to_string();
+    for (const cu::AttentionPlan& plan : both_kernels(*planned)) {
+      Tensor out;
+      ASSERT_TRUE(run(b, d, plan, true, &out)) << sc.describe();
+      ASSERT_TRUE(all_close(out, reference(b), tolerance(plan, sc.cache_dtype, 2e-5), plan.describe()));
+    }
   }
 }
 

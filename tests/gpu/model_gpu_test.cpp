@@ -112,6 +112,10 @@ TEST(GpuOps, FillUniformEqualsTheCpuDrawsAndArgmaxTheCpuArgmax) {
       x.data<float>()[3 * d + 1] = 5.0f;
       x.data<float>()[3 * d + 3] = 5.0f;
     }
+    if (d > 1000) {  // a tie far apart (in different chunks where a row is split over blocks)
+      x.data<float>()[4 * d + d / 2 + 1] = 9.0f;
+      x.data<float>()[4 * d + d - 2] = 9.0f;
+    }
     Tensor ids = Tensor::empty({5}, DType::kI32), lps = Tensor::empty({5}, DType::kF32);
     ops::argmax(x, ids, &lps);
     auto dx = copy_to(x, kGpu);

@@ -7,12 +7,15 @@
 // registers), the softmax takes one warp per head, and P·V splits the keys over the warps (lane =
 // 4 dims, all heads in registers); the warps' partial outputs meet once at the end. With several
 // slices a second kernel combines the partial (max, sum, accumulator) triples in slice order.
+// On sm_80+ with a 16-bit cache and head_dim 64 or 128, decode_mma_kernel does the same work with
+// 16-bit tiles behind a cp.async double buffer and the group's heads as rows of mma tiles.
 // Invariants: keys outside [window start, context) are never loaded; a block never writes
 // another block's output; results do not depend on timing.
 #include <algorithm>
 
 #include "ops/cuda/device_math.cuh"
 #include "ops/cuda/launch.h"
+#include "ops/cuda/mma.cuh"
 
 namespace tachyon::ops::cuda::detail {
 namespace {
@@ -378,6 +381,217 @@ cudaError_t launch_decode_dtype(const DecodeParams& p, size_t shared, Stream str
   return launch_decode<D, 8>(p, shared, stream);
 }
 
+
+// ---- tensor cores (sm_80+, 16-bit caches, head_dim 64 or 128) -------------------------------------
+// Same grid, slices and partial results as decode_kernel. The group's query heads are the rows of
+// one 16-row mma tile (rows past the group are zero); K/V tiles of 64 keys stream through a
+// two-stage cp.async pipeline in 16 bits, and warp w scores and accumulates keys 16w..16w+15 of
+// every tile with its own online softmax; the four warps' (max, sum, output) meet in shared
+// memory at the end. Memory-bound: the mma is the cheap way to do the arithmetic, not the point.
+constexpr int kMmaKeys = 64;
+
+template <int HD>
+__host__ __device__ constexpr int mma_tile_elems() {
+  return kMmaKeys * (HD + 8);
+}
+
+template <int HD>
+constexpr size_t decode_mma_shared_bytes() {
+  // Two stages of K and V tiles; after the loop the same memory holds the warps' outputs
+  // [kWarps][kDecodeMaxGroup][HD] f32 and their max/sum [kWarps][kDecodeMaxGroup][2].
+  constexpr size_t tiles = 2 * 2 * static_cast<size_t>(mma_tile_elems<HD>()) * sizeof(uint16_t);
+  constexpr size_t reduce = static_cast<size_t>(kWarps) * kDecodeMaxGroup * (HD + 2) * sizeof(float);
+  return tiles > reduce ? tiles : reduce;
+}
+
+template <DType D, int HD>
+__global__ void __launch_bounds__(kThreads) decode_mma_kernel(const DecodeParams p) {
+#if TACHYON_MMA_ENABLED
+  using M = MmaType<D>;
+  constexpr int kStride = HD + 8;
+  extern __shared__ __align__(16) unsigned char decode_mma_smem[];
+  uint16_t* tiles = reinterpret_cast<uint16_t*>(decode_mma_smem);
+  const int split = blockIdx.x;
+  const int64_t kvh = blockIdx.y;
+  const int s = blockIdx.z;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t4 = lane & 3;
+  const int q_begin = p.batch.query_start[s];
+  if (p.batch.query_start[s + 1] - q_begin <= 0) return;
+  const int group = static_cast<int>(p.group);
+  const int64_t num_heads = p.query.num_heads;
+
+  const int ctx = p.batch.context_lens[s];
+  const int pos = ctx - 1;
+  const int first = p.query.sliding_window > 0 ? max(0, pos - p.query.sliding_window + 1) : 0;
+  const int keys = ctx - first;
+  const int per_split = ((keys + p.splits - 1) / p.splits + kMmaKeys - 1) / kMmaKeys * kMmaKeys;
+  const int kb = first + split * per_split;
+  const int ke = min(ctx, kb + per_split);
+
+  // Rows g (< group) of the A fragments; rows g + 8 are always past the group (<= 8).
+  uint32_t qa[HD / 16][4];
+  {
+    const float qs = p.query.scale * kLog2e;
+    const bool valid = g < group;
+    const float* q = p.query.q + static_cast<int64_t>(q_begin) * p.query.q_token_stride +
+                     (kvh * group + (valid ? g : 0)) * p.query.q_head_stride;
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk) {
+      const int d = 16 * kk + 2 * t4;
+      qa[kk][0] = valid ? M::pack(q[d] * qs, q[d + 1] * qs) : 0u;
+      qa[kk][1] = 0u;
+      qa[kk][2] = valid ? M::pack(q[d + 8] * qs, q[d + 9] * qs) : 0u;
+      qa[kk][3] = 0u;
+    }
+  }
+
+  const int32_t* table = p.batch.block_tables + static_cast<int64_t>(s) * p.batch.max_blocks_per_seq;
+  const int64_t bs = p.cache.block_size, nkv = p.cache.num_kv_heads;
+  const auto slot_of = [&](int key) -> int64_t {
+    const int64_t block = table[key / bs];
+    return ((block * bs + key % bs) * nkv + kvh) * HD;
+  };
+  const uint16_t* kc = static_cast<const uint16_t*>(p.cache.k);
+  const uint16_t* vc = static_cast<const uint16_t*>(p.cache.v);
+  const int num_tiles = kb < ke ? (ke - kb + kMmaKeys - 1) / kMmaKeys : 0;
+  if (num_tiles > 0) {
+    stage_kv_tile<HD, kMmaKeys, kThreads>(kc, vc, kb, ke, tiles, tiles + mma_tile_elems<HD>(), slot_of);
+    cp_async_commit();
+  }
+
+  float o[HD / 8][4];
+#pragma unroll
+  for (int n = 0; n < HD / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  float m = -INFINITY, l = 0.0f;  // row g's
+
+  for (int it = 0; it < num_tiles; ++it) {
+    const int k0 = kb + it * kMmaKeys;
+    if (it + 1 < num_tiles) {
+      uint16_t* next = tiles + ((it + 1) & 1) * 2 * mma_tile_elems<HD>();
+      stage_kv_tile<HD, kMmaKeys, kThreads>(kc, vc, k0 + kMmaKeys, ke, next, next + mma_tile_elems<HD>(), slot_of);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const uint16_t* ks = tiles + (it & 1) * 2 * mma_tile_elems<HD>();
+    const uint16_t* vs = ks + mma_tile_elems<HD>();
+    const int wk = k0 + 16 * warp;  // the warp's first key
+    if (wk < ke) {
+      float sc[2][4];
+#pragma unroll
+      for (int j = 0; j < 2; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
+#pragma unroll
+      for (int kk2 = 0; kk2 < HD / 32; ++kk2) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          uint32_t b[4];
+          ldmatrix_x4(b, smem_address(ks + (16 * warp + 8 * j + (lane & 7)) * kStride + 32 * kk2 + 8 * (lane >> 3)));
+          M::mma(sc[j], qa[2 * kk2], b[0], b[1]);
+          M::mma(sc[j], qa[2 * kk2 + 1], b[2], b[3]);
+        }
+      }
+      if (wk + 16 > ke) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const int key = wk + 8 * j + 2 * t4;
+          if (key >= ke) sc[j][0] = -INFINITY;
+          if (key + 1 >= ke) sc[j][1] = -INFINITY;
+        }
+      }
+      float mx = fmaxf(m, fmaxf(fmaxf(sc[0][0], sc[0][1]), fmaxf(sc[1][0], sc[1][1])));
+      mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 2));  // finite: the warp's first key is valid
+      const float alpha = exp2f(m - mx);
+      m = mx;
+      const float p00 = exp2f(sc[0][0] - mx), p01 = exp2f(sc[0][1] - mx);
+      const float p10 = exp2f(sc[1][0] - mx), p11 = exp2f(sc[1][1] - mx);
+      l = l * alpha + (p00 + p01 + p10 + p11);
+#pragma unroll
+      for (int n = 0; n < HD / 8; ++n) {
+        o[n][0] *= alpha;
+        o[n][1] *= alpha;
+      }
+      const uint32_t pa[4] = {M::pack(p00, p01), 0u, M::pack(p10, p11), 0u};
+#pragma unroll
+      for (int nn = 0; nn < HD / 16; ++nn) {
+        uint32_t b[4];
+        ldmatrix_x4_trans(b, smem_address(vs + (16 * warp + (lane & 7) + ((lane >> 3) & 1) * 8) * kStride +
+                                          16 * nn + (lane >> 4) * 8));
+        M::mma(o[2 * nn], pa, b[0], b[1]);
+        M::mma(o[2 * nn + 1], pa, b[2], b[3]);
+      }
+    }
+    __syncthreads();  // before the next stage overwrites this tile
+  }
+
+  // The warps meet: [warp][row][HD] outputs, then [warp][row] (max, sum), in the tile memory.
+  float* red = reinterpret_cast<float*>(decode_mma_smem);
+  float* red_ml = red + kWarps * kDecodeMaxGroup * HD;
+  l += __shfl_xor_sync(kFullMask, l, 1);
+  l += __shfl_xor_sync(kFullMask, l, 2);
+  if (g < group) {
+    float* row = red + (warp * kDecodeMaxGroup + g) * HD;
+#pragma unroll
+    for (int n = 0; n < HD / 8; ++n) *reinterpret_cast<float2*>(row + 8 * n + 2 * t4) = make_float2(o[n][0], o[n][1]);
+    if (t4 == 0) {
+      red_ml[(warp * kDecodeMaxGroup + g) * 2] = m;
+      red_ml[(warp * kDecodeMaxGroup + g) * 2 + 1] = l;
+    }
+  }
+  __syncthreads();
+  const int64_t base = (static_cast<int64_t>(s) * p.splits + split) * num_heads;
+  float* orow = p.query.out + static_cast<int64_t>(q_begin) * p.query.out_token_stride;
+  for (int e = tid; e < group * HD; e += kThreads) {
+    const int r = e / HD, d = e % HD;
+    float mmax = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) mmax = fmaxf(mmax, red_ml[(w * kDecodeMaxGroup + r) * 2]);
+    float sum = 0.0f, acc = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float mw = red_ml[(w * kDecodeMaxGroup + r) * 2];
+      if (mw != -INFINITY) {
+        const float f = exp2f(mw - mmax);
+        sum += f * red_ml[(w * kDecodeMaxGroup + r) * 2 + 1];
+        acc += f * red[(w * kDecodeMaxGroup + r) * HD + d];
+      }
+    }
+    if (p.splits == 1) {
+      orow[(kvh * group + r) * p.query.out_head_stride + d] = acc / sum;
+    } else {
+      p.part_acc[(base + kvh * group + r) * HD + d] = acc;
+      if (d == 0) {
+        p.part_ml[(base + kvh * group + r) * 2] = mmax;
+        p.part_ml[(base + kvh * group + r) * 2 + 1] = sum;
+      }
+    }
+  }
+#else
+  __trap();
+#endif
+}
+
+template <DType D, int HD>
+cudaError_t launch_decode_mma(const DecodeParams& p, Stream stream) {
+  const auto kernel = decode_mma_kernel<D, HD>;
+  constexpr size_t shared = decode_mma_shared_bytes<HD>();
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared));
+  if (e != cudaSuccess) return e;
+  const dim3 grid(static_cast<unsigned>(p.splits), static_cast<unsigned>(p.cache.num_kv_heads),
+                  static_cast<unsigned>(p.batch.num_seqs));
+  kernel<<<grid, kThreads, shared, stream>>>(p);
+  return cudaGetLastError();
+}
+
+template <DType D>
+cudaError_t launch_decode_mma_dtype(const DecodeParams& p, Stream stream) {
+  if (p.cache.head_dim == 64) return launch_decode_mma<D, 64>(p, stream);
+  if (p.cache.head_dim == 128) return launch_decode_mma<D, 128>(p, stream);
+  return cudaErrorInvalidValue;
+}
 }  // namespace
 
 size_t decode_workspace_floats(int num_seqs, int64_t num_heads, int64_t head_dim, int splits) {
@@ -390,7 +604,8 @@ size_t decode_shared_bytes(int64_t group, int64_t head_dim) {
 }
 
 cudaError_t launch_attention_decode(const AttentionQuery& query, const KvCacheView& cache,
-                                    const AttentionBatch& batch, int splits, float* workspace, Stream stream) {
+                                    const AttentionBatch& batch, int splits, bool tensor_cores, float* workspace,
+                                    Stream stream) {
   if (batch.num_seqs == 0) return cudaSuccess;
   DecodeParams p;
   p.query = query;
@@ -404,8 +619,17 @@ cudaError_t launch_attention_decode(const AttentionQuery& query, const KvCacheVi
   if (p.group > kDecodeMaxGroup || cache.head_dim > kDecodeMaxHeadDim || cache.head_dim % 4 != 0) {
     return cudaErrorInvalidValue;
   }
-  const size_t shared = decode_shared_bytes(p.group, cache.head_dim);
   cudaError_t e = cudaErrorInvalidValue;
+  if (tensor_cores) {
+    if (!mma_attention_supported(cache.dtype, cache.head_dim)) return cudaErrorInvalidValue;
+    e = cache.dtype == DType::kBF16 ? launch_decode_mma_dtype<DType::kBF16>(p, stream)
+                                    : launch_decode_mma_dtype<DType::kF16>(p, stream);
+    if (e != cudaSuccess || splits == 1) return e;
+    const dim3 grid(static_cast<unsigned>(query.num_heads), static_cast<unsigned>(batch.num_seqs));
+    decode_combine_kernel<<<grid, 128, 0, stream>>>(p);
+    return cudaGetLastError();
+  }
+  const size_t shared = decode_shared_bytes(p.group, cache.head_dim);
   switch (cache.dtype) {
     case DType::kBF16: e = launch_decode_dtype<DType::kBF16>(p, shared, stream); break;
     case DType::kF16: e = launch_decode_dtype<DType::kF16>(p, shared, stream); break;

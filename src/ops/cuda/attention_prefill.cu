@@ -1,16 +1,21 @@
-// Prefill / mixed-batch attention over the paged cache, FlashAttention-2 style on CUDA cores:
-// grid (query tiles of 32 rows, query heads, sequences). A block keeps its 32 query rows in
-// shared memory, walks the keys its rows can see in tiles of 32 (gathered through the block
-// table, converted to f32 in shared memory), and keeps an online softmax per row; no score matrix
-// ever reaches memory. Thread (r, c) of 4 per row scores keys c, c+4, ...; the 4 threads of a row
-// are one quad of a warp, so row max/sum are two shuffles. Causal within the chunk, sliding
-// window, GQA (head h reads KV head h / group).
+// Prefill / mixed-batch attention over the paged cache, FlashAttention-2 style. Two kernels:
+// - tensor cores (sm_80+, f16/bf16 cache, head_dim 64 or 128; the default where they apply):
+//   64-row query tiles, Q in registers, K/V tiles of 64 keys streamed through a cp.async double
+//   buffer, S and P·V on mma.m16n8k16 (described above prefill_mma_kernel);
+// - CUDA cores (any cache dtype, head_dim a multiple of 4 up to 256): grid (query tiles of 32
+//   rows, query heads, sequences). A block keeps its 32 query rows in shared memory, walks the
+//   keys its rows can see in tiles of 32 (gathered through the block table, converted to f32 in
+//   shared memory), and keeps an online softmax per row; thread (r, c) of 4 per row scores keys
+//   c, c+4, ...; the 4 threads of a row are one quad of a warp, so row max/sum are two shuffles.
+// Both: no score matrix ever reaches memory; causal within the chunk, sliding window, GQA (head h
+// reads KV head h / group).
 // Invariants: keys a tile's rows cannot see are never loaded (zeros stand in), so poisoned or
 // released cache blocks never reach the arithmetic.
 #include <algorithm>
 
 #include "ops/cuda/device_math.cuh"
 #include "ops/cuda/launch.h"
+#include "ops/cuda/mma.cuh"
 
 namespace tachyon::ops::cuda::detail {
 namespace {
@@ -228,6 +233,236 @@ cudaError_t launch_prefill_dtype(const PrefillParams& p, Stream stream) {
   return launch_prefill<D, 256>(p, stream);
 }
 
+
+// ---- tensor cores (sm_80+, 16-bit caches, head_dim 64 or 128) -------------------------------------
+// Grid (query tiles of 64 rows, last tile first so the longest causal rows start early; query
+// heads; sequences), 4 warps of 16 rows. Q stays in registers as bf16/f16 A fragments (scaled by
+// scale * log2 e); K/V tiles of 64 keys are staged in 16 bits through a two-stage cp.async
+// pipeline (the next tile loads while this one is multiplied); S = Q K^T and O += P V run on
+// mma.m16n8k16 with f32 accumulators, P rounded to the cache's 16-bit type between the two.
+// Masking (causal, window) is applied only to tiles that reach past a warp's first row or when a
+// window is set; keys past the tile's end are zero-filled, never read.
+constexpr int kMmaThreads = 128;
+constexpr int kMmaRows = 64;
+constexpr int kMmaKeys = 64;
+
+template <int HD>
+__host__ __device__ constexpr int mma_tile_elems() {
+  return kMmaKeys * (HD + 8);
+}
+
+template <int HD>
+constexpr size_t prefill_mma_shared_bytes() {
+  return 2 * 2 * static_cast<size_t>(mma_tile_elems<HD>()) * sizeof(uint16_t);  // 2 stages of K and V
+}
+
+template <DType D, int HD>
+__global__ void __launch_bounds__(kMmaThreads) prefill_mma_kernel(const PrefillParams p) {
+#if TACHYON_MMA_ENABLED
+  using M = MmaType<D>;
+  constexpr int kStride = HD + 8;
+  extern __shared__ __align__(16) unsigned char prefill_mma_smem[];
+  uint16_t* tiles = reinterpret_cast<uint16_t*>(prefill_mma_smem);
+  const int tile = static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x);
+  const int64_t h = blockIdx.y;
+  const int s = blockIdx.z;
+  const int q_begin = p.batch.query_start[s];
+  const int q_len = p.batch.query_start[s + 1] - q_begin;
+  const int row_begin = tile * kMmaRows;
+  if (row_begin >= q_len) return;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t4 = lane & 3;
+  const int64_t kvh = h / p.group;
+  const int window = p.query.sliding_window;
+  const int ctx = p.batch.context_lens[s];
+  const int rows = min(kMmaRows, q_len - row_begin);
+  const int first_pos = ctx - q_len + row_begin;
+  const int last_pos = first_pos + rows - 1;
+  const int key_lo = window > 0 ? max(0, first_pos - window + 1) : 0;
+  const int key_hi = last_pos + 1;
+
+  const int wr = warp * 16;  // the warp's first row in the tile
+  const bool warp_active = wr < rows;
+  const int pos0 = first_pos + wr + g, pos1 = pos0 + 8;
+  const int warp_first_pos = first_pos + wr;
+  const int warp_last_pos = first_pos + min(wr + 15, rows - 1);
+  const int warp_key_lo = window > 0 ? max(0, warp_first_pos - window + 1) : 0;
+
+  uint32_t qa[HD / 16][4];
+  {
+    const float qs = p.query.scale * kLog2e;
+    const int r0 = row_begin + wr + g, r1 = r0 + 8;
+    const float* q0 = p.query.q + static_cast<int64_t>(q_begin + r0) * p.query.q_token_stride + h * p.query.q_head_stride;
+    const float* q1 = q0 + 8 * p.query.q_token_stride;
+    const bool v0 = r0 < q_len, v1 = r1 < q_len;
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk) {
+      const int d = 16 * kk + 2 * t4;
+      qa[kk][0] = v0 ? M::pack(q0[d] * qs, q0[d + 1] * qs) : 0u;
+      qa[kk][1] = v1 ? M::pack(q1[d] * qs, q1[d + 1] * qs) : 0u;
+      qa[kk][2] = v0 ? M::pack(q0[d + 8] * qs, q0[d + 9] * qs) : 0u;
+      qa[kk][3] = v1 ? M::pack(q1[d + 8] * qs, q1[d + 9] * qs) : 0u;
+    }
+  }
+
+  const int32_t* table = p.batch.block_tables + static_cast<int64_t>(s) * p.batch.max_blocks_per_seq;
+  const int64_t bs = p.cache.block_size, nkv = p.cache.num_kv_heads;
+  const auto slot_of = [&](int key) -> int64_t {
+    const int64_t block = table[key / bs];
+    return ((block * bs + key % bs) * nkv + kvh) * HD;
+  };
+  const uint16_t* kc = static_cast<const uint16_t*>(p.cache.k);
+  const uint16_t* vc = static_cast<const uint16_t*>(p.cache.v);
+  const int num_tiles = (key_hi - key_lo + kMmaKeys - 1) / kMmaKeys;
+  stage_kv_tile<HD, kMmaKeys, kMmaThreads>(kc, vc, key_lo, key_hi, tiles, tiles + mma_tile_elems<HD>(), slot_of);
+  cp_async_commit();
+
+  float o[HD / 8][4];
+#pragma unroll
+  for (int n = 0; n < HD / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+
+  for (int it = 0; it < num_tiles; ++it) {
+    const int k0 = key_lo + it * kMmaKeys;
+    if (it + 1 < num_tiles) {
+      uint16_t* next = tiles + ((it + 1) & 1) * 2 * mma_tile_elems<HD>();
+      stage_kv_tile<HD, kMmaKeys, kMmaThreads>(kc, vc, k0 + kMmaKeys, key_hi, next, next + mma_tile_elems<HD>(),
+                                               slot_of);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const uint16_t* ks = tiles + (it & 1) * 2 * mma_tile_elems<HD>();
+    const uint16_t* vs = ks + mma_tile_elems<HD>();
+    if (warp_active && k0 <= warp_last_pos && k0 + kMmaKeys > warp_key_lo) {
+      float sc[kMmaKeys / 8][4];
+#pragma unroll
+      for (int j = 0; j < kMmaKeys / 8; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
+#pragma unroll
+      for (int kk2 = 0; kk2 < HD / 32; ++kk2) {
+#pragma unroll
+        for (int j = 0; j < kMmaKeys / 8; ++j) {
+          uint32_t b[4];
+          ldmatrix_x4(b, smem_address(ks + (8 * j + (lane & 7)) * kStride + 32 * kk2 + 8 * (lane >> 3)));
+          M::mma(sc[j], qa[2 * kk2], b[0], b[1]);
+          M::mma(sc[j], qa[2 * kk2 + 1], b[2], b[3]);
+        }
+      }
+      if (k0 + kMmaKeys - 1 > warp_first_pos || window > 0) {
+#pragma unroll
+        for (int j = 0; j < kMmaKeys / 8; ++j) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int key = k0 + 8 * j + 2 * t4 + (e & 1);
+            const int pos = e < 2 ? pos0 : pos1;
+            const bool ok = key <= pos && (window <= 0 || pos - key < window);
+            if (!ok) sc[j][e] = -INFINITY;
+          }
+        }
+      }
+      float mx0 = m0, mx1 = m1;
+#pragma unroll
+      for (int j = 0; j < kMmaKeys / 8; ++j) {
+        mx0 = fmaxf(mx0, fmaxf(sc[j][0], sc[j][1]));
+        mx1 = fmaxf(mx1, fmaxf(sc[j][2], sc[j][3]));
+      }
+      mx0 = fmaxf(mx0, __shfl_xor_sync(kFullMask, mx0, 1));
+      mx0 = fmaxf(mx0, __shfl_xor_sync(kFullMask, mx0, 2));
+      mx1 = fmaxf(mx1, __shfl_xor_sync(kFullMask, mx1, 1));
+      mx1 = fmaxf(mx1, __shfl_xor_sync(kFullMask, mx1, 2));
+      const float mu0 = mx0 == -INFINITY ? 0.0f : mx0;  // a row that sees nothing yet keeps zeros
+      const float mu1 = mx1 == -INFINITY ? 0.0f : mx1;
+      const float a0 = exp2f(m0 - mu0), a1 = exp2f(m1 - mu1);
+      m0 = mx0;
+      m1 = mx1;
+      float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kMmaKeys / 8; ++j) {
+        sc[j][0] = exp2f(sc[j][0] - mu0);
+        sc[j][1] = exp2f(sc[j][1] - mu0);
+        sc[j][2] = exp2f(sc[j][2] - mu1);
+        sc[j][3] = exp2f(sc[j][3] - mu1);
+        s0 += sc[j][0] + sc[j][1];
+        s1 += sc[j][2] + sc[j][3];
+      }
+      l0 = l0 * a0 + s0;
+      l1 = l1 * a1 + s1;
+#pragma unroll
+      for (int n = 0; n < HD / 8; ++n) {
+        o[n][0] *= a0;
+        o[n][1] *= a0;
+        o[n][2] *= a1;
+        o[n][3] *= a1;
+      }
+#pragma unroll
+      for (int kk = 0; kk < kMmaKeys / 16; ++kk) {
+        const uint32_t pa[4] = {M::pack(sc[2 * kk][0], sc[2 * kk][1]), M::pack(sc[2 * kk][2], sc[2 * kk][3]),
+                                M::pack(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
+                                M::pack(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+#pragma unroll
+        for (int nn = 0; nn < HD / 16; ++nn) {
+          uint32_t b[4];
+          ldmatrix_x4_trans(b, smem_address(vs + (16 * kk + (lane & 7) + ((lane >> 3) & 1) * 8) * kStride +
+                                            16 * nn + (lane >> 4) * 8));
+          M::mma(o[2 * nn], pa, b[0], b[1]);
+          M::mma(o[2 * nn + 1], pa, b[2], b[3]);
+        }
+      }
+    }
+    __syncthreads();  // before the next stage overwrites this tile
+  }
+
+  if (!warp_active) return;
+  l0 += __shfl_xor_sync(kFullMask, l0, 1);
+  l0 += __shfl_xor_sync(kFullMask, l0, 2);
+  l1 += __shfl_xor_sync(kFullMask, l1, 1);
+  l1 += __shfl_xor_sync(kFullMask, l1, 2);
+  const int r0 = wr + g, r1 = r0 + 8;
+  if (r0 < rows) {
+    const float inv = 1.0f / l0;
+    float* out = p.query.out + static_cast<int64_t>(q_begin + row_begin + r0) * p.query.out_token_stride +
+                 h * p.query.out_head_stride;
+#pragma unroll
+    for (int n = 0; n < HD / 8; ++n) {
+      out[8 * n + 2 * t4] = o[n][0] * inv;
+      out[8 * n + 2 * t4 + 1] = o[n][1] * inv;
+    }
+  }
+  if (r1 < rows) {
+    const float inv = 1.0f / l1;
+    float* out = p.query.out + static_cast<int64_t>(q_begin + row_begin + r1) * p.query.out_token_stride +
+                 h * p.query.out_head_stride;
+#pragma unroll
+    for (int n = 0; n < HD / 8; ++n) {
+      out[8 * n + 2 * t4] = o[n][2] * inv;
+      out[8 * n + 2 * t4 + 1] = o[n][3] * inv;
+    }
+  }
+#else
+  __trap();
+#endif
+}
+
+template <DType D, int HD>
+cudaError_t launch_prefill_mma(const PrefillParams& p, Stream stream) {
+  const auto kernel = prefill_mma_kernel<D, HD>;
+  constexpr size_t shared = prefill_mma_shared_bytes<HD>();
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared));
+  if (e != cudaSuccess) return e;
+  const dim3 grid(static_cast<unsigned>((p.batch.max_query_len + kMmaRows - 1) / kMmaRows),
+                  static_cast<unsigned>(p.query.num_heads), static_cast<unsigned>(p.batch.num_seqs));
+  kernel<<<grid, kMmaThreads, shared, stream>>>(p);
+  return cudaGetLastError();
+}
+
+template <DType D>
+cudaError_t launch_prefill_mma_dtype(const PrefillParams& p, Stream stream) {
+  if (p.cache.head_dim == 64) return launch_prefill_mma<D, 64>(p, stream);
+  if (p.cache.head_dim == 128) return launch_prefill_mma<D, 128>(p, stream);
+  return cudaErrorInvalidValue;
+}
 }  // namespace
 
 size_t prefill_shared_bytes(int64_t head_dim) {
@@ -235,7 +470,7 @@ size_t prefill_shared_bytes(int64_t head_dim) {
 }
 
 cudaError_t launch_attention_prefill(const AttentionQuery& query, const KvCacheView& cache,
-                                     const AttentionBatch& batch, Stream stream) {
+                                     const AttentionBatch& batch, bool tensor_cores, Stream stream) {
   if (batch.num_seqs == 0 || batch.max_query_len == 0) return cudaSuccess;
   if (cache.head_dim > kPrefillMaxHeadDim || cache.head_dim % 4 != 0) return cudaErrorInvalidValue;
   PrefillParams p;
@@ -243,6 +478,11 @@ cudaError_t launch_attention_prefill(const AttentionQuery& query, const KvCacheV
   p.cache = cache;
   p.batch = batch;
   p.group = query.num_heads / cache.num_kv_heads;
+  if (tensor_cores) {
+    if (!mma_attention_supported(cache.dtype, cache.head_dim)) return cudaErrorInvalidValue;
+    if (cache.dtype == DType::kBF16) return launch_prefill_mma_dtype<DType::kBF16>(p, stream);
+    return launch_prefill_mma_dtype<DType::kF16>(p, stream);
+  }
   switch (cache.dtype) {
     case DType::kBF16: return launch_prefill_dtype<DType::kBF16>(p, stream);
     case DType::kF16: return launch_prefill_dtype<DType::kF16>(p, stream);

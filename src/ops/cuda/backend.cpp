@@ -54,7 +54,8 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
 
   ~CudaBackend() override {
     cudaStreamSynchronize(stream_);
-    workspace_.reset();
+    workspace_ = Scratch();
+    argmax_workspace_ = Scratch();
     rope_tables_.clear();
     linear_.reset();
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
@@ -242,16 +243,10 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
     batch.max_context_len = meta.max_context_len;
     auto plan = plan_paged_attention(batch, q.size(1), cache, params, props_.multiprocessors);
     require_ok(plan.status());
-    if (plan->workspace_bytes > workspace_bytes_) {
-      workspace_.reset();
-      auto p = allocate(Device::cuda(device_), plan->workspace_bytes, "attention workspace");
-      require_ok(p.status());
-      workspace_ = std::shared_ptr<void>(*p, [this](void* ptr) { deallocate(Device::cuda(device_), ptr); });
-      workspace_bytes_ = plan->workspace_bytes;
-    }
+    grow_scratch(workspace_, plan->workspace_bytes, "attention workspace");
     require_ok(cuda::paged_attention(*plan, q.data<float>(), q.stride(0), q.stride(1), q.size(1), cache, batch, params,
-                                     out.data<float>(), out.stride(0), out.stride(1), workspace_.get(),
-                                     workspace_bytes_, stream_));
+                                     out.data<float>(), out.stride(0), out.stride(1), workspace_.data.get(),
+                                     workspace_.bytes, stream_));
   }
 
   void argmax(const Tensor& x, Tensor& ids, Tensor* logprobs) override {
@@ -262,8 +257,10 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
     TACHYON_CHECK(x.dim() == 2 && x.stride(1) == 1 && x.dtype() == DType::kF32 && ids.dim() == 1 &&
                       ids.size(0) == x.size(0) && ids.dtype() == DType::kI32 && ids.is_contiguous(),
                   "argmax: x {} ids {}", x.shape_string(), ids.shape_string());
+    grow_scratch(argmax_workspace_, argmax_workspace_bytes(x.size(0), x.size(1)), "argmax workspace");
     require_ok(cuda::argmax(x.data<float>(), x.stride(0), x.size(0), x.size(1), ids.data<int32_t>(),
-                            logprobs != nullptr ? logprobs->data<float>() : nullptr, stream_));
+                            logprobs != nullptr ? logprobs->data<float>() : nullptr, stream_,
+                            argmax_workspace_.data.get(), argmax_workspace_.bytes));
   }
 
   void fill_uniform(Tensor& t, uint64_t seed, uint64_t stream, float bound, float offset) override {
@@ -297,6 +294,8 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
     TACHYON_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(static_cast<cudaGraphExec_t>(graph.get()), stream_));
     return Status::Ok();
   }
+
+  uint64_t scratch_epoch() const override { return epoch_ + linear_->generation(); }
 
  private:
   CudaBackend(int device, DeviceProperties props) : device_(device), props_(std::move(props)) {}
@@ -344,6 +343,7 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
       require_ok(buf.status());
       up.device = std::move(*buf);
       require_ok(copy_to_device(up.device.data(), table.inv_freq.data(), up.device.bytes()));
+      if (it != rope_tables_.end()) ++epoch_;  // the old upload, which graphs may hold, is freed
       it = rope_tables_.insert_or_assign(key, std::move(up)).first;
     }
     return it->second.device.as<float>();
@@ -358,8 +358,25 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
   DeviceProperties props_;
   Stream stream_ = nullptr;
   std::unique_ptr<LinearContext> linear_;
-  std::shared_ptr<void> workspace_;
-  size_t workspace_bytes_ = 0;
+  // A device buffer kept across calls and grown on demand; captured graphs hold its pointer, so
+  // every replacement moves scratch_epoch().
+  struct Scratch {
+    std::shared_ptr<void> data;
+    size_t bytes = 0;
+  };
+  void grow_scratch(Scratch& s, size_t bytes, const char* what) {
+    if (bytes <= s.bytes) return;
+    s = Scratch();
+    auto p = allocate(Device::cuda(device_), bytes, what);
+    require_ok(p.status());
+    s.data = std::shared_ptr<void>(*p, [this](void* ptr) { deallocate(Device::cuda(device_), ptr); });
+    s.bytes = bytes;
+    ++epoch_;
+  }
+
+  Scratch workspace_;         // paged attention (decode partial results)
+  Scratch argmax_workspace_;  // argmax chunks
+  uint64_t epoch_ = 0;        // scratch replacements here (the linear context counts its own)
   std::unordered_map<const float*, RopeUpload> rope_tables_;
   int64_t graphs_captured_ = 0;
 };

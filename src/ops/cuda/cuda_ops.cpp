@@ -102,8 +102,11 @@ Status store_kv(const float* k, int64_t k_token_stride, int64_t k_head_stride, c
 
 std::string AttentionPlan::describe() const {
   switch (algo) {
-    case AttentionAlgo::kDecode: return fmt::format("decode, {} split(s), {} bytes of workspace", num_splits, workspace_bytes);
-    case AttentionAlgo::kPrefill: return "prefill (tiled online softmax)";
+    case AttentionAlgo::kDecode:
+      return fmt::format("decode{}, {} split(s), {} bytes of workspace", tensor_cores ? " (tensor cores)" : "",
+                         num_splits, workspace_bytes);
+    case AttentionAlgo::kPrefill:
+      return tensor_cores ? "prefill (tensor cores, tiled online softmax)" : "prefill (tiled online softmax)";
     default: return "auto";
   }
 }
@@ -135,6 +138,10 @@ Result<AttentionPlan> plan_paged_attention(const AttentionBatch& batch, int64_t 
                        batch.max_query_len, detail::kDecodeMaxGroup, group);
   AttentionPlan plan;
   plan.algo = algo;
+  if (detail::mma_attention_supported(cache.dtype, cache.head_dim)) {
+    TACHYON_ASSIGN_OR_RETURN(const int cc, current_compute_capability());
+    plan.tensor_cores = cc >= 80;
+  }
   if (algo == AttentionAlgo::kDecode) {
     // Enough blocks for ~4 per SM, each slice at least 64 keys (2 tiles), at most 64 slices: at
     // batch 1 and short contexts the kernel is latency-bound, and more, shorter slices win.
@@ -165,6 +172,10 @@ Status paged_attention(const AttentionPlan& plan, const float* q, int64_t q_toke
   const uintptr_t cache_bits = reinterpret_cast<uintptr_t>(cache.k) | reinterpret_cast<uintptr_t>(cache.v) |
                                reinterpret_cast<uintptr_t>(workspace);
   TACHYON_CUDA_REQUIRE((cache_bits & 15u) == 0, "paged_attention: caches and workspace must be 16-byte aligned");
+  TACHYON_CUDA_REQUIRE(!plan.tensor_cores || detail::mma_attention_supported(cache.dtype, cache.head_dim),
+                       "paged_attention: the tensor-core kernels take f16/bf16 caches with head_dim 64 or 128 "
+                       "(got {}, {})",
+                       dtype_name(cache.dtype), cache.head_dim);
   if (batch.num_seqs == 0) return Status::Ok();
   TACHYON_CUDA_REQUIRE(q != nullptr && out != nullptr && batch.query_start != nullptr &&
                            batch.context_lens != nullptr && batch.block_tables != nullptr,
@@ -182,12 +193,16 @@ Status paged_attention(const AttentionPlan& plan, const float* q, int64_t q_toke
   if (plan.algo == AttentionAlgo::kDecode) {
     TACHYON_CUDA_REQUIRE(batch.max_query_len <= 1, "paged_attention: a decode plan for a batch with {}-row queries",
                          batch.max_query_len);
-    log_path_once("cuda paged_attention: decode ({} cache, split-K)", dtype_name(cache.dtype));
+    log_path_once("cuda paged_attention: decode ({} cache, split-K, {})", dtype_name(cache.dtype),
+                  plan.tensor_cores ? "tensor cores" : "CUDA cores");
     TACHYON_CUDA_RETURN_IF_ERROR(detail::launch_attention_decode(query, cache, batch, plan.num_splits,
-                                                                 static_cast<float*>(workspace), stream));
+                                                                 plan.tensor_cores, static_cast<float*>(workspace),
+                                                                 stream));
   } else {
-    log_path_once("cuda paged_attention: prefill ({} cache, tiled online softmax)", dtype_name(cache.dtype));
-    TACHYON_CUDA_RETURN_IF_ERROR(detail::launch_attention_prefill(query, cache, batch, stream));
+    log_path_once("cuda paged_attention: prefill ({} cache, tiled online softmax, {})", dtype_name(cache.dtype),
+                  plan.tensor_cores ? "tensor cores" : "CUDA cores");
+    TACHYON_CUDA_RETURN_IF_ERROR(
+        detail::launch_attention_prefill(query, cache, batch, plan.tensor_cores, stream));
   }
   return Status::Ok();
 }

@@ -61,6 +61,8 @@ Result<DeviceProperties> device_properties(int device);
 Status set_device(int device);
 // The multiprocessor count of the current device (sizes split-K grids).
 Result<int> current_sm_count();
+// The current device's compute capability as major * 10 + minor (90 for sm_90).
+Result<int> current_compute_capability();
 
 // ---- memory ------------------------------------------------------------------------------------
 
@@ -113,7 +115,11 @@ Status fill_uniform(void* data, DType dtype, int64_t count, uint64_t seed, uint6
 // ids[r] = index of the largest value of row r of x[n, d] (f32, rows x_stride apart); the first of
 // equal maxima; non-finite values count as -inf (never chosen unless the row has nothing else).
 // logprobs (nullable): log_softmax of the row (finite values only) at that index.
-Status argmax(const float* x, int64_t x_stride, int64_t n, int64_t d, int32_t* ids, float* logprobs, Stream stream);
+// workspace (optional) of argmax_workspace_bytes(n, d) lets a few long rows spread over many
+// blocks (the same results either way).
+Status argmax(const float* x, int64_t x_stride, int64_t n, int64_t d, int32_t* ids, float* logprobs, Stream stream,
+              void* workspace = nullptr, size_t workspace_bytes = 0);
+size_t argmax_workspace_bytes(int64_t n, int64_t d);
 
 // ---- the backend of ops.h ------------------------------------------------------------------------
 
@@ -149,6 +155,8 @@ class LinearContext {
   // Grows the scratch buffers for up to `max_tokens` x `max_in` activations (so that no
   // allocation happens later, e.g. during graph capture).
   Status reserve(int64_t max_tokens, int64_t max_in, int64_t max_out);
+  // Counts the scratch reallocations so far (graphs captured before one point at freed memory).
+  uint64_t generation() const;
 
   struct Impl;
   Impl& impl() { return *impl_; }
@@ -208,6 +216,10 @@ enum class AttentionAlgo : uint8_t {
 struct AttentionPlan {
   AttentionAlgo algo = AttentionAlgo::kPrefill;
   int num_splits = 1;          // decode: slices of each context
+  // The tensor-core kernels (sm_80+, f16/bf16 cache, head_dim 64 or 128): chosen by the planner
+  // where they apply; false runs the CUDA-core kernels (any dtype and head_dim), true where they
+  // do not apply is an error.
+  bool tensor_cores = false;
   size_t workspace_bytes = 0;  // device scratch paged_attention needs (decode partials)
   std::string describe() const;
 };

@@ -2,6 +2,8 @@
 // sized out-of-memory messages, copies, and the once-per-process kernel log.
 #include <cuda_runtime.h>
 
+#include <array>
+#include <atomic>
 #include <mutex>
 #include <string>
 #include <unordered_set>
@@ -80,6 +82,22 @@ Result<int> current_sm_count() {
   TACHYON_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
   TACHYON_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   return sms;
+}
+
+Result<int> current_compute_capability() {
+  // Asked once per attention call: remembered per device (a device's capability never changes).
+  static std::array<std::atomic<int>, 64> known{};
+  int device = 0, major = 0, minor = 0;
+  TACHYON_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  if (device >= 0 && device < static_cast<int>(known.size())) {
+    const int cc = known[static_cast<size_t>(device)].load(std::memory_order_relaxed);
+    if (cc > 0) return cc;
+  }
+  TACHYON_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  TACHYON_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  const int cc = major * 10 + minor;
+  if (device >= 0 && device < static_cast<int>(known.size())) known[static_cast<size_t>(device)].store(cc);
+  return cc;
 }
 
 Result<void*> device_malloc(size_t bytes, std::string_view what) {
@@ -183,11 +201,15 @@ Status fill_uniform(void* data, DType dtype, int64_t count, uint64_t seed, uint6
   return Status::Ok();
 }
 
-Status argmax(const float* x, int64_t x_stride, int64_t n, int64_t d, int32_t* ids, float* logprobs, Stream stream) {
+Status argmax(const float* x, int64_t x_stride, int64_t n, int64_t d, int32_t* ids, float* logprobs, Stream stream,
+              void* workspace, size_t workspace_bytes) {
   TACHYON_CUDA_REQUIRE(n >= 0 && d >= 1 && x_stride >= d, "argmax: [{}, {}] rows {} apart", n, d, x_stride);
   TACHYON_CUDA_REQUIRE(n == 0 || (x != nullptr && ids != nullptr), "argmax: null pointer");
-  TACHYON_CUDA_RETURN_IF_ERROR(detail::launch_argmax(x, x_stride, n, d, ids, logprobs, stream));
+  TACHYON_CUDA_RETURN_IF_ERROR(
+      detail::launch_argmax(x, x_stride, n, d, ids, logprobs, workspace, workspace_bytes, stream));
   return Status::Ok();
 }
+
+size_t argmax_workspace_bytes(int64_t n, int64_t d) { return detail::argmax_workspace_bytes(n, d); }
 
 }  // namespace tachyon::ops::cuda

@@ -52,8 +52,11 @@ cudaError_t launch_fill_random(void* data, DType dtype, int64_t count, uint64_t 
                                Stream stream);
 
 // ---- reductions and the synthetic-weight fill (reduce.cu) -------------------------------------------
+// With workspace of argmax_workspace_bytes(n, d) (0: not needed), rows with few siblings are split
+// over several blocks; otherwise (or with less workspace) one block per row.
+size_t argmax_workspace_bytes(int64_t n, int64_t d);
 cudaError_t launch_argmax(const float* x, int64_t x_stride, int64_t n, int64_t d, int32_t* ids, float* logprobs,
-                          Stream stream);
+                          void* workspace, size_t workspace_bytes, Stream stream);
 cudaError_t launch_fill_uniform(void* data, DType dtype, int64_t count, uint64_t base, float bound, float offset,
                                 Stream stream);
 
@@ -83,18 +86,25 @@ struct AttentionQuery {
 // block reads one slice of one sequence's context for one KV head once, for all the query heads
 // of its group. With splits > 1, `workspace` holds the partial results (decode_workspace_floats)
 // and a second kernel combines them.
+// The tensor-core (mma) kernels take f16/bf16 caches with head_dim 64 or 128, on sm_80 and later
+// (the caller checks the device).
+inline bool mma_attention_supported(DType dtype, int64_t head_dim) {
+  return (dtype == DType::kBF16 || dtype == DType::kF16) && (head_dim == 64 || head_dim == 128);
+}
+
 constexpr int kDecodeMaxGroup = 8;       // query heads per KV head
 constexpr int kDecodeMaxHeadDim = 256;
 size_t decode_workspace_floats(int num_seqs, int64_t num_heads, int64_t head_dim, int splits);
 size_t decode_shared_bytes(int64_t group, int64_t head_dim);
 cudaError_t launch_attention_decode(const AttentionQuery& query, const KvCacheView& cache,
-                                    const AttentionBatch& batch, int splits, float* workspace, Stream stream);
+                                    const AttentionBatch& batch, int splits, bool tensor_cores, float* workspace,
+                                    Stream stream);
 
 // Prefill / mixed batches: grid (query tiles, heads, sequences); K/V tiles staged in shared
 // memory, online softmax, no score matrix in memory. Any batch (decode rows included).
 constexpr int kPrefillMaxHeadDim = 256;
 size_t prefill_shared_bytes(int64_t head_dim);
 cudaError_t launch_attention_prefill(const AttentionQuery& query, const KvCacheView& cache,
-                                     const AttentionBatch& batch, Stream stream);
+                                     const AttentionBatch& batch, bool tensor_cores, Stream stream);
 
 }  // namespace tachyon::ops::cuda::detail

@@ -85,6 +85,7 @@ struct LinearContext::Impl {
   using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, bool, int, int, int>;
   std::map<Key, cublasLtMatmulAlgo_t> algos;
   int sm_count = 0;
+  uint64_t generation = 0;  // scratch reallocations so far
 
   ~Impl() {
     if (handle) cublasLtDestroy(handle);
@@ -95,6 +96,7 @@ struct LinearContext::Impl {
     // The old buffer may still be in use by queued work: wait before freeing it.
     TACHYON_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
     buffer = DeviceBuffer();
+    ++generation;
     const size_t rounded = std::max<size_t>(bytes, 1u << 20);
     TACHYON_ASSIGN_OR_RETURN(buffer, DeviceBuffer::allocate(rounded, what));
     TACHYON_LOG_DEBUG("cuda linear: {} scratch grown to {} bytes", what, rounded);
@@ -178,6 +180,8 @@ Result<std::unique_ptr<LinearContext>> LinearContext::create() {
   TACHYON_ASSIGN_OR_RETURN(impl->sm_count, current_sm_count());
   return std::unique_ptr<LinearContext>(new LinearContext(std::move(impl)));
 }
+
+uint64_t LinearContext::generation() const { return impl_->generation; }
 
 Status LinearContext::reserve(int64_t max_tokens, int64_t max_in, int64_t max_out) {
   const int64_t ld = (max_in + 7) / 8 * 8;

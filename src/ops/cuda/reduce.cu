@@ -1,5 +1,6 @@
 // Row argmax (greedy sampling on the device) and the counter-based uniform fill of synthetic
 // weights (the same draws as ops/cpu/fill.cpp).
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -20,63 +21,150 @@ __device__ __forceinline__ void keep_better(float& best_v, int& best_i, float v,
   }
 }
 
-// Running (max, sum of exp(x - max)) of a set of values; merging rescales the smaller side.
-__device__ __forceinline__ void merge_lse(float& m, float& l, float om, float ol) {
-  if (om == -INFINITY) return;
-  if (m == -INFINITY) {
-    m = om;
-    l = ol;
-    return;
-  }
-  const float nm = fmaxf(m, om);
-  l = l * __expf(m - nm) + ol * __expf(om - nm);
-  m = nm;
-}
-
 struct Best {
   float v;  // the best value so far (-inf: none)
   int i;    // its index (0x7fffffff: none)
-  float m;  // running max for log-sum-exp
-  float l;  // running sum of exp(x - m)
 };
 
-__device__ __forceinline__ void merge(Best& a, const Best& b) {
-  keep_better(a.v, a.i, b.v, b.i);
-  merge_lse(a.m, a.l, b.m, b.l);
-}
-
-__device__ __forceinline__ Best shfl_down(const Best& b, int offset) {
-  return Best{__shfl_down_sync(0xffffffffu, b.v, offset), __shfl_down_sync(0xffffffffu, b.i, offset),
-              __shfl_down_sync(0xffffffffu, b.m, offset), __shfl_down_sync(0xffffffffu, b.l, offset)};
-}
-
 __device__ __forceinline__ void warp_reduce(Best& b) {
-  for (int offset = 16; offset > 0; offset >>= 1) merge(b, shfl_down(b, offset));
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const float v = __shfl_down_sync(kFullMask, b.v, offset);
+    const int i = __shfl_down_sync(kFullMask, b.i, offset);
+    keep_better(b.v, b.i, v, i);
+  }
 }
 
-// One block per row: the argmax and, when logprobs is set, log_softmax(x)[argmax].
+__device__ __forceinline__ float finite_or_neg_inf(float x) { return isfinite(x) ? x : -INFINITY; }
+
+// One block per row: the argmax, then (when logprobs is set) a second pass over the same values
+// (cache hits) for sum(exp(x - max)), so that log_softmax(x)[argmax] = -log(sum). Rows 16-byte
+// aligned with d % 4 == 0 read float4s.
 __global__ void argmax_kernel(const float* x, int64_t x_stride, int64_t d, int32_t* ids, float* logprobs) {
   const float* row = x + static_cast<int64_t>(blockIdx.x) * x_stride;
-  Best b{-INFINITY, 0x7fffffff, -INFINITY, 0.0f};
-  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
-    const float raw = row[j];
-    const float v = isfinite(raw) ? raw : -INFINITY;
-    keep_better(b.v, b.i, v, static_cast<int>(j));
-    if (v != -INFINITY) merge_lse(b.m, b.l, v, 1.0f);
+  const bool vec = (reinterpret_cast<uintptr_t>(row) & 15u) == 0 && d % 4 == 0;
+  Best b{-INFINITY, 0x7fffffff};
+  if (vec) {
+    const float4* row4 = reinterpret_cast<const float4*>(row);
+    for (int64_t j = threadIdx.x; j < d / 4; j += blockDim.x) {
+      const float4 q = row4[j];
+      const int i = static_cast<int>(4 * j);
+      keep_better(b.v, b.i, finite_or_neg_inf(q.x), i);
+      keep_better(b.v, b.i, finite_or_neg_inf(q.y), i + 1);
+      keep_better(b.v, b.i, finite_or_neg_inf(q.z), i + 2);
+      keep_better(b.v, b.i, finite_or_neg_inf(q.w), i + 3);
+    }
+  } else {
+    for (int64_t j = threadIdx.x; j < d; j += blockDim.x) keep_better(b.v, b.i, finite_or_neg_inf(row[j]), static_cast<int>(j));
   }
-  warp_reduce(b);
   __shared__ Best partial[kArgmaxThreads / 32];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __shared__ float partial_sum[kArgmaxThreads / 32];
+  __shared__ Best best;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  warp_reduce(b);
   if (lane == 0) partial[warp] = b;
   __syncthreads();
   if (warp == 0) {
-    const int warps = blockDim.x / 32;
-    b = lane < warps ? partial[lane] : Best{-INFINITY, 0x7fffffff, -INFINITY, 0.0f};
+    b = lane < warps ? partial[lane] : Best{-INFINITY, 0x7fffffff};
     warp_reduce(b);
     if (lane == 0) {
+      best = b;
       ids[blockIdx.x] = b.i;
-      if (logprobs != nullptr) logprobs[blockIdx.x] = b.v == -INFINITY ? -INFINITY : b.v - (b.m + __logf(b.l));
     }
+  }
+  if (logprobs == nullptr) return;
+  __syncthreads();
+  const float m = best.v;
+  if (m == -INFINITY) {  // nothing finite in the row
+    if (threadIdx.x == 0) logprobs[blockIdx.x] = -INFINITY;
+    return;
+  }
+  float sum = 0.0f;
+  if (vec) {
+    const float4* row4 = reinterpret_cast<const float4*>(row);
+    for (int64_t j = threadIdx.x; j < d / 4; j += blockDim.x) {
+      const float4 q = row4[j];
+      sum += __expf(finite_or_neg_inf(q.x) - m) + __expf(finite_or_neg_inf(q.y) - m) +
+             __expf(finite_or_neg_inf(q.z) - m) + __expf(finite_or_neg_inf(q.w) - m);
+    }
+  } else {
+    for (int64_t j = threadIdx.x; j < d; j += blockDim.x) sum += __expf(finite_or_neg_inf(row[j]) - m);
+  }
+  sum = warp_sum(sum);
+  if (lane == 0) partial_sum[warp] = sum;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float total = 0.0f;
+    for (int w = 0; w < warps; ++w) total += partial_sum[w];
+    logprobs[blockIdx.x] = -__logf(total);
+  }
+}
+
+// The argmax of a row in chunks: grid (chunks, rows); block (c, r) reduces columns
+// [c * chunk, (c + 1) * chunk) of row r to (max, its first index, sum of exp(x - max)) in
+// parts[r * chunks + c]; argmax_merge_kernel then merges a row's chunks in order. Rows with few
+// siblings spread over many SMs this way (one block per row reads a 128k-entry vocabulary from a
+// single SM).
+struct ArgmaxPart {
+  float m;
+  int i;
+  float l;
+  float pad;
+};
+
+__global__ void argmax_chunk_kernel(const float* x, int64_t x_stride, int64_t d, int64_t chunk, ArgmaxPart* parts,
+                                    bool want_sum) {
+  const float* row = x + static_cast<int64_t>(blockIdx.y) * x_stride;
+  const int64_t begin = static_cast<int64_t>(blockIdx.x) * chunk;
+  const int64_t end = min64(d, begin + chunk);
+  Best b{-INFINITY, 0x7fffffff};
+  for (int64_t j = begin + threadIdx.x; j < end; j += blockDim.x) keep_better(b.v, b.i, finite_or_neg_inf(row[j]), static_cast<int>(j));
+  __shared__ Best partial[kArgmaxThreads / 32];
+  __shared__ float partial_sum[kArgmaxThreads / 32];
+  __shared__ Best best;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  warp_reduce(b);
+  if (lane == 0) partial[warp] = b;
+  __syncthreads();
+  if (warp == 0) {
+    b = lane < warps ? partial[lane] : Best{-INFINITY, 0x7fffffff};
+    warp_reduce(b);
+    if (lane == 0) best = b;
+  }
+  __syncthreads();
+  const float m = best.v;
+  float sum = 0.0f;
+  if (want_sum && m != -INFINITY) {
+    for (int64_t j = begin + threadIdx.x; j < end; j += blockDim.x) sum += __expf(finite_or_neg_inf(row[j]) - m);
+  }
+  sum = warp_sum(sum);
+  if (lane == 0) partial_sum[warp] = sum;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float total = 0.0f;
+    for (int w = 0; w < warps; ++w) total += partial_sum[w];
+    parts[static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x] = ArgmaxPart{m, best.i, total, 0.0f};
+  }
+}
+
+// One warp per row: the first chunk holding the row's maximum gives the index (chunks are in
+// column order, each reports its first maximum); the sums are rescaled to the row's maximum.
+__global__ void argmax_merge_kernel(const ArgmaxPart* parts, int chunks, int32_t* ids, float* logprobs) {
+  const ArgmaxPart* p = parts + static_cast<int64_t>(blockIdx.x) * chunks;
+  Best b{-INFINITY, 0x7fffffff};
+  for (int c = threadIdx.x; c < chunks; c += 32) keep_better(b.v, b.i, p[c].m, p[c].i);
+  warp_reduce(b);
+  const float m = __shfl_sync(kFullMask, b.v, 0);
+  const int idx = __shfl_sync(kFullMask, b.i, 0);
+  float sum = 0.0f;
+  if (logprobs != nullptr && m != -INFINITY) {
+    for (int c = threadIdx.x; c < chunks; c += 32) {
+      if (p[c].m != -INFINITY) sum += p[c].l * __expf(p[c].m - m);
+    }
+  }
+  sum = warp_sum(sum);
+  if (threadIdx.x == 0) {
+    ids[blockIdx.x] = idx;
+    if (logprobs != nullptr) logprobs[blockIdx.x] = m == -INFINITY ? -INFINITY : -__logf(sum);
   }
 }
 
@@ -91,10 +179,32 @@ __global__ void fill_uniform_kernel(void* data, DType dtype, int64_t count, uint
 
 }  // namespace
 
+int argmax_chunks(int64_t n, int64_t d) {
+  // About 256 blocks in all, chunks of at least 4096 columns, at most 64 per row.
+  if (n <= 0 || n > 65535) return 1;
+  const int64_t by_grid = (256 + n - 1) / n;
+  const int64_t by_size = d / 4096;
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>({by_grid, by_size, 64})));
+}
+
+size_t argmax_workspace_bytes(int64_t n, int64_t d) {
+  const int chunks = argmax_chunks(n, d);
+  return chunks > 1 ? static_cast<size_t>(n) * chunks * sizeof(ArgmaxPart) : 0;
+}
+
 cudaError_t launch_argmax(const float* x, int64_t x_stride, int64_t n, int64_t d, int32_t* ids, float* logprobs,
-                          Stream stream) {
+                          void* workspace, size_t workspace_bytes, Stream stream) {
   if (n == 0) return cudaSuccess;
   if (n > 0x7fffffff || d > 0x7ffffffe) return cudaErrorInvalidValue;
+  const int chunks = argmax_chunks(n, d);
+  if (chunks > 1 && workspace != nullptr && workspace_bytes >= argmax_workspace_bytes(n, d)) {
+    const int64_t chunk = (d + chunks - 1) / chunks;
+    auto* parts = static_cast<ArgmaxPart*>(workspace);
+    argmax_chunk_kernel<<<dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(n)), 256, 0, stream>>>(
+        x, x_stride, d, chunk, parts, logprobs != nullptr);
+    argmax_merge_kernel<<<static_cast<unsigned>(n), 32, 0, stream>>>(parts, chunks, ids, logprobs);
+    return cudaGetLastError();
+  }
   const int threads = d >= kArgmaxThreads ? kArgmaxThreads : static_cast<int>((d + 31) / 32 * 32);
   argmax_kernel<<<static_cast<unsigned>(n), threads, 0, stream>>>(x, x_stride, d, ids, logprobs);
   return cudaGetLastError();

@@ -1,0 +1,145 @@
+// Tensor-core building blocks of the attention kernels (sm_80 and later): asynchronous 16-byte
+// copies into shared memory (cp.async), 8x8 matrix loads from shared memory (ldmatrix), and the
+// m16n8k16 matrix multiply-accumulate with f16/bf16 inputs and f32 accumulators (mma.sync).
+// Fragment layouts (PTX ISA, "mma.m16n8k16"), g = lane / 4, t = lane % 4:
+//   A 16x16 row-major, 4 registers of 2 elements: {(g, 2t..2t+1), (g+8, 2t..), (g, 2t+8..), (g+8, 2t+8..)}
+//   B 16x8 "col" (element (k, n)), 2 registers: {(k = 2t..2t+1, n = g), (k = 2t+8.., n = g)}
+//   C 16x8 f32, 4 values: (g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1)
+// so the C fragments of two adjacent 8-column tiles are, once rounded to 16 bits, the A fragment
+// of the 16-column slab they cover (FlashAttention-2's trick: softmax(QK^T) feeds P·V from
+// registers). On older architectures every function here traps; callers check the device first
+// (mma_attention_supported()).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace tachyon::ops::cuda::detail {
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define TACHYON_MMA_ENABLED 1
+#else
+#define TACHYON_MMA_ENABLED 0
+#endif
+
+__device__ __forceinline__ uint32_t smem_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes global -> shared, bypassing L1; src_bytes 0 writes 16 zero bytes without reading.
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, int src_bytes) {
+#if TACHYON_MMA_ENABLED
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+#else
+  __trap();
+#endif
+}
+
+__device__ __forceinline__ void cp_async_commit() {
+#if TACHYON_MMA_ENABLED
+  asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+
+// Waits until at most N of this thread's committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#if TACHYON_MMA_ENABLED
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+#endif
+}
+
+// Four 8x8 b16 matrices; lane i gives the address of row i % 8 of matrix i / 8, and register j
+// receives matrix j's elements (g, 2t..2t+1) (transposed: (2t..2t+1, g)).
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+#if TACHYON_MMA_ENABLED
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+#else
+  __trap();
+#endif
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+#if TACHYON_MMA_ENABLED
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+#else
+  __trap();
+#endif
+}
+
+// The 16-bit element type of a cache dtype (kBF16 or kF16) as the tensor cores see it.
+template <DType D>
+struct MmaType;
+
+template <>
+struct MmaType<DType::kBF16> {
+  // Two f32 -> one register of two bf16 (round to nearest even), lo in the low half.
+  __device__ __forceinline__ static uint32_t pack(float lo, float hi) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  }
+  __device__ __forceinline__ static void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#if TACHYON_MMA_ENABLED
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+    __trap();
+#endif
+  }
+};
+
+template <>
+struct MmaType<DType::kF16> {
+  __device__ __forceinline__ static uint32_t pack(float lo, float hi) {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  }
+  __device__ __forceinline__ static void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#if TACHYON_MMA_ENABLED
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+    __trap();
+#endif
+  }
+};
+
+// Stages `rows` K and V rows of head_dim HD (16-bit) from the paged cache into shared memory
+// tiles [rows][HD + 8] (the 8-element pad puts the 8 rows of every ldmatrix in distinct banks)
+// with cp.async, one 16-byte chunk per thread and step. Row t holds key first_key + t when that
+// key is below key_end, zeros otherwise. `slot_of(key)` gives the element offset of a key's row
+// for this KV head. Every thread of the block (THREADS of them) takes part; the caller commits.
+template <int HD, int ROWS, int THREADS, typename SlotOf>
+__device__ __forceinline__ void stage_kv_tile(const uint16_t* k_cache, const uint16_t* v_cache, int first_key,
+                                              int key_end, uint16_t* ks, uint16_t* vs, SlotOf slot_of) {
+  constexpr int kChunksPerRow = HD / 8;
+  constexpr int kRowsPerStep = THREADS / kChunksPerRow;
+  static_assert(THREADS % kChunksPerRow == 0 && ROWS % kRowsPerStep == 0, "tile shape");
+  constexpr int kStride = HD + 8;
+  const int chunk = threadIdx.x % kChunksPerRow;
+#pragma unroll
+  for (int t = threadIdx.x / kChunksPerRow; t < ROWS; t += kRowsPerStep) {
+    const int key = first_key + t;
+    const bool ok = key < key_end;
+    const int64_t off = ok ? slot_of(key) + chunk * 8 : 0;
+    cp_async_16(smem_address(ks + t * kStride + chunk * 8), k_cache + off, ok ? 16 : 0);
+    cp_async_16(smem_address(vs + t * kStride + chunk * 8), v_cache + off, ok ? 16 : 0);
+  }
+}
+
+}  // namespace tachyon::ops::cuda::detail
