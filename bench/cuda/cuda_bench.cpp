@@ -144,17 +144,21 @@ struct GemvRow {
   std::string name;
   int64_t in, out, n;
   double gemv_us, gemv_gbps, cublas_us, cublas_gbps;
+  double mma_us = 0.0, mma_gbps = 0.0;  // the tensor-core GEMM (0: not run)
 };
 
 Status bench_gemv(cu::LinearContext& ctx, double copy_gbps, nlohmann::json& out, std::vector<GemvRow>& rows,
                   const Options& opt) {
   const std::vector<Shape> shapes = {{"q/o 4096x4096", 4096, 4096},
                                      {"k/v 4096->1024", 4096, 1024},
+                                     {"qkv 4096->6144", 4096, 6144},
                                      {"gate/up 4096->14336", 4096, 14336},
+                                     {"gate+up 4096->28672", 4096, 28672},
                                      {"down 14336->4096", 14336, 4096},
                                      {"lm_head 4096->128256", 4096, 128256}};
+  TACHYON_ASSIGN_OR_RETURN(const int cc, cu::current_compute_capability());
   const size_t rotate_bytes = opt.quick ? kGiB / 2 : 2 * kGiB;
-  TACHYON_RETURN_IF_ERROR(ctx.reserve(16, 14336, 128256));
+  TACHYON_RETURN_IF_ERROR(ctx.reserve(64, 14336, 128256));
   nlohmann::json list = nlohmann::json::array();
   for (const Shape& s : shapes) {
     const size_t weight_bytes = static_cast<size_t>(s.in * s.out) * 2;
@@ -162,10 +166,10 @@ Status bench_gemv(cu::LinearContext& ctx, double copy_gbps, nlohmann::json& out,
     TACHYON_ASSIGN_OR_RETURN(auto weights, cu::DeviceBuffer::allocate(weight_bytes * copies, "gemv weights"));
     TACHYON_RETURN_IF_ERROR(
         cu::fill_random(weights.data(), DType::kBF16, s.in * s.out * copies, 7, -0.05f, 0.05f, nullptr));
-    TACHYON_ASSIGN_OR_RETURN(auto x, cu::DeviceBuffer::allocate(16 * s.in * 4, "gemv x"));
-    TACHYON_ASSIGN_OR_RETURN(auto y, cu::DeviceBuffer::allocate(16 * s.out * 4, "gemv y"));
-    TACHYON_RETURN_IF_ERROR(cu::fill_random(x.data(), DType::kF32, 16 * s.in, 8, -1.f, 1.f, nullptr));
-    for (int64_t n : {1, 2, 4, 8, 16}) {
+    TACHYON_ASSIGN_OR_RETURN(auto x, cu::DeviceBuffer::allocate(64 * s.in * 4, "gemv x"));
+    TACHYON_ASSIGN_OR_RETURN(auto y, cu::DeviceBuffer::allocate(64 * s.out * 4, "gemv y"));
+    TACHYON_RETURN_IF_ERROR(cu::fill_random(x.data(), DType::kF32, 64 * s.in, 8, -1.f, 1.f, nullptr));
+    for (int64_t n : {1, 2, 4, 8, 16, 32, 64}) {
       auto run = [&](cu::LinearAlgo algo) {
         return [&, algo](int i, cu::Stream st) {
           cu::LinearArgs a;
@@ -183,18 +187,28 @@ Status bench_gemv(cu::LinearContext& ctx, double copy_gbps, nlohmann::json& out,
         };
       };
       const int iters = std::max(copies, 40);
-      TACHYON_ASSIGN_OR_RETURN(double gemv_ms, time_graph_ms(run(cu::LinearAlgo::kGemv), copies, iters, 5));
+      double gemv_ms = 0.0, mma_ms = 0.0;
+      if (n <= 16) {
+        TACHYON_ASSIGN_OR_RETURN(gemv_ms, time_graph_ms(run(cu::LinearAlgo::kGemv), copies, iters, 5));
+      }
       TACHYON_ASSIGN_OR_RETURN(double cublas_ms, time_graph_ms(run(cu::LinearAlgo::kCublasLt), copies, iters, 5));
-      GemvRow r{s.name, s.in, s.out, n, gemv_ms * 1e3, weight_bytes / (gemv_ms * 1e-3) / 1e9, cublas_ms * 1e3,
-                weight_bytes / (cublas_ms * 1e-3) / 1e9};
+      if (cc >= 80) {
+        TACHYON_ASSIGN_OR_RETURN(mma_ms, time_graph_ms(run(cu::LinearAlgo::kMma), copies, iters, 5));
+      }
+      const auto gbps = [&](double ms) { return ms > 0.0 ? weight_bytes / (ms * 1e-3) / 1e9 : 0.0; };
+      GemvRow r{s.name, s.in, s.out, n, gemv_ms * 1e3, gbps(gemv_ms), cublas_ms * 1e3, gbps(cublas_ms),
+                mma_ms * 1e3, gbps(mma_ms)};
       rows.push_back(r);
       list.push_back({{"shape", s.name}, {"in", s.in}, {"out", s.out}, {"n", n}, {"weight_bytes", weight_bytes},
                       {"gemv_us", r.gemv_us}, {"gemv_gbps", r.gemv_gbps}, {"gemv_fraction_of_copy", r.gemv_gbps / copy_gbps},
                       {"cublaslt_us", r.cublas_us}, {"cublaslt_gbps", r.cublas_gbps},
-                      {"cublaslt_fraction_of_copy", r.cublas_gbps / copy_gbps}});
-      std::fprintf(stderr, "gemv %-22s n=%2lld: %8.2f us %7.1f GB/s (%.0f%% of copy) | cublasLt %8.2f us %7.1f GB/s\n",
+                      {"cublaslt_fraction_of_copy", r.cublas_gbps / copy_gbps}, {"mma_us", r.mma_us},
+                      {"mma_gbps", r.mma_gbps}, {"mma_fraction_of_copy", r.mma_gbps / copy_gbps}});
+      std::fprintf(stderr,
+                   "gemv %-22s n=%2lld: %8.2f us %7.1f GB/s (%.0f%% of copy) | cublasLt %8.2f us %7.1f GB/s | "
+                   "mma %8.2f us %7.1f GB/s\n",
                    s.name, static_cast<long long>(n), r.gemv_us, r.gemv_gbps, 100.0 * r.gemv_gbps / copy_gbps,
-                   r.cublas_us, r.cublas_gbps);
+                   r.cublas_us, r.cublas_gbps, r.mma_us, r.mma_gbps);
     }
   }
   out["gemv"] = list;
@@ -420,6 +434,7 @@ int main(int argc, char** argv) {
   for (const GemvRow& r : gemv_rows) {
     if (r.n != 1) continue;
     const std::string name = r.name;
+    if (name.rfind("qkv", 0) == 0 || name.rfind("gate+up", 0) == 0) continue;  // fused shapes: counted unfused
     const double count = name.rfind("lm_head", 0) == 0 ? 1.0 : 32.0 * (name.rfind("down", 0) == 0 ? 1.0 : 2.0);
     step_us += count * r.gemv_us;
     step_bytes += count * static_cast<double>(r.in * r.out * 2);
@@ -441,10 +456,12 @@ int main(int argc, char** argv) {
   std::printf("copy D2D (read+write)      %8.1f GB/s\n", *copy);
   std::printf("cuBLASLt bf16 matmul %lld^3 %6.1f TFLOP/s\n", static_cast<long long>(out["matmul"]["m"].get<int64_t>()),
               *tflops);
-  std::printf("%-22s %3s %9s %8s %6s %9s %8s\n", "gemv (bf16 weights)", "n", "us", "GB/s", "%copy", "cuBLASLt", "GB/s");
+  std::printf("%-22s %3s %9s %8s %6s %9s %8s %6s %9s %8s %6s\n", "linear (bf16 weights)", "n", "gemv us", "GB/s",
+              "%copy", "cuBLASLt", "GB/s", "%copy", "mma us", "GB/s", "%copy");
   for (const GemvRow& r : gemv_rows) {
-    std::printf("%-22s %3lld %9.2f %8.1f %5.0f%% %9.2f %8.1f\n", r.name.c_str(), static_cast<long long>(r.n), r.gemv_us,
-                r.gemv_gbps, 100.0 * r.gemv_gbps / *copy, r.cublas_us, r.cublas_gbps);
+    std::printf("%-22s %3lld %9.2f %8.1f %5.0f%% %9.2f %8.1f %5.0f%% %9.2f %8.1f %5.0f%%\n", r.name.c_str(),
+                static_cast<long long>(r.n), r.gemv_us, r.gemv_gbps, 100.0 * r.gemv_gbps / *copy, r.cublas_us,
+                r.cublas_gbps, 100.0 * r.cublas_gbps / *copy, r.mma_us, r.mma_gbps, 100.0 * r.mma_gbps / *copy);
   }
   std::printf("Llama-3-8B linears, 1 token: %.1f us/token = %.1f GB/s (%.0f%% of copy)\n", step_us,
               step_bytes / (step_us * 1e-6) / 1e9, 100.0 * step_bytes / (step_us * 1e-6) / 1e9 / *copy);

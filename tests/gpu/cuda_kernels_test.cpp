@@ -192,6 +192,40 @@ TEST(CudaLinear, CublasLtMatchesReference) {
   }
 }
 
+// The tensor-core GEMM rounds the activations to the weight's type like cuBLASLt: tight against the
+// reference on the rounded activations. Odd row counts (partial 16-row tiles), token counts inside
+// and across 8-token tiles, with and without split-K; shapes it does not take are Status errors.
+TEST(CudaLinear, TensorCoreGemmMatchesReference) {
+  TACHYON_SKIP_WITHOUT_GPU();
+  auto cc = cu::current_compute_capability();
+  ASSERT_TRUE(cc.ok());
+  if (*cc < 80) GTEST_SKIP() << "the tensor-core GEMM needs sm_80+";
+  const uint32_t seed = testing::fresh_seed();
+  SCOPED_TRACE(fmt::format("seed {} (TACHYON_TEST_SEED={} reproduces)", seed, seed));
+  std::mt19937 rng(seed);
+  auto ctx = cu::LinearContext::create();
+  ASSERT_TRUE(ctx.ok()) << ctx.status().to_string();
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{32, 7}, {256, 515}, {1024, 129}, {4096, 96}, {2080, 1000}};
+  for (DType dtype : {DType::kBF16, DType::kF16}) {
+    for (auto [in, out] : shapes) {
+      for (int64_t n : {1, 5, 8, 9, 16, 17, 31, 33, 50, 64}) {
+        LinearCase c{n, in, out, dtype, n % 2 == 1};
+        c.bias_dtype = n == 33 ? DType::kBF16 : DType::kF32;
+        c.x_pad = n % 3 == 0 ? 5 : 0;
+        c.y_pad = n % 4 == 1 ? 3 : 0;
+        LinearRun r;
+        ASSERT_TRUE(run_linear(**ctx, c, rng, cu::LinearAlgo::kMma, &r)) << describe(c);
+        const Tensor x_rounded = testing::convert(r.x, dtype).to_f32();
+        ASSERT_TRUE(all_close(r.y, reference_linear(x_rounded, r.w, r.bias), 1e-4, describe(c) + " vs rounded x"));
+      }
+    }
+  }
+  LinearRun r;
+  EXPECT_FALSE(run_linear(**ctx, LinearCase{65, 64, 64, DType::kBF16, false}, rng, cu::LinearAlgo::kMma, &r));
+  EXPECT_FALSE(run_linear(**ctx, LinearCase{8, 48, 64, DType::kBF16, false}, rng, cu::LinearAlgo::kMma, &r));
+  EXPECT_FALSE(run_linear(**ctx, LinearCase{8, 64, 64, DType::kF32, false}, rng, cu::LinearAlgo::kMma, &r));
+}
+
 // kAuto: GEMV up to kLinearAutoGemvMaxTokens (exact f32), cuBLASLt beyond; both agree with the
 // reference.
 TEST(CudaLinear, AutoPicksByTokenCount) {
@@ -201,7 +235,7 @@ TEST(CudaLinear, AutoPicksByTokenCount) {
   std::mt19937 rng(seed);
   auto ctx = cu::LinearContext::create();
   ASSERT_TRUE(ctx.ok()) << ctx.status().to_string();
-  for (int64_t n : {1, 2, 4, 5, 16, 17, 300}) {
+  for (int64_t n : {1, 2, 4, 5, 16, 17, 64, 65, 300}) {
     LinearCase c{n, 896, 1152, DType::kBF16, true};
     LinearRun r;
     ASSERT_TRUE(run_linear(**ctx, c, rng, cu::LinearAlgo::kAuto, &r)) << describe(c);

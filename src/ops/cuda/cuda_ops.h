@@ -139,6 +139,9 @@ constexpr int kLinearAutoGemvMaxTokens = 4;
 enum class LinearAlgo : uint8_t {
   kAuto,      // GEMV for n <= kLinearAutoGemvMaxTokens, cuBLASLt beyond
   kGemv,      // the custom GEMV (any n up to 16)
+  kMma,       // the tensor-core skinny GEMM (16-bit weights, in % 32 == 0, n up to 64, sm_80+;
+              // activations converted to the weight's dtype). Not chosen by kAuto: on the H200 it
+              // streams weights at 30-68 % of copy against cuBLASLt's 51-105 % (docs/perf.md)
   kCublasLt,  // cuBLASLt (activations converted to the weight's dtype; f32 weights: plain f32)
 };
 

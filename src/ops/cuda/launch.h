@@ -30,6 +30,15 @@ struct GemvShape {
 GemvShape plan_gemv(const LinearArgs& a, int sm_count);
 cudaError_t launch_gemv(const LinearArgs& a, const GemvShape& shape, float* partial, Stream stream);
 
+// The tensor-core skinny GEMM: y = x16 · w^T for 1..kGemmMmaMaxTokens tokens, x16 the activations
+// already rounded to the weight's 16-bit type ([n, x_stride], 16-byte aligned rows); same split-K
+// contract as the GEMV (partial [splits, n, out] when shape.splits > 1). Needs sm_80+.
+constexpr int kGemmMmaMaxTokens = 64;
+bool gemm_mma_supported(const LinearArgs& a, int64_t x_stride);
+GemvShape plan_gemm_mma(const LinearArgs& a, int sm_count);
+cudaError_t launch_gemm_mma(const LinearArgs& a, const void* x16, int64_t x_stride, const GemvShape& shape,
+                            float* partial, Stream stream);
+
 // dst[n, dst_stride] (f16/bf16, rounded to nearest even) = x[n, in] f32 (rows x_stride apart).
 cudaError_t launch_convert_rows(const float* x, int64_t x_stride, int64_t n, int64_t in, void* dst, DType dst_dtype,
                                 int64_t dst_stride, Stream stream);

@@ -85,6 +85,7 @@ struct LinearContext::Impl {
   using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, bool, int, int, int>;
   std::map<Key, cublasLtMatmulAlgo_t> algos;
   int sm_count = 0;
+  int compute_capability = 0;
   uint64_t generation = 0;  // scratch reallocations so far
 
   ~Impl() {
@@ -178,6 +179,7 @@ Result<std::unique_ptr<LinearContext>> LinearContext::create() {
   TACHYON_CUBLAS_RETURN_IF_ERROR(cublasLtCreate(&impl->handle));
   TACHYON_ASSIGN_OR_RETURN(impl->workspace, DeviceBuffer::allocate(kWorkspaceBytes, "cuBLASLt workspace"));
   TACHYON_ASSIGN_OR_RETURN(impl->sm_count, current_sm_count());
+  TACHYON_ASSIGN_OR_RETURN(impl->compute_capability, current_compute_capability());
   return std::unique_ptr<LinearContext>(new LinearContext(std::move(impl)));
 }
 
@@ -189,7 +191,7 @@ Status LinearContext::reserve(int64_t max_tokens, int64_t max_in, int64_t max_ou
   // Split-K only runs on matrices with few rows (it fills the SMs with K slices instead).
   const int64_t split_rows = std::min<int64_t>(max_out, 32768);
   TACHYON_RETURN_IF_ERROR(impl_->grow(impl_->partial,
-                                      static_cast<size_t>(32 * std::min<int64_t>(max_tokens, detail::kGemvMaxTokens) *
+                                      static_cast<size_t>(32 * std::min<int64_t>(max_tokens, detail::kGemmMmaMaxTokens) *
                                                           split_rows) * sizeof(float),
                                       "split-K partial sums"));
   return Status::Ok();
@@ -218,7 +220,35 @@ Status linear(LinearContext& context, const LinearArgs& a, Stream stream, Linear
                        a.out);
   if (a.n == 0) return Status::Ok();
   LinearContext::Impl& ctx = context.impl();
-  if (algo == LinearAlgo::kAuto) algo = a.n <= kLinearAutoGemvMaxTokens ? LinearAlgo::kGemv : LinearAlgo::kCublasLt;
+  const int64_t ld = (a.in + 7) / 8 * 8;  // 16-byte aligned rows for activations converted to 16 bits
+  const bool mma_fits = ctx.compute_capability >= 80 && detail::gemm_mma_supported(a, ld);
+  if (algo == LinearAlgo::kAuto) {
+    if (a.n <= kLinearAutoGemvMaxTokens) {
+      algo = LinearAlgo::kGemv;
+    } else {
+      algo = LinearAlgo::kCublasLt;
+    }
+  }
+  if (algo == LinearAlgo::kMma) {
+    TACHYON_CUDA_REQUIRE(mma_fits,
+                         "linear: the tensor-core GEMM takes f16/bf16 weights with in % 32 == 0, 16-byte aligned "
+                         "rows and at most {} tokens on sm_80+ (got {} x {} -> {}, {}, sm_{})",
+                         detail::kGemmMmaMaxTokens, a.n, a.in, a.out, dtype_name(a.w_dtype), ctx.compute_capability);
+    TACHYON_RETURN_IF_ERROR(ctx.grow(ctx.activations, static_cast<size_t>(a.n * ld) * 2, "activations"));
+    TACHYON_CUDA_RETURN_IF_ERROR(detail::launch_convert_rows(a.x, a.x_stride, a.n, a.in, ctx.activations.data(),
+                                                             a.w_dtype, ld, stream));
+    const detail::GemvShape shape = detail::plan_gemm_mma(a, ctx.sm_count);
+    float* partial = nullptr;
+    if (shape.splits > 1) {
+      TACHYON_RETURN_IF_ERROR(ctx.grow(ctx.partial, static_cast<size_t>(shape.splits * a.n * a.out) * sizeof(float),
+                                       "split-K partial sums"));
+      partial = ctx.partial.as<float>();
+    }
+    log_path_once("cuda linear: tensor-core GEMM {0} x {0} -> f32 (activations rounded to {0})", dtype_name(a.w_dtype));
+    TACHYON_CUDA_RETURN_IF_ERROR(
+        detail::launch_gemm_mma(a, ctx.activations.data(), ld, shape, partial, stream));
+    return Status::Ok();
+  }
 
   if (algo == LinearAlgo::kGemv) {
     TACHYON_CUDA_REQUIRE(a.n <= detail::kGemvMaxTokens, "linear: the GEMV takes at most {} tokens, got {}",
@@ -244,7 +274,6 @@ Status linear(LinearContext& context, const LinearArgs& a, Stream stream, Linear
     TACHYON_RETURN_IF_ERROR(ctx.matmul(a.x, a.x_stride, a.w, a.w_stride, DType::kF32, bias, a.y, a.y_stride, a.n,
                                        a.in, a.out, stream));
   } else {
-    const int64_t ld = (a.in + 7) / 8 * 8;  // 16-byte aligned rows for the converted activations
     TACHYON_RETURN_IF_ERROR(ctx.grow(ctx.activations, static_cast<size_t>(a.n * ld) * 2, "activations"));
     TACHYON_CUDA_RETURN_IF_ERROR(detail::launch_convert_rows(a.x, a.x_stride, a.n, a.in, ctx.activations.data(),
                                                              a.w_dtype, ld, stream));

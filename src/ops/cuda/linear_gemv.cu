@@ -9,6 +9,7 @@
 
 #include "ops/cuda/device_math.cuh"
 #include "ops/cuda/launch.h"
+#include "ops/cuda/mma.cuh"
 
 namespace tachyon::ops::cuda::detail {
 namespace {
@@ -273,6 +274,117 @@ __global__ void add_bias_kernel(float* __restrict__ y, int64_t y_stride, int64_t
   }
 }
 
+
+// ---- tensor-core skinny GEMM (5..64 tokens, 16-bit weights) ---------------------------------------
+// y^T[out, n] = W[out, in] · x^T with mma.m16n8k16: a warp owns 16 output rows (the A operand,
+// streamed once from memory with 16-byte loads, never staged in shared memory) and all n tokens
+// (B, the activations already rounded to the weight's type, read through L1: every warp of the
+// block reads the same K slice). The K order inside each 32-element chunk is permuted the same way
+// for A and B — lane t's 16-byte load holds elements 8t..8t+7, fed to the mma as logical
+// k {2t, 2t+1, 2t+8, 2t+9} of two consecutive k16 steps — so both operands load as whole vectors
+// and the sum is unchanged. K slices over the grid with partial sums reduced in split order, as
+// the GEMV does.
+constexpr int kMmaGemmWarps = 4;
+
+struct MmaGemmParams {
+  const uint16_t* x;  // [n, x_stride] 16-bit (the weight's type)
+  int64_t x_stride;
+  const uint16_t* w;  // [out, w_stride]
+  int64_t w_stride;
+  const void* bias;
+  DType bias_dtype;
+  float* y;
+  int64_t y_stride;
+  float* partial;  // [splits, n, out] when splits > 1
+  int64_t n, in, out;
+  int64_t chunk;  // multiple of 32
+  int splits;
+};
+
+template <DType WD, int NT, int U>
+__global__ void __launch_bounds__(kMmaGemmWarps * 32) gemm_mma_kernel(const MmaGemmParams p) {
+#if TACHYON_MMA_ENABLED
+  using M = MmaType<WD>;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kMmaGemmWarps + warp) * 16;
+  if (row0 >= p.out) return;  // no block-wide synchronisation
+  const int split = blockIdx.y;
+  const int64_t k_begin = split * p.chunk;
+  const int64_t k_end = min64(p.in, k_begin + p.chunk);
+  const uint16_t* w0 = p.w + min64(row0 + g, p.out - 1) * p.w_stride + 8 * t;
+  const uint16_t* w1 = p.w + min64(row0 + g + 8, p.out - 1) * p.w_stride + 8 * t;
+  const uint16_t* xr[NT];
+#pragma unroll
+  for (int j = 0; j < NT; ++j) xr[j] = p.x + min64(8 * j + g, p.n - 1) * p.x_stride + 8 * t;  // past n: never stored
+
+  float acc[NT][4];
+#pragma unroll
+  for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+
+  const auto chunk32 = [&](const uint4& wa, const uint4& wb, int64_t k) {
+    uint4 xv[NT];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) xv[j] = __ldg(reinterpret_cast<const uint4*>(xr[j] + k));
+    const uint32_t a0[4] = {wa.x, wb.x, wa.y, wb.y};
+    const uint32_t a1[4] = {wa.z, wb.z, wa.w, wb.w};
+#pragma unroll
+    for (int j = 0; j < NT; ++j) M::mma(acc[j], a0, xv[j].x, xv[j].y);
+#pragma unroll
+    for (int j = 0; j < NT; ++j) M::mma(acc[j], a1, xv[j].z, xv[j].w);
+  };
+  int64_t k = k_begin;
+  for (; k + 32 * U <= k_end; k += 32 * U) {
+    uint4 wa[U], wb[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      wa[u] = load_stream_16(w0 + k + 32 * u);
+      wb[u] = load_stream_16(w1 + k + 32 * u);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) chunk32(wa[u], wb[u], k + 32 * u);
+  }
+  for (; k < k_end; k += 32) chunk32(load_stream_16(w0 + k), load_stream_16(w1 + k), k);
+
+  // acc[j] = y^T rows (g, g + 8) x tokens (8j + 2t, 8j + 2t + 1).
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int64_t row = row0 + g + (e >= 2 ? 8 : 0);
+      const int64_t tok = 8 * j + 2 * t + (e & 1);
+      if (row < p.out && tok < p.n) {
+        if (p.splits == 1) {
+          const float b = p.bias != nullptr ? load_as_f32(p.bias, p.bias_dtype, row) : 0.0f;
+          p.y[tok * p.y_stride + row] = acc[j][e] + b;
+        } else {
+          p.partial[(static_cast<int64_t>(split) * p.n + tok) * p.out + row] = acc[j][e];
+        }
+      }
+    }
+  }
+#else
+  __trap();
+#endif
+}
+
+template <DType WD, int NT>
+cudaError_t launch_gemm_mma_nt(const MmaGemmParams& p, Stream stream) {
+  constexpr int U = NT <= 2 ? 8 : (NT <= 4 ? 4 : 2);  // 16-byte weight loads in flight per row and lane
+  const int64_t row_tiles = (p.out + 15) / 16;
+  const dim3 grid(static_cast<unsigned>((row_tiles + kMmaGemmWarps - 1) / kMmaGemmWarps),
+                  static_cast<unsigned>(p.splits));
+  gemm_mma_kernel<WD, NT, U><<<grid, kMmaGemmWarps * 32, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+template <DType WD>
+cudaError_t launch_gemm_mma_dtype(const MmaGemmParams& p, Stream stream) {
+  if (p.n <= 8) return launch_gemm_mma_nt<WD, 1>(p, stream);
+  if (p.n <= 16) return launch_gemm_mma_nt<WD, 2>(p, stream);
+  if (p.n <= 32) return launch_gemm_mma_nt<WD, 4>(p, stream);
+  return launch_gemm_mma_nt<WD, 8>(p, stream);
+}
 }  // namespace
 
 GemvShape plan_gemv(const LinearArgs& a, int sm_count) {
@@ -322,6 +434,55 @@ cudaError_t launch_gemv(const LinearArgs& a, const GemvShape& shape, float* part
     case DType::kF32: e = launch_dtype<DType::kF32>(p, shape, stream); break;
     default: return cudaErrorInvalidValue;
   }
+  if (e != cudaSuccess || shape.splits == 1) return e;
+  const int threads = 256;
+  gemv_reduce_kernel<<<grid_for(a.n * a.out, threads), threads, 0, stream>>>(partial, shape.splits, a.n, a.out, a.bias,
+                                                                            a.bias_dtype, a.y, a.y_stride);
+  return cudaGetLastError();
+}
+
+bool gemm_mma_supported(const LinearArgs& a, int64_t x_stride) {
+  const auto aligned16 = [](const void* q) { return (reinterpret_cast<uintptr_t>(q) & 15u) == 0; };
+  return (a.w_dtype == DType::kBF16 || a.w_dtype == DType::kF16) && a.n >= 1 && a.n <= kGemmMmaMaxTokens &&
+         a.in % 32 == 0 && a.w_stride % 8 == 0 && x_stride % 8 == 0 && aligned16(a.w);
+}
+
+GemvShape plan_gemm_mma(const LinearArgs& a, int sm_count) {
+  GemvShape s;
+  s.vector_loads = true;
+  s.rows_per_warp = 16;
+  s.step = 32;
+  const int64_t row_warps = (a.out + 15) / 16;
+  const int64_t target_warps = static_cast<int64_t>(std::max(sm_count, 1)) * 32;
+  const int64_t unroll = a.n <= 16 ? 8 : (a.n <= 32 ? 4 : 2);
+  const int64_t max_splits = std::max<int64_t>(1, std::min<int64_t>(a.in / (32 * unroll), 32));
+  const int64_t want = std::max<int64_t>(1, std::min<int64_t>(target_warps / std::max<int64_t>(row_warps, 1), max_splits));
+  int64_t chunk = (a.in + want - 1) / want;
+  chunk = (chunk + 31) / 32 * 32;
+  s.chunk = std::max<int64_t>(chunk, 32);
+  s.splits = static_cast<int>((a.in + s.chunk - 1) / s.chunk);
+  return s;
+}
+
+cudaError_t launch_gemm_mma(const LinearArgs& a, const void* x16, int64_t x_stride, const GemvShape& shape,
+                            float* partial, Stream stream) {
+  MmaGemmParams p;
+  p.x = static_cast<const uint16_t*>(x16);
+  p.x_stride = x_stride;
+  p.w = static_cast<const uint16_t*>(a.w);
+  p.w_stride = a.w_stride;
+  p.bias = a.bias;
+  p.bias_dtype = a.bias_dtype;
+  p.y = a.y;
+  p.y_stride = a.y_stride;
+  p.partial = partial;
+  p.n = a.n;
+  p.in = a.in;
+  p.out = a.out;
+  p.chunk = shape.chunk;
+  p.splits = shape.splits;
+  cudaError_t e = a.w_dtype == DType::kBF16 ? launch_gemm_mma_dtype<DType::kBF16>(p, stream)
+                                             : launch_gemm_mma_dtype<DType::kF16>(p, stream);
   if (e != cudaSuccess || shape.splits == 1) return e;
   const int threads = 256;
   gemv_reduce_kernel<<<grid_for(a.n * a.out, threads), threads, 0, stream>>>(partial, shape.splits, a.n, a.out, a.bias,
