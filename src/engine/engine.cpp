@@ -32,7 +32,40 @@ size_t host_memory_available() {
   return 0;
 }
 
+enum class KvCopy : uint8_t { kCacheToHost, kHostToCache };
+
+// Moves the K or V of positions [begin, end) of one table between one layer's pool
+// [num_blocks, block_size, num_kv_heads, head_dim] (on the cache's device) and a position-major
+// host buffer [end - begin, num_kv_heads, head_dim] of the same dtype. Runs of positions in
+// consecutive block ids move as one copy.
+Status copy_positions(Tensor& pool, const std::vector<int32_t>& blocks, int begin, int end, uint8_t* host,
+                      KvCopy direction) {
+  const int64_t block_size = pool.size(1);
+  const int64_t row = pool.size(2) * pool.size(3);  // elements per position
+  const size_t row_bytes = static_cast<size_t>(row) * dtype_size(pool.dtype());
+  const Tensor slots = pool.reshape({pool.size(0) * block_size, row});
+  int64_t p = begin;
+  while (p < end) {
+    const size_t first_block = static_cast<size_t>(p / block_size);
+    const int64_t slot = static_cast<int64_t>(blocks[first_block]) * block_size + p % block_size;
+    int64_t count = std::min<int64_t>(block_size - p % block_size, end - p);
+    for (size_t b = first_block + 1; p + count < end && blocks[b] == blocks[b - 1] + 1; ++b) {
+      count += std::min<int64_t>(block_size, end - p - count);
+    }
+    Tensor cached = slots.slice(0, slot, slot + count);
+    Tensor flat = Tensor::view_of(host + static_cast<size_t>(p - begin) * row_bytes, {count, row}, pool.dtype());
+    TACHYON_RETURN_IF_ERROR(direction == KvCopy::kCacheToHost ? copy_into(flat, cached) : copy_into(cached, flat));
+    p += count;
+  }
+  return Status::Ok();
+}
+
 }  // namespace
+
+size_t KvExport::layer_bytes() const {
+  return 2 * static_cast<size_t>(std::max(num_computed, 0)) * static_cast<size_t>(std::max(num_kv_heads, 0)) *
+         static_cast<size_t>(std::max(head_dim, 0)) * dtype_size(dtype);
+}
 
 const char* finish_reason_name(FinishReason reason) {
   switch (reason) {
@@ -41,6 +74,7 @@ const char* finish_reason_name(FinishReason reason) {
     case FinishReason::kContext: return "context";
     case FinishReason::kAbort: return "abort";
     case FinishReason::kError: return "error";
+    case FinishReason::kTransfer: return "transfer";
   }
   return "?";
 }
@@ -55,6 +89,7 @@ struct Engine::Request {
   StopStringMatcher stops;
   std::unique_ptr<IncrementalDetokenizer> detok;  // null when not detokenizing
   RequestTiming timing;
+  uint64_t rng_draws = 0;  // values sample() drew from the sampler's stream (one per non-greedy token)
 };
 
 Result<std::unique_ptr<Engine>> Engine::create(const LlamaModel& model, const Tokenizer* tokenizer,
@@ -171,20 +206,19 @@ Result<RequestId> Engine::add_request(std::string_view prompt, const GenerationP
   return add_request(tokenizer_->encode(prompt, eo), params);
 }
 
-Result<RequestId> Engine::add_request(std::vector<int32_t> prompt_ids, const GenerationParams& params) {
+Status Engine::validate_token_ids(std::span<const int32_t> ids, const char* what) const {
   const int vocab = model_.config().vocab_size;
-  if (prompt_ids.empty()) return make_error(ErrorCode::kInvalidArgument, "the prompt is empty (no tokens)");
-  for (size_t i = 0; i < prompt_ids.size(); ++i) {
-    if (prompt_ids[i] < 0 || prompt_ids[i] >= vocab) {
-      return make_error(ErrorCode::kInvalidArgument, "prompt token {} at index {} is outside the vocabulary [0, {})",
-                        prompt_ids[i], i, vocab);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || ids[i] >= vocab) {
+      return make_error(ErrorCode::kInvalidArgument, "{} token {} at index {} is outside the vocabulary [0, {})", what,
+                        ids[i], i, vocab);
     }
   }
-  if (static_cast<int64_t>(prompt_ids.size()) >= max_model_len_) {
-    return make_error(ErrorCode::kOutOfRange,
-                      "the prompt has {} tokens; the context holds {} (prompt and generated tokens together)",
-                      prompt_ids.size(), max_model_len_);
-  }
+  return Status::Ok();
+}
+
+Status Engine::validate_params(const GenerationParams& params) const {
+  const int vocab = model_.config().vocab_size;
   if (params.max_tokens < 1) {
     return make_error(ErrorCode::kInvalidArgument, "max_tokens = {} must be at least 1", params.max_tokens);
   }
@@ -202,16 +236,20 @@ Result<RequestId> Engine::add_request(std::vector<int32_t> prompt_ids, const Gen
                         kMaxStopStringBytes);
     }
   }
-  const bool detokenize = params.detokenize && tokenizer_ != nullptr;
-  if (!params.stop.empty() && !detokenize) {
+  if (!params.stop.empty() && !(params.detokenize && tokenizer_ != nullptr)) {
     return make_error(ErrorCode::kInvalidArgument, "stop strings need detokenized output (a tokenizer)");
   }
-  TACHYON_ASSIGN_OR_RETURN(Sampler sampler, Sampler::create(params.sampling, vocab));
-  sampler.set_prompt(prompt_ids);
+  return Status::Ok();
+}
 
+Result<std::unique_ptr<Engine::Request>> Engine::make_request(std::vector<int32_t> prompt_ids,
+                                                              const GenerationParams& params) {
+  TACHYON_RETURN_IF_ERROR(validate_params(params));
+  TACHYON_ASSIGN_OR_RETURN(Sampler sampler, Sampler::create(params.sampling, model_.config().vocab_size));
+  sampler.set_prompt(prompt_ids);
   const RequestId id = next_id_++;
   auto req = std::make_unique<Request>(id, std::move(prompt_ids), options_.block_size, params, std::move(sampler));
-  if (detokenize) {
+  if (params.detokenize && tokenizer_ != nullptr) {
     DetokenizerOptions dopt;
     dopt.skip_special = params.skip_special_tokens;
     req->detok = std::make_unique<IncrementalDetokenizer>(*tokenizer_, dopt);
@@ -219,12 +257,30 @@ Result<RequestId> Engine::add_request(std::vector<int32_t> prompt_ids, const Gen
     for (int32_t t : req->seq.tokens()) req->detok->push(t);
   }
   req->timing.arrival = now();
+  return req;
+}
+
+Result<RequestId> Engine::add_request(std::vector<int32_t> prompt_ids, const GenerationParams& params) {
+  if (prompt_ids.empty()) return make_error(ErrorCode::kInvalidArgument, "the prompt is empty (no tokens)");
+  TACHYON_RETURN_IF_ERROR(validate_token_ids(prompt_ids, "prompt"));
+  if (static_cast<int64_t>(prompt_ids.size()) >= max_model_len_) {
+    return make_error(ErrorCode::kOutOfRange,
+                      "the prompt has {} tokens; the context holds {} (prompt and generated tokens together)",
+                      prompt_ids.size(), max_model_len_);
+  }
+  TACHYON_ASSIGN_OR_RETURN(std::unique_ptr<Request> req, make_request(std::move(prompt_ids), params));
+  const RequestId id = req->seq.id();
   TACHYON_RETURN_IF_ERROR(scheduler_.add(&req->seq));
   requests_.emplace(id, std::move(req));
   return id;
 }
 
 bool Engine::abort(RequestId id) {
+  if (auto held = transfers_.find(id); held != transfers_.end()) {
+    scheduler_.finish(&held->second->seq);
+    transfers_.erase(held);
+    return true;
+  }
   auto it = requests_.find(id);
   if (it == requests_.end()) return false;
   Request& req = *it->second;
@@ -265,6 +321,7 @@ void Engine::finish(Request& req, FinishReason reason, RequestOutput& out) {
 bool Engine::process_sample(Request& req, const float* logits, RequestOutput& out) {
   out.id = req.seq.id();
   auto sampled = req.sampler.sample(logits, model_.config().vocab_size);
+  if (!req.params.sampling.greedy()) ++req.rng_draws;
   if (!sampled.ok()) {
     out.error = sampled.status();
     finish(req, FinishReason::kError, out);
@@ -312,8 +369,25 @@ bool Engine::emit_token(Request& req, SampleResult sampled, RequestOutput& out) 
     finish(req, FinishReason::kContext, out);
     return true;
   }
+  if (req.params.prefill_only) {
+    hold_for_transfer(req, out);
+    return true;
+  }
   fill_counts(req, out);
   return false;
+}
+
+void Engine::hold_for_transfer(Request& req, RequestOutput& out) {
+  // The detokenizer and the stop-string matcher keep what they hold back: the adopting engine
+  // rebuilds the same state from the tokens and goes on from there, so nothing is flushed here.
+  scheduler_.hold_for_transfer(&req.seq);
+  if (spec_) spec_->release(req.seq.id());
+  out.finished = true;
+  out.finish_reason = FinishReason::kTransfer;
+  req.timing.finished = now();
+  fill_counts(req, out);
+  out.timing = req.timing;
+  ++stats_.requests_finished;
 }
 
 Result<std::vector<RequestOutput>> Engine::step() {
@@ -399,7 +473,11 @@ Result<std::vector<RequestOutput>> Engine::step() {
     }
     row += 1 + c.num_draft;
     outputs.push_back(std::move(out));
-    if (done) requests_.erase(id);
+    if (done) {
+      auto it = requests_.find(id);
+      if (it->second->seq.state() == SequenceState::kTransferring) transfers_.emplace(id, std::move(it->second));
+      requests_.erase(it);
+    }
   }
   stats_.sample_seconds += phase.seconds();
   return outputs;
@@ -425,6 +503,7 @@ EngineStats Engine::stats() const {
   EngineStats s = stats_;
   s.num_running = scheduler_.num_running();
   s.num_waiting = scheduler_.num_waiting();
+  s.num_transferring = static_cast<int>(transfers_.size());
   s.kv_blocks_total = blocks_.num_blocks();
   s.kv_blocks_used = blocks_.num_used();
   s.kv_blocks_cached = blocks_.num_cached();
@@ -439,8 +518,9 @@ EngineStats Engine::stats() const {
 Status Engine::check_no_leaks() const {
   std::vector<const BlockTable*> tables;
   for (const auto& [id, req] : requests_) tables.push_back(&req->seq.block_table());
+  for (const auto& [id, req] : transfers_) tables.push_back(&req->seq.block_table());
   TACHYON_RETURN_IF_ERROR(blocks_.check(tables));
-  if (requests_.empty() && blocks_.num_used() != 0) {
+  if (requests_.empty() && transfers_.empty() && blocks_.num_used() != 0) {
     return make_error(ErrorCode::kInternal, "{} kv blocks still used with no request left", blocks_.num_used());
   }
   if (spec_) TACHYON_RETURN_IF_ERROR(spec_->check_no_leaks());
@@ -450,6 +530,142 @@ Status Engine::check_no_leaks() const {
 const Sequence* Engine::find_sequence(RequestId id) const {
   auto it = requests_.find(id);
   return it == requests_.end() ? nullptr : &it->second->seq;
+}
+
+// ---- Disaggregation hooks (disagg/ moves the bytes between engines) ----
+
+Result<KvExport> Engine::export_kv(RequestId id) {
+  auto it = transfers_.find(id);
+  if (it == transfers_.end()) {
+    return make_error(ErrorCode::kNotFound,
+                      "request {} holds no KV for transfer (unknown, not prefill-only, still running, or exported)", id);
+  }
+  std::unique_ptr<Request> req = std::move(it->second);
+  transfers_.erase(it);
+  const Sequence& seq = req->seq;
+  const KvCacheConfig& cc = cache_.config();
+  KvExport kv;
+  kv.num_layers = cc.num_layers;
+  kv.num_kv_heads = cc.num_kv_heads;
+  kv.head_dim = cc.head_dim;
+  kv.dtype = cc.dtype;
+  kv.vocab_size = model_.config().vocab_size;
+  kv.block_size = cc.block_size;
+  kv.tokens.assign(seq.tokens().begin(), seq.tokens().end());
+  kv.num_prompt_tokens = seq.num_prompt_tokens();
+  kv.num_computed = seq.num_computed();
+  kv.sampler_seed = req->sampler.seed();
+  kv.rng_draws = req->rng_draws;
+  TACHYON_CHECK(kv.num_computed == seq.num_tokens() - 1 && seq.block_table().num_tokens() >= kv.num_computed,
+                "request {} held with {} of {} tokens computed, table of {}", id, kv.num_computed, seq.num_tokens(),
+                seq.block_table().num_tokens());
+  Status st = Status::Ok();
+  const size_t half = kv.layer_bytes() / 2;
+  kv.layers.resize(static_cast<size_t>(cc.num_layers));
+  for (int l = 0; l < cc.num_layers && st.ok(); ++l) {
+    std::vector<uint8_t>& bytes = kv.layers[static_cast<size_t>(l)];
+    bytes.resize(2 * half);
+    st = copy_positions(cache_.k(l), seq.block_table().blocks(), 0, kv.num_computed, bytes.data(), KvCopy::kCacheToHost);
+    if (st.ok()) {
+      st = copy_positions(cache_.v(l), seq.block_table().blocks(), 0, kv.num_computed, bytes.data() + half,
+                          KvCopy::kCacheToHost);
+    }
+  }
+  scheduler_.finish(&req->seq);  // the blocks go back whatever happened
+  if (!st.ok()) return st.with_context(fmt::format("exporting the kv of request {}", id));
+  return kv;
+}
+
+Result<RequestId> Engine::adopt(const KvImport& kv, const GenerationParams& params) {
+  const ModelConfig& c = model_.config();
+  const KvCacheConfig& cc = cache_.config();
+  if (kv.num_layers != cc.num_layers || kv.num_kv_heads != cc.num_kv_heads || kv.head_dim != cc.head_dim ||
+      kv.dtype != cc.dtype || kv.vocab_size != c.vocab_size) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "kv import: {} layers x {} kv heads x head_dim {}, {} K/V, vocabulary {}; this engine has {} x {} "
+                      "x {}, {}, vocabulary {}",
+                      kv.num_layers, kv.num_kv_heads, kv.head_dim, dtype_name(kv.dtype), kv.vocab_size, cc.num_layers,
+                      cc.num_kv_heads, cc.head_dim, dtype_name(cc.dtype), c.vocab_size);
+  }
+  if (params.prefill_only) {
+    return make_error(ErrorCode::kInvalidArgument, "kv import: an adopted request cannot be prefill-only");
+  }
+  const int64_t num_tokens = static_cast<int64_t>(kv.tokens.size());
+  if (kv.num_prompt_tokens < 1 || kv.num_prompt_tokens >= num_tokens || kv.num_computed != num_tokens - 1) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "kv import: {} tokens of which {} prompt and {} computed (needs a prompt, at least one generated "
+                      "token, and every token but the last computed)",
+                      num_tokens, kv.num_prompt_tokens, kv.num_computed);
+  }
+  TACHYON_RETURN_IF_ERROR(validate_token_ids(kv.tokens, "kv import:"));
+  if (kv.layers.size() != static_cast<size_t>(cc.num_layers)) {
+    return make_error(ErrorCode::kInvalidArgument, "kv import: {} layers of K/V for a model of {}", kv.layers.size(),
+                      cc.num_layers);
+  }
+  const size_t layer_bytes = kv.layer_bytes();
+  for (size_t l = 0; l < kv.layers.size(); ++l) {
+    if (kv.layers[l].size() != layer_bytes) {
+      return make_error(ErrorCode::kInvalidArgument, "kv import: layer {} has {} bytes; {} positions take {}", l,
+                        kv.layers[l].size(), kv.num_computed, layer_bytes);
+    }
+  }
+  const int num_generated = static_cast<int>(num_tokens) - kv.num_prompt_tokens;
+  if (num_tokens >= max_model_len_) {
+    return make_error(ErrorCode::kOutOfRange, "kv import: {} tokens; the context holds {}", num_tokens, max_model_len_);
+  }
+  if (num_generated >= params.max_tokens) {
+    return make_error(ErrorCode::kInvalidArgument, "kv import: {} tokens generated already, max_tokens = {}",
+                      num_generated, params.max_tokens);
+  }
+  if (kv.rng_draws > static_cast<uint64_t>(num_generated)) {
+    return make_error(ErrorCode::kInvalidArgument, "kv import: {} random draws for {} generated tokens", kv.rng_draws,
+                      num_generated);
+  }
+  if (params.sampling.seed && *params.sampling.seed != kv.sampler_seed) {
+    return make_error(ErrorCode::kInvalidArgument, "kv import: the request's seed {} is not the exported stream's {}",
+                      *params.sampling.seed, kv.sampler_seed);
+  }
+
+  // The same request state the exporting engine had after its last token: sampler history and
+  // random stream, detokenizer and stop-string matcher (whose text that engine already reported).
+  GenerationParams p = params;
+  p.sampling.seed = kv.sampler_seed;
+  const auto prompt_end = kv.tokens.begin() + kv.num_prompt_tokens;
+  TACHYON_ASSIGN_OR_RETURN(std::unique_ptr<Request> req, make_request(std::vector<int32_t>(kv.tokens.begin(), prompt_end), p));
+  for (auto t = prompt_end; t != kv.tokens.end(); ++t) {
+    req->sampler.accept(*t);
+    req->seq.append_token(*t);
+    if (req->detok) (void)req->stops.push(req->detok->push(*t));
+    req->timing.token_times.push_back(req->timing.arrival);
+  }
+  for (uint64_t i = 0; i < kv.rng_draws; ++i) (void)req->sampler.rng().next_u64();
+  req->rng_draws = kv.rng_draws;
+  req->timing.first_scheduled = req->timing.arrival;
+  req->timing.first_token = req->timing.arrival;
+
+  TACHYON_ASSIGN_OR_RETURN(const int cached, scheduler_.reserve_adopted(&req->seq, kv.num_computed));
+  // Positions [0, cached) came from the prefix cache; the rest are written from the import.
+  const size_t row_bytes = layer_bytes / 2 / static_cast<size_t>(kv.num_computed);
+  const size_t skip = static_cast<size_t>(cached) * row_bytes;
+  Status st = Status::Ok();
+  for (int l = 0; l < cc.num_layers && st.ok(); ++l) {
+    // Only read: the import is the copies' source.
+    uint8_t* bytes = const_cast<uint8_t*>(kv.layers[static_cast<size_t>(l)].data());
+    const std::vector<int32_t>& blocks = req->seq.block_table().blocks();
+    st = copy_positions(cache_.k(l), blocks, cached, kv.num_computed, bytes + skip, KvCopy::kHostToCache);
+    if (st.ok()) {
+      st = copy_positions(cache_.v(l), blocks, cached, kv.num_computed, bytes + layer_bytes / 2 + skip,
+                          KvCopy::kHostToCache);
+    }
+  }
+  if (!st.ok()) {
+    scheduler_.finish(&req->seq);
+    return st.with_context("kv import");
+  }
+  scheduler_.admit_adopted(&req->seq);
+  const RequestId id = req->seq.id();
+  requests_.emplace(id, std::move(req));
+  return id;
 }
 
 // ---- Speculative decoding hooks (the work is in spec/spec_decoder.h) ----

@@ -9,6 +9,12 @@
 //                   verified after the forward (spec/spec_decoder.h)
 //   abort()       → at any time; the request's blocks are freed at once
 //
+// Disaggregation (disagg/ moves the bytes): a prefill engine runs requests with
+// GenerationParams::prefill_only, which finish with kTransfer after their first token, their
+// blocks held; export_kv() copies such a request's tokens and K/V out and frees its blocks. A
+// decode engine's adopt() writes them into blocks of its own and the request decodes on from
+// there, as if its prompt had run here: the prompt is never recomputed.
+//
 // One Engine is driven by one thread (the server runs it on its own loop thread). It borrows the
 // model and tokenizer, which must outlive it, and owns the paged KV cache.
 #pragma once
@@ -16,6 +22,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
@@ -52,9 +59,35 @@ struct EngineOptions {
   SpecDecodeOptions spec;           // speculative decoding (off by default)
 };
 
+// One sequence after its prompt ran on one engine, for another engine to continue it: what
+// Engine::export_kv() returns and Engine::adopt() takes. The K/V are position-major, so the two
+// engines' block sizes need not agree; everything else about the cache must.
+struct KvExport {
+  // The exporting model and cache (adopt() refuses any difference but block_size).
+  int num_layers = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  DType dtype = DType::kF32;             // the K/V bytes' dtype (the cache's)
+  int vocab_size = 0;
+  int block_size = 0;                    // the exporting cache's, for information
+  std::vector<int32_t> tokens;           // [num_tokens]: the prompt, then the generated tokens
+  int num_prompt_tokens = 0;
+  int num_computed = 0;                  // leading positions whose K/V follow (num_tokens - 1)
+  uint64_t sampler_seed = 0;             // the seed of the request's random stream (given or drawn)
+  uint64_t rng_draws = 0;                // values the stream gave so far
+  // [num_layers] of K then V, each [num_computed, num_kv_heads, head_dim] in dtype: the bytes of
+  // positions [0, num_computed) as the cache holds them.
+  std::vector<std::vector<uint8_t>> layers;
+
+  // Bytes of one layer's K and V together: 2 * num_computed * num_kv_heads * head_dim * dtype size.
+  size_t layer_bytes() const;
+};
+using KvImport = KvExport;
+
 struct EngineStats {
   int num_running = 0;
   int num_waiting = 0;       // includes preempted
+  int num_transferring = 0;  // prefill-only requests done, their KV held until export_kv()
   int kv_blocks_total = 0;
   int kv_blocks_used = 0;
   int kv_blocks_cached = 0;  // unreferenced, kept for prefix hits
@@ -89,10 +122,26 @@ class Engine {
   // Runs one step; returns the news of every request that got a token, finished or was aborted.
   Result<std::vector<RequestOutput>> step();
   // Ends a request now, freeing its blocks; the next step() reports it finished with kAbort.
-  // False if the id is unknown or already finished.
+  // A request held for transfer (kTransfer, not exported) only has its blocks freed: it already
+  // reported its end. False if the id is unknown or already finished.
   bool abort(RequestId id);
+
+  // Disaggregation. A request that finished with kTransfer: copies out its tokens, sampling state
+  // and the K/V of its computed positions (from the cache's device to the host), then frees its
+  // blocks, whether or not the copy succeeded. kNotFound if the request is not held for transfer.
+  Result<KvExport> export_kv(RequestId id);
+  // Continues a sequence exported by another engine: allocates blocks for its computed positions
+  // (the prefix cache's where it holds them), writes the K/V there and runs the request as
+  // decoding from its last token, with `params` (those of the original request, prefill_only
+  // off). Its first output carries the next token; the imported tokens were reported by the
+  // exporting engine. kInvalidArgument when the model or cache shape, the dtype, the sizes or the
+  // sampling state disagree. kOutOfRange, with nothing changed, when it does not fit: max_seqs
+  // sequences run or too few blocks are free (worth retrying after a step, while anything runs),
+  // or the sequence is longer than the context or the whole cache (never fits, as in add_request()).
+  Result<RequestId> adopt(const KvImport& kv, const GenerationParams& params);
+
   bool has_unfinished() const { return !requests_.empty() || !aborted_.empty(); }
-  size_t num_unfinished() const { return requests_.size(); }
+  size_t num_unfinished() const { return requests_.size(); }  // held-for-transfer ones not included
 
   EngineStats stats() const;
   const EngineOptions& options() const { return options_; }
@@ -100,7 +149,8 @@ class Engine {
   const LlamaModel& model() const { return model_; }
   const Tokenizer* tokenizer() const { return tokenizer_; }
   double now() const { return clock_.seconds(); }  // the engine's clock
-  // Every block free or cached, and the block manager's invariants hold (no request running).
+  // Every block free or cached, and the block manager's invariants hold (no request running or
+  // held for transfer).
   Status check_no_leaks() const;
   // Tests and tools: a running request's sequence (null when unknown or finished), the KV storage.
   const Sequence* find_sequence(RequestId id) const;
@@ -110,9 +160,17 @@ class Engine {
   struct Request;
   Engine(const LlamaModel& model, const Tokenizer* tokenizer, std::vector<int32_t> eos, const EngineOptions& options,
          int max_model_len, KvCache cache);
+  // Checks the request-level parameters (not the prompt) against the model and tokenizer.
+  Status validate_params(const GenerationParams& params) const;
+  Status validate_token_ids(std::span<const int32_t> ids, const char* what) const;
+  // A new request with `prompt_ids` (checked by the caller) and `params` (checked here): its
+  // sampler and detokenizer primed with the prompt. Not yet known to the scheduler.
+  Result<std::unique_ptr<Request>> make_request(std::vector<int32_t> prompt_ids, const GenerationParams& params);
   // Samples and post-processes one sequence's logits row; fills `out`; true if it finished.
   bool process_sample(Request& req, const float* logits, RequestOutput& out);
   void finish(Request& req, FinishReason reason, RequestOutput& out);
+  // A prefill-only request whose first token is out: ends with kTransfer, blocks held.
+  void hold_for_transfer(Request& req, RequestOutput& out);
   // Appends one token to the request and applies every stop condition; true if it finished.
   bool emit_token(Request& req, SampleResult sampled, RequestOutput& out);
   // Speculative decoding (spec/spec_decoder.h does the work): drafts for the decoding
@@ -134,6 +192,8 @@ class Engine {
   RequestId next_id_ = 1;
   std::unordered_map<RequestId, std::unique_ptr<Request>> requests_;
   std::vector<RequestOutput> aborted_;  // reported by the next step()
+  // Prefill-only requests that finished with kTransfer, their blocks held until export_kv().
+  std::unordered_map<RequestId, std::unique_ptr<Request>> transfers_;
   Tensor logits_;                       // [n_sampled, vocab] f32, reused
   // On a GPU, when every sampled row is plain greedy: the argmax and its logprob are taken on the
   // device and only they come back.

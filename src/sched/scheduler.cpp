@@ -10,6 +10,7 @@ const char* sequence_state_name(SequenceState state) {
     case SequenceState::kPrefilling: return "prefilling";
     case SequenceState::kDecoding: return "decoding";
     case SequenceState::kPreempted: return "preempted";
+    case SequenceState::kTransferring: return "transferring";
     case SequenceState::kFinished: return "finished";
   }
   return "?";
@@ -202,6 +203,49 @@ void Scheduler::accept_draft(Sequence* seq, int num_accepted) {
   seq->num_computed_ += num_accepted;
   blocks_.truncate(seq->block_table_, seq->num_computed_);
   blocks_.commit(seq->block_table_, seq->tokens(), seq->num_computed_);
+}
+
+void Scheduler::hold_for_transfer(Sequence* seq) {
+  TACHYON_CHECK(seq->state_ == SequenceState::kDecoding && seq->draft_.empty(),
+                "sequence {}: held for transfer in state {}", seq->id(), sequence_state_name(seq->state_));
+  const auto it = std::find(running_.begin(), running_.end(), seq);
+  TACHYON_CHECK(it != running_.end(), "sequence {}: held for transfer but not running", seq->id());
+  running_.erase(it);
+  seq->state_ = SequenceState::kTransferring;
+}
+
+Result<int> Scheduler::reserve_adopted(Sequence* seq, int num_computed) {
+  TACHYON_CHECK(seq->state_ == SequenceState::kWaiting && seq->num_computed_ == 0 && seq->block_table_.empty(),
+                "scheduler: sequence {} adopted twice", seq->id());
+  TACHYON_CHECK(num_computed > 0 && num_computed == seq->num_tokens() - 1,
+                "sequence {}: {} computed positions of {} tokens", seq->id(), num_computed, seq->num_tokens());
+  const int64_t capacity = static_cast<int64_t>(blocks_.num_blocks()) * blocks_.block_size();
+  if (seq->num_tokens() >= capacity) {
+    return make_error(ErrorCode::kOutOfRange, "the sequence has {} tokens; the KV cache holds {} tokens in all",
+                      seq->num_tokens(), capacity);
+  }
+  if (static_cast<int>(running_.size()) >= options_.max_seqs) {
+    return make_error(ErrorCode::kOutOfRange, "{} sequences already run (max_seqs)", running_.size());
+  }
+  BlockTable& t = seq->block_table_;
+  const int hit = blocks_.match_prefix(t, seq->tokens(), num_computed);
+  if (Status st = blocks_.grow_to(t, num_computed); !st.ok()) {
+    blocks_.free(t);
+    return st;
+  }
+  blocks_.record_prefix_query(num_computed, hit);
+  seq->num_computed_ = num_computed;
+  seq->num_cached_prompt_tokens_ = std::min(hit, seq->num_prompt_tokens());
+  seq->state_ = SequenceState::kTransferring;
+  return hit;
+}
+
+void Scheduler::admit_adopted(Sequence* seq) {
+  TACHYON_CHECK(seq->state_ == SequenceState::kTransferring && seq->num_computed_ > 0,
+                "sequence {}: admitted in state {}", seq->id(), sequence_state_name(seq->state_));
+  blocks_.commit(seq->block_table_, seq->tokens(), seq->num_computed_);
+  running_.push_back(seq);
+  seq->state_ = SequenceState::kDecoding;
 }
 
 void Scheduler::finish(Sequence* seq) {

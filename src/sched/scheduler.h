@@ -77,6 +77,22 @@ class Scheduler {
   // table is what a run that never proposed them would hold. Clears the draft. No-op once finished.
   void accept_draft(Sequence* seq, int num_accepted);
 
+  // Disaggregation (disagg/): a sequence's K/V leave one engine and join another's block table.
+  // Prefill side: a decoding sequence (prompt computed, first token appended) leaves the batch with
+  // its blocks held (state kTransferring) so that their K/V can be copied out; finish() frees them.
+  void hold_for_transfer(Sequence* seq);
+  // Decode side, step 1: a new sequence (never add()ed) whose tokens are the prompt and the tokens
+  // generated elsewhere, and whose first `num_computed` (== num_tokens - 1) positions' K/V come
+  // from elsewhere, gets blocks for those positions: the prefix cache's full blocks where it holds
+  // them, fresh ones for the rest. Returns how many leading positions the prefix cache supplied
+  // (their K/V must not be written); state kTransferring. All-or-nothing: kOutOfRange (nothing
+  // changed) when max_seqs sequences already run or the blocks are not available.
+  Result<int> reserve_adopted(Sequence* seq, int num_computed);
+  // Step 2, once the caller wrote the K/V of positions [returned, num_computed): registers the
+  // full blocks in the prefix cache and runs the sequence as decoding (its prompt is done). To give
+  // up between the two steps instead, finish() it.
+  void admit_adopted(Sequence* seq);
+
   int num_running() const { return static_cast<int>(running_.size()); }
   int num_waiting() const { return static_cast<int>(waiting_.size()); }  // includes preempted
   bool idle() const { return running_.empty() && waiting_.empty(); }

@@ -7,6 +7,11 @@
 //                           |   +------- resume ---------+-- kPreempted (KV dropped; recomputed
 //                           +--------------------------------^            from its tokens later)
 //
+// Disaggregation (disagg/) adds kTransferring, a sequence out of the batch whose blocks are held
+// while its K/V move between engines:
+//   prefill side  kDecoding --hold_for_transfer--> kTransferring --finish (K/V copied out)--> kFinished
+//   decode side   kWaiting --reserve_adopted--> kTransferring --admit_adopted (K/V written)--> kDecoding
+//
 // Generation does not care which state produced a token: a preempted sequence re-runs its prompt
 // and everything it generated as one prefill, then continues where it stopped.
 #pragma once
@@ -19,7 +24,7 @@
 
 namespace tachyon {
 
-enum class SequenceState : uint8_t { kWaiting, kPrefilling, kDecoding, kPreempted, kFinished };
+enum class SequenceState : uint8_t { kWaiting, kPrefilling, kDecoding, kPreempted, kTransferring, kFinished };
 const char* sequence_state_name(SequenceState state);
 
 class Sequence {

@@ -1,0 +1,132 @@
+// Moving one sequence's KV from a prefill worker to a decode worker: the wire format and the two
+// ends of a transfer, over any KvTransport (kv_transport.h).
+//
+// How the roles and the router will use these pieces (`tachyon serve --role prefill|decode`,
+// `tachyon router`; not built yet):
+//   - Both roles run the same Engine on the same model. The router admits a request, picks a
+//     prefill worker and a decode worker (the one with the most free KV blocks and the shortest
+//     queue: EngineStats::kv_blocks_free, num_waiting), and gives the prefill worker the request
+//     with GenerationParams::prefill_only set and a transfer id naming the decode worker.
+//   - Prefill worker: its engine loop runs the prompt; the request's output ends with
+//     FinishReason::kTransfer and carries the first token and its text, which the router streams
+//     to the client at once (time to first token does not wait for the transfer). The engine
+//     thread calls Engine::export_kv() right after that step (a copy to the host; the blocks are
+//     freed at once) and hands the export to a sender thread, which calls send_kv() on its
+//     connection to that decode worker, then receive_kv_ack(). A request that a stop condition
+//     ends at its first token finishes as usual and is never transferred.
+//   - Decode worker: one thread per incoming connection loops on receive_kv() and hands each
+//     ReceivedKv, with the request's GenerationParams (from the router, keyed by transfer id), to
+//     its engine loop, which calls Engine::adopt() and streams the following tokens to the router;
+//     the adopt() outcome goes back with send_kv_ack(). kOutOfRange from adopt() (no blocks, or
+//     max_seqs reached) is backpressure: the decode worker keeps the import queued and retries
+//     after a step, and the router stops sending it work while its queue is long.
+//   - Errors: any failed transfer ends the request with an error at the router (the prefill
+//     worker already freed its blocks; the decode worker adopted nothing), and the connection is
+//     dropped and reconnected (a transport that failed once is never reused).
+//   - `--role both` is a plain engine; a single process playing both roles can use
+//     make_local_transport_pair() in place of TCP.
+//
+// Wire format, version 1, all integers little-endian. One transfer is 1 + num_layers messages:
+//   header  u32 magic "TKVH", u16 version, u16 flags (0), u32 header bytes (this whole message),
+//           u32 num_layers, num_kv_heads, head_dim, dtype (1 f32, 2 f16, 3 bf16), vocab_size,
+//           block_size, num_tokens, num_prompt_tokens, num_computed,
+//           u64 transfer_id, sampler_seed, rng_draws,
+//           u64 layer_bytes[num_layers], u32 layer_crc32c[num_layers], i32 tokens[num_tokens],
+//           u32 crc32c of every header byte before it
+//   layer l K then V of positions [0, num_computed), each [num_computed, num_kv_heads, head_dim]
+//           in dtype, exactly layer_bytes[l] bytes, its CRC-32C in the header
+// The receiver checks every size against the shape and its limits before it allocates, and every
+// checksum; the checksums are always computed (CRC-32C, with the SSE4.2 instruction where the
+// CPU has it). A decode worker answers each transfer with an ack message: u32 magic "TKVA", u16
+// version, u16 flags, u64 transfer_id, u32 status code, u32 message length, the message (at most
+// 4 KiB), u32 crc32c of the bytes before it.
+//
+// Errors are Status values, never aborts: kIo (peer closed, timeout), kCorruptFile (bad magic, a
+// checksum or a size that disagrees with the header, sizes past the limits), kUnsupported (another
+// version, an unknown dtype), kInvalidArgument (a model shape other than the expected one).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "disagg/kv_transport.h"
+#include "engine/engine.h"
+
+namespace tachyon::disagg {
+
+inline constexpr uint32_t kKvHeaderMagic = 0x48564b54;  // "TKVH"
+inline constexpr uint32_t kKvAckMagic = 0x41564b54;     // "TKVA"
+inline constexpr uint16_t kKvWireVersion = 1;
+
+// CRC-32C (Castagnoli, reflected polynomial 0x82F63B78) of `bytes`, continuing from `crc` (the
+// result for the bytes before them; 0 to start). SSE4.2's crc32 instruction where the build has
+// it, else crc32c_reference().
+uint32_t crc32c(std::span<const uint8_t> bytes, uint32_t crc = 0);
+// The same, a byte at a time from a table: the reference the fast path is tested against.
+uint32_t crc32c_reference(std::span<const uint8_t> bytes, uint32_t crc = 0);
+
+// What must agree between the two sides for K/V to be usable (the block size need not).
+struct KvModelShape {
+  int num_layers = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  DType dtype = DType::kF32;
+  int vocab_size = 0;
+  bool operator==(const KvModelShape&) const = default;
+  std::string to_string() const;  // "10 layers x 2 kv heads x head_dim 64, f32, vocabulary 8192"
+};
+KvModelShape kv_model_shape(const KvExport& kv);
+KvModelShape kv_model_shape(Engine& engine);
+
+// Bounds a receiver puts on what a header may announce, checked before anything is allocated.
+struct KvWireLimits {
+  int max_layers = 1024;
+  int max_tokens = 1 << 20;
+  uint64_t max_layer_bytes = uint64_t{16} << 30;
+  uint64_t max_total_bytes = uint64_t{64} << 30;  // all layers together
+};
+
+// A decoded header: the transfer's sequence without its K/V, and what the layers must be.
+struct KvHeader {
+  uint64_t transfer_id = 0;
+  KvExport meta;                     // every field but `layers`
+  std::vector<uint64_t> layer_bytes; // [num_layers]
+  std::vector<uint32_t> layer_crc;   // [num_layers]
+};
+
+// The header message of `kv` (computes every layer's checksum). kInvalidArgument when kv's layers
+// disagree with its shape, kUnsupported for a dtype the format has no code for.
+Result<std::vector<uint8_t>> encode_kv_header(const KvExport& kv, uint64_t transfer_id);
+Result<KvHeader> decode_kv_header(std::span<const uint8_t> message, const KvWireLimits& limits);
+
+// Sends one transfer: the header, then each layer as its own message, all within `timeout`.
+Status send_kv(KvTransport& transport, const KvExport& kv, uint64_t transfer_id, Millis timeout);
+
+struct KvReceiveOptions {
+  Millis wait_timeout{60000};  // for the header: how long to wait for a transfer to begin
+  Millis timeout{30000};       // for the layers, from the header's arrival
+  KvWireLimits limits;
+  // The receiver's model: a header announcing another shape is kInvalidArgument, raised before
+  // the layers are read (the transport must then be dropped).
+  std::optional<KvModelShape> expect;
+};
+
+struct ReceivedKv {
+  uint64_t transfer_id = 0;
+  KvImport kv;
+};
+
+// Receives one transfer and checks it whole: sizes, checksums, the expected shape.
+Result<ReceivedKv> receive_kv(KvTransport& transport, const KvReceiveOptions& options);
+
+// The decode side's answer to one transfer: Ok once adopted, else why not.
+Status send_kv_ack(KvTransport& transport, uint64_t transfer_id, const Status& outcome, Millis timeout);
+// The prefill side's wait for it: Ok, the decode side's error (its code, the message prefixed
+// with "decode worker: "), or a transport or format error.
+Status receive_kv_ack(KvTransport& transport, uint64_t transfer_id, Millis timeout);
+
+}  // namespace tachyon::disagg
