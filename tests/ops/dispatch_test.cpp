@@ -112,7 +112,9 @@ TEST(OpsArgmax, FirstLargestFiniteValue) {
   EXPECT_EQ(lps.data<float>()[3], -std::numeric_limits<float>::infinity());
   for (int r : {0, 1, 2, 4, 5}) {
     const float* row = p + r * d;
-    if (r >= 4) EXPECT_EQ(ids.data<int32_t>()[r], std::max_element(row, row + d) - row);
+    if (r >= 4) {
+      EXPECT_EQ(ids.data<int32_t>()[r], std::max_element(row, row + d) - row);
+    }
     double sum = 0.0;  // log_softmax over the finite values
     for (int64_t j = 0; j < d; ++j) {
       if (std::isfinite(row[j])) sum += std::exp(static_cast<double>(row[j]));

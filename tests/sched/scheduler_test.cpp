@@ -55,9 +55,13 @@ struct Driver {
       EXPECT_GE(c.seq->block_table().num_tokens(), c.start + c.num_tokens);
       EXPECT_EQ(c.sample, c.start + c.num_tokens == c.seq->num_tokens());
       const bool decode = c.seq->state() == SequenceState::kDecoding;
-      if (decode) EXPECT_FALSE(seen_prefill) << "a decode after a prefill chunk";
+      if (decode) {
+        EXPECT_FALSE(seen_prefill) << "a decode after a prefill chunk";
+      }
       seen_prefill |= !decode;
-      if (!o.chunked_prefill && !decode) EXPECT_TRUE(c.sample) << "an unchunked prompt split";
+      if (!o.chunked_prefill && !decode) {
+        EXPECT_TRUE(c.sample) << "an unchunked prompt split";
+      }
     }
     total_preempted += static_cast<int64_t>(plan.preempted.size());
     scheduler.complete(plan);

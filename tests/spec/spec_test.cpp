@@ -97,7 +97,9 @@ TEST(VerifySampled, EmittedTokensHaveTheTargetDistribution) {
       return testing::chi_square_p_value(stat, std::max(dof, 1));
     };
     EXPECT_GT(chi2(first, p0, kTrials), 1e-6) << "config " << config;
-    if (second_total > 1000) EXPECT_GT(chi2(second, p1, second_total), 1e-6) << "config " << config;
+    if (second_total > 1000) {
+      EXPECT_GT(chi2(second, p1, second_total), 1e-6) << "config " << config;
+    }
     // The first draft is accepted with probability sum_t min(p0[t], q0[t]) (p0[3] for the
     // one-hot guess): the observed rate must agree (5 sigma of a binomial).
     double accept_prob = 0.0;
