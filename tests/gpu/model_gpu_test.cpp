@@ -14,6 +14,8 @@
 #include <random>
 
 #include "core/device_memory.h"
+#include "disagg/kv_transfer.h"
+#include "disagg/kv_transport.h"
 #include "fixture.h"
 #include "gpu_test_util.h"
 #include "kv/block_manager.h"
@@ -364,6 +366,75 @@ TEST(GpuEngine, ServesRequestsWithPrefixCachingAndReturnsEveryBlock) {
     while (agree < expected.size() && agree < got[ids[i]].size() && expected[agree] == got[ids[i]][agree]) ++agree;
     EXPECT_GE(agree, 16u) << "prompt " << i << ": the GPU engine's greedy tokens leave the CPU's at " << agree;
   }
+}
+
+// Disaggregation with both engines on the GPU: a prefill-only request's bf16 KV leaves one engine
+// (device -> host), crosses the wire format through an in-process transport and is adopted by a
+// second engine (host -> device), which decodes on. Requests run one at a time on each side, as on
+// the colocated engine, so every kernel sees the same shapes and the tokens must equal exactly.
+TEST(GpuEngine, DisaggregatedPrefillAndDecodeEqualColocated) {
+  TACHYON_START_GPU();
+  LoadedModel m = load(testing::source_dir() + "/models/tachyon-demo", kGpu);
+  EngineOptions eo;
+  eo.num_kv_blocks = 96;
+  eo.max_model_len = 512;
+  eo.kv_dtype = DType::kBF16;
+  auto colocated = Engine::create(*m.model, m.tokenizer.get(), m.eos_token_ids, eo);
+  auto prefill = Engine::create(*m.model, m.tokenizer.get(), m.eos_token_ids, eo);
+  EngineOptions decode_options = eo;
+  decode_options.block_size = 32;  // the sides' block sizes need not agree
+  decode_options.num_kv_blocks = 40;
+  auto decode = Engine::create(*m.model, m.tokenizer.get(), m.eos_token_ids, decode_options);
+  ASSERT_TRUE(colocated.ok() && prefill.ok() && decode.ok());
+  auto [to_decode, from_prefill] = disagg::make_local_transport_pair();
+  const std::vector<std::string> prompts = {
+      "Once upon a time there was a little robot who lived in a big city full of tall towers and busy streets.",
+      "Tom had a red ball.", "The sun was hot.",
+      "Lily and her mom went to the park. They saw a big dog and a small cat playing near the pond, and"};
+  GenerationParams p;
+  p.sampling.temperature = 0.0f;
+  p.max_tokens = 24;
+  p.ignore_eos = true;
+  const auto run = [](Engine& e, RequestId id) {
+    std::vector<int32_t> tokens;
+    while (e.has_unfinished()) {
+      auto out = e.step();
+      EXPECT_TRUE(out.ok()) << out.status().to_string();
+      if (!out.ok()) break;
+      for (const auto& o : *out) {
+        if (o.id == id) tokens.insert(tokens.end(), o.new_token_ids.begin(), o.new_token_ids.end());
+      }
+    }
+    return tokens;
+  };
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    auto cid = (*colocated)->add_request(prompts[i], p);
+    ASSERT_TRUE(cid.ok());
+    const std::vector<int32_t> expected = run(**colocated, *cid);
+    ASSERT_EQ(expected.size(), 24u);
+
+    GenerationParams pp = p;
+    pp.prefill_only = true;
+    auto pid = (*prefill)->add_request(prompts[i], pp);
+    ASSERT_TRUE(pid.ok());
+    std::vector<int32_t> got = run(**prefill, *pid);
+    ASSERT_EQ(got.size(), 1u) << "the prefill side emits the first token only";
+    auto exported = (*prefill)->export_kv(*pid);
+    ASSERT_TRUE(exported.ok()) << exported.status().to_string();
+    ASSERT_OK((*prefill)->check_no_leaks());
+    ASSERT_OK(disagg::send_kv(*to_decode, *exported, i + 1, disagg::Millis(5000)));
+    disagg::KvReceiveOptions ro;
+    ro.expect = disagg::kv_model_shape(**decode);
+    auto received = disagg::receive_kv(*from_prefill, ro);
+    ASSERT_TRUE(received.ok()) << received.status().to_string();
+    auto did = (*decode)->adopt(received->kv, p);
+    ASSERT_TRUE(did.ok()) << did.status().to_string();
+    const std::vector<int32_t> rest = run(**decode, *did);
+    got.insert(got.end(), rest.begin(), rest.end());
+    EXPECT_EQ(got, expected) << "prompt " << i;
+  }
+  ASSERT_OK((*decode)->check_no_leaks());
+  ASSERT_OK((*colocated)->check_no_leaks());
 }
 
 TEST(GpuKvCache, CopyBlocksOnTheDevice) {
