@@ -119,10 +119,13 @@ Batch build(const Scenario& sc, std::mt19937& rng) {
 }
 
 // Tolerance for a plan: the CUDA-core kernels compute in f32 on the cache's values (tight); the
-// tensor-core kernels round the scaled query and the softmax weights to the cache's 16-bit type.
+// tensor-core kernels round the scaled query and the softmax weights to the cache's 16-bit type,
+// an error of up to 2^-9 (bf16) or 2^-12 (f16) of |v| per term. all_close measures against the
+// batch's RMS, which long rows (averages of many random values) pull down to ~0.07 while a row
+// that sees 2 keys has outputs near |v| ~ 0.5: hence ~0.004 / 0.07 for bf16.
 double tolerance(const cu::AttentionPlan& plan, DType cache_dtype, double f32_tol) {
   if (!plan.tensor_cores) return f32_tol;
-  return cache_dtype == DType::kBF16 ? 2e-2 : 4e-3;
+  return cache_dtype == DType::kBF16 ? 5e-2 : 8e-3;
 }
 
 // The plan as made, and (when it chose tensor cores) the same plan on the CUDA-core kernels.
