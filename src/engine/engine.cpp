@@ -433,17 +433,47 @@ Result<std::vector<RequestOutput>> Engine::step() {
   ForwardOptions fo;
   fo.linear_mode = options_.batch_invariant ? ops::LinearMode::kBatchInvariant : ops::LinearMode::kFastest;
   fo.cuda_graphs = options_.cuda_graphs;
-  const bool on_device_greedy = device_greedy(plan);
+  const DeviceSampling on_device = device_sampling(plan);
+  const bool on_device_greedy = on_device != DeviceSampling::kNone;  // tokens come back, not logits
   if (on_device_greedy) {
-    TACHYON_RETURN_IF_ERROR(model_.forward_on_device(batch, cache_, device_logits_, fo));
-    const int64_t rows = device_logits_.size(0);
+    const int64_t rows = std::count_if(plan.chunks.begin(), plan.chunks.end(), [](const ScheduledChunk& c) { return c.sample; });
     if (!device_ids_.defined() || device_ids_.size(0) != rows) {
       TACHYON_ASSIGN_OR_RETURN(device_ids_, empty_on({rows}, DType::kI32, model_.device(), "sampled ids"));
       TACHYON_ASSIGN_OR_RETURN(device_logprobs_, empty_on({rows}, DType::kF32, model_.device(), "sampled logprobs"));
+      TACHYON_ASSIGN_OR_RETURN(device_params_, empty_on({rows, 4}, DType::kF32, model_.device(), "sampling params"));
       host_ids_ = Tensor::empty({rows}, DType::kI32);
       host_logprobs_ = Tensor::empty({rows}, DType::kF32);
+      host_params_ = Tensor::empty({rows, 4}, DType::kF32);
     }
-    ops::argmax(device_logits_, device_ids_, &device_logprobs_);
+    if (on_device == DeviceSampling::kSample) {
+      // Each row's parameters and draw (row order is plan order: one row per sampled chunk, no
+      // drafts here), uploaded before the forward so that the copy does not wait for it.
+      int r = 0;
+      for (const ScheduledChunk& c : plan.chunks) {
+        if (!c.sample) continue;
+        Request& req = *requests_.at(c.seq->id());
+        const SamplingParams& sp = req.params.sampling;
+        float* p = host_params_.data<float>() + 4 * r++;
+        double u = 0.0;
+        if (!sp.greedy()) {
+          u = req.sampler.rng().next_double();
+          ++req.rng_draws;
+        }
+        p[0] = sp.temperature;
+        p[1] = sp.min_p;
+        p[2] = static_cast<float>(u);
+        p[3] = static_cast<float>(u - static_cast<double>(p[2]));
+      }
+      TACHYON_RETURN_IF_ERROR(copy_into(device_params_, host_params_));
+    }
+    TACHYON_RETURN_IF_ERROR(model_.forward_on_device(batch, cache_, device_logits_, fo));
+    TACHYON_CHECK(device_logits_.size(0) == rows, "engine: {} logits rows for {} sampled sequences",
+                  device_logits_.size(0), rows);
+    if (on_device == DeviceSampling::kGreedy) {
+      ops::argmax(device_logits_, device_ids_, &device_logprobs_);
+    } else {
+      ops::sample(device_logits_, device_params_, device_ids_, device_logprobs_);
+    }
     TACHYON_RETURN_IF_ERROR(copy_into(host_ids_, device_ids_));  // waits for the step
     TACHYON_RETURN_IF_ERROR(copy_into(host_logprobs_, device_logprobs_));
   } else {
@@ -483,20 +513,24 @@ Result<std::vector<RequestOutput>> Engine::step() {
   return outputs;
 }
 
-bool Engine::device_greedy(const SchedulerStep& plan) const {
-  if (model_.device().is_cpu()) return false;
-  bool any = false;
+Engine::DeviceSampling Engine::device_sampling(const SchedulerStep& plan) const {
+  if (model_.device().is_cpu()) return DeviceSampling::kNone;
+  const int vocab = model_.config().vocab_size;
+  bool any = false, all_greedy = true;
   for (const ScheduledChunk& c : plan.chunks) {
     if (!c.sample) continue;
-    if (c.num_draft > 0) return false;
+    if (c.num_draft > 0) return DeviceSampling::kNone;
     const SamplingParams& p = requests_.at(c.seq->id())->params.sampling;
-    if (!p.greedy() || p.logprobs > 0 || p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f ||
-        p.frequency_penalty != 0.0f || !p.logit_bias.empty()) {
-      return false;
+    if (p.logprobs > 0 || p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f ||
+        !p.logit_bias.empty()) {
+      return DeviceSampling::kNone;
     }
+    if (!p.greedy() && ((p.top_k_enabled() && p.top_k < vocab) || p.top_p < 1.0f)) return DeviceSampling::kNone;
+    all_greedy = all_greedy && p.greedy();
     any = true;
   }
-  return any;
+  if (!any) return DeviceSampling::kNone;
+  return all_greedy ? DeviceSampling::kGreedy : DeviceSampling::kSample;
 }
 
 EngineStats Engine::stats() const {

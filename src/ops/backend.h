@@ -31,6 +31,7 @@ class Backend {
   virtual void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                                const AttentionMetadata& meta, const AttentionParams& params, Tensor& out) = 0;
   virtual void argmax(const Tensor& x, Tensor& ids, Tensor* logprobs) = 0;
+  virtual void sample(const Tensor& x, const Tensor& params, Tensor& ids, Tensor& logprobs) = 0;
   virtual void fill_uniform(Tensor& t, uint64_t seed, uint64_t stream, float bound, float offset) = 0;
   // Waits for every op issued so far; returns the first error any of them raised.
   virtual Status synchronize() = 0;

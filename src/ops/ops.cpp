@@ -497,6 +497,69 @@ void argmax(const Tensor& x, Tensor& ids, Tensor* logprobs) {
   }
 }
 
+void sample(const Tensor& x, const Tensor& params, Tensor& ids, Tensor& logprobs) {
+  constexpr const char* op = "sample";
+  if (Backend* b = device_backend(op, x)) return b->sample(x, params, ids, logprobs);
+  require_cpu(op, "x", x);
+  require_rank(op, "x", x, 2);
+  require_dtype(op, "x", x, DType::kF32);
+  require_last_dim_contiguous(op, "x", x);
+  require_index(op, "ids", ids, x.size(0));
+  require_cpu(op, "params", params);
+  require_dtype(op, "params", params, DType::kF32);
+  TACHYON_CHECK(params.dim() == 2 && params.size(0) == x.size(0) && params.size(1) == 4 && params.is_contiguous(),
+                "sample: params {} for x {}", params.shape_string(), x.shape_string());
+  require_cpu(op, "logprobs", logprobs);
+  require_dtype(op, "logprobs", logprobs, DType::kF32);
+  TACHYON_CHECK(logprobs.dim() == 1 && logprobs.size(0) == x.size(0) && logprobs.is_contiguous(),
+                "sample: logprobs {} for x {}", logprobs.shape_string(), x.shape_string());
+  const int64_t n = x.size(0), d = x.size(1);
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  for (int64_t r = 0; r < n; ++r) {
+    const float* row = x.data<float>() + r * x.stride(0);
+    const float* p = params.data<float>() + r * 4;
+    const float temperature = p[0], min_p = p[1];
+    const double u = static_cast<double>(p[2]) + static_cast<double>(p[3]);
+    int64_t best = 0;
+    float m = kNegInf;
+    for (int64_t j = 0; j < d; ++j) {
+      if (std::isfinite(row[j]) && row[j] > m) {
+        m = row[j];
+        best = j;
+      }
+    }
+    if (m == kNegInf) {
+      ids.data<int32_t>()[r] = 0;
+      logprobs.data<float>()[r] = kNegInf;
+      continue;
+    }
+    const float scale = 1.0f / (temperature == 0.0f ? 1.0f : temperature);
+    const auto weight = [&](int64_t j) { return std::isfinite(row[j]) ? std::exp((row[j] - m) * scale) : 0.0f; };
+    double all = 0.0, kept = 0.0;
+    for (int64_t j = 0; j < d; ++j) {
+      const float w = weight(j);
+      all += w;
+      if (w >= min_p) kept += w;
+    }
+    int64_t token = best;
+    if (temperature != 0.0f) {
+      const double target = u * kept;
+      double cumulative = 0.0;
+      for (int64_t j = 0; j < d; ++j) {
+        const float w = weight(j);
+        if (w < min_p) continue;
+        cumulative += w;
+        if (cumulative > target && w > 0.0f) {
+          token = j;
+          break;
+        }
+      }
+    }
+    ids.data<int32_t>()[r] = static_cast<int32_t>(token);
+    logprobs.data<float>()[r] = static_cast<float>((row[token] - m) * scale - std::log(all));
+  }
+}
+
 void fill_uniform(Tensor& t, uint64_t seed, uint64_t stream, float bound, float offset) {
   constexpr const char* op = "fill_uniform";
   if (Backend* b = device_backend(op, t)) return b->fill_uniform(t, seed, stream, bound, offset);

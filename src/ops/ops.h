@@ -113,6 +113,16 @@ void embedding(const Tensor& table, const Tensor& ids, Tensor& out);
 // [n] f32): log_softmax over the row's finite values at that index (the sampler's greedy logprob).
 void argmax(const Tensor& x, Tensor& ids, Tensor* logprobs = nullptr);
 
+// One token per row of x[n, d] (f32), drawn as the Sampler (sampling/sampler.h) draws when a
+// request has no penalties, logit bias, top-k or top-p: params[n, 4] (f32, contiguous) holds per
+// row the temperature T (0: greedy), min_p, and the uniform draw u in [0, 1) as two f32 whose sum
+// is the double (u_hi, u_lo). Over the finite values, t = (x - max) / T and w = exp(t); tokens with
+// w < min_p are dropped; the token is the first, in id order, at which the running sum of the kept
+// w exceeds u * their sum (the argmax when rounding leaves none). Greedy rows take the argmax
+// (first of equal maxima) and T = 1 for the logprob. ids [n] i32; logprobs [n] f32 = t(token) -
+// log(sum of every w), the Sampler's reported logprob. A row without a finite value gives 0, -inf.
+void sample(const Tensor& x, const Tensor& params, Tensor& ids, Tensor& logprobs);
+
 // Fills t (f32/f16/bf16, contiguous) with offset + bound * u, u uniform in [-1, 1), element i drawn
 // from (seed, stream, i) alone: the same values on every device and thread count.
 void fill_uniform(Tensor& t, uint64_t seed, uint64_t stream, float bound, float offset);

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <random>
 
@@ -127,6 +128,50 @@ TEST(GpuOps, FillUniformEqualsTheCpuDrawsAndArgmaxTheCpuArgmax) {
     ops::argmax(*dx, *dids, &*dlps);
     const Tensor got = to_host(*dids), got_lp = to_host(*dlps);
     for (int r = 0; r < 5; ++r) {
+      EXPECT_EQ(got.data<int32_t>()[r], ids.data<int32_t>()[r]) << "d=" << d << " row " << r;
+      EXPECT_NEAR(got_lp.data<float>()[r], lps.data<float>()[r], 1e-4 * (1.0 + std::fabs(lps.data<float>()[r])))
+          << "d=" << d << " row " << r;
+    }
+  }
+}
+
+// ops::sample on the device draws the CPU op's token for the same row and uniform draw: random rows
+// with a NaN, temperatures, min-p values, greedy rows, draws near 0 and near 1, a small vocabulary
+// and Llama-3's.
+TEST(GpuOps, SampleEqualsTheCpuDraw) {
+  TACHYON_START_GPU();
+  const uint32_t seed = testing::fresh_seed();
+  SCOPED_TRACE(fmt::format("seed {} (TACHYON_TEST_SEED={} reproduces)", seed, seed));
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
+  for (int64_t d : {1000, 128257}) {
+    constexpr int kRows = 12;
+    Tensor x = testing::random_tensor({kRows, d}, rng);
+    for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] *= 5.0f;
+    x.data<float>()[2 * d + 5] = std::numeric_limits<float>::quiet_NaN();
+    Tensor params = Tensor::empty({kRows, 4}, DType::kF32);
+    const float temperatures[kRows] = {1.0f, 0.7f, 0.0f, 1.5f, 1.0f, 0.3f, 2.0f, 0.0f, 1.0f, 0.9f, 0.5f, 1.2f};
+    const float min_ps[kRows] = {0.0f, 0.05f, 0.0f, 0.0f, 0.0f, 0.1f, 0.0f, 0.3f, 0.02f, 0.0f, 0.0f, 0.5f};
+    for (int r = 0; r < kRows; ++r) {
+      double u = uniform(rng);
+      if (r == 4) u = 0.0;
+      if (r == 6) u = 1.0 - 1e-12;
+      float* p = params.data<float>() + 4 * r;
+      p[0] = temperatures[r];
+      p[1] = min_ps[r];
+      p[2] = static_cast<float>(u);
+      p[3] = static_cast<float>(u - static_cast<double>(p[2]));
+    }
+    Tensor ids = Tensor::empty({kRows}, DType::kI32), lps = Tensor::empty({kRows}, DType::kF32);
+    ops::sample(x, params, ids, lps);
+    auto dx = copy_to(x, kGpu);
+    auto dp = copy_to(params, kGpu);
+    auto dids = empty_on({kRows}, DType::kI32, kGpu);
+    auto dlps = empty_on({kRows}, DType::kF32, kGpu);
+    ASSERT_TRUE(dx.ok() && dp.ok() && dids.ok() && dlps.ok());
+    ops::sample(*dx, *dp, *dids, *dlps);
+    const Tensor got = to_host(*dids), got_lp = to_host(*dlps);
+    for (int r = 0; r < kRows; ++r) {
       EXPECT_EQ(got.data<int32_t>()[r], ids.data<int32_t>()[r]) << "d=" << d << " row " << r;
       EXPECT_NEAR(got_lp.data<float>()[r], lps.data<float>()[r], 1e-4 * (1.0 + std::fabs(lps.data<float>()[r])))
           << "d=" << d << " row " << r;
@@ -435,6 +480,53 @@ TEST(GpuEngine, DisaggregatedPrefillAndDecodeEqualColocated) {
   }
   ASSERT_OK((*decode)->check_no_leaks());
   ASSERT_OK((*colocated)->check_no_leaks());
+}
+
+// Requests with temperature and min-p only are drawn on the device (only ids come back); asking
+// for top logprobs sends the logits to the host Sampler instead. Same seeds, same draws: the same
+// tokens either way.
+TEST(GpuEngine, SamplingOnTheDeviceEqualsTheHostSampler) {
+  TACHYON_START_GPU();
+  LoadedModel m = load(testing::source_dir() + "/models/tachyon-demo", kGpu);
+  const std::vector<std::string> prompts = {"Once upon a time", "Tom had a red ball.", "The sun was hot and",
+                                            "Lily and her mom went to the park."};
+  const auto run = [&](int logprobs) {
+    EngineOptions eo;
+    eo.num_kv_blocks = 64;
+    eo.max_model_len = 256;
+    auto engine = Engine::create(*m.model, m.tokenizer.get(), m.eos_token_ids, eo);
+    EXPECT_TRUE(engine.ok());
+    std::map<RequestId, std::vector<int32_t>> got;
+    std::vector<RequestId> ids;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      GenerationParams p;
+      p.sampling.temperature = i == 2 ? 0.0f : 0.8f;  // a greedy request in the same batch
+      p.sampling.min_p = i == 1 ? 0.05f : 0.0f;
+      p.sampling.seed = 1234 + i;
+      p.sampling.logprobs = logprobs;
+      p.max_tokens = 24;
+      p.ignore_eos = true;
+      auto id = (*engine)->add_request(prompts[i], p);
+      EXPECT_TRUE(id.ok());
+      ids.push_back(*id);
+    }
+    while ((*engine)->has_unfinished()) {
+      auto out = (*engine)->step();
+      EXPECT_TRUE(out.ok()) << out.status().to_string();
+      if (!out.ok()) break;
+      for (const auto& o : *out) got[o.id].insert(got[o.id].end(), o.new_token_ids.begin(), o.new_token_ids.end());
+    }
+    EXPECT_TRUE((*engine)->check_no_leaks().ok());
+    std::vector<std::vector<int32_t>> tokens;
+    for (RequestId id : ids) tokens.push_back(got[id]);
+    return tokens;
+  };
+  const auto device = run(0), host = run(1);
+  ASSERT_EQ(device.size(), host.size());
+  for (size_t i = 0; i < device.size(); ++i) {
+    EXPECT_EQ(device[i].size(), 24u);
+    EXPECT_EQ(device[i], host[i]) << "prompt " << i;
+  }
 }
 
 TEST(GpuKvCache, CopyBlocksOnTheDevice) {

@@ -263,6 +263,19 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
                             argmax_workspace_.data.get(), argmax_workspace_.bytes));
   }
 
+  void sample(const Tensor& x, const Tensor& params, Tensor& ids, Tensor& logprobs) override {
+    on_device("sample", {&x, &params, &ids, &logprobs});
+    TACHYON_CHECK(x.dim() == 2 && x.stride(1) == 1 && x.dtype() == DType::kF32 && params.dim() == 2 &&
+                      params.size(0) == x.size(0) && params.size(1) == 4 && params.dtype() == DType::kF32 &&
+                      params.is_contiguous() && ids.dim() == 1 && ids.size(0) == x.size(0) &&
+                      ids.dtype() == DType::kI32 && ids.is_contiguous() && logprobs.dim() == 1 &&
+                      logprobs.size(0) == x.size(0) && logprobs.dtype() == DType::kF32 && logprobs.is_contiguous(),
+                  "sample: x {} params {} ids {} logprobs {}", x.shape_string(), params.shape_string(),
+                  ids.shape_string(), logprobs.shape_string());
+    require_ok(cuda::sample(x.data<float>(), x.stride(0), x.size(0), x.size(1), params.data<float>(),
+                            ids.data<int32_t>(), logprobs.data<float>(), stream_));
+  }
+
   void fill_uniform(Tensor& t, uint64_t seed, uint64_t stream, float bound, float offset) override {
     on_device("fill_uniform", {&t});
     TACHYON_CHECK(t.is_contiguous() && is_float(t.dtype()), "fill_uniform: {}", t.shape_string());

@@ -212,4 +212,13 @@ Status argmax(const float* x, int64_t x_stride, int64_t n, int64_t d, int32_t* i
 
 size_t argmax_workspace_bytes(int64_t n, int64_t d) { return detail::argmax_workspace_bytes(n, d); }
 
+Status sample(const float* x, int64_t x_stride, int64_t n, int64_t d, const float* params, int32_t* ids,
+              float* logprobs, Stream stream) {
+  TACHYON_CUDA_REQUIRE(n >= 0 && d >= 1 && x_stride >= d, "sample: [{}, {}] rows {} apart", n, d, x_stride);
+  TACHYON_CUDA_REQUIRE(n == 0 || (x != nullptr && params != nullptr && ids != nullptr && logprobs != nullptr),
+                       "sample: null pointer");
+  TACHYON_CUDA_RETURN_IF_ERROR(detail::launch_sample(x, x_stride, n, d, params, ids, logprobs, stream));
+  return Status::Ok();
+}
+
 }  // namespace tachyon::ops::cuda
