@@ -59,6 +59,11 @@ struct BenchArgs {
   double request_rate = 0.0;    // Poisson arrivals per second; 0 = all at once
   double shared_prefix = 0.0;   // fraction of every prompt that is one common prefix
   uint64_t seed = 0;
+  // Sampling of every request (default greedy); request i is seeded with seed + i.
+  float temperature = 0.0f;
+  float top_p = 1.0f;
+  int top_k = 0;
+  float min_p = 0.0f;
   double bandwidth_gbps = 0.0;  // for the latency roofline fraction, if known
   std::string json_path;
   bool progress = false;
@@ -250,7 +255,11 @@ int run_bench(BenchArgs& a) {
     const double now = e.now() - start;
     while (next < plan.size() && in_flight < limit && plan[next].arrival <= now) {
       GenerationParams gp;
-      gp.sampling.temperature = 0.0f;
+      gp.sampling.temperature = a.temperature;
+      gp.sampling.top_p = a.top_p;
+      gp.sampling.top_k = a.top_k;
+      gp.sampling.min_p = a.min_p;
+      gp.sampling.seed = a.seed + next;
       gp.max_tokens = plan[next].output_len;
       gp.ignore_eos = true;
       gp.detokenize = false;
@@ -307,6 +316,7 @@ int run_bench(BenchArgs& a) {
   json j;
   j["bench"] = "engine";
   j["workload"] = a.workload;
+  j["sampling"] = {{"temperature", a.temperature}, {"top_p", a.top_p}, {"top_k", a.top_k}, {"min_p", a.min_p}};
   j["model"] = a.common.model;
   j["weights"] = m.weight_dtypes;
   // The layers' linear weights as they run: "dense" (as stored), "int8" or "int4-gN" (--quant).
@@ -436,7 +446,11 @@ void add_bench(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--concurrency", a->concurrency, "throughput: requests in flight at most; 0 = all (default 0)");
   cmd->add_option("--request-rate", a->request_rate, "throughput: Poisson arrivals per second; 0 = all at once");
   cmd->add_option("--shared-prefix", a->shared_prefix, "throughput: fraction of each prompt shared by all (default 0)");
-  cmd->add_option("--seed", a->seed, "workload seed (default 0)");
+  cmd->add_option("--seed", a->seed, "workload seed (default 0); request i samples with seed + i");
+  cmd->add_option("--temperature", a->temperature, "sampling temperature of every request (default 0: greedy)");
+  cmd->add_option("--top-p", a->top_p, "nucleus sampling (default 1: off)");
+  cmd->add_option("--top-k", a->top_k, "top-k sampling (default 0: off)");
+  cmd->add_option("--min-p", a->min_p, "min-p sampling (default 0: off)");
   cmd->add_option("--bandwidth-gbps", a->bandwidth_gbps, "latency: memory bandwidth for the roofline fraction");
   cmd->add_option("--json", a->json_path, "write every figure to FILE as JSON");
   cmd->add_flag("--progress", a->progress, "progress bar on stderr even when it is not a terminal");
