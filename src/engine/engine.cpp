@@ -318,9 +318,8 @@ void Engine::finish(Request& req, FinishReason reason, RequestOutput& out) {
   ++stats_.requests_finished;
 }
 
-bool Engine::process_sample(Request& req, const float* logits, RequestOutput& out) {
+bool Engine::process_sample(Request& req, Result<SampleResult> sampled, RequestOutput& out) {
   out.id = req.seq.id();
-  auto sampled = req.sampler.sample(logits, model_.config().vocab_size);
   if (!req.params.sampling.greedy()) ++req.rng_draws;
   if (!sampled.ok()) {
     out.error = sampled.status();
@@ -483,9 +482,30 @@ Result<std::vector<RequestOutput>> Engine::step() {
 
   phase.reset();
   scheduler_.complete(plan);
-  int row = 0;
   const int vocab = model_.config().vocab_size;
-  for (const ScheduledChunk& c : plan.chunks) {
+  // Host sampling: the rows without drafts are drawn in parallel (each request's Sampler is its
+  // own, with its own random stream, so the results do not depend on the threads), then emitted
+  // in plan order below.
+  std::vector<std::optional<Result<SampleResult>>> drawn(plan.chunks.size());
+  if (!on_device_greedy) {
+    std::vector<std::pair<int, int>> jobs;  // (chunk index, logits row)
+    int r = 0;
+    for (size_t i = 0; i < plan.chunks.size(); ++i) {
+      const ScheduledChunk& c = plan.chunks[i];
+      if (!c.sample) continue;
+      if (c.num_draft == 0) jobs.emplace_back(static_cast<int>(i), r);
+      r += 1 + c.num_draft;
+    }
+#pragma omp parallel for schedule(dynamic, 1) if (jobs.size() > 1)
+    for (size_t j = 0; j < jobs.size(); ++j) {
+      const auto [i, rr] = jobs[j];
+      Request& req = *requests_.at(plan.chunks[static_cast<size_t>(i)].seq->id());
+      drawn[static_cast<size_t>(i)] = req.sampler.sample(logits_.data<float>() + static_cast<int64_t>(rr) * vocab, vocab);
+    }
+  }
+  int row = 0;
+  for (size_t ci = 0; ci < plan.chunks.size(); ++ci) {
+    const ScheduledChunk& c = plan.chunks[ci];
     if (!c.sample) continue;
     const RequestId id = c.seq->id();
     Request& req = *requests_.at(id);
@@ -499,7 +519,7 @@ Result<std::vector<RequestOutput>> Engine::step() {
       done = emit_token(req, std::move(r), out);
     } else {
       const float* rows = logits_.data<float>() + static_cast<int64_t>(row) * vocab;
-      done = c.num_draft > 0 ? verify_draft(req, rows, out) : process_sample(req, rows, out);
+      done = c.num_draft > 0 ? verify_draft(req, rows, out) : process_sample(req, std::move(*drawn[ci]), out);
     }
     row += 1 + c.num_draft;
     outputs.push_back(std::move(out));

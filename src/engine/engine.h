@@ -166,8 +166,9 @@ class Engine {
   // A new request with `prompt_ids` (checked by the caller) and `params` (checked here): its
   // sampler and detokenizer primed with the prompt. Not yet known to the scheduler.
   Result<std::unique_ptr<Request>> make_request(std::vector<int32_t> prompt_ids, const GenerationParams& params);
-  // Samples and post-processes one sequence's logits row; fills `out`; true if it finished.
-  bool process_sample(Request& req, const float* logits, RequestOutput& out);
+  // Post-processes one sequence's sample (drawn from its logits row by its Sampler); fills `out`;
+  // true if it finished.
+  bool process_sample(Request& req, Result<SampleResult> sampled, RequestOutput& out);
   void finish(Request& req, FinishReason reason, RequestOutput& out);
   // A prefill-only request whose first token is out: ends with kTransfer, blocks held.
   void hold_for_transfer(Request& req, RequestOutput& out);
