@@ -382,6 +382,46 @@ Status bench_attention_prefill(double matmul_tflops, nlohmann::json& out, std::v
   return Status::Ok();
 }
 
+// ---- sampling --------------------------------------------------------------------------------------
+
+// ops::sample over Llama-3's vocabulary at decode batch sizes: temperature only, top-k, top-p and
+// both, on flat logits (uniform in [-5, 5): a nucleus of many thousand tokens) and peaked ones
+// (x 25: a nucleus of a few).
+Status bench_sample(nlohmann::json& out) {
+  constexpr int64_t d = 128256;
+  nlohmann::json list = nlohmann::json::array();
+  for (int64_t n : {1, 32}) {
+    TACHYON_ASSIGN_OR_RETURN(auto x, cu::DeviceBuffer::allocate(static_cast<size_t>(n * d) * 4, "logits"));
+    TACHYON_ASSIGN_OR_RETURN(auto params, cu::DeviceBuffer::allocate(static_cast<size_t>(n) * 6 * 4, "params"));
+    TACHYON_ASSIGN_OR_RETURN(auto ids, cu::DeviceBuffer::allocate(static_cast<size_t>(n) * 4, "ids"));
+    TACHYON_ASSIGN_OR_RETURN(auto lps, cu::DeviceBuffer::allocate(static_cast<size_t>(n) * 4, "logprobs"));
+    for (float spread : {5.0f, 125.0f}) {
+      TACHYON_RETURN_IF_ERROR(cu::fill_random(x.data(), DType::kF32, n * d, 41, -spread, spread, nullptr));
+      const struct {
+        const char* name;
+        float top_k, top_p;
+      } cases[] = {{"temperature", 0, 1.0f}, {"top-k 50", 50, 1.0f}, {"top-p 0.9", 0, 0.9f}, {"top-k 50 + top-p 0.9", 50, 0.9f}};
+      for (const auto& c : cases) {
+        std::vector<float> h(static_cast<size_t>(n) * 6);
+        for (int64_t r = 0; r < n; ++r) {
+          const float p[6] = {1.0f, 0.0f, 0.37f + 0.01f * static_cast<float>(r % 50), 0.0f, c.top_k, c.top_p};
+          std::copy(p, p + 6, h.begin() + r * 6);
+        }
+        TACHYON_RETURN_IF_ERROR(cu::copy_to_device(params.data(), h.data(), h.size() * 4));
+        auto body = [&](int, cu::Stream st) {
+          return cu::sample(x.as<float>(), d, n, d, params.as<float>(), ids.as<int32_t>(), lps.as<float>(), st);
+        };
+        TACHYON_ASSIGN_OR_RETURN(double ms, time_ms(body, nullptr, 2, 10, 3));
+        const char* logits = spread < 10.0f ? "flat" : "peaked";
+        list.push_back({{"n", n}, {"vocab", d}, {"logits", logits}, {"case", c.name}, {"us", ms * 1e3}});
+        std::fprintf(stderr, "sample n=%-3lld %-6s %-22s %9.1f us\n", static_cast<long long>(n), logits, c.name, ms * 1e3);
+      }
+    }
+  }
+  out["sample"] = list;
+  return Status::Ok();
+}
+
 int fail(const Status& s) {
   std::fprintf(stderr, "tachyon_cuda_bench: %s\n", s.to_string().c_str());
   return 1;
@@ -428,6 +468,7 @@ int main(int argc, char** argv) {
   if (Status s = bench_attention(*copy, out, attn_rows, opt); !s.ok()) return fail(s);
   std::vector<PrefillRow> prefill_rows;
   if (Status s = bench_attention_prefill(*tflops, out, prefill_rows); !s.ok()) return fail(s);
+  if (Status s = bench_sample(out); !s.ok()) return fail(s);
 
   // Llama-3-8B's linears for one decoded token at n = 1: 32 layers x (q, k, v, o, gate, up, down) + lm head.
   double step_us = 0.0, step_bytes = 0.0;

@@ -64,6 +64,7 @@ struct BenchArgs {
   float top_p = 1.0f;
   int top_k = 0;
   float min_p = 0.0f;
+  float repetition_penalty = 1.0f;
   double bandwidth_gbps = 0.0;  // for the latency roofline fraction, if known
   std::string json_path;
   bool progress = false;
@@ -259,6 +260,7 @@ int run_bench(BenchArgs& a) {
       gp.sampling.top_p = a.top_p;
       gp.sampling.top_k = a.top_k;
       gp.sampling.min_p = a.min_p;
+      gp.sampling.repetition_penalty = a.repetition_penalty;
       gp.sampling.seed = a.seed + next;
       gp.max_tokens = plan[next].output_len;
       gp.ignore_eos = true;
@@ -316,7 +318,7 @@ int run_bench(BenchArgs& a) {
   json j;
   j["bench"] = "engine";
   j["workload"] = a.workload;
-  j["sampling"] = {{"temperature", a.temperature}, {"top_p", a.top_p}, {"top_k", a.top_k}, {"min_p", a.min_p}};
+  j["sampling"] = {{"temperature", a.temperature}, {"top_p", a.top_p}, {"top_k", a.top_k}, {"min_p", a.min_p}, {"repetition_penalty", a.repetition_penalty}};
   j["model"] = a.common.model;
   j["weights"] = m.weight_dtypes;
   // The layers' linear weights as they run: "dense" (as stored), "int8" or "int4-gN" (--quant).
@@ -451,6 +453,7 @@ void add_bench(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--top-p", a->top_p, "nucleus sampling (default 1: off)");
   cmd->add_option("--top-k", a->top_k, "top-k sampling (default 0: off)");
   cmd->add_option("--min-p", a->min_p, "min-p sampling (default 0: off)");
+  cmd->add_option("--repetition-penalty", a->repetition_penalty, "repetition penalty (default 1: off)");
   cmd->add_option("--bandwidth-gbps", a->bandwidth_gbps, "latency: memory bandwidth for the roofline fraction");
   cmd->add_option("--json", a->json_path, "write every figure to FILE as JSON");
   cmd->add_flag("--progress", a->progress, "progress bar on stderr even when it is not a terminal");

@@ -1,8 +1,10 @@
 #include "engine/engine.h"
 
 #include <algorithm>
+#include <bit>
 #include <fstream>
 #include <sstream>
+#include <unordered_map>
 
 #include "core/device_memory.h"
 #include "core/log.h"
@@ -439,20 +441,22 @@ Result<std::vector<RequestOutput>> Engine::step() {
     if (!device_ids_.defined() || device_ids_.size(0) != rows) {
       TACHYON_ASSIGN_OR_RETURN(device_ids_, empty_on({rows}, DType::kI32, model_.device(), "sampled ids"));
       TACHYON_ASSIGN_OR_RETURN(device_logprobs_, empty_on({rows}, DType::kF32, model_.device(), "sampled logprobs"));
-      TACHYON_ASSIGN_OR_RETURN(device_params_, empty_on({rows, 4}, DType::kF32, model_.device(), "sampling params"));
+      TACHYON_ASSIGN_OR_RETURN(device_params_,
+                               empty_on({rows, ops::kSampleParams}, DType::kF32, model_.device(), "sampling params"));
       host_ids_ = Tensor::empty({rows}, DType::kI32);
       host_logprobs_ = Tensor::empty({rows}, DType::kF32);
-      host_params_ = Tensor::empty({rows, 4}, DType::kF32);
+      host_params_ = Tensor::empty({rows, ops::kSampleParams}, DType::kF32);
     }
+    host_edits_.clear();
     if (on_device == DeviceSampling::kSample) {
-      // Each row's parameters and draw (row order is plan order: one row per sampled chunk, no
-      // drafts here), uploaded before the forward so that the copy does not wait for it.
+      // Each row's parameters, draw and logit edits (row order is plan order: one row per sampled
+      // chunk, no drafts here), uploaded before the forward so that the copy does not wait for it.
       int r = 0;
       for (const ScheduledChunk& c : plan.chunks) {
         if (!c.sample) continue;
         Request& req = *requests_.at(c.seq->id());
         const SamplingParams& sp = req.params.sampling;
-        float* p = host_params_.data<float>() + 4 * r++;
+        float* p = host_params_.data<float>() + ops::kSampleParams * r;
         double u = 0.0;
         if (!sp.greedy()) {
           u = req.sampler.rng().next_double();
@@ -462,8 +466,24 @@ Result<std::vector<RequestOutput>> Engine::step() {
         p[1] = sp.min_p;
         p[2] = static_cast<float>(u);
         p[3] = static_cast<float>(u - static_cast<double>(p[2]));
+        p[4] = sp.top_k_enabled() ? static_cast<float>(sp.top_k) : 0.0f;
+        p[5] = sp.top_p;
+        add_logit_edits(req, r);
+        ++r;
       }
       TACHYON_RETURN_IF_ERROR(copy_into(device_params_, host_params_));
+      const int64_t m = static_cast<int64_t>(host_edits_.size()) / ops::kLogitEditColumns;
+      if (m > 0) {
+        if (!device_edits_.defined() || device_edits_.size(0) < m) {
+          const int64_t capacity = std::max<int64_t>(1024, std::bit_ceil(static_cast<uint64_t>(m)));
+          TACHYON_ASSIGN_OR_RETURN(device_edits_, empty_on({capacity, ops::kLogitEditColumns}, DType::kF32,
+                                                           model_.device(), "logit edits"));
+        }
+        Tensor staged = Tensor::empty({m, ops::kLogitEditColumns}, DType::kF32);
+        std::copy(host_edits_.begin(), host_edits_.end(), staged.data<float>());
+        Tensor dst = device_edits_.slice(0, 0, m);
+        TACHYON_RETURN_IF_ERROR(copy_into(dst, staged));
+      }
     }
     TACHYON_RETURN_IF_ERROR(model_.forward_on_device(batch, cache_, device_logits_, fo));
     TACHYON_CHECK(device_logits_.size(0) == rows, "engine: {} logits rows for {} sampled sequences",
@@ -471,6 +491,11 @@ Result<std::vector<RequestOutput>> Engine::step() {
     if (on_device == DeviceSampling::kGreedy) {
       ops::argmax(device_logits_, device_ids_, &device_logprobs_);
     } else {
+      if (!host_edits_.empty()) {
+        const Tensor edits =
+            device_edits_.slice(0, 0, static_cast<int64_t>(host_edits_.size()) / ops::kLogitEditColumns);
+        ops::adjust_logits(device_logits_, edits);
+      }
       ops::sample(device_logits_, device_params_, device_ids_, device_logprobs_);
     }
     TACHYON_RETURN_IF_ERROR(copy_into(host_ids_, device_ids_));  // waits for the step
@@ -535,22 +560,54 @@ Result<std::vector<RequestOutput>> Engine::step() {
 
 Engine::DeviceSampling Engine::device_sampling(const SchedulerStep& plan) const {
   if (model_.device().is_cpu()) return DeviceSampling::kNone;
-  const int vocab = model_.config().vocab_size;
   bool any = false, all_greedy = true;
   for (const ScheduledChunk& c : plan.chunks) {
     if (!c.sample) continue;
     if (c.num_draft > 0) return DeviceSampling::kNone;
     const SamplingParams& p = requests_.at(c.seq->id())->params.sampling;
-    if (p.logprobs > 0 || p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f ||
-        !p.logit_bias.empty()) {
-      return DeviceSampling::kNone;
-    }
-    if (!p.greedy() && ((p.top_k_enabled() && p.top_k < vocab) || p.top_p < 1.0f)) return DeviceSampling::kNone;
-    all_greedy = all_greedy && p.greedy();
+    if (p.logprobs > 0) return DeviceSampling::kNone;
+    // Logit edits carry token ids as f32: exact below 2^24.
+    if (model_.config().vocab_size >= (1 << 24)) return DeviceSampling::kNone;
+    // A greedy row with penalties or a bias needs them before its argmax: ops::sample does both.
+    const bool plain_greedy = p.greedy() && p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f &&
+                              p.frequency_penalty == 0.0f && p.logit_bias.empty();
+    all_greedy = all_greedy && plain_greedy;
     any = true;
   }
   if (!any) return DeviceSampling::kNone;
   return all_greedy ? DeviceSampling::kGreedy : DeviceSampling::kSample;
+}
+
+void Engine::add_logit_edits(const Request& req, int row) {
+  const SamplingParams& sp = req.params.sampling;
+  const bool repetition = sp.repetition_penalty != 1.0f;
+  const bool additive = sp.frequency_penalty != 0.0f || sp.presence_penalty != 0.0f;
+  if (sp.logit_bias.empty() && !repetition && !additive) return;
+  // One edit per token: the bias (summed over repeated entries), then the Sampler's penalties
+  // (sampling/sampler.h, steps 1-2) with their neutral values where a token has none. The history
+  // holds each token once; biased tokens are few, so only they go through a map.
+  std::unordered_map<int32_t, float> bias;
+  for (const auto& [token, b] : sp.logit_bias) bias[token] += b;
+  const auto push = [&](int32_t token, float b, float rep, float sub) {
+    host_edits_.insert(host_edits_.end(), {static_cast<float>(row), static_cast<float>(token), b, rep, sub});
+  };
+  if (repetition || additive) {
+    for (const auto& [token, entry] : req.sampler.history().entries()) {
+      float b = 0.0f;
+      if (!bias.empty()) {
+        if (auto it = bias.find(token); it != bias.end()) {
+          b = it->second;
+          bias.erase(it);
+        }
+      }
+      const float rep = repetition && (entry.in_prompt || entry.output_count > 0) ? sp.repetition_penalty : 1.0f;
+      const float sub = additive && entry.output_count > 0
+                            ? sp.frequency_penalty * static_cast<float>(entry.output_count) + sp.presence_penalty
+                            : 0.0f;
+      push(token, b, rep, sub);
+    }
+  }
+  for (const auto& [token, b] : bias) push(token, b, 1.0f, 0.0f);
 }
 
 EngineStats Engine::stats() const {

@@ -196,15 +196,19 @@ class Engine {
   // Prefill-only requests that finished with kTransfer, their blocks held until export_kv().
   std::unordered_map<RequestId, std::unique_ptr<Request>> transfers_;
   Tensor logits_;                       // [n_sampled, vocab] f32, reused
-  // On a GPU, when every sampled row can be drawn there (greedy, or temperature and min-p only: no
-  // penalties, logit bias, top-k, top-p, top logprobs or drafts), the tokens and their logprobs
-  // are taken on the device (ops::argmax when all are greedy, else ops::sample with each row's
-  // draw from its request's random stream, one per non-greedy token as on the host) and only they
-  // come back; otherwise the logits come to the host and the Sampler runs there.
+  // On a GPU, when every sampled row can be drawn there (no top logprobs and no drafts), the tokens
+  // and their logprobs are taken on the device (ops::argmax when all are greedy, else
+  // ops::sample, after ops::adjust_logits for penalties and logit bias, with each row's draw from
+  // its request's random stream, one per non-greedy token as on the host) and only they come
+  // back; otherwise the logits come to the host and the Sampler runs there.
   enum class DeviceSampling : uint8_t { kNone, kGreedy, kSample };
   DeviceSampling device_sampling(const SchedulerStep& plan) const;
+  // Appends the penalties and logit bias of `req` for logits row `row` to host_edits_.
+  void add_logit_edits(const Request& req, int row);
   Tensor device_logits_, device_ids_, device_logprobs_, device_params_;
   Tensor host_ids_, host_logprobs_, host_params_;
+  std::vector<float> host_edits_;  // [m, ops::kLogitEditColumns], rebuilt every step
+  Tensor device_edits_;            // [capacity, ops::kLogitEditColumns], grown by doubling
   EngineStats stats_;
   std::unique_ptr<SpecDecoder> spec_;   // null: no speculative decoding
 };

@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "ops/backend.h"
 
@@ -507,19 +508,25 @@ void sample(const Tensor& x, const Tensor& params, Tensor& ids, Tensor& logprobs
   require_index(op, "ids", ids, x.size(0));
   require_cpu(op, "params", params);
   require_dtype(op, "params", params, DType::kF32);
-  TACHYON_CHECK(params.dim() == 2 && params.size(0) == x.size(0) && params.size(1) == 4 && params.is_contiguous(),
+  TACHYON_CHECK(params.dim() == 2 && params.size(0) == x.size(0) && params.size(1) == kSampleParams &&
+                    params.is_contiguous(),
                 "sample: params {} for x {}", params.shape_string(), x.shape_string());
   require_cpu(op, "logprobs", logprobs);
   require_dtype(op, "logprobs", logprobs, DType::kF32);
   TACHYON_CHECK(logprobs.dim() == 1 && logprobs.size(0) == x.size(0) && logprobs.is_contiguous(),
                 "sample: logprobs {} for x {}", logprobs.shape_string(), x.shape_string());
+  // The plain form of the contract in ops.h: the ranking is a full sort, each filter a loop.
   const int64_t n = x.size(0), d = x.size(1);
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  std::vector<float> t(static_cast<size_t>(d)), w(static_cast<size_t>(d));
+  std::vector<uint8_t> kept(static_cast<size_t>(d));
+  std::vector<int64_t> ranked;
   for (int64_t r = 0; r < n; ++r) {
     const float* row = x.data<float>() + r * x.stride(0);
-    const float* p = params.data<float>() + r * 4;
-    const float temperature = p[0], min_p = p[1];
+    const float* p = params.data<float>() + r * kSampleParams;
+    const float temperature = p[0], min_p = p[1], top_p = p[5];
     const double u = static_cast<double>(p[2]) + static_cast<double>(p[3]);
+    const int64_t top_k = static_cast<int64_t>(p[4]);
     int64_t best = 0;
     float m = kNegInf;
     for (int64_t j = 0; j < d; ++j) {
@@ -534,22 +541,46 @@ void sample(const Tensor& x, const Tensor& params, Tensor& ids, Tensor& logprobs
       continue;
     }
     const float scale = 1.0f / (temperature == 0.0f ? 1.0f : temperature);
-    const auto weight = [&](int64_t j) { return std::isfinite(row[j]) ? std::exp((row[j] - m) * scale) : 0.0f; };
-    double all = 0.0, kept = 0.0;
+    double all = 0.0;
+    ranked.clear();
     for (int64_t j = 0; j < d; ++j) {
-      const float w = weight(j);
-      all += w;
-      if (w >= min_p) kept += w;
+      const bool finite = std::isfinite(row[j]);
+      t[j] = finite ? (row[j] - m) * scale : kNegInf;
+      w[j] = finite ? std::exp(t[j]) : 0.0f;
+      all += w[j];
+      kept[j] = finite;
+      if (finite) ranked.push_back(j);
     }
     int64_t token = best;
     if (temperature != 0.0f) {
-      const double target = u * kept;
+      const bool use_k = top_k > 0 && top_k < d, use_p = top_p < 1.0f;
+      if (use_k || use_p) {
+        std::sort(ranked.begin(), ranked.end(), [&](int64_t a, int64_t b) { return t[a] > t[b] || (t[a] == t[b] && a < b); });
+        if (use_k && static_cast<int64_t>(ranked.size()) > top_k) {
+          for (size_t i = static_cast<size_t>(top_k); i < ranked.size(); ++i) kept[ranked[i]] = 0;
+          ranked.resize(static_cast<size_t>(top_k));
+        }
+        if (use_p) {
+          double mass = 0.0;
+          for (int64_t j : ranked) mass += w[j];
+          const double target = static_cast<double>(top_p) * mass * (1.0 - 1e-6);
+          double cumulative = 0.0;
+          size_t i = 0;
+          while (i < ranked.size() && cumulative < target) cumulative += w[ranked[i++]];
+          for (; i < ranked.size(); ++i) kept[ranked[i]] = 0;
+        }
+      }
+      double kept_mass = 0.0;
+      for (int64_t j = 0; j < d; ++j) {
+        if (kept[j] && w[j] < min_p) kept[j] = 0;
+        if (kept[j]) kept_mass += w[j];
+      }
+      const double target = u * kept_mass;
       double cumulative = 0.0;
       for (int64_t j = 0; j < d; ++j) {
-        const float w = weight(j);
-        if (w < min_p) continue;
-        cumulative += w;
-        if (cumulative > target && w > 0.0f) {
+        if (!kept[j]) continue;
+        cumulative += w[j];
+        if (cumulative > target && w[j] > 0.0f) {
           token = j;
           break;
         }
@@ -557,6 +588,29 @@ void sample(const Tensor& x, const Tensor& params, Tensor& ids, Tensor& logprobs
     }
     ids.data<int32_t>()[r] = static_cast<int32_t>(token);
     logprobs.data<float>()[r] = static_cast<float>((row[token] - m) * scale - std::log(all));
+  }
+}
+
+void adjust_logits(Tensor& x, const Tensor& edits) {
+  constexpr const char* op = "adjust_logits";
+  if (Backend* b = device_backend(op, x)) return b->adjust_logits(x, edits);
+  require_cpu(op, "x", x);
+  require_rank(op, "x", x, 2);
+  require_dtype(op, "x", x, DType::kF32);
+  require_last_dim_contiguous(op, "x", x);
+  require_cpu(op, "edits", edits);
+  require_dtype(op, "edits", edits, DType::kF32);
+  TACHYON_CHECK(edits.dim() == 2 && edits.size(1) == kLogitEditColumns && edits.is_contiguous(),
+                "adjust_logits: edits {} must be [m, {}] and contiguous", edits.shape_string(), kLogitEditColumns);
+  for (int64_t e = 0; e < edits.size(0); ++e) {
+    const float* p = edits.data<float>() + e * kLogitEditColumns;
+    const auto row = static_cast<int64_t>(p[0]), token = static_cast<int64_t>(p[1]);
+    TACHYON_CHECK(row >= 0 && row < x.size(0) && token >= 0 && token < x.size(1),
+                  "adjust_logits: edit {} names ({}, {}) outside x {}", e, p[0], p[1], x.shape_string());
+    float& v = x.data<float>()[row * x.stride(0) + token];
+    float y = v + p[2];
+    y = y > 0.0f ? y / p[3] : y * p[3];
+    v = y - p[4];
   }
 }
 

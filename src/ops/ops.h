@@ -114,14 +114,27 @@ void embedding(const Tensor& table, const Tensor& ids, Tensor& out);
 void argmax(const Tensor& x, Tensor& ids, Tensor* logprobs = nullptr);
 
 // One token per row of x[n, d] (f32), drawn as the Sampler (sampling/sampler.h) draws when a
-// request has no penalties, logit bias, top-k or top-p: params[n, 4] (f32, contiguous) holds per
-// row the temperature T (0: greedy), min_p, and the uniform draw u in [0, 1) as two f32 whose sum
-// is the double (u_hi, u_lo). Over the finite values, t = (x - max) / T and w = exp(t); tokens with
-// w < min_p are dropped; the token is the first, in id order, at which the running sum of the kept
-// w exceeds u * their sum (the argmax when rounding leaves none). Greedy rows take the argmax
-// (first of equal maxima) and T = 1 for the logprob. ids [n] i32; logprobs [n] f32 = t(token) -
-// log(sum of every w), the Sampler's reported logprob. A row without a finite value gives 0, -inf.
+// request asks for no top logprobs (penalties and logit bias go first, through adjust_logits()).
+// params[n, 6] (f32, contiguous) holds per row: the temperature T (0: greedy), min_p, the uniform
+// draw u in [0, 1) as two f32 whose sum is the double (u_hi, u_lo), top_k (an integer; 0 = off)
+// and top_p (1 = off). Over the finite values, t = (x - max) * (1 / T) and w = exp(t); tokens are
+// ranked by t descending, then id ascending. top-k keeps the first k of that ranking; top-p keeps
+// the shortest prefix of what top-k left whose sum of w reaches top_p * (1 - 1e-6) of its whole
+// sum; min-p then drops w < min_p. The token is the first, in id order, at which the running sum
+// of the kept w exceeds u * their sum (the argmax when rounding leaves none). Greedy rows take the
+// argmax (first of equal maxima) and T = 1 for the logprob. ids [n] i32; logprobs [n] f32 =
+// t(token) - log(sum of every w), the Sampler's reported logprob. A row without a finite value
+// gives 0, -inf.
 void sample(const Tensor& x, const Tensor& params, Tensor& ids, Tensor& logprobs);
+inline constexpr int64_t kSampleParams = 6;  // columns of sample()'s params
+
+// Penalties and logit bias of the Sampler (steps 0-2 of sampling/sampler.h) as sparse edits of
+// x[n, d] (f32) in place: each row of edits[m, 5] (f32, contiguous; row and token are integers,
+// exact in f32 below 2^24) is (row, token, bias, repetition, subtract) and sets
+//   v = x[row, token] + bias;  v = v > 0 ? v / repetition : v * repetition;  x[row, token] = v - subtract.
+// No (row, token) pair may appear twice. A non-finite logit stays non-finite (excluded later).
+void adjust_logits(Tensor& x, const Tensor& edits);
+inline constexpr int64_t kLogitEditColumns = 5;
 
 // Fills t (f32/f16/bf16, contiguous) with offset + bound * u, u uniform in [-1, 1), element i drawn
 // from (seed, stream, i) alone: the same values on every device and thread count.

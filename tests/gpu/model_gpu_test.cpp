@@ -13,6 +13,7 @@
 #include <limits>
 #include <map>
 #include <random>
+#include <set>
 
 #include "core/device_memory.h"
 #include "disagg/kv_transfer.h"
@@ -136,31 +137,45 @@ TEST(GpuOps, FillUniformEqualsTheCpuDrawsAndArgmaxTheCpuArgmax) {
 }
 
 // ops::sample on the device draws the CPU op's token for the same row and uniform draw: random rows
-// with a NaN, temperatures, min-p values, greedy rows, draws near 0 and near 1, a small vocabulary
-// and Llama-3's.
+// with a NaN, temperatures, min-p, top-k (with a run of tied values at the boundary) and top-p
+// values, greedy rows, draws near 0 and near 1, flat and peaked rows, a small vocabulary and
+// Llama-3's.
 TEST(GpuOps, SampleEqualsTheCpuDraw) {
   TACHYON_START_GPU();
   const uint32_t seed = testing::fresh_seed();
   SCOPED_TRACE(fmt::format("seed {} (TACHYON_TEST_SEED={} reproduces)", seed, seed));
   std::mt19937 rng(seed);
   std::uniform_real_distribution<double> uniform(0.0, 1.0);
+  constexpr int64_t kCols = ops::kSampleParams;
+  int mismatches = 0, total = 0;
   for (int64_t d : {1000, 128257}) {
-    constexpr int kRows = 12;
+    constexpr int kRows = 20;
     Tensor x = testing::random_tensor({kRows, d}, rng);
-    for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] *= 5.0f;
+    for (int r = 0; r < kRows; ++r) {
+      const float spread = r % 2 == 0 ? 5.0f : 25.0f;  // flat-ish and peaked rows
+      for (int64_t j = 0; j < d; ++j) x.data<float>()[r * d + j] *= spread;
+    }
     x.data<float>()[2 * d + 5] = std::numeric_limits<float>::quiet_NaN();
-    Tensor params = Tensor::empty({kRows, 4}, DType::kF32);
-    const float temperatures[kRows] = {1.0f, 0.7f, 0.0f, 1.5f, 1.0f, 0.3f, 2.0f, 0.0f, 1.0f, 0.9f, 0.5f, 1.2f};
-    const float min_ps[kRows] = {0.0f, 0.05f, 0.0f, 0.0f, 0.0f, 0.1f, 0.0f, 0.3f, 0.02f, 0.0f, 0.0f, 0.5f};
+    for (int64_t j = 300; j < 320; ++j) x.data<float>()[9 * d + j] = 40.0f;  // 20 tied maxima
+    Tensor params = Tensor::empty({kRows, kCols}, DType::kF32);
+    const float temperatures[kRows] = {1.0f, 0.7f, 0.0f, 1.5f, 1.0f, 0.3f, 2.0f, 0.0f, 1.0f, 0.9f,
+                                       0.5f, 1.2f, 1.0f, 0.8f, 1.0f, 1.0f, 0.6f, 1.0f, 1.1f, 1.0f};
+    const float min_ps[kRows] = {0.0f, 0.05f, 0.0f, 0.0f, 0.0f, 0.1f, 0.0f, 0.3f, 0.02f, 0.0f,
+                                 0.0f, 0.5f, 0.0f, 0.0f, 0.0f, 0.01f, 0.0f, 0.0f, 0.0f, 0.0f};
+    const float top_ks[kRows] = {0, 0, 0, 0, 0, 0, 0, 0, 50, 7, 1, 0, 0, 40, 0, 1000, 0, 100, 0, 3};
+    const float top_ps[kRows] = {1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 0.9f,
+                                 1.0f, 1.0f, 0.9f, 0.8f, 0.5f, 0.95f, 0.99f, 0.7f, 0.3f, 0.9f};
     for (int r = 0; r < kRows; ++r) {
       double u = uniform(rng);
       if (r == 4) u = 0.0;
-      if (r == 6) u = 1.0 - 1e-12;
-      float* p = params.data<float>() + 4 * r;
+      if (r == 6 || r == 14) u = 1.0 - 1e-12;
+      float* p = params.data<float>() + kCols * r;
       p[0] = temperatures[r];
       p[1] = min_ps[r];
       p[2] = static_cast<float>(u);
       p[3] = static_cast<float>(u - static_cast<double>(p[2]));
+      p[4] = top_ks[r];
+      p[5] = top_ps[r];
     }
     Tensor ids = Tensor::empty({kRows}, DType::kI32), lps = Tensor::empty({kRows}, DType::kF32);
     ops::sample(x, params, ids, lps);
@@ -172,11 +187,48 @@ TEST(GpuOps, SampleEqualsTheCpuDraw) {
     ops::sample(*dx, *dp, *dids, *dlps);
     const Tensor got = to_host(*dids), got_lp = to_host(*dlps);
     for (int r = 0; r < kRows; ++r) {
-      EXPECT_EQ(got.data<int32_t>()[r], ids.data<int32_t>()[r]) << "d=" << d << " row " << r;
+      ++total;
+      // expf on the device and std::exp differ in the last bits: a draw within rounding of a
+      // boundary between two tokens may pick the neighbour. Anything else must agree.
+      if (got.data<int32_t>()[r] != ids.data<int32_t>()[r]) {
+        ++mismatches;
+        std::printf("sample mismatch (one allowed): d=%lld row %d: %d vs %d\n", static_cast<long long>(d), r,
+                    got.data<int32_t>()[r], ids.data<int32_t>()[r]);
+        continue;
+      }
       EXPECT_NEAR(got_lp.data<float>()[r], lps.data<float>()[r], 1e-4 * (1.0 + std::fabs(lps.data<float>()[r])))
           << "d=" << d << " row " << r;
     }
   }
+  EXPECT_LE(mismatches, 1) << "of " << total;
+}
+
+// adjust_logits on the device makes the CPU op's edits, to the bit.
+TEST(GpuOps, AdjustLogitsEqualsTheCpuOp) {
+  TACHYON_START_GPU();
+  const uint32_t seed = testing::fresh_seed();
+  SCOPED_TRACE(fmt::format("seed {} (TACHYON_TEST_SEED={} reproduces)", seed, seed));
+  std::mt19937 rng(seed);
+  Tensor x = testing::random_tensor({7, 3001}, rng);
+  std::uniform_int_distribution<int> token(0, 3000);
+  std::vector<float> edits;
+  for (int r = 0; r < 7; ++r) {
+    std::set<int> used;
+    for (int i = 0; i < 200; ++i) {
+      const int t = token(rng);
+      if (!used.insert(t).second) continue;
+      edits.insert(edits.end(), {static_cast<float>(r), static_cast<float>(t), i % 3 == 0 ? 2.5f : 0.0f,
+                                 i % 2 == 0 ? 1.3f : 1.0f, i % 5 == 0 ? 0.75f : 0.0f});
+    }
+  }
+  Tensor e = Tensor::empty({static_cast<int64_t>(edits.size()) / 5, 5}, DType::kF32);
+  std::copy(edits.begin(), edits.end(), e.data<float>());
+  auto dx = copy_to(x, kGpu);
+  auto de = copy_to(e, kGpu);
+  ASSERT_TRUE(dx.ok() && de.ok());
+  ops::adjust_logits(x, e);
+  ops::adjust_logits(*dx, *de);
+  EXPECT_TRUE(testing::bitwise_equal(to_host(*dx), x, "adjusted logits"));
 }
 
 TEST(GpuModel, SyntheticWeightsAreMadeOnTheDeviceAndEqualTheCpuOnes) {
@@ -482,14 +534,15 @@ TEST(GpuEngine, DisaggregatedPrefillAndDecodeEqualColocated) {
   ASSERT_OK((*colocated)->check_no_leaks());
 }
 
-// Requests with temperature and min-p only are drawn on the device (only ids come back); asking
-// for top logprobs sends the logits to the host Sampler instead. Same seeds, same draws: the same
-// tokens either way.
+// Requests without top logprobs are drawn on the device (only ids come back): temperature, min-p,
+// top-k, top-p, penalties and logit bias, greedy rows among them; asking for top logprobs sends the
+// logits to the host Sampler instead. Same seeds, same draws: the same tokens either way.
 TEST(GpuEngine, SamplingOnTheDeviceEqualsTheHostSampler) {
   TACHYON_START_GPU();
   LoadedModel m = load(testing::source_dir() + "/models/tachyon-demo", kGpu);
   const std::vector<std::string> prompts = {"Once upon a time", "Tom had a red ball.", "The sun was hot and",
-                                            "Lily and her mom went to the park."};
+                                            "Lily and her mom went to the park.", "One day, a little dog",
+                                            "The cat sat"};
   const auto run = [&](int logprobs) {
     EngineOptions eo;
     eo.num_kv_blocks = 64;
@@ -502,6 +555,12 @@ TEST(GpuEngine, SamplingOnTheDeviceEqualsTheHostSampler) {
       GenerationParams p;
       p.sampling.temperature = i == 2 ? 0.0f : 0.8f;  // a greedy request in the same batch
       p.sampling.min_p = i == 1 ? 0.05f : 0.0f;
+      p.sampling.top_k = i == 3 ? 40 : 0;
+      p.sampling.top_p = i == 3 || i == 4 ? 0.9f : 1.0f;
+      p.sampling.repetition_penalty = i == 2 || i == 4 ? 1.2f : 1.0f;  // greedy with a penalty too
+      p.sampling.frequency_penalty = i == 5 ? 0.6f : 0.0f;
+      p.sampling.presence_penalty = i == 5 ? 0.3f : 0.0f;
+      if (i == 5) p.sampling.logit_bias = {{15, 4.0f}, {16, -100.0f}};
       p.sampling.seed = 1234 + i;
       p.sampling.logprobs = logprobs;
       p.max_tokens = 24;

@@ -266,7 +266,7 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
   void sample(const Tensor& x, const Tensor& params, Tensor& ids, Tensor& logprobs) override {
     on_device("sample", {&x, &params, &ids, &logprobs});
     TACHYON_CHECK(x.dim() == 2 && x.stride(1) == 1 && x.dtype() == DType::kF32 && params.dim() == 2 &&
-                      params.size(0) == x.size(0) && params.size(1) == 4 && params.dtype() == DType::kF32 &&
+                      params.size(0) == x.size(0) && params.size(1) == kSampleParams && params.dtype() == DType::kF32 &&
                       params.is_contiguous() && ids.dim() == 1 && ids.size(0) == x.size(0) &&
                       ids.dtype() == DType::kI32 && ids.is_contiguous() && logprobs.dim() == 1 &&
                       logprobs.size(0) == x.size(0) && logprobs.dtype() == DType::kF32 && logprobs.is_contiguous(),
@@ -274,6 +274,15 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
                   ids.shape_string(), logprobs.shape_string());
     require_ok(cuda::sample(x.data<float>(), x.stride(0), x.size(0), x.size(1), params.data<float>(),
                             ids.data<int32_t>(), logprobs.data<float>(), stream_));
+  }
+
+  void adjust_logits(Tensor& x, const Tensor& edits) override {
+    on_device("adjust_logits", {&x, &edits});
+    TACHYON_CHECK(x.dim() == 2 && x.stride(1) == 1 && x.dtype() == DType::kF32 && edits.dim() == 2 &&
+                      edits.size(1) == kLogitEditColumns && edits.dtype() == DType::kF32 && edits.is_contiguous(),
+                  "adjust_logits: x {} edits {}", x.shape_string(), edits.shape_string());
+    require_ok(cuda::adjust_logits(x.data<float>(), x.stride(0), x.size(0), x.size(1), edits.data<float>(),
+                                   edits.size(0), stream_));
   }
 
   void fill_uniform(Tensor& t, uint64_t seed, uint64_t stream, float bound, float offset) override {

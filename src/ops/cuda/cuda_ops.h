@@ -121,10 +121,12 @@ Status argmax(const float* x, int64_t x_stride, int64_t n, int64_t d, int32_t* i
               void* workspace = nullptr, size_t workspace_bytes = 0);
 size_t argmax_workspace_bytes(int64_t n, int64_t d);
 
-// ops::sample's contract (ops/ops.h) on device pointers: params [n, 4] f32 (temperature, min_p,
-// u_hi, u_lo), ids [n] i32, logprobs [n] f32.
+// ops::sample's contract (ops/ops.h) on device pointers: params [n, 6] f32 (temperature, min_p,
+// u_hi, u_lo, top_k, top_p), ids [n] i32, logprobs [n] f32.
 Status sample(const float* x, int64_t x_stride, int64_t n, int64_t d, const float* params, int32_t* ids,
               float* logprobs, Stream stream);
+// ops::adjust_logits's contract on device pointers: x [n, d] f32 rows x_stride apart, edits [m, 5].
+Status adjust_logits(float* x, int64_t x_stride, int64_t n, int64_t d, const float* edits, int64_t m, Stream stream);
 
 // ---- the backend of ops.h ------------------------------------------------------------------------
 

@@ -221,4 +221,12 @@ Status sample(const float* x, int64_t x_stride, int64_t n, int64_t d, const floa
   return Status::Ok();
 }
 
+Status adjust_logits(float* x, int64_t x_stride, int64_t n, int64_t d, const float* edits, int64_t m, Stream stream) {
+  TACHYON_CUDA_REQUIRE(n >= 0 && d >= 1 && x_stride >= d && m >= 0, "adjust_logits: [{}, {}] rows {} apart, {} edits",
+                       n, d, x_stride, m);
+  TACHYON_CUDA_REQUIRE(m == 0 || (x != nullptr && edits != nullptr), "adjust_logits: null pointer");
+  TACHYON_CUDA_RETURN_IF_ERROR(detail::launch_adjust_logits(x, x_stride, n, d, edits, m, stream));
+  return Status::Ok();
+}
+
 }  // namespace tachyon::ops::cuda

@@ -66,11 +66,17 @@ cudaError_t launch_fill_random(void* data, DType dtype, int64_t count, uint64_t 
 size_t argmax_workspace_bytes(int64_t n, int64_t d);
 cudaError_t launch_argmax(const float* x, int64_t x_stride, int64_t n, int64_t d, int32_t* ids, float* logprobs,
                           void* workspace, size_t workspace_bytes, Stream stream);
-// ops::sample on the device: one block per row; params [n, 4] f32 (temperature, min_p, u_hi, u_lo).
-cudaError_t launch_sample(const float* x, int64_t x_stride, int64_t n, int64_t d, const float* params, int32_t* ids,
-                          float* logprobs, Stream stream);
 cudaError_t launch_fill_uniform(void* data, DType dtype, int64_t count, uint64_t base, float bound, float offset,
                                 Stream stream);
+
+// ---- sampling (sample.cu) -------------------------------------------------------------------------
+// ops::sample on the device: one block per row; params [n, 6] f32 (ops::kSampleParams).
+cudaError_t launch_sample(const float* x, int64_t x_stride, int64_t n, int64_t d, const float* params, int32_t* ids,
+                          float* logprobs, Stream stream);
+// ops::adjust_logits: edits [m, 5] f32 (row, token, bias, repetition, subtract); edits naming a
+// place outside x[n, d] are skipped (the caller checks them).
+cudaError_t launch_adjust_logits(float* x, int64_t x_stride, int64_t n, int64_t d, const float* edits, int64_t m,
+                                 Stream stream);
 
 // ---- rope (rope.cu) ----------------------------------------------------------------------------
 

@@ -168,124 +168,6 @@ __global__ void argmax_merge_kernel(const ArgmaxPart* parts, int chunks, int32_t
   }
 }
 
-// One block (kSampleThreads) per row: ops::sample. Warp w owns the contiguous ids
-// [w * span, (w + 1) * span) (span a multiple of 32, so the lanes read coalesced); the warps' sums
-// of all weights and of the kept ones (double) meet in warp order, thread 0 finds the warp whose
-// range holds u * kept, and that warp walks its range 32 ids at a time with a prefix sum until the
-// running sum passes the target. Every weight is recomputed from x the same way in both passes.
-constexpr int kSampleThreads = 1024;
-
-__device__ __forceinline__ double warp_sum_double(double v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
-  return v;
-}
-
-__global__ void __launch_bounds__(kSampleThreads) sample_kernel(const float* x, int64_t x_stride, int64_t d,
-                                                               const float* params, int32_t* ids, float* logprobs) {
-  const float* row = x + static_cast<int64_t>(blockIdx.x) * x_stride;
-  const float* p = params + static_cast<int64_t>(blockIdx.x) * 4;
-  const float temperature = p[0], min_p = p[1];
-  const double u = static_cast<double>(p[2]) + static_cast<double>(p[3]);
-  const bool greedy = temperature == 0.0f;
-  const float scale = 1.0f / (greedy ? 1.0f : temperature);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
-
-  __shared__ Best partial[kArgmaxThreads / 32];
-  __shared__ Best best;
-  __shared__ double warp_all[kSampleThreads / 32], warp_kept[kSampleThreads / 32];
-  __shared__ int chosen_warp;
-  __shared__ double before;  // kept mass of the warps before chosen_warp
-  __shared__ double target;
-  __shared__ int token;
-
-  Best b{-INFINITY, 0x7fffffff};
-  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) keep_better(b.v, b.i, finite_or_neg_inf(row[j]), static_cast<int>(j));
-  warp_reduce(b);
-  if (lane == 0) partial[warp] = b;
-  __syncthreads();
-  if (warp == 0) {
-    b = lane < warps ? partial[lane] : Best{-INFINITY, 0x7fffffff};
-    warp_reduce(b);
-    if (lane == 0) best = b;
-  }
-  __syncthreads();
-  const float m = best.v;
-  if (m == -INFINITY) {
-    if (threadIdx.x == 0) {
-      ids[blockIdx.x] = 0;
-      logprobs[blockIdx.x] = -INFINITY;
-    }
-    return;
-  }
-  const auto weight = [&](int64_t j) {
-    const float v = row[j];
-    return isfinite(v) ? expf((v - m) * scale) : 0.0f;
-  };
-  const int64_t span = ((d + warps - 1) / warps + 31) / 32 * 32;
-  const int64_t begin = static_cast<int64_t>(warp) * span;
-  const int64_t end = min64(d, begin + span);
-  double all = 0.0, kept = 0.0;
-  for (int64_t j = begin + lane; j < end; j += 32) {
-    const float w = weight(j);
-    all += w;
-    if (w >= min_p) kept += w;
-  }
-  all = warp_sum_double(all);
-  kept = warp_sum_double(kept);
-  if (lane == 0) {
-    warp_all[warp] = all;
-    warp_kept[warp] = kept;
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    double total_all = 0.0, total_kept = 0.0;
-    for (int w = 0; w < warps; ++w) {
-      total_all += warp_all[w];
-      total_kept += warp_kept[w];
-    }
-    token = best.i;
-    chosen_warp = -1;
-    if (!greedy) {
-      target = u * total_kept;
-      double cumulative = 0.0;
-      for (int w = 0; w < warps; ++w) {
-        if (cumulative + warp_kept[w] > target) {
-          chosen_warp = w;
-          break;
-        }
-        cumulative += warp_kept[w];
-      }
-      before = cumulative;
-    }
-    warp_all[0] = total_all;  // kept for the logprob
-  }
-  __syncthreads();
-  if (warp == chosen_warp) {
-    double running = before;
-    for (int64_t base = begin; base < end; base += 32) {
-      const int64_t j = base + lane;
-      float w = j < end ? weight(j) : 0.0f;
-      if (w < min_p) w = 0.0f;
-      double incl = w;  // inclusive prefix over the lanes
-      for (int o = 1; o < 32; o <<= 1) {
-        const double up = __shfl_up_sync(kFullMask, incl, o);
-        if (lane >= o) incl += up;
-      }
-      const unsigned hit = __ballot_sync(kFullMask, running + incl > target && w > 0.0f);
-      if (hit != 0) {
-        if (lane == 0) token = static_cast<int>(base + __ffs(hit) - 1);
-        break;
-      }
-      running += __shfl_sync(kFullMask, incl, 31);
-    }
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    ids[blockIdx.x] = token;
-    logprobs[blockIdx.x] = static_cast<float>((row[token] - m) * scale - log(warp_all[0]));
-  }
-}
-
 __global__ void fill_uniform_kernel(void* data, DType dtype, int64_t count, uint64_t base, float bound, float offset) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -325,14 +207,6 @@ cudaError_t launch_argmax(const float* x, int64_t x_stride, int64_t n, int64_t d
   }
   const int threads = d >= kArgmaxThreads ? kArgmaxThreads : static_cast<int>((d + 31) / 32 * 32);
   argmax_kernel<<<static_cast<unsigned>(n), threads, 0, stream>>>(x, x_stride, d, ids, logprobs);
-  return cudaGetLastError();
-}
-
-cudaError_t launch_sample(const float* x, int64_t x_stride, int64_t n, int64_t d, const float* params, int32_t* ids,
-                          float* logprobs, Stream stream) {
-  if (n == 0) return cudaSuccess;
-  if (n > 0x7fffffff || d > 0x7ffffffe) return cudaErrorInvalidValue;
-  sample_kernel<<<static_cast<unsigned>(n), kSampleThreads, 0, stream>>>(x, x_stride, d, params, ids, logprobs);
   return cudaGetLastError();
 }
 
