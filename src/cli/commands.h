@@ -16,5 +16,6 @@ void add_info(CLI::App& app, std::function<int()>& run);
 void add_tokenize(CLI::App& app, std::function<int()>& run);
 void add_serve(CLI::App& app, std::function<int()>& run);
 void add_chat(CLI::App& app, std::function<int()>& run);
+void add_router(CLI::App& app, std::function<int()>& run);
 
 }  // namespace tachyon::cli

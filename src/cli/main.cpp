@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   tachyon::cli::add_tokenize(app, run);
   tachyon::cli::add_serve(app, run);
   tachyon::cli::add_chat(app, run);
+  tachyon::cli::add_router(app, run);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,6 +1,11 @@
 // `tachyon serve`: the OpenAI-compatible HTTP server (src/server/) over one model. Startup lines
 // and logs go to stderr, including "listening on http://HOST:PORT" once the socket accepts
 // (with --port 0 that line tells which port was picked). SIGINT/SIGTERM drain and exit 0.
+//
+// --role prefill|decode makes it one side of a disaggregated deployment behind `tachyon router`
+// (server/disagg_worker.h, server/disagg_protocol.h); a decode worker also prints
+// "kv transfers on HOST:PORT" (with --kv-port 0, the port picked). --role both (the default) is a
+// plain server.
 #include <sys/resource.h>
 
 #include <csignal>
@@ -12,6 +17,9 @@
 #include "cli/spec_args.h"
 #include "server/async_engine.h"
 #include "server/chat_prompt.h"
+#include "server/disagg_protocol.h"
+#include "disagg/kv_transfer.h"
+#include "server/disagg_worker.h"
 #include "server/http_server.h"
 #include "server/metrics.h"
 
@@ -33,6 +41,11 @@ struct ServeArgs {
   double keep_alive_timeout = 65.0;
   std::string dtype = "bf16";
   bool stream_timestamps = false;
+  std::string role = "both";
+  std::string kv_host;     // default: --host
+  int kv_port = 0;
+  double transfer_wait = 30.0;
+  double adopt_wait = 10.0;
 };
 
 // The -m path's last component: "models/tachyon-demo/" -> "tachyon-demo".
@@ -65,6 +78,11 @@ int run_serve(ServeArgs& a) {
                              "--max-waiting and --io-threads must be at least 1, --request-timeout not negative, "
                              "--keep-alive-timeout positive"));
   }
+  auto role = server::parse_role(a.role);
+  if (!role.ok()) return report(role.status().with_context("--role"));
+  if (a.transfer_wait <= 0 || a.adopt_wait <= 0) {
+    return report(make_error(ErrorCode::kInvalidArgument, "--transfer-wait and --adopt-wait must be positive"));
+  }
   auto eo = engine_options(a.engine);
   if (!eo.ok()) return report(eo.status());
   auto loaded = load(a.common, *dtype);
@@ -81,6 +99,7 @@ int run_serve(ServeArgs& a) {
   auto engine = Engine::create(*m.model, m.tokenizer.get(), m.eos_token_ids, *eo);
   if (!engine.ok()) return report(engine.status());
   const EngineStats stats = (*engine)->stats();
+  const disagg::KvModelShape kv_shape = disagg::kv_model_shape(**engine);  // what a transfer must match
 
   server::ServingContext context;
   context.model_name = a.served_model_name.empty() ? default_model_name(a.common.model) : a.served_model_name;
@@ -96,7 +115,34 @@ int run_serve(ServeArgs& a) {
   server::AsyncEngineOptions ao;
   ao.max_waiting = a.max_waiting;
   ao.request_timeout = a.request_timeout;
+  ao.adopt_wait = a.adopt_wait;
+  // Declared before the engine: the prefill worker outlives the engine that calls it, the
+  // registry the HTTP sessions that register in it.
+  std::unique_ptr<server::PrefillWorker> prefill_worker;
+  server::TransferRegistry registry;
+  server::DisaggContext disagg;
+  disagg.role = *role;
+  disagg.transfer_wait = a.transfer_wait;
+  if (*role == server::WorkerRole::kPrefill) {
+    prefill_worker = std::make_unique<server::PrefillWorker>(metrics, disagg::KvSenderOptions{});
+    ao.on_transfer = prefill_worker->on_transfer();
+    disagg.prefill = prefill_worker.get();
+  }
   auto async_engine = std::make_unique<server::AsyncEngine>(std::move(*engine), ao, metrics);
+  server::AsyncEngine& engine_ref = *async_engine;
+  std::unique_ptr<server::DecodeWorker> decode_worker;  // reset before the engine goes
+  if (*role == server::WorkerRole::kDecode) {
+    server::DecodeWorkerOptions dw;
+    dw.receiver.address = a.kv_host.empty() ? a.host : a.kv_host;
+    dw.receiver.port = static_cast<uint16_t>(a.kv_port);
+    dw.receiver.receive.expect = kv_shape;
+    dw.adopt_wait = a.adopt_wait;
+    auto started = server::DecodeWorker::start(engine_ref, registry, dw);
+    if (!started.ok()) return report(started.status());
+    decode_worker = std::move(started).value();
+    disagg.registry = &registry;
+    disagg.kv_port = decode_worker->kv_port();
+  }
 
   server::HttpServerOptions ho;
   ho.host = a.host;
@@ -104,8 +150,12 @@ int run_serve(ServeArgs& a) {
   ho.io_threads = a.io_threads;
   ho.max_body = *max_body;
   ho.keep_alive_timeout = a.keep_alive_timeout;
-  auto http = server::HttpServer::create(ho, context, std::move(async_engine), metrics);
-  if (!http.ok()) return report(http.status());
+  ho.max_registered = a.max_waiting;
+  auto http = server::HttpServer::create(ho, context, std::move(async_engine), metrics, disagg);
+  if (!http.ok()) {
+    decode_worker.reset();
+    return report(http.status());
+  }
 
   const char* template_source = !a.chat_template.empty()          ? a.chat_template.c_str()
                                 : m.tokenizer->chat_template().empty() ? "built-in ChatML (the model has none)"
@@ -116,9 +166,18 @@ int run_serve(ServeArgs& a) {
                context.model_name.c_str(), m.path.c_str(), m.load_seconds, context.max_model_len, stats.kv_blocks_total,
                eo->block_size, static_cast<double>(stats.kv_cache_bytes) / (1 << 20), eo->max_seqs, a.max_waiting,
                template_source);
+  if (decode_worker) {
+    std::fprintf(stderr, "tachyon serve: role decode | kv transfers on %s:%d\n",
+                 (a.kv_host.empty() ? a.host : a.kv_host).c_str(), decode_worker->kv_port());
+  } else if (*role == server::WorkerRole::kPrefill) {
+    std::fprintf(stderr, "tachyon serve: role prefill | ships KV to the decode workers the router names\n");
+  }
   std::fprintf(stderr, "tachyon serve: listening on http://%s:%d\n", a.host.c_str(), (*http)->port());
   std::fflush(stderr);
-  return (*http)->run();
+  const int code = (*http)->run();
+  decode_worker.reset();  // its threads feed the engine, which goes with the server
+  if (prefill_worker) prefill_worker->stop();  // its callbacks reach the server's connections
+  return code;
 }
 
 }  // namespace
@@ -140,6 +199,16 @@ void add_serve(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--io-threads", a->io_threads, "threads for network I/O (default 2)");
   cmd->add_option("--keep-alive-timeout", a->keep_alive_timeout, "seconds an idle connection stays open (default 65)");
   cmd->add_option("--dtype", a->dtype, "weight dtype of synthetic models (default bf16)");
+  cmd->add_option("--role", a->role,
+                  "both (a plain server), prefill or decode (a disaggregated worker behind tachyon router)")
+      ->check(CLI::IsMember({"both", "prefill", "decode"}));
+  cmd->add_option("--kv-host", a->kv_host, "decode role: address of the KV transfer port (default: --host)");
+  cmd->add_option("--kv-port", a->kv_port, "decode role: KV transfer port; 0 picks a free one (default 0)")
+      ->check(CLI::Range(0, 65535));
+  cmd->add_option("--transfer-wait", a->transfer_wait,
+                  "decode role: seconds a registered request waits for its KV transfer (default 30)");
+  cmd->add_option("--adopt-wait", a->adopt_wait,
+                  "decode role: seconds a received transfer may wait for room in the engine (default 10)");
   add_engine_options(*cmd, a->engine);
   add_spec_options(*cmd, a->spec);
   cmd->callback([a, &run]() { run = [a]() { return run_serve(*a); }; });

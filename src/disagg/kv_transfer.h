@@ -1,30 +1,32 @@
 // Moving one sequence's KV from a prefill worker to a decode worker: the wire format and the two
 // ends of a transfer, over any KvTransport (kv_transport.h).
 //
-// How the roles and the router will use these pieces (`tachyon serve --role prefill|decode`,
-// `tachyon router`; not built yet):
+// How the roles and the router use these pieces (`tachyon serve --role prefill|decode`,
+// `tachyon router`; the HTTP side is server/disagg_protocol.h, the glue server/disagg_worker.h):
 //   - Both roles run the same Engine on the same model. The router admits a request, picks a
-//     prefill worker and a decode worker (the one with the most free KV blocks and the shortest
-//     queue: EngineStats::kv_blocks_free, num_waiting), and gives the prefill worker the request
-//     with GenerationParams::prefill_only set and a transfer id naming the decode worker.
+//     decode worker (server/router_policy.h: the shortest queue, then the most free KV blocks, from
+//     the workers' polled EngineStats), registers the request there under a fresh transfer id,
+//     and gives a prefill worker the request with the decode worker's KV address; the prefill
+//     worker runs it with GenerationParams::prefill_only.
 //   - Prefill worker: its engine loop runs the prompt; the request's output ends with
 //     FinishReason::kTransfer and carries the first token and its text, which the router streams
 //     to the client at once (time to first token does not wait for the transfer). The engine
 //     thread calls Engine::export_kv() right after that step (a copy to the host; the blocks are
-//     freed at once) and hands the export to a sender thread, which calls send_kv() on its
-//     connection to that decode worker, then receive_kv_ack(). A request that a stop condition
-//     ends at its first token finishes as usual and is never transferred.
-//   - Decode worker: one thread per incoming connection loops on receive_kv() and hands each
-//     ReceivedKv, with the request's GenerationParams (from the router, keyed by transfer id), to
-//     its engine loop, which calls Engine::adopt() and streams the following tokens to the router;
-//     the adopt() outcome goes back with send_kv_ack(). kOutOfRange from adopt() (no blocks, or
-//     max_seqs reached) is backpressure: the decode worker keeps the import queued and retries
-//     after a step, and the router stops sending it work while its queue is long.
+//     freed at once) and hands the export to a KvSender (kv_sender.h), whose threads call
+//     send_kv() on a pooled connection to that decode worker, then receive_kv_ack(). A request
+//     that a stop condition ends at its first token finishes as usual and is never transferred.
+//   - Decode worker: a KvReceiver (kv_receiver.h) thread per incoming connection loops on
+//     receive_kv() and hands each ReceivedKv, with the request registered under its transfer id
+//     (the client's GenerationParams), to its engine loop, which calls Engine::adopt() and streams
+//     the following tokens to the router; the adopt() outcome goes back with send_kv_ack(), and an
+//     unknown transfer id is refused. kOutOfRange from adopt() (no blocks, or max_seqs reached) is
+//     backpressure: the import stays queued and is retried after each step (bounded), and the
+//     router holds new requests while every decode worker's queue or free KV is past its limit.
 //   - Errors: any failed transfer ends the request with an error at the router (the prefill
 //     worker already freed its blocks; the decode worker adopted nothing), and the connection is
 //     dropped and reconnected (a transport that failed once is never reused).
-//   - `--role both` is a plain engine; a single process playing both roles can use
-//     make_local_transport_pair() in place of TCP.
+//   - `--role both` is a plain engine. make_local_transport_pair() serves tests (and a future
+//     single process playing both roles) in place of TCP.
 //
 // Wire format, version 1, all integers little-endian. One transfer is 1 + num_layers messages:
 //   header  u32 magic "TKVH", u16 version, u16 flags (0), u32 header bytes (this whole message),

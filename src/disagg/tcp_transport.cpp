@@ -182,6 +182,23 @@ Result<std::vector<uint8_t>> TcpKvTransport::receive(size_t max_bytes, Millis ti
   return message;
 }
 
+Result<bool> TcpKvTransport::wait_readable(Millis timeout) {
+  Impl& s = *impl_;
+  if (s.broken) return make_error(ErrorCode::kIo, "tcp {}: closed after an earlier error", s.peer);
+  error_code ec;
+  if (s.socket.available(ec) > 0 && !ec) return true;
+  bool done = false;
+  error_code result;
+  s.socket.async_wait(tcp::socket::wait_read, [&](const error_code& e) {
+    result = e;
+    done = true;
+  });
+  run_with_timeout(s.io, done, timeout, [&] { s.socket.cancel(); });
+  if (result == net::error::operation_aborted) return false;  // cancelled by the timeout: nothing consumed
+  if (result) return s.fail(make_error(ErrorCode::kIo, "tcp {}: waiting for data: {}", s.peer, result.message()));
+  return true;
+}
+
 void TcpKvTransport::close() {
   if (!impl_ || !impl_->socket.is_open()) return;
   error_code ignored;

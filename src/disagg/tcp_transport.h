@@ -29,6 +29,12 @@ class TcpKvTransport final : public KvTransport {
   Status send(std::span<const uint8_t> message, Millis timeout) override;
   Result<std::vector<uint8_t>> receive(size_t max_bytes, Millis timeout) override;
   void close() override;
+  // Waits up to `timeout` for bytes to read (or the peer's close) without taking any: true when
+  // receive() would not block, false when the timeout passed. A timeout here leaves the stream
+  // where it was, unlike receive(). A worker uses it to wait for the next transfer in short
+  // slices (so that it can stop), and to see that a pooled idle connection was closed by its
+  // peer (an idle peer sends nothing, so readable means closed) before reusing it.
+  Result<bool> wait_readable(Millis timeout);
   // "127.0.0.1:40123" of the other end (empty once closed).
   std::string peer() const;
 

@@ -1,6 +1,9 @@
 #include "server/async_engine.h"
 
+#include <algorithm>
 #include <chrono>
+
+#include <fmt/format.h>
 
 #include "core/log.h"
 
@@ -32,6 +35,23 @@ void RequestStream::push(RequestOutput output) {
     }
   }
   if (notify) notify();
+}
+
+void RequestStream::finish_handoff(const Status& outcome) {
+  RequestOutput out;
+  out.id = engine_id_;
+  out.finished = true;
+  out.finish_reason = FinishReason::kTransfer;
+  out.error = outcome;
+  push(std::move(out));
+}
+
+void RequestStream::fail(const Status& error) {
+  RequestOutput out;
+  out.finished = true;
+  out.finish_reason = FinishReason::kError;
+  out.error = error;
+  push(std::move(out));
 }
 
 AsyncEngine::AsyncEngine(std::unique_ptr<Engine> engine, AsyncEngineOptions options, ServerMetrics& metrics)
@@ -90,9 +110,114 @@ void AsyncEngine::finish_stream(const std::shared_ptr<RequestStream>& stream, Re
   stream->push(std::move(output));
 }
 
+void AsyncEngine::submit_adoption(std::shared_ptr<RequestStream> stream, KvImport kv,
+                                  std::function<void(const Status&)> done) {
+  {
+    std::lock_guard lock(mu_);
+    if (!loop_exited_ && !stop_now_) {
+      adoptions_.push_back(Adoption{std::move(stream), std::move(kv), std::move(done)});
+      unfinished_.fetch_add(1, std::memory_order_acq_rel);
+      pending_adoption_count_.fetch_add(1, std::memory_order_acq_rel);
+      cv_.notify_one();
+      return;
+    }
+  }
+  const Status error = make_error(ErrorCode::kIo, "the decode worker is shutting down");
+  stream->fail(error);
+  done(error);
+}
+
+void AsyncEngine::adopt_pending(double now) {
+  std::vector<Adoption> left;
+  for (Adoption& a : pending_adoptions_) {
+    RequestStream& s = *a.stream;
+    if (s.cancelled()) {
+      unfinished_.fetch_sub(1, std::memory_order_acq_rel);
+      pending_adoption_count_.fetch_sub(1, std::memory_order_acq_rel);
+      metrics_.record_adoption(false);
+      a.done(make_error(ErrorCode::kIo, "the request was cancelled before its KV was adopted"));
+      continue;
+    }
+    if (a.deadline == 0.0) a.deadline = now + options_.adopt_wait;
+    Result<RequestId> id = make_error(ErrorCode::kInvalidArgument,
+                                      "kv import: the transfer's prompt ({} tokens) is not this request's ({} tokens)",
+                                      a.kv.num_prompt_tokens, s.prompt_ids_.size());
+    const bool same_prompt = a.kv.num_prompt_tokens >= 0 &&
+                             static_cast<size_t>(a.kv.num_prompt_tokens) == s.prompt_ids_.size() &&
+                             a.kv.tokens.size() >= s.prompt_ids_.size() &&
+                             std::equal(s.prompt_ids_.begin(), s.prompt_ids_.end(), a.kv.tokens.begin());
+    if (same_prompt) id = engine_->adopt(a.kv, s.params_);
+    if (id.ok()) {
+      s.engine_id_ = *id;
+      s.imported_tokens_.assign(a.kv.tokens.begin() + a.kv.num_prompt_tokens, a.kv.tokens.end());
+      if (options_.request_timeout > 0) s.deadline_ = now + options_.request_timeout;
+      metrics_.record_admitted(s.num_prompt_tokens_);
+      metrics_.record_adoption(true);
+      streams_.emplace(*id, a.stream);
+      pending_adoption_count_.fetch_sub(1, std::memory_order_acq_rel);
+      a.done(Status::Ok());
+      continue;
+    }
+    // No room now: worth another try after a step frees some, while anything runs.
+    if (id.status().code() == ErrorCode::kOutOfRange && engine_->has_unfinished() && now < a.deadline) {
+      left.push_back(std::move(a));
+      continue;
+    }
+    Status error = id.status();
+    if (error.code() == ErrorCode::kOutOfRange) {
+      error = engine_->has_unfinished()
+                  ? error.with_context(fmt::format("no room in the decode worker's engine within {:g} s",
+                                                   options_.adopt_wait))
+                  : error.with_context("the decode worker's engine cannot hold it");
+    }
+    TACHYON_LOG_WARN("adoption failed: {}", error.to_string());
+    metrics_.record_adoption(false);
+    pending_adoption_count_.fetch_sub(1, std::memory_order_acq_rel);
+    RequestOutput out;
+    out.finished = true;
+    out.finish_reason = FinishReason::kError;
+    out.error = error;
+    finish_stream(a.stream, std::move(out));
+    a.done(error);
+  }
+  pending_adoptions_.swap(left);
+}
+
+void AsyncEngine::hand_over(std::shared_ptr<RequestStream> s, RequestOutput output) {
+  const RequestId id = output.id;
+  if (s->cancelled() || !options_.on_transfer || !s->transfer_target_) {
+    engine_->abort(id);  // frees the blocks held for the transfer
+    const bool cancelled = s->cancelled();
+    output.finish_reason = cancelled ? FinishReason::kAbort : FinishReason::kError;
+    if (!cancelled) {
+      output.error = make_error(ErrorCode::kInternal, "a prefill-only request without a transfer target");
+    }
+    finish_stream(s, std::move(output));
+    return;
+  }
+  auto kv = engine_->export_kv(id);  // the blocks are free from here on, whatever happened
+  if (!kv.ok()) {
+    output.finish_reason = FinishReason::kError;
+    output.error = kv.status();
+    finish_stream(s, std::move(output));
+    return;
+  }
+  // The engine's part is over: count it finished (as a transfer), deliver the first token as
+  // news, and let the shipper end the stream.
+  metrics_.record_finished(output, false);
+  unfinished_.fetch_sub(1, std::memory_order_acq_rel);
+  output.finished = false;
+  s->push(std::move(output));
+  options_.on_transfer(std::move(s), std::move(kv).value());
+}
+
 void AsyncEngine::deliver(RequestOutput output) {
   auto it = streams_.find(output.id);
-  if (it == streams_.end()) return;  // aborted by its consumer: nobody listens
+  if (it == streams_.end()) {
+    // Aborted by its consumer: nobody listens. A held transfer still has blocks to free.
+    if (output.finished && output.finish_reason == FinishReason::kTransfer) engine_->abort(output.id);
+    return;
+  }
   it->second->started_ = true;
   if (!output.finished) {
     it->second->push(std::move(output));
@@ -100,6 +225,10 @@ void AsyncEngine::deliver(RequestOutput output) {
   }
   std::shared_ptr<RequestStream> stream = std::move(it->second);
   streams_.erase(it);
+  if (output.finish_reason == FinishReason::kTransfer) {
+    hand_over(std::move(stream), std::move(output));
+    return;
+  }
   finish_stream(stream, std::move(output));
 }
 
@@ -148,17 +277,20 @@ void AsyncEngine::loop() {
     {
       std::unique_lock lock(mu_);
       cv_.wait(lock, [&] {
-        return stop_now_ || !submissions_.empty() || !aborts_.empty() || !held_.empty() ||
-               engine_->has_unfinished() || (draining_.load(std::memory_order_acquire) && streams_.empty());
+        return stop_now_ || !submissions_.empty() || !aborts_.empty() || !held_.empty() || !adoptions_.empty() ||
+               !pending_adoptions_.empty() || engine_->has_unfinished() ||
+               (draining_.load(std::memory_order_acquire) && streams_.empty());
       });
       if (stop_now_) break;
       if (draining_.load(std::memory_order_acquire) && submissions_.empty() && aborts_.empty() && streams_.empty() &&
-          held_.empty() && !engine_->has_unfinished()) {
+          held_.empty() && adoptions_.empty() && pending_adoptions_.empty() && !engine_->has_unfinished()) {
         break;
       }
       in_transit_ = submissions_.size() + held_.size();
       submitted.swap(submissions_);
       aborted.swap(aborts_);
+      for (Adoption& a : adoptions_) pending_adoptions_.push_back(std::move(a));
+      adoptions_.clear();
     }
     // Aborts first: a request cancelled before it was added is skipped by admit(). An aborted
     // request stays in streams_ until the next step reports it, so that it is counted like any other.
@@ -183,6 +315,7 @@ void AsyncEngine::loop() {
     for (auto& s : released) admit(std::move(s), now);
     for (auto& s : submitted) admit(std::move(s), now);
     submitted.clear();
+    if (!pending_adoptions_.empty()) adopt_pending(now);
     {
       const int waiting = engine_->stats().num_waiting;
       std::lock_guard lock(mu_);  // both at once: submit() must never count a request twice
@@ -230,6 +363,22 @@ void AsyncEngine::loop() {
     publish_stats();
   }
   // Destruction without a drain: whatever is left ends as aborted.
+  {
+    std::lock_guard lock(mu_);
+    loop_exited_ = true;
+    for (Adoption& a : adoptions_) pending_adoptions_.push_back(std::move(a));
+    adoptions_.clear();
+  }
+  for (Adoption& a : pending_adoptions_) {
+    const Status error = make_error(ErrorCode::kIo, "the decode worker is shutting down");
+    pending_adoption_count_.fetch_sub(1, std::memory_order_acq_rel);
+    RequestOutput out;
+    out.finished = true;
+    out.finish_reason = FinishReason::kAbort;
+    finish_stream(a.stream, std::move(out));
+    a.done(error);
+  }
+  pending_adoptions_.clear();
   for (auto& [id, s] : streams_) {
     engine_->abort(id);
     RequestOutput out;

@@ -10,6 +10,18 @@
 //              deadline, runs Engine::step(), and pushes each RequestOutput to its stream. When the
 //              engine has nothing to do it sleeps on a condition variable; it never spins.
 //
+// Disaggregation (server/disagg_worker.h wires it to the KV transport):
+//   prefill   a request run with GenerationParams::prefill_only ends with FinishReason::kTransfer
+//              after its first token: the loop delivers that token (as a not-finished output),
+//              calls Engine::export_kv() at once (the blocks are freed) and hands the export to
+//              AsyncEngineOptions::on_transfer, which ships it; whoever ships it ends the stream
+//              with RequestStream::finish_handoff(). A stream cancelled by then is not shipped.
+//   decode     submit_adoption(): a received transfer for a stream the server registered; the loop
+//              calls Engine::adopt() and the stream then runs like any other. No room now
+//              (kOutOfRange while other requests run) is backpressure: the adoption is retried
+//              after each step, for at most adopt_wait seconds; then, or on any other error, the
+//              stream ends with an error. `done` reports the outcome once (for the transfer's ack).
+//
 // Backpressure: the loop never waits for a consumer. A stream buffers its outputs (at most one per
 // generated token, so bounded by max_tokens) and calls its notify callback once when the buffer
 // goes from empty to non-empty; the consumer takes everything buffered at once, so a slow client
@@ -25,19 +37,32 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <unordered_map>
 #include <vector>
 
 #include "core/status.h"
+#include "disagg/kv_sender.h"
 #include "engine/engine.h"
 #include "server/metrics.h"
 
 namespace tachyon::server {
 
+class RequestStream;
+
 struct AsyncEngineOptions {
   int max_waiting = 1024;         // queued requests not yet running, past which submit() refuses
   double request_timeout = 600.0; // seconds from submission; 0 = none. A late request is aborted.
+  // Prefill role: receives each exported sequence (on the loop thread; must not block).
+  std::function<void(std::shared_ptr<RequestStream>, KvExport)> on_transfer;
+  double adopt_wait = 10.0;       // seconds a received transfer may wait for room in the engine
+};
+
+// Where a prefill-only request's KV goes.
+struct TransferTarget {
+  disagg::KvDestination to;
+  uint64_t transfer_id = 0;
 };
 
 // One request's outputs, from the loop thread to one consumer.
@@ -59,6 +84,19 @@ class RequestStream {
   bool timed_out() const { return timed_out_.load(std::memory_order_acquire); }
   int num_prompt_tokens() const { return num_prompt_tokens_; }
 
+  // Prefill role: where this request's KV goes after its first token. Set before submit().
+  void set_transfer_target(TransferTarget target) { transfer_target_ = std::move(target); }
+  const std::optional<TransferTarget>& transfer_target() const { return transfer_target_; }
+  // Decode role: the generated tokens that came with an adopted transfer (reported by the prefill
+  // worker); set before the stream's first output, so read it after take().
+  const std::vector<int32_t>& imported_tokens() const { return imported_tokens_; }
+  // The end of a handed-off stream (any thread, once): a finished output with kTransfer and the
+  // transfer's outcome as its error (Ok: the decode worker adopted it).
+  void finish_handoff(const Status& outcome);
+  // Ends a stream that never reached the engine (a transfer that did not come) with an error.
+  void fail(const Status& error);
+  bool cancelled() const { return cancelled_.load(std::memory_order_acquire); }
+
  private:
   friend class AsyncEngine;
   void push(RequestOutput output);  // loop thread
@@ -77,6 +115,8 @@ class RequestStream {
   RequestId engine_id_ = 0;  // 0 until added to the engine
   double deadline_ = 0.0;    // engine clock; 0 = none
   bool started_ = false;     // an output arrived (the prompt is prefilled) or it finished
+  std::optional<TransferTarget> transfer_target_;
+  std::vector<int32_t> imported_tokens_;
 };
 
 // Why submit() refused.
@@ -99,6 +139,11 @@ class AsyncEngine {
   bool stopped() const { return stopped_.load(std::memory_order_acquire); }
   // Requests submitted and not finished (queued, waiting or running).
   int num_unfinished() const { return unfinished_.load(std::memory_order_acquire); }
+  // Decode role: continue `stream` from a received transfer (see the top of this file). `done`
+  // runs once, on the loop thread (or here, when the loop has exited), with the adoption's outcome.
+  void submit_adoption(std::shared_ptr<RequestStream> stream, KvImport kv, std::function<void(const Status&)> done);
+  // Received transfers not yet adopted (queued or waiting for room).
+  int num_pending_adoptions() const { return pending_adoption_count_.load(std::memory_order_acquire); }
 
   // Fixed at construction; safe from any thread.
   int max_model_len() const { return max_model_len_; }
@@ -110,6 +155,16 @@ class AsyncEngine {
   void deliver(RequestOutput output);
   void finish_stream(const std::shared_ptr<RequestStream>& stream, RequestOutput output);
   void publish_stats();
+  struct Adoption {
+    std::shared_ptr<RequestStream> stream;
+    KvImport kv;
+    std::function<void(const Status&)> done;
+    double deadline = 0.0;  // engine clock; set when the loop first tries it
+  };
+  // Tries each adoption; keeps those with no room yet (while anything runs, until their deadline).
+  void adopt_pending(double now);
+  // A kTransfer output: export the KV and hand it over (or drop it for a cancelled stream).
+  void hand_over(std::shared_ptr<RequestStream> stream, RequestOutput output);
 
   std::unique_ptr<Engine> engine_;
   AsyncEngineOptions options_;
@@ -126,6 +181,9 @@ class AsyncEngine {
   size_t in_transit_ = 0;   // guarded by mu_: taken by the loop, not yet in the engine (held included)
   int engine_waiting_ = 0;  // guarded by mu_: the engine's waiting requests, published by the loop
   bool stop_now_ = false;   // guarded by mu_ (destructor)
+  bool loop_exited_ = false;  // guarded by mu_
+  std::vector<Adoption> adoptions_;  // guarded by mu_: submitted, not yet taken by the loop
+  std::atomic<int> pending_adoption_count_{0};
   std::atomic<int> unfinished_{0};
   std::atomic<bool> draining_{false};
   std::atomic<bool> stopped_{false};
@@ -133,6 +191,7 @@ class AsyncEngine {
   // The loop thread's own.
   std::unordered_map<RequestId, std::shared_ptr<RequestStream>> streams_;
   std::vector<std::shared_ptr<RequestStream>> held_;  // followers waiting for their leader's prefill
+  std::vector<Adoption> pending_adoptions_;            // taken, waiting for room
   std::thread thread_;
 };
 

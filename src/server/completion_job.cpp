@@ -54,11 +54,11 @@ std::string sse(const ojson& j) { return "data: " + dump(j) + "\n\n"; }
 
 }  // namespace
 
-CompletionJob::CompletionJob(const ServingContext& context, ApiRequest request)
-    : context_(context), request_(std::move(request)) {
+CompletionJob::CompletionJob(const ServingContext& context, ApiRequest request, JobOptions options)
+    : context_(context), request_(std::move(request)), part_(options.part) {
   const bool chat = request_.endpoint == Endpoint::kChatCompletions;
-  id_ = (chat ? "chatcmpl-" : "cmpl-") + random_hex(32);
-  created_ = static_cast<int64_t>(std::time(nullptr));
+  id_ = !options.id.empty() ? options.id : (chat ? "chatcmpl-" : "cmpl-") + random_hex(32);
+  created_ = options.created > 0 ? options.created : static_cast<int64_t>(std::time(nullptr));
   chunk_header_ = fmt::format(R"({{"id":"{}","object":"{}","created":{},"model":{},)", id_,
                               chat ? "chat.completion.chunk" : "text_completion", created_,
                               dump(ojson(context_.model_name)));
@@ -74,6 +74,7 @@ CompletionJob::CompletionJob(const ServingContext& context, ApiRequest request)
       choices_.push_back(std::move(c));
     }
   }
+  primed_.assign(choices_.size(), part_ != JobPart::kAfterFirstToken);
 }
 
 const std::string& CompletionJob::chunk_header() const { return chunk_header_; }
@@ -148,6 +149,29 @@ void CompletionJob::fail(ApiError error, std::string& events) {
 void CompletionJob::on_output(size_t index, RequestOutput& o, std::string& events) {
   Choice& c = choices_[index];
   if (c.finished || done_) return;
+  if (!primed_[index]) {
+    // The tokens the prefill worker reported come first in the completion's text offsets.
+    primed_[index] = true;
+    const Tokenizer& tok = *context_.tokenizer;
+    for (int32_t t : streams_[index]->imported_tokens()) {
+      if (!tok.is_special(t)) c.text_offset += count_code_points(sanitize_utf8(tok.token_to_piece(t)));
+    }
+  }
+  if (o.finished && o.finish_reason == FinishReason::kTransfer) {
+    // The prefill worker's handoff: its first token went out before; this is the transfer's outcome.
+    if (!o.error.ok()) {
+      ApiError e;
+      e.status = 502;
+      e.type = "server_error";
+      e.code = "kv_transfer_failed";
+      e.message = "handing the request to the decode worker failed: " + o.error.message();
+      fail(std::move(e), events);
+      return;
+    }
+    events += fmt::format("event: {}\ndata: {{\"handoff\":\"ok\"}}\n\n", "tachyon");
+    done_ = true;
+    return;
+  }
   if (o.finished && (o.finish_reason == FinishReason::kAbort || o.finish_reason == FinishReason::kError)) {
     ApiError e;
     if (o.finish_reason == FinishReason::kAbort && streams_[index]->timed_out()) {
@@ -215,7 +239,7 @@ std::string CompletionJob::poll() {
   std::string events;
   if (done_) return events;
   const bool chat = request_.endpoint == Endpoint::kChatCompletions;
-  if (request_.stream && !started_) {
+  if (request_.stream && !started_ && part_ != JobPart::kAfterFirstToken) {
     // Every choice opens with the assistant role (chat) or the echoed prompt (completions).
     for (size_t i = 0; i < choices_.size(); ++i) {
       if (chat) {

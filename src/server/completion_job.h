@@ -13,6 +13,12 @@
 //
 // A choice that fails (engine error, timeout) ends the whole request with an error: the error
 // body for a plain request, an {"error": ...} event then [DONE] for a stream.
+//
+// Disaggregated workers write one part of a streamed response each (server/disagg_protocol.h):
+// the prefill worker the opening chunks and the first token's (then a control event once the KV
+// was handed off), the decode worker the rest (no opening chunks; its usage counts the first
+// token too, since the adopted request's generated tokens include it). Both use the id and
+// creation time the router gave them.
 #pragma once
 
 #include <cstdint>
@@ -26,9 +32,21 @@
 
 namespace tachyon::server {
 
+enum class JobPart {
+  kWhole,            // an ordinary request
+  kFirstToken,       // prefill worker: opening chunks and the first token; a streaming, one-choice request
+  kAfterFirstToken,  // decode worker: the chunks after the first token
+};
+
+struct JobOptions {
+  JobPart part = JobPart::kWhole;
+  std::string id;     // empty: a fresh "cmpl-..." / "chatcmpl-..."
+  int64_t created = 0;  // 0: now
+};
+
 class CompletionJob {
  public:
-  CompletionJob(const ServingContext& context, ApiRequest request);
+  CompletionJob(const ServingContext& context, ApiRequest request, JobOptions options = {});
 
   // The engine requests, one per choice; the caller sets their notify and submits them.
   const std::vector<std::shared_ptr<RequestStream>>& streams() const { return streams_; }
@@ -64,6 +82,8 @@ class CompletionJob {
 
   const ServingContext& context_;
   ApiRequest request_;
+  JobPart part_ = JobPart::kWhole;
+  std::vector<bool> primed_;  // kAfterFirstToken: the choice's text offset counts the imported tokens
   std::string id_;
   int64_t created_ = 0;
   std::string chunk_header_;

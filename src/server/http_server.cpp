@@ -29,6 +29,7 @@
 
 #include "core/log.h"
 #include "server/completion_job.h"
+#include "server/disagg_protocol.h"
 
 namespace tachyon::server {
 namespace {
@@ -57,8 +58,9 @@ std::string chunk(std::string_view data) {
 class Session;
 
 struct HttpServer::Impl {
-  Impl(const HttpServerOptions& o, const ServingContext& c, std::unique_ptr<AsyncEngine> e, ServerMetrics& m)
-      : options(o), context(c), metrics(m), created(std::time(nullptr)), engine(std::move(e)),
+  Impl(const HttpServerOptions& o, const ServingContext& c, std::unique_ptr<AsyncEngine> e, ServerMetrics& m,
+       const DisaggContext& d)
+      : options(o), context(c), metrics(m), disagg(d), created(std::time(nullptr)), engine(std::move(e)),
         ioc(std::max(1, o.io_threads)), acceptor(ioc), signals(ioc, SIGINT, SIGTERM), drain_timer(ioc),
         retry_timer(ioc) {}
   ~Impl() {
@@ -78,6 +80,7 @@ struct HttpServer::Impl {
   HttpServerOptions options;
   ServingContext context;
   ServerMetrics& metrics;
+  DisaggContext disagg;
   int64_t created;
   int port = 0;
   std::atomic<bool> draining{false};
@@ -223,9 +226,14 @@ class Session : public std::enable_shared_from_this<Session> {
     const bool post = req.method() == http::verb::post;
     if (path == "/v1/completions" || path == "/v1/chat/completions") {
       if (!post) return reply_error(405, fmt::format("{} needs POST", path), "method_not_allowed");
+      if (server_.disagg.role == WorkerRole::kPrefill) {
+        return reply_error(404, "this is a prefill worker (tachyon serve --role prefill): send requests to tachyon "
+                                "router", "prefill_worker");
+      }
       return start_generation(path == "/v1/chat/completions" ? Endpoint::kChatCompletions : Endpoint::kCompletions,
                               req.body());
     }
+    if (path.rfind(kInternalPrefix, 0) == 0) return handle_internal(path.substr(kInternalPrefix.size()), req);
     if (path == "/health") {
       if (!get) return reply_error(405, "/health needs GET", "method_not_allowed");
       if (server_.draining.load()) return reply(503, "application/json", R"({"status":"draining"})");
@@ -263,7 +271,107 @@ class Session : public std::enable_shared_from_this<Session> {
     if (auto error = parse_api_request(endpoint, body, server_.context, request)) {
       return reply(error->status, "application/json", error_body(*error));
     }
-    auto job = std::make_shared<CompletionJob>(server_.context, std::move(request));
+    run_job(std::make_shared<CompletionJob>(server_.context, std::move(request)), std::nullopt, "");
+  }
+
+  // GET /internal/v1/load, POST /internal/v1/{prefill,decode}/{completions,chat/completions}.
+  void handle_internal(std::string_view route, const http::request<http::string_body>& req) {
+    const WorkerRole role = server_.disagg.role;
+    if (route == "load") {
+      if (req.method() != http::verb::get) return reply_error(405, "/internal/v1/load needs GET", "method_not_allowed");
+      const EngineStats stats = server_.metrics.engine_stats();
+      WorkerLoadReport load;
+      load.role = role;
+      load.kv_blocks_total = stats.kv_blocks_total;
+      // Cached blocks are reclaimable: they count as free for taking new work.
+      load.kv_blocks_free = stats.kv_blocks_free + stats.kv_blocks_cached;
+      load.num_running = stats.num_running;
+      load.num_waiting = stats.num_waiting;
+      load.pending_adoptions =
+          server_.engine->num_pending_adoptions() +
+          (server_.disagg.registry != nullptr ? static_cast<int>(server_.disagg.registry->size()) : 0);
+      load.transfers_in_flight = server_.disagg.prefill != nullptr ? server_.disagg.prefill->transfers_in_flight() : 0;
+      load.kv_port = server_.disagg.kv_port;
+      return reply(200, "application/json", load_json(load));
+    }
+    const bool prefill = route.rfind("prefill/", 0) == 0;
+    const bool decode = route.rfind("decode/", 0) == 0;
+    const std::string_view rest = route.substr(prefill ? 8 : decode ? 7 : 0);
+    if ((!prefill && !decode) || (rest != "completions" && rest != "chat/completions")) {
+      return reply_error(404, fmt::format("no internal route /internal/v1/{}", route), "");
+    }
+    if (req.method() != http::verb::post) return reply_error(405, "internal generation routes need POST", "method_not_allowed");
+    if ((prefill && role != WorkerRole::kPrefill) || (decode && role != WorkerRole::kDecode)) {
+      return reply_error(404, fmt::format("this worker's role is {}; /internal/v1/{} needs a {} worker", role_name(role),
+                                          route, prefill ? "prefill" : "decode"), "wrong_role");
+    }
+    const auto header = [&](const char* name) {
+      const auto v = req[name];
+      return std::string_view(v.data(), v.size());
+    };
+    const auto bad = [&](const Status& st) { reply_error(400, st.message(), "bad_internal_request"); };
+    auto transfer_id = parse_transfer_id(header(kHeaderTransferId));
+    if (!transfer_id.ok()) return bad(transfer_id.status().with_context(kHeaderTransferId));
+    int64_t min_prompt_tokens = 0;
+    if (!header(kHeaderMinPromptTokens).empty()) {
+      auto n = parse_count(header(kHeaderMinPromptTokens), int64_t{1} << 30);
+      if (!n.ok()) return bad(n.status().with_context(kHeaderMinPromptTokens));
+      min_prompt_tokens = *n;
+    }
+    JobOptions jo;
+    if (!header(kHeaderResponseId).empty()) {
+      if (Status st = check_response_id(header(kHeaderResponseId)); !st.ok()) return bad(st);
+      jo.id = std::string(header(kHeaderResponseId));
+    }
+    if (!header(kHeaderCreated).empty()) {
+      auto created = parse_count(header(kHeaderCreated), int64_t{1} << 40);
+      if (!created.ok()) return bad(created.status().with_context(kHeaderCreated));
+      jo.created = *created;
+    }
+    std::optional<disagg::KvDestination> kv_to;
+    if (prefill) {
+      auto to = parse_host_port(header(kHeaderKvAddress));
+      if (!to.ok()) return bad(to.status().with_context(kHeaderKvAddress));
+      kv_to = *to;
+    }
+    const Endpoint endpoint = rest == "completions" ? Endpoint::kCompletions : Endpoint::kChatCompletions;
+    ApiRequest request;
+    if (auto error = parse_api_request(endpoint, req.body(), server_.context, request)) {
+      return reply(error->status, "application/json", error_body(*error));
+    }
+    // The router reads every part as a stream and builds plain responses itself.
+    request.stream = true;
+    request.include_usage = true;
+    const size_t choices = request.prompts.size() * static_cast<size_t>(request.n);
+    const size_t prompt_tokens = request.prompts[0].ids.size();
+    if (prefill) {
+      if (choices != 1) {
+        return reply_error(400, fmt::format("a prefill worker runs one choice per request, not {}", choices),
+                           "bad_internal_request");
+      }
+      request.params.prefill_only = true;
+      jo.part = JobPart::kFirstToken;
+      auto job = std::make_shared<CompletionJob>(server_.context, std::move(request), jo);
+      job->streams()[0]->set_transfer_target(TransferTarget{*kv_to, *transfer_id});
+      return run_job(std::move(job), std::nullopt, "");
+    }
+    // Decode: several choices or a short prompt run here whole; else wait for the transfer.
+    const bool colocated = choices != 1 || static_cast<int64_t>(prompt_tokens) < min_prompt_tokens;
+    jo.part = colocated ? JobPart::kWhole : JobPart::kAfterFirstToken;
+    const std::string control =
+        colocated ? fmt::format(R"({{"mode":"colocated","prompt_tokens":{}}})", prompt_tokens)
+                  : fmt::format(R"({{"mode":"disagg","kv_port":{},"prompt_tokens":{}}})", server_.disagg.kv_port,
+                                prompt_tokens);
+    const std::string preamble = fmt::format("event: {}\ndata: {}\n\n", kControlEvent, control);
+    auto job = std::make_shared<CompletionJob>(server_.context, std::move(request), jo);
+    if (colocated) return run_job(std::move(job), std::nullopt, preamble);
+    run_job(std::move(job), *transfer_id, preamble);
+  }
+
+  // Starts a job's response: submits its streams to the engine, or (decode role, with a transfer
+  // id) registers its one stream to wait for that transfer. `preamble`: bytes of the stream before
+  // the job's own events.
+  void run_job(std::shared_ptr<CompletionJob> job, std::optional<uint64_t> await_transfer, const std::string& preamble) {
     std::weak_ptr<Session> weak = weak_from_this();
     auto executor = socket_.get_executor();
     for (const auto& s : job->streams()) {
@@ -273,7 +381,25 @@ class Session : public std::enable_shared_from_this<Session> {
         });
       });
     }
-    switch (server_.engine->submit(job->streams())) {
+    SubmitError submitted = SubmitError::kNone;
+    if (await_transfer) {
+      TransferRegistry& registry = *server_.disagg.registry;
+      if (server_.draining.load() || server_.engine->draining()) {
+        submitted = SubmitError::kDraining;
+      } else if (registry.size() + static_cast<size_t>(server_.engine->num_pending_adoptions()) >=
+                 static_cast<size_t>(server_.options.max_registered)) {
+        submitted = SubmitError::kQueueFull;
+      } else {
+        const auto deadline = TransferRegistry::Clock::now() +
+                              std::chrono::milliseconds(static_cast<int64_t>(server_.disagg.transfer_wait * 1000));
+        if (Status st = registry.add(*await_transfer, job->streams()[0], deadline); !st.ok()) {
+          return reply_error(409, st.message(), "duplicate_transfer_id");
+        }
+      }
+    } else {
+      submitted = server_.engine->submit(job->streams());
+    }
+    switch (submitted) {
       case SubmitError::kNone: break;
       case SubmitError::kQueueFull: {
         server_.metrics.record_rejected();
@@ -304,6 +430,7 @@ class Session : public std::enable_shared_from_this<Session> {
       }
       server_.metrics.record_http_response(200);
       pending_ += head;
+      if (!preamble.empty()) pending_ += http10_ ? preamble : chunk(preamble);
       on_job_ready();  // the opening events
     }
     watch();
@@ -567,14 +694,18 @@ HttpServer::~HttpServer() = default;
 int HttpServer::port() const { return impl_->port; }
 
 Result<std::unique_ptr<HttpServer>> HttpServer::create(const HttpServerOptions& options, const ServingContext& context,
-                                                       std::unique_ptr<AsyncEngine> engine, ServerMetrics& metrics) {
+                                                       std::unique_ptr<AsyncEngine> engine, ServerMetrics& metrics,
+                                                       const DisaggContext& disagg) {
+  if (disagg.role == WorkerRole::kDecode && disagg.registry == nullptr) {
+    return make_error(ErrorCode::kInvalidArgument, "a decode worker needs its transfer registry");
+  }
   if (options.io_threads < 1) {
     return make_error(ErrorCode::kInvalidArgument, "io threads = {} must be at least 1", options.io_threads);
   }
   if (options.port < 0 || options.port > 65535) {
     return make_error(ErrorCode::kInvalidArgument, "port {} must be in [0, 65535]", options.port);
   }
-  auto impl = std::make_unique<Impl>(options, context, std::move(engine), metrics);
+  auto impl = std::make_unique<Impl>(options, context, std::move(engine), metrics, disagg);
   error_code ec;
   const net::ip::address address = net::ip::make_address(options.host, ec);
   if (ec) return make_error(ErrorCode::kInvalidArgument, "--host '{}' is not an IP address: {}", options.host, ec.message());

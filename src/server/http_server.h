@@ -3,6 +3,10 @@
 //
 //   POST /v1/completions, POST /v1/chat/completions   (streaming as server-sent events, or not)
 //   GET  /v1/models, /v1/models/{name}, /health, /metrics
+//   /internal/v1/...   the disaggregated workers' protocol with the router (disagg_protocol.h):
+//                      load on every role, decode/* on a decode worker, prefill/* on a prefill
+//                      worker. A prefill worker refuses the /v1 generation routes (404): its
+//                      requests come from the router.
 //
 // Connections are kept alive between requests; streamed responses use chunked transfer encoding.
 // While a request generates, the connection keeps a read posted, so a client that hangs up is
@@ -21,6 +25,7 @@
 
 #include "core/status.h"
 #include "server/async_engine.h"
+#include "server/disagg_worker.h"
 #include "server/metrics.h"
 #include "server/openai_api.h"
 
@@ -33,6 +38,7 @@ struct HttpServerOptions {
   size_t max_body = size_t{8} << 20;  // bytes of one request body
   double keep_alive_timeout = 65.0;   // seconds a connection may idle between requests
   double write_timeout = 120.0;       // seconds one write may stall before the client counts as gone
+  int max_registered = 1024;          // decode role: requests waiting for their transfer, past which 503
 };
 
 class HttpServer {
@@ -40,7 +46,8 @@ class HttpServer {
   // Binds and listens. The server owns `engine` from here on; `context` and `metrics` must
   // outlive it.
   static Result<std::unique_ptr<HttpServer>> create(const HttpServerOptions& options, const ServingContext& context,
-                                                    std::unique_ptr<AsyncEngine> engine, ServerMetrics& metrics);
+                                                    std::unique_ptr<AsyncEngine> engine, ServerMetrics& metrics,
+                                                    const DisaggContext& disagg = {});
   ~HttpServer();
   HttpServer(const HttpServer&) = delete;
   HttpServer& operator=(const HttpServer&) = delete;

@@ -24,7 +24,9 @@ void counter(std::string& out, const std::string& name, const char* help, double
   out += fmt::format("{} {}\n", name, number(value));
 }
 
-constexpr const char* kFinishLabels[] = {"stop", "length", "context", "abort", "error", "timeout"};
+// Indexed by FinishReason, then timeouts.
+constexpr const char* kFinishLabels[] = {"stop", "length", "context", "abort", "error", "transfer", "timeout"};
+static_assert(static_cast<size_t>(FinishReason::kTransfer) == 5);
 
 }  // namespace
 
@@ -63,7 +65,7 @@ void ServerMetrics::record_admitted(int num_prompt_tokens) {
 
 void ServerMetrics::record_finished(const RequestOutput& o, bool timed_out) {
   std::lock_guard lock(mu_);
-  const size_t reason = timed_out ? 5 : static_cast<size_t>(o.finish_reason);
+  const size_t reason = timed_out ? finished_.size() - 1 : static_cast<size_t>(o.finish_reason);
   ++finished_[std::min<size_t>(reason, finished_.size() - 1)];
   const RequestTiming& t = o.timing;
   if (t.first_token >= 0) ttft_.observe(t.first_token - t.arrival);
@@ -77,6 +79,21 @@ void ServerMetrics::record_finished(const RequestOutput& o, bool timed_out) {
 void ServerMetrics::set_engine_stats(const EngineStats& stats) {
   std::lock_guard lock(mu_);
   engine_ = stats;
+}
+
+void ServerMetrics::record_transfer(bool ok) {
+  std::lock_guard lock(mu_);
+  ++transfers_[ok ? 1 : 0];
+}
+
+void ServerMetrics::record_adoption(bool ok) {
+  std::lock_guard lock(mu_);
+  ++adoptions_[ok ? 1 : 0];
+}
+
+EngineStats ServerMetrics::engine_stats() const {
+  std::lock_guard lock(mu_);
+  return engine_;
 }
 
 void ServerMetrics::record_http_response(int status) {
@@ -142,6 +159,13 @@ std::string ServerMetrics::render() const {
   for (size_t i = 0; i < finished_.size(); ++i) {
     out += fmt::format("tachyon_requests_finished_total{{finish_reason=\"{}\"}} {}\n", kFinishLabels[i], finished_[i]);
   }
+  header(out, "tachyon_kv_transfers_total", "counter",
+         "Prefill role: exported sequences shipped to a decode worker, by outcome (ok: adopted there).");
+  out += fmt::format("tachyon_kv_transfers_total{{outcome=\"ok\"}} {}\ntachyon_kv_transfers_total{{outcome=\"error\"}} {}\n",
+                     transfers_[1], transfers_[0]);
+  header(out, "tachyon_kv_adoptions_total", "counter", "Decode role: received transfers adopted into the engine, by outcome.");
+  out += fmt::format("tachyon_kv_adoptions_total{{outcome=\"ok\"}} {}\ntachyon_kv_adoptions_total{{outcome=\"error\"}} {}\n",
+                     adoptions_[1], adoptions_[0]);
   header(out, "tachyon_http_responses_total", "counter", "HTTP responses by status code.");
   for (const auto& [status, n] : http_responses_) {
     out += fmt::format("tachyon_http_responses_total{{code=\"{}\"}} {}\n", status, n);

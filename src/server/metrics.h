@@ -44,6 +44,12 @@ class ServerMetrics {
   // Connection threads.
   void record_http_response(int status);
   void record_rejected();  // refused by the bounded queue or while draining
+  // Disaggregation: a prefill worker's shipped transfers (acked by the decode worker or not), a
+  // decode worker's adoptions of received ones.
+  void record_transfer(bool ok);
+  void record_adoption(bool ok);
+
+  EngineStats engine_stats() const;
 
   std::string render() const;
 
@@ -51,7 +57,9 @@ class ServerMetrics {
   mutable std::mutex mu_;
   EngineStats engine_;
   int64_t prompt_tokens_ = 0;
-  std::array<int64_t, 6> finished_{};  // by FinishReason, then timeouts
+  std::array<int64_t, 7> finished_{};  // by FinishReason, then timeouts
+  std::array<int64_t, 2> transfers_{};  // failed, ok
+  std::array<int64_t, 2> adoptions_{};  // failed, ok
   int64_t rejected_ = 0;
   std::map<int, int64_t> http_responses_;
   Histogram ttft_;

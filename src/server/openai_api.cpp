@@ -14,9 +14,9 @@ namespace {
 using ojson = nlohmann::ordered_json;
 
 constexpr int kMaxN = 128;
-// Deeper JSON is refused before parsing: copies, the chat template's conversion and dumps of a
-// JSON value recurse, and a body of nested brackets must not exhaust the stack.
-constexpr int kMaxJsonDepth = 64;
+// Deeper JSON than kMaxJsonDepth is refused before parsing: copies, the chat template's
+// conversion and dumps of a JSON value recurse, and a body of nested brackets must not exhaust
+// the stack.
 
 // The deepest nesting of arrays and objects in `text`, brackets inside strings excluded; stops
 // counting past `limit`.
@@ -231,6 +231,8 @@ std::optional<ApiError> read_messages(const ojson& body, ojson& messages) {
 }
 
 }  // namespace
+
+int json_nesting_depth(std::string_view text, int limit) { return json_depth(text, limit); }
 
 ojson error_json(const ApiError& e) {
   ojson inner = ojson::object();

@@ -73,6 +73,12 @@ struct ApiRequest {
   int top_logprobs = 0;
 };
 
+// The deepest nesting of arrays and objects in JSON `text` (brackets inside strings excluded);
+// stops counting past `limit`. Callers refuse deep bodies before parsing them, since parsing and
+// dumping recurse.
+int json_nesting_depth(std::string_view text, int limit);
+inline constexpr int kMaxJsonDepth = 64;
+
 // Parses `body` (any bytes) into `out`; the error to answer with otherwise.
 std::optional<ApiError> parse_api_request(Endpoint endpoint, std::string_view body, const ServingContext& context,
                                           ApiRequest& out);

@@ -1,0 +1,201 @@
+// Disaggregated serving as clients see it: a prefill worker, a decode worker and `tachyon router`
+// as separate processes on loopback (free ports), with the bundled model, driven by the Python
+// scripts beside this file (the official `openai` client): outputs equal a colocated `tachyon
+// serve`'s, and a decode worker killed mid-stream fails its requests cleanly and can come back.
+// Without the project's .venv these tests skip and say so.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <sstream>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "test_util.h"
+
+namespace tachyon {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string model_dir() { return testing::source_dir() + "/models/tachyon-demo"; }
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::optional<std::string> python() {
+  static const std::optional<std::string> found = []() -> std::optional<std::string> {
+    const std::string p = testing::source_dir() + "/.venv/bin/python";
+    if (!fs::exists(p)) return std::nullopt;
+    if (testing::run_command(p + " -c 'import openai'").exit_code != 0) return std::nullopt;
+    return p;
+  }();
+  return found;
+}
+
+// One `tachyon` process (serve or router); killed at destruction if still running.
+class Process {
+ public:
+  // `args` follow `tachyon`; the process must print "listening on http://127.0.0.1:PORT".
+  Process(const std::string& tag, const std::string& args) {
+    log_ = testing::scratch_dir(tag) + "/process.log";
+    command_ = testing::tachyon_binary() + " " + args;
+    start();
+  }
+  ~Process() {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+
+  bool started() const { return port_ > 0; }
+  int port() const { return port_; }
+  pid_t pid() const { return pid_; }
+  std::string log() const { return slurp(log_); }
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  const std::string& command() const { return command_; }
+
+  // Sends SIGTERM and waits; the exit code, or 128 + signal number.
+  int stop() {
+    if (pid_ <= 0) return -1;
+    kill(pid_, SIGTERM);
+    int status = 0;
+    waitpid(pid_, &status, 0);
+    pid_ = -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+
+ private:
+  void start() {
+    const std::string command = "exec " + command_;
+    pid_ = fork();
+    if (pid_ == 0) {
+      FILE* f = std::freopen(log_.c_str(), "w", stdout);
+      if (f == nullptr || dup2(fileno(stdout), STDERR_FILENO) < 0) _exit(127);
+      execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    const std::string marker = "listening on http://127.0.0.1:";
+    for (int i = 0; i < 2400 && port_ == 0; ++i) {
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        break;
+      }
+      const std::string text = slurp(log_);
+      const size_t at = text.find(marker);
+      if (at != std::string::npos && text.find('\n', at) != std::string::npos) {
+        port_ = std::stoi(text.substr(at + marker.size()));
+      } else {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    }
+  }
+
+  std::string log_;
+  std::string command_;
+  pid_t pid_ = -1;
+  int port_ = 0;
+};
+
+// One thread each: three or four processes share the machine (and idle OpenMP workers would spin).
+const std::string kWorkerArgs = " --port 0 --kv-cache-mem 128MiB --batch-invariant --threads 1 ";
+
+std::string serve(const std::string& extra) { return "serve -m " + model_dir() + kWorkerArgs + extra; }
+
+testing::CommandResult run_script(const std::string& name, const std::string& env) {
+  const std::string command = "TACHYON_MODEL_NAME=tachyon-demo TACHYON_SOURCE_DIR=" + testing::source_dir() + " " +
+                              env + " " + *python() + " " + testing::source_dir() + "/tests/server/" + name;
+  return testing::run_command(command);
+}
+
+// The three processes of a disaggregated deployment.
+struct Deployment {
+  Process prefill{"prefill", serve("--role prefill")};
+  Process decode{"decode", serve("--role decode")};
+  std::optional<Process> router;
+
+  bool start_router(const std::string& options = "--disagg-min-prompt 4 --hold-timeout 5") {
+    if (!prefill.started() || !decode.started()) return false;
+    router.emplace("router", "router --port 0 --worker-timeout 20 " + options + " --prefill " + prefill.url() +
+                                 " --decode " + decode.url());
+    return router->started();
+  }
+  std::string logs() const {
+    return "\nprefill log:\n" + prefill.log() + "\ndecode log:\n" + decode.log() + "\nrouter log:\n" +
+           (router ? router->log() : std::string());
+  }
+  std::string env() const {
+    return "TACHYON_ROUTER_URL=" + router->url() + " TACHYON_PREFILL_URL=" + prefill.url() +
+           " TACHYON_DECODE_URL=" + decode.url();
+  }
+};
+
+TEST(DisaggServer, RouterOutputsEqualColocatedServe) {
+  if (!python()) GTEST_SKIP() << "no .venv with the openai package (scripts/setup makes it); skipping";
+  Process colocated("colocated", serve(""));
+  Deployment d;
+  ASSERT_TRUE(colocated.started()) << colocated.log();
+  ASSERT_TRUE(d.start_router()) << d.logs();
+  const testing::CommandResult r =
+      run_script("disagg_equality_test.py", d.env() + " TACHYON_COLOCATED_URL=" + colocated.url());
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err << d.logs();
+  // Every process drains and exits 0 on SIGTERM.
+  EXPECT_EQ(d.router->stop(), 0) << d.logs();
+  EXPECT_EQ(d.prefill.stop(), 0) << d.logs();
+  EXPECT_EQ(d.decode.stop(), 0) << d.logs();
+  EXPECT_EQ(colocated.stop(), 0) << colocated.log();
+}
+
+TEST(DisaggServer, DecodeWorkerKilledMidStreamThenRestarted) {
+  if (!python()) GTEST_SKIP() << "no .venv with the openai package (scripts/setup makes it); skipping";
+  Deployment d;
+  ASSERT_TRUE(d.start_router()) << d.logs();
+  // The replacement listens on the same HTTP port (the router's --decode URL) and logs beside it.
+  const std::string restart = "exec " + testing::tachyon_binary() + " serve -m " + model_dir() + " --port " +
+                              std::to_string(d.decode.port()) +
+                              " --kv-cache-mem 128MiB --batch-invariant --threads 1 --role decode > " +
+                              testing::scratch_dir("decode-restarted") + "/process.log 2>&1";
+  const testing::CommandResult r =
+      run_script("disagg_failure_test.py", d.env() + " TACHYON_DECODE_PID=" + std::to_string(d.decode.pid()) +
+                                               " TACHYON_DECODE_CMD='" + restart + "'");
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err << d.logs();
+  EXPECT_EQ(d.router->stop(), 0) << d.logs();
+  EXPECT_EQ(d.prefill.stop(), 0) << d.logs();
+}
+
+TEST(DisaggServer, RateMatchingHoldsThenRefuses) {
+  if (!python()) GTEST_SKIP() << "no .venv with the openai package (scripts/setup makes it); skipping";
+  Deployment d;
+  ASSERT_TRUE(d.start_router("--decode-max-queue 1 --max-held 1 --hold-timeout 3 --poll-interval 600")) << d.logs();
+  const testing::CommandResult r = run_script("disagg_rate_test.py", d.env());
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err << d.logs();
+  EXPECT_EQ(d.router->stop(), 0) << d.logs();
+}
+
+TEST(DisaggServer, BadOptionsGiveOneErrorLine) {
+  const auto expect_error = [](const std::string& args, const std::string& needle) {
+    const testing::CommandResult r = testing::run_command(testing::tachyon_binary() + " " + args);
+    EXPECT_NE(r.exit_code, 0) << args << "\n" << r.err;
+    EXPECT_NE((r.err + r.out).find(needle), std::string::npos) << args << "\n" << r.err << r.out;
+  };
+  expect_error("router --port 0 --prefill http://127.0.0.1:1", "--decode");
+  expect_error("router --port 0 --prefill 127.0.0.1:1 --decode http://127.0.0.1:2", "http://");
+  expect_error("router --port 0 --prefill http://127.0.0.1:1 --decode http://127.0.0.1:99999", "65535");
+  expect_error("router --port 0 --prefill http://127.0.0.1:1 --decode http://127.0.0.1:2 --host nowhere", "nowhere");
+  expect_error(serve("--role middle"), "--role");
+  expect_error(serve("--role decode --kv-host not-an-address"), "not-an-address");
+}
+
+}  // namespace
+}  // namespace tachyon
