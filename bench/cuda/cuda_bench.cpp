@@ -215,6 +215,66 @@ Status bench_gemv(cu::LinearContext& ctx, double copy_gbps, nlohmann::json& out,
   return Status::Ok();
 }
 
+// ---- int8 weights ------------------------------------------------------------------------------------
+
+// The per-channel int8 GEMV on the same shapes: half the bytes of bf16, so at 1..8 tokens it should
+// take about half the time where the bf16 GEMV streams near copy bandwidth.
+Status bench_int8_gemv(cu::LinearContext& ctx, double copy_gbps, const std::vector<GemvRow>& bf16_rows,
+                       nlohmann::json& out, const Options& opt) {
+  const std::vector<Shape> shapes = {{"q/o 4096x4096", 4096, 4096},
+                                     {"qkv 4096->6144", 4096, 6144},
+                                     {"gate+up 4096->28672", 4096, 28672},
+                                     {"down 14336->4096", 14336, 4096}};
+  const size_t rotate_bytes = opt.quick ? kGiB / 2 : 2 * kGiB;
+  nlohmann::json list = nlohmann::json::array();
+  for (const Shape& s : shapes) {
+    const size_t weight_bytes = static_cast<size_t>(s.in * s.out);
+    const int copies = static_cast<int>(std::max<size_t>(1, (rotate_bytes + weight_bytes - 1) / weight_bytes));
+    TACHYON_ASSIGN_OR_RETURN(auto dense, cu::DeviceBuffer::allocate(weight_bytes * 2, "bf16 weight"));
+    TACHYON_RETURN_IF_ERROR(cu::fill_random(dense.data(), DType::kBF16, s.in * s.out, 9, -0.05f, 0.05f, nullptr));
+    TACHYON_ASSIGN_OR_RETURN(auto packed, cu::DeviceBuffer::allocate(weight_bytes * copies, "int8 weights"));
+    TACHYON_ASSIGN_OR_RETURN(auto scales, cu::DeviceBuffer::allocate(static_cast<size_t>(s.out) * 4, "int8 scales"));
+    for (int c = 0; c < copies; ++c) {
+      TACHYON_RETURN_IF_ERROR(cu::quantize_int8_rows(dense.data(), DType::kBF16, s.in, s.out, s.in,
+                                                     static_cast<int8_t*>(packed.data()) + c * weight_bytes,
+                                                     scales.as<float>(), nullptr));
+    }
+    TACHYON_ASSIGN_OR_RETURN(auto x, cu::DeviceBuffer::allocate(16 * s.in * 4, "gemv x"));
+    TACHYON_ASSIGN_OR_RETURN(auto y, cu::DeviceBuffer::allocate(16 * s.out * 4, "gemv y"));
+    TACHYON_RETURN_IF_ERROR(cu::fill_random(x.data(), DType::kF32, 16 * s.in, 8, -1.f, 1.f, nullptr));
+    for (int64_t n : {1, 2, 4, 8, 16}) {
+      auto body = [&](int i, cu::Stream st) {
+        cu::LinearArgs a;
+        a.x = x.as<float>();
+        a.x_stride = s.in;
+        a.w = static_cast<const char*>(packed.data()) + static_cast<size_t>(i % copies) * weight_bytes;
+        a.w_dtype = DType::kI8;
+        a.w_stride = s.in;
+        a.w_scales = scales.as<float>();
+        a.y = y.as<float>();
+        a.y_stride = s.out;
+        a.n = n;
+        a.in = s.in;
+        a.out = s.out;
+        return cu::linear(ctx, a, st, cu::LinearAlgo::kGemv);
+      };
+      TACHYON_ASSIGN_OR_RETURN(double ms, time_graph_ms(body, copies, std::max(copies, 40), 5));
+      const double gbps = weight_bytes / (ms * 1e-3) / 1e9;
+      double bf16_us = 0.0;
+      for (const GemvRow& r : bf16_rows) {
+        if (r.name == s.name && r.n == n) bf16_us = r.gemv_us;
+      }
+      list.push_back({{"shape", s.name}, {"n", n}, {"weight_bytes", weight_bytes}, {"us", ms * 1e3}, {"gbps", gbps},
+                      {"fraction_of_copy", gbps / copy_gbps}, {"bf16_gemv_us", bf16_us}});
+      std::fprintf(stderr, "int8 gemv %-22s n=%2lld: %8.2f us %7.1f GB/s (%3.0f%% of copy), bf16 gemv %8.2f us: %.2fx\n",
+                   s.name, static_cast<long long>(n), ms * 1e3, gbps, 100.0 * gbps / copy_gbps, bf16_us,
+                   ms > 0 ? bf16_us / (ms * 1e3) : 0.0);
+    }
+  }
+  out["int8_gemv"] = list;
+  return Status::Ok();
+}
+
 // ---- attention -------------------------------------------------------------------------------------
 
 struct AttentionRow {
@@ -464,6 +524,7 @@ int main(int argc, char** argv) {
   if (!tflops.ok()) return fail(tflops.status());
   std::vector<GemvRow> gemv_rows;
   if (Status s = bench_gemv(**ctx, *copy, out, gemv_rows, opt); !s.ok()) return fail(s);
+  if (Status s = bench_int8_gemv(**ctx, *copy, gemv_rows, out, opt); !s.ok()) return fail(s);
   std::vector<AttentionRow> attn_rows;
   if (Status s = bench_attention(*copy, out, attn_rows, opt); !s.ok()) return fail(s);
   std::vector<PrefillRow> prefill_rows;

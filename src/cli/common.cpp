@@ -48,8 +48,9 @@ Result<LoadedModel> load(const CommonOptions& options, DType synthetic_dtype) {
   QuantSpec quant;
   if (!options.quant.empty()) {
     TACHYON_ASSIGN_OR_RETURN(quant, parse_quant_spec(options.quant, options.quant_group));
-    if (!device.is_cpu()) {
-      return make_error(ErrorCode::kUnsupported, "--quant {} runs on the CPU only (no {} kernels for --device {} yet)",
+    if (!device.is_cpu() && quant.format != QuantFormat::kInt8Channel) {
+      return make_error(ErrorCode::kUnsupported,
+                        "--quant {} runs on the CPU only (no {} kernels for --device {} yet; int8 runs there)",
                         options.quant, options.quant, options.device);
     }
   }

@@ -10,8 +10,9 @@
 
 namespace tachyon {
 
-// In place, on the host. Fails (changing nothing) when the weights are on a device (no device
-// kernels for these formats yet), fused (qkv_proj / gate_up_proj) or already quantized.
+// In place. On the host: fails (changing nothing) when the weights are fused (qkv_proj /
+// gate_up_proj) or already quantized. On a GPU: per-channel int8 only, quantized there (fused
+// projections as one matrix, the separate ones becoming row views of it); int4 is an error.
 Status quantize_linear_weights(ModelWeights& weights, const QuantSpec& spec);
 
 }  // namespace tachyon

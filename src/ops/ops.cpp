@@ -614,6 +614,35 @@ void adjust_logits(Tensor& x, const Tensor& edits) {
   }
 }
 
+void quantize_int8_rows(const Tensor& w, Tensor& packed, Tensor& scales) {
+  constexpr const char* op = "quantize_int8_rows";
+  if (Backend* b = device_backend(op, w)) return b->quantize_int8_rows(w, packed, scales);
+  require_cpu(op, "w", w);
+  require_rank(op, "w", w, 2);
+  require_float(op, "w", w);
+  require_last_dim_contiguous(op, "w", w);
+  require_cpu(op, "packed", packed);
+  require_cpu(op, "scales", scales);
+  TACHYON_CHECK(packed.dtype() == DType::kI8 && packed.shape() == w.shape() && packed.is_contiguous() &&
+                    scales.dtype() == DType::kF32 && scales.dim() == 1 && scales.size(0) == w.size(0) &&
+                    scales.is_contiguous(),
+                "quantize_int8_rows: w {} packed {} {} scales {} {}", w.shape_string(), packed.shape_string(),
+                dtype_name(packed.dtype()), scales.shape_string(), dtype_name(scales.dtype()));
+  const int64_t out = w.size(0), in = w.size(1);
+  const Tensor wf = w.to_f32();
+  for (int64_t o = 0; o < out; ++o) {
+    const float* row = wf.data<float>() + o * in;
+    float max_abs = 0.0f;
+    for (int64_t i = 0; i < in; ++i) max_abs = std::max(max_abs, std::fabs(row[i]));
+    const float scale = max_abs / 127.0f;
+    const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
+    for (int64_t i = 0; i < in; ++i) {
+      packed.data<int8_t>()[o * in + i] = static_cast<int8_t>(std::clamp(std::nearbyint(row[i] * inv), -127.0f, 127.0f));
+    }
+    scales.data<float>()[o] = scale;
+  }
+}
+
 void fill_uniform(Tensor& t, uint64_t seed, uint64_t stream, float bound, float offset) {
   constexpr const char* op = "fill_uniform";
   if (Backend* b = device_backend(op, t)) return b->fill_uniform(t, seed, stream, bound, offset);

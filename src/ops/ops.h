@@ -140,6 +140,12 @@ inline constexpr int64_t kLogitEditColumns = 5;
 // from (seed, stream, i) alone: the same values on every device and thread count.
 void fill_uniform(Tensor& t, uint64_t seed, uint64_t stream, float bound, float offset);
 
+// Per-output-channel symmetric int8 of w[out, in] (f32/f16/bf16, unit column stride), exactly as
+// quant/quantize.h defines kInt8Channel: scales[o] = max_i |w[o, i]| / 127 (f32), packed[o, i] =
+// clamp(rint(w[o, i] * (1 / scales[o])), -127, 127) (0 for an all-zero row). packed [out, in] i8
+// and scales [out] f32, contiguous, on w's device. Non-finite weights are the caller's to reject.
+void quantize_int8_rows(const Tensor& w, Tensor& packed, Tensor& scales);
+
 // Waits for the ops issued on `device` (nothing for the CPU) and returns the first error any of
 // them raised.
 Status synchronize(Device device);

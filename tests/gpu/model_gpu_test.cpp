@@ -24,6 +24,8 @@
 #include "kv/kv_cache.h"
 #include "model/forward_batch.h"
 #include "model/model_loader.h"
+#include "model/quantize_weights.h"
+#include "quant/quantize.h"
 #include "ops/ops.h"
 #include "test_util.h"
 
@@ -229,6 +231,89 @@ TEST(GpuOps, AdjustLogitsEqualsTheCpuOp) {
   ops::adjust_logits(x, e);
   ops::adjust_logits(*dx, *de);
   EXPECT_TRUE(testing::bitwise_equal(to_host(*dx), x, "adjusted logits"));
+}
+
+// Per-channel int8 on the device: quantize_int8_rows makes the host quantizer's bytes and scales
+// (bf16 and f32 rows, odd shapes, a zero row); linear() with the packed weight matches the
+// reference product with the dequantized weight: tightly through the GEMV (up to
+// kLinearAutoGemvMaxTokensInt8 tokens, f32 sums), within bf16 rounding beyond (the weight expanded
+// to bf16 for cuBLASLt).
+TEST(GpuOps, Int8WeightsQuantizeAndMultiplyLikeTheHost) {
+  TACHYON_START_GPU();
+  const uint32_t seed = testing::fresh_seed();
+  SCOPED_TRACE(fmt::format("seed {} (TACHYON_TEST_SEED={} reproduces)", seed, seed));
+  std::mt19937 rng(seed);
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{67, 131}, {256, 515}, {1032, 515}, {4096, 96}};
+  for (auto [in, out] : shapes) {
+    for (DType dtype : {DType::kBF16, DType::kF32}) {
+      Tensor w = testing::convert(testing::random_tensor({out, in}, rng, -0.5f, 0.5f), dtype);
+      if (dtype == DType::kF32) {
+        for (int64_t i = 0; i < in; ++i) w.data<float>()[3 * in + i] = 0.0f;  // an all-zero row
+      }
+      auto host_q = quantize_int8_channel(w);
+      ASSERT_TRUE(host_q.ok()) << host_q.status().to_string();
+      auto dw = copy_to(w, kGpu);
+      auto packed = empty_on({out, in}, DType::kI8, kGpu);
+      auto scales = empty_on({out}, DType::kF32, kGpu);
+      ASSERT_TRUE(dw.ok() && packed.ok() && scales.ok());
+      ops::quantize_int8_rows(*dw, *packed, *scales);
+      ASSERT_TRUE(testing::bitwise_equal(to_host(*packed), host_q->packed, "packed"));
+      ASSERT_TRUE(testing::bitwise_equal(to_host(*scales), host_q->scales, "scales"));
+      if (dtype != DType::kBF16) continue;
+
+      const Tensor dense = dequantize(*host_q);
+      auto dq = std::make_shared<QuantWeight>(*host_q);
+      dq->packed = *packed;
+      dq->scales = *scales;
+      Weight dweight;
+      dweight.quant = dq;
+      for (int64_t n : {1, 2, 3, 5, 8, 9, 13, 17, 40}) {
+        const std::string what = fmt::format("int8 {}x{} n={}", in, out, n);
+        const Tensor x = testing::random_tensor({n, in}, rng);
+        const bool with_bias = n % 2 == 1;
+        const Tensor bias = testing::random_tensor({out}, rng);
+        Tensor expected = Tensor::empty({n, out}, DType::kF32);
+        Weight hw;
+        hw.dense = dense;
+        ops::linear(x, hw, with_bias ? &bias : nullptr, expected);
+        auto dx = copy_to(x, kGpu);
+        auto db = copy_to(bias, kGpu);
+        auto dy = empty_on({n, out}, DType::kF32, kGpu);
+        ASSERT_TRUE(dx.ok() && db.ok() && dy.ok());
+        ops::linear(*dx, dweight, with_bias ? &*db : nullptr, *dy);
+        const Tensor got = to_host(*dy);
+        if (n <= ops::cuda::kLinearAutoGemvMaxTokensInt8) {
+          ASSERT_TRUE(testing::relative_l2_below(got, expected, 1e-5, what));
+        } else {
+          ASSERT_TRUE(testing::relative_l2_below(got, expected, 1e-2, what));
+        }
+      }
+    }
+  }
+}
+
+// The bundled model with its linear weights in int8: on the GPU (fused projections quantized
+// there) and on the CPU (host quantizer, separate projections) the packed weights are the same
+// bytes, so greedy decoding agrees token for token.
+TEST(GpuModel, Int8GreedyEqualsTheCpuInt8Path) {
+  TACHYON_START_GPU();
+  LoadedModel cpu = load(testing::source_dir() + "/models/tachyon-demo", Device::cpu());
+  LoadedModel gpu = load(testing::source_dir() + "/models/tachyon-demo", kGpu);
+  QuantSpec spec;
+  spec.format = QuantFormat::kInt8Channel;
+  ModelWeights cw = cpu.model->weights(), gw = gpu.model->weights();
+  ASSERT_OK(quantize_linear_weights(cw, spec));
+  ASSERT_OK(quantize_linear_weights(gw, spec));
+  ASSERT_TRUE(gw.layers[0].qkv_proj.quant != nullptr && gw.layers[0].q_proj.quant != nullptr);
+  ASSERT_TRUE(testing::bitwise_equal(to_host(gw.layers[1].k_proj.quant->packed), cw.layers[1].k_proj.quant->packed,
+                                     "layer 1 k_proj packed (a row view of the fused qkv)"));
+  LlamaModel cm(cpu.model->config(), std::move(cw)), gm(gpu.model->config(), std::move(gw));
+  for (const char* text : {"Once upon a time", "The little dog ran to the park and"}) {
+    const std::vector<int32_t> prompt = cpu.tokenizer->encode(text);
+    const auto expected = testing::greedy_ids(cm, prompt, 32);
+    const auto got = testing::greedy_ids(gm, prompt, 32, DType::kF32);
+    EXPECT_EQ(got, expected) << text;
+  }
 }
 
 TEST(GpuModel, SyntheticWeightsAreMadeOnTheDeviceAndEqualTheCpuOnes) {

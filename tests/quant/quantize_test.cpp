@@ -14,6 +14,7 @@
 #include "ops/cpu/quant_linear.h"
 #include "ops/ops.h"
 #include "quant/quantize.h"
+#include "ops/ops_test_util.h"
 #include "test_util.h"
 
 namespace tachyon {
@@ -76,6 +77,20 @@ TEST(QuantizeInt8, ZeroRowAndRowStride) {
   for (int i = 0; i < 10; ++i) {
     EXPECT_EQ(d.data<float>()[i], 0.0f);
     EXPECT_NEAR(d.data<float>()[10 + i], static_cast<float>(i) - 8.0f, 8.0f / 127.0f / 2.0f);
+  }
+}
+
+// ops::quantize_int8_rows (what a device quantizes with) makes the host quantizer's bytes.
+TEST(QuantizeInt8, OpMatchesTheHostQuantizer) {
+  std::mt19937 rng(testing::fresh_seed());
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+    const Tensor w = random_weight(29, 131, rng, dtype);
+    auto q = quantize_int8_channel(w);
+    ASSERT_TRUE(q.ok()) << q.status().to_string();
+    Tensor packed = Tensor::empty({29, 131}, DType::kI8), scales = Tensor::empty({29}, DType::kF32);
+    ops::quantize_int8_rows(w, packed, scales);
+    EXPECT_TRUE(testing::bitwise_equal(packed, q->packed, "packed")) << dtype_name(dtype);
+    EXPECT_TRUE(testing::bitwise_equal(scales, q->scales, "scales")) << dtype_name(dtype);
   }
 }
 

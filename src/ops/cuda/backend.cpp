@@ -104,6 +104,12 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
 
   Status memory_info(Device device, size_t& free_bytes, size_t& total_bytes) override {
     TACHYON_RETURN_IF_ERROR(check_device(device));
+    // Freed blocks stay in the pool (see create()) and count as used: hand them back first, so
+    // that memory freed since (16-bit weights replaced by quantized ones, say) is seen as free.
+    TACHYON_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    cudaMemPool_t pool = nullptr;
+    TACHYON_CUDA_RETURN_IF_ERROR(cudaDeviceGetDefaultMemPool(&pool, device_));
+    TACHYON_CUDA_RETURN_IF_ERROR(cudaMemPoolTrimTo(pool, 0));
     TACHYON_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
     return Status::Ok();
   }
@@ -113,12 +119,14 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
   std::string describe() const override { return fmt::format("cuda:{} {}", device_, props_.to_string()); }
 
   void linear(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& y, ops::LinearMode mode) override {
-    TACHYON_CHECK(w.defined() && !w.quant, "linear: the CUDA backend runs dense f32/f16/bf16 weights only");
-    const Tensor& wd = w.dense;
+    TACHYON_CHECK(w.defined() && (!w.quant || w.quant->format == QuantFormat::kInt8Channel),
+                  "linear: the CUDA backend runs dense f32/f16/bf16 and per-channel int8 weights (got {})",
+                  w.quant ? quant_format_name(w.quant->format) : "none");
+    const Tensor& wd = w.quant ? w.quant->packed : w.dense;
     on_device("linear", {&x, &y, &wd, bias});
     TACHYON_CHECK(x.dim() == 2 && y.dim() == 2 && wd.dim() == 2 && x.dtype() == DType::kF32 &&
-                      y.dtype() == DType::kF32 && is_float(wd.dtype()) && x.stride(1) == 1 && y.stride(1) == 1 &&
-                      wd.stride(1) == 1,
+                      y.dtype() == DType::kF32 && (is_float(wd.dtype()) || wd.dtype() == DType::kI8) &&
+                      x.stride(1) == 1 && y.stride(1) == 1 && wd.stride(1) == 1,
                   "linear: x {} w {} y {}", x.shape_string(), wd.shape_string(), y.shape_string());
     LinearArgs a;
     a.x = x.data<float>();
@@ -126,6 +134,14 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
     a.w = wd.raw_data();
     a.w_dtype = wd.dtype();
     a.w_stride = wd.stride(0);
+    if (w.quant) {
+      const Tensor& sc = w.quant->scales;
+      on_device("linear", {&sc});
+      TACHYON_CHECK(wd.dtype() == DType::kI8 && sc.dtype() == DType::kF32 && sc.dim() == 1 &&
+                        sc.size(0) == wd.size(0) && sc.is_contiguous(),
+                    "linear: int8 weight {} with scales {}", wd.shape_string(), sc.shape_string());
+      a.w_scales = sc.data<float>();
+    }
     if (bias != nullptr) {
       TACHYON_CHECK(bias->dim() == 1 && bias->size(0) == wd.size(0) && bias->is_contiguous() && is_float(bias->dtype()),
                     "linear: bias {} for w {}", bias->shape_string(), wd.shape_string());
@@ -274,6 +290,18 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
                   ids.shape_string(), logprobs.shape_string());
     require_ok(cuda::sample(x.data<float>(), x.stride(0), x.size(0), x.size(1), params.data<float>(),
                             ids.data<int32_t>(), logprobs.data<float>(), stream_));
+  }
+
+  void quantize_int8_rows(const Tensor& w, Tensor& packed, Tensor& scales) override {
+    on_device("quantize_int8_rows", {&w, &packed, &scales});
+    TACHYON_CHECK(w.dim() == 2 && is_float(w.dtype()) && (w.size(1) <= 1 || w.stride(1) == 1) &&
+                      packed.dtype() == DType::kI8 && packed.shape() == w.shape() && packed.is_contiguous() &&
+                      scales.dtype() == DType::kF32 && scales.dim() == 1 && scales.size(0) == w.size(0) &&
+                      scales.is_contiguous(),
+                  "quantize_int8_rows: w {} packed {} scales {}", w.shape_string(), packed.shape_string(),
+                  scales.shape_string());
+    require_ok(cuda::quantize_int8_rows(w.raw_data(), w.dtype(), w.stride(0), w.size(0), w.size(1),
+                                        packed.data<int8_t>(), scales.data<float>(), stream_));
   }
 
   void adjust_logits(Tensor& x, const Tensor& edits) override {

@@ -125,6 +125,10 @@ size_t argmax_workspace_bytes(int64_t n, int64_t d);
 // u_hi, u_lo, top_k, top_p), ids [n] i32, logprobs [n] f32.
 Status sample(const float* x, int64_t x_stride, int64_t n, int64_t d, const float* params, int32_t* ids,
               float* logprobs, Stream stream);
+// ops::quantize_int8_rows on device pointers: w [out, in] (dtype f32/f16/bf16, rows w_stride
+// apart) -> packed [out, in] i8 and scales [out] f32 (NaN marks a row with a non-finite weight).
+Status quantize_int8_rows(const void* w, DType dtype, int64_t w_stride, int64_t out, int64_t in, int8_t* packed,
+                          float* scales, Stream stream);
 // ops::adjust_logits's contract on device pointers: x [n, d] f32 rows x_stride apart, edits [m, 5].
 Status adjust_logits(float* x, int64_t x_stride, int64_t n, int64_t d, const float* edits, int64_t m, Stream stream);
 
@@ -142,9 +146,13 @@ Status start_backend(int device);
 // kAuto runs the GEMV up to this many tokens and cuBLASLt beyond: on the H200 the GEMV streams a
 // bf16 weight faster than cuBLASLt at one token, cuBLASLt wins from 8 (docs/perf.md).
 constexpr int kLinearAutoGemvMaxTokens = 4;
+// The same for int8 weights, whose other path expands the weight to bf16 on every call: the int8
+// GEMV is slower than the bf16 one from 4 tokens (more arithmetic per byte) but still ahead of the
+// expansion up to 8 (docs/perf.md).
+constexpr int kLinearAutoGemvMaxTokensInt8 = 8;
 
 enum class LinearAlgo : uint8_t {
-  kAuto,      // GEMV for n <= kLinearAutoGemvMaxTokens, cuBLASLt beyond
+  kAuto,      // GEMV for n <= kLinearAutoGemvMaxTokens (int8: ...Int8), cuBLASLt beyond
   kGemv,      // the custom GEMV (any n up to 16)
   kMma,       // the tensor-core skinny GEMM (16-bit weights, in % 32 == 0, n up to 64, sm_80+;
               // activations converted to the weight's dtype). Not chosen by kAuto: on the H200 it

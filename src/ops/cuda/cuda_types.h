@@ -53,9 +53,10 @@ struct Rows {
 struct LinearArgs {
   const float* x = nullptr;  // [n, in] f32, rows x_stride apart
   int64_t x_stride = 0;
-  const void* w = nullptr;  // [out, in] f32 / f16 / bf16 (w_dtype), rows w_stride apart
+  const void* w = nullptr;  // [out, in] f32 / f16 / bf16 / i8 (w_dtype), rows w_stride apart
   DType w_dtype = DType::kBF16;
   int64_t w_stride = 0;
+  const float* w_scales = nullptr;  // [out] f32 for i8 weights (kInt8Channel: w = packed * scale)
   const void* bias = nullptr;  // [out] f32 / f16 / bf16 (bias_dtype), packed, or null
   DType bias_dtype = DType::kF32;
   float* y = nullptr;  // [n, out] f32, rows y_stride apart; must not overlap x

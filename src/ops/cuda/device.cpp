@@ -221,6 +221,18 @@ Status sample(const float* x, int64_t x_stride, int64_t n, int64_t d, const floa
   return Status::Ok();
 }
 
+Status quantize_int8_rows(const void* w, DType dtype, int64_t w_stride, int64_t out, int64_t in, int8_t* packed,
+                          float* scales, Stream stream) {
+  TACHYON_CUDA_REQUIRE(out >= 0 && in >= 0 && w_stride >= in, "quantize_int8_rows: [{}, {}] rows {} apart", out, in,
+                       w_stride);
+  TACHYON_CUDA_REQUIRE(dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16,
+                       "quantize_int8_rows: weight dtype {}", dtype_name(dtype));
+  TACHYON_CUDA_REQUIRE(out == 0 || in == 0 || (w != nullptr && packed != nullptr && scales != nullptr),
+                       "quantize_int8_rows: null pointer");
+  TACHYON_CUDA_RETURN_IF_ERROR(detail::launch_quantize_int8_rows(w, dtype, w_stride, out, in, packed, scales, stream));
+  return Status::Ok();
+}
+
 Status adjust_logits(float* x, int64_t x_stride, int64_t n, int64_t d, const float* edits, int64_t m, Stream stream) {
   TACHYON_CUDA_REQUIRE(n >= 0 && d >= 1 && x_stride >= d && m >= 0, "adjust_logits: [{}, {}] rows {} apart, {} edits",
                        n, d, x_stride, m);

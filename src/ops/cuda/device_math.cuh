@@ -118,6 +118,26 @@ struct Elem<DType::kF16> {
   }
 };
 
+// int8 weights (per-channel int8, the scale applied once per output): 16 per load. Each byte b
+// becomes the float 2^23 + (b + 128) by placing b ^ 0x80 in the mantissa of 2^23, minus 2^23 + 128:
+// one byte permute and one add per weight, no integer-to-float conversion.
+template <>
+struct Elem<DType::kI8> {
+  using T = int8_t;
+  static constexpr int kVec = 16;
+  __device__ __forceinline__ static float load(const T* p, int64_t i) { return static_cast<float>(p[i]); }
+  __device__ __forceinline__ static void unpack(const uint4& u, float* f) {
+    const uint32_t words[4] = {u.x ^ 0x80808080u, u.y ^ 0x80808080u, u.z ^ 0x80808080u, u.w ^ 0x80808080u};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+#pragma unroll
+      for (int b = 0; b < 4; ++b) {
+        f[4 * i + b] = __uint_as_float(__byte_perm(words[i], 0x4b000000u, 0x7540u | b)) - 8388736.0f;
+      }
+    }
+  }
+};
+
 // A 16-byte load that bypasses L1 (each weight byte is read once per call): read-only path.
 __device__ __forceinline__ uint4 load_stream_16(const void* p) {
   uint4 r;

@@ -69,6 +69,15 @@ cudaError_t launch_argmax(const float* x, int64_t x_stride, int64_t n, int64_t d
 cudaError_t launch_fill_uniform(void* data, DType dtype, int64_t count, uint64_t base, float bound, float offset,
                                 Stream stream);
 
+// ---- int8 weights (quant.cu) ---------------------------------------------------------------------
+// ops::quantize_int8_rows: w [out, in] (dtype, rows w_stride apart) -> packed [out, in] i8, scales
+// [out] f32 (NaN for a row with a non-finite weight).
+cudaError_t launch_quantize_int8_rows(const void* w, DType dtype, int64_t w_stride, int64_t out, int64_t in,
+                                      int8_t* packed, float* scales, Stream stream);
+// dst [out, in] bf16 (rows dst_stride apart) = packed * scales, for cuBLASLt.
+cudaError_t launch_dequantize_int8_rows(const int8_t* packed, int64_t w_stride, const float* scales, int64_t out,
+                                        int64_t in, uint16_t* dst, int64_t dst_stride, Stream stream);
+
 // ---- sampling (sample.cu) -------------------------------------------------------------------------
 // ops::sample on the device: one block per row; params [n, 6] f32 (ops::kSampleParams).
 cudaError_t launch_sample(const float* x, int64_t x_stride, int64_t n, int64_t d, const float* params, int32_t* ids,

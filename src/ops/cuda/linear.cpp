@@ -80,6 +80,7 @@ struct LinearContext::Impl {
   cublasLtHandle_t handle = nullptr;
   DeviceBuffer workspace;
   DeviceBuffer activations;  // x converted to 16 bits for cuBLASLt
+  DeviceBuffer dequantized;  // an int8 weight expanded to bf16 for cuBLASLt
   DeviceBuffer partial;      // GEMV split-K partial sums
   // (n, in, out, x ld, w ld, y ld, dtype, bias epilogue, alignments) -> algorithm
   using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, bool, int, int, int>;
@@ -210,8 +211,10 @@ Status linear(LinearContext& context, const LinearArgs& a, Stream stream, Linear
   TACHYON_CUDA_REQUIRE(a.x != nullptr && a.w != nullptr && a.y != nullptr, "linear: null pointer (x {}, w {}, y {})",
                        static_cast<const void*>(a.x), a.w, static_cast<void*>(a.y));
   TACHYON_CUDA_REQUIRE(a.n >= 0 && a.in > 0 && a.out > 0, "linear: n={} in={} out={}", a.n, a.in, a.out);
-  TACHYON_CUDA_REQUIRE(a.w_dtype == DType::kF32 || a.w_dtype == DType::kF16 || a.w_dtype == DType::kBF16,
-                       "linear: weight dtype {} has no CUDA kernel", dtype_name(a.w_dtype));
+  TACHYON_CUDA_REQUIRE(a.w_dtype == DType::kF32 || a.w_dtype == DType::kF16 || a.w_dtype == DType::kBF16 ||
+                           (a.w_dtype == DType::kI8 && a.w_scales != nullptr),
+                       "linear: weight dtype {} has no CUDA kernel (i8 needs its per-row scales)",
+                       dtype_name(a.w_dtype));
   TACHYON_CUDA_REQUIRE(a.bias == nullptr || a.bias_dtype == DType::kF32 || a.bias_dtype == DType::kF16 ||
                            a.bias_dtype == DType::kBF16,
                        "linear: bias dtype {}", dtype_name(a.bias_dtype));
@@ -223,14 +226,14 @@ Status linear(LinearContext& context, const LinearArgs& a, Stream stream, Linear
   const int64_t ld = (a.in + 7) / 8 * 8;  // 16-byte aligned rows for activations converted to 16 bits
   const bool mma_fits = ctx.compute_capability >= 80 && detail::gemm_mma_supported(a, ld);
   if (algo == LinearAlgo::kAuto) {
-    if (a.n <= kLinearAutoGemvMaxTokens) {
+    if (a.n <= (a.w_dtype == DType::kI8 ? kLinearAutoGemvMaxTokensInt8 : kLinearAutoGemvMaxTokens)) {
       algo = LinearAlgo::kGemv;
     } else {
       algo = LinearAlgo::kCublasLt;
     }
   }
   if (algo == LinearAlgo::kMma) {
-    TACHYON_CUDA_REQUIRE(mma_fits,
+    TACHYON_CUDA_REQUIRE(mma_fits && a.w_dtype != DType::kI8,
                          "linear: the tensor-core GEMM takes f16/bf16 weights with in % 32 == 0, 16-byte aligned "
                          "rows and at most {} tokens on sm_80+ (got {} x {} -> {}, {}, sm_{})",
                          detail::kGemmMmaMaxTokens, a.n, a.in, a.out, dtype_name(a.w_dtype), ctx.compute_capability);
@@ -269,7 +272,21 @@ Status linear(LinearContext& context, const LinearArgs& a, Stream stream, Linear
   // cuBLASLt.
   const bool epilogue_bias = a.bias != nullptr && a.bias_dtype == DType::kF32;
   const float* bias = epilogue_bias ? static_cast<const float*>(a.bias) : nullptr;
-  if (a.w_dtype == DType::kF32) {
+  if (a.w_dtype == DType::kI8) {
+    // Many tokens share the weight: expand it to bf16 once for this call and multiply on tensor
+    // cores. The expansion reads 1 byte and writes 2 per weight, so this path costs more than a
+    // bf16 weight would; the int8 GEMV above is where int8 pays (few tokens, bound by bytes read).
+    TACHYON_RETURN_IF_ERROR(ctx.grow(ctx.dequantized, static_cast<size_t>(a.out * ld) * 2, "dequantized weight"));
+    TACHYON_CUDA_RETURN_IF_ERROR(detail::launch_dequantize_int8_rows(static_cast<const int8_t*>(a.w), a.w_stride,
+                                                                     a.w_scales, a.out, a.in,
+                                                                     ctx.dequantized.as<uint16_t>(), ld, stream));
+    TACHYON_RETURN_IF_ERROR(ctx.grow(ctx.activations, static_cast<size_t>(a.n * ld) * 2, "activations"));
+    TACHYON_CUDA_RETURN_IF_ERROR(detail::launch_convert_rows(a.x, a.x_stride, a.n, a.in, ctx.activations.data(),
+                                                             DType::kBF16, ld, stream));
+    log_path_once("cuda linear: int8 weight expanded to bf16, cuBLASLt bf16 x bf16 -> f32");
+    TACHYON_RETURN_IF_ERROR(ctx.matmul(ctx.activations.data(), ld, ctx.dequantized.data(), ld, DType::kBF16, bias,
+                                       a.y, a.y_stride, a.n, a.in, a.out, stream));
+  } else if (a.w_dtype == DType::kF32) {
     log_path_once("cuda linear: cuBLASLt f32 x f32 -> f32");
     TACHYON_RETURN_IF_ERROR(ctx.matmul(a.x, a.x_stride, a.w, a.w_stride, DType::kF32, bias, a.y, a.y_stride, a.n,
                                        a.in, a.out, stream));

@@ -23,6 +23,7 @@ struct GemvParams {
   int64_t w_stride;
   const void* bias;  // [out] or null
   DType bias_dtype;
+  const float* scales;  // [out] per-row weight scales (i8 weights), or null
   float* y;  // [n, out]
   int64_t y_stride;
   float* partial;  // [splits, n, out] when splits > 1
@@ -172,7 +173,7 @@ __global__ void __launch_bounds__(kGemvThreads, GemvTile<NT>::kMinBlocks) gemv_k
       if (row < p.out && t < p.n) {
         if (p.splits == 1) {
           const float b = p.bias != nullptr ? load_as_f32(p.bias, p.bias_dtype, row) : 0.0f;
-          p.y[t * p.y_stride + row] = sum + b;
+          p.y[t * p.y_stride + row] = (p.scales != nullptr ? sum * p.scales[row] : sum) + b;
         } else {
           p.partial[(static_cast<int64_t>(split) * p.n + t) * p.out + row] = sum;
         }
@@ -181,15 +182,17 @@ __global__ void __launch_bounds__(kGemvThreads, GemvTile<NT>::kMinBlocks) gemv_k
   }
 }
 
-// y[t, o] = sum over splits of partial[s, t, o] (in split order) + bias[o].
+// y[t, o] = sum over splits of partial[s, t, o] (in split order) (* scales[o]) + bias[o].
 __global__ void gemv_reduce_kernel(const float* __restrict__ partial, int splits, int64_t n, int64_t out,
-                                   const void* bias, DType bias_dtype, float* __restrict__ y, int64_t y_stride) {
+                                   const void* bias, DType bias_dtype, const float* scales, float* __restrict__ y,
+                                   int64_t y_stride) {
   const int64_t total = n * out;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t t = i / out, o = i % out;
     float sum = 0.0f;
     for (int s = 0; s < splits; ++s) sum += partial[(s * n + t) * out + o];
+    if (scales != nullptr) sum *= scales[o];
     if (bias != nullptr) sum += load_as_f32(bias, bias_dtype, o);
     y[t * y_stride + o] = sum;
   }
@@ -418,6 +421,7 @@ cudaError_t launch_gemv(const LinearArgs& a, const GemvShape& shape, float* part
   p.w_stride = a.w_stride;
   p.bias = a.bias;
   p.bias_dtype = a.bias_dtype;
+  p.scales = a.w_dtype == DType::kI8 ? a.w_scales : nullptr;
   p.y = a.y;
   p.y_stride = a.y_stride;
   p.partial = partial;
@@ -432,12 +436,13 @@ cudaError_t launch_gemv(const LinearArgs& a, const GemvShape& shape, float* part
     case DType::kBF16: e = launch_dtype<DType::kBF16>(p, shape, stream); break;
     case DType::kF16: e = launch_dtype<DType::kF16>(p, shape, stream); break;
     case DType::kF32: e = launch_dtype<DType::kF32>(p, shape, stream); break;
+    case DType::kI8: e = launch_dtype<DType::kI8>(p, shape, stream); break;
     default: return cudaErrorInvalidValue;
   }
   if (e != cudaSuccess || shape.splits == 1) return e;
   const int threads = 256;
-  gemv_reduce_kernel<<<grid_for(a.n * a.out, threads), threads, 0, stream>>>(partial, shape.splits, a.n, a.out, a.bias,
-                                                                            a.bias_dtype, a.y, a.y_stride);
+  gemv_reduce_kernel<<<grid_for(a.n * a.out, threads), threads, 0, stream>>>(
+      partial, shape.splits, a.n, a.out, a.bias, a.bias_dtype, p.scales, a.y, a.y_stride);
   return cudaGetLastError();
 }
 
@@ -485,8 +490,8 @@ cudaError_t launch_gemm_mma(const LinearArgs& a, const void* x16, int64_t x_stri
                                              : launch_gemm_mma_dtype<DType::kF16>(p, stream);
   if (e != cudaSuccess || shape.splits == 1) return e;
   const int threads = 256;
-  gemv_reduce_kernel<<<grid_for(a.n * a.out, threads), threads, 0, stream>>>(partial, shape.splits, a.n, a.out, a.bias,
-                                                                            a.bias_dtype, a.y, a.y_stride);
+  gemv_reduce_kernel<<<grid_for(a.n * a.out, threads), threads, 0, stream>>>(
+      partial, shape.splits, a.n, a.out, a.bias, a.bias_dtype, nullptr, a.y, a.y_stride);
   return cudaGetLastError();
 }
 

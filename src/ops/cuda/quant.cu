@@ -1,0 +1,86 @@
+// Per-channel int8 weights on the device: quantization of 16-bit (or f32) rows, exactly as
+// quant/quantize.cpp does it on the host (the same f32 operations in the same order, so the packed
+// bytes and scales are identical), and the expansion to bf16 rows that lets cuBLASLt multiply
+// an int8 weight when many tokens share it (linear.cpp).
+#include <cstdint>
+
+#include "ops/cuda/device_math.cuh"
+#include "ops/cuda/launch.h"
+
+namespace tachyon::ops::cuda::detail {
+namespace {
+
+constexpr int kQuantThreads = 256;
+
+// One block per row: the largest |w| (exact in any order), then each weight rounded to nearest even.
+// A row holding a non-finite weight gets a NaN scale and no packed values.
+__global__ void __launch_bounds__(kQuantThreads) quantize_int8_rows_kernel(const void* w, DType dtype, int64_t w_stride,
+                                                                           int64_t in, int8_t* packed, float* scales) {
+  const int64_t o = blockIdx.x;
+  const int64_t base = o * w_stride;
+  float max_abs = 0.0f;
+  bool finite = true;
+  for (int64_t i = threadIdx.x; i < in; i += kQuantThreads) {
+    const float v = load_as_f32(w, dtype, base + i);
+    finite = finite && isfinite(v);
+    max_abs = fmaxf(max_abs, fabsf(v));
+  }
+  for (int off = 16; off > 0; off >>= 1) max_abs = fmaxf(max_abs, __shfl_xor_sync(kFullMask, max_abs, off));
+  finite = __all_sync(kFullMask, finite);
+  __shared__ float warp_max[kQuantThreads / 32];
+  __shared__ bool warp_finite[kQuantThreads / 32];
+  if ((threadIdx.x & 31) == 0) {
+    warp_max[threadIdx.x >> 5] = max_abs;
+    warp_finite[threadIdx.x >> 5] = finite;
+  }
+  __syncthreads();
+  max_abs = 0.0f;
+  for (int i = 0; i < kQuantThreads / 32; ++i) {
+    max_abs = fmaxf(max_abs, warp_max[i]);
+    finite = finite && warp_finite[i];
+  }
+  if (!finite) {  // the scale says so (NaN); the caller checks the scales
+    if (threadIdx.x == 0) scales[o] = NAN;
+    return;
+  }
+  const float scale = __fdiv_rn(max_abs, 127.0f);
+  const float inv = scale > 0.0f ? __fdiv_rn(1.0f, scale) : 0.0f;
+  for (int64_t i = threadIdx.x; i < in; i += kQuantThreads) {
+    const float q = rintf(__fmul_rn(load_as_f32(w, dtype, base + i), inv));
+    packed[o * in + i] = static_cast<int8_t>(fminf(fmaxf(q, -127.0f), 127.0f));
+  }
+  if (threadIdx.x == 0) scales[o] = scale;
+}
+
+// dst[o, i] (bf16, rows dst_stride apart) = packed[o, i] * scales[o], rounded to bf16.
+__global__ void dequantize_int8_rows_kernel(const int8_t* packed, int64_t w_stride, const float* scales, int64_t out,
+                                            int64_t in, uint16_t* dst, int64_t dst_stride) {
+  const int64_t total = out * in;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t o = e / in, i = e % in;
+    dst[o * dst_stride + i] = f32_to_bf16_bits(static_cast<float>(packed[o * w_stride + i]) * scales[o]);
+  }
+}
+
+}  // namespace
+
+cudaError_t launch_quantize_int8_rows(const void* w, DType dtype, int64_t w_stride, int64_t out, int64_t in,
+                                      int8_t* packed, float* scales, Stream stream) {
+  if (out == 0 || in == 0) return cudaSuccess;
+  if (out > 0x7fffffff) return cudaErrorInvalidValue;
+  quantize_int8_rows_kernel<<<static_cast<unsigned>(out), kQuantThreads, 0, stream>>>(w, dtype, w_stride, in, packed,
+                                                                                       scales);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_dequantize_int8_rows(const int8_t* packed, int64_t w_stride, const float* scales, int64_t out,
+                                        int64_t in, uint16_t* dst, int64_t dst_stride, Stream stream) {
+  if (out == 0 || in == 0) return cudaSuccess;
+  const int threads = 256;
+  dequantize_int8_rows_kernel<<<grid_for(out * in, threads), threads, 0, stream>>>(packed, w_stride, scales, out, in,
+                                                                                  dst, dst_stride);
+  return cudaGetLastError();
+}
+
+}  // namespace tachyon::ops::cuda::detail
