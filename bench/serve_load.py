@@ -4,12 +4,19 @@ network path adds per token compared with the engine driven in-process (`tachyon
 
 The workload is `tachyon bench --workload throughput --len-sigma 0`'s: N requests of random token
 ids (P prompt tokens each, ids in [16, vocab)), greedy, EOS ignored so that each generates exactly
-G tokens, at most C in flight. Requests go to /v1/completions with the prompt as token ids,
-"stream": true and "logprobs": 0 (so every event says how many tokens it carries). The client is
-asyncio over raw sockets (HTTP/1.1, chunked SSE parsing by hand) to keep its own cost small.
+G tokens, at most C in flight, all at once or as seeded Poisson arrivals at --request-rate R per
+second (a request's TTFT counts from when it is sent). Requests go to /v1/completions with the
+prompt as token ids, "stream": true and "logprobs": 0 (so every event says how many tokens it
+carries). The client is asyncio over raw sockets (HTTP/1.1, chunked SSE parsing by hand) to keep
+its own cost small.
 
     .venv/bin/python bench/serve_load.py --base-url http://127.0.0.1:8000 -n 64 --prompt-len 128 \
-        --output-len 64 --concurrency 16 [--bench-binary build/tachyon --bench-model MODEL] [--json out.json]
+        --output-len 64 --concurrency 16 [--request-rate 8] [--slo-ttft 1 --slo-tpot 0.05] \
+        [--bench-binary build/tachyon --bench-model MODEL] [--json out.json]
+
+With --slo-ttft and/or --slo-tpot (seconds), goodput is reported as `tachyon bench` reports it: the
+requests that finished with TTFT and mean TPOT within the targets, their share and their rate over
+the run's wall time (JSON "goodput"; a one-token request meets the TPOT target, a failed one none).
 
 With --bench-binary, `tachyon bench` then runs the same workload in-process (after the HTTP run,
 so the two never compete for the CPU; give it the engine options the server got, after --) and
@@ -54,6 +61,41 @@ class Result:
         self.delivery = []     # per token: arrival - the server's hand-over (--stream-timestamps)
         self.end = 0.0
         self.error = None
+
+    def latency(self):
+        """(ttft, tpot, output tokens) as `tachyon bench` measures them; None for a failed request."""
+        if self.error is not None:
+            return None
+        n = len(self.token_times)
+        ttft = self.token_times[0] - self.start if n else 0.0
+        tpot = (self.token_times[-1] - self.token_times[0]) / (n - 1) if n > 1 else 0.0
+        return ttft, tpot, n
+
+
+def meets_slo(latency, slo_ttft, slo_tpot):
+    """src/cli/goodput.h's meets_slo: targets in seconds, 0 = none; a one-token request has no TPOT."""
+    if latency is None or latency[2] < 1:
+        return False
+    ttft, tpot, n = latency
+    if slo_ttft > 0 and not ttft <= slo_ttft:
+        return False
+    return not (slo_tpot > 0 and n > 1 and not tpot <= slo_tpot)
+
+
+def goodput(latencies, slo_ttft, slo_tpot, duration):
+    """src/cli/goodput.h's compute_goodput over Result.latency() of every request, as bench's JSON."""
+    meeting = sum(1 for r in latencies if meets_slo(r, slo_ttft, slo_tpot))
+    return {"slo_ttft_s": slo_ttft if slo_ttft > 0 else None, "slo_tpot_s": slo_tpot if slo_tpot > 0 else None,
+            "requests": len(latencies), "requests_meeting": meeting,
+            "fraction": meeting / len(latencies) if latencies else 0.0,
+            "requests_per_s": meeting / duration if duration > 0 else 0.0}
+
+
+def describe_slo(slo_ttft, slo_tpot):
+    """"TTFT 1 s, TPOT 50 ms": the given targets, in s from one second up and in ms below."""
+    seconds = lambda s: f"{s:g} s" if s >= 1 else f"{s * 1e3:g} ms"
+    return ", ".join(f"{name} {seconds(target)}" for name, target in (("TTFT", slo_ttft), ("TPOT", slo_tpot))
+                     if target > 0)
 
 
 async def one_request(host, port, path, body, result):
@@ -111,6 +153,12 @@ async def run_load(args, vocab, model):
     rng = random.Random(args.seed)
     prompts = [[rng.randrange(min(16, vocab - 1), vocab) for _ in range(args.prompt_len)]
                for _ in range(args.num_prompts + args.warmup)]
+    arrivals = []  # seconds after the start of the measured run
+    t = 0.0
+    for _ in range(args.num_prompts):
+        if args.request_rate > 0:
+            t += rng.expovariate(args.request_rate)
+        arrivals.append(t)
 
     def body(prompt):
         return {"model": model, "prompt": prompt, "max_tokens": args.output_len, "temperature": 0,
@@ -121,7 +169,8 @@ async def run_load(args, vocab, model):
     semaphore = asyncio.Semaphore(args.concurrency if args.concurrency > 0 else len(prompts))
     results = [Result() for _ in range(args.num_prompts)]
 
-    async def limited(p, r):
+    async def limited(p, r, arrival):
+        await asyncio.sleep(max(0.0, t0 + arrival - time.perf_counter()))
         async with semaphore:
             try:
                 await one_request(url.hostname, url.port, "/v1/completions", body(p), r)
@@ -129,7 +178,7 @@ async def run_load(args, vocab, model):
                 r.error = e
 
     t0 = time.perf_counter()
-    await asyncio.gather(*(limited(p, r) for p, r in zip(prompts[args.warmup:], results)))
+    await asyncio.gather(*(limited(p, r, a) for p, r, a in zip(prompts[args.warmup:], results, arrivals)))
     return results, time.perf_counter() - t0
 
 
@@ -166,6 +215,11 @@ def main():
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--concurrency", type=int, default=16, help="requests in flight at most; 0 = all")
+    ap.add_argument("--request-rate", type=float, default=0.0,
+                    help="Poisson arrivals per second, drawn from --seed; 0 = all at once (default)")
+    ap.add_argument("--slo-ttft", type=float, default=0.0, help="goodput target on TTFT, seconds (default 0: none)")
+    ap.add_argument("--slo-tpot", type=float, default=0.0,
+                    help="goodput target on a request's mean TPOT, seconds (default 0: none)")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--seed", type=int, help="prompt seed (default: a fresh one, so that a running server's "
                     "prefix cache holds none of the prompts)")
@@ -176,6 +230,8 @@ def main():
     ap.add_argument("--json", help="write every figure to this file")
     ap.add_argument("bench_args", nargs="*", help="after --: engine options for `tachyon bench` (as the server's)")
     args = ap.parse_args()
+    if not (args.request_rate >= 0 and args.slo_ttft >= 0 and args.slo_tpot >= 0):
+        ap.error("--request-rate, --slo-ttft and --slo-tpot must not be negative")
     if args.seed is None:
         args.seed = random.SystemRandom().randrange(1 << 31)
 
@@ -199,12 +255,15 @@ def main():
     out = {
         "bench": "http", "base_url": args.base_url, "model": model,
         "config": {"num_requests": args.num_prompts, "prompt_len": args.prompt_len, "output_len": args.output_len,
-                   "concurrency": args.concurrency, "seed": args.seed},
+                   "concurrency": args.concurrency, "request_rate": args.request_rate, "seed": args.seed},
         "errors": len(errors), "duration_s": duration,
         "requests_per_s": len(ok) / duration, "output_tokens": output_tokens,
         "output_tokens_per_s": output_tokens / duration,
         "ttft_ms": summary_ms(ttft), "tpot_ms": summary_ms(tpot), "itl_ms": summary_ms(itl), "e2e_ms": summary_ms(e2e),
     }
+    with_slo = args.slo_ttft > 0 or args.slo_tpot > 0
+    if with_slo:
+        out["goodput"] = goodput([r.latency() for r in results], args.slo_ttft, args.slo_tpot, duration)
     # The server's own view (engine clock, warm-up requests included): what is left of the client's
     # figures is delivery (formatting, sockets, the client's parsing).
     delivery = [d for r in ok for d in r.delivery]
@@ -221,7 +280,9 @@ def main():
     print(f"http: {len(ok)} requests in {duration:.1f} s | {out['requests_per_s']:.2f} req/s | "
           f"{out['output_tokens_per_s']:.1f} output tok/s | TTFT p50 {out['ttft_ms']['p50']:.0f} ms "
           f"p99 {out['ttft_ms']['p99']:.0f} ms | TPOT mean {out['tpot_ms']['mean']:.1f} ms | "
-          f"ITL p50 {out['itl_ms']['p50']:.1f} ms p99 {out['itl_ms']['p99']:.1f} ms | {len(errors)} errors")
+          f"ITL p50 {out['itl_ms']['p50']:.1f} ms p99 {out['itl_ms']['p99']:.1f} ms | {len(errors)} errors"
+          + (f" | goodput {out['goodput']['requests_per_s']:.2f} req/s ({100 * out['goodput']['fraction']:.0f}% "
+             f"within {describe_slo(args.slo_ttft, args.slo_tpot)})" if with_slo else ""))
     print(f"server side: TTFT mean {out['server_side']['ttft_mean_ms']:.1f} ms, TPOT mean "
           f"{out['server_side']['tpot_mean_ms']:.1f} ms, {out['server_side']['prefix_hit_tokens']:.0f} prefix-cache "
           f"hit tokens (client: TTFT mean {out['ttft_ms']['mean']:.1f} ms, "
@@ -237,8 +298,9 @@ def main():
             command = [args.bench_binary, "bench", "-m", args.bench_model, "--workload", "throughput",
                        "-n", str(args.num_prompts), "--mean-prompt-len", str(args.prompt_len),
                        "--mean-output-len", str(args.output_len), "--len-sigma", "0",
-                       "--concurrency", str(args.concurrency), "--seed", str(args.seed), "--json", path,
-                       *args.bench_args]
+                       "--concurrency", str(args.concurrency), "--request-rate", str(args.request_rate),
+                       "--slo-ttft", str(args.slo_ttft), "--slo-tpot", str(args.slo_tpot),
+                       "--seed", str(args.seed), "--json", path, *args.bench_args]
             print("in-process: " + " ".join(command), file=sys.stderr)
             subprocess.run(command, check=True, stdout=sys.stderr)
             with open(path) as f:
@@ -254,7 +316,9 @@ def main():
         print(f"engine: {engine['output_tokens_per_s']:.1f} output tok/s, TPOT mean {engine['tpot_ms']['mean']:.1f} ms, "
               f"TTFT p50 {engine['ttft_ms']['p50']:.0f} ms | http/engine throughput {c['throughput_ratio']:.3f}, "
               f"added per token {c['added_tpot_ms']:+.2f} ms (TPOT mean), {c['added_itl_p50_ms']:+.2f} ms (ITL p50), "
-              f"added TTFT p50 {c['added_ttft_p50_ms']:+.1f} ms")
+              f"added TTFT p50 {c['added_ttft_p50_ms']:+.1f} ms"
+              + (f" | engine goodput {engine['goodput']['requests_per_s']:.2f} req/s "
+                 f"({100 * engine['goodput']['fraction']:.0f}%)" if "goodput" in engine else ""))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=2)

@@ -12,7 +12,9 @@
 // --prompt-text FILE slices of that text at seeded offsets (speculative decoding needs text that
 // means something); EOS is ignored, so every request generates exactly its drawn length.
 // With --spec-ngram or --draft-model the engine decodes speculatively; the acceptance figures
-// follow the summary line and go to the JSON under "spec". stdout gets one summary line, --json FILE
+// follow the summary line and go to the JSON under "spec". With --slo-ttft and/or --slo-tpot the
+// throughput workload also reports goodput: the requests that finished within those targets, their
+// share and their rate (JSON "goodput", cli/goodput.h). stdout gets one summary line, --json FILE
 // everything; a progress bar goes to stderr when stderr is a terminal or --progress is given.
 #include <unistd.h>
 
@@ -29,6 +31,7 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "cli/goodput.h"
 #include "cli/spec_args.h"
 #include "core/mapped_file.h"
 #include "core/thread_pool.h"
@@ -58,6 +61,7 @@ struct BenchArgs {
   int concurrency = 0;          // most requests in flight; 0 = no limit
   double request_rate = 0.0;    // Poisson arrivals per second; 0 = all at once
   double shared_prefix = 0.0;   // fraction of every prompt that is one common prefix
+  SloTargets slo;               // goodput targets in seconds; 0 = none
   uint64_t seed = 0;
   // Sampling of every request (default greedy); request i is seeded with seed + i.
   float temperature = 0.0f;
@@ -209,6 +213,13 @@ int run_bench(BenchArgs& a) {
                              "lengths, --num-prompts and --iters must be positive, --len-sigma in [0, 3], "
                              "--shared-prefix in [0, 1), rates and concurrency not negative"));
   }
+  if (!(a.slo.ttft >= 0) || !(a.slo.tpot >= 0)) {
+    return report(make_error(ErrorCode::kInvalidArgument, "--slo-ttft {} and --slo-tpot {} must not be negative",
+                             a.slo.ttft, a.slo.tpot));
+  }
+  if (a.workload == "latency" && a.slo.any()) {
+    return report(make_error(ErrorCode::kInvalidArgument, "--slo-ttft and --slo-tpot apply to --workload throughput"));
+  }
   const auto dtype = parse_dtype(a.dtype);
   if (!dtype) return report(make_error(ErrorCode::kInvalidArgument, "--dtype '{}' is not a dtype", a.dtype));
   auto eo = engine_options(a.engine);
@@ -244,6 +255,7 @@ int run_bench(BenchArgs& a) {
       latency ? plan_latency(a, vocab, text) : plan_throughput(a, vocab, e.max_model_len(), text);
 
   std::vector<double> ttft, tpot, itl, e2e;
+  std::vector<RequestLatency> latencies;  // per measured request, for goodput
   int64_t output_tokens = 0, prompt_tokens = 0;
   size_t next = 0, done = 0, in_flight = 0;
   const size_t measured_from = latency ? 1 : 0;  // the latency workload's first request warms up
@@ -290,10 +302,14 @@ int run_bench(BenchArgs& a) {
         continue;
       }
       const RequestTiming& t = o.timing;
-      ttft.push_back(t.first_token - t.arrival);
+      RequestLatency& r = latencies.emplace_back();
+      r.ttft = t.first_token - t.arrival;
+      r.output_tokens = static_cast<int64_t>(t.token_times.size());
+      ttft.push_back(r.ttft);
       e2e.push_back(t.finished - t.arrival);
       if (t.token_times.size() > 1) {
-        tpot.push_back((t.token_times.back() - t.token_times.front()) / static_cast<double>(t.token_times.size() - 1));
+        r.tpot = (t.token_times.back() - t.token_times.front()) / static_cast<double>(t.token_times.size() - 1);
+        tpot.push_back(r.tpot);
         for (size_t i = 1; i < t.token_times.size(); ++i) itl.push_back(t.token_times[i] - t.token_times[i - 1]);
       }
       output_tokens += o.num_generated_tokens;
@@ -384,6 +400,15 @@ int run_bench(BenchArgs& a) {
                  {"propose_seconds", s1.propose_seconds - s0.propose_seconds}};
   }
   if (!a.prompt_text.empty()) j["prompt_text"] = a.prompt_text;
+  const Goodput goodput = compute_goodput(latencies, a.slo, duration);
+  if (a.slo.any()) {
+    j["goodput"] = {{"slo_ttft_s", a.slo.ttft > 0 ? json(a.slo.ttft) : json(nullptr)},
+                    {"slo_tpot_s", a.slo.tpot > 0 ? json(a.slo.tpot) : json(nullptr)},
+                    {"requests", goodput.requests},
+                    {"requests_meeting", goodput.requests_meeting},
+                    {"fraction", goodput.fraction},
+                    {"requests_per_s", goodput.requests_per_s}};
+  }
   if (latency) {
     j["decode_tokens_per_s"] = decode_tok_s;
     j["prefill_tokens_per_s"] = p_ttft.mean > 0 ? a.prompt_len / p_ttft.mean : 0.0;
@@ -409,11 +434,15 @@ int run_bench(BenchArgs& a) {
   } else {
     std::printf("throughput: %zu requests in %.1f s | %.2f req/s | %.1f output tok/s | TTFT p50 %.0f ms p99 %.0f ms | "
                 "TPOT p50 %.1f ms | ITL p99 %.1f ms | peak KV %.0f%% | prefix hits %.0f%% | %lld preemptions | "
-                "scheduler %.2f%% of step time\n",
+                "scheduler %.2f%% of step time%s\n",
                 measured, duration, static_cast<double>(measured) / duration,
                 static_cast<double>(output_tokens) / duration, p_ttft.p50 * 1e3, p_ttft.p99 * 1e3, p_tpot.p50 * 1e3,
                 p_itl.p99 * 1e3, 100.0 * j["kv_peak_fraction"].get<double>(), 100.0 * j["prefix_hit_rate"].get<double>(),
-                static_cast<long long>(j["preemptions"].get<int64_t>()), 100.0 * j["schedule_fraction"].get<double>());
+                static_cast<long long>(j["preemptions"].get<int64_t>()), 100.0 * j["schedule_fraction"].get<double>(),
+                a.slo.any() ? fmt::format(" | goodput {:.2f} req/s ({:.0f}% within {})", goodput.requests_per_s,
+                                          100.0 * goodput.fraction, describe_slo(a.slo))
+                                  .c_str()
+                            : "");
   }
   if (j.contains("spec")) {
     const json& s = j["spec"];
@@ -448,6 +477,9 @@ void add_bench(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--concurrency", a->concurrency, "throughput: requests in flight at most; 0 = all (default 0)");
   cmd->add_option("--request-rate", a->request_rate, "throughput: Poisson arrivals per second; 0 = all at once");
   cmd->add_option("--shared-prefix", a->shared_prefix, "throughput: fraction of each prompt shared by all (default 0)");
+  cmd->add_option("--slo-ttft", a->slo.ttft, "throughput: goodput target on time to first token, seconds (default 0: none)");
+  cmd->add_option("--slo-tpot", a->slo.tpot, "throughput: goodput target on mean time per output token, seconds "
+                  "(default 0: none)");
   cmd->add_option("--seed", a->seed, "workload seed (default 0); request i samples with seed + i");
   cmd->add_option("--temperature", a->temperature, "sampling temperature of every request (default 0: greedy)");
   cmd->add_option("--top-p", a->top_p, "nucleus sampling (default 1: off)");
