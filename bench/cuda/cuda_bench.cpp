@@ -217,8 +217,8 @@ Status bench_gemv(cu::LinearContext& ctx, double copy_gbps, nlohmann::json& out,
 
 // ---- int8 weights ------------------------------------------------------------------------------------
 
-// The per-channel int8 GEMV on the same shapes: half the bytes of bf16, so at 1..8 tokens it should
-// take about half the time where the bf16 GEMV streams near copy bandwidth.
+// Per-channel int8 weights on the same shapes, through the GEMV (to 16 tokens) and the tensor-core
+// GEMM: half the bytes of bf16, against the fastest bf16 path at the same token count.
 Status bench_int8_gemv(cu::LinearContext& ctx, double copy_gbps, const std::vector<GemvRow>& bf16_rows,
                        nlohmann::json& out, const Options& opt) {
   const std::vector<Shape> shapes = {{"q/o 4096x4096", 4096, 4096},
@@ -239,11 +239,12 @@ Status bench_int8_gemv(cu::LinearContext& ctx, double copy_gbps, const std::vect
                                                      static_cast<int8_t*>(packed.data()) + c * weight_bytes,
                                                      scales.as<float>(), nullptr));
     }
-    TACHYON_ASSIGN_OR_RETURN(auto x, cu::DeviceBuffer::allocate(16 * s.in * 4, "gemv x"));
-    TACHYON_ASSIGN_OR_RETURN(auto y, cu::DeviceBuffer::allocate(16 * s.out * 4, "gemv y"));
-    TACHYON_RETURN_IF_ERROR(cu::fill_random(x.data(), DType::kF32, 16 * s.in, 8, -1.f, 1.f, nullptr));
-    for (int64_t n : {1, 2, 4, 8, 16}) {
-      auto body = [&](int i, cu::Stream st) {
+    TACHYON_ASSIGN_OR_RETURN(auto x, cu::DeviceBuffer::allocate(64 * s.in * 4, "gemv x"));
+    TACHYON_ASSIGN_OR_RETURN(auto y, cu::DeviceBuffer::allocate(64 * s.out * 4, "gemv y"));
+    TACHYON_RETURN_IF_ERROR(cu::fill_random(x.data(), DType::kF32, 64 * s.in, 8, -1.f, 1.f, nullptr));
+    for (int64_t n : {1, 2, 4, 8, 16, 32, 64}) {
+      auto body = [&, n](cu::LinearAlgo algo) {
+        return [&, n, algo](int i, cu::Stream st) {
         cu::LinearArgs a;
         a.x = x.as<float>();
         a.x_stride = s.in;
@@ -256,19 +257,29 @@ Status bench_int8_gemv(cu::LinearContext& ctx, double copy_gbps, const std::vect
         a.n = n;
         a.in = s.in;
         a.out = s.out;
-        return cu::linear(ctx, a, st, cu::LinearAlgo::kGemv);
+        return cu::linear(ctx, a, st, algo);
+        };
       };
-      TACHYON_ASSIGN_OR_RETURN(double ms, time_graph_ms(body, copies, std::max(copies, 40), 5));
-      const double gbps = weight_bytes / (ms * 1e-3) / 1e9;
+      double gemv_ms = 0.0;
+      if (n <= 16) {
+        TACHYON_ASSIGN_OR_RETURN(gemv_ms, time_graph_ms(body(cu::LinearAlgo::kGemv), copies, std::max(copies, 40), 5));
+      }
+      TACHYON_ASSIGN_OR_RETURN(double mma_ms, time_graph_ms(body(cu::LinearAlgo::kMma), copies, std::max(copies, 40), 5));
+      const auto gbps = [&](double ms) { return ms > 0.0 ? weight_bytes / (ms * 1e-3) / 1e9 : 0.0; };
+      // The fastest bf16 path at this n (GEMV to 16 tokens, cuBLASLt), the same weight in 16 bits.
       double bf16_us = 0.0;
       for (const GemvRow& r : bf16_rows) {
-        if (r.name == s.name && r.n == n) bf16_us = r.gemv_us;
+        if (r.name == s.name && r.n == n) bf16_us = r.gemv_us > 0.0 ? std::min(r.gemv_us, r.cublas_us) : r.cublas_us;
       }
-      list.push_back({{"shape", s.name}, {"n", n}, {"weight_bytes", weight_bytes}, {"us", ms * 1e3}, {"gbps", gbps},
-                      {"fraction_of_copy", gbps / copy_gbps}, {"bf16_gemv_us", bf16_us}});
-      std::fprintf(stderr, "int8 gemv %-22s n=%2lld: %8.2f us %7.1f GB/s (%3.0f%% of copy), bf16 gemv %8.2f us: %.2fx\n",
-                   s.name, static_cast<long long>(n), ms * 1e3, gbps, 100.0 * gbps / copy_gbps, bf16_us,
-                   ms > 0 ? bf16_us / (ms * 1e3) : 0.0);
+      list.push_back({{"shape", s.name}, {"n", n}, {"weight_bytes", weight_bytes}, {"gemv_us", gemv_ms * 1e3},
+                      {"gemv_gbps", gbps(gemv_ms)}, {"mma_us", mma_ms * 1e3}, {"mma_gbps", gbps(mma_ms)},
+                      {"bf16_best_us", bf16_us}});
+      const double best = gemv_ms > 0.0 ? std::min(gemv_ms, mma_ms) : mma_ms;
+      std::fprintf(stderr,
+                   "int8 %-22s n=%2lld: gemv %8.2f us (%3.0f%% of copy) | mma %8.2f us (%3.0f%% of copy) | bf16 best "
+                   "%8.2f us: %.2fx\n",
+                   s.name, static_cast<long long>(n), gemv_ms * 1e3, 100.0 * gbps(gemv_ms) / copy_gbps, mma_ms * 1e3,
+                   100.0 * gbps(mma_ms) / copy_gbps, bf16_us, best > 0 ? bf16_us / (best * 1e3) : 0.0);
     }
   }
   out["int8_gemv"] = list;

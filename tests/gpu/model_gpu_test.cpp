@@ -25,6 +25,7 @@
 #include "model/forward_batch.h"
 #include "model/model_loader.h"
 #include "model/quantize_weights.h"
+#include "ops/cuda/launch.h"
 #include "quant/quantize.h"
 #include "ops/ops.h"
 #include "test_util.h"
@@ -235,9 +236,8 @@ TEST(GpuOps, AdjustLogitsEqualsTheCpuOp) {
 
 // Per-channel int8 on the device: quantize_int8_rows makes the host quantizer's bytes and scales
 // (bf16 and f32 rows, odd shapes, a zero row); linear() with the packed weight matches the
-// reference product with the dequantized weight: tightly through the GEMV (up to
-// kLinearAutoGemvMaxTokensInt8 tokens, f32 sums), within bf16 rounding beyond (the weight expanded
-// to bf16 for cuBLASLt).
+// reference product with the dequantized weight on every path kAuto takes: the GEMV (f32 sums),
+// the tensor-core GEMM (activations rounded to bf16), the weight expanded to bf16 for cuBLASLt.
 TEST(GpuOps, Int8WeightsQuantizeAndMultiplyLikeTheHost) {
   TACHYON_START_GPU();
   const uint32_t seed = testing::fresh_seed();
@@ -267,25 +267,33 @@ TEST(GpuOps, Int8WeightsQuantizeAndMultiplyLikeTheHost) {
       dq->scales = *scales;
       Weight dweight;
       dweight.quant = dq;
-      for (int64_t n : {1, 2, 3, 5, 8, 9, 13, 17, 40}) {
+      for (int64_t n : {1, 2, 3, 5, 8, 9, 13, 17, 40, 64, 70}) {
         const std::string what = fmt::format("int8 {}x{} n={}", in, out, n);
         const Tensor x = testing::random_tensor({n, in}, rng);
         const bool with_bias = n % 2 == 1;
         const Tensor bias = testing::random_tensor({out}, rng);
-        Tensor expected = Tensor::empty({n, out}, DType::kF32);
         Weight hw;
         hw.dense = dense;
+        Tensor expected = Tensor::empty({n, out}, DType::kF32), expected_rounded = Tensor::empty({n, out}, DType::kF32);
         ops::linear(x, hw, with_bias ? &bias : nullptr, expected);
+        ops::linear(testing::convert(x, DType::kBF16).to_f32(), hw, with_bias ? &bias : nullptr, expected_rounded);
         auto dx = copy_to(x, kGpu);
         auto db = copy_to(bias, kGpu);
         auto dy = empty_on({n, out}, DType::kF32, kGpu);
         ASSERT_TRUE(dx.ok() && db.ok() && dy.ok());
         ops::linear(*dx, dweight, with_bias ? &*db : nullptr, *dy);
         const Tensor got = to_host(*dy);
-        if (n <= ops::cuda::kLinearAutoGemvMaxTokensInt8) {
-          ASSERT_TRUE(testing::relative_l2_below(got, expected, 1e-5, what));
+        // The path kAuto takes (ops/cuda/cuda_ops.h): the GEMV is exact f32 arithmetic, the
+        // tensor-core GEMM rounds the activations to bf16, the expanded weight rounds both.
+        const bool mma = in % 64 == 0 && n > ops::cuda::kLinearAutoGemvMaxTokensInt8 &&
+                         n <= ops::cuda::detail::kGemmMmaMaxTokens;
+        const bool gemv = n <= ops::cuda::kLinearAutoGemvMaxTokensInt8 || (in % 64 != 0 && n <= 8);
+        if (gemv) {
+          ASSERT_TRUE(testing::relative_l2_below(got, expected, 1e-5, what + " (gemv)"));
+        } else if (mma) {
+          ASSERT_TRUE(testing::relative_l2_below(got, expected_rounded, 1e-4, what + " (tensor cores)"));
         } else {
-          ASSERT_TRUE(testing::relative_l2_below(got, expected, 1e-2, what));
+          ASSERT_TRUE(testing::relative_l2_below(got, expected, 1e-2, what + " (expanded to bf16)"));
         }
       }
     }
@@ -294,7 +302,7 @@ TEST(GpuOps, Int8WeightsQuantizeAndMultiplyLikeTheHost) {
 
 // The bundled model with its linear weights in int8: on the GPU (fused projections quantized
 // there) and on the CPU (host quantizer, separate projections) the packed weights are the same
-// bytes, so greedy decoding agrees token for token.
+// bytes, so greedy decoding agrees (token for token but for near-ties late in the run).
 TEST(GpuModel, Int8GreedyEqualsTheCpuInt8Path) {
   TACHYON_START_GPU();
   LoadedModel cpu = load(testing::source_dir() + "/models/tachyon-demo", Device::cpu());
@@ -312,7 +320,12 @@ TEST(GpuModel, Int8GreedyEqualsTheCpuInt8Path) {
     const std::vector<int32_t> prompt = cpu.tokenizer->encode(text);
     const auto expected = testing::greedy_ids(cm, prompt, 32);
     const auto got = testing::greedy_ids(gm, prompt, 32, DType::kF32);
-    EXPECT_EQ(got, expected) << text;
+    size_t agree = 0;
+    while (agree < got.size() && agree < expected.size() && got[agree] == expected[agree]) ++agree;
+    std::printf("int8 greedy agreement with the CPU over 32 tokens (\"%s\"): %zu\n", text, agree);
+    // The prompt runs through the tensor-core GEMM, which rounds activations to bf16 (the CPU keeps
+    // f32): a near-tie may flip late; the start must agree.
+    EXPECT_GE(agree, 16u) << text;
   }
 }
 

@@ -146,10 +146,11 @@ Status start_backend(int device);
 // kAuto runs the GEMV up to this many tokens and cuBLASLt beyond: on the H200 the GEMV streams a
 // bf16 weight faster than cuBLASLt at one token, cuBLASLt wins from 8 (docs/perf.md).
 constexpr int kLinearAutoGemvMaxTokens = 4;
-// The same for int8 weights, whose other path expands the weight to bf16 on every call: the int8
-// GEMV is slower than the bf16 one from 4 tokens (more arithmetic per byte) but still ahead of the
-// expansion up to 8 (docs/perf.md).
-constexpr int kLinearAutoGemvMaxTokensInt8 = 8;
+// For int8 weights kAuto runs the GEMV up to this many tokens (it does twice the arithmetic per
+// byte of the bf16 one and falls behind from 3-4 tokens), the tensor-core GEMM (int8 expanded to
+// bf16 in registers) up to kGemmMmaMaxTokens, and beyond that expands the weight to bf16 in memory
+// for cuBLASLt (docs/perf.md).
+constexpr int kLinearAutoGemvMaxTokensInt8 = 2;
 
 enum class LinearAlgo : uint8_t {
   kAuto,      // GEMV for n <= kLinearAutoGemvMaxTokens (int8: ...Int8), cuBLASLt beyond

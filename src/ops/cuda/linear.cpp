@@ -226,20 +226,31 @@ Status linear(LinearContext& context, const LinearArgs& a, Stream stream, Linear
   const int64_t ld = (a.in + 7) / 8 * 8;  // 16-byte aligned rows for activations converted to 16 bits
   const bool mma_fits = ctx.compute_capability >= 80 && detail::gemm_mma_supported(a, ld);
   if (algo == LinearAlgo::kAuto) {
-    if (a.n <= (a.w_dtype == DType::kI8 ? kLinearAutoGemvMaxTokensInt8 : kLinearAutoGemvMaxTokens)) {
+    if (a.w_dtype == DType::kI8) {
+      // int8: the GEMV at the fewest tokens, the tensor-core GEMM up to its limit, then the weight
+      // expanded to bf16 for cuBLASLt (prefill).
+      if (a.n <= kLinearAutoGemvMaxTokensInt8 || (!mma_fits && a.n <= 8)) {
+        algo = LinearAlgo::kGemv;
+      } else if (mma_fits) {
+        algo = LinearAlgo::kMma;
+      } else {
+        algo = LinearAlgo::kCublasLt;
+      }
+    } else if (a.n <= kLinearAutoGemvMaxTokens) {
       algo = LinearAlgo::kGemv;
     } else {
       algo = LinearAlgo::kCublasLt;
     }
   }
   if (algo == LinearAlgo::kMma) {
-    TACHYON_CUDA_REQUIRE(mma_fits && a.w_dtype != DType::kI8,
-                         "linear: the tensor-core GEMM takes f16/bf16 weights with in % 32 == 0, 16-byte aligned "
-                         "rows and at most {} tokens on sm_80+ (got {} x {} -> {}, {}, sm_{})",
+    TACHYON_CUDA_REQUIRE(mma_fits,
+                         "linear: the tensor-core GEMM takes f16/bf16 weights with in % 32 == 0 (int8: in % 64 == "
+                         "0), 16-byte aligned rows and at most {} tokens on sm_80+ (got {} x {} -> {}, {}, sm_{})",
                          detail::kGemmMmaMaxTokens, a.n, a.in, a.out, dtype_name(a.w_dtype), ctx.compute_capability);
     TACHYON_RETURN_IF_ERROR(ctx.grow(ctx.activations, static_cast<size_t>(a.n * ld) * 2, "activations"));
-    TACHYON_CUDA_RETURN_IF_ERROR(detail::launch_convert_rows(a.x, a.x_stride, a.n, a.in, ctx.activations.data(),
-                                                             a.w_dtype, ld, stream));
+    const DType x16 = a.w_dtype == DType::kI8 ? DType::kBF16 : a.w_dtype;
+    TACHYON_CUDA_RETURN_IF_ERROR(detail::launch_convert_rows(a.x, a.x_stride, a.n, a.in, ctx.activations.data(), x16,
+                                                             ld, stream));
     const detail::GemvShape shape = detail::plan_gemm_mma(a, ctx.sm_count);
     float* partial = nullptr;
     if (shape.splits > 1) {
@@ -247,7 +258,8 @@ Status linear(LinearContext& context, const LinearArgs& a, Stream stream, Linear
                                        "split-K partial sums"));
       partial = ctx.partial.as<float>();
     }
-    log_path_once("cuda linear: tensor-core GEMM {0} x {0} -> f32 (activations rounded to {0})", dtype_name(a.w_dtype));
+    log_path_once("cuda linear: tensor-core GEMM {} weights x {} -> f32 (activations rounded to {})",
+                  dtype_name(a.w_dtype), dtype_name(x16), dtype_name(x16));
     TACHYON_CUDA_RETURN_IF_ERROR(
         detail::launch_gemm_mma(a, ctx.activations.data(), ld, shape, partial, stream));
     return Status::Ok();

@@ -371,6 +371,124 @@ __global__ void __launch_bounds__(kMmaGemmWarps * 32) gemm_mma_kernel(const MmaG
 #endif
 }
 
+// Sixteen int8 weights (one 16-byte load) as eight bf16 pairs, exactly (|q| <= 127 needs 8 bits of
+// mantissa at most): each byte becomes the float 2^23 + (b + 128) through the mantissa trick of
+// Elem<kI8>, minus 2^23 + 128, and a float holding a small integer is its bf16 in the upper half.
+__device__ __forceinline__ void int8x16_to_bf16x8(const uint4& u, uint32_t (&out)[8]) {
+  const uint32_t words[4] = {u.x ^ 0x80808080u, u.y ^ 0x80808080u, u.z ^ 0x80808080u, u.w ^ 0x80808080u};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    float f[4];
+#pragma unroll
+    for (int b = 0; b < 4; ++b) f[b] = __uint_as_float(__byte_perm(words[i], 0x4b000000u, 0x7540u | b)) - 8388736.0f;
+    out[2 * i] = __byte_perm(__float_as_uint(f[0]), __float_as_uint(f[1]), 0x7632u);
+    out[2 * i + 1] = __byte_perm(__float_as_uint(f[2]), __float_as_uint(f[3]), 0x7632u);
+  }
+}
+
+// The tensor-core GEMM for per-channel int8 weights (W8A16): the same tiling as gemm_mma_kernel,
+// but a lane's 16-byte load holds 16 weights, k 16t..16t+15 of a 64-column chunk, expanded to bf16
+// in registers and fed as four k16 steps against the activations at the same 16 columns (two
+// 16-byte loads per token). The per-row scale multiplies the finished sums (in the split-K
+// reduction when K is split).
+struct MmaGemmI8Params {
+  const uint16_t* x;  // [n, x_stride] bf16
+  int64_t x_stride;
+  const int8_t* w;  // [out, w_stride] int8
+  int64_t w_stride;
+  const float* scales;  // [out]
+  const void* bias;
+  DType bias_dtype;
+  float* y;
+  int64_t y_stride;
+  float* partial;
+  int64_t n, in, out;
+  int64_t chunk;  // multiple of 64
+  int splits;
+};
+
+template <int NT, int U>
+__global__ void __launch_bounds__(kMmaGemmWarps * 32) gemm_mma_i8_kernel(const MmaGemmI8Params p) {
+#if TACHYON_MMA_ENABLED
+  using M = MmaType<DType::kBF16>;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kMmaGemmWarps + warp) * 16;
+  if (row0 >= p.out) return;  // no block-wide synchronisation
+  const int split = blockIdx.y;
+  const int64_t k_begin = split * p.chunk;
+  const int64_t k_end = min64(p.in, k_begin + p.chunk);
+  const int8_t* w0 = p.w + min64(row0 + g, p.out - 1) * p.w_stride + 16 * t;
+  const int8_t* w1 = p.w + min64(row0 + g + 8, p.out - 1) * p.w_stride + 16 * t;
+  const uint16_t* xr[NT];
+#pragma unroll
+  for (int j = 0; j < NT; ++j) xr[j] = p.x + min64(8 * j + g, p.n - 1) * p.x_stride + 16 * t;  // past n: never stored
+
+  float acc[NT][4];
+#pragma unroll
+  for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+
+  const auto chunk64 = [&](const uint4& wa, const uint4& wb, int64_t k) {
+    uint32_t a[8], b[8];
+    int8x16_to_bf16x8(wa, a);
+    int8x16_to_bf16x8(wb, b);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {  // columns 16t + 8h .. + 7
+      uint4 xv[NT];
+#pragma unroll
+      for (int j = 0; j < NT; ++j) xv[j] = __ldg(reinterpret_cast<const uint4*>(xr[j] + k + 8 * h));
+      const uint32_t a0[4] = {a[4 * h], b[4 * h], a[4 * h + 1], b[4 * h + 1]};
+      const uint32_t a1[4] = {a[4 * h + 2], b[4 * h + 2], a[4 * h + 3], b[4 * h + 3]};
+#pragma unroll
+      for (int j = 0; j < NT; ++j) M::mma(acc[j], a0, xv[j].x, xv[j].y);
+#pragma unroll
+      for (int j = 0; j < NT; ++j) M::mma(acc[j], a1, xv[j].z, xv[j].w);
+    }
+  };
+  int64_t k = k_begin;
+  for (; k + 64 * U <= k_end; k += 64 * U) {
+    uint4 wa[U], wb[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      wa[u] = load_stream_16(w0 + k + 64 * u);
+      wb[u] = load_stream_16(w1 + k + 64 * u);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) chunk64(wa[u], wb[u], k + 64 * u);
+  }
+  for (; k < k_end; k += 64) chunk64(load_stream_16(w0 + k), load_stream_16(w1 + k), k);
+
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int64_t row = row0 + g + (e >= 2 ? 8 : 0);
+      const int64_t tok = 8 * j + 2 * t + (e & 1);
+      if (row < p.out && tok < p.n) {
+        if (p.splits == 1) {
+          const float b = p.bias != nullptr ? load_as_f32(p.bias, p.bias_dtype, row) : 0.0f;
+          p.y[tok * p.y_stride + row] = acc[j][e] * p.scales[row] + b;
+        } else {
+          p.partial[(static_cast<int64_t>(split) * p.n + tok) * p.out + row] = acc[j][e];
+        }
+      }
+    }
+  }
+#else
+  __trap();
+#endif
+}
+
+template <int NT>
+cudaError_t launch_gemm_mma_i8_nt(const MmaGemmI8Params& p, Stream stream) {
+  constexpr int U = NT <= 2 ? 4 : (NT <= 4 ? 2 : 1);  // 16-byte weight loads in flight per row and lane
+  const int64_t row_tiles = (p.out + 15) / 16;
+  const dim3 grid(static_cast<unsigned>((row_tiles + kMmaGemmWarps - 1) / kMmaGemmWarps),
+                  static_cast<unsigned>(p.splits));
+  gemm_mma_i8_kernel<NT, U><<<grid, kMmaGemmWarps * 32, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
 template <DType WD, int NT>
 cudaError_t launch_gemm_mma_nt(const MmaGemmParams& p, Stream stream) {
   constexpr int U = NT <= 2 ? 8 : (NT <= 4 ? 4 : 2);  // 16-byte weight loads in flight per row and lane
@@ -448,6 +566,10 @@ cudaError_t launch_gemv(const LinearArgs& a, const GemvShape& shape, float* part
 
 bool gemm_mma_supported(const LinearArgs& a, int64_t x_stride) {
   const auto aligned16 = [](const void* q) { return (reinterpret_cast<uintptr_t>(q) & 15u) == 0; };
+  if (a.w_dtype == DType::kI8) {
+    return a.w_scales != nullptr && a.n >= 1 && a.n <= kGemmMmaMaxTokens && a.in % 64 == 0 && a.w_stride % 16 == 0 &&
+           x_stride % 8 == 0 && aligned16(a.w);
+  }
   return (a.w_dtype == DType::kBF16 || a.w_dtype == DType::kF16) && a.n >= 1 && a.n <= kGemmMmaMaxTokens &&
          a.in % 32 == 0 && a.w_stride % 8 == 0 && x_stride % 8 == 0 && aligned16(a.w);
 }
@@ -459,18 +581,48 @@ GemvShape plan_gemm_mma(const LinearArgs& a, int sm_count) {
   s.step = 32;
   const int64_t row_warps = (a.out + 15) / 16;
   const int64_t target_warps = static_cast<int64_t>(std::max(sm_count, 1)) * 32;
-  const int64_t unroll = a.n <= 16 ? 8 : (a.n <= 32 ? 4 : 2);
-  const int64_t max_splits = std::max<int64_t>(1, std::min<int64_t>(a.in / (32 * unroll), 32));
+  const int64_t step = a.w_dtype == DType::kI8 ? 64 : 32;  // columns per 16-byte weight load of the warp's lanes
+  const int64_t unroll = a.w_dtype == DType::kI8 ? (a.n <= 16 ? 4 : (a.n <= 32 ? 2 : 1))
+                                                 : (a.n <= 16 ? 8 : (a.n <= 32 ? 4 : 2));
+  const int64_t max_splits = std::max<int64_t>(1, std::min<int64_t>(a.in / (step * unroll), 32));
   const int64_t want = std::max<int64_t>(1, std::min<int64_t>(target_warps / std::max<int64_t>(row_warps, 1), max_splits));
   int64_t chunk = (a.in + want - 1) / want;
-  chunk = (chunk + 31) / 32 * 32;
-  s.chunk = std::max<int64_t>(chunk, 32);
+  chunk = (chunk + step - 1) / step * step;
+  s.chunk = std::max<int64_t>(chunk, step);
+  s.step = static_cast<int>(step);
   s.splits = static_cast<int>((a.in + s.chunk - 1) / s.chunk);
   return s;
 }
 
 cudaError_t launch_gemm_mma(const LinearArgs& a, const void* x16, int64_t x_stride, const GemvShape& shape,
                             float* partial, Stream stream) {
+  if (a.w_dtype == DType::kI8) {
+    MmaGemmI8Params q;
+    q.x = static_cast<const uint16_t*>(x16);
+    q.x_stride = x_stride;
+    q.w = static_cast<const int8_t*>(a.w);
+    q.w_stride = a.w_stride;
+    q.scales = a.w_scales;
+    q.bias = a.bias;
+    q.bias_dtype = a.bias_dtype;
+    q.y = a.y;
+    q.y_stride = a.y_stride;
+    q.partial = partial;
+    q.n = a.n;
+    q.in = a.in;
+    q.out = a.out;
+    q.chunk = shape.chunk;
+    q.splits = shape.splits;
+    cudaError_t e = q.n <= 8    ? launch_gemm_mma_i8_nt<1>(q, stream)
+                    : q.n <= 16 ? launch_gemm_mma_i8_nt<2>(q, stream)
+                    : q.n <= 32 ? launch_gemm_mma_i8_nt<4>(q, stream)
+                                : launch_gemm_mma_i8_nt<8>(q, stream);
+    if (e != cudaSuccess || shape.splits == 1) return e;
+    const int threads = 256;
+    gemv_reduce_kernel<<<grid_for(a.n * a.out, threads), threads, 0, stream>>>(
+        partial, shape.splits, a.n, a.out, a.bias, a.bias_dtype, a.w_scales, a.y, a.y_stride);
+    return cudaGetLastError();
+  }
   MmaGemmParams p;
   p.x = static_cast<const uint16_t*>(x16);
   p.x_stride = x_stride;
