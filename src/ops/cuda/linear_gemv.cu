@@ -304,6 +304,49 @@ struct MmaGemmParams {
   int splits;
 };
 
+// The K loop shared by the tensor-core GEMMs: U 16-byte weight loads per row (rows g and g + 8 of
+// the warp's 16) in flight, each covering COLS columns of the warp, then chunk(wa, wb, k) for each.
+template <int U, int COLS, typename T, typename Chunk>
+__device__ __forceinline__ void mma_k_loop(const T* w0, const T* w1, int64_t k_begin, int64_t k_end, Chunk chunk) {
+  int64_t k = k_begin;
+  for (; k + COLS * U <= k_end; k += COLS * U) {
+    uint4 wa[U], wb[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      wa[u] = load_stream_16(w0 + k + COLS * u);
+      wb[u] = load_stream_16(w1 + k + COLS * u);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) chunk(wa[u], wb[u], k + COLS * u);
+  }
+  for (; k < k_end; k += COLS) chunk(load_stream_16(w0 + k), load_stream_16(w1 + k), k);
+}
+
+// The epilogue shared by the tensor-core GEMMs: acc[j] = y^T rows (g, g + 8) x tokens
+// (8j + 2t, 8j + 2t + 1). Per-row scales (int8 weights; null otherwise) multiply finished sums
+// only: with K split, the reduction applies them.
+template <int NT>
+__device__ __forceinline__ void store_mma_tile(const float (&acc)[NT][4], int64_t row0, int g, int t, int split,
+                                               int64_t n, int64_t out, int splits, const void* bias, DType bias_dtype,
+                                               const float* scales, float* y, int64_t y_stride, float* partial) {
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int64_t row = row0 + g + (e >= 2 ? 8 : 0);
+      const int64_t tok = 8 * j + 2 * t + (e & 1);
+      if (row < out && tok < n) {
+        if (splits == 1) {
+          const float b = bias != nullptr ? load_as_f32(bias, bias_dtype, row) : 0.0f;
+          y[tok * y_stride + row] = (scales != nullptr ? acc[j][e] * scales[row] : acc[j][e]) + b;
+        } else {
+          partial[(static_cast<int64_t>(split) * n + tok) * out + row] = acc[j][e];
+        }
+      }
+    }
+  }
+}
+
 template <DType WD, int NT, int U>
 __global__ void __launch_bounds__(kMmaGemmWarps * 32) gemm_mma_kernel(const MmaGemmParams p) {
 #if TACHYON_MMA_ENABLED
@@ -336,36 +379,9 @@ __global__ void __launch_bounds__(kMmaGemmWarps * 32) gemm_mma_kernel(const MmaG
 #pragma unroll
     for (int j = 0; j < NT; ++j) M::mma(acc[j], a1, xv[j].z, xv[j].w);
   };
-  int64_t k = k_begin;
-  for (; k + 32 * U <= k_end; k += 32 * U) {
-    uint4 wa[U], wb[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      wa[u] = load_stream_16(w0 + k + 32 * u);
-      wb[u] = load_stream_16(w1 + k + 32 * u);
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u) chunk32(wa[u], wb[u], k + 32 * u);
-  }
-  for (; k < k_end; k += 32) chunk32(load_stream_16(w0 + k), load_stream_16(w1 + k), k);
-
-  // acc[j] = y^T rows (g, g + 8) x tokens (8j + 2t, 8j + 2t + 1).
-#pragma unroll
-  for (int j = 0; j < NT; ++j) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int64_t row = row0 + g + (e >= 2 ? 8 : 0);
-      const int64_t tok = 8 * j + 2 * t + (e & 1);
-      if (row < p.out && tok < p.n) {
-        if (p.splits == 1) {
-          const float b = p.bias != nullptr ? load_as_f32(p.bias, p.bias_dtype, row) : 0.0f;
-          p.y[tok * p.y_stride + row] = acc[j][e] + b;
-        } else {
-          p.partial[(static_cast<int64_t>(split) * p.n + tok) * p.out + row] = acc[j][e];
-        }
-      }
-    }
-  }
+  mma_k_loop<U, 32>(w0, w1, k_begin, k_end, chunk32);
+  store_mma_tile<NT>(acc, row0, g, t, split, p.n, p.out, p.splits, p.bias, p.bias_dtype, nullptr, p.y, p.y_stride,
+                     p.partial);
 #else
   __trap();
 #endif
@@ -445,35 +461,9 @@ __global__ void __launch_bounds__(kMmaGemmWarps * 32) gemm_mma_i8_kernel(const M
       for (int j = 0; j < NT; ++j) M::mma(acc[j], a1, xv[j].z, xv[j].w);
     }
   };
-  int64_t k = k_begin;
-  for (; k + 64 * U <= k_end; k += 64 * U) {
-    uint4 wa[U], wb[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      wa[u] = load_stream_16(w0 + k + 64 * u);
-      wb[u] = load_stream_16(w1 + k + 64 * u);
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u) chunk64(wa[u], wb[u], k + 64 * u);
-  }
-  for (; k < k_end; k += 64) chunk64(load_stream_16(w0 + k), load_stream_16(w1 + k), k);
-
-#pragma unroll
-  for (int j = 0; j < NT; ++j) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int64_t row = row0 + g + (e >= 2 ? 8 : 0);
-      const int64_t tok = 8 * j + 2 * t + (e & 1);
-      if (row < p.out && tok < p.n) {
-        if (p.splits == 1) {
-          const float b = p.bias != nullptr ? load_as_f32(p.bias, p.bias_dtype, row) : 0.0f;
-          p.y[tok * p.y_stride + row] = acc[j][e] * p.scales[row] + b;
-        } else {
-          p.partial[(static_cast<int64_t>(split) * p.n + tok) * p.out + row] = acc[j][e];
-        }
-      }
-    }
-  }
+  mma_k_loop<U, 64>(w0, w1, k_begin, k_end, chunk64);
+  store_mma_tile<NT>(acc, row0, g, t, split, p.n, p.out, p.splits, p.bias, p.bias_dtype, p.scales, p.y, p.y_stride,
+                     p.partial);
 #else
   __trap();
 #endif
