@@ -3,110 +3,21 @@
 // scripts beside this file (the official `openai` client): outputs equal a colocated `tachyon
 // serve`'s, and a decode worker killed mid-stream fails its requests cleanly and can come back.
 // Without the project's .venv these tests skip and say so.
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
-#include <chrono>
-#include <filesystem>
-#include <fstream>
 #include <optional>
-#include <sstream>
-#include <thread>
+#include <string>
 
 #include <gtest/gtest.h>
 
+#include "server/tachyon_process.h"
 #include "test_util.h"
 
 namespace tachyon {
 namespace {
 
-namespace fs = std::filesystem;
+using Process = testing::TachyonProcess;
 
-std::string model_dir() { return testing::source_dir() + "/models/tachyon-demo"; }
-
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-std::optional<std::string> python() {
-  static const std::optional<std::string> found = []() -> std::optional<std::string> {
-    const std::string p = testing::source_dir() + "/.venv/bin/python";
-    if (!fs::exists(p)) return std::nullopt;
-    if (testing::run_command(p + " -c 'import openai'").exit_code != 0) return std::nullopt;
-    return p;
-  }();
-  return found;
-}
-
-// One `tachyon` process (serve or router); killed at destruction if still running.
-class Process {
- public:
-  // `args` follow `tachyon`; the process must print "listening on http://127.0.0.1:PORT".
-  Process(const std::string& tag, const std::string& args) {
-    log_ = testing::scratch_dir(tag) + "/process.log";
-    command_ = testing::tachyon_binary() + " " + args;
-    start();
-  }
-  ~Process() {
-    if (pid_ > 0) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
-  }
-
-  bool started() const { return port_ > 0; }
-  int port() const { return port_; }
-  pid_t pid() const { return pid_; }
-  std::string log() const { return slurp(log_); }
-  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
-  const std::string& command() const { return command_; }
-
-  // Sends SIGTERM and waits; the exit code, or 128 + signal number.
-  int stop() {
-    if (pid_ <= 0) return -1;
-    kill(pid_, SIGTERM);
-    int status = 0;
-    waitpid(pid_, &status, 0);
-    pid_ = -1;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  }
-
- private:
-  void start() {
-    const std::string command = "exec " + command_;
-    pid_ = fork();
-    if (pid_ == 0) {
-      FILE* f = std::freopen(log_.c_str(), "w", stdout);
-      if (f == nullptr || dup2(fileno(stdout), STDERR_FILENO) < 0) _exit(127);
-      execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
-      _exit(127);
-    }
-    const std::string marker = "listening on http://127.0.0.1:";
-    for (int i = 0; i < 2400 && port_ == 0; ++i) {
-      int status = 0;
-      if (waitpid(pid_, &status, WNOHANG) == pid_) {
-        pid_ = -1;
-        break;
-      }
-      const std::string text = slurp(log_);
-      const size_t at = text.find(marker);
-      if (at != std::string::npos && text.find('\n', at) != std::string::npos) {
-        port_ = std::stoi(text.substr(at + marker.size()));
-      } else {
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      }
-    }
-  }
-
-  std::string log_;
-  std::string command_;
-  pid_t pid_ = -1;
-  int port_ = 0;
-};
+std::string model_dir() { return testing::demo_model_dir(); }
+std::optional<std::string> python() { return testing::openai_python(); }
 
 // One thread each: three or four processes share the machine (and idle OpenMP workers would spin).
 const std::string kWorkerArgs = " --port 0 --kv-cache-mem 128MiB --batch-invariant --threads 1 ";

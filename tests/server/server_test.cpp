@@ -3,102 +3,33 @@
 // `openai` client and raw sockets. The scripts run with the project's virtual environment
 // (.venv, made by scripts/setup); without it these tests skip and say so.
 #include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <chrono>
-#include <filesystem>
-#include <fstream>
-#include <optional>
-#include <sstream>
-#include <thread>
+#include <string>
 
 #include <gtest/gtest.h>
 
+#include "server/tachyon_process.h"
 #include "test_util.h"
 
 namespace tachyon {
 namespace {
 
-namespace fs = std::filesystem;
+using testing::TachyonProcess;
 
-std::string model_dir() { return testing::source_dir() + "/models/tachyon-demo"; }
+std::string model_dir() { return testing::demo_model_dir(); }
 std::string script(const std::string& name) { return testing::source_dir() + "/tests/server/" + name; }
-
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-// The venv's Python when it has the openai package; nullopt otherwise.
-std::optional<std::string> python() {
-  static const std::optional<std::string> found = []() -> std::optional<std::string> {
-    const std::string p = testing::source_dir() + "/.venv/bin/python";
-    if (!fs::exists(p)) return std::nullopt;
-    if (testing::run_command(p + " -c 'import openai'").exit_code != 0) return std::nullopt;
-    return p;
-  }();
-  return found;
-}
+std::optional<std::string> python() { return testing::openai_python(); }
 
 #define SKIP_WITHOUT_VENV()                                                                                  \
   if (!python()) GTEST_SKIP() << "no .venv with the openai package (scripts/setup makes it); skipping"
 
-// One `tachyon serve` process; killed at destruction if still running.
-class ServerProcess {
+// One `tachyon serve` process on the bundled model; killed at destruction if still running.
+class ServerProcess : public TachyonProcess {
  public:
-  explicit ServerProcess(const std::string& args) {
-    log_ = testing::scratch_dir("serve") + "/server.log";
-    const std::string command = "exec " + testing::tachyon_binary() + " serve -m " + model_dir() +
-                                " --port 0 --kv-cache-mem 128MiB " + args;
-    pid_ = fork();
-    if (pid_ == 0) {
-      FILE* f = std::freopen(log_.c_str(), "w", stdout);
-      if (f == nullptr || dup2(fileno(stdout), STDERR_FILENO) < 0) _exit(127);
-      execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
-      _exit(127);
-    }
-    // Wait for "listening on http://127.0.0.1:PORT" (or the process's end).
-    const std::string marker = "listening on http://127.0.0.1:";
-    for (int i = 0; i < 2400 && port_ == 0; ++i) {
-      int status = 0;
-      if (waitpid(pid_, &status, WNOHANG) == pid_) {
-        pid_ = -1;
-        break;
-      }
-      const std::string text = slurp(log_);
-      const size_t at = text.find(marker);
-      if (at != std::string::npos && text.find('\n', at) != std::string::npos) {
-        port_ = std::stoi(text.substr(at + marker.size()));
-      } else {
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      }
-    }
-  }
-  ~ServerProcess() {
-    if (pid_ > 0) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
-  }
+  explicit ServerProcess(const std::string& args)
+      : TachyonProcess("serve", "serve -m " + model_dir() + " --port 0 --kv-cache-mem 128MiB " + args) {}
 
-  bool started() const { return port_ > 0; }
-  int port() const { return port_; }
-  pid_t pid() const { return pid_; }
-  std::string log() const { return slurp(log_); }
-  std::string base_url() const { return "http://127.0.0.1:" + std::to_string(port_); }
-
-  // Sends `signal` (none: 0) and waits for the exit; the exit code, or 128 + signal number.
-  int stop(int signal = SIGTERM) {
-    if (pid_ <= 0) return -1;
-    if (signal != 0) kill(pid_, signal);
-    int status = 0;
-    waitpid(pid_, &status, 0);
-    pid_ = -1;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  }
+  std::string base_url() const { return url(); }
 
   // Runs tests/server/<name> against this server; its output is the failure message.
   testing::CommandResult run_script(const std::string& name, const std::string& env = "") const {
@@ -107,11 +38,6 @@ class ServerProcess {
                                 testing::tachyon_binary() + " " + env + " " + *python() + " " + script(name);
     return testing::run_command(command);
   }
-
- private:
-  std::string log_;
-  pid_t pid_ = -1;
-  int port_ = 0;
 };
 
 void expect_script_passes(const ServerProcess& server, const std::string& name, const std::string& env = "") {
