@@ -2,6 +2,7 @@
 // quant/quantize.cpp does it on the host (the same f32 operations in the same order, so the packed
 // bytes and scales are identical), and the expansion to bf16 rows that lets cuBLASLt multiply
 // an int8 weight when many tokens share it (linear.cpp).
+#include <algorithm>
 #include <cstdint>
 
 #include "ops/cuda/device_math.cuh"
@@ -52,14 +53,34 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_int8_rows_kernel(const
   if (threadIdx.x == 0) scales[o] = scale;
 }
 
-// dst[o, i] (bf16, rows dst_stride apart) = packed[o, i] * scales[o], rounded to bf16.
+// dst[o, i] (bf16, rows dst_stride apart) = packed[o, i] * scales[o], rounded to bf16. Grid: x over
+// 16-column groups of a row, y over rows (grid-stride); each thread turns one 16-byte load into two
+// 16-byte stores when the rows allow it (vec), else goes element by element.
 __global__ void dequantize_int8_rows_kernel(const int8_t* packed, int64_t w_stride, const float* scales, int64_t out,
-                                            int64_t in, uint16_t* dst, int64_t dst_stride) {
-  const int64_t total = out * in;
-  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
-       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t o = e / in, i = e % in;
-    dst[o * dst_stride + i] = f32_to_bf16_bits(static_cast<float>(packed[o * w_stride + i]) * scales[o]);
+                                            int64_t in, uint16_t* dst, int64_t dst_stride, bool vec) {
+  for (int64_t o = blockIdx.y; o < out; o += gridDim.y) {
+    const float scale = scales[o];
+    const int8_t* src = packed + o * w_stride;
+    uint16_t* d = dst + o * dst_stride;
+    if (vec) {
+      for (int64_t i = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) * 16; i < in;
+           i += static_cast<int64_t>(gridDim.x) * blockDim.x * 16) {
+        float f[16];
+        Elem<DType::kI8>::unpack(load_stream_16(src + i), f);
+        uint32_t h[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          h[j] = f32_to_bf16_bits(f[2 * j] * scale) | (static_cast<uint32_t>(f32_to_bf16_bits(f[2 * j + 1] * scale)) << 16);
+        }
+        *reinterpret_cast<uint4*>(d + i) = make_uint4(h[0], h[1], h[2], h[3]);
+        *reinterpret_cast<uint4*>(d + i + 8) = make_uint4(h[4], h[5], h[6], h[7]);
+      }
+    } else {
+      for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < in;
+           i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+        d[i] = f32_to_bf16_bits(static_cast<float>(src[i]) * scale);
+      }
+    }
   }
 }
 
@@ -77,9 +98,13 @@ cudaError_t launch_quantize_int8_rows(const void* w, DType dtype, int64_t w_stri
 cudaError_t launch_dequantize_int8_rows(const int8_t* packed, int64_t w_stride, const float* scales, int64_t out,
                                         int64_t in, uint16_t* dst, int64_t dst_stride, Stream stream) {
   if (out == 0 || in == 0) return cudaSuccess;
-  const int threads = 256;
-  dequantize_int8_rows_kernel<<<grid_for(out * in, threads), threads, 0, stream>>>(packed, w_stride, scales, out, in,
-                                                                                  dst, dst_stride);
+  const auto aligned16 = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; };
+  const bool vec = in % 16 == 0 && w_stride % 16 == 0 && dst_stride % 8 == 0 && aligned16(packed) && aligned16(dst);
+  const int threads = 128;
+  const int64_t per_block = static_cast<int64_t>(threads) * (vec ? 16 : 1);
+  const dim3 grid(static_cast<unsigned>(std::min<int64_t>((in + per_block - 1) / per_block, 1024)),
+                  static_cast<unsigned>(std::min<int64_t>(out, 65535)));
+  dequantize_int8_rows_kernel<<<grid, threads, 0, stream>>>(packed, w_stride, scales, out, in, dst, dst_stride, vec);
   return cudaGetLastError();
 }
 
