@@ -30,6 +30,7 @@
 #include "core/log.h"
 #include "server/completion_job.h"
 #include "server/disagg_protocol.h"
+#include "server/listener.h"
 
 namespace tachyon::server {
 namespace {
@@ -706,15 +707,7 @@ Result<std::unique_ptr<HttpServer>> HttpServer::create(const HttpServerOptions& 
     return make_error(ErrorCode::kInvalidArgument, "port {} must be in [0, 65535]", options.port);
   }
   auto impl = std::make_unique<Impl>(options, context, std::move(engine), metrics, disagg);
-  error_code ec;
-  const net::ip::address address = net::ip::make_address(options.host, ec);
-  if (ec) return make_error(ErrorCode::kInvalidArgument, "--host '{}' is not an IP address: {}", options.host, ec.message());
-  const tcp::endpoint endpoint(address, static_cast<unsigned short>(options.port));
-  impl->acceptor.open(endpoint.protocol(), ec);
-  if (!ec) impl->acceptor.set_option(net::socket_base::reuse_address(true), ec);
-  if (!ec) impl->acceptor.bind(endpoint, ec);
-  if (!ec) impl->acceptor.listen(net::socket_base::max_listen_connections, ec);
-  if (ec) return make_error(ErrorCode::kIo, "cannot listen on {}:{}: {}", options.host, options.port, ec.message());
+  TACHYON_RETURN_IF_ERROR(listen_on(impl->acceptor, options.host, options.port));
   impl->port = impl->acceptor.local_endpoint().port();
   return std::unique_ptr<HttpServer>(new HttpServer(std::move(impl)));
 }

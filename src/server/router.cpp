@@ -33,6 +33,7 @@
 
 #include "core/log.h"
 #include "server/http_client.h"
+#include "server/listener.h"
 #include "server/metrics.h"
 #include "server/openai_api.h"
 #include "server/response_assembler.h"
@@ -1033,15 +1034,7 @@ Result<std::unique_ptr<Router>> Router::create(const RouterOptions& options) {
   auto impl = std::make_unique<Impl>(options);
   for (const HttpUrl& u : options.prefill) impl->prefill.push_back(Worker{u, WorkerRole::kPrefill, {}, 0, false});
   for (const HttpUrl& u : options.decode) impl->decode.push_back(Worker{u, WorkerRole::kDecode, {}, 0, false});
-  error_code ec;
-  const net::ip::address address = net::ip::make_address(options.host, ec);
-  if (ec) return make_error(ErrorCode::kInvalidArgument, "--host '{}' is not an IP address: {}", options.host, ec.message());
-  const tcp::endpoint endpoint(address, static_cast<unsigned short>(options.port));
-  impl->acceptor.open(endpoint.protocol(), ec);
-  if (!ec) impl->acceptor.set_option(net::socket_base::reuse_address(true), ec);
-  if (!ec) impl->acceptor.bind(endpoint, ec);
-  if (!ec) impl->acceptor.listen(net::socket_base::max_listen_connections, ec);
-  if (ec) return make_error(ErrorCode::kIo, "cannot listen on {}:{}: {}", options.host, options.port, ec.message());
+  TACHYON_RETURN_IF_ERROR(listen_on(impl->acceptor, options.host, options.port));
   impl->port = impl->acceptor.local_endpoint().port();
   return std::unique_ptr<Router>(new Router(std::move(impl)));
 }

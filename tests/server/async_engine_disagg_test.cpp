@@ -12,44 +12,13 @@
 
 #include "model/model_loader.h"
 #include "server/async_engine.h"
+#include "server/stream_collector.h"
 #include "test_util.h"
 
 namespace tachyon::server {
 namespace {
 
-struct Collector {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::vector<RequestOutput> outputs;
-  bool finished = false;
-  void attach(const std::shared_ptr<RequestStream>& s) {
-    std::weak_ptr<RequestStream> weak = s;
-    s->set_notify([this, weak] {
-      auto strong = weak.lock();
-      if (!strong) return;
-      std::lock_guard lock(mu);
-      for (auto& o : strong->take()) {
-        finished = finished || o.finished;
-        outputs.push_back(std::move(o));
-      }
-      cv.notify_all();
-    });
-  }
-  bool wait_finished() {
-    std::unique_lock lock(mu);
-    return cv.wait_for(lock, std::chrono::seconds(60), [&] { return finished; });
-  }
-  bool wait_outputs(size_t n) {
-    std::unique_lock lock(mu);
-    return cv.wait_for(lock, std::chrono::seconds(60), [&] { return outputs.size() >= n; });
-  }
-  std::vector<int32_t> tokens() {
-    std::lock_guard lock(mu);
-    std::vector<int32_t> t;
-    for (const auto& o : outputs) t.insert(t.end(), o.new_token_ids.begin(), o.new_token_ids.end());
-    return t;
-  }
-};
+using Collector = testing::StreamCollector;
 
 class AsyncEngineDisaggTest : public ::testing::Test {
  protected:

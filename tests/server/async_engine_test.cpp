@@ -8,6 +8,7 @@
 
 #include "model/model_loader.h"
 #include "server/async_engine.h"
+#include "server/stream_collector.h"
 #include "test_util.h"
 
 namespace tachyon::server {
@@ -41,38 +42,7 @@ class AsyncEngineTest : public ::testing::Test {
     return std::make_shared<RequestStream>(model_->tokenizer->encode("Once upon a time"), p);
   }
 
-  // Collects a stream's outputs through its notify callback, as a connection does.
-  struct Collector {
-    std::mutex mu;
-    std::condition_variable cv;
-    std::vector<RequestOutput> outputs;
-    bool finished = false;
-    void attach(const std::shared_ptr<RequestStream>& s) {
-      std::weak_ptr<RequestStream> weak = s;
-      s->set_notify([this, weak] {
-        auto strong = weak.lock();
-        if (!strong) return;
-        std::lock_guard lock(mu);
-        for (auto& o : strong->take()) {
-          finished = finished || o.finished;
-          outputs.push_back(std::move(o));
-        }
-        cv.notify_all();
-      });
-    }
-    bool wait_finished() {
-      std::unique_lock lock(mu);
-      return cv.wait_for(lock, std::chrono::seconds(120), [&] { return finished; });
-    }
-    bool wait_tokens(int n) {
-      std::unique_lock lock(mu);
-      return cv.wait_for(lock, std::chrono::seconds(120), [&] {
-        int count = 0;
-        for (const auto& o : outputs) count += static_cast<int>(o.new_token_ids.size());
-        return count >= n || finished;
-      });
-    }
-  };
+  using Collector = testing::StreamCollector;
 
   static inline LoadedModel* model_ = nullptr;
   ServerMetrics metrics_;
