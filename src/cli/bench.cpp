@@ -391,6 +391,7 @@ int run_bench(BenchArgs& a) {
                  {"draft_model", a.spec.draft_model},
                  {"k", eo->spec.k},
                  {"k_max", eo->spec.k_max},
+                 {"tree_nodes", eo->spec.tree_nodes},
                  {"proposed", proposed},
                  {"accepted", accepted},
                  {"acceptance_rate", proposed > 0 ? static_cast<double>(accepted) / static_cast<double>(proposed) : 0.0},
@@ -446,7 +447,8 @@ int run_bench(BenchArgs& a) {
   }
   if (j.contains("spec")) {
     const json& s = j["spec"];
-    const std::string k = eo->spec.k > 0 ? fmt::format("K {}", eo->spec.k) : fmt::format("K dynamic <= {}", eo->spec.k_max);
+    std::string k = eo->spec.k > 0 ? fmt::format("K {}", eo->spec.k) : fmt::format("K dynamic <= {}", eo->spec.k_max);
+    if (eo->spec.tree_nodes > 0) k += fmt::format(", trees <= {} nodes", eo->spec.tree_nodes);
     std::printf("speculative (%s, %s): %lld proposed, %lld accepted (%.1f%%), %.2f accepted per verify step, "
                 "%.2f s proposing\n",
                 s["proposer"].get<std::string>().c_str(), k.c_str(), static_cast<long long>(s["proposed"].get<int64_t>()),

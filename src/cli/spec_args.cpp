@@ -10,6 +10,9 @@ void add_spec_options(CLI::App& cmd, SpecArgs& a) {
                  "speculative decoding with this draft model (same tokenizer as -m; HF dir, GGUF, llama2.c)");
   cmd.add_option("--spec-k", a.k, "draft tokens per step, fixed (default: chosen per request, up to --spec-k-max)");
   cmd.add_option("--spec-k-max", a.k_max, "most draft tokens per step for the dynamic choice (default 8)");
+  cmd.add_option("--spec-tree", a.tree,
+                 "verify token trees of up to N nodes (K levels: the draft's runners-up, or several n-gram matches) "
+                 "instead of single chains (default 0: chains)");
 }
 
 Status apply_spec_options(const SpecArgs& a, const LoadedModel& target, std::unique_ptr<LoadedModel>& draft,
@@ -20,6 +23,7 @@ Status apply_spec_options(const SpecArgs& a, const LoadedModel& target, std::uni
   }
   if (!a.ngram && !with_draft) {
     if (a.k != -1) return make_error(ErrorCode::kInvalidArgument, "--spec-k needs --spec-ngram or --draft-model");
+    if (a.tree != 0) return make_error(ErrorCode::kInvalidArgument, "--spec-tree needs --spec-ngram or --draft-model");
     return Status::Ok();
   }
   if (a.k != -1 && a.k < 1) return make_error(ErrorCode::kInvalidArgument, "--spec-k {} must be at least 1", a.k);
@@ -27,6 +31,7 @@ Status apply_spec_options(const SpecArgs& a, const LoadedModel& target, std::uni
   s.method = a.ngram ? SpecMethod::kNgram : SpecMethod::kDraftModel;
   s.k = a.k == -1 ? 0 : a.k;
   s.k_max = a.k_max;
+  s.tree_nodes = a.tree;
   if (with_draft) {
     LoadOptions lo;
     lo.path = a.draft_model;
@@ -59,8 +64,9 @@ Status apply_spec_options(const SpecArgs& a, const LoadedModel& target, std::uni
 
 std::string spec_summary(const EngineOptions& options, const SpecStats& st) {
   if (options.spec.method == SpecMethod::kNone) return {};
-  const std::string k = options.spec.k > 0 ? fmt::format("K {}", options.spec.k)
-                                           : fmt::format("K dynamic <= {}", options.spec.k_max);
+  std::string k = options.spec.k > 0 ? fmt::format("K {}", options.spec.k)
+                                     : fmt::format("K dynamic <= {}", options.spec.k_max);
+  if (options.spec.tree_nodes > 0) k += fmt::format(", trees <= {} nodes", options.spec.tree_nodes);
   return fmt::format("speculative ({}, {}): {} proposed, {} accepted ({:.1f}%), {:.2f} accepted per step, {} verify "
                      "steps, {:.2f} s proposing",
                      st.proposer, k, st.num_proposed, st.num_accepted, 100.0 * st.acceptance_rate(),

@@ -1,5 +1,6 @@
 // Speculative-decoding flags shared by generate, bench and serve: `--spec-ngram`,
-// `--draft-model PATH`, `--spec-k N`, `--spec-k-max N`; and the lines that report what it did.
+// `--draft-model PATH`, `--spec-k N`, `--spec-k-max N`, `--spec-tree N`; and the lines that report
+// what it did.
 #pragma once
 
 #include <memory>
@@ -18,6 +19,7 @@ struct SpecArgs {
   std::string draft_model;
   int k = -1;      // -1: not given (the controller picks K)
   int k_max = 8;
+  int tree = 0;    // --spec-tree N: token trees of up to N nodes
 };
 
 void add_spec_options(CLI::App& cmd, SpecArgs& args);

@@ -407,7 +407,9 @@ Result<std::vector<RequestOutput>> Engine::step() {
   std::vector<SequenceChunk> chunks;
   chunks.reserve(plan.chunks.size());
   std::vector<std::vector<int32_t>> verify_tokens;  // speculative chunks: the last token, then the draft
+  std::vector<std::vector<int32_t>> verify_parents;  // and for a draft tree, the chunk's parents
   verify_tokens.reserve(plan.chunks.size());
+  verify_parents.reserve(plan.chunks.size());
   const double t_sched = now();
   for (const ScheduledChunk& c : plan.chunks) {
     SequenceChunk sc;
@@ -420,6 +422,11 @@ Result<std::vector<RequestOutput>> Engine::step() {
       verify_tokens.back().insert(verify_tokens.back().end(), c.seq->draft().begin(), c.seq->draft().end());
       sc.tokens = verify_tokens.back();
       sc.logits = LogitsWanted::kAll;
+      if (!c.seq->draft_parents().empty()) {  // the last token is the root; draft i is chunk token 1 + i
+        std::vector<int32_t>& parents = verify_parents.emplace_back(1, -1);
+        for (const int32_t p : c.seq->draft_parents()) parents.push_back(p + 1);
+        sc.tree_parents = parents;
+      }
     }
     chunks.push_back(sc);
     Request& req = *requests_.at(c.seq->id());
@@ -812,8 +819,10 @@ bool Engine::verify_draft(Request& req, const float* logits, RequestOutput& out)
     if ((done = emit_token(req, std::move(r), out))) break;
   }
   // The sequence now holds `emitted` new tokens: all but the last are accepted drafts whose K/V
-  // the step wrote; the rest of the draft's positions are rolled back.
-  scheduler_.accept_draft(&req.seq, emitted - 1);
+  // the step wrote; the rest of the draft's positions are rolled back. A tree's accepted branch
+  // moves into place.
+  const std::span<const int32_t> path = std::span<const int32_t>(verified->path).first(static_cast<size_t>(emitted - 1));
+  cache_.copy_slots(scheduler_.accept_draft(&req.seq, path));
   return done;
 }
 

@@ -43,6 +43,13 @@ struct BlockCopy {
   int32_t dst = -1;
 };
 
+// One token's K/V moved between cache slots (block * block_size + offset), in every layer: how
+// the accepted branch of a verified token tree joins its sequence's positions.
+struct SlotCopy {
+  int32_t src = -1;
+  int32_t dst = -1;
+};
+
 // The blocks one sequence owns, in order: the token at position p lives in block
 // blocks()[p / block_size] at offset p % block_size. Changed only through a BlockManager.
 class BlockTable {

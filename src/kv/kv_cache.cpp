@@ -74,4 +74,25 @@ void KvCache::copy_blocks(std::span<const BlockCopy> copies) {
   }
 }
 
+void KvCache::copy_slots(std::span<const SlotCopy> copies) {
+  if (copies.empty()) return;
+  const int64_t num_slots = static_cast<int64_t>(config_.num_blocks) * config_.block_size;
+  for (const SlotCopy& c : copies) {
+    TACHYON_CHECK(c.src >= 0 && c.src < num_slots && c.dst >= 0 && c.dst < num_slots,
+                  "kv cache copy of slot {} to {} in a cache of {} slots", c.src, c.dst, num_slots);
+  }
+  const int64_t per_slot = static_cast<int64_t>(config_.num_kv_heads) * config_.head_dim;
+  for (std::vector<Tensor>* pools : {&k_, &v_}) {
+    for (Tensor& t : *pools) {
+      const Tensor slots = t.reshape({num_slots, per_slot});
+      for (const SlotCopy& c : copies) {
+        if (c.src == c.dst) continue;
+        Tensor dst = slots.select(0, c.dst);
+        const Status st = copy_into(dst, slots.select(0, c.src));
+        TACHYON_CHECK(st.ok(), "kv cache copy of slot {} to {}: {}", c.src, c.dst, st.message());
+      }
+    }
+  }
+}
+
 }  // namespace tachyon

@@ -42,6 +42,9 @@ class KvCache {
   size_t nbytes() const { return config_.bytes_per_block() * static_cast<size_t>(config_.num_blocks); }
   // Runs copy-on-write copies: block src's K and V, in every layer, into block dst.
   void copy_blocks(std::span<const BlockCopy> copies);
+  // Copies slot src's K and V, in every layer, to slot dst, in order (a later copy may read what
+  // an earlier one wrote).
+  void copy_slots(std::span<const SlotCopy> copies);
 
  private:
   KvCacheConfig config_;

@@ -8,6 +8,7 @@ ForwardBatch build_forward_batch(const std::vector<SequenceChunk>& chunks) {
   TACHYON_CHECK(!chunks.empty(), "empty batch");
   int64_t n_tokens = 0, n_logits = 0;
   size_t max_blocks = 0;
+  bool any_tree = false;
   const int block_size = chunks[0].block_table->block_size();
   for (const auto& c : chunks) {
     TACHYON_CHECK(c.block_table->block_size() == block_size, "mixed block sizes");
@@ -18,6 +19,17 @@ ForwardBatch build_forward_batch(const std::vector<SequenceChunk>& chunks) {
     n_logits += c.logits == LogitsWanted::kAll ? static_cast<int64_t>(c.tokens.size())
                 : c.logits == LogitsWanted::kLast ? 1 : 0;
     max_blocks = std::max(max_blocks, c.block_table->blocks().size());
+    if (!c.tree_parents.empty()) {
+      TACHYON_CHECK(c.tree_parents.size() == c.tokens.size() && c.tokens.size() <= static_cast<size_t>(kMaxTreeTokens),
+                    "a token tree of {} parents for {} tokens (at most {})", c.tree_parents.size(), c.tokens.size(),
+                    kMaxTreeTokens);
+      for (size_t i = 0; i < c.tree_parents.size(); ++i) {
+        const int32_t parent = c.tree_parents[i];
+        TACHYON_CHECK(i == 0 ? parent == -1 : parent >= 0 && parent < static_cast<int32_t>(i),
+                      "token tree: token {} has parent {}", i, parent);
+      }
+      any_tree = any_tree || c.tokens.size() > 1;
+    }
   }
   const int num_seqs = static_cast<int>(chunks.size());
   ForwardBatch b;
@@ -39,6 +51,11 @@ ForwardBatch build_forward_batch(const std::vector<SequenceChunk>& chunks) {
   int32_t* ctx = m.context_lens.data<int32_t>();
   int32_t* tables = m.block_tables.data<int32_t>();
   std::fill(tables, tables + m.block_tables.numel(), -1);
+  uint64_t* masks = nullptr;
+  if (any_tree) {
+    m.tree_masks = Tensor::empty({n_tokens}, DType::kI64);
+    masks = static_cast<uint64_t*>(m.tree_masks.raw_data());
+  }
   int32_t row = 0, logit_row = 0;
   for (int s = 0; s < num_seqs; ++s) {
     const SequenceChunk& c = chunks[static_cast<size_t>(s)];
@@ -54,6 +71,14 @@ ForwardBatch build_forward_batch(const std::vector<SequenceChunk>& chunks) {
       pos[row + i] = c.start_position + i;
       slots[row + i] = c.block_table->slot(c.start_position + i);
       if (c.logits == LogitsWanted::kAll) rows[logit_row++] = row + i;
+      if (masks == nullptr) continue;
+      if (c.tree_parents.empty()) {  // a chain: causal
+        masks[row + i] = ~uint64_t{0};
+      } else {  // ancestors and itself; depth from the parent's position
+        const int32_t parent = c.tree_parents[static_cast<size_t>(i)];
+        masks[row + i] = (parent < 0 ? 0 : masks[row + parent]) | uint64_t{1} << i;
+        pos[row + i] = parent < 0 ? c.start_position : pos[row + parent] + 1;
+      }
     }
     if (c.logits == LogitsWanted::kLast && len > 0) rows[logit_row++] = row + len - 1;
     row += len;

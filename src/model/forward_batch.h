@@ -18,6 +18,12 @@ struct SequenceChunk {
   int start_position = 0;                   // position of tokens[0] in the sequence
   std::span<const int32_t> tokens;          // this step's tokens of the sequence
   LogitsWanted logits = LogitsWanted::kLast;
+  // A token tree (speculative verification of several branches): empty for a plain chunk, else
+  // [tokens.size()] with tree_parents[0] = -1 and tree_parents[i] in [0, i) for the others. Token i
+  // then sits at position start_position + its depth and attends to the cache before the chunk
+  // and to its ancestors in the chunk; it still occupies cache index start_position + i. At most
+  // kMaxTreeTokens tokens.
+  std::span<const int32_t> tree_parents;
 };
 
 ForwardBatch build_forward_batch(const std::vector<SequenceChunk>& chunks);

@@ -154,6 +154,9 @@ Result<ForwardBatch> batch_on(const ForwardBatch& batch, Device device) {
                                    parts[i]->shape(), DType::kI32);
     offset += parts[i]->numel();
   }
+  if (batch.attention.tree_masks.defined()) {
+    TACHYON_ASSIGN_OR_RETURN(d.attention.tree_masks, copy_to(batch.attention.tree_masks, device, "tree masks"));
+  }
   return d;
 }
 

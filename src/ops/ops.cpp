@@ -446,6 +446,27 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
                     b, block, cache.num_blocks);
     }
   }
+  const uint64_t* tree_masks = nullptr;
+  if (meta.tree_masks.defined()) {
+    require_cpu(op, "tree_masks", meta.tree_masks);
+    require_dtype(op, "tree_masks", meta.tree_masks, DType::kI64);
+    TACHYON_CHECK(meta.tree_masks.dim() == 1 && meta.tree_masks.size(0) == n && meta.tree_masks.is_contiguous(),
+                  "paged_attention: tree_masks {} for {} queries", meta.tree_masks.shape_string(), n);
+    TACHYON_CHECK(params.sliding_window == 0, "paged_attention: tree masks with a sliding window");
+    tree_masks = static_cast<const uint64_t*>(meta.tree_masks.raw_data());
+    for (int s = 0; s < num_seqs; ++s) {
+      const int64_t q_len = query_start[s + 1] - query_start[s];
+      for (int64_t t = 0; t < q_len; ++t) {
+        const uint64_t mask = tree_masks[query_start[s] + t];
+        if (mask == ~uint64_t{0}) continue;  // causal
+        TACHYON_CHECK(q_len <= kMaxTreeTokens, "paged_attention: a tree chunk of {} queries (at most {})", q_len,
+                      kMaxTreeTokens);
+        TACHYON_CHECK((mask >> t & 1) != 0 && (t == kMaxTreeTokens - 1 || mask >> (t + 1) == 0),
+                      "paged_attention: seq {} query {}: tree mask {:#x} must hold the query and no later key", s, t,
+                      mask);
+      }
+    }
+  }
   if (n == 0) return;
   if (use_reference(op)) {
     reference::paged_attention(q, k_cache, v_cache, meta, params, out);
@@ -457,6 +478,7 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
   batch.context_lens = context_lens;
   batch.block_tables = block_tables;
   batch.max_blocks_per_seq = max_blocks;
+  batch.tree_masks = tree_masks;
   cpu::paged_attention(q.data<float>(), q.stride(0), q.stride(1), num_heads, cache, batch, params, out.data<float>(),
                        out.stride(0), out.stride(1));
 }

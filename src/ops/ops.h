@@ -59,6 +59,15 @@ RopeTable make_rope_table(const RopeConfig& config);
 // its cache holds context_lens[s] tokens, the last (query_start[s+1] - query_start[s]) of which
 // are this step's queries (causal within them). Its cache positions live in the blocks
 // block_tables[s, 0 .. ceil(context_lens[s] / block_size)).
+//
+// Token trees (speculative verification of several branches in one forward): with tree_masks
+// defined, query row t of a sequence whose chunk starts at cache index c0 = context_lens[s] -
+// q_len sees every key before c0 and, of the chunk's own keys c0 + j (j < 64), those whose bit j
+// is set in tree_masks[t] (its ancestors and itself). Its cache index stays c0 + (t - q_begin);
+// only RoPE positions (ForwardBatch::positions) follow the depth in the tree. A mask of all ones
+// is plain causal attention (the rows of every other chunk of the batch, of any length); any
+// other mask holds the row's own bit and no later one, in a chunk of at most kMaxTreeTokens
+// queries. No sliding window with trees.
 struct AttentionMetadata {
   int num_seqs = 0;
   int block_size = 16;
@@ -68,7 +77,9 @@ struct AttentionMetadata {
   Tensor context_lens;  // [num_seqs] i32
   Tensor block_tables;  // [num_seqs, max_blocks_per_seq] i32 (unused entries: -1)
   Tensor slot_mapping;  // [n_tokens] i32: block * block_size + offset where each new K/V goes
+  Tensor tree_masks;    // [n_tokens] i64 (bits of a u64), or undefined: causal chunks
 };
+inline constexpr int kMaxTreeTokens = 64;  // a chunk with tree masks holds at most this many queries
 
 struct AttentionParams {
   float scale = 1.0f;      // usually 1/sqrt(head_dim)

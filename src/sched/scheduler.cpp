@@ -1,6 +1,7 @@
 #include "sched/scheduler.h"
 
 #include <algorithm>
+#include <numeric>
 
 namespace tachyon {
 
@@ -80,6 +81,7 @@ int Scheduler::reserve_draft(Sequence& seq, int n, int budget, SchedulerStep& st
   if (num_draft == 0) return 0;
   if (n != seq.num_uncomputed() || n + num_draft > budget || !reserve(seq, n + num_draft, step)) {
     seq.draft_.clear();
+    seq.draft_parents_.clear();
     return 0;
   }
   return num_draft;
@@ -92,6 +94,7 @@ void Scheduler::preempt(Sequence* seq) {
   blocks_.free(seq->block_table_);
   seq->num_computed_ = 0;
   seq->draft_.clear();
+  seq->draft_parents_.clear();
   seq->state_ = SequenceState::kPreempted;
   ++seq->num_preemptions_;
   ++num_preemptions_;
@@ -189,20 +192,43 @@ void Scheduler::complete(const SchedulerStep& step) {
 }
 
 void Scheduler::accept_draft(Sequence* seq, int num_accepted) {
+  TACHYON_CHECK(seq->draft_parents_.empty(), "sequence {}: a draft tree accepted as a chain", seq->id());
+  std::vector<int32_t> path(static_cast<size_t>(std::max(num_accepted, 0)));
+  std::iota(path.begin(), path.end(), 0);
+  const std::vector<SlotCopy> copies = accept_draft(seq, path);
+  TACHYON_CHECK(copies.empty(), "sequence {}: a chain needs no slot copies", seq->id());
+}
+
+std::vector<SlotCopy> Scheduler::accept_draft(Sequence* seq, std::span<const int32_t> path) {
   const std::vector<int32_t> draft = std::move(seq->draft_);
+  const std::vector<int32_t> parents = std::move(seq->draft_parents_);
   seq->draft_.clear();
-  if (seq->state_ == SequenceState::kFinished) return;
-  TACHYON_CHECK(num_accepted >= 0 && num_accepted <= static_cast<int>(draft.size()) &&
-                    seq->num_computed_ + num_accepted < seq->num_tokens(),
+  seq->draft_parents_.clear();
+  std::vector<SlotCopy> copies;
+  if (seq->state_ == SequenceState::kFinished) return copies;
+  const int num_accepted = static_cast<int>(path.size());
+  TACHYON_CHECK(num_accepted <= static_cast<int>(draft.size()) && seq->num_computed_ + num_accepted < seq->num_tokens(),
                 "sequence {}: {} of {} draft tokens accepted, {} computed of {} tokens", seq->id(), num_accepted,
                 draft.size(), seq->num_computed_, seq->num_tokens());
-  for (int i = 0; i < num_accepted; ++i) {
-    TACHYON_CHECK(seq->tokens_[static_cast<size_t>(seq->num_computed_ + i)] == draft[static_cast<size_t>(i)],
-                  "sequence {}: accepted draft token {} is not the sequence's", seq->id(), i);
+  const int base = seq->num_computed_;  // the first draft position: draft i was written at base + i
+  for (int d = 0; d < num_accepted; ++d) {
+    const int32_t node = path[static_cast<size_t>(d)];
+    TACHYON_CHECK(node >= 0 && node < static_cast<int32_t>(draft.size()), "sequence {}: accepted draft {} of {}",
+                  seq->id(), node, draft.size());
+    const int32_t parent = parents.empty() ? node - 1 : parents[static_cast<size_t>(node)];
+    TACHYON_CHECK(parent == (d == 0 ? -1 : path[static_cast<size_t>(d) - 1]),
+                  "sequence {}: accepted draft {} does not follow draft {}", seq->id(), node,
+                  d == 0 ? -1 : path[static_cast<size_t>(d) - 1]);
+    TACHYON_CHECK(seq->tokens_[static_cast<size_t>(base + d)] == draft[static_cast<size_t>(node)],
+                  "sequence {}: accepted draft token {} is not the sequence's", seq->id(), d);
+    // Parents come before children, so node >= d: every source lies at or after its destination
+    // and after the destinations copied before it.
+    if (node != d) copies.push_back({seq->block_table_.slot(base + node), seq->block_table_.slot(base + d)});
   }
   seq->num_computed_ += num_accepted;
   blocks_.truncate(seq->block_table_, seq->num_computed_);
   blocks_.commit(seq->block_table_, seq->tokens(), seq->num_computed_);
+  return copies;
 }
 
 void Scheduler::hold_for_transfer(Sequence* seq) {
@@ -255,6 +281,7 @@ void Scheduler::finish(Sequence* seq) {
   blocks_.free(seq->block_table_);
   seq->num_computed_ = 0;
   seq->draft_.clear();
+  seq->draft_parents_.clear();
   seq->state_ = SequenceState::kFinished;
 }
 

@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <span>
 #include <vector>
 
 #include "core/status.h"
@@ -76,6 +77,12 @@ class Scheduler {
   // their K/V; the positions of the rest are rolled back (block-table truncation, no copy), so the
   // table is what a run that never proposed them would hold. Clears the draft. No-op once finished.
   void accept_draft(Sequence* seq, int num_accepted);
+  // The same for a draft tree (Sequence::draft_parents): `path` lists the accepted drafts' indices
+  // from the root down (each the parent of the next). Their K/V sit where the step wrote them
+  // (the last token's cache index + 1 + draft index); the returned copies, run in order
+  // (KvCache::copy_slots) before the next step, move them to the positions they now hold. Drafts
+  // already in place (a path along the first branch) need none.
+  std::vector<SlotCopy> accept_draft(Sequence* seq, std::span<const int32_t> path);
 
   // Disaggregation (disagg/): a sequence's K/V leave one engine and join another's block table.
   // Prefill side: a decoding sequence (prompt computed, first token appended) leaves the batch with

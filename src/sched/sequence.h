@@ -49,8 +49,15 @@ class Sequence {
   // Speculative decoding: tokens proposed to follow the sequence, set before a step. If the
   // scheduler takes them, the step runs them after the last token (writing their K/V) and they
   // join the sequence only as far as the verifier accepts them (Scheduler::accept_draft).
+  // A tree of drafts (several branches verified at once) also has parents: draft_parents()[i] is
+  // the index of draft i's parent in the draft (< i), or -1 when it follows the last token;
+  // empty for a chain (each draft follows the one before).
   std::span<const int32_t> draft() const { return draft_; }
-  void set_draft(std::vector<int32_t> draft) { draft_ = std::move(draft); }
+  std::span<const int32_t> draft_parents() const { return draft_parents_; }
+  void set_draft(std::vector<int32_t> draft, std::vector<int32_t> parents = {}) {
+    draft_ = std::move(draft);
+    draft_parents_ = std::move(parents);
+  }
 
   int num_computed() const { return num_computed_; }   // leading tokens whose K/V are in the cache
   int num_uncomputed() const { return num_tokens() - num_computed_; }
@@ -70,7 +77,8 @@ class Sequence {
   SequenceState state_ = SequenceState::kWaiting;
   int num_preemptions_ = 0;
   int num_cached_prompt_tokens_ = -1;
-  std::vector<int32_t> draft_;  // [<= K] proposed, not yet verified
+  std::vector<int32_t> draft_;          // [<= K] proposed, not yet verified
+  std::vector<int32_t> draft_parents_;  // [draft_.size()] for a tree, or empty
 };
 
 }  // namespace tachyon

@@ -154,6 +154,11 @@ std::string ServerMetrics::render() const {
     spec_line("tachyon_spec_mean_accepted_length", "gauge",
               "Accepted draft tokens per verify step, since start (the target's own token not counted).",
               sp.mean_accepted_length());
+    spec_line("tachyon_spec_tree_steps_total", "counter", "Verify steps that verified a token tree (--spec-tree).",
+              static_cast<double>(sp.num_tree_steps));
+    spec_line("tachyon_spec_off_first_branch_total", "counter",
+              "Tree verify steps whose accepted path left the tree's first branch.",
+              static_cast<double>(sp.num_off_first_branch));
   }
   header(out, "tachyon_requests_finished_total", "counter", "Finished requests by finish reason.");
   for (size_t i = 0; i < finished_.size(); ++i) {

@@ -27,6 +27,28 @@ int32_t draw(const std::vector<float>& q, double u) {
   return last;
 }
 
+// The `count` tokens of largest weight other than `exclude` and of positive weight, largest first.
+void top_tokens(const std::vector<float>& w, int count, int32_t exclude, std::vector<int32_t>& out) {
+  out.clear();
+  for (size_t t = 0; t < w.size(); ++t) {
+    if (w[t] > 0.0f && static_cast<int32_t>(t) != exclude) out.push_back(static_cast<int32_t>(t));
+  }
+  const auto better = [&](int32_t a, int32_t b) {
+    return w[static_cast<size_t>(a)] != w[static_cast<size_t>(b)] ? w[static_cast<size_t>(a)] > w[static_cast<size_t>(b)]
+                                                                   : a < b;
+  };
+  const size_t n = std::min(out.size(), static_cast<size_t>(std::max(count, 0)));
+  std::partial_sort(out.begin(), out.begin() + static_cast<ptrdiff_t>(n), out.end(), better);
+  out.resize(n);
+}
+
+// A tree's side branch: a token the draft ranked below its choice at one level.
+struct Alternative {
+  double score;   // the draft's probability of the path to it
+  int level;      // its parent is the chain's node level - 1 (-1: the sequence's last token)
+  int32_t token;
+};
+
 }  // namespace
 
 Result<std::unique_ptr<DraftModelProposer>> DraftModelProposer::create(const LlamaModel& draft,
@@ -74,6 +96,11 @@ Status DraftModelProposer::propose(std::span<const DraftRequest> requests, std::
     TokenCounts history;
     std::vector<int32_t> run;  // tokens of the next forward
     int start;                 // position of run[0]
+    // Trees (DraftRequest::max_nodes > k): the chain takes the draft's likeliest token at every
+    // level, and the runners-up become side branches, ranked by the probability of their path.
+    bool tree = false;
+    double path_prob = 1.0;
+    std::vector<Alternative> alternatives;
   };
   std::vector<Active> active;
   active.reserve(requests.size());
@@ -106,11 +133,14 @@ Status DraftModelProposer::propose(std::span<const DraftRequest> requests, std::
     }
     Active a{i, &st, k, r.sampler->history(), {}, static_cast<int>(keep)};
     a.run.assign(r.tokens.begin() + static_cast<ptrdiff_t>(keep), r.tokens.end());
+    a.tree = r.max_nodes > k;
     active.push_back(std::move(a));
   }
 
   cache_.copy_blocks(copies);
-  std::vector<float> q;
+  std::vector<Active> finished;  // trees whose chain is drafted
+  std::vector<float> q, rank;
+  std::vector<int32_t> runners_up;
   std::vector<SequenceChunk> chunks;
   ForwardOptions fo;
   fo.linear_mode = options_.linear_mode;
@@ -134,10 +164,41 @@ Status DraftModelProposer::propose(std::span<const DraftRequest> requests, std::
       const DraftRequest& r = requests[a.index];
       Draft& d = drafts[a.index];
       const float* row = logits_.data<float>() + static_cast<int64_t>(j) * vocab;
-      if (!r.sampler->probabilities(row, vocab, a.history, q).ok()) continue;  // no finite logit: stop here
+      // Drops a (its draft ends here); a tree's side branches are assembled after the loop.
+      const auto retire = [&] {
+        if (a.tree) finished.push_back(std::move(a));
+      };
+      if (!r.sampler->probabilities(row, vocab, a.history, q).ok()) {  // no finite logit: stop here
+        retire();
+        continue;
+      }
       int32_t token = 0;
-      if (r.sampler->params().greedy()) {
+      if (r.sampler->params().greedy() || a.tree) {
         token = static_cast<int32_t>(std::max_element(q.begin(), q.end()) - q.begin());  // one-hot
+        if (a.tree) {
+          // Greedy q is one-hot: the runners-up are ranked by the draft's softmax (penalties
+          // applied, temperature 1) instead.
+          const std::vector<float>* w = &q;
+          if (r.sampler->params().greedy()) {
+            SamplingParams sp = r.sampler->params();
+            sp.temperature = 1.0f;
+            sp.top_k = 0;
+            sp.top_p = 1.0f;
+            sp.min_p = 0.0f;
+            sp.seed = 0;  // never drawn from
+            if (!Sampler(sp).probabilities(row, vocab, a.history, rank).ok()) {
+              retire();
+              continue;
+            }
+            w = &rank;
+          }
+          const int level = static_cast<int>(d.tokens.size());
+          top_tokens(*w, r.max_nodes - a.k, token, runners_up);
+          for (int32_t t : runners_up) {
+            a.alternatives.push_back({a.path_prob * (*w)[static_cast<size_t>(t)], level, t});
+          }
+          a.path_prob *= (*w)[static_cast<size_t>(token)];
+        }
       } else {
         token = draw(q, a.state->rng.next_double());
         d.probs.insert(d.probs.end(), q.begin(), q.end());
@@ -149,9 +210,32 @@ Status DraftModelProposer::propose(std::span<const DraftRequest> requests, std::
         a.run.assign(1, token);
         if (kept != j) active[kept] = std::move(a);
         ++kept;
+      } else {
+        retire();
       }
     }
     active.resize(kept);
+  }
+  // Trees: the chain, then the best side branches the budget leaves room for, likeliest first.
+  for (Active& a : finished) {
+    const DraftRequest& r = requests[a.index];
+    Draft& d = drafts[a.index];
+    const int chain = static_cast<int>(d.tokens.size());
+    std::erase_if(a.alternatives, [&](const Alternative& alt) { return alt.level >= chain; });
+    const size_t room = static_cast<size_t>(std::max(0, r.max_nodes - chain));
+    if (chain == 0 || room == 0 || a.alternatives.empty()) continue;
+    const size_t n = std::min(room, a.alternatives.size());
+    std::partial_sort(a.alternatives.begin(), a.alternatives.begin() + static_cast<ptrdiff_t>(n), a.alternatives.end(),
+                      [](const Alternative& x, const Alternative& y) {
+                        return x.score != y.score ? x.score > y.score
+                                                  : (x.level != y.level ? x.level < y.level : x.token < y.token);
+                      });
+    d.parents.resize(static_cast<size_t>(chain));
+    for (int i = 0; i < chain; ++i) d.parents[static_cast<size_t>(i)] = i - 1;
+    for (size_t i = 0; i < n; ++i) {
+      d.tokens.push_back(a.alternatives[i].token);
+      d.parents.push_back(a.alternatives[i].level - 1);
+    }
   }
   // What the draft wrote beyond the last run token stays in the table; positions past the tokens
   // it ran are dropped now so that the table never claims positions it holds nothing for.

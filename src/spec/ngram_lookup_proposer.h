@@ -1,5 +1,6 @@
 // `--spec-ngram`: the Proposer over NgramProposer (prompt lookup). No model and no state: each
-// step searches the sequence itself, so it costs microseconds and never needs rolling back.
+// step searches the sequence itself, so it costs microseconds and never needs rolling back. With a
+// tree budget (DraftRequest::max_nodes) the continuations of several earlier matches form a tree.
 #pragma once
 
 #include "spec/ngram_proposer.h"

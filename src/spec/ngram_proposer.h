@@ -22,6 +22,14 @@ class NgramProposer {
   // Up to k tokens to follow `tokens` (empty when no suffix recurs). Cost O(lookback * max_n).
   std::vector<int32_t> propose(std::span<const int32_t> tokens, int k) const;
 
+  // A token tree of at most max_nodes nodes, k levels deep: the continuations (k tokens each) of
+  // every earlier occurrence of the longest recurring suffix, most recent first, then of shorter
+  // suffixes, merged into a trie (shared prefixes once) until the budget is spent. The most
+  // recent longest match is the first branch (nodes 0..), what propose() returns. parents as
+  // Draft::parents. Both empty when no suffix recurs.
+  void propose_tree(std::span<const int32_t> tokens, int k, int max_nodes, std::vector<int32_t>& nodes,
+                    std::vector<int32_t>& parents) const;
+
  private:
   NgramProposerOptions options_;
 };

@@ -22,15 +22,23 @@ namespace tachyon {
 struct DraftRequest {
   uint64_t id = 0;                  // the request; a proposer may keep state under it until release()
   std::span<const int32_t> tokens;  // the sequence so far: prompt, then output (last one included)
-  int k = 0;                        // draft at most this many tokens (>= 1)
+  int k = 0;                        // draft at most this many tokens (>= 1), or tree levels
   // The request's sampler: its parameters and history (penalties) shape a draft model's q, the
   // same way they shape the target's p. Not drawn from: a proposer keeps its own randomness.
   const Sampler* sampler = nullptr;
+  // > 0: a token tree of at most this many nodes (>= k) may be returned instead of a chain
+  // (Draft::parents), its branches all one-hot guesses; 0: a chain only.
+  int max_nodes = 0;
 };
 
 struct Draft {
-  std::vector<int32_t> tokens;  // [<= k] the guessed continuation (empty: no guess)
+  std::vector<int32_t> tokens;  // [<= k] the guessed continuation (empty: no guess); a tree: its nodes
   std::vector<float> probs;     // [tokens.size(), vocab] q of each position, or empty: one-hot guesses
+  // A tree: parents[i] is the index of node i's parent (< i), or -1 for a child of the sequence's
+  // last token; empty for a chain. Trees carry no probs (every node a one-hot guess), and the
+  // first branch (nodes 0, 1, ... each the child of the one before) should be the likeliest:
+  // an accepted path along it costs no cache copy.
+  std::vector<int32_t> parents;
 };
 
 class Proposer {

@@ -5,11 +5,8 @@
 #include "core/status.h"
 
 namespace tachyon {
-namespace {
 
-// A draw from the weights w[0..vocab) (not normalized; at least one positive), by inverse CDF in
-// id order. Returns the last positive id if rounding leaves u beyond the total.
-int32_t draw(const std::vector<double>& w, double u) {
+int32_t draw_weighted(const std::vector<double>& w, double u) {
   double total = 0.0;
   int32_t last = -1;
   for (size_t i = 0; i < w.size(); ++i) {
@@ -25,8 +22,6 @@ int32_t draw(const std::vector<double>& w, double u) {
   }
   return last;
 }
-
-}  // namespace
 
 VerifyResult verify_greedy(std::span<const int32_t> draft, std::span<const int32_t> target_argmax) {
   TACHYON_CHECK(target_argmax.size() == draft.size() + 1, "verify_greedy: {} drafts, {} target rows", draft.size(),
@@ -68,12 +63,12 @@ VerifyResult verify_sampled(std::span<const int32_t> draft, const float* draft_p
     if (!any) {  // p == q to rounding: the residual is empty; p itself is the right law here
       for (size_t t = 0; t < v; ++t) residual[t] = p[t];
     }
-    r.tokens.push_back(draw(residual, rng.next_double()));
+    r.tokens.push_back(draw_weighted(residual, rng.next_double()));
     return r;
   }
   const float* bonus = target_probs + draft.size() * v;
   for (size_t t = 0; t < v; ++t) residual[t] = bonus[t];
-  r.tokens.push_back(draw(residual, rng.next_double()));
+  r.tokens.push_back(draw_weighted(residual, rng.next_double()));
   return r;
 }
 

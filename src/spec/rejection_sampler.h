@@ -35,4 +35,8 @@ VerifyResult verify_greedy(std::span<const int32_t> draft, std::span<const int32
 VerifyResult verify_sampled(std::span<const int32_t> draft, const float* draft_probs, const float* target_probs,
                             int vocab, Rng& rng);
 
+// A draw from the weights w (not normalized; at least one positive) by inverse CDF in id order,
+// u in [0, 1). Returns the last positive id if rounding leaves u beyond the total.
+int32_t draw_weighted(const std::vector<double>& w, double u);
+
 }  // namespace tachyon

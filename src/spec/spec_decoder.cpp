@@ -29,6 +29,16 @@ Status SpecDecodeOptions::validate(const ModelConfig& target) const {
                       "speculative decoding: --spec-k {} must be in [1, --spec-k-max = {}] (or unset: dynamic)", k,
                       k_max);
   }
+  if (tree_nodes < 0 || tree_nodes >= kMaxTreeTokens) {
+    return make_error(ErrorCode::kInvalidArgument, "speculative decoding: --spec-tree {} must be in [0, {}]",
+                      tree_nodes, kMaxTreeTokens - 1);
+  }
+  if (tree_nodes > 0 && target.sliding_window > 0) {
+    return make_error(ErrorCode::kUnsupported,
+                      "speculative decoding: token trees (--spec-tree) need full attention; the model has a sliding "
+                      "window of {}",
+                      target.sliding_window);
+  }
   if (method == SpecMethod::kDraftModel) {
     if (draft_model == nullptr) {
       return make_error(ErrorCode::kInvalidArgument, "speculative decoding with a draft model: no draft model given");
@@ -62,8 +72,9 @@ Result<std::unique_ptr<SpecDecoder>> SpecDecoder::create(const SpecDecodeOptions
       break;
     }
   }
-  TACHYON_LOG_INFO("speculative decoding: {} proposer, K {}", proposer->name(),
-                   options.k > 0 ? fmt::format("fixed at {}", options.k) : fmt::format("dynamic, at most {}", options.k_max));
+  TACHYON_LOG_INFO("speculative decoding: {} proposer, K {}{}", proposer->name(),
+                   options.k > 0 ? fmt::format("fixed at {}", options.k) : fmt::format("dynamic, at most {}", options.k_max),
+                   options.tree_nodes > 0 ? fmt::format(", trees of up to {} nodes", options.tree_nodes) : "");
   return std::unique_ptr<SpecDecoder>(new SpecDecoder(options, std::move(proposer)));
 }
 
@@ -88,6 +99,8 @@ Status SpecDecoder::propose(std::span<const SpecCandidate> candidates, int num_r
     r.id = c.seq->id();
     r.tokens = c.seq->tokens();
     r.k = k;
+    // A tree spends the node budget beside the K levels (the controller's K stays its depth).
+    if (options_.tree_nodes > 0) r.max_nodes = std::max(k, std::min(options_.tree_nodes, c.max_draft));
     r.sampler = c.sampler;
     draft_requests_.push_back(r);
     draft_seqs_.push_back(c.seq);
@@ -98,8 +111,29 @@ Status SpecDecoder::propose(std::span<const SpecCandidate> candidates, int num_r
       Draft& d = drafts_[i];
       if (d.tokens.empty()) continue;
       RequestState& st = requests_.at(draft_seqs_[i]->id());
+      const DraftRequest& r = draft_requests_[i];
+      if (!d.parents.empty()) {
+        TACHYON_CHECK(r.max_nodes > 0 && d.parents.size() == d.tokens.size() &&
+                          d.tokens.size() <= static_cast<size_t>(r.max_nodes) && d.probs.empty(),
+                      "{} proposer: a tree of {} nodes ({} parents) for a budget of {}", proposer_->name(),
+                      d.tokens.size(), d.parents.size(), r.max_nodes);
+        // Its depth is what the controller weighs.
+        std::vector<int> depth(d.parents.size());
+        st.depth = 0;
+        for (size_t j = 0; j < d.parents.size(); ++j) {
+          const int32_t parent = d.parents[j];
+          TACHYON_CHECK(parent >= -1 && parent < static_cast<int32_t>(j), "{} proposer: node {} has parent {}",
+                        proposer_->name(), j, parent);
+          depth[j] = parent < 0 ? 1 : depth[static_cast<size_t>(parent)] + 1;
+          st.depth = std::max(st.depth, depth[j]);
+        }
+      } else {
+        TACHYON_CHECK(d.tokens.size() <= static_cast<size_t>(r.k), "{} proposer: {} tokens for K {}",
+                      proposer_->name(), d.tokens.size(), r.k);
+        st.depth = static_cast<int>(d.tokens.size());
+      }
       st.draft_probs = std::move(d.probs);
-      draft_seqs_[i]->set_draft(std::move(d.tokens));
+      draft_seqs_[i]->set_draft(std::move(d.tokens), std::move(d.parents));
     }
   }
   stats_.propose_seconds += timer.seconds();
@@ -110,12 +144,26 @@ Result<Verification> SpecDecoder::verify(const Sequence& seq, const float* logit
   RequestState& st = requests_.at(seq.id());
   const std::span<const int32_t> draft = seq.draft();
   const bool with_q = !st.draft_probs.empty() && st.draft_probs.size() == draft.size() * static_cast<size_t>(vocab);
-  TACHYON_ASSIGN_OR_RETURN(Verification v,
-                           verify_draft(draft, with_q ? st.draft_probs.data() : nullptr, logits, vocab, sampler));
+  Result<Verification> verified =
+      seq.draft_parents().empty()
+          ? verify_draft(draft, with_q ? st.draft_probs.data() : nullptr, logits, vocab, sampler)
+          : verify_draft_tree(draft, seq.draft_parents(), logits, vocab, sampler);
+  TACHYON_RETURN_IF_ERROR(verified.status());
+  Verification v = std::move(verified).value();
   st.draft_probs.clear();
   const int proposed = static_cast<int>(draft.size());
-  st.controller.update(proposed, v.num_accepted);
+  // The controller sets K, the depth: it learns from how much of the depth was accepted.
+  st.controller.update(std::max(st.depth, 1), v.num_accepted);
   ++stats_.num_verify_steps;
+  if (!seq.draft_parents().empty()) {
+    ++stats_.num_tree_steps;
+    for (size_t d = 0; d < v.path.size(); ++d) {
+      if (v.path[d] != static_cast<int32_t>(d)) {
+        ++stats_.num_off_first_branch;
+        break;
+      }
+    }
+  }
   stats_.num_proposed += proposed;
   stats_.num_accepted += v.num_accepted;
   stats_.num_emitted += static_cast<int64_t>(v.tokens.size());

@@ -42,11 +42,15 @@ struct SpecDecodeOptions {
   const LlamaModel* draft_model = nullptr;  // kDraftModel: borrowed, must outlive the engine
   int k = 0;       // > 0: K fixed at this (`--spec-k`); 0: the controller picks K in [0, k_max]
   int k_max = 8;   // `--spec-k-max`
+  // `--spec-tree N` > 0: proposers may return token trees of up to N nodes (K levels deep),
+  // verified in one forward with tree attention; 0: chains of K tokens.
+  int tree_nodes = 0;
   NgramProposerOptions ngram;
 
   static constexpr int kLargestK = 32;
   // kInvalidArgument naming the bad value: k_max outside [1, kLargestK], k outside [0, k_max],
-  // a draft model missing, or with a vocabulary other than the target's.
+  // tree_nodes outside [0, kMaxTreeTokens - 1] or set for a sliding-window target, a draft model
+  // missing, or with a vocabulary other than the target's.
   Status validate(const ModelConfig& target) const;
 };
 
@@ -57,6 +61,8 @@ struct SpecStats {
   int64_t num_proposed = 0;       // draft tokens verified
   int64_t num_accepted = 0;       // of which accepted
   int64_t num_emitted = 0;        // tokens the verify steps produced (accepted + the target's own)
+  int64_t num_tree_steps = 0;     // of the verify steps, those that verified a token tree
+  int64_t num_off_first_branch = 0;  // tree steps whose accepted path left the first branch
   double propose_seconds = 0.0;   // time in the proposer (draft model forwards, lookups)
   double acceptance_rate() const {
     return num_proposed > 0 ? static_cast<double>(num_accepted) / static_cast<double>(num_proposed) : 0.0;
@@ -95,6 +101,7 @@ class SpecDecoder {
   Status propose(std::span<const SpecCandidate> candidates, int num_running);
   // The target's rows for seq's draft: [K + 1, vocab]. Records acceptance for the request's
   // controller and the stats.
+  // A tree draft (seq.draft_parents()) gives [nodes + 1, vocab] rows, in node order.
   Result<Verification> verify(const Sequence& seq, const float* logits, int vocab, Sampler& sampler);
   // The request finished or was aborted.
   void release(uint64_t id);
@@ -108,6 +115,7 @@ class SpecDecoder {
     explicit RequestState(const DraftLengthOptions& o) : controller(o) {}
     DraftLengthController controller;
     std::vector<float> draft_probs;  // [K, vocab] q of the current draft, or empty: one-hot
+    int depth = 0;                   // levels of the current draft (its length for a chain)
   };
   SpecDecoder(const SpecDecodeOptions& options, std::unique_ptr<Proposer> proposer);
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <numeric>
 
 #include "spec/rejection_sampler.h"
 
@@ -57,6 +58,8 @@ Result<Verification> verify_draft(std::span<const int32_t> draft, const float* d
     if (argmax.size() < k + 1) argmax.resize(k + 1, -1);
     const VerifyResult vr = verify_greedy(draft, argmax);
     out.num_accepted = vr.num_accepted;
+    out.path.resize(static_cast<size_t>(vr.num_accepted));
+    std::iota(out.path.begin(), out.path.end(), 0);
     rows.resize(static_cast<size_t>(vr.num_accepted) + 1);
     out.tokens = std::move(rows);
     return out;
@@ -74,6 +77,8 @@ Result<Verification> verify_draft(std::span<const int32_t> draft, const float* d
   }
   const VerifyResult vr = verify_sampled(draft, draft_probs, target.data(), vocab, sampler.rng());
   out.num_accepted = vr.num_accepted;
+  out.path.resize(static_cast<size_t>(vr.num_accepted));
+  std::iota(out.path.begin(), out.path.end(), 0);
   SamplingParams report = sampler.params();
   report.top_k = 0;
   report.top_p = 1.0f;
@@ -86,6 +91,77 @@ Result<Verification> verify_draft(std::span<const int32_t> draft, const float* d
     TACHYON_RETURN_IF_ERROR(report_logprobs(reporter, logits + i * v, vocab, histories[i], sampler.params().logprobs, r, row));
     out.tokens.push_back(std::move(r));
   }
+  return out;
+}
+
+Result<Verification> verify_draft_tree(std::span<const int32_t> draft, std::span<const int32_t> parents,
+                                       const float* logits, int vocab, Sampler& sampler) {
+  const size_t n = draft.size();
+  const size_t v = static_cast<size_t>(vocab);
+  if (parents.size() != n) {
+    return make_error(ErrorCode::kInvalidArgument, "token tree: {} parents for {} drafts", parents.size(), n);
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (parents[i] < -1 || parents[i] >= static_cast<int32_t>(i) || draft[i] < 0 || draft[i] >= vocab) {
+      return make_error(ErrorCode::kInvalidArgument, "token tree: draft {} (token {}) has parent {}", i, draft[i],
+                        parents[i]);
+    }
+  }
+  Verification out;
+  TokenCounts history = sampler.history();  // plus the accepted path
+  const bool greedy = sampler.params().greedy();
+  SamplingParams report = sampler.params();
+  report.top_k = 0;
+  report.top_p = 1.0f;
+  report.min_p = 0.0f;
+  report.seed = 0;  // never drawn from
+  const Sampler reporter(report);
+  std::vector<float> p;
+  std::vector<double> residual(v);
+  int32_t node = -1;  // the walk's position: -1 is the last accepted token (row 0)
+  for (;;) {
+    const float* row = logits + static_cast<size_t>(node + 1) * v;
+    SampleResult r;
+    int32_t next = -1;  // the accepted child
+    if (greedy) {
+      TACHYON_ASSIGN_OR_RETURN(r, sampler.sample(row, vocab, history));
+      for (size_t c = static_cast<size_t>(node + 1); c < n && next < 0; ++c) {
+        if (parents[c] == node && draft[c] == r.token) next = static_cast<int32_t>(c);
+      }
+    } else {
+      TACHYON_RETURN_IF_ERROR(sampler.probabilities(row, vocab, history, p));
+      double total = 0.0;
+      for (size_t t = 0; t < v; ++t) total += residual[t] = p[t];
+      for (size_t c = static_cast<size_t>(node + 1); c < n && next < 0; ++c) {
+        if (parents[c] != node) continue;
+        const size_t t = static_cast<size_t>(draft[c]);
+        const double u = sampler.rng().next_double();
+        if (residual[t] > 0.0 && u * total < residual[t]) {
+          next = static_cast<int32_t>(c);
+        } else {  // rejected: its mass leaves the residual
+          total -= residual[t];
+          residual[t] = 0.0;
+        }
+      }
+      if (next >= 0) {
+        r.token = draft[static_cast<size_t>(next)];
+      } else {
+        bool any = false;
+        for (double w : residual) any = any || w > 0.0;
+        if (!any) {  // rounding emptied the residual: p itself is the law here
+          for (size_t t = 0; t < v; ++t) residual[t] = p[t];
+        }
+        r.token = draw_weighted(residual, sampler.rng().next_double());
+      }
+      TACHYON_RETURN_IF_ERROR(report_logprobs(reporter, row, vocab, history, sampler.params().logprobs, r, p));
+    }
+    out.tokens.push_back(std::move(r));
+    if (next < 0) break;
+    out.path.push_back(next);
+    history.add_output(draft[static_cast<size_t>(next)]);
+    node = next;
+  }
+  out.num_accepted = static_cast<int>(out.path.size());
   return out;
 }
 

@@ -338,6 +338,55 @@ TEST(CudaPagedAttention, TensorCorePrefillOnLongChunks) {
   }
 }
 
+// Token trees (ops.h AttentionMetadata::tree_masks): tree chunks of up to 64 queries, one
+// starting at cache index 0, beside a decode row and a long causal chunk (all-ones masks), on
+// both prefill kernels, against the reference (which tests/ops ties to textbook attention over
+// each query's ancestors).
+TEST(CudaPagedAttention, TreeMasksMatchReference) {
+  TACHYON_SKIP_WITHOUT_GPU();
+  const uint32_t seed = testing::fresh_seed();
+  SCOPED_TRACE(fmt::format("seed {} (TACHYON_TEST_SEED={} reproduces)", seed, seed));
+  std::mt19937 rng(seed);
+  for (DType dtype : {DType::kBF16, DType::kF16, DType::kF32}) {
+    for (int hd : {64, 128}) {
+      Scenario sc;
+      sc.num_heads = 8;
+      sc.num_kv_heads = 2;
+      sc.head_dim = hd;
+      sc.cache_dtype = dtype;
+      const int tree_len = std::uniform_int_distribution<int>(2, kMaxTreeTokens)(rng);
+      sc.seqs = {{37, 1}, {150, 70}, {tree_len + 83, tree_len}, {kMaxTreeTokens, kMaxTreeTokens}};
+      Batch b = build(sc, rng);
+      b.meta.tree_masks = Tensor::empty({b.q.size(0)}, DType::kI64);
+      auto* masks = static_cast<uint64_t*>(b.meta.tree_masks.raw_data());
+      std::fill_n(masks, b.q.size(0), ~uint64_t{0});
+      int row = 0;
+      for (size_t s = 0; s < sc.seqs.size(); ++s) {
+        const int q_len = sc.seqs[s].q_len;
+        if (s >= 2) {
+          for (int i = 0; i < q_len; ++i) {
+            const int parent = std::uniform_int_distribution<int>(-1, i - 1)(rng);
+            masks[row + i] = (parent < 0 ? 0 : masks[row + parent]) | uint64_t{1} << i;
+          }
+        }
+        row += q_len;
+      }
+      const Tensor expected = reference(b);
+      DeviceBatch d(b);
+      Mirror tree(b.meta.tree_masks);
+      d.batch.tree_masks = tree.ptr<uint64_t>();
+      auto planned = cu::plan_paged_attention(d.batch, sc.num_heads, d.cache, b.params, sm_count());
+      ASSERT_TRUE(planned.ok()) << planned.status().to_string();
+      ASSERT_EQ(planned->algo, cu::AttentionAlgo::kPrefill);
+      for (const cu::AttentionPlan& plan : both_kernels(*planned)) {
+        Tensor out;
+        ASSERT_TRUE(run(b, d, plan, false, &out)) << sc.describe();
+        ASSERT_TRUE(all_close(out, expected, tolerance(plan, dtype, 2e-5), plan.describe() + " " + sc.describe()));
+      }
+    }
+  }
+}
+
 TEST(CudaPagedAttention, DecodeKernelMatchesReferenceAtEverySplitCount) {
   TACHYON_SKIP_WITHOUT_GPU();
   const uint32_t seed = testing::fresh_seed();

@@ -16,6 +16,8 @@
 #include <set>
 
 #include "core/device_memory.h"
+#include "core/mapped_file.h"
+#include "engine/engine.h"
 #include "disagg/kv_transfer.h"
 #include "disagg/kv_transport.h"
 #include "fixture.h"
@@ -683,6 +685,71 @@ TEST(GpuEngine, SamplingOnTheDeviceEqualsTheHostSampler) {
   for (size_t i = 0; i < device.size(); ++i) {
     EXPECT_EQ(device[i].size(), 24u);
     EXPECT_EQ(device[i], host[i]) << "prompt " << i;
+  }
+}
+
+// Speculative decoding on the device with token trees (tree attention in the prefill kernels,
+// depth positions, accepted branches moved by slot copies) and with chains: greedy outputs equal
+// plain decoding's for the bundled target/draft pair and for n-gram lookup. The cache is f32 so
+// that the decode and prefill kernels' different summation orders cannot flip a greedy choice.
+TEST(GpuEngine, SpeculativeTreesAndChainsEqualPlainGreedy) {
+  TACHYON_START_GPU();
+  LoadedModel target = load(testing::source_dir() + "/models/tachyon-demo", kGpu);
+  LoadedModel draft = load(testing::source_dir() + "/models/tachyon-demo-draft", kGpu);
+  auto code = read_text_file(testing::source_dir() + "/tests/data/eval/code.txt");
+  ASSERT_TRUE(code.ok());
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 4; ++i) {
+    prompts.push_back(target.tokenizer->encode(code->substr(static_cast<size_t>(i) * 5003 % (code->size() - 400), 300)));
+  }
+  const auto run = [&](SpecMethod method, int tree_nodes, SpecStats* stats) {
+    EngineOptions eo;
+    eo.num_kv_blocks = 256;
+    eo.max_model_len = 512;
+    eo.kv_dtype = DType::kF32;
+    eo.spec.method = method;
+    eo.spec.draft_model = draft.model.get();
+    eo.spec.k = method == SpecMethod::kNone ? 0 : 4;
+    eo.spec.tree_nodes = tree_nodes;
+    auto engine = Engine::create(*target.model, target.tokenizer.get(), target.eos_token_ids, eo);
+    EXPECT_TRUE(engine.ok()) << engine.status().to_string();
+    std::map<RequestId, std::vector<int32_t>> got;
+    std::vector<RequestId> ids;
+    for (const auto& prompt : prompts) {
+      GenerationParams p;
+      p.sampling.temperature = 0.0f;
+      p.max_tokens = 48;
+      p.ignore_eos = true;
+      auto id = (*engine)->add_request(prompt, p);
+      EXPECT_TRUE(id.ok());
+      ids.push_back(*id);
+    }
+    while ((*engine)->has_unfinished()) {
+      auto out = (*engine)->step();
+      EXPECT_TRUE(out.ok()) << out.status().to_string();
+      if (!out.ok()) break;
+      for (const auto& o : *out) got[o.id].insert(got[o.id].end(), o.new_token_ids.begin(), o.new_token_ids.end());
+    }
+    EXPECT_TRUE((*engine)->check_no_leaks().ok());
+    if (stats != nullptr) *stats = (*engine)->stats().spec;
+    std::vector<std::vector<int32_t>> tokens;
+    for (RequestId id : ids) tokens.push_back(got[id]);
+    return tokens;
+  };
+  const auto plain = run(SpecMethod::kNone, 0, nullptr);
+  for (SpecMethod method : {SpecMethod::kDraftModel, SpecMethod::kNgram}) {
+    for (int tree_nodes : {0, 12}) {
+      SpecStats st;
+      const auto spec = run(method, tree_nodes, &st);
+      const std::string what = fmt::format("{} tree {}", spec_method_name(method), tree_nodes);
+      EXPECT_EQ(spec, plain) << what;
+      EXPECT_GT(st.num_accepted, 0) << what;
+      if (tree_nodes > 0) EXPECT_GT(st.num_tree_steps, 0) << what;
+      std::printf("%s: %lld verify steps, %lld accepted of %lld proposed, %lld trees, %lld left the first branch\n",
+                  what.c_str(), static_cast<long long>(st.num_verify_steps), static_cast<long long>(st.num_accepted),
+                  static_cast<long long>(st.num_proposed), static_cast<long long>(st.num_tree_steps),
+                  static_cast<long long>(st.num_off_first_branch));
+    }
   }
 }
 

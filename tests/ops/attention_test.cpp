@@ -8,6 +8,7 @@
 #include <numeric>
 #include <random>
 
+#include "core/device_memory.h"
 #include "ops/cpu/reference.h"
 #include "ops/ops.h"
 #include "ops_test_util.h"
@@ -235,6 +236,106 @@ TEST(PagedAttention, ChunkedPrefillAndDecodeMatchOneShot) {
     Tensor out = testing::nan_tensor(q.shape());
     ops::paged_attention(q, whole.k_cache, whole.v_cache, meta, whole.params, out);
     ASSERT_TRUE(all_close(out, one_shot.slice(0, begin, end), 1e-6, fmt::format("step [{}, {})", begin, end)));
+  }
+}
+
+// Random token-tree masks for a chunk of q_len queries: each query's parent is an earlier query
+// (or none), its mask its parent's plus itself (ops.h AttentionMetadata::tree_masks).
+std::vector<uint64_t> random_tree_masks(int q_len, std::mt19937& rng) {
+  std::vector<uint64_t> masks(static_cast<size_t>(q_len));
+  for (int i = 0; i < q_len; ++i) {
+    const int parent = std::uniform_int_distribution<int>(-1, i - 1)(rng);
+    masks[static_cast<size_t>(i)] = (parent < 0 ? 0 : masks[static_cast<size_t>(parent)]) | uint64_t{1} << i;
+  }
+  return masks;
+}
+
+// Token trees: every tree query equals textbook attention over the cache before its chunk plus
+// its own ancestors (gathered into one contiguous context), and the fast kernels equal the
+// reference; chunks of the same batch without a tree (all-ones masks: a decode row, a long
+// prefill chunk) equal plain causal attention.
+TEST(PagedAttention, TreeMasksSeeTheirAncestorsOnly) {
+  const uint32_t seed = testing::fresh_seed();
+  SCOPED_TRACE(fmt::format("seed {}", seed));
+  std::mt19937 rng(seed);
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    Scenario sc;
+    sc.num_heads = 8;
+    sc.num_kv_heads = 2;
+    sc.head_dim = 64;
+    sc.block_size = dtype == DType::kF32 ? 16 : 5;
+    sc.cache_dtype = dtype;
+    const int tree_len = std::uniform_int_distribution<int>(2, kMaxTreeTokens)(rng);
+    sc.seqs = {{37, 1}, {90, 70}, {tree_len + 23, tree_len}, {tree_len, tree_len}};  // the last tree starts at 0
+    const Batch b = build(sc, rng);
+    const Tensor causal = reference_paged(b);
+
+    AttentionMetadata meta = b.meta;
+    meta.tree_masks = Tensor::empty({b.q.size(0)}, DType::kI64);
+    auto* masks = static_cast<uint64_t*>(meta.tree_masks.raw_data());
+    std::fill_n(masks, b.q.size(0), ~uint64_t{0});
+    std::vector<std::vector<uint64_t>> trees(sc.seqs.size());
+    int row = 0;
+    for (size_t s = 0; s < sc.seqs.size(); ++s) {
+      if (s >= 2) {
+        trees[s] = random_tree_masks(sc.seqs[s].q_len, rng);
+        std::copy(trees[s].begin(), trees[s].end(), masks + row);
+      }
+      row += sc.seqs[s].q_len;
+    }
+    Tensor expected = testing::nan_tensor(b.q.shape());
+    ops::reference::paged_attention(b.q, b.k_cache, b.v_cache, meta, b.params, expected);
+
+    row = 0;
+    for (size_t s = 0; s < sc.seqs.size(); ++s) {
+      const SeqSpec& spec = sc.seqs[s];
+      const int chunk_start = spec.context_len - spec.q_len;
+      for (int t = 0; t < spec.q_len; ++t, ++row) {
+        const std::string what = fmt::format("{} seq {} query {}", dtype_name(dtype), s, t);
+        if (trees[s].empty()) {
+          ASSERT_TRUE(all_close(expected.slice(0, row, row + 1), causal.slice(0, row, row + 1), 1e-6, what));
+          continue;
+        }
+        std::vector<int64_t> keys(static_cast<size_t>(chunk_start));
+        std::iota(keys.begin(), keys.end(), 0);
+        for (int j = 0; j <= t; ++j) {
+          if (trees[s][static_cast<size_t>(t)] >> j & 1) keys.push_back(chunk_start + j);
+        }
+        const int64_t n = static_cast<int64_t>(keys.size());
+        Tensor k = Tensor::empty({n, sc.num_kv_heads, sc.head_dim}, DType::kF32);
+        Tensor v = Tensor::empty({n, sc.num_kv_heads, sc.head_dim}, DType::kF32);
+        for (int64_t i = 0; i < n; ++i) {
+          Tensor k_row = k.select(0, i), v_row = v.select(0, i);
+          ASSERT_TRUE(copy_into(k_row, b.k_seq[s].select(0, keys[static_cast<size_t>(i)])).ok());
+          ASSERT_TRUE(copy_into(v_row, b.v_seq[s].select(0, keys[static_cast<size_t>(i)])).ok());
+        }
+        const Tensor q = b.q.slice(0, row, row + 1).contiguous();
+        Tensor textbook = testing::nan_tensor(q.shape());
+        ops::reference::contiguous_attention(q, k, v, b.params, textbook);
+        ASSERT_TRUE(all_close(expected.slice(0, row, row + 1), textbook, 1e-6, what));
+      }
+    }
+    for (Isa isa : testing::simd_isas()) {
+      testing::IsaScope scope(isa);
+      Tensor out = testing::nan_tensor(b.q.shape());
+      ops::paged_attention(b.q, b.k_cache, b.v_cache, meta, b.params, out);
+      ASSERT_TRUE(all_close(out, expected, kTol, fmt::format("{} {}", ops::cpu::isa_name(isa), sc.describe())));
+    }
+  }
+}
+
+// Malformed tree masks are refused: a later key, a missing own bit.
+TEST(PagedAttention, RejectsMalformedTreeMasks) {
+  std::mt19937 rng(1);
+  Scenario sc;
+  sc.seqs = {{80, 4}};
+  const Batch b = build(sc, rng);
+  Tensor out = testing::nan_tensor(b.q.shape());
+  for (const std::vector<uint64_t>& bad : std::vector<std::vector<uint64_t>>{{1, 3, 0xF, 0xF}, {1, 1, 5, 9}}) {
+    AttentionMetadata meta = b.meta;
+    meta.tree_masks = Tensor::empty({4}, DType::kI64);
+    std::copy(bad.begin(), bad.end(), static_cast<uint64_t*>(meta.tree_masks.raw_data()));
+    EXPECT_DEATH(ops::paged_attention(b.q, b.k_cache, b.v_cache, meta, b.params, out), "tree mask");
   }
 }
 

@@ -54,6 +54,46 @@ TEST(SchedulerDraft, ADraftIsChargedAtFullLengthAndRolledBackOnRejection) {
   EXPECT_EQ(blocks.num_used(), 0);
 }
 
+// A draft tree: its nodes are charged like a chain; the accepted path's K/V are moved from where
+// the step wrote them (last token's index + 1 + node) to the positions they now hold, in order.
+TEST(SchedulerDraft, AnAcceptedTreePathMovesIntoPlace) {
+  BlockManager blocks(BlockManagerOptions{16, 4, false});
+  Scheduler s(SchedulerOptions{64, 4, true}, blocks);
+  auto seq = decoding_sequence(s, 6);  // the last token (7) sits at index 6
+  // Branches 8 -> 9 (nodes 0, 1) and 10 -> 11 -> 12 (nodes 2, 3, 4).
+  seq->set_draft({8, 9, 10, 11, 12}, {-1, 0, -1, 2, 3});
+  const SchedulerStep step = s.schedule();
+  ASSERT_EQ(step.chunks.size(), 1u);
+  EXPECT_EQ(step.chunks[0].num_draft, 5);
+  EXPECT_EQ(seq->block_table().num_tokens(), 12);
+  s.complete(step);
+  std::vector<int32_t> slot_of(12);
+  for (int p = 0; p < 12; ++p) slot_of[static_cast<size_t>(p)] = seq->block_table().slot(p);
+  for (int32_t t : {10, 11, 40}) seq->append_token(t);
+  const std::vector<int32_t> path = {2, 3};
+  const std::vector<SlotCopy> copies = s.accept_draft(seq.get(), path);
+  ASSERT_EQ(copies.size(), 2u);
+  EXPECT_EQ(copies[0].src, slot_of[9]);  // node 2 (index 6 + 1 + 2) to position 7
+  EXPECT_EQ(copies[0].dst, slot_of[7]);
+  EXPECT_EQ(copies[1].src, slot_of[10]);  // node 3 to position 8
+  EXPECT_EQ(copies[1].dst, slot_of[8]);
+  EXPECT_TRUE(seq->draft().empty() && seq->draft_parents().empty());
+  EXPECT_EQ(seq->num_computed(), 9);
+  EXPECT_EQ(seq->block_table().num_tokens(), 9);
+  // The first branch needs no copy; a path that skips a level is refused.
+  seq->set_draft({1, 2, 3}, {-1, 0, -1});
+  s.complete(s.schedule());
+  for (int32_t t : {1, 2, 5}) seq->append_token(t);
+  EXPECT_TRUE(s.accept_draft(seq.get(), std::vector<int32_t>{0, 1}).empty());
+  EXPECT_EQ(seq->num_computed(), 12);
+  seq->set_draft({1, 2, 3}, {-1, 0, 1});
+  s.complete(s.schedule());
+  for (int32_t t : {2, 9}) seq->append_token(t);
+  EXPECT_DEATH(s.accept_draft(seq.get(), std::vector<int32_t>{1}), "does not follow");
+  s.finish(seq.get());
+  EXPECT_EQ(blocks.num_used(), 0);
+}
+
 TEST(SchedulerDraft, ADraftThatDoesNotFitIsDroppedNotTheDecode) {
   // Budget: 3 tokens, a draft of 4 needs 5.
   BlockManager blocks(BlockManagerOptions{16, 4, false});

@@ -14,6 +14,7 @@
 #include <cmath>
 #include <functional>
 #include <map>
+#include <random>
 
 #include <gtest/gtest.h>
 
@@ -214,6 +215,80 @@ TEST_F(SpecEngineTest, GreedyWithNgramLookupEqualsPlainForEveryK) {
   }
 }
 
+// Token trees through the engine: greedy output equals plain greedy for both proposers, for fixed
+// and dynamic K and several node budgets; trees were verified, and some accepted paths left the
+// first branch (their K/V moved into place).
+TEST_F(SpecEngineTest, GreedyWithTokenTreesEqualsPlain) {
+  for (SpecMethod method : {SpecMethod::kDraftModel, SpecMethod::kNgram}) {
+    int64_t off_branch = 0;
+    for (auto [k, nodes] : std::vector<std::pair<int, int>>{{1, 4}, {3, 10}, {0, 16}, {8, 40}}) {
+      const std::string what = fmt::format("{} K {} tree {}", spec_method_name(method), k, nodes);
+      EngineOptions o = small_options();
+      o.spec = spec_options(method, draft_->model.get(), k);
+      o.spec.tree_nodes = nodes;
+      auto e = make_engine(*target_, o);
+      ASSERT_NE(e, nullptr);
+      expect_same(run_all(*e, *cases_), *plain_, what);
+      const SpecStats s = e->stats().spec;
+      EXPECT_GT(s.num_tree_steps, 0) << what;
+      EXPECT_GT(s.num_accepted, 0) << what;
+      EXPECT_LE(s.num_emitted, s.num_accepted + s.num_verify_steps) << what;
+      off_branch += s.num_off_first_branch;
+    }
+    EXPECT_GT(off_branch, 0) << spec_method_name(method) << ": no accepted path ever left the first branch";
+  }
+}
+
+// A tree verified in one forward gives, at every node, the logits of its root-to-node path run
+// as a plain chunk: the tree's masks, depth positions and cache placement at work.
+TEST_F(SpecEngineTest, TreeForwardEqualsEachPathRunAsAChain) {
+  const LlamaModel& model = *target_->model;
+  const ModelConfig& c = model.config();
+  KvCacheConfig kc;
+  kc.num_layers = c.num_layers;
+  kc.num_kv_heads = c.num_kv_heads;
+  kc.head_dim = c.head_dim;
+  kc.num_blocks = 64;
+  KvCache cache = *KvCache::create(kc);
+  BlockManager blocks(BlockManagerOptions{kc.num_blocks, kc.block_size, false});
+  const std::vector<int32_t>& prompt = (*cases_)[2].prompt;
+  ASSERT_GE(prompt.size(), 30u);
+  // The last prompt token is the root; 20 nodes with random parents.
+  std::mt19937 rng(testing::fresh_seed());
+  std::vector<int32_t> tokens = {prompt.back()}, parents = {-1};
+  for (int i = 1; i <= 20; ++i) {
+    tokens.push_back(std::uniform_int_distribution<int32_t>(0, c.vocab_size - 1)(rng));
+    parents.push_back(std::uniform_int_distribution<int32_t>(0, i - 1)(rng));
+  }
+  BlockTable table(kc.block_size);
+  ASSERT_TRUE(blocks.grow_to(table, static_cast<int>(prompt.size()) - 1 + static_cast<int>(tokens.size())).ok());
+  const std::vector<int32_t> head(prompt.begin(), prompt.end() - 1);
+  Tensor logits;
+  const Status prefill = model.forward(build_forward_batch({SequenceChunk{&table, 0, head, LogitsWanted::kLast}}), cache, logits);
+  ASSERT_TRUE(prefill.ok()) << prefill.to_string();
+  SequenceChunk tree{&table, static_cast<int>(head.size()), tokens, LogitsWanted::kAll};
+  tree.tree_parents = parents;
+  Tensor tree_logits;
+  ASSERT_TRUE(model.forward(build_forward_batch({tree}), cache, tree_logits).ok());
+  blocks.free(table);
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    std::vector<int32_t> path;
+    for (int32_t n = static_cast<int32_t>(i); n >= 0; n = parents[static_cast<size_t>(n)]) path.push_back(tokens[static_cast<size_t>(n)]);
+    std::vector<int32_t> chain = head;
+    chain.insert(chain.end(), path.rbegin(), path.rend());
+    BlockTable t(kc.block_size);
+    ASSERT_TRUE(blocks.grow_to(t, static_cast<int>(chain.size())).ok());
+    Tensor chain_logits;
+    ASSERT_TRUE(model.forward(build_forward_batch({SequenceChunk{&t, 0, chain, LogitsWanted::kLast}}), cache, chain_logits).ok());
+    blocks.free(t);
+    const float* a = tree_logits.data<float>() + static_cast<int64_t>(i) * c.vocab_size;
+    const float* b = chain_logits.data<float>();
+    float worst = 0.0f;
+    for (int v = 0; v < c.vocab_size; ++v) worst = std::max(worst, std::fabs(a[v] - b[v]));
+    EXPECT_LT(worst, 1e-3f) << "node " << i << " at depth " << path.size() - 1;
+  }
+}
+
 // New requests arrive every step, so prompt chunks share steps with verify chunks; a request with
 // max_tokens 1 or 2 never speculates (plain decodes in the same batch); a cache too small for all
 // of them preempts sequences that hold drafts. Outputs stay those of plain greedy decoding.
@@ -282,14 +357,16 @@ std::vector<float> kv_at(Engine& e, const BlockTable& table, int position) {
 
 // After every speculative step, the request's table and K/V are those of a plain run at the same
 // tokens: same number of positions and blocks, the same K/V at every position; the rejected
-// drafts' positions are gone.
+// drafts' positions are gone. With token trees, accepted side branches' K/V moved into place.
 TEST_F(SpecEngineTest, RejectedPositionsAreRolledBackToWhatAPlainRunHolds) {
-  for (SpecMethod method : {SpecMethod::kDraftModel, SpecMethod::kNgram}) {
-    SCOPED_TRACE(spec_method_name(method));
+  for (auto [method, tree_nodes] : std::vector<std::pair<SpecMethod, int>>{
+           {SpecMethod::kDraftModel, 0}, {SpecMethod::kNgram, 0}, {SpecMethod::kDraftModel, 12}, {SpecMethod::kNgram, 12}}) {
+    SCOPED_TRACE(fmt::format("{} tree {}", spec_method_name(method), tree_nodes));
     EngineOptions o = small_options(1);
     o.prefix_caching = false;
     EngineOptions so = o;
     so.spec = spec_options(method, draft_->model.get(), 4);
+    so.spec.tree_nodes = tree_nodes;
     auto spec = make_engine(*target_, so);
     auto plain = make_engine(*target_, o);
     Case c = (*cases_)[2];
@@ -433,8 +510,9 @@ TEST_F(SpecEngineTest, SampledOutputKeepsTheTargetDistribution) {
   double total = 0.0;
   for (const auto& [o, pr] : law) total += pr;
   ASSERT_NEAR(total, 1.0, 1e-4);
-  for (SpecMethod method : {SpecMethod::kDraftModel, SpecMethod::kNgram}) {
-    SCOPED_TRACE(spec_method_name(method));
+  for (auto [method, tree_nodes] : std::vector<std::pair<SpecMethod, int>>{
+           {SpecMethod::kDraftModel, 0}, {SpecMethod::kNgram, 0}, {SpecMethod::kDraftModel, 4}, {SpecMethod::kNgram, 6}}) {
+    SCOPED_TRACE(fmt::format("{} tree {}", spec_method_name(method), tree_nodes));
     EngineOptions o = small_options(64);
     o.max_model_len = 64;
     o.num_kv_blocks = 5 * 64;
@@ -442,6 +520,7 @@ TEST_F(SpecEngineTest, SampledOutputKeepsTheTargetDistribution) {
     o.batch_invariant = false;  // not needed for a law, and faster
     // K fixed: the controller would turn speculation off for a batch this large.
     o.spec = spec_options(method, draft_->model.get(), 2);
+    o.spec.tree_nodes = tree_nodes;
     auto e = make_engine(*target_, o);
     ASSERT_NE(e, nullptr);
     constexpr int kRequests = 800;
@@ -505,6 +584,9 @@ TEST_F(SpecEngineTest, BadOptionsAreClearErrors) {
   EXPECT_NE(error_of(s).find("--spec-k-max 0"), std::string::npos);
   s = spec_options(SpecMethod::kDraftModel, nullptr, 2);
   EXPECT_NE(error_of(s).find("no draft model"), std::string::npos);
+  s = spec_options(SpecMethod::kNgram, nullptr, 2);
+  s.tree_nodes = 64;
+  EXPECT_NE(error_of(s).find("--spec-tree 64"), std::string::npos) << error_of(s);
   LoadedModel other = load_or_die("synthetic:tiny");
   s = spec_options(SpecMethod::kDraftModel, other.model.get(), 2);
   EXPECT_NE(error_of(s).find("vocabulary has 512 tokens, the target's 8192"), std::string::npos) << error_of(s);
@@ -546,6 +628,7 @@ TEST_F(SpecEngineTest, MetricsExportTheAcceptanceFigures) {
             std::string::npos);
   EXPECT_NE(text.find("# TYPE tachyon_spec_acceptance_rate gauge"), std::string::npos);
   EXPECT_NE(text.find("tachyon_spec_mean_accepted_length{proposer=\"draft\"}"), std::string::npos);
+  EXPECT_NE(text.find("tachyon_spec_tree_steps_total{proposer=\"draft\"} 0"), std::string::npos);
   server::ServerMetrics off;
   off.set_engine_stats(EngineStats{});
   EXPECT_EQ(off.render().find("tachyon_spec_"), std::string::npos);

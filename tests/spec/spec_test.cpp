@@ -1,7 +1,9 @@
 // Speculative-decoding building blocks: lossless verification (greedy: exactly the target's
 // tokens; sampled: exactly the target's distribution, checked by chi-square over many seeded
 // trials), n-gram lookup, and the dynamic draft-length controller.
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <random>
 
@@ -10,6 +12,7 @@
 #include "spec/draft_length.h"
 #include "spec/ngram_proposer.h"
 #include "spec/rejection_sampler.h"
+#include "spec/verifier.h"
 #include "test_util.h"
 
 namespace tachyon {
@@ -144,6 +147,173 @@ TEST(NgramProposer, ProposesWhatFollowedTheLongestRecentMatch) {
   EXPECT_TRUE(two.propose(std::vector<int32_t>{5, 1, 6, 1}, 2).empty());  // only 1-gram repeats
   NgramProposer near({1, 2, 3});
   EXPECT_TRUE(near.propose(std::vector<int32_t>{1, 9, 9, 9, 9, 1}, 2).empty());  // beyond the lookback
+}
+
+// The n-gram tree: every earlier occurrence of the longest recurring suffix, then of shorter
+// ones, merged into a trie, the most recent match first, cut at the node budget.
+TEST(NgramProposer, TreesMergeTheContinuationsOfEveryMatch) {
+  NgramProposer p({1, 3, 4096});
+  std::vector<int32_t> nodes, parents;
+  // "1 2" occurred at 4 (then 7 8 3) and at 0 (then 9 4 1).
+  const std::vector<int32_t> t = {1, 2, 9, 4, 1, 2, 7, 8, 3, 1, 2};
+  p.propose_tree(t, 3, 16, nodes, parents);
+  EXPECT_EQ(nodes, (std::vector<int32_t>{7, 8, 3, 9, 4, 1}));
+  EXPECT_EQ(parents, (std::vector<int32_t>{-1, 0, 1, -1, 3, 4}));
+  EXPECT_EQ(std::vector<int32_t>(nodes.begin(), nodes.begin() + 3), p.propose(t, 3));  // the first branch
+  p.propose_tree(t, 3, 4, nodes, parents);  // the budget cuts the second branch
+  EXPECT_EQ(nodes, (std::vector<int32_t>{7, 8, 3, 9}));
+  EXPECT_EQ(parents, (std::vector<int32_t>{-1, 0, 1, -1}));
+  // Shared prefixes are one node: both continuations start with 7.
+  p.propose_tree(std::vector<int32_t>{1, 2, 7, 5, 1, 2, 7, 8, 3, 1, 2}, 3, 16, nodes, parents);
+  EXPECT_EQ(nodes, (std::vector<int32_t>{7, 8, 3, 5, 1}));
+  EXPECT_EQ(parents, (std::vector<int32_t>{-1, 0, 1, 0, 3}));
+  // Shorter suffixes add their matches after the longer ones: "3 1 2" never recurred, "1 2" and
+  // "2" lead to the same places, "x 2" is new only through the 1-gram.
+  p.propose_tree(std::vector<int32_t>{6, 2, 5, 1, 2, 7, 3, 1, 2}, 2, 16, nodes, parents);
+  EXPECT_EQ(nodes, (std::vector<int32_t>{7, 3, 5, 1}));
+  EXPECT_EQ(parents, (std::vector<int32_t>{-1, 0, -1, 2}));
+  p.propose_tree(std::vector<int32_t>{1, 2, 3, 4}, 2, 16, nodes, parents);
+  EXPECT_TRUE(nodes.empty() && parents.empty());  // nothing recurs
+}
+
+// Rows of log-probabilities: logits of which the Sampler's softmax at temperature 1 gives p.
+std::vector<float> log_rows(const std::vector<std::vector<float>>& ps) {
+  std::vector<float> out;
+  for (const auto& p : ps) {
+    for (float x : p) out.push_back(x > 0.0f ? std::log(x) : -std::numeric_limits<float>::infinity());
+  }
+  return out;
+}
+
+// Greedy tree walks: from the root, the child holding the row's argmax, until none does; the
+// emitted tokens are the path's and the target's token after it.
+TEST(VerifyTree, GreedyFollowsTheTargetsArgmaxThroughTheTree) {
+  constexpr int kVocab = 8;
+  const auto peaked = [](int token) {
+    std::vector<float> p(kVocab, 0.02f);
+    p[static_cast<size_t>(token)] = 1.0f - 0.02f * (kVocab - 1);
+    return p;
+  };
+  SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  Sampler sampler(greedy);
+  // Branches 3 -> 5 and 4 -> 6 (nodes 0, 1 and 2, 3); rows: root, then after each node.
+  const std::vector<int32_t> draft = {3, 5, 4, 6}, parents = {-1, 0, -1, 2};
+  auto v = verify_draft_tree(draft, parents, log_rows({peaked(4), peaked(0), peaked(0), peaked(6), peaked(1)}).data(),
+                             kVocab, sampler);
+  ASSERT_TRUE(v.ok()) << v.status().to_string();
+  EXPECT_EQ(v->path, (std::vector<int32_t>{2, 3}));
+  EXPECT_EQ(v->num_accepted, 2);
+  ASSERT_EQ(v->tokens.size(), 3u);
+  EXPECT_EQ(v->tokens[0].token, 4);
+  EXPECT_EQ(v->tokens[1].token, 6);
+  EXPECT_EQ(v->tokens[2].token, 1);  // the bonus token after node 3
+  // No child holds the root's argmax: one token, nothing accepted.
+  v = verify_draft_tree(draft, parents, log_rows({peaked(7), peaked(0), peaked(0), peaked(0), peaked(0)}).data(),
+                        kVocab, sampler);
+  ASSERT_TRUE(v.ok());
+  EXPECT_TRUE(v->path.empty());
+  ASSERT_EQ(v->tokens.size(), 1u);
+  EXPECT_EQ(v->tokens[0].token, 7);
+  // Malformed trees are errors.
+  const std::vector<float> flat = log_rows({peaked(0), peaked(0), peaked(0), peaked(0), peaked(0)});
+  EXPECT_FALSE(verify_draft_tree(draft, std::vector<int32_t>{-1, 1, -1, 2}, flat.data(), kVocab, sampler).ok());
+  EXPECT_FALSE(verify_draft_tree(draft, std::vector<int32_t>{-1, 0}, nullptr, kVocab, sampler).ok());
+}
+
+// A chain given as a tree verifies as the chain does, greedily: same tokens, logprobs and path.
+TEST(VerifyTree, AChainVerifiesAsVerifyDraft) {
+  const uint32_t seed = testing::fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
+  constexpr int kVocab = 16;
+  SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  greedy.logprobs = 3;
+  for (int trial = 0; trial < 200; ++trial) {
+    const int k = std::uniform_int_distribution<int>(1, 6)(rng);
+    std::vector<std::vector<float>> rows;
+    std::vector<int32_t> draft, parents;
+    for (int i = 0; i <= k; ++i) rows.push_back(random_distribution(rng, kVocab, 0.0));
+    for (int i = 0; i < k; ++i) {
+      // Mostly the row's argmax, so that chains are often accepted far.
+      const auto& p = rows[static_cast<size_t>(i)];
+      const int32_t best = static_cast<int32_t>(std::max_element(p.begin(), p.end()) - p.begin());
+      draft.push_back(std::uniform_int_distribution<int>(0, 3)(rng) == 0 ? (best + 1) % kVocab : best);
+      parents.push_back(i - 1);
+    }
+    const std::vector<float> logits = log_rows(rows);
+    Sampler a(greedy), b(greedy);
+    auto chain = verify_draft(draft, nullptr, logits.data(), kVocab, a);
+    auto tree = verify_draft_tree(draft, parents, logits.data(), kVocab, b);
+    ASSERT_TRUE(chain.ok() && tree.ok());
+    EXPECT_EQ(tree->path, chain->path);
+    ASSERT_EQ(tree->tokens.size(), chain->tokens.size());
+    for (size_t i = 0; i < tree->tokens.size(); ++i) {
+      EXPECT_EQ(tree->tokens[i].token, chain->tokens[i].token);
+      EXPECT_FLOAT_EQ(tree->tokens[i].logprob, chain->tokens[i].logprob);
+      EXPECT_EQ(tree->tokens[i].top_logprobs.size(), 3u);
+    }
+  }
+}
+
+// Sampling through a tree is lossless: with three candidates under the root (one with a child of
+// its own), the first emitted token follows the root row's p and, when it is the candidate with a
+// child, the second follows that child's row — chi-square over 200k seeded trials; candidates
+// the target gives no mass are never emitted.
+TEST(VerifyTree, SampledTokensHaveTheTargetDistribution) {
+  const uint32_t seed = testing::fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
+  constexpr int kVocab = 10;
+  constexpr int kTrials = 200000;
+  for (int config = 0; config < 3; ++config) {
+    std::vector<std::vector<float>> rows;
+    for (int i = 0; i < 5; ++i) rows.push_back(random_distribution(rng, kVocab, config == 1 ? 0.4 : 0.0));
+    // Root candidates 2, 5 (child 7 at node 3) and 8; config 2 makes one of them impossible.
+    if (config == 2) {
+      rows[0][8] = 0.0f;
+      double sum = 0.0;
+      for (float x : rows[0]) sum += x;
+      for (float& x : rows[0]) x = static_cast<float>(x / sum);
+    }
+    const std::vector<int32_t> draft = {2, 5, 8, 7}, parents = {-1, -1, -1, 1};
+    const std::vector<float> logits = log_rows(rows);
+    SamplingParams sp;
+    sp.temperature = 1.0f;
+    sp.seed = seed + static_cast<uint64_t>(config);
+    Sampler sampler(sp);
+    std::vector<int64_t> first(kVocab, 0), second(kVocab, 0);
+    int64_t second_total = 0;
+    for (int t = 0; t < kTrials; ++t) {
+      auto v = verify_draft_tree(draft, parents, logits.data(), kVocab, sampler);
+      ASSERT_TRUE(v.ok()) << v.status().to_string();
+      ASSERT_EQ(v->tokens.size(), v->path.size() + 1);
+      ++first[static_cast<size_t>(v->tokens[0].token)];
+      if (v->tokens[0].token == 5) {
+        // Node 1 accepted: the next token follows row 2 (after node 1), whatever the draft says.
+        ASSERT_EQ(v->path[0], 1);
+        ++second[static_cast<size_t>(v->tokens[1].token)];
+        ++second_total;
+      }
+    }
+    const auto chi2 = [&](const std::vector<int64_t>& counts, const std::vector<float>& p, int64_t n) {
+      double stat = 0.0;
+      int dof = -1;
+      for (int i = 0; i < kVocab; ++i) {
+        const double e = p[static_cast<size_t>(i)] * static_cast<double>(n);
+        if (e == 0.0) {
+          EXPECT_EQ(counts[static_cast<size_t>(i)], 0) << "token " << i << " has target probability 0";
+          continue;
+        }
+        stat += (counts[static_cast<size_t>(i)] - e) * (counts[static_cast<size_t>(i)] - e) / e;
+        ++dof;
+      }
+      return testing::chi_square_p_value(stat, std::max(dof, 1));
+    };
+    EXPECT_GT(chi2(first, rows[0], kTrials), 1e-6) << "config " << config;
+    if (second_total > 1000) EXPECT_GT(chi2(second, rows[2], second_total), 1e-6) << "config " << config;
+  }
 }
 
 TEST(DraftLength, FollowsAcceptanceAndBatchSize) {

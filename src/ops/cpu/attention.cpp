@@ -113,6 +113,7 @@ void run_item(const Problem& p, const Item& it, Scratch& sc) {
   const int64_t q_begin = batch.query_start[it.seq], q_end = batch.query_start[it.seq + 1];
   const int64_t context_len = batch.context_lens[it.seq];
   const int64_t pos0 = context_len - (q_end - q_begin) - q_begin;  // position of row r = pos0 + r
+  const int64_t chunk_start = context_len - (q_end - q_begin);     // cache index of the chunk's first key
   const int32_t* block_table = batch.block_tables + it.seq * batch.max_blocks_per_seq;
   const T* k_base = static_cast<const T*>(cache.k) + it.kv_head * head_dim;
   const T* v_base = static_cast<const T*>(cache.v) + it.kv_head * head_dim;
@@ -154,6 +155,16 @@ void run_item(const Problem& p, const Item& it, Scratch& sc) {
         const float s = dot_row<L>(qs, kb + (j - j_first) * key_stride, head_dim);
         sc.scores[static_cast<size_t>(j - lo)] = s;
         block_max = std::max(block_max, s);
+      }
+      const uint64_t mask = batch.tree_masks != nullptr ? batch.tree_masks[row_token(r)] : ~uint64_t{0};
+      if (mask != ~uint64_t{0} && hi >= chunk_start) {  // tree: only the row's ancestors in the chunk
+        block_max = -std::numeric_limits<float>::infinity();
+        for (int64_t j = lo; j <= hi; ++j) {
+          float& s = sc.scores[static_cast<size_t>(j - lo)];
+          if (j >= chunk_start && (mask >> (j - chunk_start) & 1) == 0) s = -std::numeric_limits<float>::infinity();
+          block_max = std::max(block_max, s);
+        }
+        if (block_max == -std::numeric_limits<float>::infinity()) continue;  // no key of this block is seen
       }
       float& m = sc.m[static_cast<size_t>(r)];
       float& l = sc.l[static_cast<size_t>(r)];

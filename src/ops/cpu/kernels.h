@@ -88,6 +88,7 @@ struct AttentionBatch {
   const int32_t* context_lens = nullptr;  // [num_seqs] i32
   const int32_t* block_tables = nullptr;  // [num_seqs, max_blocks_per_seq] i32
   int64_t max_blocks_per_seq = 0;
+  const uint64_t* tree_masks = nullptr;   // [n] or null (ops.h AttentionMetadata::tree_masks)
 };
 
 // q[t, h, :] at q + t * q_token_stride + h * q_head_stride; out likewise.

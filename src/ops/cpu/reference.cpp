@@ -179,10 +179,21 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
     for (int64_t row = q_begin; row < q_end; ++row) {
       const int64_t pos = context_len - (q_end - q_begin) + (row - q_begin);  // absolute position of the query
       const int64_t first = params.sliding_window > 0 ? std::max<int64_t>(0, pos - params.sliding_window + 1) : 0;
+      // Token trees: of the chunk's own keys, only those whose bit is set.
+      const int64_t chunk_start = context_len - (q_end - q_begin);
+      const uint64_t mask =
+          meta.tree_masks.defined() ? static_cast<const uint64_t*>(meta.tree_masks.raw_data())[row] : ~uint64_t{0};
+      const auto visible = [&](int64_t j) {
+        return mask == ~uint64_t{0} || j < chunk_start || (mask >> (j - chunk_start) & 1) != 0;
+      };
       for (int64_t h = 0; h < num_heads; ++h) {
         const int64_t kvh = h / group;
         scores.assign(static_cast<size_t>(pos - first + 1), 0.0);
         for (int64_t j = first; j <= pos; ++j) {
+          if (!visible(j)) {
+            scores[static_cast<size_t>(j - first)] = -std::numeric_limits<double>::infinity();
+            continue;
+          }
           const int64_t block = block_tables[s * max_blocks + j / block_size];
           const int64_t base = ((block * block_size + j % block_size) * num_kv_heads + kvh) * head_dim;
           double dot = 0.0;
@@ -200,6 +211,7 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
         }
         std::fill(acc.begin(), acc.end(), 0.0);
         for (int64_t j = first; j <= pos; ++j) {
+          if (!visible(j)) continue;
           const int64_t block = block_tables[s * max_blocks + j / block_size];
           const int64_t base = ((block * block_size + j % block_size) * num_kv_heads + kvh) * head_dim;
           const double p = scores[static_cast<size_t>(j - first)] / sum;

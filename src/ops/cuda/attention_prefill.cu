@@ -7,8 +7,8 @@
 //   keys its rows can see in tiles of 32 (gathered through the block table, converted to f32 in
 //   shared memory), and keeps an online softmax per row; thread (r, c) of 4 per row scores keys
 //   c, c+4, ...; the 4 threads of a row are one quad of a warp, so row max/sum are two shuffles.
-// Both: no score matrix ever reaches memory; causal within the chunk, sliding window, GQA (head h
-// reads KV head h / group).
+// Both: no score matrix ever reaches memory; causal within the chunk, sliding window, token-tree
+// masks (ops.h AttentionMetadata::tree_masks), GQA (head h reads KV head h / group).
 // Invariants: keys a tile's rows cannot see are never loaded (zeros stand in), so poisoned or
 // released cache blocks never reach the arithmetic.
 #include <algorithm>
@@ -115,6 +115,10 @@ __global__ void __launch_bounds__(kThreads) prefill_kernel(const PrefillParams p
   const int r = tid >> 2, c = tid & 3;
   const bool row_valid = r < rows;
   const int pos = first_pos + r;
+  // Token trees: of the chunk's keys [chunk_start, ctx), only those whose bit is set.
+  const int chunk_start = ctx - q_len;
+  const uint64_t tree = p.batch.tree_masks != nullptr && row_valid ? p.batch.tree_masks[q_begin + row_begin + r]
+                                                                     : ~uint64_t{0};
   float m = -INFINITY, l = 0.0f;
   float4 acc[kAcc];
 #pragma unroll
@@ -153,7 +157,8 @@ __global__ void __launch_bounds__(kThreads) prefill_kernel(const PrefillParams p
     for (int j = 0; j < kKeysPerThread; ++j) {
       const int t = c + 4 * j;
       const int key = k0 + t;
-      const bool ok = row_valid && t < valid && key <= pos && (window <= 0 || pos - key < window);
+      const bool ok = row_valid && t < valid && key <= pos && (window <= 0 || pos - key < window) &&
+                      (tree == ~uint64_t{0} || key < chunk_start || (tree >> (key - chunk_start) & 1) != 0);
       sc[j] = ok ? sc[j] : -INFINITY;
       tile_max = fmaxf(tile_max, sc[j]);
     }
@@ -287,6 +292,15 @@ __global__ void __launch_bounds__(kMmaThreads) prefill_mma_kernel(const PrefillP
   const int warp_first_pos = first_pos + wr;
   const int warp_last_pos = first_pos + min(wr + 15, rows - 1);
   const int warp_key_lo = window > 0 ? max(0, warp_first_pos - window + 1) : 0;
+  // Token trees: of the chunk's keys [chunk_start, ctx), only those whose bit is set in the row's mask.
+  const int chunk_start = ctx - q_len;
+  const bool tree = p.batch.tree_masks != nullptr;
+  uint64_t tree0 = ~uint64_t{0}, tree1 = ~uint64_t{0};
+  if (tree) {
+    const int r0 = row_begin + wr + g, r1 = r0 + 8;
+    if (r0 < q_len) tree0 = p.batch.tree_masks[q_begin + r0];
+    if (r1 < q_len) tree1 = p.batch.tree_masks[q_begin + r1];
+  }
 
   uint32_t qa[HD / 16][4];
   {
@@ -350,14 +364,16 @@ __global__ void __launch_bounds__(kMmaThreads) prefill_mma_kernel(const PrefillP
           M::mma(sc[j], qa[2 * kk2 + 1], b[2], b[3]);
         }
       }
-      if (k0 + kMmaKeys - 1 > warp_first_pos || window > 0) {
+      if (k0 + kMmaKeys - 1 > warp_first_pos || window > 0 || (tree && k0 + kMmaKeys > chunk_start)) {
 #pragma unroll
         for (int j = 0; j < kMmaKeys / 8; ++j) {
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int key = k0 + 8 * j + 2 * t4 + (e & 1);
             const int pos = e < 2 ? pos0 : pos1;
-            const bool ok = key <= pos && (window <= 0 || pos - key < window);
+            const uint64_t bits = e < 2 ? tree0 : tree1;
+            const bool ok = key <= pos && (window <= 0 || pos - key < window) &&
+                            (bits == ~uint64_t{0} || key < chunk_start || (bits >> (key - chunk_start) & 1) != 0);
             if (!ok) sc[j][e] = -INFINITY;
           }
         }

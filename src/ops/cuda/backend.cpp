@@ -257,6 +257,15 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
     batch.max_blocks_per_seq = meta.block_tables.size(1);
     batch.max_query_len = meta.max_query_len;
     batch.max_context_len = meta.max_context_len;
+    if (meta.tree_masks.defined()) {
+      on_device("paged_attention", {&meta.tree_masks});
+      TACHYON_CHECK(meta.tree_masks.dtype() == DType::kI64 && meta.tree_masks.dim() == 1 &&
+                        meta.tree_masks.size(0) == q.size(0) && meta.tree_masks.is_contiguous() &&
+                        params.sliding_window == 0,
+                    "paged_attention: tree_masks {} for {} queries (no sliding window)", meta.tree_masks.shape_string(),
+                    q.size(0));
+      batch.tree_masks = static_cast<const uint64_t*>(meta.tree_masks.raw_data());
+    }
     auto plan = plan_paged_attention(batch, q.size(1), cache, params, props_.multiprocessors);
     require_ok(plan.status());
     grow_scratch(workspace_, plan->workspace_bytes, "attention workspace");

@@ -82,6 +82,7 @@ struct AttentionBatch {
   int64_t max_blocks_per_seq = 0;
   int max_query_len = 0;    // host: max over sequences of query_start[s + 1] - query_start[s]
   int max_context_len = 0;  // host: max of context_lens
+  const uint64_t* tree_masks = nullptr;   // [n_tokens] device, or null (ops.h AttentionMetadata::tree_masks)
 };
 
 }  // namespace tachyon::ops::cuda
