@@ -12,7 +12,15 @@ its own cost small.
 
     .venv/bin/python bench/serve_load.py --base-url http://127.0.0.1:8000 -n 64 --prompt-len 128 \
         --output-len 64 --concurrency 16 [--request-rate 8] [--slo-ttft 1 --slo-tpot 0.05] \
-        [--bench-binary build/tachyon --bench-model MODEL] [--json out.json]
+        [--processes 4 --client-cpus 8-15] [--bench-binary build/tachyon --bench-model MODEL] [--json out.json]
+
+With --processes K > 1 the client work is spread over K processes, for rates where one Python
+process parsing every event is the bottleneck: the workload is drawn as with one (same seed, same
+prompts and arrival times) and dealt round-robin, each process runs its share with at most
+ceil(C / K) in flight, all start at one CLOCK_MONOTONIC instant that the arrivals count from, and
+the figures are computed over the merged requests and the common wall time. --client-cpus LIST
+(e.g. 8-15 or 8,9,10) pins the client processes: one CPU each, in turn, when K <= the CPUs given,
+else all share them.
 
 With --slo-ttft and/or --slo-tpot (seconds), goodput is reported as `tachyon bench` reports it: the
 requests that finished with TTFT and mean TPOT within the targets, their share and their rate over
@@ -27,13 +35,18 @@ to every token (engine hand-over to the client's parse) is measured directly, p5
 import argparse
 import asyncio
 import json
+import math
+import multiprocessing
+import multiprocessing.connection
 import os
+import pickle
 import random
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import traceback
 import urllib.parse
 import urllib.request
 
@@ -148,8 +161,9 @@ async def one_request(host, port, path, body, result):
         writer.close()
 
 
-async def run_load(args, vocab, model):
-    url = urllib.parse.urlsplit(args.base_url)
+def draw_workload(args, vocab):
+    """(prompts, arrivals): the warm-up prompts then the measured ones, and each measured request's
+    arrival in seconds after the start of the measured run, all drawn from --seed."""
     rng = random.Random(args.seed)
     prompts = [[rng.randrange(min(16, vocab - 1), vocab) for _ in range(args.prompt_len)]
                for _ in range(args.num_prompts + args.warmup)]
@@ -159,10 +173,20 @@ async def run_load(args, vocab, model):
         if args.request_rate > 0:
             t += rng.expovariate(args.request_rate)
         arrivals.append(t)
+    return prompts, arrivals
+
+
+def request_body(args, model, prompt):
+    return {"model": model, "prompt": prompt, "max_tokens": args.output_len, "temperature": 0,
+            "ignore_eos": True, "stream": True, "logprobs": 0}
+
+
+async def run_load(args, vocab, model):
+    url = urllib.parse.urlsplit(args.base_url)
+    prompts, arrivals = draw_workload(args, vocab)
 
     def body(prompt):
-        return {"model": model, "prompt": prompt, "max_tokens": args.output_len, "temperature": 0,
-                "ignore_eos": True, "stream": True, "logprobs": 0}
+        return request_body(args, model, prompt)
 
     for p in prompts[:args.warmup]:  # warm-up, not measured
         await one_request(url.hostname, url.port, "/v1/completions", body(p), Result())
@@ -180,6 +204,144 @@ async def run_load(args, vocab, model):
     t0 = time.perf_counter()
     await asyncio.gather(*(limited(p, r, a) for p, r, a in zip(prompts[args.warmup:], results, arrivals)))
     return results, time.perf_counter() - t0
+
+
+def parse_cpu_list(text):
+    """"8-15", "8,9,10", "0-3,8": the CPUs, in the order given, without repeats."""
+    cpus = []
+    for part in text.split(","):
+        lo, _, hi = part.strip().partition("-")
+        first, last = int(lo), int(hi) if hi else int(lo)
+        if first < 0 or last < first:
+            raise ValueError(f"bad CPU range {part.strip()!r}")
+        cpus.extend(c for c in range(first, last + 1) if c not in cpus)
+    if not cpus:
+        raise ValueError("no CPUs")
+    return cpus
+
+
+def client_cpus(cpus, processes, i):
+    """The CPUs of client process i of `processes`: one each, in turn, when there are enough, else all."""
+    if not cpus:
+        return None
+    return [cpus[i % len(cpus)]] if processes <= len(cpus) else list(cpus)
+
+
+def portable_error(e):
+    """e if it survives pickling (to be sent to the parent), else a RuntimeError with its repr."""
+    try:
+        pickle.loads(pickle.dumps(e))
+        return e
+    except Exception:
+        return RuntimeError(repr(e))
+
+
+async def run_share(host, port, share, concurrency, start):
+    """One client process's part of the measured run: share = [(index, body, arrival)], arrivals in
+    seconds after `start` (CLOCK_MONOTONIC). Returns [(index, start, end, token_times, delivery,
+    error)] with times in seconds after `start`, and the time this process finished, likewise."""
+    t0 = start - (time.monotonic() - time.perf_counter())  # `start` on the perf_counter clock
+    await asyncio.sleep(max(0.0, t0 - time.perf_counter()))
+    semaphore = asyncio.Semaphore(max(1, concurrency))
+    results = [Result() for _ in share]
+
+    async def limited(body, r, arrival):
+        await asyncio.sleep(max(0.0, t0 + arrival - time.perf_counter()))
+        async with semaphore:
+            try:
+                await one_request(host, port, "/v1/completions", body, r)
+            except Exception as e:  # counted, reported by the parent
+                r.error = e
+
+    await asyncio.gather(*(limited(body, r, a) for (_, body, a), r in zip(share, results)))
+    finish = time.perf_counter() - t0
+    return [(index, r.start - t0, r.end - t0, [x - t0 for x in r.token_times], r.delivery,
+             None if r.error is None else portable_error(r.error))
+            for (index, _, _), r in zip(share, results)], finish
+
+
+def load_worker(conn, host, port, share, concurrency, cpus):
+    """A client process: pins itself, says "ready", waits for the common start, runs its share and
+    sends back ("done", results, finish) or ("failed", traceback)."""
+    try:
+        if cpus:
+            os.sched_setaffinity(0, cpus)
+        conn.send("ready")
+        start = conn.recv()
+        conn.send(("done", *asyncio.run(run_share(host, port, share, concurrency, start))))
+    except BaseException:
+        try:
+            conn.send(("failed", traceback.format_exc()))
+        except Exception:
+            pass
+    finally:
+        conn.close()
+
+
+def run_load_processes(args, vocab, model, cpus):
+    """run_load over args.processes client processes: the same workload, dealt round-robin, started
+    together; returns the merged results (in request order) and the wall time from the common start
+    to the last process's finish."""
+    url = urllib.parse.urlsplit(args.base_url)
+    prompts, arrivals = draw_workload(args, vocab)
+
+    async def warmup():
+        for p in prompts[:args.warmup]:  # warm-up, not measured
+            await one_request(url.hostname, url.port, "/v1/completions", request_body(args, model, p), Result())
+
+    asyncio.run(warmup())
+    processes = args.processes
+    concurrency = math.ceil(args.concurrency / processes) if args.concurrency > 0 else 0
+    methods = multiprocessing.get_all_start_methods()
+    context = multiprocessing.get_context("fork" if "fork" in methods else None)
+    workers = []  # (process, the parent's end of its pipe)
+
+    def receive(process, conn):
+        try:
+            message = conn.recv()
+        except EOFError:
+            process.join(5)
+            raise RuntimeError(f"client process {process.pid} exited (code {process.exitcode}) without reporting")
+        if isinstance(message, tuple) and message[0] == "failed":
+            raise RuntimeError(f"client process {process.pid} failed:\n{message[1]}")
+        return message
+
+    try:
+        for i in range(processes):
+            share = [(j, request_body(args, model, prompts[args.warmup + j]), arrivals[j])
+                     for j in range(i, args.num_prompts, processes)]
+            parent_end, child_end = context.Pipe()
+            process = context.Process(target=load_worker, daemon=True,
+                                      args=(child_end, url.hostname, url.port, share,
+                                            concurrency or len(share), client_cpus(cpus, processes, i)))
+            process.start()
+            child_end.close()
+            workers.append((process, parent_end))
+        for process, conn in workers:
+            if receive(process, conn) != "ready":
+                raise RuntimeError(f"client process {process.pid} sent an unexpected message")
+        start = time.monotonic() + 0.25  # every process is waiting on its pipe: ample time to wake
+        for _, conn in workers:
+            conn.send(start)
+        results = [Result() for _ in range(args.num_prompts)]
+        duration = 0.0
+        pending = {conn: process for process, conn in workers}
+        while pending:
+            for conn in multiprocessing.connection.wait(list(pending)):
+                _, share, finish = receive(pending.pop(conn), conn)
+                duration = max(duration, finish)
+                for index, begin, end, token_times, delivery, error in share:
+                    r = results[index]
+                    r.start, r.end, r.token_times, r.delivery, r.error = begin, end, token_times, delivery, error
+        for process, _ in workers:
+            process.join()
+        return results, duration
+    finally:
+        for process, conn in workers:
+            conn.close()
+            if process.is_alive():
+                process.terminate()
+                process.join()
 
 
 def get_json(base_url, path):
@@ -221,6 +383,10 @@ def main():
     ap.add_argument("--slo-tpot", type=float, default=0.0,
                     help="goodput target on a request's mean TPOT, seconds (default 0: none)")
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--processes", type=int, default=1,
+                    help="client processes the requests are dealt to, ceil(concurrency / processes) in flight each (default 1)")
+    ap.add_argument("--client-cpus", metavar="LIST",
+                    help="pin the client processes to these CPUs, e.g. 8-15 or 8,9,10 (default: no pinning)")
     ap.add_argument("--seed", type=int, help="prompt seed (default: a fresh one, so that a running server's "
                     "prefix cache holds none of the prompts)")
     ap.add_argument("--vocab", type=int, default=0, help="prompt ids are drawn below this (default: from "
@@ -232,19 +398,45 @@ def main():
     args = ap.parse_args()
     if not (args.request_rate >= 0 and args.slo_ttft >= 0 and args.slo_tpot >= 0):
         ap.error("--request-rate, --slo-ttft and --slo-tpot must not be negative")
+    if args.processes < 1:
+        ap.error("--processes must be at least 1")
+    cpus = None
+    if args.client_cpus is not None:
+        if not hasattr(os, "sched_setaffinity"):
+            ap.error("--client-cpus needs os.sched_setaffinity (Linux)")
+        try:
+            cpus = parse_cpu_list(args.client_cpus)
+        except ValueError as e:
+            ap.error(f"--client-cpus {args.client_cpus!r}: {e}")
+        unavailable = sorted(set(cpus) - os.sched_getaffinity(0))
+        if unavailable:
+            ap.error(f"--client-cpus: CPUs {unavailable} are not available to this process "
+                     f"(available: {sorted(os.sched_getaffinity(0))})")
+        # This process: the one client when P = 1, else the parent (warm-up, merging) on all of them.
+        os.sched_setaffinity(0, client_cpus(cpus, 1, 0) if args.processes == 1 else cpus)
     if args.seed is None:
         args.seed = random.SystemRandom().randrange(1 << 31)
 
-    model = args.model or get_json(args.base_url, "/v1/models")["data"][0]["id"]
+    try:
+        model = args.model or get_json(args.base_url, "/v1/models")["data"][0]["id"]
+        before = server_histograms(args.base_url)
+    except OSError as e:
+        sys.exit(f"serve_load.py: no server answers at {args.base_url}: {e}")
     vocab = args.vocab
     if not vocab and args.bench_model and os.path.isfile(os.path.join(args.bench_model, "config.json")):
         with open(os.path.join(args.bench_model, "config.json")) as f:
             vocab = json.load(f)["vocab_size"]
     vocab = vocab or 8192
 
-    before = server_histograms(args.base_url)
-    results, duration = asyncio.run(run_load(args, vocab, model))
-    after = server_histograms(args.base_url)
+    if args.processes == 1:
+        results, duration = asyncio.run(run_load(args, vocab, model))
+    else:
+        results, duration = run_load_processes(args, vocab, model, cpus)
+    try:
+        after = server_histograms(args.base_url)
+    except OSError as e:  # the server went away during the run: the client's figures still stand
+        after = None
+        print(f"serve_load.py: no /metrics after the run, no server-side figures: {e}", file=sys.stderr)
     errors = [r.error for r in results if r.error is not None]
     ok = [r for r in results if r.error is None]
     output_tokens = sum(len(r.token_times) for r in ok)
@@ -255,7 +447,9 @@ def main():
     out = {
         "bench": "http", "base_url": args.base_url, "model": model,
         "config": {"num_requests": args.num_prompts, "prompt_len": args.prompt_len, "output_len": args.output_len,
-                   "concurrency": args.concurrency, "request_rate": args.request_rate, "seed": args.seed},
+                   "concurrency": args.concurrency, "request_rate": args.request_rate, "seed": args.seed,
+                   **({"client_processes": args.processes} if args.processes > 1 else {}),
+                   **({"client_cpus": cpus} if cpus else {})},
         "errors": len(errors), "duration_s": duration,
         "requests_per_s": len(ok) / duration, "output_tokens": output_tokens,
         "output_tokens_per_s": output_tokens / duration,
@@ -274,19 +468,21 @@ def main():
         print(f"delivery (engine hand-over -> client): {len(delivery)} tokens | p50 "
               f"{out['delivery_ms']['p50']:.3f} ms | p99 {out['delivery_ms']['p99']:.3f} ms | max "
               f"{out['delivery_ms']['max']:.3f} ms")
-    out["server_side"] = {"ttft_mean_ms": histogram_mean_ms(before["ttft"], after["ttft"]),
-                          "tpot_mean_ms": histogram_mean_ms(before["tpot"], after["tpot"]),
-                          "prefix_hit_tokens": after["prefix"][0] - before["prefix"][0]}
+    if after is not None:
+        out["server_side"] = {"ttft_mean_ms": histogram_mean_ms(before["ttft"], after["ttft"]),
+                              "tpot_mean_ms": histogram_mean_ms(before["tpot"], after["tpot"]),
+                              "prefix_hit_tokens": after["prefix"][0] - before["prefix"][0]}
     print(f"http: {len(ok)} requests in {duration:.1f} s | {out['requests_per_s']:.2f} req/s | "
           f"{out['output_tokens_per_s']:.1f} output tok/s | TTFT p50 {out['ttft_ms']['p50']:.0f} ms "
           f"p99 {out['ttft_ms']['p99']:.0f} ms | TPOT mean {out['tpot_ms']['mean']:.1f} ms | "
           f"ITL p50 {out['itl_ms']['p50']:.1f} ms p99 {out['itl_ms']['p99']:.1f} ms | {len(errors)} errors"
           + (f" | goodput {out['goodput']['requests_per_s']:.2f} req/s ({100 * out['goodput']['fraction']:.0f}% "
              f"within {describe_slo(args.slo_ttft, args.slo_tpot)})" if with_slo else ""))
-    print(f"server side: TTFT mean {out['server_side']['ttft_mean_ms']:.1f} ms, TPOT mean "
-          f"{out['server_side']['tpot_mean_ms']:.1f} ms, {out['server_side']['prefix_hit_tokens']:.0f} prefix-cache "
-          f"hit tokens (client: TTFT mean {out['ttft_ms']['mean']:.1f} ms, "
-          f"TPOT mean {out['tpot_ms']['mean']:.1f} ms)")
+    if after is not None:
+        print(f"server side: TTFT mean {out['server_side']['ttft_mean_ms']:.1f} ms, TPOT mean "
+              f"{out['server_side']['tpot_mean_ms']:.1f} ms, {out['server_side']['prefix_hit_tokens']:.0f} "
+              f"prefix-cache hit tokens (client: TTFT mean {out['ttft_ms']['mean']:.1f} ms, "
+              f"TPOT mean {out['tpot_ms']['mean']:.1f} ms)")
     if errors:
         print(f"first error: {errors[0]!r}", file=sys.stderr)
 
