@@ -398,7 +398,9 @@ int run_bench(BenchArgs& a) {
                  {"verify_steps", verify_steps},
                  {"mean_accepted_length",
                   verify_steps > 0 ? static_cast<double>(accepted) / static_cast<double>(verify_steps) : 0.0},
-                 {"propose_seconds", s1.propose_seconds - s0.propose_seconds}};
+                 {"propose_seconds", s1.propose_seconds - s0.propose_seconds},
+                 {"tree_steps", s1.num_tree_steps - s0.num_tree_steps},
+                 {"gated_steps", s1.num_gated_steps - s0.num_gated_steps}};
   }
   if (!a.prompt_text.empty()) j["prompt_text"] = a.prompt_text;
   const Goodput goodput = compute_goodput(latencies, a.slo, duration);
@@ -449,11 +451,13 @@ int run_bench(BenchArgs& a) {
     const json& s = j["spec"];
     std::string k = eo->spec.k > 0 ? fmt::format("K {}", eo->spec.k) : fmt::format("K dynamic <= {}", eo->spec.k_max);
     if (eo->spec.tree_nodes > 0) k += fmt::format(", trees <= {} nodes", eo->spec.tree_nodes);
+    const int64_t gated = s["gated_steps"].get<int64_t>();
     std::printf("speculative (%s, %s): %lld proposed, %lld accepted (%.1f%%), %.2f accepted per verify step, "
-                "%.2f s proposing\n",
+                "%.2f s proposing%s\n",
                 s["proposer"].get<std::string>().c_str(), k.c_str(), static_cast<long long>(s["proposed"].get<int64_t>()),
                 static_cast<long long>(s["accepted"].get<int64_t>()), 100.0 * s["acceptance_rate"].get<double>(),
-                s["mean_accepted_length"].get<double>(), s["propose_seconds"].get<double>());
+                s["mean_accepted_length"].get<double>(), s["propose_seconds"].get<double>(),
+                gated > 0 ? fmt::format(", {} steps held plain (measured slower)", gated).c_str() : "");
   }
   return 0;
 }

@@ -395,6 +395,8 @@ Result<std::vector<RequestOutput>> Engine::step() {
   std::vector<RequestOutput> outputs;
   outputs.swap(aborted_);
   if (scheduler_.idle()) return outputs;
+  Timer step_timer;
+  const int running_before = scheduler_.num_running();
   if (spec_) TACHYON_RETURN_IF_ERROR(propose_drafts());
   Timer phase;
   const SchedulerStep plan = scheduler_.schedule();
@@ -444,7 +446,8 @@ Result<std::vector<RequestOutput>> Engine::step() {
   const DeviceSampling on_device = device_sampling(plan);
   const bool on_device_greedy = on_device != DeviceSampling::kNone;  // tokens come back, not logits
   if (on_device_greedy) {
-    const int64_t rows = std::count_if(plan.chunks.begin(), plan.chunks.end(), [](const ScheduledChunk& c) { return c.sample; });
+    int64_t rows = 0;  // one per sampled chunk, plus one per draft token
+    for (const ScheduledChunk& c : plan.chunks) rows += c.sample ? 1 + c.num_draft : 0;
     if (!device_ids_.defined() || device_ids_.size(0) != rows) {
       TACHYON_ASSIGN_OR_RETURN(device_ids_, empty_on({rows}, DType::kI32, model_.device(), "sampled ids"));
       TACHYON_ASSIGN_OR_RETURN(device_logprobs_, empty_on({rows}, DType::kF32, model_.device(), "sampled logprobs"));
@@ -457,12 +460,21 @@ Result<std::vector<RequestOutput>> Engine::step() {
     host_edits_.clear();
     if (on_device == DeviceSampling::kSample) {
       // Each row's parameters, draw and logit edits (row order is plan order: one row per sampled
-      // chunk, no drafts here), uploaded before the forward so that the copy does not wait for it.
+      // chunk, and a plain greedy draft's rows), uploaded before the forward so that the copy does
+      // not wait for it.
       int r = 0;
       for (const ScheduledChunk& c : plan.chunks) {
         if (!c.sample) continue;
         Request& req = *requests_.at(c.seq->id());
         const SamplingParams& sp = req.params.sampling;
+        if (c.num_draft > 0) {  // greedy rows: T = 0, nothing else
+          for (int i = 0; i <= c.num_draft; ++i, ++r) {
+            float* p = host_params_.data<float>() + ops::kSampleParams * r;
+            std::fill(p, p + ops::kSampleParams, 0.0f);
+            p[5] = 1.0f;  // top_p off
+          }
+          continue;
+        }
         float* p = host_params_.data<float>() + ops::kSampleParams * r;
         double u = 0.0;
         if (!sp.greedy()) {
@@ -543,7 +555,11 @@ Result<std::vector<RequestOutput>> Engine::step() {
     Request& req = *requests_.at(id);
     RequestOutput out;
     bool done = false;
-    if (on_device_greedy) {
+    if (on_device_greedy && c.num_draft > 0) {
+      const size_t n = static_cast<size_t>(1 + c.num_draft);
+      done = verify_draft_ids(req, std::span<const int32_t>(host_ids_.data<int32_t>() + row, n),
+                              std::span<const float>(host_logprobs_.data<float>() + row, n), out);
+    } else if (on_device_greedy) {
       out.id = id;
       SampleResult r;
       r.token = host_ids_.data<int32_t>()[row];
@@ -562,6 +578,11 @@ Result<std::vector<RequestOutput>> Engine::step() {
     }
   }
   stats_.sample_seconds += phase.seconds();
+  if (spec_ && plan.num_prefill_tokens == 0) {  // a decode step: what speculation's gate compares
+    int64_t tokens = 0;
+    for (const RequestOutput& o : outputs) tokens += static_cast<int64_t>(o.new_token_ids.size());
+    spec_->record_step(running_before, plan.num_draft_tokens > 0, tokens, step_timer.seconds());
+  }
   return outputs;
 }
 
@@ -570,7 +591,6 @@ Engine::DeviceSampling Engine::device_sampling(const SchedulerStep& plan) const 
   bool any = false, all_greedy = true;
   for (const ScheduledChunk& c : plan.chunks) {
     if (!c.sample) continue;
-    if (c.num_draft > 0) return DeviceSampling::kNone;
     const SamplingParams& p = requests_.at(c.seq->id())->params.sampling;
     if (p.logprobs > 0) return DeviceSampling::kNone;
     // Logit edits carry token ids as f32: exact below 2^24.
@@ -578,6 +598,8 @@ Engine::DeviceSampling Engine::device_sampling(const SchedulerStep& plan) const 
     // A greedy row with penalties or a bias needs them before its argmax: ops::sample does both.
     const bool plain_greedy = p.greedy() && p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f &&
                               p.frequency_penalty == 0.0f && p.logit_bias.empty();
+    // A draft's rows see the drafts before them in their penalties: only plain greedy ones here.
+    if (c.num_draft > 0 && !plain_greedy) return DeviceSampling::kNone;
     all_greedy = all_greedy && plain_greedy;
     any = true;
   }
@@ -804,8 +826,16 @@ Status Engine::propose_drafts() {
 }
 
 bool Engine::verify_draft(Request& req, const float* logits, RequestOutput& out) {
+  return emit_verified(req, spec_->verify(req.seq, logits, model_.config().vocab_size, req.sampler), out);
+}
+
+bool Engine::verify_draft_ids(Request& req, std::span<const int32_t> ids, std::span<const float> logprobs,
+                              RequestOutput& out) {
+  return emit_verified(req, spec_->verify_greedy(req.seq, ids, logprobs), out);
+}
+
+bool Engine::emit_verified(Request& req, Result<Verification> verified, RequestOutput& out) {
   out.id = req.seq.id();
-  auto verified = spec_->verify(req.seq, logits, model_.config().vocab_size, req.sampler);
   if (!verified.ok()) {
     out.error = verified.status();
     finish(req, FinishReason::kError, out);

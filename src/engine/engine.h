@@ -178,7 +178,12 @@ class Engine {
   // sequences before scheduling; the verification of one sequence's K + 1 logits rows, emitting
   // its tokens in order until one finishes the request.
   Status propose_drafts();
+  // The draft verified from its K + 1 logits rows on the host (any sampling), or from the rows'
+  // argmax ids and logprobs taken on the device (plain greedy requests).
   bool verify_draft(Request& req, const float* logits, RequestOutput& out);
+  bool verify_draft_ids(Request& req, std::span<const int32_t> ids, std::span<const float> logprobs,
+                        RequestOutput& out);
+  bool emit_verified(Request& req, Result<Verification> verified, RequestOutput& out);
   void fill_counts(const Request& req, RequestOutput& out) const;
 
   const LlamaModel& model_;
@@ -196,11 +201,12 @@ class Engine {
   // Prefill-only requests that finished with kTransfer, their blocks held until export_kv().
   std::unordered_map<RequestId, std::unique_ptr<Request>> transfers_;
   Tensor logits_;                       // [n_sampled, vocab] f32, reused
-  // On a GPU, when every sampled row can be drawn there (no top logprobs and no drafts), the tokens
-  // and their logprobs are taken on the device (ops::argmax when all are greedy, else
-  // ops::sample, after ops::adjust_logits for penalties and logit bias, with each row's draw from
-  // its request's random stream, one per non-greedy token as on the host) and only they come
-  // back; otherwise the logits come to the host and the Sampler runs there.
+  // On a GPU, when every sampled row can be drawn there (no top logprobs; drafts only of plain
+  // greedy requests), the tokens and their logprobs are taken on the device (ops::argmax when all
+  // are greedy, else ops::sample, after ops::adjust_logits for penalties and logit bias, with each
+  // row's draw from its request's random stream, one per non-greedy token as on the host) and
+  // only they come back — a draft's K + 1 rows as their argmax, which greedy verification needs
+  // and nothing more; otherwise the logits come to the host and the Sampler runs there.
   enum class DeviceSampling : uint8_t { kNone, kGreedy, kSample };
   DeviceSampling device_sampling(const SchedulerStep& plan) const;
   // Appends the penalties and logit bias of `req` for logits row `row` to host_edits_.

@@ -159,6 +159,9 @@ std::string ServerMetrics::render() const {
     spec_line("tachyon_spec_off_first_branch_total", "counter",
               "Tree verify steps whose accepted path left the tree's first branch.",
               static_cast<double>(sp.num_off_first_branch));
+    spec_line("tachyon_spec_gated_steps_total", "counter",
+              "Steps held plain because speculating steps were measured slower at that batch size.",
+              static_cast<double>(sp.num_gated_steps));
   }
   header(out, "tachyon_requests_finished_total", "counter", "Finished requests by finish reason.");
   for (size_t i = 0; i < finished_.size(); ++i) {

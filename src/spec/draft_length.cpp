@@ -1,6 +1,7 @@
 #include "spec/draft_length.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 
 #include "core/status.h"
@@ -53,6 +54,48 @@ void DraftLengthController::update(int proposed, int accepted) {
   // estimate below treats each proposal as one Bernoulli trial, which slightly undercounts a.
   acceptance_ = (1.0 - options_.ema_weight) * acceptance_ + options_.ema_weight * rate;
   if (off_ && gain(1, 1) > 1.0) off_ = false;  // a probe went well
+}
+
+SpeculationGate::SpeculationGate(const SpeculationGateOptions& options) : options_(options) {
+  TACHYON_CHECK(options.min_samples > 0 && options.refresh_interval > 1 && options.ema_weight > 0 &&
+                    options.ema_weight <= 1 && options.min_batch >= 1,
+                "speculation gate: bad options");
+}
+
+size_t SpeculationGate::class_of(int batch_sequences) {
+  return std::min<size_t>(std::bit_width(static_cast<unsigned>(std::max(batch_sequences, 1))), 31);
+}
+
+bool SpeculationGate::allow(int batch_sequences) {
+  if (batch_sequences < options_.min_batch) return true;
+  Class& c = classes_[class_of(batch_sequences)];
+  ++c.steps;
+  if (c.count[1] < options_.min_samples) return true;   // measure speculation first
+  if (c.count[0] < options_.min_samples) return false;  // then plain decoding
+  const bool pays = rate_of(c, 1) >= rate_of(c, 0);
+  if (c.remeasure > 0) {
+    --c.remeasure;
+    return !pays;
+  }
+  if (c.steps % options_.refresh_interval == 0) {
+    c.remeasure = options_.min_samples - 1;
+    return !pays;
+  }
+  return pays;
+}
+
+void SpeculationGate::record(int batch_sequences, bool speculated, int64_t tokens, double seconds) {
+  if (tokens <= 0 || seconds <= 0.0 || batch_sequences < options_.min_batch) return;
+  Class& c = classes_[class_of(batch_sequences)];
+  const int kind = speculated ? 1 : 0;
+  const double keep = c.count[kind] == 0 ? 0.0 : 1.0 - options_.ema_weight;
+  c.tokens[kind] = keep * c.tokens[kind] + static_cast<double>(tokens);
+  c.seconds[kind] = keep * c.seconds[kind] + seconds;
+  ++c.count[kind];
+}
+
+double SpeculationGate::rate(int batch_sequences, bool speculated) const {
+  return rate_of(classes_[class_of(batch_sequences)], speculated ? 1 : 0);
 }
 
 }  // namespace tachyon

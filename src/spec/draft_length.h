@@ -7,6 +7,8 @@
 // no K beats plain decoding, probing again with K = 1 every `probe_interval` steps.
 #pragma once
 
+#include <array>
+#include <cstddef>
 #include <cstdint>
 
 namespace tachyon {
@@ -40,6 +42,51 @@ class DraftLengthController {
   double acceptance_;
   bool off_ = false;
   int steps_since_off_ = 0;
+};
+
+// Whether speculation pays at a batch size, measured rather than modelled. The controllers above
+// price a verify pass from a fixed guess of where the target turns compute-bound; what a step
+// really costs also depends on the device (a plain decode step may replay a CUDA graph, a verify
+// step runs eagerly with K + 1 rows per sequence). The engine reports every decode-only step:
+// tokens emitted, seconds, and whether it verified drafts. Per batch-size class (1, 2-3, 4-7, ...)
+// the gate keeps exponentially weighted sums of tokens and of seconds for speculating and for
+// plain steps, and lets a step speculate while the speculating rate (tokens over seconds, so that
+// the many one-token verify steps weigh what they cost) is at least the plain one. It measures the
+// side it lacks (speculating first, then plain), and every `refresh_interval` steps of the class
+// runs the losing side for `min_samples` steps again, so that a changed workload is noticed.
+// Batches below `min_batch` sequences are left to the controllers: one request's acceptance comes
+// in bursts (copied spans, then new text) that a per-class rate would lag behind, while its own
+// controller follows them step by step.
+struct SpeculationGateOptions {
+  int min_samples = 8;         // steps of each kind before the rates decide; also a re-measurement's length
+  int refresh_interval = 128;  // steps of a class between re-measurements of the losing side
+  double ema_weight = 0.1;     // weight of the newest step in the sums
+  int min_batch = 2;           // smaller batches always may speculate
+};
+
+class SpeculationGate {
+ public:
+  explicit SpeculationGate(const SpeculationGateOptions& options = {});
+  // Whether a step of `batch_sequences` sequences may speculate; counts the step.
+  bool allow(int batch_sequences);
+  // A decode-only step of `batch_sequences` ran: `tokens` emitted in `seconds`, drafts verified
+  // or not.
+  void record(int batch_sequences, bool speculated, int64_t tokens, double seconds);
+  // Measured tokens/s of the class of `batch_sequences`, speculating or not (0: not measured).
+  double rate(int batch_sequences, bool speculated) const;
+
+ private:
+  struct Class {
+    double tokens[2] = {0.0, 0.0};   // [plain, speculating], weighted sums
+    double seconds[2] = {0.0, 0.0};
+    int count[2] = {0, 0};
+    int64_t steps = 0;
+    int remeasure = 0;  // steps of the losing side still to run
+  };
+  static double rate_of(const Class& c, int kind) { return c.seconds[kind] > 0.0 ? c.tokens[kind] / c.seconds[kind] : 0.0; }
+  static size_t class_of(int batch_sequences);
+  SpeculationGateOptions options_;
+  std::array<Class, 32> classes_{};
 };
 
 }  // namespace tachyon

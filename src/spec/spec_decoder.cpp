@@ -89,9 +89,11 @@ Status SpecDecoder::propose(std::span<const SpecCandidate> candidates, int num_r
   Timer timer;
   draft_requests_.clear();
   draft_seqs_.clear();
+  const bool gated = options_.k == 0 && !candidates.empty() && !gate_.allow(num_running);
+  if (gated) ++stats_.num_gated_steps;
   for (const SpecCandidate& c : candidates) {
     c.seq->set_draft({});
-    if (c.max_draft < 1) continue;
+    if (c.max_draft < 1 || gated) continue;
     RequestState& st = requests_.try_emplace(c.seq->id(), controller_options_).first->second;
     const int k = std::min(st.controller.next_k(num_running), c.max_draft);
     if (k < 1) continue;
@@ -151,7 +153,21 @@ Result<Verification> SpecDecoder::verify(const Sequence& seq, const float* logit
   TACHYON_RETURN_IF_ERROR(verified.status());
   Verification v = std::move(verified).value();
   st.draft_probs.clear();
-  const int proposed = static_cast<int>(draft.size());
+  record(seq, st, v);
+  return v;
+}
+
+Result<Verification> SpecDecoder::verify_greedy(const Sequence& seq, std::span<const int32_t> ids,
+                                                std::span<const float> logprobs) {
+  RequestState& st = requests_.at(seq.id());
+  TACHYON_ASSIGN_OR_RETURN(Verification v, verify_greedy_rows(seq.draft(), seq.draft_parents(), ids, logprobs));
+  st.draft_probs.clear();
+  record(seq, st, v);
+  return v;
+}
+
+void SpecDecoder::record(const Sequence& seq, RequestState& st, const Verification& v) {
+  const int proposed = static_cast<int>(seq.draft().size());
   // The controller sets K, the depth: it learns from how much of the depth was accepted.
   st.controller.update(std::max(st.depth, 1), v.num_accepted);
   ++stats_.num_verify_steps;
@@ -167,7 +183,10 @@ Result<Verification> SpecDecoder::verify(const Sequence& seq, const float* logit
   stats_.num_proposed += proposed;
   stats_.num_accepted += v.num_accepted;
   stats_.num_emitted += static_cast<int64_t>(v.tokens.size());
-  return v;
+}
+
+void SpecDecoder::record_step(int num_running, bool speculated, int64_t tokens, double seconds) {
+  if (options_.k == 0) gate_.record(num_running, speculated, tokens, seconds);
 }
 
 void SpecDecoder::release(uint64_t id) {

@@ -7,6 +7,8 @@
 // K per request and step comes from a DraftLengthController (moving average of the acceptance
 // rate, the batch size, `--spec-k-max`), or is fixed by `--spec-k`; the controller turns
 // speculation off for a request whose acceptance does not pay, and probes it again now and then.
+// With the dynamic K, a SpeculationGate also holds whole steps plain at batch sizes where
+// speculating steps are measured slower than plain ones (the engine reports each decode step).
 // K never reaches past the request's max_tokens or the context.
 //
 // Owns the proposer and each request's controller; holds no sequence. One engine thread only.
@@ -63,6 +65,7 @@ struct SpecStats {
   int64_t num_emitted = 0;        // tokens the verify steps produced (accepted + the target's own)
   int64_t num_tree_steps = 0;     // of the verify steps, those that verified a token tree
   int64_t num_off_first_branch = 0;  // tree steps whose accepted path left the first branch
+  int64_t num_gated_steps = 0;    // steps held plain by the measured gate (speculation was slower there)
   double propose_seconds = 0.0;   // time in the proposer (draft model forwards, lookups)
   double acceptance_rate() const {
     return num_proposed > 0 ? static_cast<double>(num_accepted) / static_cast<double>(num_proposed) : 0.0;
@@ -103,8 +106,14 @@ class SpecDecoder {
   // controller and the stats.
   // A tree draft (seq.draft_parents()) gives [nodes + 1, vocab] rows, in node order.
   Result<Verification> verify(const Sequence& seq, const float* logits, int vocab, Sampler& sampler);
+  // The same for a plain greedy request from each row's argmax id and its logprob (taken on the
+  // device): verify_greedy_rows.
+  Result<Verification> verify_greedy(const Sequence& seq, std::span<const int32_t> ids, std::span<const float> logprobs);
   // The request finished or was aborted.
   void release(uint64_t id);
+  // A decode-only step (no prompt tokens) ran `num_running` sequences, verified drafts or not,
+  // and emitted `tokens` in `seconds`: the gate's measurement (dynamic K only).
+  void record_step(int num_running, bool speculated, int64_t tokens, double seconds);
 
   const SpecStats& stats() const { return stats_; }
   const Proposer& proposer() const { return *proposer_; }
@@ -118,12 +127,15 @@ class SpecDecoder {
     int depth = 0;                   // levels of the current draft (its length for a chain)
   };
   SpecDecoder(const SpecDecodeOptions& options, std::unique_ptr<Proposer> proposer);
+  // The controller and the stats learn from one verification of seq's draft.
+  void record(const Sequence& seq, RequestState& st, const Verification& v);
 
   SpecDecodeOptions options_;
   DraftLengthOptions controller_options_;
   std::unique_ptr<Proposer> proposer_;
   std::unordered_map<uint64_t, RequestState> requests_;
   SpecStats stats_;
+  SpeculationGate gate_;
   // Reused each step.
   std::vector<DraftRequest> draft_requests_;
   std::vector<Sequence*> draft_seqs_;

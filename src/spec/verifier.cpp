@@ -165,4 +165,32 @@ Result<Verification> verify_draft_tree(std::span<const int32_t> draft, std::span
   return out;
 }
 
+Result<Verification> verify_greedy_rows(std::span<const int32_t> draft, std::span<const int32_t> parents,
+                                        std::span<const int32_t> ids, std::span<const float> logprobs) {
+  const size_t n = draft.size();
+  if (ids.size() != n + 1 || logprobs.size() != n + 1 || (!parents.empty() && parents.size() != n)) {
+    return make_error(ErrorCode::kInvalidArgument, "greedy verification: {} drafts, {} parents, {} ids, {} logprobs",
+                      n, parents.size(), ids.size(), logprobs.size());
+  }
+  const auto parent_of = [&](size_t i) { return parents.empty() ? static_cast<int32_t>(i) - 1 : parents[i]; };
+  Verification out;
+  int32_t node = -1;  // the walk's position: -1 is the last accepted token (row 0)
+  for (;;) {
+    const size_t row = static_cast<size_t>(node + 1);
+    SampleResult r;
+    r.token = ids[row];
+    r.logprob = logprobs[row];
+    int32_t next = -1;
+    for (size_t c = row; c < n && next < 0; ++c) {
+      if (parent_of(c) == node && draft[c] == r.token) next = static_cast<int32_t>(c);
+    }
+    out.tokens.push_back(std::move(r));
+    if (next < 0) break;
+    out.path.push_back(next);
+    node = next;
+  }
+  out.num_accepted = static_cast<int>(out.path.size());
+  return out;
+}
+
 }  // namespace tachyon

@@ -47,4 +47,11 @@ Result<Verification> verify_draft(std::span<const int32_t> draft, const float* d
 Result<Verification> verify_draft_tree(std::span<const int32_t> draft, std::span<const int32_t> parents,
                                        const float* logits, int vocab, Sampler& sampler);
 
+// Greedy verification from the rows' choices alone: ids[r] and logprobs[r] are row r's argmax
+// and its logprob (what plain greedy decoding emits there; ops::argmax gives both on a device),
+// for the N + 1 rows of a chain (parents empty) or a tree. Walks as verify_draft_tree does
+// greedily, and gives what it gives for a request without penalties or top logprobs.
+Result<Verification> verify_greedy_rows(std::span<const int32_t> draft, std::span<const int32_t> parents,
+                                        std::span<const int32_t> ids, std::span<const float> logprobs);
+
 }  // namespace tachyon

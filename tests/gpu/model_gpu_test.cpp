@@ -55,6 +55,18 @@ LoadedModel load(const std::string& path, Device device) {
   return std::move(m).value();
 }
 
+// Steps the engine until it is idle, appending each request's tokens to got[id]; every block is
+// back at the end.
+void drain(Engine& engine, std::map<RequestId, std::vector<int32_t>>& got) {
+  while (engine.has_unfinished()) {
+    auto out = engine.step();
+    EXPECT_TRUE(out.ok()) << out.status().to_string();
+    if (!out.ok()) break;
+    for (const auto& o : *out) got[o.id].insert(got[o.id].end(), o.new_token_ids.begin(), o.new_token_ids.end());
+  }
+  EXPECT_TRUE(engine.check_no_leaks().ok());
+}
+
 Tensor to_host(const Tensor& t) {
   auto h = copy_to(t, Device::cpu());
   EXPECT_TRUE(h.ok()) << h.status().to_string();
@@ -669,13 +681,7 @@ TEST(GpuEngine, SamplingOnTheDeviceEqualsTheHostSampler) {
       EXPECT_TRUE(id.ok());
       ids.push_back(*id);
     }
-    while ((*engine)->has_unfinished()) {
-      auto out = (*engine)->step();
-      EXPECT_TRUE(out.ok()) << out.status().to_string();
-      if (!out.ok()) break;
-      for (const auto& o : *out) got[o.id].insert(got[o.id].end(), o.new_token_ids.begin(), o.new_token_ids.end());
-    }
-    EXPECT_TRUE((*engine)->check_no_leaks().ok());
+    drain(**engine, got);
     std::vector<std::vector<int32_t>> tokens;
     for (RequestId id : ids) tokens.push_back(got[id]);
     return tokens;
@@ -724,13 +730,7 @@ TEST(GpuEngine, SpeculativeTreesAndChainsEqualPlainGreedy) {
       EXPECT_TRUE(id.ok());
       ids.push_back(*id);
     }
-    while ((*engine)->has_unfinished()) {
-      auto out = (*engine)->step();
-      EXPECT_TRUE(out.ok()) << out.status().to_string();
-      if (!out.ok()) break;
-      for (const auto& o : *out) got[o.id].insert(got[o.id].end(), o.new_token_ids.begin(), o.new_token_ids.end());
-    }
-    EXPECT_TRUE((*engine)->check_no_leaks().ok());
+    drain(**engine, got);
     if (stats != nullptr) *stats = (*engine)->stats().spec;
     std::vector<std::vector<int32_t>> tokens;
     for (RequestId id : ids) tokens.push_back(got[id]);

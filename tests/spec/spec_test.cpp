@@ -34,6 +34,23 @@ std::vector<float> random_distribution(std::mt19937& rng, int vocab, double spar
   return p;
 }
 
+// Pearson's chi-square p-value of token counts (n draws) against the distribution p; a token of
+// probability 0 must never have been drawn.
+double chi2(const std::vector<int64_t>& counts, const std::vector<float>& p, int64_t n) {
+  double stat = 0.0;
+  int dof = -1;
+  for (size_t i = 0; i < p.size(); ++i) {
+    const double e = p[i] * static_cast<double>(n);
+    if (e == 0.0) {
+      EXPECT_EQ(counts[i], 0) << "token " << i << " has target probability 0";
+      continue;
+    }
+    stat += (static_cast<double>(counts[i]) - e) * (static_cast<double>(counts[i]) - e) / e;
+    ++dof;
+  }
+  return testing::chi_square_p_value(stat, std::max(dof, 1));
+}
+
 TEST(VerifyGreedy, KeepsTheLongestAgreeingPrefixAndOneTargetToken) {
   EXPECT_EQ(verify_greedy(std::vector<int32_t>{5, 6, 7}, std::vector<int32_t>{5, 6, 9, 1}).tokens,
             (std::vector<int32_t>{5, 6, 9}));
@@ -85,20 +102,6 @@ TEST(VerifySampled, EmittedTokensHaveTheTargetDistribution) {
         ++second_total;
       }
     }
-    const auto chi2 = [&](const std::vector<int64_t>& counts, const std::vector<float>& p, int64_t n) {
-      double stat = 0.0;
-      int dof = -1;
-      for (int i = 0; i < kVocab; ++i) {
-        const double e = p[static_cast<size_t>(i)] * static_cast<double>(n);
-        if (e == 0.0) {
-          EXPECT_EQ(counts[static_cast<size_t>(i)], 0) << "token " << i << " has target probability 0";
-          continue;
-        }
-        stat += (counts[static_cast<size_t>(i)] - e) * (counts[static_cast<size_t>(i)] - e) / e;
-        ++dof;
-      }
-      return testing::chi_square_p_value(stat, std::max(dof, 1));
-    };
     EXPECT_GT(chi2(first, p0, kTrials), 1e-6) << "config " << config;
     if (second_total > 1000) {
       EXPECT_GT(chi2(second, p1, second_total), 1e-6) << "config " << config;
@@ -257,6 +260,55 @@ TEST(VerifyTree, AChainVerifiesAsVerifyDraft) {
   }
 }
 
+// Greedy verification from each row's argmax and logprob alone (as the device hands them over)
+// gives what the walk over the full logits gives, for chains and random trees.
+TEST(VerifyTree, GreedyRowsEqualTheWalkOverLogits) {
+  const uint32_t seed = testing::fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
+  constexpr int kVocab = 12;
+  SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  for (int trial = 0; trial < 300; ++trial) {
+    const int n = std::uniform_int_distribution<int>(0, 10)(rng);
+    const bool chain = trial % 3 == 0;
+    std::vector<std::vector<float>> rows;
+    for (int i = 0; i <= n; ++i) rows.push_back(random_distribution(rng, kVocab, 0.2));
+    std::vector<int32_t> draft, parents;
+    for (int i = 0; i < n; ++i) {
+      parents.push_back(chain ? i - 1 : std::uniform_int_distribution<int>(-1, i - 1)(rng));
+      // Often the parent row's argmax, so that walks go deep.
+      const auto& p = rows[static_cast<size_t>(parents.back() + 1)];
+      const int32_t best = static_cast<int32_t>(std::max_element(p.begin(), p.end()) - p.begin());
+      draft.push_back(std::uniform_int_distribution<int>(0, 2)(rng) == 0
+                          ? std::uniform_int_distribution<int32_t>(0, kVocab - 1)(rng)
+                          : best);
+    }
+    const std::vector<float> logits = log_rows(rows);
+    std::vector<int32_t> ids;
+    std::vector<float> logprobs;
+    for (const auto& p : rows) {
+      const int32_t best = static_cast<int32_t>(std::max_element(p.begin(), p.end()) - p.begin());
+      double sum = 0.0;
+      for (float x : p) sum += x;
+      ids.push_back(best);
+      logprobs.push_back(static_cast<float>(std::log(p[static_cast<size_t>(best)] / sum)));
+    }
+    Sampler sampler(greedy);
+    auto walked = verify_draft_tree(draft, parents, logits.data(), kVocab, sampler);
+    auto from_ids = verify_greedy_rows(draft, chain ? std::vector<int32_t>{} : parents, ids, logprobs);
+    ASSERT_TRUE(walked.ok() && from_ids.ok()) << from_ids.status().to_string();
+    EXPECT_EQ(from_ids->path, walked->path);
+    ASSERT_EQ(from_ids->tokens.size(), walked->tokens.size());
+    for (size_t i = 0; i < walked->tokens.size(); ++i) {
+      EXPECT_EQ(from_ids->tokens[i].token, walked->tokens[i].token);
+      EXPECT_NEAR(from_ids->tokens[i].logprob, walked->tokens[i].logprob, 1e-4);
+    }
+  }
+  EXPECT_FALSE(verify_greedy_rows(std::vector<int32_t>{1, 2}, {}, std::vector<int32_t>{1, 2},
+                                  std::vector<float>{0.0f, 0.0f}).ok());  // one row short
+}
+
 // Sampling through a tree is lossless: with three candidates under the root (one with a child of
 // its own), the first emitted token follows the root row's p and, when it is the candidate with a
 // child, the second follows that child's row — chi-square over 200k seeded trials; candidates
@@ -297,20 +349,6 @@ TEST(VerifyTree, SampledTokensHaveTheTargetDistribution) {
         ++second_total;
       }
     }
-    const auto chi2 = [&](const std::vector<int64_t>& counts, const std::vector<float>& p, int64_t n) {
-      double stat = 0.0;
-      int dof = -1;
-      for (int i = 0; i < kVocab; ++i) {
-        const double e = p[static_cast<size_t>(i)] * static_cast<double>(n);
-        if (e == 0.0) {
-          EXPECT_EQ(counts[static_cast<size_t>(i)], 0) << "token " << i << " has target probability 0";
-          continue;
-        }
-        stat += (counts[static_cast<size_t>(i)] - e) * (counts[static_cast<size_t>(i)] - e) / e;
-        ++dof;
-      }
-      return testing::chi_square_p_value(stat, std::max(dof, 1));
-    };
     EXPECT_GT(chi2(first, rows[0], kTrials), 1e-6) << "config " << config;
     if (second_total > 1000) EXPECT_GT(chi2(second, rows[2], second_total), 1e-6) << "config " << config;
   }
@@ -352,6 +390,52 @@ TEST(DraftLength, FollowsAcceptanceAndBatchSize) {
     EXPECT_GE(k, last) << "acceptance " << a;
     last = k;
   }
+}
+
+// The measured gate: speculation first, then plain steps to compare; it keeps whichever is
+// faster at that batch size, re-measures the other for min_samples steps every
+// `refresh_interval`, follows a change of the measured rates, and keeps batch-size classes apart.
+TEST(SpeculationGate, KeepsSpeculatingOnlyWhereItIsMeasuredFaster) {
+  SpeculationGateOptions o;
+  o.min_samples = 2;
+  o.refresh_interval = 8;
+  o.ema_weight = 1.0;  // the newest step decides
+  SpeculationGate g(o);
+  // Batch 32: speculating steps emit 96 tokens in 16 ms, plain ones 32 tokens in 6 ms.
+  const auto step = [&](int batch, double spec_rate, double plain_rate) {
+    const bool spec = g.allow(batch);
+    g.record(batch, spec, 100, 100.0 / (spec ? spec_rate : plain_rate));
+    return spec;
+  };
+  EXPECT_TRUE(step(32, 6000.0, 5333.0));
+  EXPECT_TRUE(step(32, 6000.0, 5333.0));
+  EXPECT_FALSE(step(32, 6000.0, 5333.0));  // now plain, to measure it
+  EXPECT_FALSE(step(32, 6000.0, 5333.0));
+  EXPECT_TRUE(step(32, 6000.0, 5333.0));   // speculation measured faster: it stays on
+  EXPECT_DOUBLE_EQ(g.rate(32, true), 6000.0);
+  EXPECT_DOUBLE_EQ(g.rate(40, false), 5333.0);  // 32..63 is one class
+  int spec_steps = 0, steps = 0;
+  for (; steps < 32; ++steps) spec_steps += step(32, 3000.0, 5333.0);  // it turns slower
+  // Speculation now loses: it runs only in re-measurements, min_samples steps every
+  // refresh_interval (plus the step that saw the change).
+  EXPECT_LE(spec_steps, 1 + o.min_samples * (32 / o.refresh_interval) + 1);
+  EXPECT_GE(spec_steps, o.min_samples * (32 / o.refresh_interval) - 1);
+  // Rates are tokens over seconds of the weighted sums: a one-token step weighs what it costs.
+  SpeculationGateOptions w;
+  w.ema_weight = 0.5;
+  SpeculationGate h(w);
+  h.record(8, true, 1, 0.004);
+  h.record(8, true, 9, 0.006);
+  EXPECT_NEAR(h.rate(8, true), (0.5 * 1 + 9) / (0.5 * 0.004 + 0.006), 1e-9);
+  // Batch 4 is its own class and starts over.
+  EXPECT_TRUE(g.allow(4));
+  EXPECT_EQ(g.rate(4, true), 0.0);
+  // Batch 1 is below min_batch: always allowed, never measured.
+  for (int i = 0; i < 20; ++i) {
+    EXPECT_TRUE(g.allow(1));
+    g.record(1, i % 2 == 0, 1, 1.0);
+  }
+  EXPECT_EQ(g.rate(1, true), 0.0);
 }
 
 }  // namespace
