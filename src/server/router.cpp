@@ -594,6 +594,27 @@ void Router::Impl::generate(ClientConnection& conn, Endpoint endpoint, const std
     // Refused before anything was tried (503: no worker, rate matching), or failed.
     end = status == 503 && last_failure.empty() ? End::kRejected : End::kFailed;
   };
+  // A decode worker's stream to the client, to its end: [DONE] finishes the response; a stream
+  // that breaks (colocated or after a handoff alike) marks the worker down and fails the request.
+  const auto relay_decode = [&](EventReader& events, size_t worker) {
+    for (;;) {
+      auto e = events.next();
+      if (!e.ok() || !*e) {
+        const std::string why = e.ok() ? std::string("its stream ended early") : e.status().message();
+        mark_down(true, worker, why);
+        fail(502, "the decode worker failed mid-stream: " + why, "decode_worker_failed");
+        return;
+      }
+      if ((*e)->event == kControlEvent) continue;
+      if ((*e)->data == "[DONE]") {
+        sink->done();
+        end = saw_error ? End::kFailed : End::kOk;
+        return;
+      }
+      forward(**e);
+      if (sink->client_gone()) return;
+    }
+  };
   const Millis worker_timeout = millis(options.worker_timeout);
   const Millis connect_timeout = millis(options.connect_timeout);
 
@@ -659,22 +680,7 @@ void Router::Impl::generate(ClientConnection& conn, Endpoint endpoint, const std
         std::lock_guard lock(metrics.mu);
         ++metrics.colocated;
       }
-      for (;;) {
-        auto e = d_events.next();
-        if (!e.ok() || !*e) {
-          fail(502, "the decode worker failed mid-request: " + (e.ok() ? std::string("its stream ended early") : e.status().message()),
-               "decode_worker_failed");
-          break;
-        }
-        if ((*e)->event == kControlEvent) continue;
-        if ((*e)->data == "[DONE]") {
-          sink->done();
-          end = saw_error ? End::kFailed : End::kOk;
-          break;
-        }
-        forward(**e);
-        if (sink->client_gone()) break;
-      }
+      relay_decode(d_events, *d);
       break;
     }
     const int kv_port = mode.value("kv_port", 0);
@@ -772,23 +778,7 @@ void Router::Impl::generate(ClientConnection& conn, Endpoint endpoint, const std
       break;
     }
     // 4. The decode worker's part: the rest of the tokens.
-    for (;;) {
-      auto e = d_events.next();
-      if (!e.ok() || !*e) {
-        const std::string why = e.ok() ? std::string("its stream ended early") : e.status().message();
-        mark_down(true, *d, why);
-        fail(502, "the decode worker failed mid-stream: " + why, "decode_worker_failed");
-        break;
-      }
-      if ((*e)->event == kControlEvent) continue;
-      if ((*e)->data == "[DONE]") {
-        sink->done();
-        end = saw_error ? End::kFailed : End::kOk;
-        break;
-      }
-      forward(**e);
-      if (sink->client_gone()) break;
-    }
+    relay_decode(d_events, *d);
     break;
   }
   if (sink && sink->status() == 0 && !sink->client_gone()) {
