@@ -22,19 +22,18 @@ std::vector<RequestOutput> RequestStream::take() {
   return out;
 }
 
-void RequestStream::push(RequestOutput output) {
+bool RequestStream::queue(RequestOutput output) {
   output.handed_over_at =
       std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-  std::function<void()> notify;
-  {
-    std::lock_guard lock(mu_);
-    pending_.push_back(std::move(output));
-    if (!notified_ && notify_) {
-      notified_ = true;
-      notify = notify_;
-    }
-  }
-  if (notify) notify();
+  std::lock_guard lock(mu_);
+  pending_.push_back(std::move(output));
+  if (notified_ || !notify_) return false;
+  notified_ = true;
+  return true;
+}
+
+void RequestStream::push(RequestOutput output) {
+  if (queue(std::move(output))) notify();
 }
 
 void RequestStream::finish_handoff(const Status& outcome) {
@@ -107,7 +106,27 @@ void AsyncEngine::finish_stream(const std::shared_ptr<RequestStream>& stream, Re
   stream->started_ = true;
   metrics_.record_finished(output, stream->timed_out());
   unfinished_.fetch_sub(1, std::memory_order_acq_rel);
-  stream->push(std::move(output));
+  push_later(stream, std::move(output));
+}
+
+void AsyncEngine::push_later(const std::shared_ptr<RequestStream>& stream, RequestOutput output) {
+  if (stream->queue(std::move(output))) ready_.push_back(stream);
+}
+
+void AsyncEngine::set_notify_ready(NotifyReady notify_ready) {
+  std::lock_guard lock(mu_);
+  new_notify_ready_ = std::move(notify_ready);
+  has_new_notify_ready_ = true;
+}
+
+void AsyncEngine::flush_ready() {
+  if (ready_.empty()) return;
+  if (notify_ready_) {
+    notify_ready_(std::move(ready_));
+  } else {
+    for (const auto& s : ready_) s->notify();
+  }
+  ready_.clear();  // moved-from: valid, and emptied here either way
 }
 
 void AsyncEngine::submit_adoption(std::shared_ptr<RequestStream> stream, KvImport kv,
@@ -207,7 +226,7 @@ void AsyncEngine::hand_over(std::shared_ptr<RequestStream> s, RequestOutput outp
   metrics_.record_finished(output, false);
   unfinished_.fetch_sub(1, std::memory_order_acq_rel);
   output.finished = false;
-  s->push(std::move(output));
+  push_later(s, std::move(output));
   options_.on_transfer(std::move(s), std::move(kv).value());
 }
 
@@ -220,7 +239,7 @@ void AsyncEngine::deliver(RequestOutput output) {
   }
   it->second->started_ = true;
   if (!output.finished) {
-    it->second->push(std::move(output));
+    push_later(it->second, std::move(output));
     return;
   }
   std::shared_ptr<RequestStream> stream = std::move(it->second);
@@ -287,6 +306,10 @@ void AsyncEngine::loop() {
         break;
       }
       in_transit_ = submissions_.size() + held_.size();
+      if (has_new_notify_ready_) {
+        notify_ready_ = std::move(new_notify_ready_);
+        has_new_notify_ready_ = false;
+      }
       submitted.swap(submissions_);
       aborted.swap(aborts_);
       for (Adoption& a : adoptions_) pending_adoptions_.push_back(std::move(a));
@@ -360,6 +383,7 @@ void AsyncEngine::loop() {
         for (RequestOutput& o : *outputs) deliver(std::move(o));
       }
     }
+    flush_ready();
     publish_stats();
   }
   // Destruction without a drain: whatever is left ends as aborted.
@@ -395,6 +419,7 @@ void AsyncEngine::loop() {
     finish_stream(s, std::move(out));
   }
   held_.clear();
+  flush_ready();
   publish_stats();
   stopped_.store(true, std::memory_order_release);
 }

@@ -23,9 +23,14 @@
 //              stream ends with an error. `done` reports the outcome once (for the transfer's ack).
 //
 // Backpressure: the loop never waits for a consumer. A stream buffers its outputs (at most one per
-// generated token, so bounded by max_tokens) and calls its notify callback once when the buffer
-// goes from empty to non-empty; the consumer takes everything buffered at once, so a slow client
-// gets its tokens in larger pieces instead of slowing the engine down.
+// generated token, so bounded by max_tokens) and is notified once when the buffer goes from empty
+// to non-empty; the consumer takes everything buffered at once, so a slow client gets its tokens
+// in larger pieces instead of slowing the engine down.
+//
+// Hand-over: the loop delivers a whole step before notifying anyone, then passes the step's
+// newly ready streams to the set_notify_ready() callback in one call (without one, each stream's
+// notify runs in turn). A server with many streams uses it to wake its I/O threads once per step
+// instead of once per stream: the loop's cost per step then stays flat in the number of streams.
 //
 // Drain: begin_drain() refuses new submissions; the loop exits once every request has finished.
 // The Engine belongs to the loop thread alone: nothing else may call it after start().
@@ -71,9 +76,14 @@ class RequestStream {
   RequestStream(std::vector<int32_t> prompt_ids, GenerationParams params)
       : prompt_ids_(std::move(prompt_ids)), params_(std::move(params)) {}
 
-  // Called (on the loop thread) when outputs arrive and none were waiting; must not block. Set it
-  // before submit().
+  // Called when outputs arrive and none were waiting (by notify(): on the loop thread, or where
+  // set_notify_ready() sends it); must not block. Set it before submit(); it does
+  // not change after.
   void set_notify(std::function<void()> notify);
+  // Runs the notify callback (if any).
+  void notify() const {
+    if (notify_) notify_();
+  }
   // Everything the loop delivered since the last call, in order.
   std::vector<RequestOutput> take();
   // Another request of the same prompt (choice 0 of an n > 1 request): this one is added to the
@@ -99,12 +109,16 @@ class RequestStream {
 
  private:
   friend class AsyncEngine;
-  void push(RequestOutput output);  // loop thread
+  // Buffers an output; true when the consumer must now be notified (the buffer was empty and no
+  // notification is outstanding). push() notifies at once; the loop uses queue() and notifies per
+  // step.
+  bool queue(RequestOutput output);
+  void push(RequestOutput output);
 
   std::mutex mu_;
   std::vector<RequestOutput> pending_;
   bool notified_ = false;  // a notify was sent and take() has not run since
-  std::function<void()> notify_;
+  std::function<void()> notify_;  // set before submit(), then read only
   std::atomic<bool> cancelled_{false};
   std::atomic<bool> timed_out_{false};
   // Set before submit(), then the loop thread's alone.
@@ -145,6 +159,13 @@ class AsyncEngine {
   // Received transfers not yet adopted (queued or waiting for room).
   int num_pending_adoptions() const { return pending_adoption_count_.load(std::memory_order_acquire); }
 
+  // The streams one step made ready, in delivery order, are handed to `notify_ready` (on the loop
+  // thread; it must not block), which must see that each gets its RequestStream::notify() call.
+  // Any thread, any time; it applies from the loop's next step. Whatever `notify_ready` captures
+  // must outlive this engine.
+  using NotifyReady = std::function<void(std::vector<std::shared_ptr<RequestStream>>&&)>;
+  void set_notify_ready(NotifyReady notify_ready);
+
   // Fixed at construction; safe from any thread.
   int max_model_len() const { return max_model_len_; }
   int vocab_size() const { return vocab_size_; }
@@ -153,6 +174,9 @@ class AsyncEngine {
   void loop();
   void admit(std::shared_ptr<RequestStream> stream, double now);
   void deliver(RequestOutput output);
+  // Queues an output on a stream (loop thread); the stream is notified at the next flush_ready().
+  void push_later(const std::shared_ptr<RequestStream>& stream, RequestOutput output);
+  void flush_ready();
   void finish_stream(const std::shared_ptr<RequestStream>& stream, RequestOutput output);
   void publish_stats();
   struct Adoption {
@@ -183,6 +207,8 @@ class AsyncEngine {
   bool stop_now_ = false;   // guarded by mu_ (destructor)
   bool loop_exited_ = false;  // guarded by mu_
   std::vector<Adoption> adoptions_;  // guarded by mu_: submitted, not yet taken by the loop
+  NotifyReady new_notify_ready_;      // guarded by mu_: set, not yet taken by the loop
+  bool has_new_notify_ready_ = false;  // guarded by mu_
   std::atomic<int> pending_adoption_count_{0};
   std::atomic<int> unfinished_{0};
   std::atomic<bool> draining_{false};
@@ -192,6 +218,8 @@ class AsyncEngine {
   std::unordered_map<RequestId, std::shared_ptr<RequestStream>> streams_;
   std::vector<std::shared_ptr<RequestStream>> held_;  // followers waiting for their leader's prefill
   std::vector<Adoption> pending_adoptions_;            // taken, waiting for room
+  std::vector<std::shared_ptr<RequestStream>> ready_;  // queued outputs, not yet notified
+  NotifyReady notify_ready_;
   std::thread thread_;
 };
 

@@ -4,6 +4,7 @@
 // connection only by posting to that strand.
 #include "server/http_server.h"
 
+#include <algorithm>
 #include <csignal>
 #include <ctime>
 #include <mutex>
@@ -11,6 +12,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include <boost/asio/dispatch.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
@@ -70,6 +72,10 @@ struct HttpServer::Impl {
   }
 
   void accept();
+  // The engine loop's hand-over of one step's ready streams: a few posts to the I/O threads, each
+  // notifying a slice of the streams, instead of one post (a lock and maybe a wake-up, paid by the
+  // engine loop) per stream.
+  void notify_ready(std::vector<std::shared_ptr<RequestStream>>&& ready);
   void on_signal(const error_code& ec, int signal);
   void begin_drain();
   void check_drained();
@@ -376,8 +382,10 @@ class Session : public std::enable_shared_from_this<Session> {
     std::weak_ptr<Session> weak = weak_from_this();
     auto executor = socket_.get_executor();
     for (const auto& s : job->streams()) {
+      // dispatch: inline when an I/O thread runs it with the strand free (the engine's batched
+      // hand-over, see Impl::notify_ready); queued on the strand otherwise.
       s->set_notify([weak, executor] {
-        net::post(executor, [weak] {
+        net::dispatch(executor, [weak] {
           if (auto self = weak.lock()) self->on_job_ready();
         });
       });
@@ -689,6 +697,27 @@ void HttpServer::Impl::check_drained() {
   });
 }
 
+void HttpServer::Impl::notify_ready(std::vector<std::shared_ptr<RequestStream>>&& ready) {
+  // At least this many streams per post: below it, one I/O thread notifies them sooner than a
+  // second one wakes up.
+  constexpr size_t kMinPerPost = 32;
+  const size_t n = ready.size();
+  const size_t posts = std::clamp<size_t>(n / kMinPerPost, 1, static_cast<size_t>(std::max(1, options.io_threads)));
+  if (posts == 1) {
+    net::post(ioc, [ready = std::move(ready)] {
+      for (const auto& s : ready) s->notify();
+    });
+    return;
+  }
+  for (size_t p = 0; p < posts; ++p) {
+    std::vector<std::shared_ptr<RequestStream>> slice(ready.begin() + static_cast<ptrdiff_t>(n * p / posts),
+                                                      ready.begin() + static_cast<ptrdiff_t>(n * (p + 1) / posts));
+    net::post(ioc, [slice = std::move(slice)] {
+      for (const auto& s : slice) s->notify();
+    });
+  }
+}
+
 HttpServer::HttpServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 HttpServer::~HttpServer() = default;
 
@@ -709,6 +738,10 @@ Result<std::unique_ptr<HttpServer>> HttpServer::create(const HttpServerOptions& 
   auto impl = std::make_unique<Impl>(options, context, std::move(engine), metrics, disagg);
   TACHYON_RETURN_IF_ERROR(listen_on(impl->acceptor, options.host, options.port));
   impl->port = impl->acceptor.local_endpoint().port();
+  Impl* raw = impl.get();  // the engine is reset first in ~Impl: the callback never outlives it
+  raw->engine->set_notify_ready([raw](std::vector<std::shared_ptr<RequestStream>>&& ready) {
+    raw->notify_ready(std::move(ready));
+  });
   return std::unique_ptr<HttpServer>(new HttpServer(std::move(impl)));
 }
 

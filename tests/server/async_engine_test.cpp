@@ -50,6 +50,59 @@ class AsyncEngineTest : public ::testing::Test {
 
 bool metric_is(const std::string& text, const std::string& line) { return text.find(line + "\n") != std::string::npos; }
 
+// A server hands each step's ready streams over at once (to its I/O threads): every output still
+// arrives, through notifications made on another thread, and one step's streams come together.
+TEST_F(AsyncEngineTest, OneStepsReadyStreamsAreHandedOverTogether) {
+  auto engine = make({});
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::vector<std::shared_ptr<RequestStream>>> batches;  // not yet notified
+  size_t largest = 0, handed = 0;
+  bool stop = false;
+  engine->set_notify_ready([&](std::vector<std::shared_ptr<RequestStream>>&& ready) {
+    std::lock_guard lock(mu);
+    largest = std::max(largest, ready.size());
+    handed += ready.size();
+    batches.push_back(std::move(ready));
+    cv.notify_one();
+  });
+  std::thread notifier([&] {  // stands for an I/O thread
+    std::unique_lock lock(mu);
+    for (;;) {
+      cv.wait(lock, [&] { return stop || !batches.empty(); });
+      if (batches.empty()) return;
+      auto batch = std::move(batches.front());
+      batches.erase(batches.begin());
+      lock.unlock();
+      for (const auto& s : batch) s->notify();
+      lock.lock();
+    }
+  });
+  constexpr int kStreams = 8, kTokens = 12;
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  std::vector<std::unique_ptr<Collector>> collectors;
+  for (int i = 0; i < kStreams; ++i) {
+    streams.push_back(stream(kTokens, static_cast<uint64_t>(i)));
+    collectors.push_back(std::make_unique<Collector>());
+    collectors.back()->attach(streams.back());
+  }
+  ASSERT_EQ(engine->submit(streams), SubmitError::kNone);
+  for (auto& c : collectors) ASSERT_TRUE(c->wait_finished());
+  {
+    std::lock_guard lock(mu);
+    stop = true;
+  }
+  cv.notify_one();
+  notifier.join();
+  for (auto& c : collectors) {
+    EXPECT_EQ(c->tokens().size(), static_cast<size_t>(kTokens));
+    EXPECT_EQ(c->outputs.back().finish_reason, FinishReason::kLength);
+  }
+  // Eight requests submitted together decode in the same steps.
+  EXPECT_GE(largest, 2u);
+  EXPECT_GE(handed, static_cast<size_t>(kStreams));
+}
+
 TEST_F(AsyncEngineTest, ManySubmittersEachGetTheirTokens) {
   auto engine = make({});
   constexpr int kThreads = 8, kPerThread = 4, kTokens = 6;
