@@ -29,6 +29,7 @@
 
 #include "server/async_engine.h"
 #include "server/openai_api.h"
+#include "tokenizer/detokenizer.h"
 
 namespace tachyon::server {
 
@@ -72,9 +73,14 @@ class CompletionJob {
     size_t text_offset = 0;             // code points of text returned so far (completions logprobs)
     bool finished = false;
     FinishReason reason = FinishReason::kLength;
+    // The text of the choice's tokens, made here (on the connection's thread) when the engine
+    // does not detokenize (requests without stop strings); null otherwise.
+    std::shared_ptr<IncrementalDetokenizer> detok;  // shared: body() works on copies of choices
   };
 
   void on_output(size_t index, RequestOutput& output, std::string& events);
+  // Fills output.text from its tokens when the choice detokenizes here (as the engine would have).
+  void detokenize(Choice& choice, RequestOutput& output) const;
   void fail(ApiError error, std::string& events);
   const std::string& chunk_header() const;  // {"id":...,"object":...,"created":...,"model":..., of every event
   nlohmann::ordered_json logprobs_json(Choice& choice, const std::vector<TokenLogprob>& logprobs) const;

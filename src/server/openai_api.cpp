@@ -425,7 +425,9 @@ std::optional<ApiError> parse_api_request(Endpoint endpoint, std::string_view bo
                    max_key, "context_length_exceeded");
   }
   p.max_tokens = static_cast<int>(max_tokens);
-  p.detokenize = true;
+  // The engine detokenizes only where stop strings need it (to end the request at the match);
+  // otherwise the connection's CompletionJob makes the text, off the engine's thread.
+  p.detokenize = !p.stop.empty();
   p.skip_special_tokens = true;
   return std::nullopt;
 }
