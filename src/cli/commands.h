@@ -17,5 +17,7 @@ void add_tokenize(CLI::App& app, std::function<int()>& run);
 void add_serve(CLI::App& app, std::function<int()>& run);
 void add_chat(CLI::App& app, std::function<int()>& run);
 void add_router(CLI::App& app, std::function<int()>& run);
+void add_quantize(CLI::App& app, std::function<int()>& run);
+void add_perplexity(CLI::App& app, std::function<int()>& run);
 
 }  // namespace tachyon::cli

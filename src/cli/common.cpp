@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "cli/quant_check.h"
 #include "core/log.h"
 #include "core/thread_pool.h"
 #include "core/timer.h"
@@ -48,11 +49,6 @@ Result<LoadedModel> load(const CommonOptions& options, DType synthetic_dtype) {
   QuantSpec quant;
   if (!options.quant.empty()) {
     TACHYON_ASSIGN_OR_RETURN(quant, parse_quant_spec(options.quant, options.quant_group));
-    if (!device.is_cpu() && quant.format != QuantFormat::kInt8Channel) {
-      return make_error(ErrorCode::kUnsupported,
-                        "--quant {} runs on the CPU only (no {} kernels for --device {} yet; int8 runs there)",
-                        options.quant, options.quant, options.device);
-    }
   }
   if (device.type == DeviceType::kCuda) {
 #if defined(TACHYON_HAS_CUDA)
@@ -74,13 +70,19 @@ Result<LoadedModel> load(const CommonOptions& options, DType synthetic_dtype) {
   if (Status s = quantize_linear_weights(weights, quant); !s.ok()) {
     return make_error(s.code(), "{}: --quant {}: {}", loaded.path, options.quant, s.message());
   }
-  ModelConfig config = loaded.model->config();
-  loaded.model = std::make_unique<LlamaModel>(std::move(config), std::move(weights));
   const std::string format = quant.format == QuantFormat::kInt4Group
                                  ? fmt::format("int4 g{}", quant.group_size)
                                  : std::string(quant_format_name(quant.format));
-  loaded.weight_dtypes = fmt::format("{} (embedding, lm head: {})", format, loaded.weight_dtypes);
   TACHYON_LOG_INFO("quantized the linear weights to {} in {:.2f} s", format, timer.seconds());
+  // The model as stored stays alive until the quantized one passes the finite-logits check (its
+  // weights are held during quantization anyway, so the peak does not grow), and is what runs if
+  // the check fails.
+  auto quantized = std::make_unique<LlamaModel>(loaded.model->config(), std::move(weights));
+  // When the weights as stored are kept, a warning has said so.
+  if (auto kept = keep_quantized_if_finite(loaded, std::move(quantized), format); !kept.ok()) {
+    return make_error(kept.status().code(), "{}: --quant {}: checking the quantized model: {}", loaded.path,
+                      options.quant, kept.status().message());
+  }
   return loaded;
 }
 

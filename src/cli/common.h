@@ -18,7 +18,7 @@ struct CommonOptions {
   int threads = 0;  // 0 = all cores
   bool verbose = false;
   // Load-time weight quantization of the layers' linear weights: "" (as stored), "int8" (per
-  // channel) or "int4" (group-wise, --quant-group inputs per scale). CPU only for now.
+  // channel) or "int4" (group-wise, --quant-group inputs per scale).
   std::string quant;
   int quant_group = 128;
 };
@@ -47,7 +47,9 @@ Result<size_t> parse_bytes(const std::string& text);
 // "cpu", "cuda" (device 0) or "cuda:N".
 Result<Device> parse_device(const std::string& text);
 // Applies threads/verbosity, starts the device's backend, loads the model onto the device and
-// quantizes its linear weights when --quant asks; weight_dtypes then names the format too.
+// quantizes its linear weights when --quant asks; weight_dtypes then names the format too. A
+// quantized model whose logits on a short probe are not all finite is dropped, with a warning, for
+// the weights as stored (cli/quant_check.h).
 Result<LoadedModel> load(const CommonOptions& options, DType synthetic_dtype = DType::kBF16);
 // Prints "tachyon: error: <status>" and returns 1.
 int report(const Status& status);

@@ -19,6 +19,8 @@ int main(int argc, char** argv) {
   tachyon::cli::add_serve(app, run);
   tachyon::cli::add_chat(app, run);
   tachyon::cli::add_router(app, run);
+  tachyon::cli::add_quantize(app, run);
+  tachyon::cli::add_perplexity(app, run);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -12,6 +12,8 @@
 #include "io/json_file.h"
 #include "io/llama2c.h"
 #include "io/model_format.h"
+#include "io/quantization_config.h"
+#include "model/quantized_checkpoint.h"
 #include "model/synthetic.h"
 #include "ops/ops.h"
 
@@ -55,7 +57,8 @@ const TensorNames kGgufNames{"token_embd.weight", "output_norm.weight", "output.
 
 class WeightReader {
  public:
-  WeightReader(const WeightSource& source, std::string what) : source_(source), what_(std::move(what)) {}
+  WeightReader(const WeightSource& source, std::string what, CheckpointQuantization quant = {})
+      : source_(source), what_(std::move(what)), quant_(std::move(quant)) {}
 
   // A tensor that must exist with exactly `shape`.
   Result<Tensor> get(const std::string& name, const std::vector<int64_t>& shape) const {
@@ -74,6 +77,16 @@ class WeightReader {
     return t;
   }
   Result<Weight> linear(const std::string& name, int64_t out, int64_t in) const {
+    // A quantized checkpoint stores a module packed (read as such, never expanded) or dense.
+    const std::string suffix = ".weight";
+    if (quant_.quantized() && name.size() > suffix.size() && name.ends_with(suffix)) {
+      auto packed = read_quantized_linear(source_, quant_, name.substr(0, name.size() - suffix.size()), out, in);
+      if (!packed.ok()) return packed.status().with_context(what_);
+      if (*packed) {
+        dtypes_.insert(quant_.describe());
+        return std::move(**packed);
+      }
+    }
     TACHYON_ASSIGN_OR_RETURN(Tensor t, get(name, {out, in}));
     Weight w;
     w.dense = std::move(t);
@@ -94,6 +107,7 @@ class WeightReader {
  private:
   const WeightSource& source_;
   std::string what_;
+  CheckpointQuantization quant_;
   mutable std::set<std::string> dtypes_;
 };
 
@@ -163,7 +177,8 @@ Status load_hf(const std::string& path, LoadedModel& out) {
   TACHYON_ASSIGN_OR_RETURN(HfDirectory dir, HfDirectory::open(path));
   TACHYON_ASSIGN_OR_RETURN(ModelConfig config, model_config_from_hf(dir.config(), dir.config_path()));
   if (!dir.weights()) return make_error(ErrorCode::kNotFound, "{}: no *.safetensors weights found", path);
-  WeightReader reader(*dir.weights(), dir.weights_path());
+  TACHYON_ASSIGN_OR_RETURN(CheckpointQuantization quant, read_quantization_config(dir.config(), dir.config_path()));
+  WeightReader reader(*dir.weights(), dir.weights_path(), std::move(quant));
   TACHYON_ASSIGN_OR_RETURN(ModelWeights weights, read_weights(reader, config, kHfNames));
   if (!config.tie_word_embeddings && !dir.weights()->has(kHfNames.lm_head)) {
     return make_error(ErrorCode::kNotFound, "{}: tensor '{}' is missing and tie_word_embeddings is false",

@@ -48,7 +48,27 @@ void load_row(const Tensor& w, int64_t o, float* row) {
   }
 }
 
+// The smallest f16 value >= x (x >= 0 and finite); Inf when x is beyond f16's range.
+float f16_at_least(float x) {
+  uint16_t h = f32_to_f16(x);
+  if (f16_to_f32(h) < x) ++h;  // the next f16 up: for positive values, the next bit pattern
+  return f16_to_f32(h);
+}
+
+// Where code k of a row goes in the kInt4Group packing: the byte and the shift of its nibble.
+inline int64_t int4_byte(int64_t k) { return (k / kInt4Block) * (kInt4Block / 2) + (k % kInt4Block) % (kInt4Block / 2); }
+inline int int4_shift(int64_t k) { return (k % kInt4Block) < kInt4Block / 2 ? 0 : 4; }
+
 }  // namespace
+
+Int4GroupParams int4_group_params(float lo, float hi, Int4Scales scales) {
+  Int4GroupParams p;
+  p.scale = (hi - lo) / 15.0f;
+  if (scales == Int4Scales::kF16) p.scale = f16_at_least(p.scale);
+  p.inv_scale = p.scale > 0.0f ? 1.0f / p.scale : 0.0f;
+  p.zero = std::clamp(std::nearbyint(-lo * p.inv_scale), 0.0f, 15.0f);
+  return p;
+}
 
 Result<QuantWeight> quantize_int8_channel(const Tensor& w_dense) {
   TACHYON_RETURN_IF_ERROR(check_dense(w_dense, "int8 quantization"));
@@ -81,6 +101,10 @@ Result<QuantWeight> quantize_int8_channel(const Tensor& w_dense) {
 }
 
 Result<QuantWeight> quantize_int4_group(const Tensor& w_dense, int group) {
+  return quantize_int4_group(w_dense, group, Int4Scales::kF32);
+}
+
+Result<QuantWeight> quantize_int4_group(const Tensor& w_dense, int group, Int4Scales scales) {
   TACHYON_RETURN_IF_ERROR(check_dense(w_dense, "int4 quantization"));
   if (group != 32 && group != 64 && group != 128) {
     return make_error(ErrorCode::kInvalidArgument, "int4 quantization: group size {} (expected 32, 64 or 128)", group);
@@ -114,13 +138,15 @@ Result<QuantWeight> quantize_int4_group(const Tensor& w_dense, int group) {
         lo = std::min(lo, w[i]);
         hi = std::max(hi, w[i]);
       }
-      const float scale = (hi - lo) / 15.0f;
-      const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
-      const float zero = std::clamp(std::nearbyint(-lo * inv), 0.0f, 15.0f);
-      q.scales.data<float>()[o * groups + g] = scale;
-      q.zeros.data<float>()[o * groups + g] = zero;
+      const Int4GroupParams p = int4_group_params(lo, hi, scales);
+      if (!std::isfinite(p.scale)) {
+        return make_error(ErrorCode::kInvalidArgument,
+                          "int4 quantization: row {} group {} spans [{}, {}], too wide for f16 scales", o, g, lo, hi);
+      }
+      q.scales.data<float>()[o * groups + g] = p.scale;
+      q.zeros.data<float>()[o * groups + g] = p.zero;
       for (int i = 0; i < group; ++i) {
-        const auto v = static_cast<uint8_t>(std::clamp(std::nearbyint(w[i] * inv) + zero, 0.0f, 15.0f));
+        const auto v = static_cast<uint8_t>(int4_code(w[i], p));
         const int64_t k = g * group + i;  // column
         const int64_t block = k / kInt4Block, j = k % kInt4Block;
         uint8_t& byte = dst[block * (kInt4Block / 2) + j % (kInt4Block / 2)];
@@ -184,12 +210,231 @@ Result<Weight> quantize_weight(const Weight& w, const QuantSpec& spec) {
     return make_error(ErrorCode::kInvalidArgument, "the weight is already quantized ({})",
                       quant_format_name(w.quant->format));
   }
-  Result<QuantWeight> q = spec.format == QuantFormat::kInt4Group ? quantize_int4_group(w.dense, spec.group_size)
-                                                                  : quantize_int8_channel(w.dense);
+  Result<QuantWeight> q = spec.format == QuantFormat::kInt4Group
+                             ? quantize_int4_group(w.dense, spec.group_size, spec.int4_scales)
+                             : quantize_int8_channel(w.dense);
   if (!q.ok()) return q.status();
   Weight result;
   result.quant = std::make_shared<const QuantWeight>(std::move(q).value());
   return result;
+}
+
+// ---- Checkpoint layouts ----
+
+namespace {
+
+// A 2-d tensor of a checkpoint with exactly [rows, cols] of `dtype`, on the host; a contiguous
+// copy when the view is strided (never for safetensors tensors).
+Result<Tensor> packed_tensor(const Tensor& t, const char* name, DType dtype, int64_t rows, int64_t cols) {
+  if (!t.defined()) return make_error(ErrorCode::kNotFound, "{} is missing", name);
+  if (!t.device().is_cpu()) {
+    return make_error(ErrorCode::kUnsupported, "{} is on {}; checkpoints are read on the host", name,
+                      t.device().to_string());
+  }
+  if (t.dim() != 2 || t.size(0) != rows || t.size(1) != cols || t.dtype() != dtype) {
+    return make_error(ErrorCode::kCorruptFile, "{} is {}, expected [{}, {}] {}", name, t.shape_string(), rows, cols,
+                      dtype_name(dtype));
+  }
+  return t.is_contiguous() ? t : t.contiguous();
+}
+
+// Scales [rows, cols] (f32, f16 or bf16; `rows` = 1 may also come as a vector) as f32, each
+// finite and >= 0.
+Result<std::vector<float>> scales_f32(const Tensor& t, const char* name, int64_t rows, int64_t cols) {
+  if (!t.defined()) return make_error(ErrorCode::kNotFound, "{} is missing", name);
+  const bool shape_ok = (t.dim() == 2 && t.size(0) == rows && t.size(1) == cols);
+  if (!shape_ok || (t.dtype() != DType::kF32 && t.dtype() != DType::kF16 && t.dtype() != DType::kBF16)) {
+    return make_error(ErrorCode::kCorruptFile, "{} is {}, expected [{}, {}] f16, bf16 or f32", name, t.shape_string(),
+                      rows, cols);
+  }
+  if (!t.device().is_cpu()) return make_error(ErrorCode::kUnsupported, "{} is not on the host", name);
+  const Tensor f = t.to_f32();
+  std::vector<float> out(f.data<float>(), f.data<float>() + f.numel());
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (!std::isfinite(out[i]) || out[i] < 0.0f) {
+      return make_error(ErrorCode::kCorruptFile, "{}[{}, {}] = {}: scales must be finite and >= 0", name,
+                        static_cast<int64_t>(i) / cols, static_cast<int64_t>(i) % cols, out[i]);
+    }
+  }
+  return out;
+}
+
+// What every int4 checkpoint layout needs of the weight's shape: rows in whole words of 8 codes
+// and groups of whole 32-code blocks (what the kernels decode at a time).
+Status check_int4_geometry(int64_t out, int64_t in, int group) {
+  if (group <= 0 || group % static_cast<int>(kInt4Block) != 0) {
+    return make_error(ErrorCode::kUnsupported, "group size {}: int4 weights need a positive multiple of {}", group,
+                      kInt4Block);
+  }
+  if (in % group != 0) {
+    return make_error(ErrorCode::kCorruptFile, "in_features {} is not a multiple of the group size {}", in, group);
+  }
+  if (out % 8 != 0) {
+    return make_error(ErrorCode::kUnsupported, "out_features {} is not a multiple of 8 (8 codes per int32)", out);
+  }
+  return Status::Ok();
+}
+
+QuantWeight empty_int4(int64_t out, int64_t in, int group) {
+  QuantWeight q;
+  q.format = QuantFormat::kInt4Group;
+  q.out_features = out;
+  q.in_features = in;
+  q.group_size = group;
+  q.packed = Tensor::zeros({out, in / 2}, DType::kU8);
+  q.scales = Tensor::empty({out, in / group}, DType::kF32);
+  q.zeros = Tensor::empty({out, in / group}, DType::kF32);
+  return q;
+}
+
+inline uint32_t nibble(uint32_t word, int i) { return (word >> (4 * i)) & 0xfu; }
+
+}  // namespace
+
+Result<AwqGemmTensors> pack_awq_gemm(const QuantWeight& w) {
+  if (w.format != QuantFormat::kInt4Group) {
+    return make_error(ErrorCode::kInvalidArgument, "AutoAWQ packing: the weight is {}, expected int4",
+                      quant_format_name(w.format));
+  }
+  const int64_t out = w.out_features, in = w.in_features, groups = in / w.group_size, cols = out / 8;
+  TACHYON_RETURN_IF_ERROR(check_int4_geometry(out, in, w.group_size));
+  int position[8];  // nibble of row o % 8 within its word
+  for (int i = 0; i < 8; ++i) position[kAwqPackOrder[i]] = i;
+  AwqGemmTensors t;
+  t.qweight = Tensor::zeros({in, cols}, DType::kI32);
+  t.qzeros = Tensor::zeros({groups, cols}, DType::kI32);
+  t.scales = Tensor::empty({groups, out}, DType::kF16);
+  auto* qweight = t.qweight.data<int32_t>();
+  auto* qzeros = t.qzeros.data<int32_t>();
+  auto* scales = t.scales.data<uint16_t>();
+  for (int64_t o = 0; o < out; ++o) {
+    const uint8_t* row = w.packed.data<uint8_t>() + o * (in / 2);
+    const int shift = 4 * position[o % 8];
+    for (int64_t k = 0; k < in; ++k) {
+      const uint32_t code = (row[int4_byte(k)] >> int4_shift(k)) & 0xfu;
+      qweight[k * cols + o / 8] = static_cast<int32_t>(static_cast<uint32_t>(qweight[k * cols + o / 8]) | code << shift);
+    }
+    for (int64_t g = 0; g < groups; ++g) {
+      const float zero = w.zeros.data<float>()[o * groups + g];
+      const float scale = w.scales.data<float>()[o * groups + g];
+      if (!(zero >= 0.0f && zero <= 15.0f && zero == std::nearbyint(zero))) {
+        return make_error(ErrorCode::kInvalidArgument, "AutoAWQ packing: zero point {} of row {} group {} is not an "
+                          "integer in [0, 15]", zero, o, g);
+      }
+      const uint16_t half = f32_to_f16(scale);
+      if (f16_to_f32(half) != scale) {
+        return make_error(ErrorCode::kInvalidArgument, "AutoAWQ packing: scale {} of row {} group {} is not an f16 "
+                          "value (quantize with f16 scales)", scale, o, g);
+      }
+      scales[g * out + o] = half;
+      const auto z = static_cast<uint32_t>(zero);
+      qzeros[g * cols + o / 8] = static_cast<int32_t>(static_cast<uint32_t>(qzeros[g * cols + o / 8]) | z << shift);
+    }
+  }
+  return t;
+}
+
+Result<QuantWeight> unpack_awq_gemm(const Tensor& qweight, const Tensor& qzeros, const Tensor& scales, int64_t out,
+                                    int64_t in, int group) {
+  TACHYON_RETURN_IF_ERROR(check_int4_geometry(out, in, group));
+  const int64_t groups = in / group, cols = out / 8;
+  TACHYON_ASSIGN_OR_RETURN(Tensor qw, packed_tensor(qweight, "qweight", DType::kI32, in, cols));
+  TACHYON_ASSIGN_OR_RETURN(Tensor qz, packed_tensor(qzeros, "qzeros", DType::kI32, groups, cols));
+  TACHYON_ASSIGN_OR_RETURN(std::vector<float> s, scales_f32(scales, "scales", groups, out));
+  QuantWeight q = empty_int4(out, in, group);
+  uint8_t* dst = q.packed.data<uint8_t>();
+  const auto* words = qw.data<int32_t>();
+  for (int64_t c = 0; c < cols; ++c) {  // 8 output rows at a time: their bytes are written in order
+    for (int64_t k = 0; k < in; ++k) {
+      const auto word = static_cast<uint32_t>(words[k * cols + c]);
+      for (int i = 0; i < 8; ++i) {
+        const int64_t o = 8 * c + kAwqPackOrder[i];
+        dst[o * (in / 2) + int4_byte(k)] |= static_cast<uint8_t>(nibble(word, i) << int4_shift(k));
+      }
+    }
+  }
+  for (int64_t g = 0; g < groups; ++g) {
+    for (int64_t c = 0; c < cols; ++c) {
+      const auto word = static_cast<uint32_t>(qz.data<int32_t>()[g * cols + c]);
+      for (int i = 0; i < 8; ++i) {
+        const int64_t o = 8 * c + kAwqPackOrder[i];
+        q.zeros.data<float>()[o * groups + g] = static_cast<float>(nibble(word, i));
+      }
+    }
+    for (int64_t o = 0; o < out; ++o) q.scales.data<float>()[o * groups + g] = s[static_cast<size_t>(g * out + o)];
+  }
+  return q;
+}
+
+Result<QuantWeight> unpack_gptq(const Tensor& qweight, const Tensor& qzeros, const Tensor& scales,
+                                const Tensor& g_idx, int64_t out, int64_t in, int group, GptqZeros zeros) {
+  TACHYON_RETURN_IF_ERROR(check_int4_geometry(out, in, group));
+  const int64_t groups = in / group, cols = out / 8;
+  if (g_idx.defined()) {
+    if (g_idx.dim() != 1 || g_idx.size(0) != in || (g_idx.dtype() != DType::kI32 && g_idx.dtype() != DType::kI64)) {
+      return make_error(ErrorCode::kCorruptFile, "g_idx is {}, expected [{}] i32", g_idx.shape_string(), in);
+    }
+    const Tensor gi = g_idx.contiguous();
+    for (int64_t k = 0; k < in; ++k) {
+      const int64_t v = gi.dtype() == DType::kI32 ? gi.data<int32_t>()[k] : gi.data<int64_t>()[k];
+      if (v != k / group) {
+        return make_error(ErrorCode::kUnsupported, "g_idx[{}] = {}, expected {} (input {} in group {} of {}): "
+                          "act-order GPTQ is not supported", k, v, k / group, k, k / group, group);
+      }
+    }
+  }
+  TACHYON_ASSIGN_OR_RETURN(Tensor qw, packed_tensor(qweight, "qweight", DType::kI32, in / 8, out));
+  TACHYON_ASSIGN_OR_RETURN(Tensor qz, packed_tensor(qzeros, "qzeros", DType::kI32, groups, cols));
+  TACHYON_ASSIGN_OR_RETURN(std::vector<float> s, scales_f32(scales, "scales", groups, out));
+  QuantWeight q = empty_int4(out, in, group);
+  const auto* words = qw.data<int32_t>();
+  for (int64_t o = 0; o < out; ++o) {
+    uint8_t* row = q.packed.data<uint8_t>() + o * (in / 2);
+    for (int64_t r = 0; r < in / 8; ++r) {
+      const auto word = static_cast<uint32_t>(words[r * out + o]);
+      for (int i = 0; i < 8; ++i) {
+        const int64_t k = 8 * r + i;
+        row[int4_byte(k)] |= static_cast<uint8_t>(nibble(word, i) << int4_shift(k));
+      }
+    }
+  }
+  const float offset = zeros == GptqZeros::kStoredMinusOne ? 1.0f : 0.0f;
+  for (int64_t g = 0; g < groups; ++g) {
+    for (int64_t c = 0; c < cols; ++c) {
+      const auto word = static_cast<uint32_t>(qz.data<int32_t>()[g * cols + c]);
+      for (int i = 0; i < 8; ++i) {
+        q.zeros.data<float>()[(8 * c + i) * groups + g] = static_cast<float>(nibble(word, i)) + offset;
+      }
+    }
+    for (int64_t o = 0; o < out; ++o) q.scales.data<float>()[o * groups + g] = s[static_cast<size_t>(g * out + o)];
+  }
+  return q;
+}
+
+Int8ChannelTensors pack_int8_channel(const QuantWeight& w) {
+  TACHYON_CHECK(w.format == QuantFormat::kInt8Channel, "pack_int8_channel: the weight is {}",
+                quant_format_name(w.format));
+  Int8ChannelTensors t;
+  t.weight = w.packed.is_contiguous() ? w.packed : w.packed.contiguous();
+  t.weight_scale = (w.scales.is_contiguous() ? w.scales : w.scales.contiguous()).reshape({w.out_features, 1});
+  return t;
+}
+
+Result<QuantWeight> unpack_int8_channel(const Tensor& weight, const Tensor& weight_scale, int64_t out, int64_t in) {
+  TACHYON_ASSIGN_OR_RETURN(Tensor packed, packed_tensor(weight, "weight", DType::kI8, out, in));
+  Tensor scale_2d = weight_scale;
+  if (weight_scale.defined() && weight_scale.dim() == 1 && weight_scale.is_contiguous()) {
+    scale_2d = weight_scale.reshape({weight_scale.size(0), 1});
+  }
+  TACHYON_ASSIGN_OR_RETURN(std::vector<float> s, scales_f32(scale_2d, "weight_scale", out, 1));
+  QuantWeight q;
+  q.format = QuantFormat::kInt8Channel;
+  q.out_features = out;
+  q.in_features = in;
+  q.packed = std::move(packed);  // a view into the checkpoint when it is one
+  q.scales = Tensor::empty({out}, DType::kF32);
+  std::copy(s.begin(), s.end(), q.scales.data<float>());
+  return q;
 }
 
 }  // namespace tachyon

@@ -12,8 +12,11 @@
 //   [out, in / group] f32; w[o, i] = (q - zeros[o, g]) * scales[o, g] with g = i / group.
 //   The range of each group is widened to include 0, so zeros are integers in [0, 15] (they fit
 //   4 bits, as AutoAWQ's qzeros need) and the error of every weight is at most scales / 2.
+//   (Weights read from GPTQ v1 checkpoints may hold a zero of 16: see unpack_gptq.)
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <string>
 
 #include "core/status.h"
@@ -24,8 +27,29 @@ namespace tachyon {
 
 // w_dense [out, in] f32/f16/bf16 on the host (any row stride, unit column stride).
 Result<QuantWeight> quantize_int8_channel(const Tensor& w_dense);
-// group: 32, 64 or 128, dividing in.
+// group: 32, 64 or 128, dividing in. Scales exact in f32 (Int4Scales::kF32 below).
 Result<QuantWeight> quantize_int4_group(const Tensor& w_dense, int group);
+
+// How kInt4Group scales are chosen. kF32: (hi - lo) / 15 exactly. kF16: the smallest value f16
+// can hold that is >= (hi - lo) / 15, so the group's range is still covered (every weight stays
+// within scale / 2) and the weight survives a checkpoint that stores f16 scales (AutoAWQ, GPTQ)
+// bit for bit. Codes and zeros are computed with the rounded scale.
+enum class Int4Scales : uint8_t { kF32, kF16 };
+Result<QuantWeight> quantize_int4_group(const Tensor& w_dense, int group, Int4Scales scales);
+
+// How quantize_int4_group rounds one group whose values span [lo, hi] (lo <= 0 <= hi): its
+// scale (Inf when f16 cannot hold it), 1 / scale (0 for a zero scale) and integer zero point,
+// and the code of a value. For callers that need the rounded values without the packing (AWQ's
+// search); the codes are the ones quantize_int4_group stores.
+struct Int4GroupParams {
+  float scale = 0.0f;
+  float inv_scale = 0.0f;
+  float zero = 0.0f;
+};
+Int4GroupParams int4_group_params(float lo, float hi, Int4Scales scales);
+inline float int4_code(float w, const Int4GroupParams& p) {
+  return std::clamp(std::nearbyint(w * p.inv_scale) + p.zero, 0.0f, 15.0f);
+}
 
 // The weight a packed one stands for: [out, in] f32. Only kInt8Channel and kInt4Group (an
 // internal invariant: callers dispatch on the format first).
@@ -35,11 +59,61 @@ Tensor dequantize(const QuantWeight& w);
 struct QuantSpec {
   QuantFormat format = QuantFormat::kInt8Channel;
   int group_size = 128;  // kInt4Group only
+  // kInt4Group only. f16 by default: `--quant int4` at load time and a `tachyon quantize`
+  // checkpoint of the same weights (f16 scales on disk) are then the same weights, bit for bit.
+  Int4Scales int4_scales = Int4Scales::kF16;
 };
 // "int8" or "int4" (with `group`) -> a spec; anything else is an error naming the choices.
 Result<QuantSpec> parse_quant_spec(const std::string& name, int group);
 
 // A dense weight on the host quantized as `spec`; an already quantized weight is an error.
 Result<Weight> quantize_weight(const Weight& w, const QuantSpec& spec);
+
+// ---- Checkpoint layouts ----
+// Conversions between kInt4Group / kInt8Channel and the tensors of quantized Hugging Face
+// checkpoints. They move 4-bit codes from one packing to the other and never go through dense
+// floats. Shapes and dtypes are checked; a mismatch is a Status naming the tensor, its shape and
+// the shape expected (callers add the module's name).
+
+// AutoAWQ "GEMM" (quant_method "awq", version "gemm"; also what vLLM and transformers read):
+//   qweight [in, out / 8] i32: bits 4i .. 4i + 3 of qweight[k, c] hold the code of weight
+//           (row o = 8c + kAwqPackOrder[i], column k);
+//   qzeros  [in / group, out / 8] i32, the zero points packed the same way (stored as is);
+//   scales  [in / group, out] f16;
+//   w[o, k] = (code - zero[k / group, o]) * scale[k / group, o].
+inline constexpr int kAwqPackOrder[8] = {0, 2, 4, 6, 1, 3, 5, 7};
+struct AwqGemmTensors {
+  Tensor qweight;  // [in, out / 8] i32
+  Tensor qzeros;   // [in / group, out / 8] i32
+  Tensor scales;   // [in / group, out] f16
+};
+// `w` is kInt4Group with out a multiple of 8, integer zeros in [0, 15] and scales f16 holds
+// exactly (quantize_int4_group with Int4Scales::kF16 makes such weights); anything else is an
+// error rather than a silently rounded checkpoint.
+Result<AwqGemmTensors> pack_awq_gemm(const QuantWeight& w);
+// The weight [out, in] the AutoAWQ tensors stand for. scales may be f16, bf16 or f32. group: a
+// multiple of 32 dividing in (the CPU kernels decode blocks of 32); out a multiple of 8.
+Result<QuantWeight> unpack_awq_gemm(const Tensor& qweight, const Tensor& qzeros, const Tensor& scales,
+                                    int64_t out, int64_t in, int group);
+
+// GPTQ (AutoGPTQ / GPTQModel, quant_method "gptq", desc_act false):
+//   qweight [in / 8, out] i32: bits 4i .. 4i + 3 of qweight[r, o] hold the code of weight (o, 8r + i);
+//   qzeros  [in / group, out / 8] i32: bits 4i .. 4i + 3 of qzeros[g, c] hold the zero of row 8c + i;
+//   scales  [in / group, out] f16;  g_idx [in] i32 (must be k / group: no act-order).
+// checkpoint_format "gptq" (v1, and checkpoints that do not say) stores zero - 1 in 4 bits and
+// the kernels add 1 back, so a stored 15 means 16; "gptq_v2" stores the zero itself.
+enum class GptqZeros : uint8_t { kStoredMinusOne, kStored };
+// g_idx: undefined, or [in] i32/i64 equal to k / group for every k.
+Result<QuantWeight> unpack_gptq(const Tensor& qweight, const Tensor& qzeros, const Tensor& scales,
+                                const Tensor& g_idx, int64_t out, int64_t in, int group, GptqZeros zeros);
+
+// Per-channel int8 as compressed-tensors ("int-quantized", strategy "channel", symmetric) stores
+// it: weight [out, in] i8 and weight_scale [out, 1] (f32 as `tachyon quantize` writes it; f16/bf16 accepted).
+struct Int8ChannelTensors {
+  Tensor weight;        // [out, in] i8
+  Tensor weight_scale;  // [out, 1] f32
+};
+Int8ChannelTensors pack_int8_channel(const QuantWeight& w);  // w is kInt8Channel (an invariant)
+Result<QuantWeight> unpack_int8_channel(const Tensor& weight, const Tensor& weight_scale, int64_t out, int64_t in);
 
 }  // namespace tachyon

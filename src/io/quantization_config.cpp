@@ -1,0 +1,232 @@
+#include "io/quantization_config.h"
+
+#include <algorithm>
+#include <cctype>
+
+#include <fmt/format.h>
+
+namespace tachyon {
+
+namespace {
+
+using nlohmann::json;
+
+std::string lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+// The first of `keys` present in `j` (tools spell some keys two ways), or nullptr.
+const json* find_any(const json& j, std::initializer_list<const char*> keys) {
+  for (const char* key : keys) {
+    auto it = j.find(key);
+    if (it != j.end() && !it->is_null()) return &*it;
+  }
+  return nullptr;
+}
+
+Result<int> int_key(const json& q, std::initializer_list<const char*> keys, const std::string& where) {
+  const json* v = find_any(q, keys);
+  if (v == nullptr) {
+    return make_error(ErrorCode::kCorruptFile, "{}: quantization_config.{} is missing", where, *keys.begin());
+  }
+  if (!v->is_number_integer()) {
+    return make_error(ErrorCode::kCorruptFile, "{}: quantization_config.{} is {}, expected an integer", where,
+                      *keys.begin(), v->dump());
+  }
+  return v->get<int>();
+}
+
+Result<bool> bool_key(const json& q, const char* key, bool absent, const std::string& where) {
+  const json* v = find_any(q, {key});
+  if (v == nullptr) return absent;
+  if (!v->is_boolean()) {
+    return make_error(ErrorCode::kCorruptFile, "{}: quantization_config.{} is {}, expected true or false", where, key,
+                      v->dump());
+  }
+  return v->get<bool>();
+}
+
+Result<std::string> string_key(const json& q, std::initializer_list<const char*> keys, const std::string& absent,
+                               const std::string& where) {
+  const json* v = find_any(q, keys);
+  if (v == nullptr) return absent;
+  if (!v->is_string()) {
+    return make_error(ErrorCode::kCorruptFile, "{}: quantization_config.{} is {}, expected a string", where,
+                      *keys.begin(), v->dump());
+  }
+  return v->get<std::string>();
+}
+
+Result<std::vector<std::string>> string_list(const json& q, const char* key, const std::string& where) {
+  std::vector<std::string> out;
+  const json* v = find_any(q, {key});
+  if (v == nullptr) return out;
+  if (!v->is_array()) {
+    return make_error(ErrorCode::kCorruptFile, "{}: quantization_config.{} is a {}, expected a list of names", where,
+                      key, v->type_name());
+  }
+  for (const json& e : *v) {
+    if (!e.is_string()) {
+      return make_error(ErrorCode::kCorruptFile, "{}: quantization_config.{} holds {}, expected names", where, key,
+                        e.dump());
+    }
+    out.push_back(e.get<std::string>());
+  }
+  return out;
+}
+
+// bits == 4 and a group size of at least one input (per-channel int4, group_size -1, has no
+// kernel here).
+Status check_int4(const CheckpointQuantization& c, const char* method, const std::string& where) {
+  if (c.bits != 4) {
+    return make_error(ErrorCode::kUnsupported, "{}: quantization_config.bits is {}; only 4-bit {} is supported", where,
+                      c.bits, method);
+  }
+  if (c.group_size <= 0) {
+    return make_error(ErrorCode::kUnsupported,
+                      "{}: quantization_config.group_size is {}; {} needs a positive group size (per-channel int4 "
+                      "is not supported)", where, c.group_size, method);
+  }
+  return Status::Ok();
+}
+
+Result<CheckpointQuantization> read_awq(const json& q, const std::string& where) {
+  CheckpointQuantization c;
+  c.method = CheckpointQuantMethod::kAwqGemm;
+  TACHYON_ASSIGN_OR_RETURN(c.bits, int_key(q, {"bits", "w_bit"}, where));
+  TACHYON_ASSIGN_OR_RETURN(c.group_size, int_key(q, {"group_size", "q_group_size"}, where));
+  TACHYON_RETURN_IF_ERROR(check_int4(c, "AWQ", where));
+  TACHYON_ASSIGN_OR_RETURN(bool zero_point, bool_key(q, "zero_point", true, where));
+  if (!zero_point) {
+    return make_error(ErrorCode::kUnsupported, "{}: quantization_config.zero_point is false; only AWQ with zero "
+                      "points is supported", where);
+  }
+  TACHYON_ASSIGN_OR_RETURN(std::string version, string_key(q, {"version"}, "gemm", where));
+  if (lower(version) != "gemm") {
+    return make_error(ErrorCode::kUnsupported, "{}: quantization_config.version is '{}'; only the AutoAWQ 'gemm' "
+                      "layout is supported", where, version);
+  }
+  TACHYON_ASSIGN_OR_RETURN(c.dense_modules, string_list(q, "modules_to_not_convert", where));
+  return c;
+}
+
+Result<CheckpointQuantization> read_gptq(const json& q, const std::string& where) {
+  CheckpointQuantization c;
+  c.method = CheckpointQuantMethod::kGptq;
+  TACHYON_ASSIGN_OR_RETURN(c.bits, int_key(q, {"bits"}, where));
+  TACHYON_ASSIGN_OR_RETURN(c.group_size, int_key(q, {"group_size"}, where));
+  TACHYON_ASSIGN_OR_RETURN(bool desc_act, bool_key(q, "desc_act", false, where));
+  if (desc_act) {
+    return make_error(ErrorCode::kUnsupported, "{}: quantization_config.desc_act is true: act-order GPTQ is not "
+                      "supported", where);
+  }
+  TACHYON_RETURN_IF_ERROR(check_int4(c, "GPTQ", where));
+  TACHYON_ASSIGN_OR_RETURN(std::string format, string_key(q, {"checkpoint_format", "format"}, "gptq", where));
+  if (lower(format) == "gptq") {
+    c.gptq_format = GptqFormat::kV1;
+  } else if (lower(format) == "gptq_v2") {
+    c.gptq_format = GptqFormat::kV2;
+  } else {
+    return make_error(ErrorCode::kUnsupported, "{}: quantization_config.checkpoint_format is '{}'; supported are "
+                      "'gptq' and 'gptq_v2'", where, format);
+  }
+  TACHYON_ASSIGN_OR_RETURN(c.dense_modules, string_list(q, "modules_to_not_convert", where));
+  return c;
+}
+
+// compressed-tensors: every config group must quantize weights to symmetric int8 per channel
+// and leave activations alone (W8A16), stored unpacked ("int-quantized" / "naive-quantized").
+Result<CheckpointQuantization> read_compressed_tensors(const json& q, const std::string& where) {
+  CheckpointQuantization c;
+  c.method = CheckpointQuantMethod::kInt8Channel;
+  c.bits = 8;
+  TACHYON_ASSIGN_OR_RETURN(std::string format, string_key(q, {"format"}, "", where));
+  if (format != "int-quantized" && format != "naive-quantized") {
+    return make_error(ErrorCode::kUnsupported, "{}: compressed-tensors format '{}' is not supported (only "
+                      "'int-quantized' int8 per channel)", where, format);
+  }
+  const json* groups = find_any(q, {"config_groups"});
+  if (groups == nullptr || !groups->is_object() || groups->empty()) {
+    return make_error(ErrorCode::kCorruptFile, "{}: quantization_config.config_groups is missing or empty", where);
+  }
+  for (const auto& [name, group] : groups->items()) {
+    const std::string at = fmt::format("{}: quantization_config.config_groups.{}", where, name);
+    const json* weights = group.is_object() ? find_any(group, {"weights"}) : nullptr;
+    if (weights == nullptr || !weights->is_object()) {
+      return make_error(ErrorCode::kCorruptFile, "{}.weights is missing", at);
+    }
+    const json* activations = find_any(group, {"input_activations"});
+    // Read leniently (a wrong JSON type is just "not what is supported"): nlohmann's typed
+    // accessors would throw.
+    const json* num_bits = find_any(*weights, {"num_bits"});
+    const json* type = find_any(*weights, {"type"});
+    const json* strategy = find_any(*weights, {"strategy"});
+    const json* symmetric = find_any(*weights, {"symmetric"});
+    const bool int8_channel = num_bits != nullptr && *num_bits == 8 && type != nullptr && *type == "int" &&
+                              strategy != nullptr && *strategy == "channel" && symmetric != nullptr &&
+                              *symmetric == true;
+    if (!int8_channel || activations != nullptr) {
+      return make_error(ErrorCode::kUnsupported, "{}: weights {}{}; supported is symmetric int8 per channel with "
+                        "16-bit activations", at, weights->dump(), activations != nullptr ? " with quantized activations" : "");
+    }
+  }
+  TACHYON_ASSIGN_OR_RETURN(c.dense_modules, string_list(q, "ignore", where));
+  return c;
+}
+
+}  // namespace
+
+std::string CheckpointQuantization::describe() const {
+  switch (method) {
+    case CheckpointQuantMethod::kNone: return "dense";
+    case CheckpointQuantMethod::kAwqGemm: return fmt::format("int4 awq g{}", group_size);
+    case CheckpointQuantMethod::kGptq:
+      return fmt::format("int4 gptq{} g{}", gptq_format == GptqFormat::kV2 ? "_v2" : "", group_size);
+    case CheckpointQuantMethod::kInt8Channel: return "int8 per channel";
+  }
+  return "?";
+}
+
+Result<CheckpointQuantization> read_quantization_config(const json& config, const std::string& path) {
+  auto it = config.find("quantization_config");
+  if (it == config.end() || it->is_null()) return CheckpointQuantization();
+  if (!it->is_object()) {
+    return make_error(ErrorCode::kCorruptFile, "{}: quantization_config is a {}, expected an object", path,
+                      it->type_name());
+  }
+  const json& q = *it;
+  TACHYON_ASSIGN_OR_RETURN(std::string method, string_key(q, {"quant_method"}, "", path));
+  method = lower(method);
+  if (method == "awq") return read_awq(q, path);
+  if (method == "gptq") return read_gptq(q, path);
+  if (method == "compressed-tensors") return read_compressed_tensors(q, path);
+  return make_error(ErrorCode::kUnsupported, "{}: quantization_config.quant_method '{}' is not supported (awq, gptq, "
+                    "compressed-tensors int8)", path, method);
+}
+
+json quantization_config_json(const CheckpointQuantization& q) {
+  json dense = q.dense_modules;
+  switch (q.method) {
+    case CheckpointQuantMethod::kAwqGemm:
+      return {{"quant_method", "awq"}, {"bits", 4},           {"group_size", q.group_size},
+              {"zero_point", true},    {"version", "gemm"},   {"modules_to_not_convert", q.dense_modules.empty() ? json() : dense}};
+    case CheckpointQuantMethod::kInt8Channel: {
+      // Symmetric int8 per output channel, weight [out, in] i8 and weight_scale [out, 1] f32
+      // (quant/quantize.h), activations left 16-bit: compressed-tensors' W8A16 "int-quantized".
+      json weights = {{"num_bits", 8},        {"type", "int"},     {"symmetric", true}, {"strategy", "channel"},
+                      {"group_size", nullptr}, {"dynamic", false}, {"observer", "minmax"}};
+      json group = {{"targets", {"Linear"}}, {"weights", weights}, {"input_activations", nullptr},
+                    {"output_activations", nullptr}};
+      json ignore = dense;
+      ignore.insert(ignore.begin(), "lm_head");
+      return {{"quant_method", "compressed-tensors"}, {"format", "int-quantized"},
+              {"quantization_status", "compressed"},  {"config_groups", {{"group_0", group}}},
+              {"ignore", ignore}};
+    }
+    default: break;
+  }
+  return json();
+}
+
+}  // namespace tachyon

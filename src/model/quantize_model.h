@@ -1,0 +1,77 @@
+// Quantizing a whole model with calibration data (what `tachyon quantize` runs): the model's
+// 16-bit forward over calibration tokens, one layer at a time, capturing each linear group's
+// input (q/k/v after the input norm, o_proj on the attention output, gate/up after the
+// post-attention norm, down_proj on the SwiGLU output); then per layer round-to-nearest int4 or
+// int8, or AWQ int4 (quant/awq.h) with the scales folded as follows:
+//   q/k/v     1/s into input_layernorm's weight
+//   gate/up   1/s into post_attention_layernorm's weight
+//   down_proj 1/s into up_proj's rows (silu(gate) * up is linear in up)
+//   o_proj    1/s into v_proj's rows (attention output is a convex mix of v). With grouped-query
+//             attention a v row feeds every query head of its group, so the channel statistics
+//             are averaged over the heads that share a kv head and the same scale repeats across
+//             them (common implementations skip o_proj when the shapes differ; this keeps it).
+// Later layers see the 16-bit model's activations (as AutoAWQ does). Output errors, in the AWQ
+// search and in the report, cover every calibration token (directly, or through the Gram matrix
+// X^T X [in, in] when there are more tokens than input channels). Each module's relative output error
+// ||X Wq^T - X W^T|| / ||X W^T|| is that of the weight the saved model holds (dequantized as
+// quant/quantize.h defines it) on the input it will see; with max_layer_error set, a module above
+// it stays 16-bit. The embedding and LM head stay 16-bit. No clipping search (AutoAWQ's second
+// step) is done.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "model/llama_model.h"
+
+namespace tachyon {
+
+enum class QuantMethod : uint8_t { kRtnInt4, kAwqInt4, kInt8 };
+const char* quant_method_name(QuantMethod method);  // "rtn-int4", "awq-int4", "int8"
+// The names above; anything else is an error listing them.
+Result<QuantMethod> parse_quant_method(const std::string& name);
+
+struct ModuleQuantReport {
+  std::string name;                          // "q_proj", "o_proj", "down_proj", ...
+  std::string format;                        // "int4", "int8", or the 16-bit dtype it stays in
+  bool kept_dense = false;                   // by max_layer_error
+  std::optional<float> alpha;                // AWQ: the chosen exponent (shared by the module's group)
+  std::optional<double> relative_error;      // over the calibration tokens, of the quantized weight
+                                             // (also reported for modules kept dense)
+  std::optional<double> rtn_relative_error;  // AWQ: what round-to-nearest int4 gives instead
+};
+
+struct LayerQuantReport {
+  int layer = 0;
+  std::vector<ModuleQuantReport> modules;  // q, k, v, o, gate, up, down
+  double seconds = 0.0;
+};
+
+struct QuantizeModelOptions {
+  QuantMethod method = QuantMethod::kAwqInt4;
+  int group_size = 128;       // int4: 32, 64 or 128
+  int sequence_length = 512;  // calibration tokens per forward sequence (at most the model's context)
+  int grid = 20;              // AWQ alphas searched
+  double max_layer_error = 0; // > 0: modules whose relative output error exceeds it stay 16-bit
+  std::function<void(const LayerQuantReport&)> on_layer;  // progress, after each layer
+};
+
+struct QuantizedModel {
+  ModelWeights weights;
+  std::vector<LayerQuantReport> layers;
+  int64_t calibration_tokens = 0;
+};
+
+// `model` on the host with dense, unfused linear weights. `calibration` token ids (< vocab) are
+// cut into sequences of sequence_length; AWQ and max_layer_error need at least 2 of them, RTN
+// and int8 run without (then no errors are reported). The result shares the embedding, LM head
+// and unchanged tensors with `model`.
+Result<QuantizedModel> quantize_model(const LlamaModel& model, std::span<const int32_t> calibration,
+                                      const QuantizeModelOptions& options);
+
+}  // namespace tachyon

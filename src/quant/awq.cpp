@@ -1,0 +1,159 @@
+#include "quant/awq.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "core/dtype.h"
+#include "core/thread_pool.h"
+#include "quant/quantize.h"
+
+namespace tachyon {
+
+namespace {
+
+// Row o of w [out, in] (f32/f16/bf16, unit column stride) as f32 into `row`.
+void load_row(const Tensor& w, int64_t o, float* row) {
+  const int64_t in = w.size(1);
+  const char* base = static_cast<const char*>(w.raw_data()) + o * w.stride(0) * static_cast<int64_t>(dtype_size(w.dtype()));
+  switch (w.dtype()) {
+    case DType::kF32: std::copy_n(reinterpret_cast<const float*>(base), in, row); break;
+    case DType::kBF16:
+      for (int64_t i = 0; i < in; ++i) row[i] = bf16_to_f32(reinterpret_cast<const uint16_t*>(base)[i]);
+      break;
+    case DType::kF16:
+      for (int64_t i = 0; i < in; ++i) row[i] = f16_to_f32(reinterpret_cast<const uint16_t*>(base)[i]);
+      break;
+    default: TACHYON_CHECK(false, "AWQ: {} weights", dtype_name(w.dtype()));
+  }
+}
+
+void check_weight(const Tensor& w, const char* what) {
+  TACHYON_CHECK(w.dim() == 2 && (w.size(1) <= 1 || w.stride(1) == 1) && w.device().is_cpu(), "{}: weight {}", what,
+                w.shape_string());
+}
+
+}  // namespace
+
+std::vector<float> awq_scales(std::span<const float> mean_abs, float alpha) {
+  std::vector<float> s(mean_abs.size());
+  float lo = std::numeric_limits<float>::infinity(), hi = 0.0f;
+  for (size_t i = 0; i < s.size(); ++i) {
+    s[i] = std::max(std::pow(std::max(mean_abs[i], 0.0f), alpha), 1e-4f);
+    lo = std::min(lo, s[i]);
+    hi = std::max(hi, s[i]);
+  }
+  const float norm = std::sqrt(lo * hi);
+  if (norm > 0.0f && std::isfinite(norm)) {
+    for (float& v : s) v /= norm;
+  }
+  return s;
+}
+
+Tensor scale_weight(const Tensor& w, std::span<const float> column_scales, std::span<const float> row_scales) {
+  check_weight(w, "scale_weight");
+  const int64_t out = w.size(0), in = w.size(1);
+  TACHYON_CHECK(column_scales.empty() || static_cast<int64_t>(column_scales.size()) == in,
+                "scale_weight: {} column scales for {}", column_scales.size(), w.shape_string());
+  TACHYON_CHECK(row_scales.empty() || static_cast<int64_t>(row_scales.size()) == out,
+                "scale_weight: {} row scales for {}", row_scales.size(), w.shape_string());
+  Tensor r = Tensor::empty({out, in}, DType::kF32);
+  parallel_for(out, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t o = begin; o < end; ++o) {
+      float* dst = r.data<float>() + o * in;
+      load_row(w, o, dst);
+      const float row = row_scales.empty() ? 1.0f : row_scales[static_cast<size_t>(o)];
+      for (int64_t i = 0; i < in; ++i) {
+        dst[i] = dst[i] * (column_scales.empty() ? 1.0f : column_scales[static_cast<size_t>(i)]) * row;
+      }
+    }
+  });
+  return r;
+}
+
+Result<Tensor> awq_fake_quantize(const Tensor& w, std::span<const float> s, int group) {
+  check_weight(w, "awq_fake_quantize");
+  TACHYON_CHECK(static_cast<int64_t>(s.size()) == w.size(1), "awq_fake_quantize: {} for {} scales",
+                w.shape_string(), s.size());
+  if (group != 32 && group != 64 && group != 128) {
+    return make_error(ErrorCode::kInvalidArgument, "AWQ: group size {} (expected 32, 64 or 128)", group);
+  }
+  const int64_t out = w.size(0), in = w.size(1);
+  if (in % group != 0) {
+    return make_error(ErrorCode::kInvalidArgument, "AWQ: in_features {} is not a multiple of the group size {}", in,
+                      group);
+  }
+  // quantize_int4_group's rounding (int4_group_params, int4_code) and dequantize()'s
+  // (code - zero) * scale on each group of w diag(s), without packing the codes; then / s.
+  Tensor d = Tensor::empty({out, in}, DType::kF32);
+  std::vector<int64_t> bad_rows(static_cast<size_t>(out), -1);
+  parallel_for(out, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t o = begin; o < end; ++o) {
+      float* v = d.data<float>() + o * in;  // the scaled row, then its rounded values in place
+      load_row(w, o, v);
+      for (int64_t i = 0; i < in; ++i) v[i] *= s[static_cast<size_t>(i)];
+      for (int64_t g0 = 0; g0 < in; g0 += group) {
+        float lo = 0.0f, hi = 0.0f;
+        bool finite = true;
+        for (int64_t i = g0; i < g0 + group; ++i) {
+          finite = finite && std::isfinite(v[i]);
+          lo = std::min(lo, v[i]);
+          hi = std::max(hi, v[i]);
+        }
+        const Int4GroupParams p = int4_group_params(lo, hi, Int4Scales::kF16);
+        if (!finite || !std::isfinite(p.scale)) bad_rows[static_cast<size_t>(o)] = o;
+        for (int64_t i = g0; i < g0 + group; ++i) v[i] = (int4_code(v[i], p) - p.zero) * p.scale / s[static_cast<size_t>(i)];
+      }
+    }
+  });
+  for (int64_t o : bad_rows) {
+    if (o >= 0) {
+      return make_error(ErrorCode::kInvalidArgument, "AWQ: row {} of the scaled weight is not finite or too wide for "
+                        "f16 scales", o);
+    }
+  }
+  return d;
+}
+
+Result<AwqSearchResult> awq_search(const std::vector<Tensor>& weights, std::span<const float> mean_abs,
+                                   const AwqOptions& options, const AwqErrorFn& error) {
+  if (weights.empty()) return make_error(ErrorCode::kInvalidArgument, "AWQ search: no weights");
+  if (options.grid < 1) return make_error(ErrorCode::kInvalidArgument, "AWQ search: grid of {} points", options.grid);
+  for (const Tensor& w : weights) {
+    if (w.dim() != 2 || w.size(1) != static_cast<int64_t>(mean_abs.size())) {
+      return make_error(ErrorCode::kInvalidArgument, "AWQ search: weight {} for {} input channels", w.shape_string(),
+                        mean_abs.size());
+    }
+  }
+  for (size_t i = 0; i < mean_abs.size(); ++i) {
+    if (!std::isfinite(mean_abs[i])) {
+      return make_error(ErrorCode::kInvalidArgument, "AWQ search: mean |x| of input channel {} is {}", i, mean_abs[i]);
+    }
+  }
+  AwqSearchResult best;
+  best.error = std::numeric_limits<double>::infinity();
+  for (int step = 0; step < options.grid; ++step) {
+    const float alpha = static_cast<float>(step) / static_cast<float>(options.grid);
+    std::vector<float> s = awq_scales(mean_abs, alpha);
+    std::vector<Tensor> candidates;
+    for (const Tensor& w : weights) {
+      TACHYON_ASSIGN_OR_RETURN(Tensor c, awq_fake_quantize(w, s, options.group_size));
+      candidates.push_back(std::move(c));
+    }
+    TACHYON_ASSIGN_OR_RETURN(double e, error(candidates));
+    if (!std::isfinite(e)) e = std::numeric_limits<double>::infinity();
+    best.errors.push_back(e);
+    if (step == 0) best.rtn_error = e;
+    if (e < best.error) {
+      best.error = e;
+      best.alpha = alpha;
+      best.scales = std::move(s);
+    }
+  }
+  if (best.scales.empty()) {
+    return make_error(ErrorCode::kInvalidArgument, "AWQ search: the output error is not finite for any alpha");
+  }
+  return best;
+}
+
+}  // namespace tachyon
