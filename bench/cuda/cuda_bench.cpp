@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/launch.h"
 
 namespace cu = tachyon::ops::cuda;
 using tachyon::DType;
@@ -286,6 +287,89 @@ Status bench_int8_gemv(cu::LinearContext& ctx, double copy_gbps, const std::vect
   return Status::Ok();
 }
 
+// ---- int4 weights ------------------------------------------------------------------------------------
+
+// Group-wise int4 weights (group 128) on the decode shapes: the int4 GEMV (to 8 tokens), the
+// tensor-core GEMM (to 32) and kAuto's pick, against the fastest bf16 path at the same token count. Bytes read: half a byte per weight plus a scale and a zero (f32) per group.
+Status bench_int4_gemv(cu::LinearContext& ctx, double copy_gbps, const std::vector<GemvRow>& bf16_rows,
+                       nlohmann::json& out, const Options& opt) {
+  const std::vector<Shape> shapes = {{"q/o 4096x4096", 4096, 4096},
+                                     {"k/v 4096->1024", 4096, 1024},
+                                     {"qkv 4096->6144", 4096, 6144},
+                                     {"gate+up 4096->28672", 4096, 28672},
+                                     {"down 14336->4096", 14336, 4096}};
+  constexpr int kGroup = 128;
+  const size_t rotate_bytes = opt.quick ? kGiB / 2 : 2 * kGiB;
+  nlohmann::json list = nlohmann::json::array();
+  for (const Shape& s : shapes) {
+    const size_t packed_bytes = static_cast<size_t>(s.in * s.out) / 2;
+    const size_t group_count = static_cast<size_t>(s.out * (s.in / kGroup));
+    const size_t bytes = packed_bytes + group_count * 8;  // what one pass reads
+    const int copies = static_cast<int>(std::max<size_t>(1, (rotate_bytes + bytes - 1) / bytes));
+    TACHYON_ASSIGN_OR_RETURN(auto dense, cu::DeviceBuffer::allocate(static_cast<size_t>(s.in * s.out) * 2, "bf16 weight"));
+    TACHYON_RETURN_IF_ERROR(cu::fill_random(dense.data(), DType::kBF16, s.in * s.out, 9, -0.05f, 0.05f, nullptr));
+    TACHYON_ASSIGN_OR_RETURN(auto packed, cu::DeviceBuffer::allocate(packed_bytes * copies, "int4 weights"));
+    TACHYON_ASSIGN_OR_RETURN(auto scales, cu::DeviceBuffer::allocate(group_count * 4 * copies, "int4 scales"));
+    TACHYON_ASSIGN_OR_RETURN(auto zeros, cu::DeviceBuffer::allocate(group_count * 4 * copies, "int4 zeros"));
+    for (int c = 0; c < copies; ++c) {
+      TACHYON_RETURN_IF_ERROR(cu::quantize_int4_groups(
+          dense.data(), DType::kBF16, s.in, s.out, s.in, kGroup, /*f16_scales=*/true,
+          static_cast<uint8_t*>(packed.data()) + c * packed_bytes,
+          scales.as<float>() + c * group_count, zeros.as<float>() + c * group_count, nullptr));
+    }
+    TACHYON_ASSIGN_OR_RETURN(auto x, cu::DeviceBuffer::allocate(64 * s.in * 4, "gemv x"));
+    TACHYON_ASSIGN_OR_RETURN(auto y, cu::DeviceBuffer::allocate(64 * s.out * 4, "gemv y"));
+    TACHYON_RETURN_IF_ERROR(cu::fill_random(x.data(), DType::kF32, 64 * s.in, 8, -1.f, 1.f, nullptr));
+    for (int64_t n : {1, 2, 4, 8, 16, 32, 64}) {
+      const auto body = [&, n](cu::LinearAlgo algo) {
+        return [&, n, algo](int i, cu::Stream st) {
+        const int c = i % copies;
+        cu::LinearArgs a;
+        a.x = x.as<float>();
+        a.x_stride = s.in;
+        a.w = static_cast<const char*>(packed.data()) + static_cast<size_t>(c) * packed_bytes;
+        a.w_dtype = DType::kU8;
+        a.w_stride = s.in / 2;
+        a.w_scales = scales.as<float>() + c * group_count;
+        a.w_zeros = zeros.as<float>() + c * group_count;
+        a.w_group = kGroup;
+        a.y = y.as<float>();
+        a.y_stride = s.out;
+        a.n = n;
+        a.in = s.in;
+        a.out = s.out;
+        return cu::linear(ctx, a, st, algo);
+        };
+      };
+      // Each path where it runs, then kAuto's pick.
+      double gemv_ms = 0.0, mma_ms = 0.0;
+      if (n <= cu::detail::kGemvInt4MaxTokens) {
+        TACHYON_ASSIGN_OR_RETURN(gemv_ms, time_graph_ms(body(cu::LinearAlgo::kGemv), copies, std::max(copies, 40), 5));
+      }
+      if (n <= cu::detail::kGemmMmaMaxTokensInt4) {
+        TACHYON_ASSIGN_OR_RETURN(mma_ms, time_graph_ms(body(cu::LinearAlgo::kMma), copies, std::max(copies, 40), 5));
+      }
+      TACHYON_ASSIGN_OR_RETURN(const double ms, time_graph_ms(body(cu::LinearAlgo::kAuto), copies, std::max(copies, 40), 5));
+      const auto gbps = [&](double t) { return t > 0.0 ? bytes / (t * 1e-3) / 1e9 : 0.0; };
+      double bf16_us = 0.0;
+      for (const GemvRow& r : bf16_rows) {
+        if (r.name == s.name && r.n == n) bf16_us = r.gemv_us > 0.0 ? std::min(r.gemv_us, r.cublas_us) : r.cublas_us;
+      }
+      list.push_back({{"shape", s.name}, {"n", n}, {"bytes", bytes}, {"gemv_us", gemv_ms * 1e3},
+                      {"mma_us", mma_ms * 1e3}, {"auto_us", ms * 1e3}, {"auto_gbps", gbps(ms)},
+                      {"auto_fraction_of_copy", gbps(ms) / copy_gbps}, {"bf16_best_us", bf16_us}});
+      std::fprintf(stderr,
+                   "int4 g%d %-22s n=%2lld: gemv %8.2f us (%3.0f%%) | mma %8.2f us (%3.0f%%) | auto %8.2f us (%3.0f%% "
+                   "of copy) | bf16 best %8.2f us: %.2fx\n",
+                   kGroup, s.name, static_cast<long long>(n), gemv_ms * 1e3, 100.0 * gbps(gemv_ms) / copy_gbps,
+                   mma_ms * 1e3, 100.0 * gbps(mma_ms) / copy_gbps, ms * 1e3, 100.0 * gbps(ms) / copy_gbps, bf16_us,
+                   ms > 0 ? bf16_us / (ms * 1e3) : 0.0);
+    }
+  }
+  out["int4_gemv"] = list;
+  return Status::Ok();
+}
+
 // ---- attention -------------------------------------------------------------------------------------
 
 struct AttentionRow {
@@ -536,6 +620,7 @@ int main(int argc, char** argv) {
   std::vector<GemvRow> gemv_rows;
   if (Status s = bench_gemv(**ctx, *copy, out, gemv_rows, opt); !s.ok()) return fail(s);
   if (Status s = bench_int8_gemv(**ctx, *copy, gemv_rows, out, opt); !s.ok()) return fail(s);
+  if (Status s = bench_int4_gemv(**ctx, *copy, gemv_rows, out, opt); !s.ok()) return fail(s);
   std::vector<AttentionRow> attn_rows;
   if (Status s = bench_attention(*copy, out, attn_rows, opt); !s.ok()) return fail(s);
   std::vector<PrefillRow> prefill_rows;

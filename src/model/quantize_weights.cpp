@@ -10,64 +10,87 @@
 namespace tachyon {
 namespace {
 
-// A dense weight on a device, quantized there to per-channel int8 (ops::quantize_int8_rows: the
-// same bytes as the host's quantize_int8_channel).
-Result<Weight> quantize_int8_on_device(const Weight& w, const char* name, size_t layer) {
+// A dense weight on a device, quantized there (ops::quantize_int8_rows / quantize_int4_groups: the
+// same bytes as the host's quantize_int8_channel / quantize_int4_group).
+Result<Weight> quantize_on_device(const Weight& w, const QuantSpec& spec, const char* name, size_t layer) {
   if (w.quant || !w.dense.defined() || w.dense.dim() != 2) {
     return make_error(ErrorCode::kInvalidArgument, "layer {} {}: expected a dense [out, in] weight", layer, name);
   }
   const Tensor& d = w.dense;
+  const int64_t out = d.size(0), in = d.size(1);
   auto q = std::make_shared<QuantWeight>();
-  q->format = QuantFormat::kInt8Channel;
-  q->out_features = d.size(0);
-  q->in_features = d.size(1);
-  TACHYON_ASSIGN_OR_RETURN(q->packed, empty_on({d.size(0), d.size(1)}, DType::kI8, d.device(), "int8 weight"));
-  TACHYON_ASSIGN_OR_RETURN(q->scales, empty_on({d.size(0)}, DType::kF32, d.device(), "int8 scales"));
-  ops::quantize_int8_rows(d, q->packed, q->scales);
-  TACHYON_ASSIGN_OR_RETURN(Tensor scales, copy_to(q->scales, Device::cpu(), "int8 scales"));
-  for (int64_t o = 0; o < scales.numel(); ++o) {
-    if (!std::isfinite(scales.data<float>()[o])) {
-      return make_error(ErrorCode::kInvalidArgument, "layer {} {}: int8 quantization: row {} holds a non-finite weight",
-                        layer, name, o);
+  q->format = spec.format;
+  q->out_features = out;
+  q->in_features = in;
+  const char* what = spec.format == QuantFormat::kInt4Group ? "int4" : "int8";
+  if (spec.format == QuantFormat::kInt4Group) {
+    const int group = spec.group_size;
+    if (group != 32 && group != 64 && group != 128) {
+      return make_error(ErrorCode::kInvalidArgument, "layer {} {}: int4 group size {} (expected 32, 64 or 128)", layer,
+                        name, group);
+    }
+    if (in % group != 0) {
+      return make_error(ErrorCode::kInvalidArgument,
+                        "layer {} {}: in_features {} is not a multiple of the int4 group size {}", layer, name, in,
+                        group);
+    }
+    q->group_size = group;
+    TACHYON_ASSIGN_OR_RETURN(q->packed, empty_on({out, in / 2}, DType::kU8, d.device(), "int4 weight"));
+    TACHYON_ASSIGN_OR_RETURN(q->scales, empty_on({out, in / group}, DType::kF32, d.device(), "int4 scales"));
+    TACHYON_ASSIGN_OR_RETURN(q->zeros, empty_on({out, in / group}, DType::kF32, d.device(), "int4 zeros"));
+    ops::quantize_int4_groups(d, group, spec.int4_scales == Int4Scales::kF16, q->packed, q->scales, q->zeros);
+  } else {
+    TACHYON_ASSIGN_OR_RETURN(q->packed, empty_on({out, in}, DType::kI8, d.device(), "int8 weight"));
+    TACHYON_ASSIGN_OR_RETURN(q->scales, empty_on({out}, DType::kF32, d.device(), "int8 scales"));
+    ops::quantize_int8_rows(d, q->packed, q->scales);
+  }
+  TACHYON_ASSIGN_OR_RETURN(Tensor scales, copy_to(q->scales, Device::cpu(), "quantization scales"));
+  for (int64_t e = 0; e < scales.numel(); ++e) {
+    if (!std::isfinite(scales.data<float>()[e])) {
+      const int64_t row = scales.dim() == 2 ? e / scales.size(1) : e;
+      return make_error(ErrorCode::kInvalidArgument,
+                        "layer {} {}: {} quantization: row {} holds a non-finite weight{}", layer, name, what, row,
+                        spec.format == QuantFormat::kInt4Group ? " or a group too wide for f16 scales" : "");
     }
   }
-  Weight out;
-  out.quant = std::move(q);
-  return out;
+  Weight result;
+  result.quant = std::move(q);
+  return result;
 }
 
-// Rows [begin, end) of a per-channel int8 weight, sharing its memory.
-Weight int8_rows(const Weight& w, int64_t begin, int64_t end) {
+// Rows [begin, end) of a quantized weight (per-row int8 or group-wise int4), sharing its memory.
+Weight quant_rows(const Weight& w, int64_t begin, int64_t end) {
   auto q = std::make_shared<QuantWeight>(*w.quant);
   q->out_features = end - begin;
   q->packed = w.quant->packed.slice(0, begin, end);
   q->scales = w.quant->scales.slice(0, begin, end);
+  if (w.quant->zeros.defined()) q->zeros = w.quant->zeros.slice(0, begin, end);
   Weight out;
   out.quant = std::move(q);
   return out;
 }
 
-// On a GPU: int8 only (the device has no int4 kernels yet). Fused projections are quantized as
-// one matrix (per-channel scales are per row, so this is the same as quantizing the parts); the
-// separate q/k/v and gate/up weights become row views of the result, so the 16-bit copies go.
-Status quantize_on_device(ModelWeights& weights, const QuantSpec& spec) {
-  if (spec.format != QuantFormat::kInt8Channel) {
-    return make_error(ErrorCode::kUnsupported, "{} weights run on the CPU only (the model is on {}; int8 runs there)",
+// On a GPU. Fused projections are quantized as one matrix (scales and zeros are per row or per
+// row and group, so this is the same as quantizing the parts); the separate q/k/v and gate/up
+// weights become row views of the result, so the 16-bit copies go.
+Status quantize_model_on_device(ModelWeights& weights, const QuantSpec& spec) {
+  if (spec.format != QuantFormat::kInt8Channel && spec.format != QuantFormat::kInt4Group) {
+    return make_error(ErrorCode::kUnsupported, "{} weights have no kernels on {} (int8 and int4 run there)",
                       quant_format_name(spec.format), weights.embed_tokens.device().to_string());
   }
   std::vector<LayerWeights> layers = weights.layers;
   for (size_t i = 0; i < layers.size(); ++i) {
     LayerWeights& l = layers[i];
     const auto quantize = [&](Weight& w, const char* name) -> Status {
-      TACHYON_ASSIGN_OR_RETURN(w, quantize_int8_on_device(w, name, i));
+      TACHYON_ASSIGN_OR_RETURN(w, quantize_on_device(w, spec, name, i));
       return Status::Ok();
     };
     if (l.qkv_proj.defined()) {
       TACHYON_RETURN_IF_ERROR(quantize(l.qkv_proj, "qkv_proj"));
       const int64_t q = l.q_proj.out_features(), k = l.k_proj.out_features(), v = l.v_proj.out_features();
-      l.q_proj = int8_rows(l.qkv_proj, 0, q);
-      l.k_proj = int8_rows(l.qkv_proj, q, q + k);
-      l.v_proj = int8_rows(l.qkv_proj, q + k, q + k + v);
+      l.q_proj = quant_rows(l.qkv_proj, 0, q);
+      l.k_proj = quant_rows(l.qkv_proj, q, q + k);
+      l.v_proj = quant_rows(l.qkv_proj, q + k, q + k + v);
     } else {
       TACHYON_RETURN_IF_ERROR(quantize(l.q_proj, "q_proj"));
       TACHYON_RETURN_IF_ERROR(quantize(l.k_proj, "k_proj"));
@@ -76,8 +99,8 @@ Status quantize_on_device(ModelWeights& weights, const QuantSpec& spec) {
     if (l.gate_up_proj.defined()) {
       TACHYON_RETURN_IF_ERROR(quantize(l.gate_up_proj, "gate_up_proj"));
       const int64_t g = l.gate_proj.out_features(), u = l.up_proj.out_features();
-      l.gate_proj = int8_rows(l.gate_up_proj, 0, g);
-      l.up_proj = int8_rows(l.gate_up_proj, g, g + u);
+      l.gate_proj = quant_rows(l.gate_up_proj, 0, g);
+      l.up_proj = quant_rows(l.gate_up_proj, g, g + u);
     } else {
       TACHYON_RETURN_IF_ERROR(quantize(l.gate_proj, "gate_proj"));
       TACHYON_RETURN_IF_ERROR(quantize(l.up_proj, "up_proj"));
@@ -93,7 +116,7 @@ Status quantize_on_device(ModelWeights& weights, const QuantSpec& spec) {
 
 Status quantize_linear_weights(ModelWeights& weights, const QuantSpec& spec) {
   if (weights.embed_tokens.defined() && !weights.embed_tokens.device().is_cpu()) {
-    return quantize_on_device(weights, spec);
+    return quantize_model_on_device(weights, spec);
   }
   // Quantize everything into a copy first, so that a failure leaves `weights` as it was.
   std::vector<LayerWeights> layers = weights.layers;

@@ -11,8 +11,8 @@
 namespace tachyon {
 
 // In place. On the host: fails (changing nothing) when the weights are fused (qkv_proj /
-// gate_up_proj) or already quantized. On a GPU: per-channel int8 only, quantized there (fused
-// projections as one matrix, the separate ones becoming row views of it); int4 is an error.
+// gate_up_proj) or already quantized. On a GPU: per-channel int8 or group-wise int4, quantized
+// there (fused projections as one matrix, the separate ones becoming row views of it).
 Status quantize_linear_weights(ModelWeights& weights, const QuantSpec& spec);
 
 }  // namespace tachyon

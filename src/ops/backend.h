@@ -35,6 +35,8 @@ class Backend {
   virtual void adjust_logits(Tensor& x, const Tensor& edits) = 0;
   virtual void fill_uniform(Tensor& t, uint64_t seed, uint64_t stream, float bound, float offset) = 0;
   virtual void quantize_int8_rows(const Tensor& w, Tensor& packed, Tensor& scales) = 0;
+  virtual void quantize_int4_groups(const Tensor& w, int group, bool f16_scales, Tensor& packed, Tensor& scales,
+                                    Tensor& zeros) = 0;
   // Waits for every op issued so far; returns the first error any of them raised.
   virtual Status synchronize() = 0;
 

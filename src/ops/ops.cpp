@@ -21,6 +21,7 @@
 #include "ops/cpu/quant_linear.h"
 #include "ops/cpu/reference.h"
 #include "ops/cpu/rows.h"
+#include "quant/quantize.h"
 
 namespace tachyon {
 namespace {
@@ -663,6 +664,25 @@ void quantize_int8_rows(const Tensor& w, Tensor& packed, Tensor& scales) {
     }
     scales.data<float>()[o] = scale;
   }
+}
+
+void quantize_int4_groups(const Tensor& w, int group, bool f16_scales, Tensor& packed, Tensor& scales, Tensor& zeros) {
+  constexpr const char* op = "quantize_int4_groups";
+  if (Backend* b = device_backend(op, w)) return b->quantize_int4_groups(w, group, f16_scales, packed, scales, zeros);
+  require_cpu(op, "packed", packed);
+  require_cpu(op, "scales", scales);
+  require_cpu(op, "zeros", zeros);
+  // The host's quantizer is the definition; the op copies its result into the caller's tensors.
+  Result<QuantWeight> q = quantize_int4_group(w, group, f16_scales ? Int4Scales::kF16 : Int4Scales::kF32);
+  TACHYON_CHECK(q.ok(), "quantize_int4_groups: {}", q.status().message());
+  TACHYON_CHECK(packed.dtype() == DType::kU8 && packed.shape() == q->packed.shape() && packed.is_contiguous() &&
+                    scales.dtype() == DType::kF32 && scales.shape() == q->scales.shape() && scales.is_contiguous() &&
+                    zeros.dtype() == DType::kF32 && zeros.shape() == q->zeros.shape() && zeros.is_contiguous(),
+                "quantize_int4_groups: w {} packed {} {} scales {} zeros {}", w.shape_string(), packed.shape_string(),
+                dtype_name(packed.dtype()), scales.shape_string(), zeros.shape_string());
+  std::copy_n(q->packed.data<uint8_t>(), q->packed.numel(), packed.data<uint8_t>());
+  std::copy_n(q->scales.data<float>(), q->scales.numel(), scales.data<float>());
+  std::copy_n(q->zeros.data<float>(), q->zeros.numel(), zeros.data<float>());
 }
 
 void fill_uniform(Tensor& t, uint64_t seed, uint64_t stream, float bound, float offset) {

@@ -157,6 +157,14 @@ void fill_uniform(Tensor& t, uint64_t seed, uint64_t stream, float bound, float 
 // and scales [out] f32, contiguous, on w's device. Non-finite weights are the caller's to reject.
 void quantize_int8_rows(const Tensor& w, Tensor& packed, Tensor& scales);
 
+// Group-wise asymmetric int4 of w[out, in] (f32/f16/bf16, unit column stride), exactly as
+// quant/quantize.h's quantize_int4_group defines kInt4Group (group 32, 64 or 128 dividing in),
+// with scales rounded up to f16 values when f16_scales (Int4Scales::kF16) or exact (kF32):
+// packed [out, in / 2] u8, scales and zeros [out, in / group] f32, contiguous, on w's device.
+// On a device a group holding a non-finite weight (or too wide for an f16 scale) gets a NaN
+// scale (the caller checks); on the host either is an error.
+void quantize_int4_groups(const Tensor& w, int group, bool f16_scales, Tensor& packed, Tensor& scales, Tensor& zeros);
+
 // Waits for the ops issued on `device` (nothing for the CPU) and returns the first error any of
 // them raised.
 Status synchronize(Device device);

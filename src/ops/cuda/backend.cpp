@@ -119,13 +119,16 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
   std::string describe() const override { return fmt::format("cuda:{} {}", device_, props_.to_string()); }
 
   void linear(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& y, ops::LinearMode mode) override {
-    TACHYON_CHECK(w.defined() && (!w.quant || w.quant->format == QuantFormat::kInt8Channel),
-                  "linear: the CUDA backend runs dense f32/f16/bf16 and per-channel int8 weights (got {})",
+    TACHYON_CHECK(w.defined() && (!w.quant || w.quant->format == QuantFormat::kInt8Channel ||
+                                  w.quant->format == QuantFormat::kInt4Group),
+                  "linear: the CUDA backend runs dense f32/f16/bf16, per-channel int8 and group-wise int4 weights "
+                  "(got {})",
                   w.quant ? quant_format_name(w.quant->format) : "none");
     const Tensor& wd = w.quant ? w.quant->packed : w.dense;
     on_device("linear", {&x, &y, &wd, bias});
     TACHYON_CHECK(x.dim() == 2 && y.dim() == 2 && wd.dim() == 2 && x.dtype() == DType::kF32 &&
-                      y.dtype() == DType::kF32 && (is_float(wd.dtype()) || wd.dtype() == DType::kI8) &&
+                      y.dtype() == DType::kF32 &&
+                      (is_float(wd.dtype()) || wd.dtype() == DType::kI8 || wd.dtype() == DType::kU8) &&
                       x.stride(1) == 1 && y.stride(1) == 1 && wd.stride(1) == 1,
                   "linear: x {} w {} y {}", x.shape_string(), wd.shape_string(), y.shape_string());
     LinearArgs a;
@@ -134,7 +137,23 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
     a.w = wd.raw_data();
     a.w_dtype = wd.dtype();
     a.w_stride = wd.stride(0);
-    if (w.quant) {
+    int64_t in_features = wd.size(1);
+    if (w.quant && w.quant->format == QuantFormat::kInt4Group) {
+      const QuantWeight& q = *w.quant;
+      on_device("linear", {&q.scales, &q.zeros});
+      const int64_t groups = q.group_size > 0 ? q.in_features / q.group_size : 0;
+      TACHYON_CHECK(wd.dtype() == DType::kU8 && q.group_size > 0 && q.in_features % q.group_size == 0 &&
+                        wd.size(1) * 2 == q.in_features && q.scales.dtype() == DType::kF32 &&
+                        q.zeros.dtype() == DType::kF32 && q.scales.dim() == 2 && q.scales.size(0) == wd.size(0) &&
+                        q.scales.size(1) == groups && q.zeros.shape() == q.scales.shape() &&
+                        q.scales.is_contiguous() && q.zeros.is_contiguous(),
+                    "linear: int4 weight {} (in {}, group {}) with scales {} zeros {}", wd.shape_string(),
+                    q.in_features, q.group_size, q.scales.shape_string(), q.zeros.shape_string());
+      a.w_scales = q.scales.data<float>();
+      a.w_zeros = q.zeros.data<float>();
+      a.w_group = q.group_size;
+      in_features = q.in_features;
+    } else if (w.quant) {
       const Tensor& sc = w.quant->scales;
       on_device("linear", {&sc});
       TACHYON_CHECK(wd.dtype() == DType::kI8 && sc.dtype() == DType::kF32 && sc.dim() == 1 &&
@@ -153,13 +172,13 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
     a.n = x.size(0);
     a.in = x.size(1);
     a.out = wd.size(0);
-    TACHYON_CHECK(wd.size(1) == a.in && y.size(0) == a.n && y.size(1) == a.out, "linear: x {} w {} y {}",
+    TACHYON_CHECK(in_features == a.in && y.size(0) == a.n && y.size(1) == a.out, "linear: x {} w {} y {}",
                   x.shape_string(), wd.shape_string(), y.shape_string());
     if (a.n == 0) return;
     if (mode == ops::LinearMode::kBatchInvariant) {
       // Every token through the GEMV, whose per-output summation order does not depend on n: a
       // row's result is the same alone or in any batch.
-      constexpr int64_t kChunk = 16;
+      const int64_t kChunk = a.w_dtype == DType::kU8 ? kLinearAutoGemvMaxTokensInt4 : 16;
       for (int64_t t0 = 0; t0 < a.n; t0 += kChunk) {
         LinearArgs c = a;
         c.x = a.x + t0 * a.x_stride;
@@ -311,6 +330,23 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
                   scales.shape_string());
     require_ok(cuda::quantize_int8_rows(w.raw_data(), w.dtype(), w.stride(0), w.size(0), w.size(1),
                                         packed.data<int8_t>(), scales.data<float>(), stream_));
+  }
+
+  void quantize_int4_groups(const Tensor& w, int group, bool f16_scales, Tensor& packed, Tensor& scales,
+                            Tensor& zeros) override {
+    on_device("quantize_int4_groups", {&w, &packed, &scales, &zeros});
+    const int64_t groups = group > 0 ? w.size(1) / group : 0;
+    TACHYON_CHECK(w.dim() == 2 && is_float(w.dtype()) && (w.size(1) <= 1 || w.stride(1) == 1) && group > 0 &&
+                      w.size(1) % group == 0 && packed.dtype() == DType::kU8 && packed.dim() == 2 &&
+                      packed.size(0) == w.size(0) && packed.size(1) == w.size(1) / 2 && packed.is_contiguous() &&
+                      scales.dtype() == DType::kF32 && scales.dim() == 2 && scales.size(0) == w.size(0) &&
+                      scales.size(1) == groups && scales.is_contiguous() && zeros.dtype() == DType::kF32 &&
+                      zeros.shape() == scales.shape() && zeros.is_contiguous(),
+                  "quantize_int4_groups: w {} group {} packed {} scales {} zeros {}", w.shape_string(), group,
+                  packed.shape_string(), scales.shape_string(), zeros.shape_string());
+    require_ok(cuda::quantize_int4_groups(w.raw_data(), w.dtype(), w.stride(0), w.size(0), w.size(1), group,
+                                          f16_scales, packed.data<uint8_t>(), scales.data<float>(),
+                                          zeros.data<float>(), stream_));
   }
 
   void adjust_logits(Tensor& x, const Tensor& edits) override {

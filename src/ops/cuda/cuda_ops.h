@@ -129,6 +129,10 @@ Status sample(const float* x, int64_t x_stride, int64_t n, int64_t d, const floa
 // apart) -> packed [out, in] i8 and scales [out] f32 (NaN marks a row with a non-finite weight).
 Status quantize_int8_rows(const void* w, DType dtype, int64_t w_stride, int64_t out, int64_t in, int8_t* packed,
                           float* scales, Stream stream);
+// ops::quantize_int4_groups on device pointers: w [out, in] -> packed [out, in / 2] u8, scales and
+// zeros [out, in / group] f32 (NaN scale: a group with a non-finite weight, or too wide for f16).
+Status quantize_int4_groups(const void* w, DType dtype, int64_t w_stride, int64_t out, int64_t in, int group,
+                            bool f16_scales, uint8_t* packed, float* scales, float* zeros, Stream stream);
 // ops::adjust_logits's contract on device pointers: x [n, d] f32 rows x_stride apart, edits [m, 5].
 Status adjust_logits(float* x, int64_t x_stride, int64_t n, int64_t d, const float* edits, int64_t m, Stream stream);
 
@@ -151,6 +155,14 @@ constexpr int kLinearAutoGemvMaxTokens = 4;
 // bf16 in registers) up to kGemmMmaMaxTokens, and beyond that expands the weight to bf16 in memory
 // for cuBLASLt (docs/perf.md).
 constexpr int kLinearAutoGemvMaxTokensInt8 = 2;
+// For int4 weights (kInt4Group) kAuto runs the tensor-core GEMM (group 128) up to its limit
+// (detail::kGemmMmaMaxTokensInt4), except on matrices of at most kLinearAutoGemvMaxRowsInt4 rows at
+// up to kLinearAutoGemvMaxTokensInt4Small tokens, where the int4 GEMV is faster; the GEMV up to
+// kLinearAutoGemvMaxTokensInt4 tokens where the GEMM does not apply (other group sizes); beyond
+// either, the weight expanded to bf16 for cuBLASLt (docs/perf.md).
+constexpr int kLinearAutoGemvMaxTokensInt4Small = 2;
+constexpr int64_t kLinearAutoGemvMaxRowsInt4 = 2048;
+constexpr int kLinearAutoGemvMaxTokensInt4 = 8;
 
 enum class LinearAlgo : uint8_t {
   kAuto,      // GEMV for n <= kLinearAutoGemvMaxTokens (int8: ...Int8), cuBLASLt beyond

@@ -56,7 +56,12 @@ struct LinearArgs {
   const void* w = nullptr;  // [out, in] f32 / f16 / bf16 / i8 (w_dtype), rows w_stride apart
   DType w_dtype = DType::kBF16;
   int64_t w_stride = 0;
-  const float* w_scales = nullptr;  // [out] f32 for i8 weights (kInt8Channel: w = packed * scale)
+  // i8 weights (kInt8Channel): w_scales [out] f32, w = packed * scale. u8 weights: group-wise int4
+  // (kInt4Group, quant/quantize.h's layout): w [out, in / 2] bytes (w_stride in bytes), w_scales
+  // and w_zeros [out, in / w_group] f32, contiguous; w = (q - zero) * scale.
+  const float* w_scales = nullptr;
+  const float* w_zeros = nullptr;
+  int w_group = 0;
   const void* bias = nullptr;  // [out] f32 / f16 / bf16 (bias_dtype), packed, or null
   DType bias_dtype = DType::kF32;
   float* y = nullptr;  // [n, out] f32, rows y_stride apart; must not overlap x

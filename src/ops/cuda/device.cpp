@@ -233,6 +233,21 @@ Status quantize_int8_rows(const void* w, DType dtype, int64_t w_stride, int64_t 
   return Status::Ok();
 }
 
+Status quantize_int4_groups(const void* w, DType dtype, int64_t w_stride, int64_t out, int64_t in, int group,
+                            bool f16_scales, uint8_t* packed, float* scales, float* zeros, Stream stream) {
+  TACHYON_CUDA_REQUIRE(out >= 0 && in >= 0 && w_stride >= in, "quantize_int4_groups: [{}, {}] rows {} apart", out, in,
+                       w_stride);
+  TACHYON_CUDA_REQUIRE(group > 0 && group % 32 == 0 && in % group == 0,
+                       "quantize_int4_groups: group {} (a multiple of 32 dividing in = {})", group, in);
+  TACHYON_CUDA_REQUIRE(dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16,
+                       "quantize_int4_groups: weight dtype {}", dtype_name(dtype));
+  TACHYON_CUDA_REQUIRE(out == 0 || in == 0 || (w != nullptr && packed != nullptr && scales != nullptr && zeros != nullptr),
+                       "quantize_int4_groups: null pointer");
+  TACHYON_CUDA_RETURN_IF_ERROR(
+      detail::launch_quantize_int4_groups(w, dtype, w_stride, out, in, group, f16_scales, packed, scales, zeros, stream));
+  return Status::Ok();
+}
+
 Status adjust_logits(float* x, int64_t x_stride, int64_t n, int64_t d, const float* edits, int64_t m, Stream stream) {
   TACHYON_CUDA_REQUIRE(n >= 0 && d >= 1 && x_stride >= d && m >= 0, "adjust_logits: [{}, {}] rows {} apart, {} edits",
                        n, d, x_stride, m);

@@ -39,6 +39,25 @@ GemvShape plan_gemm_mma(const LinearArgs& a, int sm_count);
 cudaError_t launch_gemm_mma(const LinearArgs& a, const void* x16, int64_t x_stride, const GemvShape& shape,
                             float* partial, Stream stream);
 
+// y[t, o] = sum over splits of partial[s, t, o] (in split order) (* scales[o]) + bias[o].
+cudaError_t launch_gemv_reduce(const float* partial, int splits, int64_t n, int64_t out, const void* bias,
+                               DType bias_dtype, const float* scales, float* y, int64_t y_stride, Stream stream);
+
+// The int4 GEMV (linear_int4.cu): LinearArgs with u8 (kInt4Group) weights, 1..kGemvInt4MaxTokens
+// tokens, the group a multiple of 32 dividing in, 16-byte aligned weight rows. Same split-K
+// contract as the GEMV.
+constexpr int kGemvInt4MaxTokens = 8;
+bool gemv_int4_supported(const LinearArgs& a);
+GemvShape plan_gemv_int4(const LinearArgs& a, int sm_count);
+cudaError_t launch_gemv_int4(const LinearArgs& a, const GemvShape& shape, float* partial, Stream stream);
+// The int4 tensor-core GEMM (linear_int4.cu): group 128 only, 1..kGemmMmaMaxTokensInt4 tokens, x16
+// the activations rounded to bf16; same split-K contract. Needs sm_80+.
+constexpr int kGemmMmaMaxTokensInt4 = 32;
+bool gemm_mma_int4_supported(const LinearArgs& a, int64_t x_stride);
+GemvShape plan_gemm_mma_int4(const LinearArgs& a, int sm_count);
+cudaError_t launch_gemm_mma_int4(const LinearArgs& a, const uint16_t* x16, int64_t x_stride, const GemvShape& shape,
+                                 float* partial, Stream stream);
+
 // dst[n, dst_stride] (f16/bf16, rounded to nearest even) = x[n, in] f32 (rows x_stride apart).
 cudaError_t launch_convert_rows(const float* x, int64_t x_stride, int64_t n, int64_t in, void* dst, DType dst_dtype,
                                 int64_t dst_stride, Stream stream);
@@ -77,6 +96,17 @@ cudaError_t launch_quantize_int8_rows(const void* w, DType dtype, int64_t w_stri
 // dst [out, in] bf16 (rows dst_stride apart) = packed * scales, for cuBLASLt.
 cudaError_t launch_dequantize_int8_rows(const int8_t* packed, int64_t w_stride, const float* scales, int64_t out,
                                         int64_t in, uint16_t* dst, int64_t dst_stride, Stream stream);
+// ops::quantize_int4_groups: w [out, in] (dtype, rows w_stride apart) -> packed [out, in / 2] u8,
+// scales and zeros [out, in / group] f32 (a NaN scale for a group with a non-finite weight, or
+// one too wide for an f16 scale).
+cudaError_t launch_quantize_int4_groups(const void* w, DType dtype, int64_t w_stride, int64_t out, int64_t in,
+                                        int group, bool f16_scales, uint8_t* packed, float* scales, float* zeros,
+                                        Stream stream);
+// dst [out, in] bf16 (rows dst_stride apart) = (q - zeros) * scales, for cuBLASLt. Needs 16-byte
+// aligned packed rows (w_stride % 16 == 0) and dst rows (dst_stride % 8 == 0).
+cudaError_t launch_dequantize_int4_groups(const uint8_t* packed, int64_t w_stride, const float* scales,
+                                          const float* zeros, int group, int64_t out, int64_t in, uint16_t* dst,
+                                          int64_t dst_stride, Stream stream);
 
 // ---- sampling (sample.cu) -------------------------------------------------------------------------
 // ops::sample on the device: one block per row; params [n, 6] f32 (ops::kSampleParams).

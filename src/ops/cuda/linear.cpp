@@ -211,22 +211,39 @@ Status linear(LinearContext& context, const LinearArgs& a, Stream stream, Linear
   TACHYON_CUDA_REQUIRE(a.x != nullptr && a.w != nullptr && a.y != nullptr, "linear: null pointer (x {}, w {}, y {})",
                        static_cast<const void*>(a.x), a.w, static_cast<void*>(a.y));
   TACHYON_CUDA_REQUIRE(a.n >= 0 && a.in > 0 && a.out > 0, "linear: n={} in={} out={}", a.n, a.in, a.out);
+  const bool int4 = a.w_dtype == DType::kU8;
   TACHYON_CUDA_REQUIRE(a.w_dtype == DType::kF32 || a.w_dtype == DType::kF16 || a.w_dtype == DType::kBF16 ||
-                           (a.w_dtype == DType::kI8 && a.w_scales != nullptr),
-                       "linear: weight dtype {} has no CUDA kernel (i8 needs its per-row scales)",
-                       dtype_name(a.w_dtype));
+                           (a.w_dtype == DType::kI8 && a.w_scales != nullptr) ||
+                           (int4 && a.w_scales != nullptr && a.w_zeros != nullptr && a.w_group > 0 &&
+                            a.w_group % 32 == 0 && a.in % a.w_group == 0 && a.w_stride % 16 == 0),
+                       "linear: weight dtype {} has no CUDA kernel (i8 needs its per-row scales; u8 is int4 with "
+                       "scales, zeros, a group that is a multiple of 32 dividing in = {} (got {}) and 16-byte aligned "
+                       "rows)",
+                       dtype_name(a.w_dtype), a.in, a.w_group);
   TACHYON_CUDA_REQUIRE(a.bias == nullptr || a.bias_dtype == DType::kF32 || a.bias_dtype == DType::kF16 ||
                            a.bias_dtype == DType::kBF16,
                        "linear: bias dtype {}", dtype_name(a.bias_dtype));
-  TACHYON_CUDA_REQUIRE(a.x_stride >= a.in && a.w_stride >= a.in && a.y_stride >= a.out,
+  TACHYON_CUDA_REQUIRE(a.x_stride >= a.in && (int4 ? 2 * a.w_stride : a.w_stride) >= a.in && a.y_stride >= a.out,
                        "linear: strides x {} w {} y {} for in={} out={}", a.x_stride, a.w_stride, a.y_stride, a.in,
                        a.out);
   if (a.n == 0) return Status::Ok();
   LinearContext::Impl& ctx = context.impl();
   const int64_t ld = (a.in + 7) / 8 * 8;  // 16-byte aligned rows for activations converted to 16 bits
-  const bool mma_fits = ctx.compute_capability >= 80 && detail::gemm_mma_supported(a, ld);
+  const bool mma_fits = ctx.compute_capability >= 80 && (int4 ? detail::gemm_mma_int4_supported(a, ld)
+                                                                : detail::gemm_mma_supported(a, ld));
   if (algo == LinearAlgo::kAuto) {
-    if (a.w_dtype == DType::kI8) {
+    if (int4) {
+      // int4: the tensor-core GEMM where it applies (group 128), else the GEMV while it holds the
+      // tokens, then the weight expanded to bf16 for cuBLASLt.
+      const bool small = a.n <= kLinearAutoGemvMaxTokensInt4Small && a.out <= kLinearAutoGemvMaxRowsInt4;
+      if (mma_fits && !(small && detail::gemv_int4_supported(a))) {
+        algo = LinearAlgo::kMma;
+      } else if (a.n <= kLinearAutoGemvMaxTokensInt4 && detail::gemv_int4_supported(a)) {
+        algo = LinearAlgo::kGemv;
+      } else {
+        algo = LinearAlgo::kCublasLt;
+      }
+    } else if (a.w_dtype == DType::kI8) {
       // int8: the GEMV at the fewest tokens, the tensor-core GEMM up to its limit, then the weight
       // expanded to bf16 for cuBLASLt (prefill).
       if (a.n <= kLinearAutoGemvMaxTokensInt8 || (!mma_fits && a.n <= 8)) {
@@ -245,13 +262,16 @@ Status linear(LinearContext& context, const LinearArgs& a, Stream stream, Linear
   if (algo == LinearAlgo::kMma) {
     TACHYON_CUDA_REQUIRE(mma_fits,
                          "linear: the tensor-core GEMM takes f16/bf16 weights with in % 32 == 0 (int8: in % 64 == "
-                         "0), 16-byte aligned rows and at most {} tokens on sm_80+ (got {} x {} -> {}, {}, sm_{})",
-                         detail::kGemmMmaMaxTokens, a.n, a.in, a.out, dtype_name(a.w_dtype), ctx.compute_capability);
+                         "0; int4: group 128, at most {} tokens), 16-byte aligned rows and at most {} tokens on "
+                         "sm_80+ (got {} x {} -> {}, {}, sm_{})",
+                         detail::kGemmMmaMaxTokensInt4, detail::kGemmMmaMaxTokens, a.n, a.in, a.out,
+                         dtype_name(a.w_dtype), ctx.compute_capability);
     TACHYON_RETURN_IF_ERROR(ctx.grow(ctx.activations, static_cast<size_t>(a.n * ld) * 2, "activations"));
-    const DType x16 = a.w_dtype == DType::kI8 ? DType::kBF16 : a.w_dtype;
+    const DType x16 = a.w_dtype == DType::kI8 || int4 ? DType::kBF16 : a.w_dtype;
     TACHYON_CUDA_RETURN_IF_ERROR(detail::launch_convert_rows(a.x, a.x_stride, a.n, a.in, ctx.activations.data(), x16,
                                                              ld, stream));
-    const detail::GemvShape shape = detail::plan_gemm_mma(a, ctx.sm_count);
+    const detail::GemvShape shape =
+        int4 ? detail::plan_gemm_mma_int4(a, ctx.sm_count) : detail::plan_gemm_mma(a, ctx.sm_count);
     float* partial = nullptr;
     if (shape.splits > 1) {
       TACHYON_RETURN_IF_ERROR(ctx.grow(ctx.partial, static_cast<size_t>(shape.splits * a.n * a.out) * sizeof(float),
@@ -259,9 +279,30 @@ Status linear(LinearContext& context, const LinearArgs& a, Stream stream, Linear
       partial = ctx.partial.as<float>();
     }
     log_path_once("cuda linear: tensor-core GEMM {} weights x {} -> f32 (activations rounded to {})",
-                  dtype_name(a.w_dtype), dtype_name(x16), dtype_name(x16));
-    TACHYON_CUDA_RETURN_IF_ERROR(
-        detail::launch_gemm_mma(a, ctx.activations.data(), ld, shape, partial, stream));
+                  int4 ? "int4" : dtype_name(a.w_dtype), dtype_name(x16), dtype_name(x16));
+    if (int4) {
+      TACHYON_CUDA_RETURN_IF_ERROR(
+          detail::launch_gemm_mma_int4(a, ctx.activations.as<uint16_t>(), ld, shape, partial, stream));
+    } else {
+      TACHYON_CUDA_RETURN_IF_ERROR(
+          detail::launch_gemm_mma(a, ctx.activations.data(), ld, shape, partial, stream));
+    }
+    return Status::Ok();
+  }
+
+  if (algo == LinearAlgo::kGemv && int4) {
+    TACHYON_CUDA_REQUIRE(detail::gemv_int4_supported(a),
+                         "linear: the int4 GEMV takes 1..{} tokens and a 16-byte aligned weight (got {} tokens)",
+                         detail::kGemvInt4MaxTokens, a.n);
+    const detail::GemvShape shape = detail::plan_gemv_int4(a, ctx.sm_count);
+    float* partial = nullptr;
+    if (shape.splits > 1) {
+      TACHYON_RETURN_IF_ERROR(ctx.grow(ctx.partial, static_cast<size_t>(shape.splits * a.n * a.out) * sizeof(float),
+                                       "split-K partial sums"));
+      partial = ctx.partial.as<float>();
+    }
+    log_path_once("cuda linear: gemv int4 g{}", a.w_group);
+    TACHYON_CUDA_RETURN_IF_ERROR(detail::launch_gemv_int4(a, shape, partial, stream));
     return Status::Ok();
   }
 
@@ -284,7 +325,20 @@ Status linear(LinearContext& context, const LinearArgs& a, Stream stream, Linear
   // cuBLASLt.
   const bool epilogue_bias = a.bias != nullptr && a.bias_dtype == DType::kF32;
   const float* bias = epilogue_bias ? static_cast<const float*>(a.bias) : nullptr;
-  if (a.w_dtype == DType::kI8) {
+  if (int4) {
+    // As for int8 below: expanded to bf16 once for this call (0.5 byte read, 2 written and 2 read
+    // per weight), where many tokens share it.
+    TACHYON_RETURN_IF_ERROR(ctx.grow(ctx.dequantized, static_cast<size_t>(a.out * ld) * 2, "dequantized weight"));
+    TACHYON_CUDA_RETURN_IF_ERROR(detail::launch_dequantize_int4_groups(
+        static_cast<const uint8_t*>(a.w), a.w_stride, a.w_scales, a.w_zeros, a.w_group, a.out, a.in,
+        ctx.dequantized.as<uint16_t>(), ld, stream));
+    TACHYON_RETURN_IF_ERROR(ctx.grow(ctx.activations, static_cast<size_t>(a.n * ld) * 2, "activations"));
+    TACHYON_CUDA_RETURN_IF_ERROR(detail::launch_convert_rows(a.x, a.x_stride, a.n, a.in, ctx.activations.data(),
+                                                             DType::kBF16, ld, stream));
+    log_path_once("cuda linear: int4 weight expanded to bf16, cuBLASLt bf16 x bf16 -> f32");
+    TACHYON_RETURN_IF_ERROR(ctx.matmul(ctx.activations.data(), ld, ctx.dequantized.data(), ld, DType::kBF16, bias,
+                                       a.y, a.y_stride, a.n, a.in, a.out, stream));
+  } else if (a.w_dtype == DType::kI8) {
     // Many tokens share the weight: expand it to bf16 once for this call and multiply on tensor
     // cores. The expansion reads 1 byte and writes 2 per weight, so this path costs more than a
     // bf16 weight would; the int8 GEMV above is where int8 pays (few tokens, bound by bytes read).

@@ -8,6 +8,7 @@
 #include <algorithm>
 
 #include "ops/cuda/device_math.cuh"
+#include "ops/cuda/gemv_store.cuh"
 #include "ops/cuda/launch.h"
 #include "ops/cuda/mma.cuh"
 
@@ -151,35 +152,8 @@ __global__ void __launch_bounds__(kGemvThreads, GemvTile<NT>::kMinBlocks) gemv_k
     }
   }
 
-  // Reduce across the warp: value i = r * NT + t ends in lane i (mod 32).
-  constexpr int kValues = ROWS * NT;
-  constexpr int kGroup = kValues < 32 ? kValues : 32;
-  float flat[kValues];
-#pragma unroll
-  for (int r = 0; r < ROWS; ++r) {
-#pragma unroll
-    for (int t = 0; t < NT; ++t) flat[r * NT + t] = acc[r][t];
-  }
-#pragma unroll
-  for (int g = 0; g < kValues / kGroup; ++g) {
-    float part[kGroup];
-#pragma unroll
-    for (int i = 0; i < kGroup; ++i) part[i] = flat[g * kGroup + i];
-    const float sum = warp_transpose_sum<kGroup>(part);
-    if (lane < kGroup) {
-      const int idx = g * kGroup + lane;
-      const int64_t row = row0 + idx / NT;
-      const int64_t t = idx % NT;
-      if (row < p.out && t < p.n) {
-        if (p.splits == 1) {
-          const float b = p.bias != nullptr ? load_as_f32(p.bias, p.bias_dtype, row) : 0.0f;
-          p.y[t * p.y_stride + row] = (p.scales != nullptr ? sum * p.scales[row] : sum) + b;
-        } else {
-          p.partial[(static_cast<int64_t>(split) * p.n + t) * p.out + row] = sum;
-        }
-      }
-    }
-  }
+  store_gemv_sums<ROWS, NT>(acc, row0, split, p.n, p.out, p.splits, p.bias, p.bias_dtype, p.scales, p.y, p.y_stride,
+                           p.partial);
 }
 
 // y[t, o] = sum over splits of partial[s, t, o] (in split order) (* scales[o]) + bias[o].
@@ -320,31 +294,6 @@ __device__ __forceinline__ void mma_k_loop(const T* w0, const T* w1, int64_t k_b
     for (int u = 0; u < U; ++u) chunk(wa[u], wb[u], k + COLS * u);
   }
   for (; k < k_end; k += COLS) chunk(load_stream_16(w0 + k), load_stream_16(w1 + k), k);
-}
-
-// The epilogue shared by the tensor-core GEMMs: acc[j] = y^T rows (g, g + 8) x tokens
-// (8j + 2t, 8j + 2t + 1). Per-row scales (int8 weights; null otherwise) multiply finished sums
-// only: with K split, the reduction applies them.
-template <int NT>
-__device__ __forceinline__ void store_mma_tile(const float (&acc)[NT][4], int64_t row0, int g, int t, int split,
-                                               int64_t n, int64_t out, int splits, const void* bias, DType bias_dtype,
-                                               const float* scales, float* y, int64_t y_stride, float* partial) {
-#pragma unroll
-  for (int j = 0; j < NT; ++j) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int64_t row = row0 + g + (e >= 2 ? 8 : 0);
-      const int64_t tok = 8 * j + 2 * t + (e & 1);
-      if (row < out && tok < n) {
-        if (splits == 1) {
-          const float b = bias != nullptr ? load_as_f32(bias, bias_dtype, row) : 0.0f;
-          y[tok * y_stride + row] = (scales != nullptr ? acc[j][e] * scales[row] : acc[j][e]) + b;
-        } else {
-          partial[(static_cast<int64_t>(split) * n + tok) * out + row] = acc[j][e];
-        }
-      }
-    }
-  }
 }
 
 template <DType WD, int NT, int U>
@@ -551,6 +500,14 @@ cudaError_t launch_gemv(const LinearArgs& a, const GemvShape& shape, float* part
   const int threads = 256;
   gemv_reduce_kernel<<<grid_for(a.n * a.out, threads), threads, 0, stream>>>(
       partial, shape.splits, a.n, a.out, a.bias, a.bias_dtype, p.scales, a.y, a.y_stride);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_gemv_reduce(const float* partial, int splits, int64_t n, int64_t out, const void* bias,
+                               DType bias_dtype, const float* scales, float* y, int64_t y_stride, Stream stream) {
+  const int threads = 256;
+  gemv_reduce_kernel<<<grid_for(n * out, threads), threads, 0, stream>>>(partial, splits, n, out, bias, bias_dtype,
+                                                                         scales, y, y_stride);
   return cudaGetLastError();
 }
 

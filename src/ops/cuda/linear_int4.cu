@@ -1,0 +1,469 @@
+// The GEMV of linear() for group-wise int4 weights (W4A16, quant/quantize.h's kInt4Group) at 1..8
+// tokens, where a step is bound by reading the weight once: half a byte per weight plus a scale
+// and a zero point per group, against two bytes for bf16.
+//
+// Each warp owns a few output rows; a lane's 16-byte load is one block of 32 weights of one row
+// (byte j: weight j in the low nibble, j + 16 in the high one), always inside one group since the
+// group size is a multiple of 32. A nibble q becomes the float 2^23 + q by moving it into the
+// mantissa of 2^23 (a byte permute), and subtracting 2^23 + zero gives q - zero exactly; the
+// block's 32 products with the activations are summed, then multiplied by the group's scale:
+//   y[t, o] = sum_blocks scale[o, g] * sum_j (q[o, k + j] - zero[o, g]) * x[t, k + j].
+// K splits over the grid for short matrices, with partial sums reduced in split order (the
+// GEMV's reduction kernel), so results never depend on timing.
+//
+// Also the tensor-core form for group 128 (1..kGemmMmaMaxTokensInt4 tokens, sm_80+): see
+// gemm_mma_i4_kernel below.
+#include <algorithm>
+
+#include "ops/cuda/device_math.cuh"
+#include "ops/cuda/gemv_store.cuh"  // store_mma_tile
+#include "ops/cuda/launch.h"
+#include "ops/cuda/mma.cuh"
+
+namespace tachyon::ops::cuda::detail {
+namespace {
+
+constexpr int kWarps = kGemvThreads / 32;
+constexpr int kBlock = 32;             // weights per 16-byte load
+constexpr int64_t kStep = 32 * kBlock;  // columns one warp covers with one load per lane
+
+struct Int4GemvParams {
+  const float* x;  // [n, in] f32
+  int64_t x_stride;
+  const uint8_t* w;  // [out, in / 2] packed, rows w_stride bytes apart
+  int64_t w_stride;
+  const float* scales;  // [out, in / group]
+  const float* zeros;   // [out, in / group]
+  int group;
+  const void* bias;
+  DType bias_dtype;
+  float* y;
+  int64_t y_stride;
+  float* partial;  // [splits, n, out] when splits > 1
+  int64_t n, in, out;
+  int64_t chunk;  // multiple of kStep
+  int splits;
+  bool x_vec;  // x rows 16-byte aligned
+};
+
+// Rows per warp, loads in flight per row, and the activations held at once (C columns per token:
+// NT * C registers), by token bucket.
+template <int NT>
+struct Int4Tile;
+template <>
+struct Int4Tile<1> {
+  static constexpr int kRows = 4, kSteps = 2, kCols = 32;
+};
+template <>
+struct Int4Tile<2> {
+  static constexpr int kRows = 4, kSteps = 2, kCols = 16;
+};
+template <>
+struct Int4Tile<4> {
+  static constexpr int kRows = 4, kSteps = 1, kCols = 8;
+};
+template <>
+struct Int4Tile<8> {
+  static constexpr int kRows = 2, kSteps = 1, kCols = 8;
+};
+
+// Column j (0..31) of a block: which 32-bit word of the load holds it, and its byte inside the
+// masked word (low nibbles for j < 16, high nibbles shifted down for j >= 16).
+__device__ __forceinline__ float nibble_minus_zero(const uint32_t (&lo)[4], const uint32_t (&hi)[4], int j,
+                                                   float magic_zero) {
+  const int b = j & 15;
+  const uint32_t word = j < 16 ? lo[b >> 2] : hi[b >> 2];
+  return __uint_as_float(__byte_perm(word, 0x4b000000u, 0x7440u | static_cast<uint32_t>(b & 3))) - magic_zero;
+}
+
+template <int NT>
+__device__ __forceinline__ void load_x(const Int4GemvParams& p, int64_t col, float (&xv)[NT][Int4Tile<NT>::kCols]) {
+  constexpr int C = Int4Tile<NT>::kCols;
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+    const float* xt = p.x + (t < p.n ? t : p.n - 1) * p.x_stride + col;  // past n: never stored
+    if (p.x_vec) {
+#pragma unroll
+      for (int j = 0; j < C; j += 4) {
+        const float4 q = __ldg(reinterpret_cast<const float4*>(xt + j));
+        xv[t][j] = q.x;
+        xv[t][j + 1] = q.y;
+        xv[t][j + 2] = q.z;
+        xv[t][j + 3] = q.w;
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < C; ++j) xv[t][j] = __ldg(xt + j);
+    }
+  }
+}
+
+// acc[r][t] += scale_r * sum over the block at column k of (q - zero_r) * x_t.
+template <int ROWS, int NT>
+__device__ __forceinline__ void int4_block(const Int4GemvParams& p, const uint4 (&raw)[ROWS], const float (&scale)[ROWS],
+                                           const float (&magic_zero)[ROWS], int64_t k, float (&acc)[ROWS][NT]) {
+  constexpr int C = Int4Tile<NT>::kCols;
+  uint32_t lo[ROWS][4], hi[ROWS][4];
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r) {
+    const uint32_t words[4] = {raw[r].x, raw[r].y, raw[r].z, raw[r].w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      lo[r][i] = words[i] & 0x0f0f0f0fu;
+      hi[r][i] = (words[i] >> 4) & 0x0f0f0f0fu;
+    }
+  }
+  float sum[ROWS][NT];
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r) {
+#pragma unroll
+    for (int t = 0; t < NT; ++t) sum[r][t] = 0.0f;
+  }
+#pragma unroll
+  for (int c0 = 0; c0 < kBlock; c0 += C) {
+    float xv[NT][C];
+    load_x<NT>(p, k + c0, xv);
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+#pragma unroll
+      for (int j = 0; j < C; ++j) {
+        const float wq = nibble_minus_zero(lo[r], hi[r], c0 + j, magic_zero[r]);
+#pragma unroll
+        for (int t = 0; t < NT; ++t) sum[r][t] = fmaf(wq, xv[t][j], sum[r][t]);
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r) {
+#pragma unroll
+    for (int t = 0; t < NT; ++t) acc[r][t] = fmaf(scale[r], sum[r][t], acc[r][t]);
+  }
+}
+
+template <int NT>
+__global__ void __launch_bounds__(kGemvThreads) gemv_int4_kernel(const Int4GemvParams p) {
+  constexpr int ROWS = Int4Tile<NT>::kRows;
+  constexpr int U = Int4Tile<NT>::kSteps;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * ROWS;
+  if (row0 >= p.out) return;  // no block-wide synchronisation below
+  const int split = blockIdx.y;
+  const int64_t k_begin = split * p.chunk;
+  const int64_t k_end = min64(p.in, k_begin + p.chunk);
+  const int64_t groups = p.in / p.group;
+
+  int64_t rows[ROWS];
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r) rows[r] = min64(row0 + r, p.out - 1);  // clamped: rows past out are not stored
+
+  float acc[ROWS][NT];
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r) {
+#pragma unroll
+    for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
+  }
+
+  // Lanes may run different numbers of blocks at the end of a slice (no shuffles until the epilogue).
+  int64_t k = k_begin + lane * kBlock;
+  for (; k + (U - 1) * kStep < k_end; k += U * kStep) {
+    uint4 raw[U][ROWS];
+    float scale[U][ROWS], magic_zero[U][ROWS];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t col = k + u * kStep;
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r) raw[u][r] = load_stream_16(p.w + rows[r] * p.w_stride + col / 2);
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r) {
+        const int64_t sg = rows[r] * groups + col / p.group;
+        scale[u][r] = __ldg(p.scales + sg);
+        magic_zero[u][r] = 8388608.0f + __ldg(p.zeros + sg);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) int4_block<ROWS, NT>(p, raw[u], scale[u], magic_zero[u], k + u * kStep, acc);
+  }
+  for (; k < k_end; k += kStep) {
+    uint4 raw[ROWS];
+    float scale[ROWS], magic_zero[ROWS];
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+      raw[r] = load_stream_16(p.w + rows[r] * p.w_stride + k / 2);
+      const int64_t sg = rows[r] * groups + k / p.group;
+      scale[r] = __ldg(p.scales + sg);
+      magic_zero[r] = 8388608.0f + __ldg(p.zeros + sg);
+    }
+    int4_block<ROWS, NT>(p, raw, scale, magic_zero, k, acc);
+  }
+  // Every sum through the same butterfly whatever ROWS and NT are, so that a token's result does
+  // not depend on the batch it came in (LinearMode::kBatchInvariant); a few more shuffles than the
+  // transposed sum of store_gemv_sums.
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r) {
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      const float sum = warp_sum(acc[r][t]);
+      const int64_t row = row0 + r;
+      if (lane == (r * NT + t) % 32 && row < p.out && t < p.n) {
+        if (p.splits == 1) {
+          p.y[t * p.y_stride + row] = sum + (p.bias != nullptr ? load_as_f32(p.bias, p.bias_dtype, row) : 0.0f);
+        } else {
+          p.partial[(static_cast<int64_t>(split) * p.n + t) * p.out + row] = sum;
+        }
+      }
+    }
+  }
+}
+
+template <int NT>
+cudaError_t launch_int4_bucket(const Int4GemvParams& p, Stream stream) {
+  const int64_t rows_per_block = static_cast<int64_t>(kWarps) * Int4Tile<NT>::kRows;
+  const dim3 grid(static_cast<unsigned>((p.out + rows_per_block - 1) / rows_per_block),
+                  static_cast<unsigned>(p.splits));
+  gemv_int4_kernel<NT><<<grid, kGemvThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+int int4_rows_per_warp(int64_t n) {
+  if (n <= 1) return Int4Tile<1>::kRows;
+  if (n <= 2) return Int4Tile<2>::kRows;
+  if (n <= 4) return Int4Tile<4>::kRows;
+  return Int4Tile<8>::kRows;
+}
+
+// ---- tensor cores, group 128 -----------------------------------------------------------------------
+// y^T[out, n] = W[out, in] · x^T with mma.m16n8k16 (bf16 in, f32 accumulators), as the int8 GEMM of
+// linear_gemv.cu: a warp owns 16 rows and up to 8 * NT tokens (x already rounded to bf16). A chunk
+// of 128 columns is one group: lane t of a quad loads block t of it (16 bytes, 32 weights) for
+// rows g and g + 8. Two nibbles become a bf16 pair 128 + q by masking them into the mantissas of
+// 128.0 (one shift and one mask per pair), and subtracting 128 + zero leaves q - zero exactly.
+// Inside the lane's block the K order is permuted identically for weights and activations (step
+// (i, h) takes columns 16h + 4i + {0, 2} and {1, 3}), so the sum is unchanged. Each chunk's
+// eight mma steps go to fresh accumulators, which the rows' group scales then add into the sums.
+constexpr int kMmaI4Warps = 4;
+
+struct MmaGemmI4Params {
+  const uint16_t* x;  // [n, x_stride] bf16
+  int64_t x_stride;
+  const uint8_t* w;  // [out, in / 2], rows w_stride bytes apart
+  int64_t w_stride;
+  const float* scales;  // [out, in / 128]
+  const float* zeros;
+  const void* bias;
+  DType bias_dtype;
+  float* y;
+  int64_t y_stride;
+  float* partial;  // [splits, n, out] when splits > 1
+  int64_t n, in, out;
+  int64_t chunk;  // multiple of 128
+  int splits;
+};
+
+// (q - zero) of the nibbles at bits s and s + 16 of `word`, as a bf16 pair (exact: |q - zero| <= 15).
+__device__ __forceinline__ uint32_t nibble_pair_bf16(uint32_t word, int s, __nv_bfloat162 zero_pair) {
+  const uint32_t biased = ((word >> s) & 0x000f000fu) | 0x43004300u;  // bf16 128 + q in each half
+  const __nv_bfloat162 v = __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&biased), zero_pair);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+template <int NT, int U>
+__global__ void __launch_bounds__(kMmaI4Warps * 32) gemm_mma_i4_kernel(const MmaGemmI4Params p) {
+#if TACHYON_MMA_ENABLED
+  using M = MmaType<DType::kBF16>;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kMmaI4Warps + warp) * 16;
+  if (row0 >= p.out) return;  // no block-wide synchronisation
+  const int split = blockIdx.y;
+  const int64_t k_begin = split * p.chunk;
+  const int64_t k_end = min64(p.in, k_begin + p.chunk);
+  const int64_t groups = p.in / 128;
+  const int64_t ra = min64(row0 + g, p.out - 1), rb = min64(row0 + g + 8, p.out - 1);  // past out: never stored
+  const uint8_t* w0 = p.w + ra * p.w_stride + 16 * t;
+  const uint8_t* w1 = p.w + rb * p.w_stride + 16 * t;
+  const uint16_t* xr[NT];
+#pragma unroll
+  for (int j = 0; j < NT; ++j) xr[j] = p.x + min64(8 * j + g, p.n - 1) * p.x_stride + 32 * t;  // past n: never stored
+
+  float acc[NT][4];
+#pragma unroll
+  for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+
+  const auto chunk128 = [&](const uint4& wa, const uint4& wb, int64_t k) {
+    const int64_t grp = k / 128;
+    const float sa = __ldg(p.scales + ra * groups + grp), sb = __ldg(p.scales + rb * groups + grp);
+    const __nv_bfloat162 za = __float2bfloat162_rn(128.0f + __ldg(p.zeros + ra * groups + grp));
+    const __nv_bfloat162 zb = __float2bfloat162_rn(128.0f + __ldg(p.zeros + rb * groups + grp));
+    const uint32_t wa_words[4] = {wa.x, wa.y, wa.z, wa.w}, wb_words[4] = {wb.x, wb.y, wb.z, wb.w};
+    float part[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) part[j][0] = part[j][1] = part[j][2] = part[j][3] = 0.0f;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {  // columns 32t + 16h .. + 15 of the chunk
+      uint4 xv[NT][2];
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        xv[j][0] = __ldg(reinterpret_cast<const uint4*>(xr[j] + k + 16 * h));
+        xv[j][1] = __ldg(reinterpret_cast<const uint4*>(xr[j] + k + 16 * h + 8));
+      }
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {  // word i: columns 16h + 4i .. + 3
+        // Low nibbles of a word are columns 4i + {0..3}, high nibbles 16 + 4i + {0..3}.
+        const int lo_shift = h == 0 ? 0 : 4;
+        const uint32_t a[4] = {nibble_pair_bf16(wa_words[i], lo_shift, za), nibble_pair_bf16(wb_words[i], lo_shift, zb),
+                               nibble_pair_bf16(wa_words[i], lo_shift + 8, za),
+                               nibble_pair_bf16(wb_words[i], lo_shift + 8, zb)};
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+          const uint4& q = xv[j][i / 2];
+          const uint32_t u0 = (i & 1) ? q.z : q.x, u1 = (i & 1) ? q.w : q.y;  // x columns c, c+1 | c+2, c+3
+          M::mma(part[j], a, __byte_perm(u0, u1, 0x5410u), __byte_perm(u0, u1, 0x7632u));
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      acc[j][0] = fmaf(sa, part[j][0], acc[j][0]);
+      acc[j][1] = fmaf(sa, part[j][1], acc[j][1]);
+      acc[j][2] = fmaf(sb, part[j][2], acc[j][2]);
+      acc[j][3] = fmaf(sb, part[j][3], acc[j][3]);
+    }
+  };
+  int64_t k = k_begin;
+  for (; k + 128 * U <= k_end; k += 128 * U) {
+    uint4 wa[U], wb[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      wa[u] = load_stream_16(w0 + (k + 128 * u) / 2);
+      wb[u] = load_stream_16(w1 + (k + 128 * u) / 2);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) chunk128(wa[u], wb[u], k + 128 * u);
+  }
+  for (; k < k_end; k += 128) chunk128(load_stream_16(w0 + k / 2), load_stream_16(w1 + k / 2), k);
+  store_mma_tile<NT>(acc, row0, g, t, split, p.n, p.out, p.splits, p.bias, p.bias_dtype, nullptr, p.y, p.y_stride,
+                     p.partial);
+#else
+  __trap();
+#endif
+}
+
+// Chunks per round of loads; slices are planned to hold at least one round.
+constexpr int mma_i4_unroll(int64_t n) { return n <= 8 ? 4 : 2; }
+
+template <int NT>
+cudaError_t launch_gemm_mma_i4_nt(const MmaGemmI4Params& p, Stream stream) {
+  constexpr int U = mma_i4_unroll(8 * NT);  // 16-byte weight loads in flight per row and lane
+  const int64_t row_tiles = (p.out + 15) / 16;
+  const dim3 grid(static_cast<unsigned>((row_tiles + kMmaI4Warps - 1) / kMmaI4Warps), static_cast<unsigned>(p.splits));
+  gemm_mma_i4_kernel<NT, U><<<grid, kMmaI4Warps * 32, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+bool gemv_int4_supported(const LinearArgs& a) {
+  const auto aligned16 = [](const void* q) { return (reinterpret_cast<uintptr_t>(q) & 15u) == 0; };
+  return a.w_dtype == DType::kU8 && a.w_scales != nullptr && a.w_zeros != nullptr && a.w_group > 0 &&
+         a.w_group % kBlock == 0 && a.in % a.w_group == 0 && a.n >= 1 && a.n <= kGemvInt4MaxTokens &&
+         a.w_stride % 16 == 0 && aligned16(a.w);
+}
+
+GemvShape plan_gemv_int4(const LinearArgs& a, int sm_count) {
+  GemvShape s;
+  s.step = kStep;
+  s.vector_loads = true;
+  s.rows_per_warp = int4_rows_per_warp(a.n);
+  // Enough warps for ~32 per SM; every slice at least one full iteration of the unrolled loop.
+  // Planned as for one token whatever n is: the same slices, so the same summation order for a
+  // token alone or in any batch (LinearMode::kBatchInvariant relies on it).
+  const int64_t row_warps = (a.out + Int4Tile<1>::kRows - 1) / Int4Tile<1>::kRows;
+  const int64_t target_warps = static_cast<int64_t>(std::max(sm_count, 1)) * 32;
+  const int64_t min_chunk = kStep * Int4Tile<1>::kSteps;
+  const int64_t max_splits = std::max<int64_t>(1, std::min<int64_t>(a.in / min_chunk, 32));
+  const int64_t want = std::max<int64_t>(1, std::min<int64_t>(target_warps / std::max<int64_t>(row_warps, 1), max_splits));
+  int64_t chunk = (a.in + want - 1) / want;
+  chunk = (chunk + kStep - 1) / kStep * kStep;
+  s.chunk = std::max<int64_t>(chunk, kStep);
+  s.splits = static_cast<int>((a.in + s.chunk - 1) / s.chunk);
+  return s;
+}
+
+bool gemm_mma_int4_supported(const LinearArgs& a, int64_t x_stride) {
+  const auto aligned16 = [](const void* q) { return (reinterpret_cast<uintptr_t>(q) & 15u) == 0; };
+  return a.w_dtype == DType::kU8 && a.w_scales != nullptr && a.w_zeros != nullptr && a.w_group == 128 &&
+         a.in % 128 == 0 && a.n >= 1 && a.n <= kGemmMmaMaxTokensInt4 && a.w_stride % 16 == 0 && x_stride % 8 == 0 &&
+         aligned16(a.w);
+}
+
+GemvShape plan_gemm_mma_int4(const LinearArgs& a, int sm_count) {
+  GemvShape s;
+  s.vector_loads = true;
+  s.rows_per_warp = 16;
+  s.step = 128;
+  const int64_t row_warps = (a.out + 15) / 16;
+  const int64_t target_warps = static_cast<int64_t>(std::max(sm_count, 1)) * 32;
+  const int64_t max_splits = std::max<int64_t>(1, std::min<int64_t>(a.in / (128 * mma_i4_unroll(a.n)), 32));
+  const int64_t want = std::max<int64_t>(1, std::min<int64_t>(target_warps / std::max<int64_t>(row_warps, 1), max_splits));
+  int64_t chunk = (a.in + want - 1) / want;
+  chunk = (chunk + 127) / 128 * 128;
+  s.chunk = std::max<int64_t>(chunk, 128);
+  s.splits = static_cast<int>((a.in + s.chunk - 1) / s.chunk);
+  return s;
+}
+
+cudaError_t launch_gemm_mma_int4(const LinearArgs& a, const uint16_t* x16, int64_t x_stride, const GemvShape& shape,
+                                 float* partial, Stream stream) {
+  MmaGemmI4Params q;
+  q.x = x16;
+  q.x_stride = x_stride;
+  q.w = static_cast<const uint8_t*>(a.w);
+  q.w_stride = a.w_stride;
+  q.scales = a.w_scales;
+  q.zeros = a.w_zeros;
+  q.bias = a.bias;
+  q.bias_dtype = a.bias_dtype;
+  q.y = a.y;
+  q.y_stride = a.y_stride;
+  q.partial = partial;
+  q.n = a.n;
+  q.in = a.in;
+  q.out = a.out;
+  q.chunk = shape.chunk;
+  q.splits = shape.splits;
+  cudaError_t e = q.n <= 8    ? launch_gemm_mma_i4_nt<1>(q, stream)
+                  : q.n <= 16 ? launch_gemm_mma_i4_nt<2>(q, stream)
+                              : launch_gemm_mma_i4_nt<4>(q, stream);
+  if (e != cudaSuccess || shape.splits == 1) return e;
+  return launch_gemv_reduce(partial, shape.splits, a.n, a.out, a.bias, a.bias_dtype, nullptr, a.y, a.y_stride, stream);
+}
+
+cudaError_t launch_gemv_int4(const LinearArgs& a, const GemvShape& shape, float* partial, Stream stream) {
+  Int4GemvParams p;
+  p.x = a.x;
+  p.x_stride = a.x_stride;
+  p.w = static_cast<const uint8_t*>(a.w);
+  p.w_stride = a.w_stride;
+  p.scales = a.w_scales;
+  p.zeros = a.w_zeros;
+  p.group = a.w_group;
+  p.bias = a.bias;
+  p.bias_dtype = a.bias_dtype;
+  p.y = a.y;
+  p.y_stride = a.y_stride;
+  p.partial = partial;
+  p.n = a.n;
+  p.in = a.in;
+  p.out = a.out;
+  p.chunk = shape.chunk;
+  p.splits = shape.splits;
+  p.x_vec = (reinterpret_cast<uintptr_t>(a.x) & 15u) == 0 && a.x_stride % 4 == 0;
+  cudaError_t e = a.n <= 1   ? launch_int4_bucket<1>(p, stream)
+                  : a.n <= 2 ? launch_int4_bucket<2>(p, stream)
+                  : a.n <= 4 ? launch_int4_bucket<4>(p, stream)
+                             : launch_int4_bucket<8>(p, stream);
+  if (e != cudaSuccess || shape.splits == 1) return e;
+  return launch_gemv_reduce(partial, shape.splits, a.n, a.out, a.bias, a.bias_dtype, nullptr, a.y, a.y_stride, stream);
+}
+
+}  // namespace tachyon::ops::cuda::detail
