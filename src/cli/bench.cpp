@@ -40,6 +40,29 @@
 namespace tachyon::cli {
 namespace {
 
+// The layers' linear weights as they run, read from the weights (load-time --quant and checkpoints
+// stored quantized alike): "dense", "int8", "int4-gN", or the formats present joined by '+' when a
+// checkpoint mixes them (modules an error budget kept 16-bit).
+std::string weight_format(const LlamaModel& model) {
+  std::vector<std::string> formats;
+  for (const LayerWeights& l : model.weights().layers) {
+    for (const Weight* w : {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj, &l.up_proj, &l.down_proj}) {
+      if (!w->defined()) continue;
+      std::string f = "dense";
+      if (w->quant && w->quant->format == QuantFormat::kInt4Group) {
+        f = "int4-g" + std::to_string(w->quant->group_size);
+      } else if (w->quant) {
+        f = quant_format_name(w->quant->format);
+      }
+      if (std::find(formats.begin(), formats.end(), f) == formats.end()) formats.push_back(f);
+    }
+  }
+  if (formats.empty()) return "dense";
+  std::string out = formats[0];
+  for (size_t i = 1; i < formats.size(); ++i) out += "+" + formats[i];
+  return out;
+}
+
 using nlohmann::json;
 
 struct BenchArgs {
@@ -337,10 +360,7 @@ int run_bench(BenchArgs& a) {
   j["sampling"] = {{"temperature", a.temperature}, {"top_p", a.top_p}, {"top_k", a.top_k}, {"min_p", a.min_p}, {"repetition_penalty", a.repetition_penalty}};
   j["model"] = a.common.model;
   j["weights"] = m.weight_dtypes;
-  // The layers' linear weights as they run: "dense" (as stored), "int8" or "int4-gN" (--quant).
-  j["weight_format"] = a.common.quant.empty()          ? std::string("dense")
-                       : a.common.quant == "int4" ? "int4-g" + std::to_string(a.common.quant_group)
-                                                  : a.common.quant;
+  j["weight_format"] = weight_format(*m.model);
   j["device"] = m.model->device().to_string();
   j["threads"] = num_threads();
   j["config"] = {{"num_requests", measured},

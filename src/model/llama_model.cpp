@@ -43,8 +43,20 @@ Result<ModelWeights> copy_weights_to(const ModelWeights& weights, Device device)
   };
   auto weight = [&](const Weight& w, const char* what) -> Result<Weight> {
     if (w.quant) {
-      return make_error(ErrorCode::kUnsupported, "{}: quantized weights ({}) cannot be moved to {} yet", what,
-                        quant_format_name(w.quant->format), device.to_string());
+      // The packed formats the device kernels run (ops/cuda: per-channel int8, group-wise int4)
+      // move as they are: packed values, scales and zeros.
+      const QuantWeight& q = *w.quant;
+      if (!device.is_cpu() && q.format != QuantFormat::kInt8Channel && q.format != QuantFormat::kInt4Group) {
+        return make_error(ErrorCode::kUnsupported, "{}: {} weights have no kernels on {} (int8 and int4 run there)",
+                          what, quant_format_name(q.format), device.to_string());
+      }
+      auto moved = std::make_shared<QuantWeight>(q);
+      TACHYON_ASSIGN_OR_RETURN(moved->packed, tensor(q.packed, what));
+      TACHYON_ASSIGN_OR_RETURN(moved->scales, tensor(q.scales, what));
+      TACHYON_ASSIGN_OR_RETURN(moved->zeros, tensor(q.zeros, what));
+      Weight o;
+      o.quant = std::move(moved);
+      return o;
     }
     Weight o;
     TACHYON_ASSIGN_OR_RETURN(o.dense, tensor(w.dense, what));

@@ -26,7 +26,9 @@
 #include "kv/kv_cache.h"
 #include "model/forward_batch.h"
 #include "model/model_loader.h"
+#include "model/quantize_model.h"
 #include "model/quantize_weights.h"
+#include "model/quantized_checkpoint.h"
 #include "ops/cuda/launch.h"
 #include "quant/quantize.h"
 #include "ops/ops.h"
@@ -477,6 +479,44 @@ TEST(GpuModel, Int4GreedyEqualsTheCpuInt4Path) {
     std::printf("int4 greedy agreement with the CPU over 32 tokens (\"%s\"): %zu\n", text, agree);
     // Prompts of more than 8 tokens run through the bf16 expansion (the CPU keeps f32): a
     // near-tie may flip late; the start must agree.
+    EXPECT_GE(agree, 16u) << text;
+  }
+}
+
+// A checkpoint already quantized (AutoAWQ GEMM layout, int4 g128 with a calibrated AWQ search) runs
+// on the GPU packed as loaded: the weights reach the device as int4, and greedy decoding agrees
+// with the same checkpoint on the CPU.
+TEST(GpuModel, AwqCheckpointRunsPackedAndAgreesWithTheCpu) {
+  TACHYON_START_GPU();
+  LoadedModel original = load(testing::source_dir() + "/models/tachyon-demo", Device::cpu());
+  std::vector<int32_t> calib = original.tokenizer->encode(
+      "Once upon a time there was a little girl who lived in a village near the forest. Whenever she went out, "
+      "the little girl wore a red riding cloak, so everyone in the village called her Little Red Riding Hood.");
+  QuantizeModelOptions o;
+  o.method = QuantMethod::kAwqInt4;
+  o.group_size = 128;
+  o.sequence_length = 64;
+  o.grid = 5;
+  auto q = quantize_model(*original.model, calib, o);
+  ASSERT_TRUE(q.ok()) << q.status().to_string();
+  const std::string out = testing::scratch_dir("gpu_awq") + "/out";
+  auto saved = save_quantized_checkpoint({original.path, out, CheckpointQuantMethod::kAwqGemm},
+                                         original.model->config(), q->weights);
+  ASSERT_TRUE(saved.ok()) << saved.status().to_string();
+  LoadedModel cpu = load(out, Device::cpu());
+  LoadedModel gpu = load(out, kGpu);
+  const Weight& gate = gpu.model->weights().layers[0].gate_proj;
+  ASSERT_TRUE(gate.quant != nullptr && gate.quant->format == QuantFormat::kInt4Group && gate.quant->group_size == 128);
+  EXPECT_EQ(gate.quant->packed.device(), kGpu);
+  for (const char* text : {"Once upon a time", "The little dog ran to the park and"}) {
+    const std::vector<int32_t> prompt = cpu.tokenizer->encode(text);
+    const auto expected = testing::greedy_ids(*cpu.model, prompt, 32);
+    const auto got = testing::greedy_ids(*gpu.model, prompt, 32, DType::kF32);
+    size_t agree = 0;
+    while (agree < got.size() && agree < expected.size() && got[agree] == expected[agree]) ++agree;
+    std::printf("AWQ checkpoint greedy agreement GPU vs CPU over 32 tokens (\"%s\"): %zu\n", text, agree);
+    // The GPU's tensor-core GEMM rounds activations to bf16 (the CPU keeps f32): a near-tie may
+    // flip late; the start must agree.
     EXPECT_GE(agree, 16u) << text;
   }
 }
