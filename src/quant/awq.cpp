@@ -12,22 +12,6 @@ namespace tachyon {
 
 namespace {
 
-// Row o of w [out, in] (f32/f16/bf16, unit column stride) as f32 into `row`.
-void load_row(const Tensor& w, int64_t o, float* row) {
-  const int64_t in = w.size(1);
-  const char* base = static_cast<const char*>(w.raw_data()) + o * w.stride(0) * static_cast<int64_t>(dtype_size(w.dtype()));
-  switch (w.dtype()) {
-    case DType::kF32: std::copy_n(reinterpret_cast<const float*>(base), in, row); break;
-    case DType::kBF16:
-      for (int64_t i = 0; i < in; ++i) row[i] = bf16_to_f32(reinterpret_cast<const uint16_t*>(base)[i]);
-      break;
-    case DType::kF16:
-      for (int64_t i = 0; i < in; ++i) row[i] = f16_to_f32(reinterpret_cast<const uint16_t*>(base)[i]);
-      break;
-    default: TACHYON_CHECK(false, "AWQ: {} weights", dtype_name(w.dtype()));
-  }
-}
-
 void check_weight(const Tensor& w, const char* what) {
   TACHYON_CHECK(w.dim() == 2 && (w.size(1) <= 1 || w.stride(1) == 1) && w.device().is_cpu(), "{}: weight {}", what,
                 w.shape_string());
@@ -61,7 +45,7 @@ Tensor scale_weight(const Tensor& w, std::span<const float> column_scales, std::
   parallel_for(out, 16, [&](int64_t begin, int64_t end) {
     for (int64_t o = begin; o < end; ++o) {
       float* dst = r.data<float>() + o * in;
-      load_row(w, o, dst);
+      load_row_f32(w, o, dst);
       const float row = row_scales.empty() ? 1.0f : row_scales[static_cast<size_t>(o)];
       for (int64_t i = 0; i < in; ++i) {
         dst[i] = dst[i] * (column_scales.empty() ? 1.0f : column_scales[static_cast<size_t>(i)]) * row;
@@ -90,7 +74,7 @@ Result<Tensor> awq_fake_quantize(const Tensor& w, std::span<const float> s, int 
   parallel_for(out, 16, [&](int64_t begin, int64_t end) {
     for (int64_t o = begin; o < end; ++o) {
       float* v = d.data<float>() + o * in;  // the scaled row, then its rounded values in place
-      load_row(w, o, v);
+      load_row_f32(w, o, v);
       for (int64_t i = 0; i < in; ++i) v[i] *= s[static_cast<size_t>(i)];
       for (int64_t g0 = 0; g0 < in; g0 += group) {
         float lo = 0.0f, hi = 0.0f;

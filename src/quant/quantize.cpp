@@ -32,20 +32,17 @@ Status check_dense(const Tensor& w, const char* what) {
   return Status::Ok();
 }
 
-// Row o of w as f32.
-void load_row(const Tensor& w, int64_t o, float* row) {
-  const int64_t in = w.size(1);
-  const char* base = static_cast<const char*>(w.raw_data()) + o * w.stride(0) * static_cast<int64_t>(dtype_size(w.dtype()));
-  switch (w.dtype()) {
-    case DType::kF32: std::copy_n(reinterpret_cast<const float*>(base), in, row); break;
-    case DType::kBF16:
-      for (int64_t i = 0; i < in; ++i) row[i] = bf16_to_f32(reinterpret_cast<const uint16_t*>(base)[i]);
-      break;
-    case DType::kF16:
-      for (int64_t i = 0; i < in; ++i) row[i] = f16_to_f32(reinterpret_cast<const uint16_t*>(base)[i]);
-      break;
-    default: TACHYON_CHECK(false, "load_row: {}", dtype_name(w.dtype()));
-  }
+// A kInt4Group weight with zeroed codes and unset scales and zeros.
+QuantWeight empty_int4(int64_t out, int64_t in, int group) {
+  QuantWeight q;
+  q.format = QuantFormat::kInt4Group;
+  q.out_features = out;
+  q.in_features = in;
+  q.group_size = group;
+  q.packed = Tensor::zeros({out, in / 2}, DType::kU8);
+  q.scales = Tensor::empty({out, in / group}, DType::kF32);
+  q.zeros = Tensor::empty({out, in / group}, DType::kF32);
+  return q;
 }
 
 // The smallest f16 value >= x (x >= 0 and finite); Inf when x is beyond f16's range.
@@ -60,6 +57,21 @@ inline int64_t int4_byte(int64_t k) { return (k / kInt4Block) * (kInt4Block / 2)
 inline int int4_shift(int64_t k) { return (k % kInt4Block) < kInt4Block / 2 ? 0 : 4; }
 
 }  // namespace
+
+void load_row_f32(const Tensor& w, int64_t o, float* row) {
+  const int64_t in = w.size(1);
+  const char* base = static_cast<const char*>(w.raw_data()) + o * w.stride(0) * static_cast<int64_t>(dtype_size(w.dtype()));
+  switch (w.dtype()) {
+    case DType::kF32: std::copy_n(reinterpret_cast<const float*>(base), in, row); break;
+    case DType::kBF16:
+      for (int64_t i = 0; i < in; ++i) row[i] = bf16_to_f32(reinterpret_cast<const uint16_t*>(base)[i]);
+      break;
+    case DType::kF16:
+      for (int64_t i = 0; i < in; ++i) row[i] = f16_to_f32(reinterpret_cast<const uint16_t*>(base)[i]);
+      break;
+    default: TACHYON_CHECK(false, "load_row_f32: {}", dtype_name(w.dtype()));
+  }
+}
 
 Int4GroupParams int4_group_params(float lo, float hi, Int4Scales scales) {
   Int4GroupParams p;
@@ -81,7 +93,7 @@ Result<QuantWeight> quantize_int8_channel(const Tensor& w_dense) {
   q.scales = Tensor::empty({out}, DType::kF32);
   std::vector<float> row(static_cast<size_t>(in));
   for (int64_t o = 0; o < out; ++o) {
-    load_row(w_dense, o, row.data());
+    load_row_f32(w_dense, o, row.data());
     float max_abs = 0.0f;
     for (float v : row) {
       if (!std::isfinite(v)) {
@@ -116,17 +128,10 @@ Result<QuantWeight> quantize_int4_group(const Tensor& w_dense, int group, Int4Sc
                       w_dense.shape_string(), group);
   }
   const int64_t groups = in / group;
-  QuantWeight q;
-  q.format = QuantFormat::kInt4Group;
-  q.out_features = out;
-  q.in_features = in;
-  q.group_size = group;
-  q.packed = Tensor::zeros({out, in / 2}, DType::kU8);
-  q.scales = Tensor::empty({out, groups}, DType::kF32);
-  q.zeros = Tensor::empty({out, groups}, DType::kF32);
+  QuantWeight q = empty_int4(out, in, group);
   std::vector<float> row(static_cast<size_t>(in));
   for (int64_t o = 0; o < out; ++o) {
-    load_row(w_dense, o, row.data());
+    load_row_f32(w_dense, o, row.data());
     uint8_t* dst = q.packed.data<uint8_t>() + o * (in / 2);
     for (int64_t g = 0; g < groups; ++g) {
       const float* w = row.data() + g * group;
@@ -275,17 +280,6 @@ Status check_int4_geometry(int64_t out, int64_t in, int group) {
   return Status::Ok();
 }
 
-QuantWeight empty_int4(int64_t out, int64_t in, int group) {
-  QuantWeight q;
-  q.format = QuantFormat::kInt4Group;
-  q.out_features = out;
-  q.in_features = in;
-  q.group_size = group;
-  q.packed = Tensor::zeros({out, in / 2}, DType::kU8);
-  q.scales = Tensor::empty({out, in / group}, DType::kF32);
-  q.zeros = Tensor::empty({out, in / group}, DType::kF32);
-  return q;
-}
 
 inline uint32_t nibble(uint32_t word, int i) { return (word >> (4 * i)) & 0xfu; }
 

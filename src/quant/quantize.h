@@ -51,6 +51,10 @@ inline float int4_code(float w, const Int4GroupParams& p) {
   return std::clamp(std::nearbyint(w * p.inv_scale) + p.zero, 0.0f, 15.0f);
 }
 
+// Row o of a dense weight [out, in] (f32/f16/bf16 on the host, unit column stride) as f32 into
+// row[0, in): what the quantizers read.
+void load_row_f32(const Tensor& w, int64_t o, float* row);
+
 // The weight a packed one stands for: [out, in] f32. Only kInt8Channel and kInt4Group (an
 // internal invariant: callers dispatch on the format first).
 Tensor dequantize(const QuantWeight& w);

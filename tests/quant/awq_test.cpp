@@ -20,6 +20,7 @@
 #include "model/quantize_model.h"
 #include "quant/awq.h"
 #include "quant/quantize.h"
+#include "quant_test_util.h"
 #include "test_util.h"
 
 namespace tachyon {
@@ -192,24 +193,7 @@ void inject_outliers(ModelWeights& w, const std::vector<int64_t>& channels, floa
   }
 }
 
-Tensor prompt_logits(const LlamaModel& model, std::span<const int32_t> tokens) {
-  const ModelConfig& c = model.config();
-  KvCacheConfig kv;
-  kv.num_layers = c.num_layers;
-  kv.num_kv_heads = c.num_kv_heads;
-  kv.head_dim = c.head_dim;
-  kv.num_blocks = static_cast<int>(tokens.size() + 15) / 16 + 1;
-  auto cache = KvCache::create(kv);
-  EXPECT_TRUE(cache.ok());
-  BlockManager blocks({kv.num_blocks, kv.block_size, false});
-  BlockTable table(kv.block_size);
-  EXPECT_TRUE(blocks.grow_to(table, static_cast<int>(tokens.size())).ok());
-  ForwardBatch batch = build_forward_batch({SequenceChunk{&table, 0, tokens, LogitsWanted::kAll, {}}});
-  Tensor logits;
-  const Status s = model.forward(batch, *cache, logits);
-  EXPECT_TRUE(s.ok()) << s.to_string();
-  return logits;
-}
+using testing::prompt_logits;
 
 double relative_difference(const Tensor& reference, const Tensor& got) {
   double diff = 0.0, norm = 0.0;

@@ -28,6 +28,7 @@
 #include "model/quantize_weights.h"
 #include "model/quantized_checkpoint.h"
 #include "quant/quantize.h"
+#include "quant_test_util.h"
 #include "test_util.h"
 
 namespace tachyon {
@@ -217,24 +218,7 @@ Result<LoadedModel> load(const std::string& path) {
   return load_model(o);
 }
 
-Tensor prompt_logits(const LlamaModel& model, std::span<const int32_t> tokens) {
-  const ModelConfig& c = model.config();
-  KvCacheConfig kv;
-  kv.num_layers = c.num_layers;
-  kv.num_kv_heads = c.num_kv_heads;
-  kv.head_dim = c.head_dim;
-  kv.num_blocks = static_cast<int>(tokens.size() + 15) / 16 + 1;
-  auto cache = KvCache::create(kv);
-  EXPECT_TRUE(cache.ok());
-  BlockManager blocks({kv.num_blocks, kv.block_size, false});
-  BlockTable table(kv.block_size);
-  EXPECT_TRUE(blocks.grow_to(table, static_cast<int>(tokens.size())).ok());
-  ForwardBatch batch = build_forward_batch({SequenceChunk{&table, 0, tokens, LogitsWanted::kAll, {}}});
-  Tensor logits;
-  const Status s = model.forward(batch, *cache, logits);
-  EXPECT_TRUE(s.ok()) << s.to_string();
-  return logits;
-}
+using testing::prompt_logits;
 
 const Weight& module_weight(const LayerWeights& l, size_t m) {
   const Weight* w[] = {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj, &l.up_proj, &l.down_proj};

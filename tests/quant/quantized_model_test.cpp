@@ -15,6 +15,7 @@
 #include "model/forward_batch.h"
 #include "model/model_loader.h"
 #include "model/quantize_weights.h"
+#include "quant_test_util.h"
 #include "test_util.h"
 
 namespace tachyon {
@@ -38,26 +39,7 @@ std::unique_ptr<LlamaModel> quantized(const LlamaModel& model, const QuantSpec& 
   return std::make_unique<LlamaModel>(model.config(), std::move(w));
 }
 
-// Logits [tokens.size(), vocab] of one sequence in one forward.
-Tensor prompt_logits(const LlamaModel& model, std::span<const int32_t> tokens) {
-  const ModelConfig& c = model.config();
-  KvCacheConfig kv;
-  kv.num_layers = c.num_layers;
-  kv.num_kv_heads = c.num_kv_heads;
-  kv.head_dim = c.head_dim;
-  kv.block_size = 16;
-  kv.num_blocks = static_cast<int>(tokens.size() + 15) / 16 + 1;
-  auto cache = KvCache::create(kv);
-  EXPECT_TRUE(cache.ok());
-  BlockManager blocks({kv.num_blocks, kv.block_size, false});
-  BlockTable table(kv.block_size);
-  EXPECT_TRUE(blocks.grow_to(table, static_cast<int>(tokens.size())).ok());
-  ForwardBatch batch = build_forward_batch({SequenceChunk{&table, 0, tokens, LogitsWanted::kAll}});
-  Tensor logits;
-  const Status s = model.forward(batch, *cache, logits);
-  EXPECT_TRUE(s.ok()) << s.to_string();
-  return logits;
-}
+using testing::prompt_logits;
 
 // Mean over positions of -log p(tokens[i + 1] | tokens[..i]).
 double mean_nll(const Tensor& logits, std::span<const int32_t> tokens) {
