@@ -28,9 +28,20 @@ constexpr int kBlock = 32;             // weights per 16-byte load
 constexpr int64_t kStep = 32 * kBlock;  // columns one warp covers with one load per lane
 
 struct Int4GemvParams {
-  LinearArgs a;    // u8 (kInt4Group) weights: cuda_types.h
+  const float* x;  // [n, in] f32
+  int64_t x_stride;
+  const uint8_t* w;  // [out, in / 2] packed, rows w_stride bytes apart
+  int64_t w_stride;
+  const float* scales;  // [out, in / group]
+  const float* zeros;   // [out, in / group]
+  int group;
+  const void* bias;
+  DType bias_dtype;
+  float* y;
+  int64_t y_stride;
   float* partial;  // [splits, n, out] when splits > 1
-  int64_t chunk;   // multiple of kStep
+  int64_t n, in, out;
+  int64_t chunk;  // multiple of kStep
   int splits;
   bool x_vec;  // x rows 16-byte aligned
 };
@@ -70,7 +81,7 @@ __device__ __forceinline__ void load_x(const Int4GemvParams& p, int64_t col, flo
   constexpr int C = Int4Tile<NT>::kCols;
 #pragma unroll
   for (int t = 0; t < NT; ++t) {
-    const float* xt = p.a.x + (t < p.a.n ? t : p.a.n - 1) * p.a.x_stride + col;  // past n: never stored
+    const float* xt = p.x + (t < p.n ? t : p.n - 1) * p.x_stride + col;  // past n: never stored
     if (p.x_vec) {
 #pragma unroll
       for (int j = 0; j < C; j += 4) {
@@ -135,15 +146,15 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_int4_kernel(const Int4GemvP
   constexpr int U = Int4Tile<NT>::kSteps;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * ROWS;
-  if (row0 >= p.a.out) return;  // no block-wide synchronisation below
+  if (row0 >= p.out) return;  // no block-wide synchronisation below
   const int split = blockIdx.y;
   const int64_t k_begin = split * p.chunk;
-  const int64_t k_end = min64(p.a.in, k_begin + p.chunk);
-  const int64_t groups = p.a.in / p.a.w_group;
+  const int64_t k_end = min64(p.in, k_begin + p.chunk);
+  const int64_t groups = p.in / p.group;
 
   int64_t rows[ROWS];
 #pragma unroll
-  for (int r = 0; r < ROWS; ++r) rows[r] = min64(row0 + r, p.a.out - 1);  // clamped: rows past out are not stored
+  for (int r = 0; r < ROWS; ++r) rows[r] = min64(row0 + r, p.out - 1);  // clamped: rows past out are not stored
 
   float acc[ROWS][NT];
 #pragma unroll
@@ -161,12 +172,12 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_int4_kernel(const Int4GemvP
     for (int u = 0; u < U; ++u) {
       const int64_t col = k + u * kStep;
 #pragma unroll
-      for (int r = 0; r < ROWS; ++r) raw[u][r] = load_stream_16(static_cast<const uint8_t*>(p.a.w) + rows[r] * p.a.w_stride + col / 2);
+      for (int r = 0; r < ROWS; ++r) raw[u][r] = load_stream_16(p.w + rows[r] * p.w_stride + col / 2);
 #pragma unroll
       for (int r = 0; r < ROWS; ++r) {
-        const int64_t sg = rows[r] * groups + col / p.a.w_group;
-        scale[u][r] = __ldg(p.a.w_scales + sg);
-        magic_zero[u][r] = 8388608.0f + __ldg(p.a.w_zeros + sg);
+        const int64_t sg = rows[r] * groups + col / p.group;
+        scale[u][r] = __ldg(p.scales + sg);
+        magic_zero[u][r] = 8388608.0f + __ldg(p.zeros + sg);
       }
     }
 #pragma unroll
@@ -177,10 +188,10 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_int4_kernel(const Int4GemvP
     float scale[ROWS], magic_zero[ROWS];
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
-      raw[r] = load_stream_16(static_cast<const uint8_t*>(p.a.w) + rows[r] * p.a.w_stride + k / 2);
-      const int64_t sg = rows[r] * groups + k / p.a.w_group;
-      scale[r] = __ldg(p.a.w_scales + sg);
-      magic_zero[r] = 8388608.0f + __ldg(p.a.w_zeros + sg);
+      raw[r] = load_stream_16(p.w + rows[r] * p.w_stride + k / 2);
+      const int64_t sg = rows[r] * groups + k / p.group;
+      scale[r] = __ldg(p.scales + sg);
+      magic_zero[r] = 8388608.0f + __ldg(p.zeros + sg);
     }
     int4_block<ROWS, NT>(p, raw, scale, magic_zero, k, acc);
   }
@@ -193,11 +204,11 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_int4_kernel(const Int4GemvP
     for (int t = 0; t < NT; ++t) {
       const float sum = warp_sum(acc[r][t]);
       const int64_t row = row0 + r;
-      if (lane == (r * NT + t) % 32 && row < p.a.out && t < p.a.n) {
+      if (lane == (r * NT + t) % 32 && row < p.out && t < p.n) {
         if (p.splits == 1) {
-          p.a.y[t * p.a.y_stride + row] = sum + (p.a.bias != nullptr ? load_as_f32(p.a.bias, p.a.bias_dtype, row) : 0.0f);
+          p.y[t * p.y_stride + row] = sum + (p.bias != nullptr ? load_as_f32(p.bias, p.bias_dtype, row) : 0.0f);
         } else {
-          p.partial[(static_cast<int64_t>(split) * p.a.n + t) * p.a.out + row] = sum;
+          p.partial[(static_cast<int64_t>(split) * p.n + t) * p.out + row] = sum;
         }
       }
     }
@@ -207,7 +218,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_int4_kernel(const Int4GemvP
 template <int NT>
 cudaError_t launch_int4_bucket(const Int4GemvParams& p, Stream stream) {
   const int64_t rows_per_block = static_cast<int64_t>(kWarps) * Int4Tile<NT>::kRows;
-  const dim3 grid(static_cast<unsigned>((p.a.out + rows_per_block - 1) / rows_per_block),
+  const dim3 grid(static_cast<unsigned>((p.out + rows_per_block - 1) / rows_per_block),
                   static_cast<unsigned>(p.splits));
   gemv_int4_kernel<NT><<<grid, kGemvThreads, 0, stream>>>(p);
   return cudaGetLastError();
@@ -232,11 +243,19 @@ int int4_rows_per_warp(int64_t n) {
 constexpr int kMmaI4Warps = 4;
 
 struct MmaGemmI4Params {
-  LinearArgs a;        // u8 (kInt4Group, group 128) weights: cuda_types.h
-  const uint16_t* x;   // [n, x_stride] bf16: a.x rounded
+  const uint16_t* x;  // [n, x_stride] bf16
   int64_t x_stride;
+  const uint8_t* w;  // [out, in / 2], rows w_stride bytes apart
+  int64_t w_stride;
+  const float* scales;  // [out, in / 128]
+  const float* zeros;
+  const void* bias;
+  DType bias_dtype;
+  float* y;
+  int64_t y_stride;
   float* partial;  // [splits, n, out] when splits > 1
-  int64_t chunk;   // multiple of 128
+  int64_t n, in, out;
+  int64_t chunk;  // multiple of 128
   int splits;
 };
 
@@ -254,17 +273,17 @@ __global__ void __launch_bounds__(kMmaI4Warps * 32) gemm_mma_i4_kernel(const Mma
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kMmaI4Warps + warp) * 16;
-  if (row0 >= p.a.out) return;  // no block-wide synchronisation
+  if (row0 >= p.out) return;  // no block-wide synchronisation
   const int split = blockIdx.y;
   const int64_t k_begin = split * p.chunk;
-  const int64_t k_end = min64(p.a.in, k_begin + p.chunk);
-  const int64_t groups = p.a.in / 128;
-  const int64_t ra = min64(row0 + g, p.a.out - 1), rb = min64(row0 + g + 8, p.a.out - 1);  // past out: never stored
-  const uint8_t* w0 = static_cast<const uint8_t*>(p.a.w) + ra * p.a.w_stride + 16 * t;
-  const uint8_t* w1 = static_cast<const uint8_t*>(p.a.w) + rb * p.a.w_stride + 16 * t;
+  const int64_t k_end = min64(p.in, k_begin + p.chunk);
+  const int64_t groups = p.in / 128;
+  const int64_t ra = min64(row0 + g, p.out - 1), rb = min64(row0 + g + 8, p.out - 1);  // past out: never stored
+  const uint8_t* w0 = p.w + ra * p.w_stride + 16 * t;
+  const uint8_t* w1 = p.w + rb * p.w_stride + 16 * t;
   const uint16_t* xr[NT];
 #pragma unroll
-  for (int j = 0; j < NT; ++j) xr[j] = p.x + min64(8 * j + g, p.a.n - 1) * p.x_stride + 32 * t;  // past n: never stored
+  for (int j = 0; j < NT; ++j) xr[j] = p.x + min64(8 * j + g, p.n - 1) * p.x_stride + 32 * t;  // past n: never stored
 
   float acc[NT][4];
 #pragma unroll
@@ -272,9 +291,9 @@ __global__ void __launch_bounds__(kMmaI4Warps * 32) gemm_mma_i4_kernel(const Mma
 
   const auto chunk128 = [&](const uint4& wa, const uint4& wb, int64_t k) {
     const int64_t grp = k / 128;
-    const float sa = __ldg(p.a.w_scales + ra * groups + grp), sb = __ldg(p.a.w_scales + rb * groups + grp);
-    const __nv_bfloat162 za = __float2bfloat162_rn(128.0f + __ldg(p.a.w_zeros + ra * groups + grp));
-    const __nv_bfloat162 zb = __float2bfloat162_rn(128.0f + __ldg(p.a.w_zeros + rb * groups + grp));
+    const float sa = __ldg(p.scales + ra * groups + grp), sb = __ldg(p.scales + rb * groups + grp);
+    const __nv_bfloat162 za = __float2bfloat162_rn(128.0f + __ldg(p.zeros + ra * groups + grp));
+    const __nv_bfloat162 zb = __float2bfloat162_rn(128.0f + __ldg(p.zeros + rb * groups + grp));
     const uint32_t wa_words[4] = {wa.x, wa.y, wa.z, wa.w}, wb_words[4] = {wb.x, wb.y, wb.z, wb.w};
     float part[NT][4];
 #pragma unroll
@@ -322,7 +341,7 @@ __global__ void __launch_bounds__(kMmaI4Warps * 32) gemm_mma_i4_kernel(const Mma
     for (int u = 0; u < U; ++u) chunk128(wa[u], wb[u], k + 128 * u);
   }
   for (; k < k_end; k += 128) chunk128(load_stream_16(w0 + k / 2), load_stream_16(w1 + k / 2), k);
-  store_mma_tile<NT>(acc, row0, g, t, split, p.a.n, p.a.out, p.splits, p.a.bias, p.a.bias_dtype, nullptr, p.a.y, p.a.y_stride,
+  store_mma_tile<NT>(acc, row0, g, t, split, p.n, p.out, p.splits, p.bias, p.bias_dtype, nullptr, p.y, p.y_stride,
                      p.partial);
 #else
   __trap();
@@ -335,7 +354,7 @@ constexpr int mma_i4_unroll(int64_t n) { return n <= 8 ? 4 : 2; }
 template <int NT>
 cudaError_t launch_gemm_mma_i4_nt(const MmaGemmI4Params& p, Stream stream) {
   constexpr int U = mma_i4_unroll(8 * NT);  // 16-byte weight loads in flight per row and lane
-  const int64_t row_tiles = (p.a.out + 15) / 16;
+  const int64_t row_tiles = (p.out + 15) / 16;
   const dim3 grid(static_cast<unsigned>((row_tiles + kMmaI4Warps - 1) / kMmaI4Warps), static_cast<unsigned>(p.splits));
   gemm_mma_i4_kernel<NT, U><<<grid, kMmaI4Warps * 32, 0, stream>>>(p);
   return cudaGetLastError();
@@ -395,17 +414,50 @@ GemvShape plan_gemm_mma_int4(const LinearArgs& a, int sm_count) {
 
 cudaError_t launch_gemm_mma_int4(const LinearArgs& a, const uint16_t* x16, int64_t x_stride, const GemvShape& shape,
                                  float* partial, Stream stream) {
-  const MmaGemmI4Params q{a, x16, x_stride, partial, shape.chunk, shape.splits};
-  cudaError_t e = a.n <= 8    ? launch_gemm_mma_i4_nt<1>(q, stream)
-                  : a.n <= 16 ? launch_gemm_mma_i4_nt<2>(q, stream)
+  MmaGemmI4Params q;
+  q.x = x16;
+  q.x_stride = x_stride;
+  q.w = static_cast<const uint8_t*>(a.w);
+  q.w_stride = a.w_stride;
+  q.scales = a.w_scales;
+  q.zeros = a.w_zeros;
+  q.bias = a.bias;
+  q.bias_dtype = a.bias_dtype;
+  q.y = a.y;
+  q.y_stride = a.y_stride;
+  q.partial = partial;
+  q.n = a.n;
+  q.in = a.in;
+  q.out = a.out;
+  q.chunk = shape.chunk;
+  q.splits = shape.splits;
+  cudaError_t e = q.n <= 8    ? launch_gemm_mma_i4_nt<1>(q, stream)
+                  : q.n <= 16 ? launch_gemm_mma_i4_nt<2>(q, stream)
                               : launch_gemm_mma_i4_nt<4>(q, stream);
   if (e != cudaSuccess || shape.splits == 1) return e;
   return launch_gemv_reduce(partial, shape.splits, a.n, a.out, a.bias, a.bias_dtype, nullptr, a.y, a.y_stride, stream);
 }
 
 cudaError_t launch_gemv_int4(const LinearArgs& a, const GemvShape& shape, float* partial, Stream stream) {
-  const bool x_vec = (reinterpret_cast<uintptr_t>(a.x) & 15u) == 0 && a.x_stride % 4 == 0;
-  const Int4GemvParams p{a, partial, shape.chunk, shape.splits, x_vec};
+  Int4GemvParams p;
+  p.x = a.x;
+  p.x_stride = a.x_stride;
+  p.w = static_cast<const uint8_t*>(a.w);
+  p.w_stride = a.w_stride;
+  p.scales = a.w_scales;
+  p.zeros = a.w_zeros;
+  p.group = a.w_group;
+  p.bias = a.bias;
+  p.bias_dtype = a.bias_dtype;
+  p.y = a.y;
+  p.y_stride = a.y_stride;
+  p.partial = partial;
+  p.n = a.n;
+  p.in = a.in;
+  p.out = a.out;
+  p.chunk = shape.chunk;
+  p.splits = shape.splits;
+  p.x_vec = (reinterpret_cast<uintptr_t>(a.x) & 15u) == 0 && a.x_stride % 4 == 0;
   cudaError_t e = a.n <= 1   ? launch_int4_bucket<1>(p, stream)
                   : a.n <= 2 ? launch_int4_bucket<2>(p, stream)
                   : a.n <= 4 ? launch_int4_bucket<4>(p, stream)
