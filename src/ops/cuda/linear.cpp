@@ -325,33 +325,24 @@ Status linear(LinearContext& context, const LinearArgs& a, Stream stream, Linear
   // cuBLASLt.
   const bool epilogue_bias = a.bias != nullptr && a.bias_dtype == DType::kF32;
   const float* bias = epilogue_bias ? static_cast<const float*>(a.bias) : nullptr;
-  if (int4) {
-    // As for int8 below: expanded to bf16 once for this call (0.5 byte read, 2 written and 2 read
-    // per weight), where many tokens share it.
-    TACHYON_RETURN_IF_ERROR(ctx.grow(ctx.dequantized, static_cast<size_t>(a.out * ld) * 2, "dequantized weight"));
-    TACHYON_CUDA_RETURN_IF_ERROR(detail::launch_dequantize_int4_groups(
-        static_cast<const uint8_t*>(a.w), a.w_stride, a.w_scales, a.w_zeros, a.w_group, a.out, a.in,
-        ctx.dequantized.as<uint16_t>(), ld, stream));
-    TACHYON_RETURN_IF_ERROR(ctx.grow(ctx.activations, static_cast<size_t>(a.n * ld) * 2, "activations"));
-    TACHYON_CUDA_RETURN_IF_ERROR(detail::launch_convert_rows(a.x, a.x_stride, a.n, a.in, ctx.activations.data(),
-                                                             DType::kBF16, ld, stream));
-    log_path_once("cuda linear: int4 weight expanded to bf16, cuBLASLt bf16 x bf16 -> f32");
-    TACHYON_RETURN_IF_ERROR(ctx.matmul(ctx.activations.data(), ld, ctx.dequantized.data(), ld, DType::kBF16, bias,
-                                       a.y, a.y_stride, a.n, a.in, a.out, stream));
-  } else if (a.w_dtype == DType::kI8) {
+  if (int4 || a.w_dtype == DType::kI8) {
     // Many tokens share the weight: expand it to bf16 once for this call and multiply on tensor
-    // cores. The expansion reads 1 byte and writes 2 per weight, so this path costs more than a
-    // bf16 weight would; the int8 GEMV above is where int8 pays (few tokens, bound by bytes read).
+    // cores. The expansion reads 1 byte (int8) or half a byte (int4) and writes 2 per weight, so
+    // this path costs more than a bf16 weight would; the kernels above are where quantized
+    // weights pay (few tokens, bound by bytes read).
     TACHYON_RETURN_IF_ERROR(ctx.grow(ctx.dequantized, static_cast<size_t>(a.out * ld) * 2, "dequantized weight"));
-    TACHYON_CUDA_RETURN_IF_ERROR(detail::launch_dequantize_int8_rows(static_cast<const int8_t*>(a.w), a.w_stride,
-                                                                     a.w_scales, a.out, a.in,
-                                                                     ctx.dequantized.as<uint16_t>(), ld, stream));
+    uint16_t* expanded = ctx.dequantized.as<uint16_t>();
+    TACHYON_CUDA_RETURN_IF_ERROR(
+        int4 ? detail::launch_dequantize_int4_groups(static_cast<const uint8_t*>(a.w), a.w_stride, a.w_scales,
+                                                     a.w_zeros, a.w_group, a.out, a.in, expanded, ld, stream)
+             : detail::launch_dequantize_int8_rows(static_cast<const int8_t*>(a.w), a.w_stride, a.w_scales, a.out,
+                                                   a.in, expanded, ld, stream));
     TACHYON_RETURN_IF_ERROR(ctx.grow(ctx.activations, static_cast<size_t>(a.n * ld) * 2, "activations"));
     TACHYON_CUDA_RETURN_IF_ERROR(detail::launch_convert_rows(a.x, a.x_stride, a.n, a.in, ctx.activations.data(),
                                                              DType::kBF16, ld, stream));
-    log_path_once("cuda linear: int8 weight expanded to bf16, cuBLASLt bf16 x bf16 -> f32");
-    TACHYON_RETURN_IF_ERROR(ctx.matmul(ctx.activations.data(), ld, ctx.dequantized.data(), ld, DType::kBF16, bias,
-                                       a.y, a.y_stride, a.n, a.in, a.out, stream));
+    log_path_once("cuda linear: {} weight expanded to bf16, cuBLASLt bf16 x bf16 -> f32", int4 ? "int4" : "int8");
+    TACHYON_RETURN_IF_ERROR(ctx.matmul(ctx.activations.data(), ld, expanded, ld, DType::kBF16, bias, a.y,
+                                       a.y_stride, a.n, a.in, a.out, stream));
   } else if (a.w_dtype == DType::kF32) {
     log_path_once("cuda linear: cuBLASLt f32 x f32 -> f32");
     TACHYON_RETURN_IF_ERROR(ctx.matmul(a.x, a.x_stride, a.w, a.w_stride, DType::kF32, bias, a.y, a.y_stride, a.n,
