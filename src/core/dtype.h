@@ -1,6 +1,6 @@
-// Element types of dense tensors and the scalar f32 <-> f16/bf16 conversions (round to
-// nearest even, NaN kept NaN, overflow to Inf). Quantized block formats are not DTypes:
-// they live in quant/QuantWeight.
+// Element types of dense tensors and the scalar f32 <-> f16/bf16/f8e4m3 conversions (round to
+// nearest even, NaN kept NaN; f16/bf16 overflow to Inf, f8e4m3 saturates to +-448). Quantized
+// block formats are not DTypes: they live in quant/QuantWeight.
 #pragma once
 
 #include <cstddef>
@@ -11,7 +11,9 @@
 
 namespace tachyon {
 
-enum class DType : uint8_t { kF32, kF16, kBF16, kI8, kU8, kI32, kI64 };
+// kF8E4M3 is OCP FP8 E4M3 ("e4m3fn"): 1 sign, 4 exponent (bias 7), 3 mantissa bits, no
+// infinities, 0x7f / 0xff the only NaNs, largest finite 448.
+enum class DType : uint8_t { kF32, kF16, kBF16, kI8, kU8, kI32, kI64, kF8E4M3 };
 
 size_t dtype_size(DType dtype);
 const char* dtype_name(DType dtype);
@@ -39,5 +41,11 @@ inline uint16_t f32_to_bf16(float f) {
 
 float f16_to_f32(uint16_t h);
 uint16_t f32_to_f16(float f);
+
+// e4m3: exact decoding; encoding rounds to the nearest value (ties to even), saturating to
+// +-448 (finite inputs past it, and +-Inf), NaN to 0x7f.
+float f8e4m3_to_f32(uint8_t b);
+uint8_t f32_to_f8e4m3(float f);
+inline constexpr float kF8E4M3Max = 448.0f;
 
 }  // namespace tachyon

@@ -215,6 +215,7 @@ Tensor Tensor::to_f32() const {
       case DType::kU8: dst[i] = reinterpret_cast<const uint8_t*>(src)[off]; break;
       case DType::kI32: dst[i] = static_cast<float>(reinterpret_cast<const int32_t*>(src)[off]); break;
       case DType::kI64: dst[i] = static_cast<float>(reinterpret_cast<const int64_t*>(src)[off]); break;
+      case DType::kF8E4M3: dst[i] = f8e4m3_to_f32(reinterpret_cast<const uint8_t*>(src)[off]); break;
     }
   });
   return out;

@@ -20,6 +20,7 @@ const char* safetensors_dtype_name(DType dtype) {
     case DType::kU8: return "U8";
     case DType::kI32: return "I32";
     case DType::kI64: return "I64";
+    case DType::kF8E4M3: return "F8_E4M3";
   }
   return "?";
 }
