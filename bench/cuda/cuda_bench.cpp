@@ -7,8 +7,9 @@
 //   gemv       the custom GEMV on Llama-3-8B's decode shapes (bf16 weights) at n = 1, 2, 4, 8, 16 tokens:
 //              GB/s of weight bytes, and as a fraction of the measured copy bandwidth; cuBLASLt
 //              on the same problem beside it
-//   attention  decode attention (Llama-3-8B heads: 32 q / 8 kv, head_dim 128, bf16 cache, blocks
-//              of 16) at batch 1 and 32, context 1k / 4k / 16k: GB/s of K/V bytes read
+//   attention  decode attention (Llama-3-8B heads: 32 q / 8 kv, head_dim 128, bf16 and i8 caches,
+//              blocks of 16) at batch 1 and 32, context 1k / 4k / 16k: GB/s of K/V bytes read
+//              (an i8 cache's scales included)
 //
 // Every kernel is timed with CUDA events over many calls after warm-up, median of 5 repetitions;
 // GEMV and attention calls are captured in a CUDA graph and replayed (no host launch gaps).
@@ -373,6 +374,7 @@ Status bench_int4_gemv(cu::LinearContext& ctx, double copy_gbps, const std::vect
 // ---- attention -------------------------------------------------------------------------------------
 
 struct AttentionRow {
+  DType cache;
   int batch, context, splits;
   bool tensor_cores;
   double us, gbps;
@@ -386,79 +388,99 @@ struct PrefillRow {
 
 Status bench_attention(double copy_gbps, nlohmann::json& out, std::vector<AttentionRow>& rows, const Options& opt) {
   const int64_t heads = 32, kv_heads = 8, head_dim = 128, block_size = 16;
-  const size_t block_bytes = static_cast<size_t>(block_size * kv_heads * head_dim) * 2;  // one of K or V, bf16
   const size_t rotate_bytes = opt.quick ? kGiB / 2 : 2 * kGiB;
   TACHYON_ASSIGN_OR_RETURN(int sms, cu::current_sm_count());
   nlohmann::json list = nlohmann::json::array();
   std::mt19937 rng(11);
-  for (int batch : {1, 32}) {
-    for (int context : {1024, 4096, 16384}) {
-      const int64_t blocks_per_seq = (context + block_size - 1) / block_size;
-      const size_t kv_bytes = static_cast<size_t>(batch) * context * kv_heads * head_dim * 2 * 2;  // K + V read
-      const int layers = static_cast<int>(std::clamp<size_t>((rotate_bytes + kv_bytes - 1) / kv_bytes, 1, 64));
-      const int64_t num_blocks = layers * batch * blocks_per_seq;
-      TACHYON_ASSIGN_OR_RETURN(auto k, cu::DeviceBuffer::allocate(num_blocks * block_bytes, "k cache"));
-      TACHYON_ASSIGN_OR_RETURN(auto v, cu::DeviceBuffer::allocate(num_blocks * block_bytes, "v cache"));
-      TACHYON_RETURN_IF_ERROR(
-          cu::fill_random(k.data(), DType::kBF16, num_blocks * block_bytes / 2, 21, -1.f, 1.f, nullptr));
-      TACHYON_RETURN_IF_ERROR(
-          cu::fill_random(v.data(), DType::kBF16, num_blocks * block_bytes / 2, 22, -1.f, 1.f, nullptr));
-      // Each "layer" owns a shuffled set of blocks, as a paged cache does after a while.
-      std::vector<int32_t> ids(static_cast<size_t>(num_blocks));
-      std::iota(ids.begin(), ids.end(), 0);
-      std::shuffle(ids.begin(), ids.end(), rng);
-      std::vector<int32_t> query_start(batch + 1), context_lens(batch, context);
-      for (int s = 0; s <= batch; ++s) query_start[s] = s;
-      TACHYON_ASSIGN_OR_RETURN(auto d_tables, cu::DeviceBuffer::allocate(ids.size() * 4, "block tables"));
-      TACHYON_ASSIGN_OR_RETURN(auto d_qs, cu::DeviceBuffer::allocate(query_start.size() * 4, "query_start"));
-      TACHYON_ASSIGN_OR_RETURN(auto d_ctx, cu::DeviceBuffer::allocate(context_lens.size() * 4, "context_lens"));
-      TACHYON_RETURN_IF_ERROR(cu::copy_to_device(d_tables.data(), ids.data(), ids.size() * 4));
-      TACHYON_RETURN_IF_ERROR(cu::copy_to_device(d_qs.data(), query_start.data(), query_start.size() * 4));
-      TACHYON_RETURN_IF_ERROR(cu::copy_to_device(d_ctx.data(), context_lens.data(), context_lens.size() * 4));
-      TACHYON_ASSIGN_OR_RETURN(auto q, cu::DeviceBuffer::allocate(batch * heads * head_dim * 4, "q"));
-      TACHYON_ASSIGN_OR_RETURN(auto o, cu::DeviceBuffer::allocate(batch * heads * head_dim * 4, "out"));
-      TACHYON_RETURN_IF_ERROR(cu::fill_random(q.data(), DType::kF32, batch * heads * head_dim, 23, -1.f, 1.f, nullptr));
-      cu::KvCacheView cache;
-      cache.k = k.data();
-      cache.v = v.data();
-      cache.dtype = DType::kBF16;
-      cache.num_blocks = num_blocks;
-      cache.block_size = block_size;
-      cache.num_kv_heads = kv_heads;
-      cache.head_dim = head_dim;
-      cu::AttentionBatch b;
-      b.num_seqs = batch;
-      b.query_start = d_qs.as<int32_t>();
-      b.context_lens = d_ctx.as<int32_t>();
-      b.max_blocks_per_seq = blocks_per_seq;
-      b.max_query_len = 1;
-      b.max_context_len = context;
-      tachyon::AttentionParams params;
-      params.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-      TACHYON_ASSIGN_OR_RETURN(auto planned, cu::plan_paged_attention(b, heads, cache, params, sms));
-      TACHYON_ASSIGN_OR_RETURN(auto ws, cu::DeviceBuffer::allocate(std::max<size_t>(planned.workspace_bytes, 16), "ws"));
-      // The planner's kernel, and the CUDA-core kernel beside it when the planner chose tensor cores.
-      for (bool tensor_cores : {true, false}) {
-        if (tensor_cores && !planned.tensor_cores) continue;
-        cu::AttentionPlan plan = planned;
-        plan.tensor_cores = tensor_cores;
-        auto body = [&](int i, cu::Stream st) {
-          cu::AttentionBatch bl = b;
-          bl.block_tables = d_tables.as<int32_t>() + static_cast<int64_t>(i % layers) * batch * blocks_per_seq;
-          return cu::paged_attention(plan, q.as<float>(), heads * head_dim, head_dim, heads, cache, bl, params,
-                                     o.as<float>(), heads * head_dim, head_dim, ws.data(), ws.bytes(), st);
-        };
-        TACHYON_ASSIGN_OR_RETURN(double ms, time_graph_ms(body, layers, std::max(layers, 40), 5));
-        AttentionRow r{batch, context, plan.num_splits, tensor_cores, ms * 1e3, kv_bytes / (ms * 1e-3) / 1e9};
-        rows.push_back(r);
-        list.push_back({{"batch", batch}, {"context", context}, {"heads", heads}, {"kv_heads", kv_heads},
-                        {"head_dim", head_dim}, {"cache", "bf16"}, {"splits", plan.num_splits},
-                        {"tensor_cores", tensor_cores}, {"kv_bytes", kv_bytes}, {"us", r.us}, {"gbps", r.gbps},
-                        {"fraction_of_copy", r.gbps / copy_gbps}});
-        std::fprintf(stderr,
-                     "attention decode batch %2d ctx %5d (%d splits, %s): %8.2f us %7.1f GB/s (%.0f%% of copy)\n",
-                     batch, context, plan.num_splits, tensor_cores ? "tensor cores" : "CUDA cores", r.us, r.gbps,
-                     100.0 * r.gbps / copy_gbps);
+  for (DType cache_dtype : {DType::kBF16, DType::kI8}) {
+    const bool quantized = cache_dtype == DType::kI8;
+    const size_t elem_bytes = tachyon::dtype_size(cache_dtype);
+    const size_t block_bytes = static_cast<size_t>(block_size * kv_heads * head_dim) * elem_bytes;  // one of K or V
+    // One (token, kv head) row of K or of V as attention reads it: its codes, and its f32 scale.
+    const size_t row_bytes = static_cast<size_t>(head_dim) * elem_bytes + (quantized ? sizeof(float) : 0);
+    for (int batch : {1, 32}) {
+      for (int context : {1024, 4096, 16384}) {
+        const int64_t blocks_per_seq = (context + block_size - 1) / block_size;
+        const size_t kv_bytes = static_cast<size_t>(batch) * context * kv_heads * row_bytes * 2;  // K + V read
+        const int layers = static_cast<int>(std::clamp<size_t>((rotate_bytes + kv_bytes - 1) / kv_bytes, 1, 64));
+        const int64_t num_blocks = layers * batch * blocks_per_seq;
+        TACHYON_ASSIGN_OR_RETURN(auto k, cu::DeviceBuffer::allocate(num_blocks * block_bytes, "k cache"));
+        TACHYON_ASSIGN_OR_RETURN(auto v, cu::DeviceBuffer::allocate(num_blocks * block_bytes, "v cache"));
+        // Random bf16 bits (as i8 codes: random bytes, any of which is a code).
+        TACHYON_RETURN_IF_ERROR(
+            cu::fill_random(k.data(), DType::kBF16, num_blocks * block_bytes / 2, 21, -1.f, 1.f, nullptr));
+        TACHYON_RETURN_IF_ERROR(
+            cu::fill_random(v.data(), DType::kBF16, num_blocks * block_bytes / 2, 22, -1.f, 1.f, nullptr));
+        // i8: scales [num_blocks, block_size, kv_heads] f32 (a DeviceBuffer of 16 bytes otherwise).
+        const int64_t scale_count = quantized ? num_blocks * block_size * kv_heads : 4;
+        TACHYON_ASSIGN_OR_RETURN(auto k_scales, cu::DeviceBuffer::allocate(scale_count * sizeof(float), "k scales"));
+        TACHYON_ASSIGN_OR_RETURN(auto v_scales, cu::DeviceBuffer::allocate(scale_count * sizeof(float), "v scales"));
+        TACHYON_RETURN_IF_ERROR(
+            cu::fill_random(k_scales.data(), DType::kF32, scale_count, 24, 1.f / 508, 1.f / 127, nullptr));
+        TACHYON_RETURN_IF_ERROR(
+            cu::fill_random(v_scales.data(), DType::kF32, scale_count, 25, 1.f / 508, 1.f / 127, nullptr));
+        // Each "layer" owns a shuffled set of blocks, as a paged cache does after a while.
+        std::vector<int32_t> ids(static_cast<size_t>(num_blocks));
+        std::iota(ids.begin(), ids.end(), 0);
+        std::shuffle(ids.begin(), ids.end(), rng);
+        std::vector<int32_t> query_start(batch + 1), context_lens(batch, context);
+        for (int s = 0; s <= batch; ++s) query_start[s] = s;
+        TACHYON_ASSIGN_OR_RETURN(auto d_tables, cu::DeviceBuffer::allocate(ids.size() * 4, "block tables"));
+        TACHYON_ASSIGN_OR_RETURN(auto d_qs, cu::DeviceBuffer::allocate(query_start.size() * 4, "query_start"));
+        TACHYON_ASSIGN_OR_RETURN(auto d_ctx, cu::DeviceBuffer::allocate(context_lens.size() * 4, "context_lens"));
+        TACHYON_RETURN_IF_ERROR(cu::copy_to_device(d_tables.data(), ids.data(), ids.size() * 4));
+        TACHYON_RETURN_IF_ERROR(cu::copy_to_device(d_qs.data(), query_start.data(), query_start.size() * 4));
+        TACHYON_RETURN_IF_ERROR(cu::copy_to_device(d_ctx.data(), context_lens.data(), context_lens.size() * 4));
+        TACHYON_ASSIGN_OR_RETURN(auto q, cu::DeviceBuffer::allocate(batch * heads * head_dim * 4, "q"));
+        TACHYON_ASSIGN_OR_RETURN(auto o, cu::DeviceBuffer::allocate(batch * heads * head_dim * 4, "out"));
+        TACHYON_RETURN_IF_ERROR(cu::fill_random(q.data(), DType::kF32, batch * heads * head_dim, 23, -1.f, 1.f, nullptr));
+        cu::KvCacheView cache;
+        cache.k = k.data();
+        cache.v = v.data();
+        if (quantized) {
+          cache.k_scales = k_scales.as<float>();
+          cache.v_scales = v_scales.as<float>();
+        }
+        cache.dtype = cache_dtype;
+        cache.num_blocks = num_blocks;
+        cache.block_size = block_size;
+        cache.num_kv_heads = kv_heads;
+        cache.head_dim = head_dim;
+        cu::AttentionBatch b;
+        b.num_seqs = batch;
+        b.query_start = d_qs.as<int32_t>();
+        b.context_lens = d_ctx.as<int32_t>();
+        b.max_blocks_per_seq = blocks_per_seq;
+        b.max_query_len = 1;
+        b.max_context_len = context;
+        tachyon::AttentionParams params;
+        params.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+        TACHYON_ASSIGN_OR_RETURN(auto planned, cu::plan_paged_attention(b, heads, cache, params, sms));
+        TACHYON_ASSIGN_OR_RETURN(auto ws, cu::DeviceBuffer::allocate(std::max<size_t>(planned.workspace_bytes, 16), "ws"));
+        // The planner's kernel, and the CUDA-core kernel beside it when the planner chose tensor cores.
+        for (bool tensor_cores : {true, false}) {
+          if (tensor_cores && !planned.tensor_cores) continue;
+          cu::AttentionPlan plan = planned;
+          plan.tensor_cores = tensor_cores;
+          auto body = [&](int i, cu::Stream st) {
+            cu::AttentionBatch bl = b;
+            bl.block_tables = d_tables.as<int32_t>() + static_cast<int64_t>(i % layers) * batch * blocks_per_seq;
+            return cu::paged_attention(plan, q.as<float>(), heads * head_dim, head_dim, heads, cache, bl, params,
+                                       o.as<float>(), heads * head_dim, head_dim, ws.data(), ws.bytes(), st);
+          };
+          TACHYON_ASSIGN_OR_RETURN(double ms, time_graph_ms(body, layers, std::max(layers, 40), 5));
+          AttentionRow r{cache_dtype, batch, context, plan.num_splits, tensor_cores, ms * 1e3,
+                         kv_bytes / (ms * 1e-3) / 1e9};
+          rows.push_back(r);
+          list.push_back({{"batch", batch}, {"context", context}, {"heads", heads}, {"kv_heads", kv_heads},
+                          {"head_dim", head_dim}, {"cache", tachyon::dtype_name(cache_dtype)}, {"splits", plan.num_splits},
+                          {"tensor_cores", tensor_cores}, {"kv_bytes", kv_bytes}, {"us", r.us}, {"gbps", r.gbps},
+                          {"fraction_of_copy", r.gbps / copy_gbps}});
+          std::fprintf(stderr,
+                       "attention decode %s batch %2d ctx %5d (%d splits, %s): %8.2f us %7.1f GB/s (%.0f%% of copy)\n",
+                       tachyon::dtype_name(cache_dtype), batch, context, plan.num_splits,
+                       tensor_cores ? "tensor cores" : "CUDA cores", r.us, r.gbps, 100.0 * r.gbps / copy_gbps);
+        }
       }
     }
   }
@@ -663,10 +685,11 @@ int main(int argc, char** argv) {
   }
   std::printf("Llama-3-8B linears, 1 token: %.1f us/token = %.1f GB/s (%.0f%% of copy)\n", step_us,
               step_bytes / (step_us * 1e-6) / 1e9, 100.0 * step_bytes / (step_us * 1e-6) / 1e9 / *copy);
-  std::printf("%-30s %6s %-13s %9s %8s %6s\n", "decode attention (bf16 KV)", "splits", "kernel", "us", "GB/s", "%copy");
+  std::printf("%-30s %6s %-13s %9s %8s %6s\n", "decode attention (KV dtype)", "splits", "kernel", "us", "GB/s", "%copy");
   for (const AttentionRow& r : attn_rows) {
-    std::printf("batch %2d context %5d %14d %-13s %9.2f %8.1f %5.0f%%\n", r.batch, r.context, r.splits,
-                r.tensor_cores ? "tensor cores" : "CUDA cores", r.us, r.gbps, 100.0 * r.gbps / *copy);
+    std::printf("%-4s batch %2d context %5d %9d %-13s %9.2f %8.1f %5.0f%%\n", tachyon::dtype_name(r.cache), r.batch,
+                r.context, r.splits, r.tensor_cores ? "tensor cores" : "CUDA cores", r.us, r.gbps,
+                100.0 * r.gbps / *copy);
   }
   std::printf("%-30s %-13s %9s %8s %6s\n", "prefill attention (bf16 KV)", "kernel", "us", "TFLOP/s", "%mm");
   for (const PrefillRow& r : prefill_rows) {

@@ -376,7 +376,9 @@ int run_bench(BenchArgs& a) {
                  {"chunked_prefill", eo->chunked_prefill},
                  {"prefix_caching", eo->prefix_caching},
                  {"block_size", eo->block_size},
+                 {"kv_dtype", dtype_name(e.kv_cache().config().dtype)},
                  {"kv_blocks", after.kv_blocks_total},
+                 {"kv_tokens", static_cast<int64_t>(after.kv_blocks_total) * eo->block_size},
                  {"kv_cache_bytes", after.kv_cache_bytes},
                  {"max_model_len", e.max_model_len()}};
   j["duration_s"] = duration;

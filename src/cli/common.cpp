@@ -11,6 +11,7 @@
 #include "core/thread_pool.h"
 #include "core/timer.h"
 #include "model/quantize_weights.h"
+#include "ops/ops.h"
 #if defined(TACHYON_HAS_CUDA)
 #include "ops/cuda/cuda_ops.h"
 #endif
@@ -91,7 +92,9 @@ void add_engine_options(CLI::App& cmd, EngineArgs& a) {
   cmd.add_option("--kv-cache-fraction", a.kv_cache_fraction,
                  "fraction of available memory for the KV cache when --kv-cache-mem is not given (default 0.25 of "
                  "the host's, 0.9 of a GPU's free memory)");
-  cmd.add_option("--kv-dtype", a.kv_dtype, "KV cache dtype: f32, f16, bf16 (default: f32 on the CPU, bf16 on a GPU)");
+  cmd.add_option("--kv,--kv-dtype", a.kv_dtype,
+                 "KV cache dtype: f32, f16, bf16, or quantized int8 / fp8 (e4m3, a scale per token and head) "
+                 "(default: f32 on the CPU, bf16 on a GPU)");
   cmd.add_option("--block-size", a.block_size, "tokens per KV block (default 16)")->check(CLI::Range(1, 1024));
   cmd.add_option("--max-model-len", a.max_model_len, "context length (default: the model's)")
       ->check(CLI::NonNegativeNumber);
@@ -144,7 +147,10 @@ Result<EngineOptions> engine_options(const EngineArgs& a) {
   o.kv_cache_fraction = a.kv_cache_fraction;
   if (a.kv_dtype != "auto") {
     const auto dtype = parse_dtype(a.kv_dtype);
-    if (!dtype) return make_error(ErrorCode::kInvalidArgument, "--kv-dtype '{}' is not a dtype", a.kv_dtype);
+    if (!dtype || !ops::is_kv_cache_dtype(*dtype)) {
+      return make_error(ErrorCode::kInvalidArgument, "--kv '{}' is not a KV cache dtype (f32, f16, bf16, int8, fp8)",
+                        a.kv_dtype);
+    }
     o.kv_dtype = *dtype;
   }
   o.block_size = a.block_size;

@@ -11,6 +11,8 @@
 
 #include <fmt/format.h>
 
+#include "ops/ops.h"
+
 namespace tachyon::disagg {
 namespace {
 
@@ -37,6 +39,8 @@ uint32_t dtype_code(DType dtype) {
     case DType::kF32: return 1;
     case DType::kF16: return 2;
     case DType::kBF16: return 3;
+    case DType::kI8: return 4;
+    case DType::kF8E4M3: return 5;
     default: return 0;
   }
 }
@@ -46,6 +50,8 @@ std::optional<DType> dtype_of_code(uint32_t code) {
     case 1: return DType::kF32;
     case 2: return DType::kF16;
     case 3: return DType::kBF16;
+    case 4: return DType::kI8;
+    case 5: return DType::kF8E4M3;
     default: return std::nullopt;
   }
 }
@@ -97,11 +103,13 @@ Millis remaining(Clock::time_point deadline) {
   return std::max(Millis(0), std::chrono::duration_cast<Millis>(deadline - Clock::now()));
 }
 
-// Bytes of one layer (K and V) of `num_computed` positions, or nullopt past 2^64.
-std::optional<uint64_t> layer_bytes_for(uint64_t num_computed, uint64_t heads, uint64_t head_dim, uint64_t dsize) {
+// Bytes of one layer (K and V, and a quantized dtype's scales) of `num_computed` positions, or
+// nullopt past 2^64.
+std::optional<uint64_t> layer_bytes_for(uint64_t num_computed, uint64_t heads, uint64_t head_dim, DType dtype) {
   const uint64_t limit = ~uint64_t{0};
-  uint64_t n = 2 * dsize;
-  for (uint64_t f : {num_computed, heads, head_dim}) {
+  const uint64_t row = head_dim * dtype_size(dtype) + (ops::is_quantized_kv_dtype(dtype) ? sizeof(float) : 0);
+  uint64_t n = 2 * row;  // head_dim < 2^17: no overflow here
+  for (uint64_t f : {num_computed, heads}) {
     if (f != 0 && n > limit / f) return std::nullopt;
     n *= f;
   }
@@ -248,7 +256,7 @@ Result<KvHeader> decode_kv_header(std::span<const uint8_t> message, const KvWire
     return make_error(ErrorCode::kCorruptFile, "kv transfer: a header of {} bytes for {} layers and {} tokens ({} expected)",
                       message.size(), num_layers, num_tokens, want_size);
   }
-  const std::optional<uint64_t> layer_bytes = layer_bytes_for(num_computed, num_kv_heads, head_dim, dtype_size(*dtype));
+  const std::optional<uint64_t> layer_bytes = layer_bytes_for(num_computed, num_kv_heads, head_dim, *dtype);
   if (!layer_bytes || *layer_bytes > limits.max_layer_bytes ||
       *layer_bytes > limits.max_total_bytes / num_layers) {
     return make_error(ErrorCode::kCorruptFile,

@@ -30,13 +30,14 @@
 //
 // Wire format, version 1, all integers little-endian. One transfer is 1 + num_layers messages:
 //   header  u32 magic "TKVH", u16 version, u16 flags (0), u32 header bytes (this whole message),
-//           u32 num_layers, num_kv_heads, head_dim, dtype (1 f32, 2 f16, 3 bf16), vocab_size,
+//           u32 num_layers, num_kv_heads, head_dim, dtype (1 f32, 2 f16, 3 bf16, 4 i8, 5 f8e4m3), vocab_size,
 //           block_size, num_tokens, num_prompt_tokens, num_computed,
 //           u64 transfer_id, sampler_seed, rng_draws,
 //           u64 layer_bytes[num_layers], u32 layer_crc32c[num_layers], i32 tokens[num_tokens],
 //           u32 crc32c of every header byte before it
 //   layer l K then V of positions [0, num_computed), each [num_computed, num_kv_heads, head_dim]
-//           in dtype, exactly layer_bytes[l] bytes, its CRC-32C in the header
+//           in dtype, then for i8 / f8e4m3 the K then V scales, each [num_computed, num_kv_heads]
+//           f32 (ops.h KvLayer); exactly layer_bytes[l] bytes, its CRC-32C in the header
 // The receiver checks every size against the shape and its limits before it allocates, and every
 // checksum; the checksums are always computed (CRC-32C, with the SSE4.2 instruction where the
 // CPU has it). A decode worker answers each transfer with an ack message: u32 magic "TKVA", u16

@@ -36,6 +36,11 @@ size_t host_memory_available() {
 
 enum class KvCopy : uint8_t { kCacheToHost, kHostToCache };
 
+// Bytes of one position of a pool [num_blocks, block_size, num_kv_heads, row].
+size_t pool_row_bytes(const Tensor& pool) {
+  return static_cast<size_t>(pool.size(2) * pool.size(3)) * dtype_size(pool.dtype());
+}
+
 // Moves the K or V of positions [begin, end) of one table between one layer's pool
 // [num_blocks, block_size, num_kv_heads, head_dim] (on the cache's device) and a position-major
 // host buffer [end - begin, num_kv_heads, head_dim] of the same dtype. Runs of positions in
@@ -44,7 +49,7 @@ Status copy_positions(Tensor& pool, const std::vector<int32_t>& blocks, int begi
                       KvCopy direction) {
   const int64_t block_size = pool.size(1);
   const int64_t row = pool.size(2) * pool.size(3);  // elements per position
-  const size_t row_bytes = static_cast<size_t>(row) * dtype_size(pool.dtype());
+  const size_t row_bytes = pool_row_bytes(pool);
   const Tensor slots = pool.reshape({pool.size(0) * block_size, row});
   int64_t p = begin;
   while (p < end) {
@@ -64,10 +69,13 @@ Status copy_positions(Tensor& pool, const std::vector<int32_t>& blocks, int begi
 
 }  // namespace
 
-size_t KvExport::layer_bytes() const {
-  return 2 * static_cast<size_t>(std::max(num_computed, 0)) * static_cast<size_t>(std::max(num_kv_heads, 0)) *
-         static_cast<size_t>(std::max(head_dim, 0)) * dtype_size(dtype);
+size_t KvExport::position_bytes() const {
+  const size_t per_row = static_cast<size_t>(std::max(head_dim, 0)) * dtype_size(dtype) +
+                         (ops::is_quantized_kv_dtype(dtype) ? sizeof(float) : 0);
+  return 2 * static_cast<size_t>(std::max(num_kv_heads, 0)) * per_row;
 }
+
+size_t KvExport::layer_bytes() const { return static_cast<size_t>(std::max(num_computed, 0)) * position_bytes(); }
 
 const char* finish_reason_name(FinishReason reason) {
   switch (reason) {
@@ -110,8 +118,9 @@ Result<std::unique_ptr<Engine>> Engine::create(const LlamaModel& model, const To
   }
   const Device device = model.device();
   const DType kv_dtype = options.kv_dtype.value_or(device.is_cpu() ? DType::kF32 : DType::kBF16);
-  if (kv_dtype != DType::kF32 && kv_dtype != DType::kF16 && kv_dtype != DType::kBF16) {
-    return make_error(ErrorCode::kUnsupported, "kv cache dtype {} (f32, f16 or bf16)", dtype_name(kv_dtype));
+  if (!ops::is_kv_cache_dtype(kv_dtype)) {
+    return make_error(ErrorCode::kUnsupported, "kv cache dtype {} (f32, f16, bf16, i8 or f8e4m3)",
+                      dtype_name(kv_dtype));
   }
   int max_model_len = options.max_model_len > 0 ? options.max_model_len : c.max_position_embeddings;
 
@@ -700,15 +709,17 @@ Result<KvExport> Engine::export_kv(RequestId id) {
                 "request {} held with {} of {} tokens computed, table of {}", id, kv.num_computed, seq.num_tokens(),
                 seq.block_table().num_tokens());
   Status st = Status::Ok();
-  const size_t half = kv.layer_bytes() / 2;
   kv.layers.resize(static_cast<size_t>(cc.num_layers));
   for (int l = 0; l < cc.num_layers && st.ok(); ++l) {
     std::vector<uint8_t>& bytes = kv.layers[static_cast<size_t>(l)];
-    bytes.resize(2 * half);
-    st = copy_positions(cache_.k(l), seq.block_table().blocks(), 0, kv.num_computed, bytes.data(), KvCopy::kCacheToHost);
-    if (st.ok()) {
-      st = copy_positions(cache_.v(l), seq.block_table().blocks(), 0, kv.num_computed, bytes.data() + half,
-                          KvCopy::kCacheToHost);
+    bytes.resize(kv.layer_bytes());
+    // The pools one after another (K, V, then a quantized cache's K and V scales), each
+    // position-major.
+    uint8_t* at = bytes.data();
+    for (Tensor* pool : cache_.pools(l)) {
+      if (!st.ok()) break;
+      st = copy_positions(*pool, seq.block_table().blocks(), 0, kv.num_computed, at, KvCopy::kCacheToHost);
+      at += static_cast<size_t>(kv.num_computed) * pool_row_bytes(*pool);
     }
   }
   scheduler_.finish(&req->seq);  // the blocks go back whatever happened
@@ -785,17 +796,17 @@ Result<RequestId> Engine::adopt(const KvImport& kv, const GenerationParams& para
 
   TACHYON_ASSIGN_OR_RETURN(const int cached, scheduler_.reserve_adopted(&req->seq, kv.num_computed));
   // Positions [0, cached) came from the prefix cache; the rest are written from the import.
-  const size_t row_bytes = layer_bytes / 2 / static_cast<size_t>(kv.num_computed);
-  const size_t skip = static_cast<size_t>(cached) * row_bytes;
   Status st = Status::Ok();
   for (int l = 0; l < cc.num_layers && st.ok(); ++l) {
     // Only read: the import is the copies' source.
-    uint8_t* bytes = const_cast<uint8_t*>(kv.layers[static_cast<size_t>(l)].data());
+    uint8_t* at = const_cast<uint8_t*>(kv.layers[static_cast<size_t>(l)].data());
     const std::vector<int32_t>& blocks = req->seq.block_table().blocks();
-    st = copy_positions(cache_.k(l), blocks, cached, kv.num_computed, bytes + skip, KvCopy::kHostToCache);
-    if (st.ok()) {
-      st = copy_positions(cache_.v(l), blocks, cached, kv.num_computed, bytes + layer_bytes / 2 + skip,
+    for (Tensor* pool : cache_.pools(l)) {
+      if (!st.ok()) break;
+      const size_t row_bytes = pool_row_bytes(*pool);
+      st = copy_positions(*pool, blocks, cached, kv.num_computed, at + static_cast<size_t>(cached) * row_bytes,
                           KvCopy::kHostToCache);
+      at += static_cast<size_t>(kv.num_computed) * row_bytes;
     }
   }
   if (!st.ok()) {

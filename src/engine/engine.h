@@ -48,7 +48,7 @@ struct EngineOptions {
   int num_kv_blocks = 0;
   size_t kv_cache_bytes = 0;
   double kv_cache_fraction = 0.0;
-  std::optional<DType> kv_dtype;    // f32, f16 or bf16; default f32 on the CPU, bf16 on a GPU
+  std::optional<DType> kv_dtype;    // f32, f16, bf16, i8 or f8e4m3; default f32 on the CPU, bf16 on a GPU
   int max_model_len = 0;            // 0: the model's context length
   int max_batched_tokens = 2048;    // tokens per step
   int max_seqs = 256;               // sequences running at once
@@ -75,11 +75,14 @@ struct KvExport {
   int num_computed = 0;                  // leading positions whose K/V follow (num_tokens - 1)
   uint64_t sampler_seed = 0;             // the seed of the request's random stream (given or drawn)
   uint64_t rng_draws = 0;                // values the stream gave so far
-  // [num_layers] of K then V, each [num_computed, num_kv_heads, head_dim] in dtype: the bytes of
-  // positions [0, num_computed) as the cache holds them.
+  // [num_layers] of K then V, each [num_computed, num_kv_heads, head_dim] in dtype, then for a
+  // quantized dtype (i8, f8e4m3) the K then V scales, each [num_computed, num_kv_heads] f32: the
+  // bytes of positions [0, num_computed) as the cache holds them.
   std::vector<std::vector<uint8_t>> layers;
 
-  // Bytes of one layer's K and V together: 2 * num_computed * num_kv_heads * head_dim * dtype size.
+  // Bytes of one position of one layer: K and V (and their scales).
+  size_t position_bytes() const;
+  // Bytes of one layer: num_computed * position_bytes().
   size_t layer_bytes() const;
 };
 using KvImport = KvExport;

@@ -7,9 +7,11 @@
 
 namespace tachyon {
 
+bool KvCacheConfig::quantized() const { return ops::is_quantized_kv_dtype(dtype); }
+
 size_t KvCacheConfig::bytes_per_token() const {
-  return 2ull * static_cast<size_t>(num_layers) * static_cast<size_t>(num_kv_heads) *
-         static_cast<size_t>(head_dim) * dtype_size(dtype);
+  const size_t per_row = static_cast<size_t>(head_dim) * dtype_size(dtype) + (quantized() ? sizeof(float) : 0);
+  return 2ull * static_cast<size_t>(num_layers) * static_cast<size_t>(num_kv_heads) * per_row;
 }
 
 int KvCacheConfig::blocks_for_budget(size_t budget_bytes) const {
@@ -26,46 +28,64 @@ Result<KvCache> KvCache::create(const KvCacheConfig& config) {
                       "kv cache: layers={} kv_heads={} head_dim={} block_size={} num_blocks={} must all be positive",
                       config.num_layers, config.num_kv_heads, config.head_dim, config.block_size, config.num_blocks);
   }
+  if (!ops::is_kv_cache_dtype(config.dtype)) {
+    return make_error(ErrorCode::kUnsupported, "kv cache dtype {} (f32, f16, bf16, i8 or f8e4m3)",
+                      dtype_name(config.dtype));
+  }
   static std::atomic<uint64_t> next_id{1};
   KvCache cache;
   cache.config_ = config;
   cache.id_ = next_id.fetch_add(1, std::memory_order_relaxed);
   const std::vector<int64_t> shape = {config.num_blocks, config.block_size, config.num_kv_heads, config.head_dim};
-  for (int l = 0; l < config.num_layers; ++l) {
-    auto k = empty_on(shape, config.dtype, config.device, "kv cache");
-    auto v = k.ok() ? empty_on(shape, config.dtype, config.device, "kv cache") : k;
-    if (!k.ok() || !v.ok()) {
+  const std::vector<int64_t> scale_shape = {config.num_blocks, config.block_size, config.num_kv_heads, 1};
+  const auto allocate = [&](const std::vector<int64_t>& pool_shape, DType dtype, Tensor& out) -> Status {
+    auto t = empty_on(pool_shape, dtype, config.device, "kv cache");
+    if (!t.ok()) {
       return make_error(ErrorCode::kOutOfMemory, "kv cache: cannot allocate {} blocks ({} bytes in all) on {}: {}",
                         config.num_blocks, config.bytes_per_block() * static_cast<size_t>(config.num_blocks),
-                        config.device.to_string(), (k.ok() ? v : k).status().message());
+                        config.device.to_string(), t.status().message());
     }
-    cache.k_.push_back(std::move(k).value());
-    cache.v_.push_back(std::move(v).value());
+    out = std::move(t).value();
+    return Status::Ok();
+  };
+  cache.layers_.resize(static_cast<size_t>(config.num_layers));
+  for (KvLayer& layer : cache.layers_) {
+    TACHYON_RETURN_IF_ERROR(allocate(shape, config.dtype, layer.k));
+    TACHYON_RETURN_IF_ERROR(allocate(shape, config.dtype, layer.v));
+    if (config.quantized()) {
+      TACHYON_RETURN_IF_ERROR(allocate(scale_shape, DType::kF32, layer.k_scales));
+      TACHYON_RETURN_IF_ERROR(allocate(scale_shape, DType::kF32, layer.v_scales));
+    }
   }
   return cache;
 }
 
+std::vector<Tensor*> KvCache::pools(int layer) {
+  KvLayer& l = layers_[static_cast<size_t>(layer)];
+  if (!config_.quantized()) return {&l.k, &l.v};
+  return {&l.k, &l.v, &l.k_scales, &l.v_scales};
+}
+
 void KvCache::copy_blocks(std::span<const BlockCopy> copies) {
   if (copies.empty()) return;
-  const size_t block_bytes = static_cast<size_t>(config_.block_size) * static_cast<size_t>(config_.num_kv_heads) *
-                             static_cast<size_t>(config_.head_dim) * dtype_size(config_.dtype);
   for (const BlockCopy& c : copies) {
     TACHYON_CHECK(c.src >= 0 && c.src < config_.num_blocks && c.dst >= 0 && c.dst < config_.num_blocks && c.src != c.dst,
                   "copy of block {} to {} in a cache of {}", c.src, c.dst, config_.num_blocks);
   }
-  for (std::vector<Tensor>* pools : {&k_, &v_}) {
-    for (Tensor& t : *pools) {
-      if (!t.device().is_cpu()) {
-        const int64_t per_block = t.numel() / t.size(0);
+  for (int l = 0; l < config_.num_layers; ++l) {
+    for (Tensor* t : pools(l)) {
+      const int64_t per_block = t->numel() / t->size(0);
+      if (!t->device().is_cpu()) {
         for (const BlockCopy& c : copies) {
-          Tensor dst = t.select(0, c.dst).reshape({per_block});
-          const Tensor src = t.select(0, c.src).reshape({per_block});
+          Tensor dst = t->select(0, c.dst).reshape({per_block});
+          const Tensor src = t->select(0, c.src).reshape({per_block});
           const Status st = copy_into(dst, src);
           TACHYON_CHECK(st.ok(), "kv cache copy of block {} to {}: {}", c.src, c.dst, st.message());
         }
         continue;
       }
-      auto* base = static_cast<uint8_t*>(t.raw_data());
+      const size_t block_bytes = static_cast<size_t>(per_block) * dtype_size(t->dtype());
+      auto* base = static_cast<uint8_t*>(t->raw_data());
       for (const BlockCopy& c : copies) {
         std::memcpy(base + static_cast<size_t>(c.dst) * block_bytes, base + static_cast<size_t>(c.src) * block_bytes,
                     block_bytes);
@@ -81,10 +101,9 @@ void KvCache::copy_slots(std::span<const SlotCopy> copies) {
     TACHYON_CHECK(c.src >= 0 && c.src < num_slots && c.dst >= 0 && c.dst < num_slots,
                   "kv cache copy of slot {} to {} in a cache of {} slots", c.src, c.dst, num_slots);
   }
-  const int64_t per_slot = static_cast<int64_t>(config_.num_kv_heads) * config_.head_dim;
-  for (std::vector<Tensor>* pools : {&k_, &v_}) {
-    for (Tensor& t : *pools) {
-      const Tensor slots = t.reshape({num_slots, per_slot});
+  for (int l = 0; l < config_.num_layers; ++l) {
+    for (Tensor* t : pools(l)) {
+      const Tensor slots = t->reshape({num_slots, t->numel() / num_slots});
       for (const SlotCopy& c : copies) {
         if (c.src == c.dst) continue;
         Tensor dst = slots.select(0, c.dst);

@@ -1,7 +1,10 @@
 // The paged KV cache storage: per layer, K and V pools of fixed-size blocks
-// [num_blocks, block_size, num_kv_heads, head_dim]. Which blocks a sequence owns is the
-// BlockAllocator's and the BlockTable's business; attention reads through block tables and
-// nothing ever copies a sequence's cache to make it contiguous.
+// [num_blocks, block_size, num_kv_heads, head_dim], and for a quantized cache (i8, f8e4m3) their
+// scale pools [num_blocks, block_size, num_kv_heads, 1] f32 (ops.h KvLayer). Which blocks a
+// sequence owns is the BlockAllocator's and the BlockTable's business; attention reads through
+// block tables and nothing ever copies a sequence's cache to make it contiguous. Every copy
+// (copy-on-write, slot moves, transfers) moves a slot's codes and scales together: a layer's
+// pools(), all indexed [block, offset, head, ...] alike.
 #pragma once
 
 #include <cstdint>
@@ -11,6 +14,7 @@
 #include "core/status.h"
 #include "core/tensor.h"
 #include "kv/block_manager.h"
+#include "ops/ops.h"
 
 namespace tachyon {
 
@@ -20,10 +24,11 @@ struct KvCacheConfig {
   int head_dim = 0;
   int block_size = 16;
   int num_blocks = 0;
-  DType dtype = DType::kF32;  // the CPU reference cache is f32
+  DType dtype = DType::kF32;  // f32 (the CPU reference), f16, bf16, or quantized i8 / f8e4m3
   Device device = Device::cpu();
 
-  // Bytes one token occupies across all layers (K and V).
+  bool quantized() const;
+  // Bytes one token occupies across all layers (K and V, with their scales).
   size_t bytes_per_token() const;
   size_t bytes_per_block() const { return bytes_per_token() * static_cast<size_t>(block_size); }
   // How many blocks fit in `budget_bytes`.
@@ -37,8 +42,9 @@ class KvCache {
   const KvCacheConfig& config() const { return config_; }
   // Unique per cache made in this process (what a captured graph that writes it is keyed by).
   uint64_t id() const { return id_; }
-  Tensor& k(int layer) { return k_[static_cast<size_t>(layer)]; }  // [num_blocks, block_size, num_kv_heads, head_dim]
-  Tensor& v(int layer) { return v_[static_cast<size_t>(layer)]; }  // same
+  KvLayer& layer(int layer) { return layers_[static_cast<size_t>(layer)]; }
+  // The layer's pools in a fixed order: K, V, then (quantized) K scales, V scales.
+  std::vector<Tensor*> pools(int layer);
   size_t nbytes() const { return config_.bytes_per_block() * static_cast<size_t>(config_.num_blocks); }
   // Runs copy-on-write copies: block src's K and V, in every layer, into block dst.
   void copy_blocks(std::span<const BlockCopy> copies);
@@ -49,8 +55,7 @@ class KvCache {
  private:
   KvCacheConfig config_;
   uint64_t id_ = 0;
-  std::vector<Tensor> k_;
-  std::vector<Tensor> v_;
+  std::vector<KvLayer> layers_;
 };
 
 }  // namespace tachyon

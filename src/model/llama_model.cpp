@@ -413,9 +413,9 @@ Status LlamaModel::run_layers(const ForwardBatch& batch, KvCache& cache, Tensor&
       ops::rope(q_heads, b->positions, rope_);
       ops::rope(k_heads, b->positions, rope_);
     }
-    ops::store_kv(k_heads, v_heads, b->attention.slot_mapping, cache.k(layer), cache.v(layer));
+    ops::store_kv(k_heads, v_heads, b->attention.slot_mapping, cache.layer(layer));
     Tensor attn_heads = attn.reshape({n, c.num_heads, c.head_dim});
-    ops::paged_attention(q_heads, cache.k(layer), cache.v(layer), b->attention, params, attn_heads);
+    ops::paged_attention(q_heads, cache.layer(layer), b->attention, params, attn_heads);
     ops::linear(attn, w.o_proj, w.o_bias.defined() ? &w.o_bias : nullptr, out, mode);
     // MLP block: x += attention output; h = norm(x).
     ops::add_rms_norm(x, out, w.ffn_norm, c.rms_norm_eps, h);

@@ -140,10 +140,10 @@ class CalibrationForward {
       }
       ops::rope(q_heads, b.batch.positions, rope_);
       ops::rope(k_heads, b.batch.positions, rope_);
-      ops::store_kv(k_heads, v_heads, b.batch.attention.slot_mapping, cache_->k(0), cache_->v(0));
+      ops::store_kv(k_heads, v_heads, b.batch.attention.slot_mapping, cache_->layer(0));
       Tensor attn = inputs.o.slice(0, b.begin, b.end);
       Tensor attn_heads = attn.reshape({n, c.num_heads, c.head_dim});
-      ops::paged_attention(q_heads, cache_->k(0), cache_->v(0), b.batch.attention, params, attn_heads);
+      ops::paged_attention(q_heads, cache_->layer(0), b.batch.attention, params, attn_heads);
       ops::linear(attn, w.o_proj, w.o_bias.defined() ? &w.o_bias : nullptr, out);
       Tensor h2 = inputs.mlp.slice(0, b.begin, b.end);
       ops::add_rms_norm(x, out, w.ffn_norm, c.rms_norm_eps, h2);  // x += attention output

@@ -26,10 +26,9 @@ class Backend {
   virtual void rope(Tensor& x, const Tensor& positions, const RopeTable& table) = 0;
   virtual void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) = 0;
   virtual void embedding(const Tensor& table, const Tensor& ids, Tensor& out) = 0;
-  virtual void store_kv(const Tensor& k, const Tensor& v, const Tensor& slot_mapping, Tensor& k_cache,
-                        Tensor& v_cache) = 0;
-  virtual void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                               const AttentionMetadata& meta, const AttentionParams& params, Tensor& out) = 0;
+  virtual void store_kv(const Tensor& k, const Tensor& v, const Tensor& slot_mapping, KvLayer& cache) = 0;
+  virtual void paged_attention(const Tensor& q, const KvLayer& cache, const AttentionMetadata& meta,
+                               const AttentionParams& params, Tensor& out) = 0;
   virtual void argmax(const Tensor& x, Tensor& ids, Tensor* logprobs) = 0;
   virtual void sample(const Tensor& x, const Tensor& params, Tensor& ids, Tensor& logprobs) = 0;
   virtual void adjust_logits(Tensor& x, const Tensor& edits) = 0;

@@ -102,30 +102,67 @@ bool use_reference(const char* op) {
   return true;
 }
 
-// The cache pair of one layer, checked: [num_blocks, block_size, num_kv_heads, head_dim], packed.
-ops::cpu::KvCacheView cache_view(const char* op, const Tensor& k_cache, const Tensor& v_cache) {
-  require_cpu(op, "k_cache", k_cache);
-  require_cpu(op, "v_cache", v_cache);
-  require_rank(op, "k_cache", k_cache, 4);
-  require_same_shape(op, "k_cache", k_cache, "v_cache", v_cache);
-  TACHYON_CHECK(k_cache.dtype() == v_cache.dtype() && is_float_dtype(k_cache.dtype()),
-                "{}: caches {} and {} must share one of f32/f16/bf16", op, k_cache.shape_string(),
-                v_cache.shape_string());
-  TACHYON_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "{}: caches must be contiguous", op);
+// One layer of the cache, checked, as the CPU kernels see it.
+ops::cpu::KvCacheView cache_view(const char* op, const KvLayer& cache) {
+  ops::check_kv_layer(op, cache);
+  require_cpu(op, "k_cache", cache.k);
+  require_cpu(op, "v_cache", cache.v);
   ops::cpu::KvCacheView view;
-  view.k = k_cache.raw_data();
-  view.v = v_cache.raw_data();
-  view.dtype = k_cache.dtype();
-  view.num_blocks = k_cache.size(0);
-  view.block_size = k_cache.size(1);
-  view.num_kv_heads = k_cache.size(2);
-  view.head_dim = k_cache.size(3);
+  view.k = cache.k.raw_data();
+  view.v = cache.v.raw_data();
+  if (cache.k_scales.defined()) {
+    require_cpu(op, "k_scales", cache.k_scales);
+    require_cpu(op, "v_scales", cache.v_scales);
+    view.k_scales = cache.k_scales.data<float>();
+    view.v_scales = cache.v_scales.data<float>();
+  }
+  view.dtype = cache.k.dtype();
+  view.num_blocks = cache.k.size(0);
+  view.block_size = cache.k.size(1);
+  view.num_kv_heads = cache.k.size(2);
+  view.head_dim = cache.k.size(3);
   return view;
 }
 
 }  // namespace
 
 namespace ops {
+
+bool is_kv_cache_dtype(DType dtype) { return is_float_dtype(dtype) || is_quantized_kv_dtype(dtype); }
+
+bool is_quantized_kv_dtype(DType dtype) { return dtype == DType::kI8 || dtype == DType::kF8E4M3; }
+
+float quantized_kv_max(DType dtype) {
+  TACHYON_CHECK(is_quantized_kv_dtype(dtype), "quantized_kv_max: {} is not a quantized cache dtype",
+                dtype_name(dtype));
+  return dtype == DType::kI8 ? 127.0f : kF8E4M3Max;
+}
+
+void check_kv_layer(const char* op, const KvLayer& cache) {
+  const Tensor& k = cache.k;
+  const Tensor& v = cache.v;
+  TACHYON_CHECK(k.defined() && v.defined(), "{}: the cache's k or v is undefined", op);
+  require_rank(op, "k_cache", k, 4);
+  require_same_shape(op, "k_cache", k, "v_cache", v);
+  TACHYON_CHECK(k.dtype() == v.dtype() && is_kv_cache_dtype(k.dtype()),
+                "{}: caches {} {} and {} {} must share one of f32/f16/bf16/i8/f8e4m3", op, k.shape_string(),
+                dtype_name(k.dtype()), v.shape_string(), dtype_name(v.dtype()));
+  TACHYON_CHECK(k.is_contiguous() && v.is_contiguous(), "{}: caches must be contiguous", op);
+  TACHYON_CHECK(k.device() == v.device(), "{}: k cache on {}, v cache on {}", op, k.device().to_string(),
+                v.device().to_string());
+  const bool quantized = is_quantized_kv_dtype(k.dtype());
+  TACHYON_CHECK(cache.k_scales.defined() == quantized && cache.v_scales.defined() == quantized,
+                "{}: a {} cache {} scales", op, dtype_name(k.dtype()), quantized ? "needs" : "takes no");
+  if (!quantized) return;
+  const std::vector<int64_t> scale_shape = {k.size(0), k.size(1), k.size(2), 1};
+  for (const Tensor* sc : {&cache.k_scales, &cache.v_scales}) {
+    TACHYON_CHECK(sc->shape() == scale_shape && sc->dtype() == DType::kF32 && sc->is_contiguous() &&
+                      sc->device() == k.device(),
+                  "{}: scales {} {} on {} for cache {} on {} (expected [{}, {}, {}, 1] f32, packed)", op,
+                  sc->shape_string(), dtype_name(sc->dtype()), sc->device().to_string(), k.shape_string(),
+                  k.device().to_string(), k.size(0), k.size(1), k.size(2));
+  }
+}
 
 void register_backend(DeviceType type, Backend* backend) { g_backends[static_cast<size_t>(type)].store(backend); }
 
@@ -360,12 +397,12 @@ void softmax(Tensor& x) {
   cpu::softmax(x.data<float>(), RowLayout::of(x));
 }
 
-void store_kv(const Tensor& k, const Tensor& v, const Tensor& slot_mapping, Tensor& k_cache, Tensor& v_cache) {
+void store_kv(const Tensor& k, const Tensor& v, const Tensor& slot_mapping, KvLayer& kv) {
   constexpr const char* op = "store_kv";
-  if (Backend* b = device_backend(op, k)) return b->store_kv(k, v, slot_mapping, k_cache, v_cache);
+  if (Backend* b = device_backend(op, k)) return b->store_kv(k, v, slot_mapping, kv);
   require_cpu(op, "k", k);
   require_cpu(op, "v", v);
-  const cpu::KvCacheView cache = cache_view(op, k_cache, v_cache);
+  const cpu::KvCacheView cache = cache_view(op, kv);
   require_rank(op, "k", k, 3);
   require_dtype(op, "k", k, DType::kF32);
   require_dtype(op, "v", v, DType::kF32);
@@ -373,7 +410,7 @@ void store_kv(const Tensor& k, const Tensor& v, const Tensor& slot_mapping, Tens
   require_last_dim_contiguous(op, "k", k);
   require_last_dim_contiguous(op, "v", v);
   TACHYON_CHECK(k.size(1) == cache.num_kv_heads && k.size(2) == cache.head_dim, "store_kv: k {} for cache {}",
-                k.shape_string(), k_cache.shape_string());
+                k.shape_string(), kv.k.shape_string());
   const int64_t n = k.size(0);
   require_index(op, "slot_mapping", slot_mapping, n);
   const int32_t* slots = slot_mapping.data<int32_t>();
@@ -383,19 +420,19 @@ void store_kv(const Tensor& k, const Tensor& v, const Tensor& slot_mapping, Tens
                   num_slots);
   }
   if (use_reference(op)) {
-    reference::store_kv(k, v, slot_mapping, k_cache, v_cache);
+    reference::store_kv(k, v, slot_mapping, kv);
     return;
   }
   cpu::store_kv(k.data<float>(), k.stride(0), k.stride(1), v.data<float>(), v.stride(0), v.stride(1), n, slots, cache);
 }
 
-void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttentionMetadata& meta,
-                     const AttentionParams& params, Tensor& out) {
+void paged_attention(const Tensor& q, const KvLayer& kv, const AttentionMetadata& meta, const AttentionParams& params,
+                     Tensor& out) {
   constexpr const char* op = "paged_attention";
-  if (Backend* b = device_backend(op, q)) return b->paged_attention(q, k_cache, v_cache, meta, params, out);
+  if (Backend* b = device_backend(op, q)) return b->paged_attention(q, kv, meta, params, out);
   require_cpu(op, "q", q);
   require_cpu(op, "out", out);
-  const cpu::KvCacheView cache = cache_view(op, k_cache, v_cache);
+  const cpu::KvCacheView cache = cache_view(op, kv);
   require_rank(op, "q", q, 3);
   require_dtype(op, "q", q, DType::kF32);
   require_dtype(op, "out", out, DType::kF32);
@@ -404,11 +441,11 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
   require_last_dim_contiguous(op, "out", out);
   const int64_t n = q.size(0), num_heads = q.size(1);
   TACHYON_CHECK(q.size(2) == cache.head_dim, "paged_attention: q {} for cache {}", q.shape_string(),
-                k_cache.shape_string());
+                kv.k.shape_string());
   TACHYON_CHECK(num_heads % cache.num_kv_heads == 0, "paged_attention: {} heads not a multiple of {} kv heads",
                 num_heads, cache.num_kv_heads);
   TACHYON_CHECK(meta.block_size == cache.block_size, "paged_attention: metadata block_size {} but cache {}",
-                meta.block_size, k_cache.shape_string());
+                meta.block_size, kv.k.shape_string());
   TACHYON_CHECK(params.sliding_window >= 0, "paged_attention: sliding_window {}", params.sliding_window);
 
   // The batch's plan: query rows partition [0, n); every context holds its queries; every block a
@@ -470,7 +507,7 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
   }
   if (n == 0) return;
   if (use_reference(op)) {
-    reference::paged_attention(q, k_cache, v_cache, meta, params, out);
+    reference::paged_attention(q, kv, meta, params, out);
     return;
   }
   cpu::AttentionBatch batch;

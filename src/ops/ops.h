@@ -86,6 +86,23 @@ struct AttentionParams {
   int sliding_window = 0;  // attend to the last `sliding_window` positions only; 0 = unlimited
 };
 
+// One layer of the paged KV cache as the attention ops read and write it. k and v are
+// [num_blocks, block_size, num_kv_heads, head_dim], packed: f32 (the CPU reference), f16/bf16, or
+// a quantized cache (i8, f8e4m3) whose k_scales and v_scales [num_blocks, block_size,
+// num_kv_heads, 1] f32 hold one scale per (slot, kv head) row; undefined for the 16-bit caches.
+//
+// Quantized rows: store_kv() writes the head_dim values x of a (token, kv head) as codes c and a
+// scale s with x ~ c * s: s = max|x| / Q (Q = 127 for i8, 448 for f8e4m3, f32 division), and
+// c = clamp(rint(x / s), -127, 127) for i8 or c = f32_to_f8e4m3(x / s) (nearest, ties to even)
+// for f8e4m3. An all-zero row has s = 0 and codes 0; a row holding a non-finite value gets
+// s = NaN (it reads back as NaN, as a 16-bit cache would carry it). The scale is per slot rather
+// than per block: a block fills one token at a time, and a block scale fixed by its first tokens
+// would clip later outliers, while rescaling the block would round its earlier codes twice.
+struct KvLayer {
+  Tensor k, v;                // [num_blocks, block_size, num_kv_heads, head_dim]
+  Tensor k_scales, v_scales;  // [num_blocks, block_size, num_kv_heads, 1] f32, quantized caches only
+};
+
 namespace ops {
 
 // One line naming the CPU kernels in use ("cpu kernels: avx512"), for `tachyon info` and logs.
@@ -172,17 +189,26 @@ Status synchronize(Device device);
 // In place softmax over the last dim of x[n, d] (f32).
 void softmax(Tensor& x);
 
-// Writes k, v [n, num_kv_heads, head_dim] (f32) into the paged caches
-// [num_blocks, block_size, num_kv_heads, head_dim] (f32, or f16/bf16 rounded to nearest even) at
-// slot_mapping[n]; a negative slot (a padding token) stores nothing.
-void store_kv(const Tensor& k, const Tensor& v, const Tensor& slot_mapping, Tensor& k_cache, Tensor& v_cache);
+// The KV cache dtypes: f32, f16, bf16, and the quantized i8 and f8e4m3.
+bool is_kv_cache_dtype(DType dtype);
+bool is_quantized_kv_dtype(DType dtype);     // i8, f8e4m3
+float quantized_kv_max(DType dtype);          // Q above: 127 (i8) or 448 (f8e4m3)
+// Checks a layer's shapes, dtypes and packing (on any device): an internal invariant, so a
+// mismatch aborts with the shapes in the message.
+void check_kv_layer(const char* op, const KvLayer& cache);
+
+// Writes k, v [n, num_kv_heads, head_dim] (f32) into the paged cache at slot_mapping[n] (f16/bf16
+// rounded to nearest even; quantized caches as above); a negative slot (a padding token) stores
+// nothing.
+void store_kv(const Tensor& k, const Tensor& v, const Tensor& slot_mapping, KvLayer& cache);
 
 // out[n, num_heads, head_dim] = causal attention of q[n, num_heads, head_dim] over the paged
-// cache (f32/f16/bf16), through block tables (GQA: query head h reads kv head
-// h / (num_heads / num_kv_heads)). The query at position p sees keys [p - sliding_window + 1, p]
-// (all of [0, p] without a window); blocks wholly outside every query's window are never read.
-void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                     const AttentionMetadata& meta, const AttentionParams& params, Tensor& out);
+// cache, through block tables (GQA: query head h reads kv head h / (num_heads / num_kv_heads)).
+// The query at position p sees keys [p - sliding_window + 1, p] (all of [0, p] without a window);
+// blocks wholly outside every query's window are never read. A quantized cache's keys and values
+// are read as code * scale.
+void paged_attention(const Tensor& q, const KvLayer& cache, const AttentionMetadata& meta,
+                     const AttentionParams& params, Tensor& out);
 
 }  // namespace ops
 }  // namespace tachyon

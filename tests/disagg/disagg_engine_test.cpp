@@ -163,8 +163,8 @@ class DisaggTest : public ::testing::Test {
     if (o.finished) r.reason = o.finish_reason;
   }
 
-  static std::vector<Outcome> run_colocated(const std::vector<Case>& cases) {
-    auto e = make(base_options());
+  static std::vector<Outcome> run_colocated(const std::vector<Case>& cases, const EngineOptions& o = base_options()) {
+    auto e = make(o);
     std::map<RequestId, size_t> index;
     for (size_t i = 0; i < cases.size(); ++i) {
       auto id = e->add_request(cases[i].prompt, cases[i].params);
@@ -358,6 +358,30 @@ TEST_F(DisaggTest, GreedyOverTcpEqualsColocated) {
   EXPECT_EQ(r.decode.num_preemptions, 0);
   // The shared prefix: later imports find its full blocks in the decode side's prefix cache.
   EXPECT_GT(r.decode.prefix.hit_tokens, 0);
+}
+
+// Quantized caches move codes and scales together: a decode side adopting i8 / f8e4m3 K/V
+// continues exactly as a colocated engine with the same cache dtype.
+TEST_F(DisaggTest, QuantizedCachesOverTcpEqualColocated) {
+  for (DType dtype : {DType::kI8, DType::kF8E4M3}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    EngineOptions o = base_options();
+    o.kv_dtype = dtype;
+    const std::vector<Case> cases = odd_cases(greedy_);
+    const std::vector<Outcome> colocated = run_colocated(cases, o);
+    const DisaggResult r = run_over_tcp(cases, o, o);
+    expect_same(r.outcomes, colocated, dtype_name(dtype));
+    EXPECT_GE(r.num_transferred, 12);
+    EXPECT_EQ(r.decode.prompt_tokens_computed, 0);
+  }
+  // An i8 export is refused by an engine with an f32 cache.
+  EngineOptions i8 = base_options();
+  i8.kv_dtype = DType::kI8;
+  const KvExport kv = export_one(greedy_[5], i8);
+  EXPECT_EQ(kv.layers[0].size(), static_cast<size_t>(kv.num_computed) * 2 * kv.num_kv_heads * (kv.head_dim + 4));
+  auto plain = make(base_options());
+  EXPECT_EQ(plain->adopt(kv, greedy_[5].params).status().code(), ErrorCode::kInvalidArgument);
+  expect_no_leaks(*plain, "f32 cache");
 }
 
 TEST_F(DisaggTest, SeededSamplingOverTcpEqualsColocated) {

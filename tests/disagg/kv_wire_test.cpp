@@ -139,9 +139,21 @@ TEST(KvHeader, BadHeadersAreClearErrors) {
   KvExport short_layer = kv;
   short_layer.layers[1].pop_back();
   EXPECT_EQ(encode_kv_header(short_layer, 1).status().code(), ErrorCode::kInvalidArgument);
-  KvExport int8 = kv;
-  int8.dtype = DType::kI8;
-  EXPECT_EQ(encode_kv_header(int8, 1).status().code(), ErrorCode::kUnsupported);
+  KvExport i32 = kv;
+  i32.dtype = DType::kI32;  // no KV cache holds it: no wire code
+  EXPECT_EQ(encode_kv_header(i32, 1).status().code(), ErrorCode::kUnsupported);
+  // An i8 export's layers carry the scales too: K and V codes, then K and V scales (f32).
+  KvExport i8 = kv;
+  i8.dtype = DType::kI8;
+  EXPECT_EQ(encode_kv_header(i8, 1).status().code(), ErrorCode::kInvalidArgument);  // f32-sized layers
+  for (auto& layer : i8.layers) layer.resize(i8.layer_bytes());
+  EXPECT_EQ(i8.layer_bytes(), static_cast<size_t>(i8.num_computed) * 2 * i8.num_kv_heads * (i8.head_dim + 4));
+  auto i8_header = encode_kv_header(i8, 1);
+  ASSERT_TRUE(i8_header.ok()) << i8_header.status().to_string();
+  auto i8_decoded = decode_kv_header(*i8_header, KvWireLimits{});
+  ASSERT_TRUE(i8_decoded.ok()) << i8_decoded.status().to_string();
+  EXPECT_EQ(i8_decoded->meta.dtype, DType::kI8);
+  EXPECT_EQ(i8_decoded->layer_bytes[0], i8.layer_bytes());
 }
 
 TEST(LocalTransport, CarriesATransferAndAnAck) {

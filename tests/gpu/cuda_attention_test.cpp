@@ -2,17 +2,23 @@
 // attention over contiguous K/V): mixed batches (prefill chunks and decode rows) through the
 // prefill kernel, all-decode batches through the split-K decode kernel at several split counts,
 // each on the tensor-core kernels where the planner picks them and on the CUDA-core kernels,
-// GQA group sizes 1..8, odd head dims, sliding windows, f32/f16/bf16 caches, block sizes 16 and
-// 5, shuffled block tables. Cache slots a query must not read (unowned blocks, keys before a
-// window) hold NaN, and released blocks are -1 in the table, so reading them shows up.
+// GQA group sizes 1..8, odd head dims, sliding windows, f32/f16/bf16 caches and the quantized
+// i8/f8e4m3 ones (the reference reads the same codes and scales, so the CUDA-core kernels keep
+// the f32 tolerances; the tensor-core decode kernel has bf16's), block sizes 16 and 5, shuffled
+// block tables. Cache slots a query must not
+// read (unowned blocks, keys before a window) hold NaN (quantized: NaN scales), and released
+// blocks are -1 in the table, so reading them shows up. The last test runs store_kv and
+// paged_attention through ops.h on device tensors (the CUDA backend).
 #ifdef TACHYON_HAS_CUDA
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <numeric>
 #include <random>
 
+#include "core/device_memory.h"
 #include "gpu_test_util.h"
 #include "ops/cpu/reference.h"
 #include "ops/ops.h"
@@ -45,11 +51,28 @@ struct Scenario {
 
 // The host batch (what the reference reads) and its device mirror.
 struct Batch {
-  Tensor q;                 // [n, num_heads, head_dim] f32
-  Tensor k_cache, v_cache;  // [num_blocks, block_size, num_kv_heads, head_dim]
+  Tensor q;       // [n, num_heads, head_dim] f32
+  KvLayer cache;  // [num_blocks, block_size, num_kv_heads, head_dim] (+ [.., 1] f32 scales if quantized)
   AttentionMetadata meta;
   AttentionParams params;
 };
+
+// A cache layer that reads as NaN everywhere: NaN values, or for a quantized cache NaN scales
+// (and codes 0x7f: 127, or e4m3's NaN).
+KvLayer nan_layer(const std::vector<int64_t>& shape, DType dtype) {
+  KvLayer layer;
+  if (!ops::is_quantized_kv_dtype(dtype)) {
+    layer.k = testing::nan_tensor(shape, dtype);
+    layer.v = testing::nan_tensor(shape, dtype);
+    return layer;
+  }
+  layer.k = Tensor::empty(shape, dtype);
+  std::memset(layer.k.raw_data(), 0x7f, layer.k.nbytes());
+  layer.v = layer.k.contiguous();
+  layer.k_scales = testing::nan_tensor({shape[0], shape[1], shape[2], 1});
+  layer.v_scales = testing::nan_tensor({shape[0], shape[1], shape[2], 1});
+  return layer;
+}
 
 Batch build(const Scenario& sc, std::mt19937& rng) {
   Batch b;
@@ -69,8 +92,7 @@ Batch build(const Scenario& sc, std::mt19937& rng) {
   std::shuffle(ids.begin(), ids.end(), rng);
 
   const std::vector<int64_t> cache_shape = {pool, sc.block_size, sc.num_kv_heads, sc.head_dim};
-  b.k_cache = testing::nan_tensor(cache_shape, sc.cache_dtype);
-  b.v_cache = testing::nan_tensor(cache_shape, sc.cache_dtype);
+  b.cache = nan_layer(cache_shape, sc.cache_dtype);
   b.meta.num_seqs = num_seqs;
   b.meta.block_size = sc.block_size;
   b.meta.query_start = Tensor::empty({num_seqs + 1}, DType::kI32);
@@ -95,15 +117,14 @@ Batch build(const Scenario& sc, std::mt19937& rng) {
     for (int j = 0; j < spec.context_len; ++j) {
       slots[static_cast<size_t>(j)] = table[j / sc.block_size] * sc.block_size + j % sc.block_size;
     }
-    ops::reference::store_kv(k, v, testing::i32_tensor(slots), b.k_cache, b.v_cache);
+    ops::reference::store_kv(k, v, testing::i32_tensor(slots), b.cache);
     if (sc.sliding_window > 0) {
       // Keys before the first query's window are never read: poison them, and drop whole blocks
       // from the table as a block manager that frees them would.
       const int first_key = std::max(0, spec.context_len - spec.q_len - sc.sliding_window + 1);
       Tensor nan_row = testing::nan_tensor({1, sc.num_kv_heads, sc.head_dim});
       for (int j = 0; j < first_key; ++j) {
-        ops::reference::store_kv(nan_row, nan_row, testing::i32_tensor({slots[static_cast<size_t>(j)]}), b.k_cache,
-                                 b.v_cache);
+        ops::reference::store_kv(nan_row, nan_row, testing::i32_tensor({slots[static_cast<size_t>(j)]}), b.cache);
       }
       for (int i = 0; (i + 1) * sc.block_size <= first_key; ++i) table[i] = -1;
     }
@@ -119,13 +140,14 @@ Batch build(const Scenario& sc, std::mt19937& rng) {
 }
 
 // Tolerance for a plan: the CUDA-core kernels compute in f32 on the cache's values (tight); the
-// tensor-core kernels round the scaled query and the softmax weights to the cache's 16-bit type,
-// an error of up to 2^-9 (bf16) or 2^-12 (f16) of |v| per term. all_close measures against the
-// batch's RMS, which long rows (averages of many random values) pull down to ~0.07 while a row
-// that sees 2 keys has outputs near |v| ~ 0.5: hence ~0.004 / 0.07 for bf16.
+// tensor-core kernels round the scaled query and the softmax weights to the cache's 16-bit type
+// (bf16 for a quantized cache, its weights times the V scales), an error of up to 2^-9 (bf16) or
+// 2^-12 (f16) of |v| per term. all_close measures against the batch's RMS, which long rows
+// (averages of many random values) pull down to ~0.07 while a row that sees 2 keys has outputs
+// near |v| ~ 0.5: hence ~0.004 / 0.07 for bf16.
 double tolerance(const cu::AttentionPlan& plan, DType cache_dtype, double f32_tol) {
   if (!plan.tensor_cores) return f32_tol;
-  return cache_dtype == DType::kBF16 ? 5e-2 : 8e-3;
+  return cache_dtype == DType::kF16 ? 8e-3 : 5e-2;
 }
 
 // The plan as made, and (when it chose tensor cores) the same plan on the CUDA-core kernels.
@@ -140,26 +162,33 @@ std::vector<cu::AttentionPlan> both_kernels(const cu::AttentionPlan& plan) {
 
 Tensor reference(const Batch& b) {
   Tensor out = testing::nan_tensor(b.q.shape());
-  ops::reference::paged_attention(b.q, b.k_cache, b.v_cache, b.meta, b.params, out);
+  ops::reference::paged_attention(b.q, b.cache, b.meta, b.params, out);
   return out;
 }
 
+Mirror mirror_if_defined(const Tensor& t) { return t.defined() ? Mirror(t) : Mirror(); }
+
 // The batch on the device.
 struct DeviceBatch {
-  Mirror k, v, query_start, context_lens, block_tables;
+  Mirror k, v, k_scales, v_scales, query_start, context_lens, block_tables;
   cu::KvCacheView cache;
   cu::AttentionBatch batch;
 
   explicit DeviceBatch(const Batch& b)
-      : k(b.k_cache), v(b.v_cache), query_start(b.meta.query_start), context_lens(b.meta.context_lens),
-        block_tables(b.meta.block_tables) {
+      : k(b.cache.k), v(b.cache.v), k_scales(mirror_if_defined(b.cache.k_scales)),
+        v_scales(mirror_if_defined(b.cache.v_scales)), query_start(b.meta.query_start),
+        context_lens(b.meta.context_lens), block_tables(b.meta.block_tables) {
     cache.k = k.ptr<void>();
     cache.v = v.ptr<void>();
-    cache.dtype = b.k_cache.dtype();
-    cache.num_blocks = b.k_cache.size(0);
-    cache.block_size = b.k_cache.size(1);
-    cache.num_kv_heads = b.k_cache.size(2);
-    cache.head_dim = b.k_cache.size(3);
+    if (b.cache.k_scales.defined()) {
+      cache.k_scales = k_scales.ptr<float>();
+      cache.v_scales = v_scales.ptr<float>();
+    }
+    cache.dtype = b.cache.k.dtype();
+    cache.num_blocks = b.cache.k.size(0);
+    cache.block_size = b.cache.k.size(1);
+    cache.num_kv_heads = b.cache.k.size(2);
+    cache.head_dim = b.cache.k.size(3);
     batch.num_seqs = b.meta.num_seqs;
     batch.query_start = query_start.ptr<int32_t>();
     batch.context_lens = context_lens.ptr<int32_t>();
@@ -225,12 +254,16 @@ std::vector<SeqSpec> mixed_seqs(std::mt19937& rng, int block_size) {
   return seqs;
 }
 
-std::vector<Scenario> scenarios(std::mt19937& rng, bool decode_only) {
+const std::vector<DType> kFloatCaches = {DType::kF32, DType::kBF16, DType::kF16};
+const std::vector<DType> kQuantizedCaches = {DType::kI8, DType::kF8E4M3};
+
+// Every head configuration and head dim, the cache dtypes taken in turn (in runs of 3, across
+// the windows).
+std::vector<Scenario> scenarios(std::mt19937& rng, bool decode_only, const std::vector<DType>& dtypes) {
   std::vector<Scenario> out;
   const std::vector<std::pair<int, int>> head_configs = {{4, 4}, {8, 4}, {8, 2}, {14, 2}, {8, 1}, {32, 8}};
   const std::vector<int> head_dims = {64, 128, 48, 20, 256, 96};
   const std::vector<int> windows = {0, 7, 40};
-  const std::vector<DType> dtypes = {DType::kF32, DType::kBF16, DType::kF16};
   int i = 0;
   for (auto [h, kvh] : head_configs) {
     for (int hd : head_dims) {
@@ -241,7 +274,7 @@ std::vector<Scenario> scenarios(std::mt19937& rng, bool decode_only) {
       s.head_dim = hd;
       s.block_size = (i % 4 == 3) ? 5 : 16;
       s.sliding_window = windows[static_cast<size_t>(i % 3)];
-      s.cache_dtype = dtypes[static_cast<size_t>((i / 3) % 3)];
+      s.cache_dtype = dtypes[static_cast<size_t>(i / 3) % dtypes.size()];
       if (decode_only) {
         std::uniform_int_distribution<int> ctx(1, 2500);
         for (int j = 0; j < 5; ++j) s.seqs.push_back({ctx(rng), 1});
@@ -257,17 +290,20 @@ std::vector<Scenario> scenarios(std::mt19937& rng, bool decode_only) {
   return out;
 }
 
-TEST(CudaPagedAttention, PrefillKernelMatchesReference) {
-  TACHYON_SKIP_WITHOUT_GPU();
+// Mixed batches through the prefill kernels (as planned, and on CUDA cores).
+void check_prefill_kernels(const std::vector<DType>& dtypes) {
   const uint32_t seed = testing::fresh_seed();
   SCOPED_TRACE(fmt::format("seed {} (TACHYON_TEST_SEED={} reproduces)", seed, seed));
   std::mt19937 rng(seed);
-  for (const Scenario& sc : scenarios(rng, false)) {
+  for (const Scenario& sc : scenarios(rng, false, dtypes)) {
     const Batch b = build(sc, rng);
     const DeviceBatch d(b);
     auto planned = cu::plan_paged_attention(d.batch, sc.num_heads, d.cache, b.params, sm_count());
     ASSERT_TRUE(planned.ok()) << planned.status().to_string();
     ASSERT_EQ(planned->algo, cu::AttentionAlgo::kPrefill) << sc.describe();
+    if (ops::is_quantized_kv_dtype(sc.cache_dtype)) {
+      ASSERT_FALSE(planned->tensor_cores) << sc.describe();
+    }
     const Tensor expected = reference(b);
     for (const cu::AttentionPlan& plan : both_kernels(*planned)) {
       Tensor out;
@@ -277,30 +313,55 @@ TEST(CudaPagedAttention, PrefillKernelMatchesReference) {
   }
 }
 
-// The planner picks the tensor-core kernels exactly where they apply (16-bit cache, head_dim 64
-// or 128, sm_80+), and a tensor-core plan for a cache they cannot read is an error, not a launch.
+TEST(CudaPagedAttention, PrefillKernelMatchesReference) {
+  TACHYON_SKIP_WITHOUT_GPU();
+  check_prefill_kernels(kFloatCaches);
+}
+
+TEST(CudaPagedAttention, PrefillKernelMatchesReferenceOnQuantizedCaches) {
+  TACHYON_SKIP_WITHOUT_GPU();
+  check_prefill_kernels(kQuantizedCaches);
+}
+
+// The planner picks the tensor-core kernels exactly where they apply (head_dim 64 or 128, sm_80+;
+// a 16-bit cache, or a quantized one for decode), and a tensor-core plan for a cache they cannot
+// read is an error, not a launch.
 TEST(CudaPagedAttention, TensorCoresArePlannedWhereTheyApply) {
   TACHYON_SKIP_WITHOUT_GPU();
   auto cc = cu::current_compute_capability();
   ASSERT_TRUE(cc.ok()) << cc.status().to_string();
   std::mt19937 rng(7);
-  for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16, DType::kI8, DType::kF8E4M3}) {
     for (int hd : {48, 64, 128, 256}) {
-      Scenario sc;
-      sc.head_dim = hd;
-      sc.cache_dtype = dtype;
-      sc.seqs = {{40, 5}, {9, 1}};
-      const Batch b = build(sc, rng);
-      const DeviceBatch d(b);
-      auto plan = cu::plan_paged_attention(d.batch, sc.num_heads, d.cache, b.params, sm_count());
-      ASSERT_TRUE(plan.ok()) << plan.status().to_string();
-      const bool expect = *cc >= 80 && dtype != DType::kF32 && (hd == 64 || hd == 128);
-      EXPECT_EQ(plan->tensor_cores, expect) << sc.describe();
-      if (dtype == DType::kF32 || (hd != 64 && hd != 128)) {
-        cu::AttentionPlan forced = *plan;
-        forced.tensor_cores = true;
-        Tensor out;
-        EXPECT_FALSE(run(b, d, forced, false, &out)) << sc.describe();
+      for (int max_query : {5, 1}) {  // the prefill planner, then the decode one
+        Scenario sc;
+        sc.head_dim = hd;
+        sc.cache_dtype = dtype;
+        sc.seqs = {{40, max_query}, {9, 1}};
+        const Batch b = build(sc, rng);
+        const DeviceBatch d(b);
+        auto plan = cu::plan_paged_attention(d.batch, sc.num_heads, d.cache, b.params, sm_count());
+        ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+        const bool sixteen_bit = dtype == DType::kBF16 || dtype == DType::kF16;
+        const bool quantized = ops::is_quantized_kv_dtype(dtype);
+        const bool decode = plan->algo == cu::AttentionAlgo::kDecode;
+        ASSERT_EQ(decode, max_query == 1) << sc.describe();
+        const bool readable = (sixteen_bit || (quantized && decode)) && (hd == 64 || hd == 128);
+        EXPECT_EQ(plan->tensor_cores, *cc >= 80 && readable) << sc.describe();
+        if (!readable) {
+          cu::AttentionPlan forced = *plan;
+          forced.tensor_cores = true;
+          Tensor out;
+          const ::testing::AssertionResult ran = run(b, d, forced, false, &out);
+          EXPECT_FALSE(ran) << sc.describe();
+          if (quantized && !decode && (hd == 64 || hd == 128)) {
+            // The Status names the cache and says why.
+            EXPECT_NE(std::string(ran.message()).find(dtype_name(dtype)), std::string::npos) << ran.message();
+            EXPECT_NE(std::string(ran.message()).find("quantized caches run the prefill on CUDA cores"),
+                      std::string::npos)
+                << ran.message();
+          }
+        }
       }
     }
   }
@@ -387,12 +448,13 @@ TEST(CudaPagedAttention, TreeMasksMatchReference) {
   }
 }
 
-TEST(CudaPagedAttention, DecodeKernelMatchesReferenceAtEverySplitCount) {
-  TACHYON_SKIP_WITHOUT_GPU();
+// All-decode batches through the decode kernels at several split counts, and through the prefill
+// kernels.
+void check_decode_kernels(const std::vector<DType>& dtypes) {
   const uint32_t seed = testing::fresh_seed();
   SCOPED_TRACE(fmt::format("seed {} (TACHYON_TEST_SEED={} reproduces)", seed, seed));
   std::mt19937 rng(seed);
-  for (const Scenario& sc : scenarios(rng, true)) {
+  for (const Scenario& sc : scenarios(rng, true, dtypes)) {
     const Batch b = build(sc, rng);
     const DeviceBatch d(b);
     const Tensor expected = reference(b);
@@ -423,6 +485,16 @@ TEST(CudaPagedAttention, DecodeKernelMatchesReferenceAtEverySplitCount) {
                             "prefill on decode rows " + plan.describe() + " " + sc.describe()));
     }
   }
+}
+
+TEST(CudaPagedAttention, DecodeKernelMatchesReferenceAtEverySplitCount) {
+  TACHYON_SKIP_WITHOUT_GPU();
+  check_decode_kernels(kFloatCaches);
+}
+
+TEST(CudaPagedAttention, DecodeKernelMatchesReferenceAtEverySplitCountOnQuantizedCaches) {
+  TACHYON_SKIP_WITHOUT_GPU();
+  check_decode_kernels(kQuantizedCaches);
 }
 
 // Sequences with no query this step are skipped by both kernels.
@@ -471,6 +543,82 @@ TEST(CudaPagedAttention, StridedQueryAndOutput) {
       Tensor out;
       ASSERT_TRUE(run(b, d, plan, true, &out)) << sc.describe();
       ASSERT_TRUE(all_close(out, reference(b), tolerance(plan, sc.cache_dtype, 2e-5), plan.describe()));
+    }
+  }
+}
+
+Tensor to_device(const Tensor& t, Device device) {
+  auto r = copy_to(t, device);
+  EXPECT_TRUE(r.ok()) << r.status().to_string();
+  return r.ok() ? std::move(r).value() : Tensor();
+}
+
+// store_kv and paged_attention through ops.h on device tensors, i.e. through the CUDA backend
+// (its layer checks, the scales it hands the kernels): this step's K/V rows stored on the device
+// are the reference's codes and scales bit for bit, and attention over the device cache matches
+// the reference over the host one, for a decode batch and a mixed batch with a window (head_dim
+// 128: the decode batch on tensor cores where the device has them).
+TEST(CudaPagedAttention, QuantizedCachesThroughTheBackend) {
+  TACHYON_SKIP_WITHOUT_GPU();
+  ASSERT_OK(cu::start_backend(0));
+  auto cc = cu::current_compute_capability();
+  ASSERT_TRUE(cc.ok()) << cc.status().to_string();
+  const Device gpu = Device::cuda(0);
+  const uint32_t seed = testing::fresh_seed();
+  SCOPED_TRACE(fmt::format("seed {} (TACHYON_TEST_SEED={} reproduces)", seed, seed));
+  std::mt19937 rng(seed);
+  for (DType dtype : kQuantizedCaches) {
+    for (const auto& [head_dim, decode] :
+         std::vector<std::pair<int, bool>>{{80, true}, {80, false}, {128, true}, {128, false}}) {
+      Scenario sc;
+      sc.num_heads = 12;
+      sc.num_kv_heads = 3;
+      sc.head_dim = head_dim;
+      sc.cache_dtype = dtype;
+      sc.sliding_window = decode ? 0 : 50;
+      sc.seqs = decode ? std::vector<SeqSpec>{{300, 1}, {17, 1}, {1, 1}}
+                       : std::vector<SeqSpec>{{300, 20}, {17, 17}, {64, 1}};
+      Batch b = build(sc, rng);
+      // This step's rows: fresh K/V for every query token, at its position (replacing what
+      // build() stored there).
+      const int64_t n = b.q.size(0);
+      const Tensor k = testing::random_tensor({n, sc.num_kv_heads, sc.head_dim}, rng, -2.0f, 2.0f);
+      const Tensor v = testing::random_tensor({n, sc.num_kv_heads, sc.head_dim}, rng, -2.0f, 2.0f);
+      std::vector<int32_t> slots;
+      for (size_t s = 0; s < sc.seqs.size(); ++s) {
+        const int32_t* table = b.meta.block_tables.data<int32_t>() + s * b.meta.block_tables.size(1);
+        for (int j = 0; j < sc.seqs[s].q_len; ++j) {
+          const int pos = sc.seqs[s].context_len - sc.seqs[s].q_len + j;
+          slots.push_back(table[pos / sc.block_size] * sc.block_size + pos % sc.block_size);
+        }
+      }
+      b.meta.slot_mapping = testing::i32_tensor(slots);
+
+      KvLayer layer;
+      layer.k = to_device(b.cache.k, gpu);
+      layer.v = to_device(b.cache.v, gpu);
+      layer.k_scales = to_device(b.cache.k_scales, gpu);
+      layer.v_scales = to_device(b.cache.v_scales, gpu);
+      AttentionMetadata meta = b.meta;
+      meta.query_start = to_device(b.meta.query_start, gpu);
+      meta.context_lens = to_device(b.meta.context_lens, gpu);
+      meta.block_tables = to_device(b.meta.block_tables, gpu);
+      meta.slot_mapping = to_device(b.meta.slot_mapping, gpu);
+      const Tensor dq = to_device(b.q, gpu), dk = to_device(k, gpu), dv = to_device(v, gpu);
+      Tensor dout = to_device(testing::nan_tensor(b.q.shape()), gpu);
+      ops::store_kv(dk, dv, meta.slot_mapping, layer);
+      ops::paged_attention(dq, layer, meta, b.params, dout);
+      ASSERT_OK(ops::synchronize(gpu));
+
+      ops::reference::store_kv(k, v, b.meta.slot_mapping, b.cache);
+      const Tensor expected = reference(b);
+      const std::string what = sc.describe();
+      ASSERT_TRUE(testing::bitwise_equal(to_device(layer.k, Device::cpu()), b.cache.k, what + " k codes"));
+      ASSERT_TRUE(testing::bitwise_equal(to_device(layer.v, Device::cpu()), b.cache.v, what + " v codes"));
+      ASSERT_TRUE(testing::bitwise_equal(to_device(layer.k_scales, Device::cpu()), b.cache.k_scales, what + " k scales"));
+      ASSERT_TRUE(testing::bitwise_equal(to_device(layer.v_scales, Device::cpu()), b.cache.v_scales, what + " v scales"));
+      const bool tensor_cores = decode && head_dim == 128 && *cc >= 80;  // the planner's choice
+      ASSERT_TRUE(all_close(to_device(dout, Device::cpu()), expected, tensor_cores ? 5e-2 : 5e-5, "backend " + what));
     }
   }
 }

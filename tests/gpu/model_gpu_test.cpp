@@ -606,6 +606,31 @@ TEST(GpuModel, Stories260KGreedyEqualsTheCpuPath) {
   EXPECT_GE(agree(bf16), 32u);
 }
 
+// Quantized KV caches: the GPU stores the CPU's codes and scales (bit for bit, tests/gpu/
+// cuda_attention_test.cpp), so stories260K's greedy run with an i8 or f8e4m3 cache on the GPU
+// follows the CPU's with the same cache, and stays near the f32-cache run.
+TEST(GpuModel, QuantizedKvGreedyEqualsTheCpuPath) {
+  TACHYON_START_GPU();
+  TACHYON_SKIP_WITHOUT_SHARED(shared);
+  LoadedModel cpu = load(shared + "/models/stories260K", Device::cpu());
+  LoadedModel gpu = load(shared + "/models/stories260K", kGpu);
+  const std::vector<int32_t> prompt = cpu.tokenizer->encode("Once upon a time");
+  const int n = 64;
+  const auto f32 = testing::greedy_ids(*cpu.model, prompt, n, DType::kF32);
+  for (DType dtype : {DType::kI8, DType::kF8E4M3}) {
+    const auto expected = testing::greedy_ids(*cpu.model, prompt, n, dtype);
+    const auto got = testing::greedy_ids(*gpu.model, prompt, n, dtype);
+    auto agree = [](const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
+      size_t i = 0;
+      while (i < a.size() && i < b.size() && a[i] == b[i]) ++i;
+      return i;
+    };
+    std::printf("stories260K greedy over %d tokens, %s KV: GPU agrees with the CPU on %zu, CPU with the f32 cache on %zu\n",
+                n, dtype_name(dtype), agree(got, expected), agree(expected, f32));
+    EXPECT_GE(agree(got, expected), 32u) << dtype_name(dtype);
+  }
+}
+
 // 32 prompts of mixed lengths in one batch against each alone, prefill then 24 greedy steps:
 // logits within bf16 tolerance; tokens equal until a step whose top-2 margin is within it.
 TEST(GpuModel, BatchedEqualsAloneWithinTolerance) {
@@ -944,14 +969,14 @@ TEST(GpuKvCache, CopyBlocksOnTheDevice) {
   auto cache = KvCache::create(kv);
   ASSERT_TRUE(cache.ok()) << cache.status().to_string();
   for (int l = 0; l < kv.num_layers; ++l) {
-    ops::fill_uniform(cache->k(l), 1, 10 + l, 1.0f, 0.0f);
-    ops::fill_uniform(cache->v(l), 1, 20 + l, 1.0f, 0.0f);
+    ops::fill_uniform(cache->layer(l).k, 1, 10 + l, 1.0f, 0.0f);
+    ops::fill_uniform(cache->layer(l).v, 1, 20 + l, 1.0f, 0.0f);
   }
-  const Tensor before = to_host(cache->k(1));
+  const Tensor before = to_host(cache->layer(1).k);
   const std::vector<BlockCopy> copies = {{1, 3}, {4, 0}};
   cache->copy_blocks(copies);
   ASSERT_OK(ops::synchronize(kGpu));
-  const Tensor after = to_host(cache->k(1));
+  const Tensor after = to_host(cache->layer(1).k);
   const int64_t per_block = before.numel() / kv.num_blocks;
   const auto* b = before.data<uint16_t>();
   const auto* a = after.data<uint16_t>();

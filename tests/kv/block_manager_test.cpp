@@ -290,12 +290,12 @@ TEST(KvCache, SizesFromBudgetAndCopiesBlocks) {
   EXPECT_EQ(c.num_blocks, 10);
   auto cache = KvCache::create(c);
   ASSERT_TRUE(cache.ok());
-  EXPECT_EQ(cache->k(1).shape(), (std::vector<int64_t>{10, 16, 2, 8}));
+  EXPECT_EQ(cache->layer(1).k.shape(), (std::vector<int64_t>{10, 16, 2, 8}));
   const int64_t per_block = 16 * 2 * 8;
   for (int l = 0; l < 2; ++l) {
     for (int64_t i = 0; i < 10 * per_block; ++i) {
-      cache->k(l).data<float>()[i] = static_cast<float>(i + l * 100000);
-      cache->v(l).data<float>()[i] = -static_cast<float>(i + l * 100000);
+      cache->layer(l).k.data<float>()[i] = static_cast<float>(i + l * 100000);
+      cache->layer(l).v.data<float>()[i] = -static_cast<float>(i + l * 100000);
     }
   }
   const std::vector<BlockCopy> copies = {{3, 7}, {0, 1}};
@@ -303,14 +303,73 @@ TEST(KvCache, SizesFromBudgetAndCopiesBlocks) {
   for (int l = 0; l < 2; ++l) {
     for (const BlockCopy& cp : copies) {
       for (int64_t i = 0; i < per_block; ++i) {
-        ASSERT_EQ(cache->k(l).data<float>()[cp.dst * per_block + i], cache->k(l).data<float>()[cp.src * per_block + i]);
-        ASSERT_EQ(cache->v(l).data<float>()[cp.dst * per_block + i], cache->v(l).data<float>()[cp.src * per_block + i]);
+        ASSERT_EQ(cache->layer(l).k.data<float>()[cp.dst * per_block + i], cache->layer(l).k.data<float>()[cp.src * per_block + i]);
+        ASSERT_EQ(cache->layer(l).v.data<float>()[cp.dst * per_block + i], cache->layer(l).v.data<float>()[cp.src * per_block + i]);
       }
     }
-    EXPECT_EQ(cache->k(l).data<float>()[2 * per_block], static_cast<float>(2 * per_block + l * 100000));
+    EXPECT_EQ(cache->layer(l).k.data<float>()[2 * per_block], static_cast<float>(2 * per_block + l * 100000));
   }
   c.num_blocks = 0;
   EXPECT_FALSE(KvCache::create(c).ok());
+}
+
+// A quantized cache: a scale per (slot, kv head) beside the codes, counted in its bytes, and
+// moved with them by block and slot copies.
+TEST(KvCache, QuantizedPoolsCarryTheirScales) {
+  for (DType dtype : {DType::kI8, DType::kF8E4M3}) {
+    KvCacheConfig c;
+    c.num_layers = 2;
+    c.num_kv_heads = 2;
+    c.head_dim = 8;
+    c.block_size = 4;
+    c.dtype = dtype;
+    EXPECT_EQ(c.bytes_per_token(), 2u * 2 * 2 * (8 * 1 + 4));
+    c.num_blocks = 5;
+    auto cache = KvCache::create(c);
+    ASSERT_TRUE(cache.ok());
+    EXPECT_EQ(cache->layer(0).k_scales.shape(), (std::vector<int64_t>{5, 4, 2, 1}));
+    ASSERT_EQ(cache->pools(1).size(), 4u);
+    for (int l = 0; l < 2; ++l) {
+      int p = 0;
+      for (Tensor* t : cache->pools(l)) {
+        auto* bytes = static_cast<uint8_t*>(t->raw_data());
+        for (size_t i = 0; i < t->nbytes(); ++i) bytes[i] = static_cast<uint8_t>(i * 7 + p * 31 + l * 3);
+        ++p;
+      }
+    }
+    const auto snapshot = [&] {
+      std::vector<std::vector<uint8_t>> out;
+      for (int l = 0; l < 2; ++l) {
+        for (Tensor* t : cache->pools(l)) {
+          const auto* b = static_cast<const uint8_t*>(t->raw_data());
+          out.emplace_back(b, b + t->nbytes());
+        }
+      }
+      return out;
+    };
+    const auto before = snapshot();
+    cache->copy_blocks(std::vector<BlockCopy>{{1, 3}});
+    cache->copy_slots(std::vector<SlotCopy>{{2, 17}});  // slot 2 (block 0) to slot 17 (block 4)
+    const auto after = snapshot();
+    size_t pool = 0;
+    for (int l = 0; l < 2; ++l) {
+      for (Tensor* t : cache->pools(l)) {
+        const size_t slot_bytes = t->nbytes() / (5 * 4);
+        for (size_t i = 0; i < t->nbytes(); ++i) {
+          const size_t slot = i / slot_bytes, in_slot = i % slot_bytes;
+          size_t src = i;
+          if (slot / 4 == 3) src = (4 + slot % 4) * slot_bytes + in_slot;  // block 3 <- block 1
+          if (slot == 17) src = 2 * slot_bytes + in_slot;
+          ASSERT_EQ(after[pool][i], before[pool][src]) << dtype_name(dtype) << " layer " << l << " pool " << pool;
+        }
+        ++pool;
+      }
+    }
+  }
+  KvCacheConfig bad;
+  bad.num_layers = bad.num_kv_heads = bad.head_dim = bad.num_blocks = 1;
+  bad.dtype = DType::kI32;
+  EXPECT_FALSE(KvCache::create(bad).ok());
 }
 
 }  // namespace

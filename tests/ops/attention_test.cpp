@@ -1,10 +1,15 @@
 // store_kv and paged_attention. Chain of oracles: fast paged attention (shuffled block tables,
 // several sequences, mixed prefill chunks and decode rows) == reference paged attention (naive
 // gather) == textbook attention over each sequence's contiguous K/V. Cache slots a query must not
-// read (unused blocks, positions before a sliding window) hold NaN, so reading them shows up.
+// read (unused blocks, positions before a sliding window) hold NaN (a quantized cache: NaN
+// scales), so reading them shows up. Quantized caches (i8, f8e4m3) run the same chain over the
+// values they hold (code * scale), and their error against a bf16 cache is bounded.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
 #include <numeric>
 #include <random>
 
@@ -40,9 +45,42 @@ struct Scenario {
   }
 };
 
+// A cache layer [num_blocks, block_size, num_kv_heads, head_dim] of `dtype` holding NaN
+// everywhere (a quantized one: zero codes, NaN scales).
+KvLayer nan_cache(const std::vector<int64_t>& shape, DType dtype) {
+  KvLayer c;
+  if (!ops::is_quantized_kv_dtype(dtype)) {
+    c.k = testing::nan_tensor(shape, dtype);
+    c.v = testing::nan_tensor(shape, dtype);
+    return c;
+  }
+  c.k = Tensor::zeros(shape, dtype);
+  c.v = Tensor::zeros(shape, dtype);
+  c.k_scales = testing::nan_tensor({shape[0], shape[1], shape[2], 1});
+  c.v_scales = testing::nan_tensor({shape[0], shape[1], shape[2], 1});
+  return c;
+}
+
+// What a pool holds at `slots` as f32: [slots, num_kv_heads, head_dim] (code * scale when quantized).
+Tensor read_back(const Tensor& pool, const Tensor& scales, const std::vector<int32_t>& slots) {
+  const int64_t heads = pool.size(2), head_dim = pool.size(3);
+  const Tensor values = pool.reshape({pool.size(0) * pool.size(1), heads, head_dim}).to_f32();
+  Tensor out = Tensor::empty({static_cast<int64_t>(slots.size()), heads, head_dim}, DType::kF32);
+  for (size_t j = 0; j < slots.size(); ++j) {
+    for (int64_t h = 0; h < heads; ++h) {
+      const float scale = scales.defined() ? scales.data<float>()[slots[j] * heads + h] : 1.0f;
+      for (int64_t i = 0; i < head_dim; ++i) {
+        out.data<float>()[(static_cast<int64_t>(j) * heads + h) * head_dim + i] =
+            values.data<float>()[(slots[j] * heads + h) * head_dim + i] * scale;
+      }
+    }
+  }
+  return out;
+}
+
 struct Batch {
-  Tensor q;                 // [n, num_heads, head_dim] f32
-  Tensor k_cache, v_cache;  // [num_blocks, block_size, num_kv_heads, head_dim]
+  Tensor q;       // [n, num_heads, head_dim] f32
+  KvLayer cache;  // [num_blocks, block_size, num_kv_heads, head_dim] (+ scales)
   AttentionMetadata meta;
   AttentionParams params;
   std::vector<Tensor> k_seq, v_seq;  // per sequence [context_len, num_kv_heads, head_dim] f32, as cached
@@ -67,8 +105,7 @@ Batch build(const Scenario& sc, std::mt19937& rng) {
   std::shuffle(ids.begin(), ids.end(), rng);
 
   const std::vector<int64_t> cache_shape = {pool, sc.block_size, sc.num_kv_heads, sc.head_dim};
-  b.k_cache = testing::nan_tensor(cache_shape, sc.cache_dtype);
-  b.v_cache = testing::nan_tensor(cache_shape, sc.cache_dtype);
+  b.cache = nan_cache(cache_shape, sc.cache_dtype);
   b.meta.num_seqs = num_seqs;
   b.meta.block_size = sc.block_size;
   b.meta.query_start = Tensor::empty({num_seqs + 1}, DType::kI32);
@@ -89,18 +126,16 @@ Batch build(const Scenario& sc, std::mt19937& rng) {
     b.meta.context_lens.data<int32_t>()[s] = spec.context_len;
     b.meta.query_start.data<int32_t>()[s + 1] = row + spec.q_len;
 
-    // K/V as the cache will hold them (rounded to its dtype).
-    const Tensor k =
-        testing::convert(testing::random_tensor({spec.context_len, sc.num_kv_heads, sc.head_dim}, rng), sc.cache_dtype)
-            .to_f32();
-    const Tensor v =
-        testing::convert(testing::random_tensor({spec.context_len, sc.num_kv_heads, sc.head_dim}, rng), sc.cache_dtype)
-            .to_f32();
     std::vector<int32_t> slots(static_cast<size_t>(spec.context_len));
     for (int j = 0; j < spec.context_len; ++j) {
       slots[static_cast<size_t>(j)] = table[j / sc.block_size] * sc.block_size + j % sc.block_size;
     }
-    ops::reference::store_kv(k, v, testing::i32_tensor(slots), b.k_cache, b.v_cache);
+    // K/V as the cache holds them (rounded to its dtype, or quantized), read back from it.
+    const Tensor k_in = testing::random_tensor({spec.context_len, sc.num_kv_heads, sc.head_dim}, rng);
+    const Tensor v_in = testing::random_tensor({spec.context_len, sc.num_kv_heads, sc.head_dim}, rng);
+    ops::reference::store_kv(k_in, v_in, testing::i32_tensor(slots), b.cache);
+    const Tensor k = read_back(b.cache.k, b.cache.k_scales, slots);
+    const Tensor v = read_back(b.cache.v, b.cache.v_scales, slots);
     for (int j = spec.context_len - spec.q_len; j < spec.context_len; ++j) {
       b.meta.slot_mapping.data<int32_t>()[row + j - (spec.context_len - spec.q_len)] = slots[static_cast<size_t>(j)];
     }
@@ -113,8 +148,7 @@ Batch build(const Scenario& sc, std::mt19937& rng) {
       const int first_key = std::max(0, spec.context_len - spec.q_len - sc.sliding_window + 1);
       Tensor nan_row = testing::nan_tensor({1, sc.num_kv_heads, sc.head_dim});
       for (int j = 0; j < first_key; ++j) {
-        ops::reference::store_kv(nan_row, nan_row, testing::i32_tensor({slots[static_cast<size_t>(j)]}), b.k_cache,
-                                 b.v_cache);
+        ops::reference::store_kv(nan_row, nan_row, testing::i32_tensor({slots[static_cast<size_t>(j)]}), b.cache);
       }
       for (int i = 0; (i + 1) * sc.block_size <= first_key; ++i) table[i] = -1;
     }
@@ -148,7 +182,7 @@ std::vector<Scenario> scenarios(std::mt19937& rng) {
   const std::vector<std::pair<int, int>> head_configs = {{4, 4}, {8, 4}, {8, 2}, {14, 2}, {8, 1}};
   const std::vector<int> head_dims = {64, 128, 48, 20};
   const std::vector<int> windows = {0, 7, 40};
-  const std::vector<DType> dtypes = {DType::kF32, DType::kBF16, DType::kF16};
+  const std::vector<DType> dtypes = {DType::kF32, DType::kBF16, DType::kF16, DType::kI8, DType::kF8E4M3};
   int i = 0;
   for (auto [h, kvh] : head_configs) {
     for (int hd : head_dims) {
@@ -158,7 +192,7 @@ std::vector<Scenario> scenarios(std::mt19937& rng) {
       s.head_dim = hd;
       s.block_size = (i % 4 == 3) ? 5 : 16;
       s.sliding_window = windows[static_cast<size_t>(i % 3)];
-      s.cache_dtype = dtypes[static_cast<size_t>((i / 3) % 3)];
+      s.cache_dtype = dtypes[static_cast<size_t>(i % 5)];
       s.seqs = mixed_seqs(rng, s.block_size);
       out.push_back(s);
       ++i;
@@ -169,7 +203,7 @@ std::vector<Scenario> scenarios(std::mt19937& rng) {
 
 Tensor reference_paged(const Batch& b) {
   Tensor out = testing::nan_tensor(b.q.shape());
-  ops::reference::paged_attention(b.q, b.k_cache, b.v_cache, b.meta, b.params, out);
+  ops::reference::paged_attention(b.q, b.cache, b.meta, b.params, out);
   return out;
 }
 
@@ -183,7 +217,7 @@ TEST(PagedAttention, MatchesReference) {
     for (Isa isa : testing::simd_isas()) {
       testing::IsaScope scope(isa);
       Tensor out = testing::nan_tensor(b.q.shape());
-      ops::paged_attention(b.q, b.k_cache, b.v_cache, b.meta, b.params, out);
+      ops::paged_attention(b.q, b.cache, b.meta, b.params, out);
       ASSERT_TRUE(all_close(out, expected, kTol, fmt::format("{} {}", ops::cpu::isa_name(isa), sc.describe())));
     }
   }
@@ -223,7 +257,7 @@ TEST(PagedAttention, ChunkedPrefillAndDecodeMatchOneShot) {
   sc.seqs = {{length, length}};
   const Batch whole = build(sc, rng);
   Tensor one_shot = testing::nan_tensor(whole.q.shape());
-  ops::paged_attention(whole.q, whole.k_cache, whole.v_cache, whole.meta, whole.params, one_shot);
+  ops::paged_attention(whole.q, whole.cache, whole.meta, whole.params, one_shot);
 
   // Steps: [0, 30), [30, 61), then one token at a time; each step sees the cache up to its end.
   std::vector<std::pair<int, int>> steps = {{0, 30}, {30, 61}};
@@ -234,7 +268,7 @@ TEST(PagedAttention, ChunkedPrefillAndDecodeMatchOneShot) {
     meta.context_lens = testing::i32_tensor({end});
     Tensor q = whole.q.slice(0, begin, end);
     Tensor out = testing::nan_tensor(q.shape());
-    ops::paged_attention(q, whole.k_cache, whole.v_cache, meta, whole.params, out);
+    ops::paged_attention(q, whole.cache, meta, whole.params, out);
     ASSERT_TRUE(all_close(out, one_shot.slice(0, begin, end), 1e-6, fmt::format("step [{}, {})", begin, end)));
   }
 }
@@ -284,7 +318,7 @@ TEST(PagedAttention, TreeMasksSeeTheirAncestorsOnly) {
       row += sc.seqs[s].q_len;
     }
     Tensor expected = testing::nan_tensor(b.q.shape());
-    ops::reference::paged_attention(b.q, b.k_cache, b.v_cache, meta, b.params, expected);
+    ops::reference::paged_attention(b.q, b.cache, meta, b.params, expected);
 
     row = 0;
     for (size_t s = 0; s < sc.seqs.size(); ++s) {
@@ -318,7 +352,7 @@ TEST(PagedAttention, TreeMasksSeeTheirAncestorsOnly) {
     for (Isa isa : testing::simd_isas()) {
       testing::IsaScope scope(isa);
       Tensor out = testing::nan_tensor(b.q.shape());
-      ops::paged_attention(b.q, b.k_cache, b.v_cache, meta, b.params, out);
+      ops::paged_attention(b.q, b.cache, meta, b.params, out);
       ASSERT_TRUE(all_close(out, expected, kTol, fmt::format("{} {}", ops::cpu::isa_name(isa), sc.describe())));
     }
   }
@@ -335,7 +369,7 @@ TEST(PagedAttention, RejectsMalformedTreeMasks) {
     AttentionMetadata meta = b.meta;
     meta.tree_masks = Tensor::empty({4}, DType::kI64);
     std::copy(bad.begin(), bad.end(), static_cast<uint64_t*>(meta.tree_masks.raw_data()));
-    EXPECT_DEATH(ops::paged_attention(b.q, b.k_cache, b.v_cache, meta, b.params, out), "tree mask");
+    EXPECT_DEATH(ops::paged_attention(b.q, b.cache, meta, b.params, out), "tree mask");
   }
 }
 
@@ -365,7 +399,7 @@ TEST(PagedAttention, StridedQueryAndOutput) {
   Tensor out = wide.slice(1, 1, sc.num_heads + 1);
   for (Isa isa : testing::simd_isas()) {
     testing::IsaScope scope(isa);
-    ops::paged_attention(q, b.k_cache, b.v_cache, b.meta, b.params, out);
+    ops::paged_attention(q, b.cache, b.meta, b.params, out);
     ASSERT_TRUE(all_close(out, reference_paged(b), kTol, ops::cpu::isa_name(isa)));
   }
 }
@@ -384,7 +418,7 @@ TEST(PagedAttention, ThreadCountsAgree) {
   for (int threads : {1, 2, 3, 7}) {
     testing::ThreadScope ts(threads);
     Tensor out = testing::nan_tensor(b.q.shape());
-    ops::paged_attention(b.q, b.k_cache, b.v_cache, b.meta, b.params, out);
+    ops::paged_attention(b.q, b.cache, b.meta, b.params, out);
     ASSERT_TRUE(all_close(out, expected, kTol, fmt::format("threads={} {}", threads, sc.describe())));
   }
 }
@@ -395,11 +429,17 @@ TEST(StoreKv, MatchesReferenceBitwise) {
   std::mt19937 rng(seed);
   for (Isa isa : testing::simd_isas()) {
     testing::IsaScope scope(isa);
-    for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+    for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16, DType::kI8, DType::kF8E4M3}) {
       const int64_t num_blocks = 7, block_size = 16, kv_heads = 3, head_dim = 24, n = 29;
       // k, v as strided views of a fused QKV output.
       Tensor qkv = testing::random_tensor({n, 2 + 2 * kv_heads, head_dim}, rng, -70000.0f, 70000.0f);
       Tensor k = qkv.slice(1, 2, 2 + kv_heads), v = qkv.slice(1, 2 + kv_heads, 2 + 2 * kv_heads);
+      for (int64_t i = 0; i < head_dim; ++i) {
+        k.data<float>()[5 * k.stride(0) + i] = 0.0f;  // an all-zero row: scale 0
+        v.data<float>()[6 * v.stride(0) + v.stride(1) + i] = 0.0f;
+      }
+      k.data<float>()[7 * k.stride(0) + 2 * k.stride(1) + 3] = std::numeric_limits<float>::quiet_NaN();
+      v.data<float>()[8 * v.stride(0) + 4] = std::numeric_limits<float>::infinity();
       std::vector<int32_t> all_slots(static_cast<size_t>(num_blocks * block_size));
       std::iota(all_slots.begin(), all_slots.end(), 0);
       std::shuffle(all_slots.begin(), all_slots.end(), rng);
@@ -407,14 +447,103 @@ TEST(StoreKv, MatchesReferenceBitwise) {
       slots[3] = -1;  // padding tokens store nothing
       slots[17] = -1;
       const Tensor slot_mapping = testing::i32_tensor(slots);
-      Tensor k_cache = testing::nan_tensor({num_blocks, block_size, kv_heads, head_dim}, dtype);
-      Tensor v_cache = testing::nan_tensor({num_blocks, block_size, kv_heads, head_dim}, dtype);
-      Tensor k_ref = k_cache.contiguous(), v_ref = v_cache.contiguous();
-      ops::store_kv(k, v, slot_mapping, k_cache, v_cache);
-      ops::reference::store_kv(k.contiguous(), v.contiguous(), slot_mapping, k_ref, v_ref);
-      ASSERT_TRUE(testing::bitwise_equal(k_cache, k_ref, fmt::format("k {}", dtype_name(dtype))));
-      ASSERT_TRUE(testing::bitwise_equal(v_cache, v_ref, fmt::format("v {}", dtype_name(dtype))));
+      KvLayer cache = nan_cache({num_blocks, block_size, kv_heads, head_dim}, dtype);
+      KvLayer ref = cache;
+      for (Tensor* t : {&ref.k, &ref.v, &ref.k_scales, &ref.v_scales}) {
+        if (t->defined()) *t = t->contiguous();
+      }
+      ops::store_kv(k, v, slot_mapping, cache);
+      ops::reference::store_kv(k.contiguous(), v.contiguous(), slot_mapping, ref);
+      ASSERT_TRUE(testing::bitwise_equal(cache.k, ref.k, fmt::format("k {}", dtype_name(dtype))));
+      ASSERT_TRUE(testing::bitwise_equal(cache.v, ref.v, fmt::format("v {}", dtype_name(dtype))));
+      if (ops::is_quantized_kv_dtype(dtype)) {
+        ASSERT_TRUE(testing::bitwise_equal(cache.k_scales, ref.k_scales, fmt::format("k scales {}", dtype_name(dtype))));
+        ASSERT_TRUE(testing::bitwise_equal(cache.v_scales, ref.v_scales, fmt::format("v scales {}", dtype_name(dtype))));
+      }
     }
+  }
+}
+
+// Quantized rows by the rule of ops.h KvLayer, checked from its definition: the scale is the
+// row's max |x| over Q, every code dequantizes to within half a step of x (i8: half the scale;
+// f8e4m3: half an e4m3 step at |x| / scale), the largest |x| maps to +-Q exactly, an all-zero row
+// stores zeros with scale 0, and a row holding a non-finite value gets a NaN scale.
+TEST(StoreKv, QuantizedRowsFollowTheRule) {
+  const uint32_t seed = testing::fresh_seed();
+  SCOPED_TRACE(fmt::format("seed {}", seed));
+  std::mt19937 rng(seed);
+  const int64_t kv_heads = 2, head_dim = 40, n = 6;
+  for (DType dtype : {DType::kI8, DType::kF8E4M3}) {
+    const double q_max = dtype == DType::kI8 ? 127.0 : 448.0;
+    Tensor k = testing::random_tensor({n, kv_heads, head_dim}, rng, -3.0f, 3.0f);
+    for (int64_t i = 0; i < head_dim; ++i) k.data<float>()[(1 * kv_heads + 1) * head_dim + i] = 0.0f;
+    k.data<float>()[(2 * kv_heads) * head_dim + 7] = std::numeric_limits<float>::infinity();
+    k.data<float>()[(3 * kv_heads) * head_dim] = 1e-30f;  // tiny values next to ordinary ones
+    const Tensor v = k.contiguous();
+    std::vector<int32_t> slots(static_cast<size_t>(n));
+    std::iota(slots.begin(), slots.end(), 0);
+    KvLayer cache = nan_cache({1, 8, kv_heads, head_dim}, dtype);
+    ops::store_kv(k, v, testing::i32_tensor(slots), cache);
+    const Tensor codes = cache.k.reshape({8 * kv_heads, head_dim}).to_f32();
+    for (int64_t t = 0; t < n; ++t) {
+      for (int64_t h = 0; h < kv_heads; ++h) {
+        const int64_t row = t * kv_heads + h;
+        const float* x = k.data<float>() + row * head_dim;
+        const float scale = cache.k_scales.data<float>()[row];
+        const std::string what = fmt::format("{} token {} head {}", dtype_name(dtype), t, h);
+        if (t == 2 && h == 0) {
+          EXPECT_TRUE(std::isnan(scale)) << what;
+          continue;
+        }
+        double amax = 0.0;
+        for (int64_t i = 0; i < head_dim; ++i) amax = std::max(amax, std::fabs(static_cast<double>(x[i])));
+        EXPECT_EQ(scale, static_cast<float>(amax) / static_cast<float>(q_max)) << what;
+        for (int64_t i = 0; i < head_dim; ++i) {
+          const double c = codes.data<float>()[row * head_dim + i];
+          if (amax == 0.0) {
+            EXPECT_EQ(c, 0.0) << what;
+            continue;
+          }
+          const double r = x[i] / static_cast<double>(scale);  // where x falls in code units
+          if (std::fabs(x[i]) == amax) EXPECT_NEAR(std::fabs(c), q_max, 0.0) << what << " i " << i;
+          // i8 steps are 1; e4m3 steps are 2^(floor(log2 |r|) - 3), at least 2^-9.
+          const double step =
+              dtype == DType::kI8 ? 1.0 : std::ldexp(1.0, std::max(-9, static_cast<int>(std::floor(std::log2(std::fabs(r) + 1e-300))) - 3));
+          EXPECT_LE(std::fabs(c - r), step / 2 * (1 + 1e-6)) << what << " i " << i << " x " << x[i];
+        }
+      }
+    }
+  }
+}
+
+// The bound: attention over an i8 cache is within 1e-2 (relative, over the whole output)
+// of the same attention over a bf16 cache; f8e4m3 (3 mantissa bits) is reported with its own,
+// looser bound.
+TEST(PagedAttention, QuantizedCacheErrorAgainstBf16) {
+  const uint32_t seed = testing::fresh_seed();
+  SCOPED_TRACE(fmt::format("seed {}", seed));
+  for (auto [dtype, bound] : {std::pair{DType::kI8, 1e-2}, std::pair{DType::kF8E4M3, 5e-2}}) {
+    std::mt19937 rng_q(seed), rng_b(seed);
+    Scenario sc;
+    sc.num_heads = 8;
+    sc.num_kv_heads = 2;
+    sc.head_dim = 64;
+    sc.seqs = {{300, 1}, {64, 64}, {150, 9}, {1, 1}};
+    sc.cache_dtype = dtype;
+    const Batch quantized = build(sc, rng_q);
+    sc.cache_dtype = DType::kBF16;
+    const Batch bf16 = build(sc, rng_b);  // the same draws: the same q, K and V before rounding
+    const Tensor a = reference_paged(quantized), b = reference_paged(bf16);
+    double diff = 0.0, norm = 0.0;
+    for (int64_t i = 0; i < a.numel(); ++i) {
+      const double d = static_cast<double>(a.data<float>()[i]) - b.data<float>()[i];
+      diff += d * d;
+      norm += static_cast<double>(b.data<float>()[i]) * b.data<float>()[i];
+    }
+    const double rel = std::sqrt(diff / norm);
+    RecordProperty(fmt::format("relative_error_{}", dtype_name(dtype)), fmt::format("{:.2e}", rel));
+    EXPECT_LT(rel, bound) << dtype_name(dtype);
+    std::printf("attention over a %s cache: relative error %.2e against bf16\n", dtype_name(dtype), rel);
   }
 }
 

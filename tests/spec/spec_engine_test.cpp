@@ -347,7 +347,7 @@ std::vector<float> kv_at(Engine& e, const BlockTable& table, int position) {
   const int64_t row = static_cast<int64_t>(c.num_kv_heads) * c.head_dim;
   std::vector<float> out;
   for (int l = 0; l < c.num_layers; ++l) {
-    for (Tensor* t : {&cache.k(l), &cache.v(l)}) {
+    for (Tensor* t : {&cache.layer(l).k, &cache.layer(l).v}) {
       const float* p = t->data<float>() + static_cast<int64_t>(table.slot(position)) * row;
       out.insert(out.end(), p, p + row);
     }

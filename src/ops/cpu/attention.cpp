@@ -6,7 +6,9 @@
 // fetched once from memory serves every row from L1. Per row: q pre-scaled, running max m,
 // running sum l, accumulator acc[head_dim]; per block: scores of the row's visible keys (causal,
 // sliding window), one rescale of acc by e^(m_old - m_new), then acc += p_j v_j. Items are split
-// over threads by estimated cost (rows x visible keys), contiguous per thread.
+// over threads by estimated cost (rows x visible keys), contiguous per thread. A quantized cache
+// (i8 / f8e4m3) is read as codes: a key's score is its code dot product times the row's scale,
+// and a value's weight p_j is multiplied by its row's scale before the axpy.
 #if defined(__x86_64__)
 
 #include <immintrin.h>
@@ -117,6 +119,9 @@ void run_item(const Problem& p, const Item& it, Scratch& sc) {
   const int32_t* block_table = batch.block_tables + it.seq * batch.max_blocks_per_seq;
   const T* k_base = static_cast<const T*>(cache.k) + it.kv_head * head_dim;
   const T* v_base = static_cast<const T*>(cache.v) + it.kv_head * head_dim;
+  // Quantized caches: the (slot, head) scales of this kv head, num_kv_heads apart per slot.
+  const float* k_scales = cache.k_scales != nullptr ? cache.k_scales + it.kv_head : nullptr;
+  const float* v_scales = cache.v_scales != nullptr ? cache.v_scales + it.kv_head : nullptr;
 
   const int64_t rows = (it.row_end - it.row_begin) * p.group;
   auto row_token = [&](int64_t r) { return it.row_begin + r / p.group; };
@@ -141,6 +146,8 @@ void run_item(const Problem& p, const Item& it, Scratch& sc) {
                   it.seq, b, block, cache.num_blocks);
     const T* kb = k_base + block * block_size * key_stride;
     const T* vb = v_base + block * block_size * key_stride;
+    const float* ksb = k_scales != nullptr ? k_scales + block * block_size * cache.num_kv_heads : nullptr;
+    const float* vsb = v_scales != nullptr ? v_scales + block * block_size * cache.num_kv_heads : nullptr;
     const int64_t j_first = b * block_size;  // position of the block's slot 0
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t pos = pos0 + row_token(r);
@@ -152,7 +159,8 @@ void run_item(const Problem& p, const Item& it, Scratch& sc) {
       float* acc = sc.acc.data() + r * head_dim;
       float block_max = -std::numeric_limits<float>::infinity();
       for (int64_t j = lo; j <= hi; ++j) {
-        const float s = dot_row<L>(qs, kb + (j - j_first) * key_stride, head_dim);
+        float s = dot_row<L>(qs, kb + (j - j_first) * key_stride, head_dim);
+        if (ksb != nullptr) s *= ksb[(j - j_first) * cache.num_kv_heads];
         sc.scores[static_cast<size_t>(j - lo)] = s;
         block_max = std::max(block_max, s);
       }
@@ -176,7 +184,9 @@ void run_item(const Problem& p, const Item& it, Scratch& sc) {
       }
       l += exp_and_sum(sc.scores.data(), count, m);
       for (int64_t j = lo; j <= hi; ++j) {
-        axpy_row<L>(acc, sc.scores[static_cast<size_t>(j - lo)], vb + (j - j_first) * key_stride, head_dim);
+        float pj = sc.scores[static_cast<size_t>(j - lo)];
+        if (vsb != nullptr) pj *= vsb[(j - j_first) * cache.num_kv_heads];
+        axpy_row<L>(acc, pj, vb + (j - j_first) * key_stride, head_dim);
       }
     }
   }
@@ -255,6 +265,8 @@ void paged_attention(const float* q, int64_t q_token_stride, int64_t q_head_stri
     case DType::kF32: run_all<avx2::LoadF32>(p, items, bounds); break;
     case DType::kBF16: run_all<avx2::LoadBf16>(p, items, bounds); break;
     case DType::kF16: run_all<avx2::LoadF16>(p, items, bounds); break;
+    case DType::kI8: run_all<avx2::LoadI8>(p, items, bounds); break;
+    case DType::kF8E4M3: run_all<avx2::LoadF8E4M3>(p, items, bounds); break;
     default: TACHYON_CHECK(false, "paged_attention: cache dtype {}", dtype_name(cache.dtype));
   }
 }

@@ -69,8 +69,12 @@ void fill_uniform(void* data, DType dtype, int64_t count, uint64_t seed, uint64_
 
 // The paged K/V cache of one layer: [num_blocks, block_size, num_kv_heads, head_dim], contiguous.
 struct KvCacheView {
-  void* k = nullptr;  // f32 / f16 / bf16 (dtype)
+  void* k = nullptr;  // [num_blocks, block_size, num_kv_heads, head_dim]: f32 / f16 / bf16 / i8 / f8e4m3 (dtype)
   void* v = nullptr;
+  // i8 / f8e4m3 caches: [num_blocks, block_size, num_kv_heads] f32, element = code * scale of its
+  // (slot, kv head) row (ops.h KvLayer); null for the others.
+  float* k_scales = nullptr;
+  float* v_scales = nullptr;
   DType dtype = DType::kF32;
   int64_t num_blocks = 0, block_size = 0, num_kv_heads = 0, head_dim = 0;
 };

@@ -2,6 +2,7 @@
 #include "ops/cpu/reference.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <vector>
@@ -146,27 +147,75 @@ void softmax(Tensor& x) {
   }
 }
 
-void store_kv(const Tensor& k, const Tensor& v, const Tensor& slot_mapping, Tensor& k_cache, Tensor& v_cache) {
+void quantize_kv_row(const float* x, int64_t head_dim, DType dtype, void* codes, float* scale) {
+  const float q_max = quantized_kv_max(dtype);
+  float amax = 0.0f;
+  bool finite = true;
+  for (int64_t i = 0; i < head_dim; ++i) {
+    finite = finite && std::isfinite(x[i]);
+    amax = std::max(amax, std::fabs(x[i]));
+  }
+  const float s = !finite ? std::numeric_limits<float>::quiet_NaN() : amax / q_max;
+  *scale = s;
+  for (int64_t i = 0; i < head_dim; ++i) {
+    const float r = finite && s > 0.0f ? x[i] / s : 0.0f;
+    if (dtype == DType::kI8) {
+      static_cast<int8_t*>(codes)[i] = static_cast<int8_t>(std::clamp(std::rint(r), -127.0f, 127.0f));
+    } else {
+      static_cast<uint8_t*>(codes)[i] = f32_to_f8e4m3(r);
+    }
+  }
+}
+
+void store_kv(const Tensor& k, const Tensor& v, const Tensor& slot_mapping, KvLayer& cache) {
   const int64_t n = k.size(0), kv_heads = k.size(1), head_dim = k.size(2);
-  const int64_t block_size = k_cache.size(1);
+  const int64_t block_size = cache.k.size(1);
+  const DType dtype = cache.k.dtype();
+  const bool quantized = is_quantized_kv_dtype(dtype);
+  std::vector<float> row(static_cast<size_t>(head_dim));
   for (int64_t t = 0; t < n; ++t) {
     const int64_t slot = load_i32(slot_mapping, t);
     if (slot < 0) continue;  // padding token: nothing stored
     const int64_t block = slot / block_size, offset = slot % block_size;
     for (int64_t h = 0; h < kv_heads; ++h) {
-      for (int64_t i = 0; i < head_dim; ++i) {
-        const int64_t dst = ((block * block_size + offset) * kv_heads + h) * head_dim + i;
-        store_f32(k_cache.raw_data(), k_cache.dtype(), dst, k.data<float>()[offset3(k, t, h, i)]);
-        store_f32(v_cache.raw_data(), v_cache.dtype(), dst, v.data<float>()[offset3(v, t, h, i)]);
+      const int64_t row_index = (block * block_size + offset) * kv_heads + h;  // (slot, head)
+      for (int which = 0; which < 2; ++which) {
+        const Tensor& src = which == 0 ? k : v;
+        Tensor& dst = which == 0 ? cache.k : cache.v;
+        for (int64_t i = 0; i < head_dim; ++i) row[static_cast<size_t>(i)] = src.data<float>()[offset3(src, t, h, i)];
+        if (quantized) {
+          Tensor& scales = which == 0 ? cache.k_scales : cache.v_scales;
+          quantize_kv_row(row.data(), head_dim, dtype, static_cast<uint8_t*>(dst.raw_data()) + row_index * head_dim,
+                          scales.data<float>() + row_index);
+        } else {
+          for (int64_t i = 0; i < head_dim; ++i) {
+            store_f32(dst.raw_data(), dtype, row_index * head_dim + i, row[static_cast<size_t>(i)]);
+          }
+        }
       }
     }
   }
 }
 
-void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttentionMetadata& meta,
+namespace {
+
+// Element i of a cache pool as f32 (a quantized one's code times its row's scale).
+float load_kv(const Tensor& pool, const Tensor& scales, int64_t i) {
+  const int64_t head_dim = pool.size(3);
+  switch (pool.dtype()) {
+    case DType::kI8: return static_cast<float>(pool.data<int8_t>()[i]) * scales.data<float>()[i / head_dim];
+    case DType::kF8E4M3:
+      return f8e4m3_to_f32(static_cast<const uint8_t*>(pool.raw_data())[i]) * scales.data<float>()[i / head_dim];
+    default: return load_f32(pool.raw_data(), pool.dtype(), i);
+  }
+}
+
+}  // namespace
+
+void paged_attention(const Tensor& q, const KvLayer& cache, const AttentionMetadata& meta,
                      const AttentionParams& params, Tensor& out) {
   const int64_t num_heads = q.size(1), head_dim = q.size(2);
-  const int64_t num_kv_heads = k_cache.size(2);
+  const int64_t num_kv_heads = cache.k.size(2);
   const int64_t group = num_heads / num_kv_heads;
   const int64_t block_size = meta.block_size;
   const int64_t max_blocks = meta.block_tables.size(1);
@@ -199,7 +248,7 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
           double dot = 0.0;
           for (int64_t i = 0; i < head_dim; ++i) {
             dot += static_cast<double>(q.data<float>()[offset3(q, row, h, i)]) *
-                   load_f32(k_cache.raw_data(), k_cache.dtype(), base + i);
+                   load_kv(cache.k, cache.k_scales, base + i);
           }
           scores[static_cast<size_t>(j - first)] = dot * params.scale;
         }
@@ -216,7 +265,7 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
           const int64_t base = ((block * block_size + j % block_size) * num_kv_heads + kvh) * head_dim;
           const double p = scores[static_cast<size_t>(j - first)] / sum;
           for (int64_t i = 0; i < head_dim; ++i) {
-            acc[static_cast<size_t>(i)] += p * load_f32(v_cache.raw_data(), v_cache.dtype(), base + i);
+            acc[static_cast<size_t>(i)] += p * load_kv(cache.v, cache.v_scales, base + i);
           }
         }
         for (int64_t i = 0; i < head_dim; ++i) {

@@ -31,10 +31,14 @@ void rope(Tensor& x, const Tensor& positions, const RopeTable& table);
 void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out);
 void embedding(const Tensor& table, const Tensor& ids, Tensor& out);
 void softmax(Tensor& x);
-void store_kv(const Tensor& k, const Tensor& v, const Tensor& slot_mapping, Tensor& k_cache, Tensor& v_cache);
-// Gathers each sequence's K/V through its block table, one key at a time, and takes a full
-// softmax per (query, head) with the causal and sliding-window mask.
-void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttentionMetadata& meta,
+void store_kv(const Tensor& k, const Tensor& v, const Tensor& slot_mapping, KvLayer& cache);
+// One (token, kv head) row x[head_dim] of a quantized cache (i8 / f8e4m3): codes[head_dim] and
+// its scale, by ops.h KvLayer's rule. The CPU store_kv kernel quantizes through this too.
+void quantize_kv_row(const float* x, int64_t head_dim, DType dtype, void* codes, float* scale);
+// Gathers each sequence's K/V through its block table, one key at a time (a quantized cache's
+// as code * scale), and takes a full softmax per (query, head) with the causal and
+// sliding-window mask.
+void paged_attention(const Tensor& q, const KvLayer& cache, const AttentionMetadata& meta,
                      const AttentionParams& params, Tensor& out);
 
 // Textbook attention of one sequence over a contiguous cache: q [n, num_heads, head_dim] f32 are

@@ -83,6 +83,26 @@ struct LoadF16 {
   static __m256 load(const T* p) { return load8_f16(p); }
   static float scalar(T v) { return f16_to_f32(v); }
 };
+// The codes of a quantized cache (the row's scale is applied by the caller).
+struct LoadI8 {
+  using T = int8_t;
+  static __m256 load(const T* p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  }
+  static float scalar(T v) { return static_cast<float>(v); }
+};
+// e4m3 bits s.eeee.mmm placed as f16 bits s.0eeee.mmm0000000 are the same number times 2^-8,
+// subnormals included (both formats' subnormal steps line up), so F16C widens them exactly.
+struct LoadF8E4M3 {
+  using T = uint8_t;
+  static __m256 load(const T* p) {
+    const __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    const __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x7f)), 7),
+                                   _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x80)), 8));
+    return _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.0f));
+  }
+  static float scalar(T v) { return f8e4m3_to_f32(v); }
+};
 
 }  // namespace tachyon::ops::cpu::avx2
 

@@ -7,11 +7,15 @@
 // registers), the softmax takes one warp per head, and P·V splits the keys over the warps (lane =
 // 4 dims, all heads in registers); the warps' partial outputs meet once at the end. With several
 // slices a second kernel combines the partial (max, sum, accumulator) triples in slice order.
-// On sm_80+ with a 16-bit cache and head_dim 64 or 128, decode_mma_kernel does the same work with
-// 16-bit tiles behind a cp.async double buffer and the group's heads as rows of mma tiles.
+// Quantized caches (i8, f8e4m3) run here too: the tile is stored in shared memory as code *
+// scale, the reference's values exactly.
+// On sm_80+ with a 16-bit or quantized cache and head_dim 64 or 128, decode_mma_kernel does the
+// same work with 16-bit tiles behind a cp.async double buffer and the group's heads as rows of
+// mma tiles (a quantized cache's codes staged, then expanded to bf16 in shared memory).
 // Invariants: keys outside [window start, context) are never loaded; a block never writes
 // another block's output; results do not depend on timing.
 #include <algorithm>
+#include <type_traits>
 
 #include "ops/cuda/device_math.cuh"
 #include "ops/cuda/launch.h"
@@ -46,6 +50,7 @@ struct DecodeSmem {
   float* m;       // [group]
   float* l;       // [group]
   int64_t* slot;  // [kTile]: element offset of each key's row for this KV head
+  int64_t* row;   // [kTile]: quantized caches: each key's (slot, kv head) row, its scales' index
 };
 
 __host__ __device__ inline int64_t decode_kv_floats(int64_t group, int64_t head_dim) {
@@ -73,13 +78,58 @@ __device__ inline DecodeSmem carve(float* base, int64_t group, int64_t head_dim)
   s.m = s.alpha + group;
   s.l = s.m + group;
   s.slot = reinterpret_cast<int64_t*>(base + decode_smem_floats(group, head_dim));
+  s.row = s.slot + kTile;
   return s;
 }
 
-// Gathers `valid` K and V rows (element offsets in slot[]) into shared memory as f32.
+// Quantized rows: chunks of CH codes (16: one 16-byte load; 4: one 4-byte load, for head_dim
+// not a multiple of 16), each multiplied by its row's scale. Each thread loads the scales of its
+// chunks' rows together with the codes (a separate pass would add a dependent round trip to
+// memory to every tile).
+template <DType D, int CH>
+__device__ inline void load_quantized_kv_tile(const uint8_t* kc, const uint8_t* vc, const float* k_scales,
+                                              const float* v_scales, const int64_t* slot, const int64_t* row,
+                                              int valid, int64_t head_dim, float* ks, float* vs) {
+  using Chunk = std::conditional_t<CH == 16, uint4, uint32_t>;
+  const int64_t rs = head_dim + 4;
+  constexpr int kBatch = 2;  // chunks of K and of V per thread in flight together
+  const int64_t per_row = head_dim / CH;
+  const int64_t total = valid * per_row;
+  for (int64_t c0 = threadIdx.x; c0 < total; c0 += kThreads * kBatch) {
+    Chunk kr[kBatch], vr[kBatch];
+    float kscale[kBatch], vscale[kBatch];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int64_t c = c0 + j * kThreads;
+      if (c < total) {
+        const int64_t t = c / per_row, off = (c % per_row) * CH;
+        kr[j] = *reinterpret_cast<const Chunk*>(kc + slot[t] + off);
+        vr[j] = *reinterpret_cast<const Chunk*>(vc + slot[t] + off);
+        kscale[j] = k_scales[row[t]];
+        vscale[j] = v_scales[row[t]];
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int64_t c = c0 + j * kThreads;
+      if (c < total) {
+        const int64_t t = c / per_row, off = (c % per_row) * CH;
+        float f[CH];
+        dequantize<D>(kr[j], kscale[j], f);
+#pragma unroll
+        for (int i = 0; i < CH; i += 4) *reinterpret_cast<float4*>(ks + t * rs + off + i) = make_float4(f[i], f[i + 1], f[i + 2], f[i + 3]);
+        dequantize<D>(vr[j], vscale[j], f);
+#pragma unroll
+        for (int i = 0; i < CH; i += 4) *reinterpret_cast<float4*>(vs + t * rs + off + i) = make_float4(f[i], f[i + 1], f[i + 2], f[i + 3]);
+      }
+    }
+  }
+}
+
+// 16-bit and f32 rows: 16-byte chunks (8-byte ones for a 16-bit head_dim % 8 == 4).
 template <DType D>
-__device__ inline void load_kv_tile(const void* k_cache, const void* v_cache, const int64_t* slot, int valid,
-                                    int64_t head_dim, float* ks, float* vs) {
+__device__ inline void load_float_kv_tile(const void* k_cache, const void* v_cache, const int64_t* slot, int valid,
+                                          int64_t head_dim, float* ks, float* vs) {
   using E = Elem<D>;
   using T = typename E::T;
   const T* kc = static_cast<const T*>(k_cache);
@@ -147,6 +197,25 @@ __device__ inline void load_kv_tile(const void* k_cache, const void* v_cache, co
   }
 }
 
+// Gathers `valid` K and V rows (element offsets in slot[]; quantized caches: their scales at
+// row[] of the scale pools) into shared memory as f32.
+template <DType D>
+__device__ inline void load_kv_tile(const KvCacheView& cache, const int64_t* slot, const int64_t* row, int valid,
+                                    float* ks, float* vs) {
+  const int64_t head_dim = cache.head_dim;
+  if constexpr (is_quantized_kv(D)) {
+    const uint8_t* kc = static_cast<const uint8_t*>(cache.k);
+    const uint8_t* vc = static_cast<const uint8_t*>(cache.v);
+    if (head_dim % 16 == 0) {
+      load_quantized_kv_tile<D, 16>(kc, vc, cache.k_scales, cache.v_scales, slot, row, valid, head_dim, ks, vs);
+    } else {
+      load_quantized_kv_tile<D, 4>(kc, vc, cache.k_scales, cache.v_scales, slot, row, valid, head_dim, ks, vs);
+    }
+  } else {
+    load_float_kv_tile<D>(cache.k, cache.v, slot, valid, head_dim, ks, vs);
+  }
+}
+
 // GMAX: the largest group this instantiation serves (group <= GMAX); head_dim <= 256, so a lane
 // owns at most two 4-dim chunks of the output (kChunks).
 template <DType D, int GMAX>
@@ -201,10 +270,12 @@ __global__ void __launch_bounds__(kThreads, 4) decode_kernel(const DecodeParams 
     if (tid < valid) {
       const int key = k0 + tid;
       const int64_t block = table[key / bs];
-      sm.slot[tid] = ((block * bs + key % bs) * p.cache.num_kv_heads + kvh) * hd;
+      const int64_t row = (block * bs + key % bs) * p.cache.num_kv_heads + kvh;  // (slot, kv head)
+      sm.slot[tid] = row * hd;
+      sm.row[tid] = row;
     }
     __syncthreads();
-    load_kv_tile<D>(p.cache.k, p.cache.v, sm.slot, valid, hd, sm.k, sm.v);
+    load_kv_tile<D>(p.cache, sm.slot, sm.row, valid, sm.k, sm.v);
     __syncthreads();
 
     // Scores: lane = key; warp w sums the chunks c = w, w + 4, ... for every head of the group.
@@ -382,35 +453,77 @@ cudaError_t launch_decode_dtype(const DecodeParams& p, size_t shared, Stream str
 }
 
 
-// ---- tensor cores (sm_80+, 16-bit caches, head_dim 64 or 128) -------------------------------------
+// ---- tensor cores (sm_80+, 16-bit or quantized caches, head_dim 64 or 128) -------------------------
 // Same grid, slices and partial results as decode_kernel. The group's query heads are the rows of
 // one 16-row mma tile (rows past the group are zero); K/V tiles of 64 keys stream through a
 // two-stage cp.async pipeline in 16 bits, and warp w scores and accumulates keys 16w..16w+15 of
 // every tile with its own online softmax; the four warps' (max, sum, output) meet in shared
 // memory at the end. Memory-bound: the mma is the cheap way to do the arithmetic, not the point.
+// Quantized caches (i8, f8e4m3): the pipeline stages codes and scales instead (kQuantizedStages
+// tiles deep), and once a tile has landed the block expands the codes to bf16 in one 16-bit tile
+// (exactly: i8 codes and e4m3 values fit bf16's 8-bit significand), which the bf16 mma code reads
+// as it reads a bf16 cache's. The scales stay out of the tile: each key's K scale multiplies its
+// f32 score, and its V scale its softmax weight before that is rounded to bf16, so the roundings
+// are those of the bf16 path (query and weights), none on the cache's values. On the H200 this
+// reads half the bytes of bf16 in about the same time (Llama-3-8B heads, batch 32: 164 / 604 us
+// at 4k / 16k keys against bf16's 162 / 580 us; the CUDA-core kernel 368 / 1446 us): the
+// expansion, not memory, is the limit, and 4 stages (2 blocks per SM instead of 3) ran slower.
+// Expanding into the mma fragments in registers is the next step.
 constexpr int kMmaKeys = 64;
+constexpr int kQuantizedStages = 2;
 
 template <int HD>
 __host__ __device__ constexpr int mma_tile_elems() {
   return kMmaKeys * (HD + 8);
 }
 
+// A quantized stage: K codes [kMmaKeys][HD], V codes [kMmaKeys][HD], K scales [kMmaKeys], V
+// scales [kMmaKeys] (f32), in that order.
 template <int HD>
+__host__ __device__ constexpr size_t quantized_stage_bytes() {
+  return 2 * static_cast<size_t>(kMmaKeys) * HD + 2 * static_cast<size_t>(kMmaKeys) * sizeof(float);
+}
+
+template <DType D, int HD>
 constexpr size_t decode_mma_shared_bytes() {
-  // Two stages of K and V tiles; after the loop the same memory holds the warps' outputs
+  // 16-bit caches: two stages of K and V tiles. Quantized caches: one K and V tile of bf16, then
+  // kQuantizedStages stages of codes and scales. After the loop the same memory holds the warps' outputs
   // [kWarps][kDecodeMaxGroup][HD] f32 and their max/sum [kWarps][kDecodeMaxGroup][2].
-  constexpr size_t tiles = 2 * 2 * static_cast<size_t>(mma_tile_elems<HD>()) * sizeof(uint16_t);
+  constexpr size_t tile = static_cast<size_t>(mma_tile_elems<HD>()) * sizeof(uint16_t);
+  constexpr size_t tiles =
+      is_quantized_kv(D) ? 2 * tile + kQuantizedStages * quantized_stage_bytes<HD>() : 2 * 2 * tile;
   constexpr size_t reduce = static_cast<size_t>(kWarps) * kDecodeMaxGroup * (HD + 2) * sizeof(float);
   return tiles > reduce ? tiles : reduce;
+}
+
+// A staged quantized code tile [kMmaKeys][HD] as the codes' values in bf16 (exact) in a 16-bit
+// tile [kMmaKeys][HD + 8]; zero codes (rows past the slice) give zeros.
+template <DType D, int HD>
+__device__ __forceinline__ void expand_quantized_tile(const uint8_t* codes, uint16_t* tile) {
+  constexpr int kChunksPerRow = HD / 16;
+  for (int c = threadIdx.x; c < kMmaKeys * kChunksPerRow; c += kThreads) {
+    const int t = c / kChunksPerRow, off = (c % kChunksPerRow) * 16;
+    float f[16];
+    dequantize16<D>(*reinterpret_cast<const uint4*>(codes + t * HD + off), 1.0f, f);
+    uint32_t w[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) w[i] = MmaType<DType::kBF16>::pack(f[2 * i], f[2 * i + 1]);
+    uint4* dst = reinterpret_cast<uint4*>(tile + t * (HD + 8) + off);
+    dst[0] = make_uint4(w[0], w[1], w[2], w[3]);
+    dst[1] = make_uint4(w[4], w[5], w[6], w[7]);
+  }
 }
 
 template <DType D, int HD>
 __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const DecodeParams p) {
 #if TACHYON_MMA_ENABLED
-  using M = MmaType<D>;
+  constexpr bool kQuantized = is_quantized_kv(D);
+  using M = MmaType<kQuantized ? DType::kBF16 : D>;
   constexpr int kStride = HD + 8;
   extern __shared__ __align__(16) unsigned char decode_mma_smem[];
   uint16_t* tiles = reinterpret_cast<uint16_t*>(decode_mma_smem);
+  // Quantized: the code stages after the one 16-bit K/V tile pair.
+  uint8_t* code_stages = decode_mma_smem + 2 * static_cast<size_t>(mma_tile_elems<HD>()) * sizeof(uint16_t);
   const int split = blockIdx.x;
   const int64_t kvh = blockIdx.y;
   const int s = blockIdx.z;
@@ -448,15 +561,36 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const DecodeParams
 
   const int32_t* table = p.batch.block_tables + static_cast<int64_t>(s) * p.batch.max_blocks_per_seq;
   const int64_t bs = p.cache.block_size, nkv = p.cache.num_kv_heads;
-  const auto slot_of = [&](int key) -> int64_t {
+  const auto row_of = [&](int key) -> int64_t {  // (slot, kv head)
     const int64_t block = table[key / bs];
-    return ((block * bs + key % bs) * nkv + kvh) * HD;
+    return (block * bs + key % bs) * nkv + kvh;
   };
-  const uint16_t* kc = static_cast<const uint16_t*>(p.cache.k);
-  const uint16_t* vc = static_cast<const uint16_t*>(p.cache.v);
+  const auto slot_of = [&](int key) -> int64_t { return row_of(key) * HD; };
+  // Stages keys [first_key, first_key + kMmaKeys) of the slice into stage `stage`.
+  const auto stage_tile = [&](int first_key, int stage) {
+    if constexpr (kQuantized) {
+      uint8_t* kq = code_stages + stage * quantized_stage_bytes<HD>();
+      uint8_t* vq = kq + kMmaKeys * HD;
+      float* k_scale = reinterpret_cast<float*>(vq + kMmaKeys * HD);
+      stage_quantized_kv_tile<HD, kMmaKeys, kThreads>(
+          static_cast<const uint8_t*>(p.cache.k), static_cast<const uint8_t*>(p.cache.v), p.cache.k_scales,
+          p.cache.v_scales, first_key, ke, kq, vq, k_scale, k_scale + kMmaKeys, row_of);
+    } else {
+      uint16_t* kt = tiles + stage * 2 * mma_tile_elems<HD>();
+      stage_kv_tile<HD, kMmaKeys, kThreads>(static_cast<const uint16_t*>(p.cache.k),
+                                            static_cast<const uint16_t*>(p.cache.v), first_key, ke, kt,
+                                            kt + mma_tile_elems<HD>(), slot_of);
+    }
+  };
   const int num_tiles = kb < ke ? (ke - kb + kMmaKeys - 1) / kMmaKeys : 0;
-  if (num_tiles > 0) {
-    stage_kv_tile<HD, kMmaKeys, kThreads>(kc, vc, kb, ke, tiles, tiles + mma_tile_elems<HD>(), slot_of);
+  if constexpr (kQuantized) {
+    // One commit group per tile, empty past the last, so that the wait below counts uniformly.
+    for (int st = 0; st < kQuantizedStages - 1; ++st) {
+      if (st < num_tiles) stage_tile(kb + st * kMmaKeys, st);
+      cp_async_commit();
+    }
+  } else if (num_tiles > 0) {
+    stage_tile(kb, 0);
     cp_async_commit();
   }
 
@@ -467,17 +601,35 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const DecodeParams
 
   for (int it = 0; it < num_tiles; ++it) {
     const int k0 = kb + it * kMmaKeys;
-    if (it + 1 < num_tiles) {
-      uint16_t* next = tiles + ((it + 1) & 1) * 2 * mma_tile_elems<HD>();
-      stage_kv_tile<HD, kMmaKeys, kThreads>(kc, vc, k0 + kMmaKeys, ke, next, next + mma_tile_elems<HD>(), slot_of);
+    if constexpr (kQuantized) {
+      // Stage it + kQuantizedStages - 1 reuses the stage tile it - 1 was expanded from (done at
+      // the last barrier); then tile it's group is complete once at most the later ones pend.
+      const int next = it + kQuantizedStages - 1;
+      if (next < num_tiles) stage_tile(kb + next * kMmaKeys, next % kQuantizedStages);
+      cp_async_commit();
+      cp_async_wait<kQuantizedStages - 1>();
+    } else if (it + 1 < num_tiles) {
+      stage_tile(k0 + kMmaKeys, (it + 1) & 1);
       cp_async_commit();
       cp_async_wait<1>();
     } else {
       cp_async_wait<0>();
     }
     __syncthreads();
-    const uint16_t* ks = tiles + (it & 1) * 2 * mma_tile_elems<HD>();
+    const uint16_t* ks = tiles + (kQuantized ? 0 : (it & 1) * 2 * mma_tile_elems<HD>());
     const uint16_t* vs = ks + mma_tile_elems<HD>();
+    const float* k_scale = nullptr;  // quantized: [kMmaKeys] scales of the tile's K rows
+    const float* v_scale = nullptr;  // and of its V rows
+    if constexpr (kQuantized) {
+      // The previous tile's mma reads of the 16-bit tile ended at the loop's last barrier.
+      const uint8_t* kq = code_stages + (it % kQuantizedStages) * quantized_stage_bytes<HD>();
+      const uint8_t* vq = kq + kMmaKeys * HD;
+      k_scale = reinterpret_cast<const float*>(vq + kMmaKeys * HD);
+      v_scale = k_scale + kMmaKeys;
+      expand_quantized_tile<D, HD>(kq, tiles);
+      expand_quantized_tile<D, HD>(vq, tiles + mma_tile_elems<HD>());
+      __syncthreads();
+    }
     const int wk = k0 + 16 * warp;  // the warp's first key
     if (wk < ke) {
       float sc[2][4];
@@ -491,6 +643,16 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const DecodeParams
           ldmatrix_x4(b, smem_address(ks + (16 * warp + 8 * j + (lane & 7)) * kStride + 32 * kk2 + 8 * (lane >> 3)));
           M::mma(sc[j], qa[2 * kk2], b[0], b[1]);
           M::mma(sc[j], qa[2 * kk2 + 1], b[2], b[3]);
+        }
+      }
+      if constexpr (kQuantized) {
+        // Keys 16 warp + 8 j + 2 t4 + (0, 1) of the tile: scores of the codes times the K scales
+        // (rows past the slice: zero scales, masked next).
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const int t = 16 * warp + 8 * j + 2 * t4;
+          sc[j][0] *= k_scale[t];
+          sc[j][1] *= k_scale[t + 1];
         }
       }
       if (wk + 16 > ke) {
@@ -514,7 +676,13 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const DecodeParams
         o[n][0] *= alpha;
         o[n][1] *= alpha;
       }
-      const uint32_t pa[4] = {M::pack(p00, p01), 0u, M::pack(p10, p11), 0u};
+      uint32_t pa[4] = {M::pack(p00, p01), 0u, M::pack(p10, p11), 0u};
+      if constexpr (kQuantized) {
+        // The weights of the V codes: each probability times its key's V scale.
+        const int t = 16 * warp + 2 * t4;
+        pa[0] = M::pack(p00 * v_scale[t], p01 * v_scale[t + 1]);
+        pa[2] = M::pack(p10 * v_scale[t + 8], p11 * v_scale[t + 9]);
+      }
 #pragma unroll
       for (int nn = 0; nn < HD / 16; ++nn) {
         uint32_t b[4];
@@ -577,7 +745,7 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const DecodeParams
 template <DType D, int HD>
 cudaError_t launch_decode_mma(const DecodeParams& p, Stream stream) {
   const auto kernel = decode_mma_kernel<D, HD>;
-  constexpr size_t shared = decode_mma_shared_bytes<HD>();
+  constexpr size_t shared = decode_mma_shared_bytes<D, HD>();
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared));
   if (e != cudaSuccess) return e;
   const dim3 grid(static_cast<unsigned>(p.splits), static_cast<unsigned>(p.cache.num_kv_heads),
@@ -600,7 +768,8 @@ size_t decode_workspace_floats(int num_seqs, int64_t num_heads, int64_t head_dim
 }
 
 size_t decode_shared_bytes(int64_t group, int64_t head_dim) {
-  return decode_smem_floats(group, head_dim) * sizeof(float) + kTile * sizeof(int64_t);
+  // The floats, then slot[kTile] and row[kTile] (int64).
+  return decode_smem_floats(group, head_dim) * sizeof(float) + 2 * kTile * sizeof(int64_t);
 }
 
 cudaError_t launch_attention_decode(const AttentionQuery& query, const KvCacheView& cache,
@@ -621,9 +790,14 @@ cudaError_t launch_attention_decode(const AttentionQuery& query, const KvCacheVi
   }
   cudaError_t e = cudaErrorInvalidValue;
   if (tensor_cores) {
-    if (!mma_attention_supported(cache.dtype, cache.head_dim)) return cudaErrorInvalidValue;
-    e = cache.dtype == DType::kBF16 ? launch_decode_mma_dtype<DType::kBF16>(p, stream)
-                                    : launch_decode_mma_dtype<DType::kF16>(p, stream);
+    if (!mma_decode_supported(cache.dtype, cache.head_dim)) return cudaErrorInvalidValue;
+    switch (cache.dtype) {
+      case DType::kBF16: e = launch_decode_mma_dtype<DType::kBF16>(p, stream); break;
+      case DType::kF16: e = launch_decode_mma_dtype<DType::kF16>(p, stream); break;
+      case DType::kI8: e = launch_decode_mma_dtype<DType::kI8>(p, stream); break;
+      case DType::kF8E4M3: e = launch_decode_mma_dtype<DType::kF8E4M3>(p, stream); break;
+      default: return cudaErrorInvalidValue;
+    }
     if (e != cudaSuccess || splits == 1) return e;
     const dim3 grid(static_cast<unsigned>(query.num_heads), static_cast<unsigned>(batch.num_seqs));
     decode_combine_kernel<<<grid, 128, 0, stream>>>(p);
@@ -634,6 +808,8 @@ cudaError_t launch_attention_decode(const AttentionQuery& query, const KvCacheVi
     case DType::kBF16: e = launch_decode_dtype<DType::kBF16>(p, shared, stream); break;
     case DType::kF16: e = launch_decode_dtype<DType::kF16>(p, shared, stream); break;
     case DType::kF32: e = launch_decode_dtype<DType::kF32>(p, shared, stream); break;
+    case DType::kI8: e = launch_decode_dtype<DType::kI8>(p, shared, stream); break;
+    case DType::kF8E4M3: e = launch_decode_dtype<DType::kF8E4M3>(p, shared, stream); break;
     default: break;
   }
   if (e != cudaSuccess || splits == 1) return e;

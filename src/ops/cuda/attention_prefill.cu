@@ -1,12 +1,14 @@
 // Prefill / mixed-batch attention over the paged cache, FlashAttention-2 style. Two kernels:
-// - tensor cores (sm_80+, f16/bf16 cache, head_dim 64 or 128; the default where they apply):
+// - tensor cores (sm_80+, f16/bf16 cache, head_dim 64 or 128; the default where they apply;
+//   never for quantized caches):
 //   64-row query tiles, Q in registers, K/V tiles of 64 keys streamed through a cp.async double
 //   buffer, S and P·V on mma.m16n8k16 (described above prefill_mma_kernel);
-// - CUDA cores (any cache dtype, head_dim a multiple of 4 up to 256): grid (query tiles of 32
-//   rows, query heads, sequences). A block keeps its 32 query rows in shared memory, walks the
-//   keys its rows can see in tiles of 32 (gathered through the block table, converted to f32 in
-//   shared memory), and keeps an online softmax per row; thread (r, c) of 4 per row scores keys
-//   c, c+4, ...; the 4 threads of a row are one quad of a warp, so row max/sum are two shuffles.
+// - CUDA cores (any cache dtype, quantized i8 / f8e4m3 included; head_dim a multiple of 4 up to
+//   256): grid (query tiles of 32 rows, query heads, sequences). A block keeps its 32 query rows
+//   in shared memory, walks the keys its rows can see in tiles of 32 (gathered through the block
+//   table, converted to f32 in shared memory: a quantized cache's as code * scale), and keeps an
+//   online softmax per row; thread (r, c) of 4 per row scores keys c, c+4, ...; the 4 threads of
+//   a row are one quad of a warp, so row max/sum are two shuffles.
 // Both: no score matrix ever reaches memory; causal within the chunk, sliding window, token-tree
 // masks (ops.h AttentionMetadata::tree_masks), GQA (head h reads KV head h / group).
 // Invariants: keys a tile's rows cannot see are never loaded (zeros stand in), so poisoned or
@@ -40,14 +42,16 @@ __host__ __device__ inline size_t prefill_smem_floats(int64_t head_dim) {
   return static_cast<size_t>((floats + 1) / 2 * 2);
 }
 
-// Rows t < valid of the K/V tile from the cache (element offsets in slot[]), rows valid.. zeroed.
+// Rows t < valid of the K/V tile from the cache (element offsets in slot[]; quantized caches:
+// their scales at row[] of the scale pools, loaded beside the codes), rows valid.. zeroed.
 template <DType D>
-__device__ inline void load_tile(const void* k_cache, const void* v_cache, const int64_t* slot, int valid,
-                                 int64_t head_dim, float* ks, float* vs) {
+__device__ inline void load_tile(const KvCacheView& cache, const int64_t* slot, const int64_t* row, int valid,
+                                 float* ks, float* vs) {
   using E = Elem<D>;
   using T = typename E::T;
-  const T* kc = static_cast<const T*>(k_cache);
-  const T* vc = static_cast<const T*>(v_cache);
+  const T* kc = static_cast<const T*>(cache.k);
+  const T* vc = static_cast<const T*>(cache.v);
+  const int64_t head_dim = cache.head_dim;
   const int64_t rs = head_dim + 4;
   const int64_t per_row = head_dim / 4;  // 4-element chunks
   const int64_t total = kKeysPerTile * per_row;
@@ -60,6 +64,16 @@ __device__ inline void load_tile(const void* k_cache, const void* v_cache, const
       if constexpr (D == DType::kF32) {
         kf = *reinterpret_cast<const float4*>(kp);
         vf = *reinterpret_cast<const float4*>(vp);
+      } else if constexpr (is_quantized_kv(D)) {
+        // 4 one-byte codes (head_dim % 4 == 0 keeps them 4-byte aligned).
+        const uint32_t kr = *reinterpret_cast<const uint32_t*>(kp);
+        const uint32_t vr = *reinterpret_cast<const uint32_t*>(vp);
+        const float k_scale = cache.k_scales[row[t]], v_scale = cache.v_scales[row[t]];
+        float f[4];
+        dequantize4<D>(kr, k_scale, f);
+        kf = make_float4(f[0], f[1], f[2], f[3]);
+        dequantize4<D>(vr, v_scale, f);
+        vf = make_float4(f[0], f[1], f[2], f[3]);
       } else {
         const uint2 kr = *reinterpret_cast<const uint2*>(kp);
         const uint2 vr = *reinterpret_cast<const uint2*>(vp);
@@ -96,6 +110,7 @@ __global__ void __launch_bounds__(kThreads) prefill_kernel(const PrefillParams p
   float* vs = ks + kKeysPerTile * rs;     // [kKeysPerTile][rs]
   float* ps = vs + kKeysPerTile * rs;     // [kRowsPerTile][kPStride]
   int64_t* slot = reinterpret_cast<int64_t*>(smem_raw + prefill_smem_floats(hd));  // [kKeysPerTile]
+  int64_t* row = slot + kKeysPerTile;  // [kKeysPerTile]: quantized caches: each key's (slot, kv head) row
 
   const int ctx = p.batch.context_lens[s];
   const int rows = min(kRowsPerTile, q_len - row_begin);
@@ -131,10 +146,12 @@ __global__ void __launch_bounds__(kThreads) prefill_kernel(const PrefillParams p
     if (tid < valid) {
       const int key = k0 + tid;
       const int64_t block = table[key / bs];
-      slot[tid] = ((block * bs + key % bs) * p.cache.num_kv_heads + kvh) * hd;
+      const int64_t kv_row = (block * bs + key % bs) * p.cache.num_kv_heads + kvh;  // (slot, kv head)
+      slot[tid] = kv_row * hd;
+      row[tid] = kv_row;
     }
     __syncthreads();  // slot ready; also orders the previous tile's reads before these writes
-    load_tile<D>(p.cache.k, p.cache.v, slot, valid, hd, ks, vs);
+    load_tile<D>(p.cache, slot, row, valid, ks, vs);
     __syncthreads();
 
     float sc[kKeysPerThread];
@@ -482,7 +499,8 @@ cudaError_t launch_prefill_mma_dtype(const PrefillParams& p, Stream stream) {
 }  // namespace
 
 size_t prefill_shared_bytes(int64_t head_dim) {
-  return prefill_smem_floats(head_dim) * sizeof(float) + kKeysPerTile * sizeof(int64_t);
+  // The floats, then slot[kKeysPerTile] and row[kKeysPerTile] (int64).
+  return prefill_smem_floats(head_dim) * sizeof(float) + 2 * kKeysPerTile * sizeof(int64_t);
 }
 
 cudaError_t launch_attention_prefill(const AttentionQuery& query, const KvCacheView& cache,
@@ -503,6 +521,8 @@ cudaError_t launch_attention_prefill(const AttentionQuery& query, const KvCacheV
     case DType::kBF16: return launch_prefill_dtype<DType::kBF16>(p, stream);
     case DType::kF16: return launch_prefill_dtype<DType::kF16>(p, stream);
     case DType::kF32: return launch_prefill_dtype<DType::kF32>(p, stream);
+    case DType::kI8: return launch_prefill_dtype<DType::kI8>(p, stream);
+    case DType::kF8E4M3: return launch_prefill_dtype<DType::kF8E4M3>(p, stream);
     default: return cudaErrorInvalidValue;
   }
 }

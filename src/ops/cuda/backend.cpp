@@ -242,31 +242,29 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
                                ids.data<int32_t>(), ids.size(0), out.data<float>(), out.stride(0), stream_));
   }
 
-  void store_kv(const Tensor& k, const Tensor& v, const Tensor& slot_mapping, Tensor& k_cache,
-                Tensor& v_cache) override {
-    on_device("store_kv", {&k, &v, &slot_mapping, &k_cache, &v_cache});
-    const KvCacheView cache = cache_view("store_kv", k_cache, v_cache);
+  void store_kv(const Tensor& k, const Tensor& v, const Tensor& slot_mapping, KvLayer& layer) override {
+    const KvCacheView cache = cache_view("store_kv", layer);
+    on_device("store_kv", {&k, &v, &slot_mapping});
     TACHYON_CHECK(k.dim() == 3 && k.shape() == v.shape() && k.size(1) == cache.num_kv_heads &&
                       k.size(2) == cache.head_dim && k.stride(2) == 1 && v.stride(2) == 1 &&
                       slot_mapping.dim() == 1 && slot_mapping.size(0) == k.size(0) &&
                       slot_mapping.dtype() == DType::kI32,
                   "store_kv: k {} v {} slots {} cache {}", k.shape_string(), v.shape_string(),
-                  slot_mapping.shape_string(), k_cache.shape_string());
+                  slot_mapping.shape_string(), layer.k.shape_string());
     require_ok(cuda::store_kv(k.data<float>(), k.stride(0), k.stride(1), v.data<float>(), v.stride(0), v.stride(1),
                               k.size(0), slot_mapping.data<int32_t>(), cache, stream_));
   }
 
-  void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttentionMetadata& meta,
+  void paged_attention(const Tensor& q, const KvLayer& layer, const AttentionMetadata& meta,
                        const AttentionParams& params, Tensor& out) override {
-    on_device("paged_attention",
-              {&q, &k_cache, &v_cache, &out, &meta.query_start, &meta.context_lens, &meta.block_tables});
-    const KvCacheView cache = cache_view("paged_attention", k_cache, v_cache);
+    const KvCacheView cache = cache_view("paged_attention", layer);
+    on_device("paged_attention", {&q, &out, &meta.query_start, &meta.context_lens, &meta.block_tables});
     TACHYON_CHECK(q.dim() == 3 && q.shape() == out.shape() && q.stride(2) == 1 && out.stride(2) == 1 &&
                       q.size(2) == cache.head_dim && meta.block_size == cache.block_size &&
                       meta.block_tables.dim() == 2 && meta.block_tables.size(0) == meta.num_seqs &&
                       meta.block_tables.is_contiguous(),
                   "paged_attention: q {} out {} cache {} block_tables {}", q.shape_string(), out.shape_string(),
-                  k_cache.shape_string(), meta.block_tables.shape_string());
+                  layer.k.shape_string(), meta.block_tables.shape_string());
     if (q.size(0) == 0) return;
     AttentionBatch batch;
     batch.num_seqs = meta.num_seqs;
@@ -411,18 +409,25 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
     }
   }
 
-  static KvCacheView cache_view(const char* op, const Tensor& k_cache, const Tensor& v_cache) {
-    TACHYON_CHECK(k_cache.dim() == 4 && k_cache.shape() == v_cache.shape() && k_cache.dtype() == v_cache.dtype() &&
-                      k_cache.is_contiguous() && v_cache.is_contiguous(),
-                  "{}: caches {} and {}", op, k_cache.shape_string(), v_cache.shape_string());
+  // One layer of the cache, checked (ops.h's shapes, dtypes and scales, all on this device), as
+  // the kernels see it. The scale pools' [.., 1] is packed, so they are plain
+  // [num_blocks, block_size, num_kv_heads] arrays.
+  KvCacheView cache_view(const char* op, const KvLayer& layer) const {
+    ops::check_kv_layer(op, layer);
+    const bool quantized = layer.k_scales.defined();
+    on_device(op, {&layer.k, &layer.v, quantized ? &layer.k_scales : nullptr, quantized ? &layer.v_scales : nullptr});
     KvCacheView view;
-    view.k = k_cache.raw_data();
-    view.v = v_cache.raw_data();
-    view.dtype = k_cache.dtype();
-    view.num_blocks = k_cache.size(0);
-    view.block_size = k_cache.size(1);
-    view.num_kv_heads = k_cache.size(2);
-    view.head_dim = k_cache.size(3);
+    view.k = layer.k.raw_data();
+    view.v = layer.v.raw_data();
+    if (quantized) {
+      view.k_scales = layer.k_scales.data<float>();
+      view.v_scales = layer.v_scales.data<float>();
+    }
+    view.dtype = layer.k.dtype();
+    view.num_blocks = layer.k.size(0);
+    view.block_size = layer.k.size(1);
+    view.num_kv_heads = layer.k.size(2);
+    view.head_dim = layer.k.size(3);
     return view;
   }
 

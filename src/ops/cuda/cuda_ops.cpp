@@ -21,13 +21,33 @@ Status check_rows(const char* op, const char* name, const void* data, const Rows
   return Status::Ok();
 }
 
+bool is_quantized(DType d) { return d == DType::kI8 || d == DType::kF8E4M3; }
+
 Status check_cache(const char* op, const KvCacheView& cache) {
   TACHYON_CUDA_REQUIRE(cache.k != nullptr && cache.v != nullptr, "{}: cache pointers are null", op);
-  TACHYON_CUDA_REQUIRE(is_float(cache.dtype), "{}: cache dtype {} is not f32/f16/bf16", op, dtype_name(cache.dtype));
+  TACHYON_CUDA_REQUIRE(is_float(cache.dtype) || is_quantized(cache.dtype),
+                       "{}: cache dtype {} is not f32/f16/bf16/i8/f8e4m3", op, dtype_name(cache.dtype));
+  // The scales go with the codes: a quantized cache without them cannot be read, and scales on a
+  // 16-bit cache mean the caller built the view from the wrong layer.
+  if (is_quantized(cache.dtype)) {
+    TACHYON_CUDA_REQUIRE(cache.k_scales != nullptr && cache.v_scales != nullptr,
+                         "{}: a {} cache needs k_scales and v_scales (got {} and {})", op, dtype_name(cache.dtype),
+                         static_cast<const void*>(cache.k_scales), static_cast<const void*>(cache.v_scales));
+  } else {
+    TACHYON_CUDA_REQUIRE(cache.k_scales == nullptr && cache.v_scales == nullptr,
+                         "{}: a {} cache takes no scales (got k_scales {}, v_scales {})", op, dtype_name(cache.dtype),
+                         static_cast<const void*>(cache.k_scales), static_cast<const void*>(cache.v_scales));
+  }
   TACHYON_CUDA_REQUIRE(cache.num_blocks > 0 && cache.block_size > 0 && cache.num_kv_heads > 0 && cache.head_dim > 0,
                        "{}: cache [{}, {}, {}, {}]", op, cache.num_blocks, cache.block_size, cache.num_kv_heads,
                        cache.head_dim);
   return Status::Ok();
+}
+
+// Whether the tensor-core kernels of `algo` (kDecode or kPrefill) read this cache.
+bool mma_supported(AttentionAlgo algo, const KvCacheView& cache) {
+  return algo == AttentionAlgo::kDecode ? detail::mma_decode_supported(cache.dtype, cache.head_dim)
+                                        : detail::mma_attention_supported(cache.dtype, cache.head_dim);
 }
 
 }  // namespace
@@ -138,7 +158,8 @@ Result<AttentionPlan> plan_paged_attention(const AttentionBatch& batch, int64_t 
                        batch.max_query_len, detail::kDecodeMaxGroup, group);
   AttentionPlan plan;
   plan.algo = algo;
-  if (detail::mma_attention_supported(cache.dtype, cache.head_dim)) {
+  // Quantized caches: tensor cores for decode only (the prefill kernel on them is 16-bit only).
+  if (mma_supported(algo, cache)) {
     TACHYON_ASSIGN_OR_RETURN(const int cc, current_compute_capability());
     plan.tensor_cores = cc >= 80;
   }
@@ -180,10 +201,16 @@ Status paged_attention(const AttentionPlan& plan, const float* q, int64_t q_toke
   const uintptr_t cache_bits = reinterpret_cast<uintptr_t>(cache.k) | reinterpret_cast<uintptr_t>(cache.v) |
                                reinterpret_cast<uintptr_t>(workspace);
   TACHYON_CUDA_REQUIRE((cache_bits & 15u) == 0, "paged_attention: caches and workspace must be 16-byte aligned");
-  TACHYON_CUDA_REQUIRE(!plan.tensor_cores || detail::mma_attention_supported(cache.dtype, cache.head_dim),
-                       "paged_attention: the tensor-core kernels take f16/bf16 caches with head_dim 64 or 128 "
-                       "(got {}, {})",
-                       dtype_name(cache.dtype), cache.head_dim);
+  const uintptr_t scale_bits = reinterpret_cast<uintptr_t>(cache.k_scales) | reinterpret_cast<uintptr_t>(cache.v_scales);
+  TACHYON_CUDA_REQUIRE((scale_bits & 3u) == 0, "paged_attention: cache scales must be 4-byte aligned");
+  TACHYON_CUDA_REQUIRE(!plan.tensor_cores || mma_supported(plan.algo, cache),
+                       "paged_attention: the tensor-core kernels take f16/bf16 caches (decode: also i8/f8e4m3) with "
+                       "head_dim 64 or 128 (got a {} {} cache, head_dim {}{}); plan with tensor_cores = false",
+                       plan.algo == AttentionAlgo::kDecode ? "decode" : "prefill", dtype_name(cache.dtype),
+                       cache.head_dim,
+                       is_quantized(cache.dtype) && plan.algo != AttentionAlgo::kDecode
+                           ? ": quantized caches run the prefill on CUDA cores"
+                           : "");
   if (batch.num_seqs == 0) return Status::Ok();
   TACHYON_CUDA_REQUIRE(q != nullptr && out != nullptr && batch.query_start != nullptr &&
                            batch.context_lens != nullptr && batch.block_tables != nullptr,

@@ -232,7 +232,10 @@ Status embedding(const void* table, DType table_dtype, int64_t table_stride, int
 // ---- paged KV cache and attention ------------------------------------------------------------------
 
 // k/v[t, h, :] at k + t * k_token_stride + h * k_head_stride ([n, num_kv_heads, head_dim] f32)
-// stored at slot_mapping[t] (i32, device; < 0: skip) of the cache.
+// stored at slot_mapping[t] (i32, device; < 0: skip) of the cache: f32/f16/bf16 rounded to
+// nearest even, i8/f8e4m3 as codes and one scale per (slot, kv head) row (ops.h KvLayer), bit for
+// bit as the CPU reference stores them. A quantized cache needs k_scales and v_scales, the others
+// none.
 Status store_kv(const float* k, int64_t k_token_stride, int64_t k_head_stride, const float* v, int64_t v_token_stride,
                 int64_t v_head_stride, int64_t n, const int32_t* slot_mapping, const KvCacheView& cache,
                 Stream stream);
@@ -247,9 +250,10 @@ enum class AttentionAlgo : uint8_t {
 struct AttentionPlan {
   AttentionAlgo algo = AttentionAlgo::kPrefill;
   int num_splits = 1;          // decode: slices of each context
-  // The tensor-core kernels (sm_80+, f16/bf16 cache, head_dim 64 or 128): chosen by the planner
-  // where they apply; false runs the CUDA-core kernels (any dtype and head_dim), true where they
-  // do not apply is an error.
+  // The tensor-core kernels (sm_80+, head_dim 64 or 128, f16/bf16 caches; decode also the
+  // quantized i8 / f8e4m3 ones, with bf16 queries and softmax weights): chosen by the planner
+  // where they apply; false runs the CUDA-core kernels (any dtype and head_dim, a quantized cache
+  // read exactly as code * scale), true where they do not apply is an error.
   bool tensor_cores = false;
   size_t workspace_bytes = 0;  // device scratch paged_attention needs (decode partials)
   std::string describe() const;

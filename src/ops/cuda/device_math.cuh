@@ -1,6 +1,7 @@
 // Device-side helpers shared by the kernels: element loads/stores of f32/f16/bf16 buffers (the
 // conversions round to nearest even exactly as core/dtype.h does on the host), 16-byte vector
-// unpacking, streaming loads and warp reductions. Included by .cu files only.
+// unpacking (int8 weights and e4m3 codes too), the code * scale reads of quantized KV caches,
+// streaming loads and warp reductions. Included by .cu files only.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -137,6 +138,88 @@ struct Elem<DType::kI8> {
     }
   }
 };
+
+// e4m3 (OCP e4m3fn) codes of a quantized KV cache, 16 per load. An e4m3 byte s.eeee.mmm placed in
+// f16 bits as s.0eeee.mmm0000000 is the same number times 2^-8, subnormals included (both formats
+// step by 2^(exponent - bias - 3) with the exponent field 0 read as 1): unpack_raw() gives that,
+// two bytes per f16x2 conversion, and unpack() multiplies the 2^8 back (exact). The NaN codes
+// 0x7f / 0xff read as +-480 here; store_kv never writes them (a non-finite row has codes 0 and a
+// NaN scale).
+template <>
+struct Elem<DType::kF8E4M3> {
+  using T = uint8_t;
+  static constexpr int kVec = 16;
+  static constexpr float kRawUnit = 256.0f;  // unpack() = unpack_raw() * kRawUnit
+  __device__ __forceinline__ static float load(const T* p, int64_t i) {
+    const uint32_t b = p[i];
+    return __half2float(__ushort_as_half(static_cast<uint16_t>((b & 0x80u) << 8 | (b & 0x7fu) << 7))) * kRawUnit;
+  }
+  // f[0..3] = the 4 codes of `w` (lowest address first) times 2^-8.
+  __device__ __forceinline__ static void unpack_raw4(uint32_t w, float* f) {
+    // Bytes [0, b0, 0, b1] and [0, b2, 0, b3]: each code in the high byte of a 16-bit half, then
+    // everything but the sign moved down one bit into the f16 exponent and mantissa.
+    const uint32_t lo = __byte_perm(w, 0u, 0x1404u), hi = __byte_perm(w, 0u, 0x3424u);
+    const uint32_t h01 = (lo & 0x80008000u) | ((lo & 0x7f007f00u) >> 1);
+    const uint32_t h23 = (hi & 0x80008000u) | ((hi & 0x7f007f00u) >> 1);
+    __half2 a, b;
+    memcpy(&a, &h01, 4);
+    memcpy(&b, &h23, 4);
+    const float2 fa = __half22float2(a), fb = __half22float2(b);
+    f[0] = fa.x;
+    f[1] = fa.y;
+    f[2] = fb.x;
+    f[3] = fb.y;
+  }
+  __device__ __forceinline__ static void unpack_raw(const uint4& u, float* f) {
+    unpack_raw4(u.x, f);
+    unpack_raw4(u.y, f + 4);
+    unpack_raw4(u.z, f + 8);
+    unpack_raw4(u.w, f + 12);
+  }
+  __device__ __forceinline__ static void unpack(const uint4& u, float* f) {
+    unpack_raw(u, f);
+#pragma unroll
+    for (int i = 0; i < 16; ++i) f[i] *= kRawUnit;
+  }
+};
+
+// Quantized KV caches (ops.h KvLayer): element = code * scale of its (slot, kv head) row, one f32
+// rounding of the exact code value times the scale, as the reference computes it. For e4m3 the
+// 2^8 of unpack_raw() goes into the scale instead: (scale * 2^8) is exact (no overflow: a scale
+// is at most FLT_MAX / 448), so (scale * 2^8) * (code * 2^-8) rounds the same product once.
+__host__ __device__ constexpr bool is_quantized_kv(DType d) { return d == DType::kI8 || d == DType::kF8E4M3; }
+
+// f[0..3] = the 4 codes of `w` (lowest address first) times `scale`.
+template <DType D>
+__device__ __forceinline__ void dequantize4(uint32_t w, float scale, float* f) {
+  static_assert(D == DType::kI8 || D == DType::kF8E4M3, "a quantized KV cache dtype");
+  if constexpr (D == DType::kI8) {
+    // Elem<kI8>'s trick: byte b ^ 0x80 in the mantissa of 2^23 is 2^23 + 128 + b.
+    const uint32_t x = w ^ 0x80808080u;
+#pragma unroll
+    for (int b = 0; b < 4; ++b) f[b] = (__uint_as_float(__byte_perm(x, 0x4b000000u, 0x7540u | b)) - 8388736.0f) * scale;
+  } else {
+    Elem<DType::kF8E4M3>::unpack_raw4(w, f);
+    const float s = scale * Elem<DType::kF8E4M3>::kRawUnit;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) f[i] *= s;
+  }
+}
+
+// f[0..15] = the 16 codes of `u` times `scale`.
+template <DType D>
+__device__ __forceinline__ void dequantize16(const uint4& u, float scale, float* f) {
+  dequantize4<D>(u.x, scale, f);
+  dequantize4<D>(u.y, scale, f + 4);
+  dequantize4<D>(u.z, scale, f + 8);
+  dequantize4<D>(u.w, scale, f + 12);
+}
+
+// The same for a chunk of 4 or 16 codes, by its load type.
+template <DType D>
+__device__ __forceinline__ void dequantize(uint32_t w, float scale, float* f) { dequantize4<D>(w, scale, f); }
+template <DType D>
+__device__ __forceinline__ void dequantize(const uint4& u, float scale, float* f) { dequantize16<D>(u, scale, f); }
 
 // A 16-byte load that bypasses L1 (each weight byte is read once per call): read-only path.
 __device__ __forceinline__ uint4 load_stream_16(const void* p) {

@@ -125,6 +125,9 @@ cudaError_t launch_rope(float* x, int64_t n, int64_t heads, int64_t token_stride
 
 // ---- paged KV cache and attention (kv_cache.cu, attention_decode.cu, attention_prefill.cu) -------
 
+// f32/f16/bf16 caches: one thread per element. Quantized caches (i8, f8e4m3; k_scales and
+// v_scales set): one warp per (token, kv head) row, codes and scale as ops.h KvLayer defines them,
+// bit-identical to ops/cpu/reference.cpp's quantize_kv_row.
 cudaError_t launch_store_kv(const float* k, int64_t k_token_stride, int64_t k_head_stride, const float* v,
                             int64_t v_token_stride, int64_t v_head_stride, int64_t n, const int32_t* slot_mapping,
                             const KvCacheView& cache, Stream stream);
@@ -144,9 +147,16 @@ struct AttentionQuery {
 // of its group. With splits > 1, `workspace` holds the partial results (decode_workspace_floats)
 // and a second kernel combines them.
 // The tensor-core (mma) kernels take f16/bf16 caches with head_dim 64 or 128, on sm_80 and later
-// (the caller checks the device).
+// (the caller checks the device). Quantized caches (i8, f8e4m3) run the CUDA-core prefill kernel,
+// which reads them as code * scale exactly; the tensor-core decode kernel takes them too (same
+// head dims): their codes exact in bf16, the scales applied to the f32 scores and to the softmax
+// weights before those are rounded to bf16.
 inline bool mma_attention_supported(DType dtype, int64_t head_dim) {
   return (dtype == DType::kBF16 || dtype == DType::kF16) && (head_dim == 64 || head_dim == 128);
+}
+inline bool mma_decode_supported(DType dtype, int64_t head_dim) {
+  return mma_attention_supported(dtype, head_dim) ||
+         ((dtype == DType::kI8 || dtype == DType::kF8E4M3) && (head_dim == 64 || head_dim == 128));
 }
 
 constexpr int kDecodeMaxGroup = 8;       // query heads per KV head

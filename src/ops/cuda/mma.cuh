@@ -8,7 +8,7 @@
 // so the C fragments of two adjacent 8-column tiles are, once rounded to 16 bits, the A fragment
 // of the 16-column slab they cover (FlashAttention-2's trick: softmax(QK^T) feeds P·V from
 // registers). On older architectures every function here traps; callers check the device first
-// (mma_attention_supported()).
+// (mma_attention_supported(), mma_decode_supported()).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -35,6 +35,16 @@ __device__ __forceinline__ uint32_t smem_address(const void* p) {
 __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, int src_bytes) {
 #if TACHYON_MMA_ENABLED
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+#else
+  __trap();
+#endif
+}
+
+// 4 bytes global -> shared (through L1: a quantized cache's scales, gathered one per key);
+// src_bytes 0 writes 4 zero bytes without reading.
+__device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, int src_bytes) {
+#if TACHYON_MMA_ENABLED
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
 #else
   __trap();
 #endif
@@ -139,6 +149,35 @@ __device__ __forceinline__ void stage_kv_tile(const uint16_t* k_cache, const uin
     const int64_t off = ok ? slot_of(key) + chunk * 8 : 0;
     cp_async_16(smem_address(ks + t * kStride + chunk * 8), k_cache + off, ok ? 16 : 0);
     cp_async_16(smem_address(vs + t * kStride + chunk * 8), v_cache + off, ok ? 16 : 0);
+  }
+}
+
+// The quantized cache's counterpart (i8 / f8e4m3 codes, ops.h KvLayer): stages `rows` K and V
+// code rows [rows][HD] (bytes, unpadded: they are read back in 16-byte chunks, never by
+// ldmatrix) and their scales [rows] f32 with cp.async; rows past key_end are zero codes and zero
+// scales. `row_of(key)` gives the (slot, kv head) index of a key's row: codes at row * HD, its
+// scale at row.
+template <int HD, int ROWS, int THREADS, typename RowOf>
+__device__ __forceinline__ void stage_quantized_kv_tile(const uint8_t* k_cache, const uint8_t* v_cache,
+                                                        const float* k_scales, const float* v_scales, int first_key,
+                                                        int key_end, uint8_t* kq, uint8_t* vq, float* k_scale,
+                                                        float* v_scale, RowOf row_of) {
+  constexpr int kChunksPerRow = HD / 16;
+  constexpr int kRowsPerStep = THREADS / kChunksPerRow;
+  static_assert(THREADS % kChunksPerRow == 0 && ROWS % kRowsPerStep == 0, "tile shape");
+  const int chunk = threadIdx.x % kChunksPerRow;
+#pragma unroll
+  for (int t = threadIdx.x / kChunksPerRow; t < ROWS; t += kRowsPerStep) {
+    const int key = first_key + t;
+    const bool ok = key < key_end;
+    const int64_t row = ok ? row_of(key) : 0;
+    const int64_t off = row * HD + chunk * 16;
+    cp_async_16(smem_address(kq + t * HD + chunk * 16), k_cache + off, ok ? 16 : 0);
+    cp_async_16(smem_address(vq + t * HD + chunk * 16), v_cache + off, ok ? 16 : 0);
+    if (chunk == 0) {
+      cp_async_4(smem_address(k_scale + t), k_scales + row, ok ? 4 : 0);
+      cp_async_4(smem_address(v_scale + t), v_scales + row, ok ? 4 : 0);
+    }
   }
 }
 
