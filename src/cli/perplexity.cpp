@@ -50,6 +50,7 @@ struct PerplexityArgs {
   std::optional<int> ctx;          // unset: the model's context, at most kDefaultMaxContext
   std::optional<int> stride;       // unset: ctx / 2
   std::optional<int64_t> max_tokens;  // unset: every token of the text
+  std::string kv_dtype;            // --kv: the scored run's KV cache dtype (empty: the default)
   bool kl = false;
   bool no_bos = false;
   std::string json_path;
@@ -104,9 +105,17 @@ class Progress {
 };
 
 Status validate_before_load(const PerplexityArgs& a) {
-  if (a.kl && a.common.quant.empty()) {
+  if (a.kl && a.common.quant.empty() && a.kv_dtype.empty()) {
     return make_error(ErrorCode::kInvalidArgument,
-                      "--kl compares a quantized model with the model as stored: give --quant int8 or --quant int4");
+                      "--kl compares a quantized model (or KV cache) with the model as stored: give --quant int8, "
+                      "--quant int4 or --kv int8|fp8");
+  }
+  if (!a.kv_dtype.empty()) {
+    const auto dtype = parse_dtype(a.kv_dtype);
+    if (!dtype || !ops::is_kv_cache_dtype(*dtype)) {
+      return make_error(ErrorCode::kInvalidArgument, "--kv '{}' is not a KV cache dtype (f32, f16, bf16, int8, fp8)",
+                        a.kv_dtype);
+    }
   }
   if (a.ctx && *a.ctx < 2) {
     return make_error(ErrorCode::kInvalidArgument, "--ctx {}: a window needs at least 2 tokens", *a.ctx);
@@ -179,7 +188,9 @@ int run_perplexity(const PerplexityArgs& a) {
   const int vocab = config.vocab_size;
   const int64_t chunk_rows =
       std::clamp<int64_t>(static_cast<int64_t>(kMaxLogitBytes / (sizeof(float) * static_cast<size_t>(vocab))), 1, ctx);
-  auto runner = WindowRunner::create(*model->model, ctx);
+  const std::optional<DType> kv_dtype =
+      a.kv_dtype.empty() ? std::nullopt : parse_dtype(a.kv_dtype);  // checked before loading
+  auto runner = WindowRunner::create(*model->model, ctx, kv_dtype);
   if (!runner.ok()) return report(runner.status());
   std::unique_ptr<WindowRunner> reference_runner;
   if (reference) {
@@ -262,6 +273,7 @@ int run_perplexity(const PerplexityArgs& a) {
   j["perplexity"] = std::exp(nll);
   j["weight_format"] = weight_format(model->model->weights());
   j["weights"] = model->weight_dtypes;
+  j["kv_dtype"] = kv_dtype ? dtype_name(*kv_dtype) : "default";
   j["device"] = model->model->device().to_string();
   j["threads"] = num_threads();
   j["seconds"] = seconds;
@@ -288,7 +300,8 @@ int run_perplexity(const PerplexityArgs& a) {
     if (!f) return report(make_error(ErrorCode::kIo, "cannot write {}", a.json_path));
   }
 
-  std::printf("model: %s | weights %s | %s, %d threads\n", a.common.model.c_str(), model->weight_dtypes.c_str(),
+  std::printf("model: %s | weights %s | kv %s | %s, %d threads\n", a.common.model.c_str(),
+              model->weight_dtypes.c_str(), j["kv_dtype"].get<std::string>().c_str(),
               j["device"].get<std::string>().c_str(), num_threads());
   std::printf("text: %s | %lld of %zu tokens scored in %zu windows of <= %d (stride %d) | %.2f s, %.0f tok/s\n",
               a.text_path.c_str(), static_cast<long long>(totals.scored), ids.size(), windows.size(), ctx, stride,
@@ -314,8 +327,10 @@ void add_perplexity(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--stride", a->stride, "tokens between window starts; each window scores only the tokens the "
                                          "previous one did not (default ctx / 2)");
   cmd->add_option("--max-tokens", a->max_tokens, "score only the first T tokens of the text (default: all)");
+  cmd->add_option("--kv", a->kv_dtype, "KV cache dtype of the scored run: f32, f16, bf16, int8, fp8 (default: f32 "
+                                       "on the CPU, bf16 on a GPU; the --kl reference always keeps the default)");
   cmd->add_flag("--kl", a->kl, "also load the model as stored and report KL(stored || quantized) per token, top-1 "
-                               "agreement and both perplexities (needs --quant)");
+                               "agreement and both perplexities (needs --quant or --kv)");
   cmd->add_flag("--no-bos", a->no_bos, "do not add the BOS token in front of the text");
   cmd->add_option("--json", a->json_path, "write every figure to FILE as JSON");
   cmd->callback([a, &run]() { run = [a]() { return run_perplexity(*a); }; });

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -120,11 +121,13 @@ inline double kl_divergence(std::span<const float> reference, std::span<const fl
 }
 
 // Runs one model over the windows of a text, one window at a time, in a paged KV cache of its own
-// sized for one window (on the model's device; f32 on the CPU, bf16 on a GPU, as the engine's).
+// sized for one window (on the model's device; f32 on the CPU, bf16 on a GPU, as the engine's,
+// unless kv_dtype says otherwise).
 // Every window starts again at position 0 and overwrites the slots of the previous one.
 class WindowRunner {
  public:
-  static Result<std::unique_ptr<WindowRunner>> create(const LlamaModel& model, int max_tokens) {
+  static Result<std::unique_ptr<WindowRunner>> create(const LlamaModel& model, int max_tokens,
+                                                      std::optional<DType> kv_dtype = std::nullopt) {
     const ModelConfig& c = model.config();
     KvCacheConfig kv;
     kv.num_layers = c.num_layers;
@@ -133,7 +136,7 @@ class WindowRunner {
     kv.block_size = kBlockSize;
     kv.num_blocks = (max_tokens + kBlockSize - 1) / kBlockSize;
     kv.device = model.device();
-    kv.dtype = kv.device.is_cpu() ? DType::kF32 : DType::kBF16;
+    kv.dtype = kv_dtype.value_or(kv.device.is_cpu() ? DType::kF32 : DType::kBF16);
     TACHYON_ASSIGN_OR_RETURN(KvCache cache, KvCache::create(kv));
     std::unique_ptr<WindowRunner> runner(new WindowRunner(model, std::move(cache), kv.num_blocks));
     TACHYON_RETURN_IF_ERROR(runner->blocks_.grow_to(runner->table_, max_tokens));

@@ -241,6 +241,34 @@ TEST(PerplexityCli, Int8KlAgainstTheModelAsStored) {
   EXPECT_LT(std::fabs(k.at("nll").get<double>() - k.at("reference_nll").get<double>()), 0.01);
 }
 
+// --kv scores with a quantized KV cache; --kl then compares it with the default (f32) cache on the
+// same weights. int8 stays close; the reference side is exactly a plain run.
+TEST(PerplexityCli, QuantizedKvCacheKlAgainstTheDefaultCache) {
+  const std::string text = prose_excerpt(4000);
+  const std::string dir = testing::scratch_dir("perplexity_kv");
+  const std::string common = " perplexity -m " + demo() + " -f " + text + " --ctx 128 --stride 64 --max-tokens 256 -t 2";
+  auto dense = run_command(tachyon_binary() + common + " --json " + dir + "/dense.json");
+  ASSERT_EQ(dense.exit_code, 0) << dense.err;
+  const auto d = read_json(dir + "/dense.json");
+  for (const char* kv : {"int8", "fp8"}) {
+    auto r = run_command(tachyon_binary() + common + " --kv " + kv + " --kl --json " + dir + "/" + kv + ".json");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const auto k = read_json(dir + "/" + kv + ".json");
+    std::printf("kv %s vs f32 cache on 256 tokens of prose: KL mean %.6f, p99 %.6f, top-1 %.4f, perplexity %.4f vs %.4f\n",
+                kv, k.at("kl_mean").get<double>(), k.at("kl_p99").get<double>(), k.at("top1_agreement").get<double>(),
+                k.at("perplexity").get<double>(), k.at("reference_perplexity").get<double>());
+    EXPECT_EQ(k.at("kv_dtype").get<std::string>(), kv == std::string("int8") ? "i8" : "f8e4m3");
+    EXPECT_EQ(k.at("weight_format").get<std::string>(), "dense");
+    EXPECT_NEAR(k.at("reference_nll").get<double>(), d.at("nll").get<double>(), 1e-12);
+    EXPECT_GT(k.at("kl_mean").get<double>(), 0.0);  // the cache really is quantized
+    EXPECT_LT(k.at("kl_mean").get<double>(), 0.05);
+    EXPECT_GT(k.at("top1_agreement").get<double>(), 0.8);
+  }
+  auto bad = run_command(tachyon_binary() + common + " --kv q4");
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_NE(bad.err.find("--kv 'q4' is not a KV cache dtype"), std::string::npos) << bad.err;
+}
+
 TEST(PerplexityCli, BadInputsAreOneLineErrors) {
   const std::string dir = testing::scratch_dir("perplexity_bad");
   std::ofstream(dir + "/empty.txt").flush();
