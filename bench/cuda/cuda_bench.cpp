@@ -1,6 +1,6 @@
 // tachyon_cuda_bench: the CUDA backend against the device's own ceilings, on random data.
 //
-//   tachyon_cuda_bench [--json FILE] [--quick]
+//   tachyon_cuda_bench [--json FILE] [--quick] [--prefill-only]
 //
 //   copy       cudaMemcpy device-to-device of 1 GiB; GB/s counts bytes read + bytes written
 //   matmul     cuBLASLt bf16 x bf16 -> f32, 8192^3; TFLOP/s
@@ -10,6 +10,9 @@
 //   attention  decode attention (Llama-3-8B heads: 32 q / 8 kv, head_dim 128, bf16 and i8 caches,
 //              blocks of 16) at batch 1 and 32, context 1k / 4k / 16k: GB/s of K/V bytes read
 //              (an i8 cache's scales included)
+//   prefill    causal prefill attention of one sequence (same heads, bf16 and i8 caches) at 512 to
+//              8k tokens: TFLOP/s, and as a fraction of the matmul's (--prefill-only: the matmul
+//              and this alone)
 //
 // Every kernel is timed with CUDA events over many calls after warm-up, median of 5 repetitions;
 // GEMV and attention calls are captured in a CUDA graph and replayed (no host launch gaps).
@@ -45,6 +48,7 @@ constexpr size_t kGiB = size_t{1} << 30;
 struct Options {
   std::string json_path;
   bool quick = false;
+  bool prefill_only = false;  // the matmul (the prefill table's yardstick) and prefill attention only
 };
 
 #define BENCH_CUDA(expr) TACHYON_CUDA_RETURN_IF_ERROR(expr)
@@ -381,6 +385,7 @@ struct AttentionRow {
 };
 
 struct PrefillRow {
+  DType cache;
   int tokens;
   bool tensor_cores;
   double us, tflops;
@@ -488,74 +493,115 @@ Status bench_attention(double copy_gbps, nlohmann::json& out, std::vector<Attent
   return Status::Ok();
 }
 
-// Causal prefill attention of one sequence (Llama-3-8B heads, bf16 cache, shuffled blocks):
-// FLOPs 4 * head_dim * heads * (tokens * (tokens + 1) / 2) (QK^T and P·V over the causal half).
+// Causal prefill attention of one sequence (Llama-3-8B heads, bf16 and i8 caches, shuffled
+// blocks): FLOPs 4 * head_dim * heads * (tokens * (tokens + 1) / 2) (QK^T and P·V over the causal
+// half).
 Status bench_attention_prefill(double matmul_tflops, nlohmann::json& out, std::vector<PrefillRow>& rows) {
   const int64_t heads = 32, kv_heads = 8, head_dim = 128, block_size = 16;
   TACHYON_ASSIGN_OR_RETURN(int sms, cu::current_sm_count());
   nlohmann::json list = nlohmann::json::array();
   std::mt19937 rng(12);
-  for (int tokens : {512, 2048, 8192}) {
-    const int64_t blocks = (tokens + block_size - 1) / block_size;
-    const size_t cache_elems = static_cast<size_t>(blocks * block_size * kv_heads * head_dim);
-    TACHYON_ASSIGN_OR_RETURN(auto k, cu::DeviceBuffer::allocate(cache_elems * 2, "k cache"));
-    TACHYON_ASSIGN_OR_RETURN(auto v, cu::DeviceBuffer::allocate(cache_elems * 2, "v cache"));
-    TACHYON_RETURN_IF_ERROR(cu::fill_random(k.data(), DType::kBF16, static_cast<int64_t>(cache_elems), 31, -1.f, 1.f, nullptr));
-    TACHYON_RETURN_IF_ERROR(cu::fill_random(v.data(), DType::kBF16, static_cast<int64_t>(cache_elems), 32, -1.f, 1.f, nullptr));
-    std::vector<int32_t> ids(static_cast<size_t>(blocks));
-    std::iota(ids.begin(), ids.end(), 0);
-    std::shuffle(ids.begin(), ids.end(), rng);
-    const std::vector<int32_t> query_start = {0, tokens}, context_lens = {tokens};
-    TACHYON_ASSIGN_OR_RETURN(auto d_tables, cu::DeviceBuffer::allocate(ids.size() * 4, "block tables"));
-    TACHYON_ASSIGN_OR_RETURN(auto d_qs, cu::DeviceBuffer::allocate(8, "query_start"));
-    TACHYON_ASSIGN_OR_RETURN(auto d_ctx, cu::DeviceBuffer::allocate(4, "context_lens"));
-    TACHYON_RETURN_IF_ERROR(cu::copy_to_device(d_tables.data(), ids.data(), ids.size() * 4));
-    TACHYON_RETURN_IF_ERROR(cu::copy_to_device(d_qs.data(), query_start.data(), 8));
-    TACHYON_RETURN_IF_ERROR(cu::copy_to_device(d_ctx.data(), context_lens.data(), 4));
-    const int64_t q_elems = static_cast<int64_t>(tokens) * heads * head_dim;
-    TACHYON_ASSIGN_OR_RETURN(auto q, cu::DeviceBuffer::allocate(q_elems * 4, "q"));
-    TACHYON_ASSIGN_OR_RETURN(auto o, cu::DeviceBuffer::allocate(q_elems * 4, "out"));
-    TACHYON_RETURN_IF_ERROR(cu::fill_random(q.data(), DType::kF32, q_elems, 33, -1.f, 1.f, nullptr));
-    cu::KvCacheView cache;
-    cache.k = k.data();
-    cache.v = v.data();
-    cache.dtype = DType::kBF16;
-    cache.num_blocks = blocks;
-    cache.block_size = block_size;
-    cache.num_kv_heads = kv_heads;
-    cache.head_dim = head_dim;
-    cu::AttentionBatch b;
-    b.num_seqs = 1;
-    b.query_start = d_qs.as<int32_t>();
-    b.context_lens = d_ctx.as<int32_t>();
-    b.block_tables = d_tables.as<int32_t>();
-    b.max_blocks_per_seq = blocks;
-    b.max_query_len = tokens;
-    b.max_context_len = tokens;
-    tachyon::AttentionParams params;
-    params.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-    TACHYON_ASSIGN_OR_RETURN(auto planned, cu::plan_paged_attention(b, heads, cache, params, sms));
-    const double flops = 4.0 * head_dim * heads * (static_cast<double>(tokens) * (tokens + 1) / 2);
-    for (bool tensor_cores : {true, false}) {
-      if (tensor_cores && !planned.tensor_cores) continue;
-      cu::AttentionPlan plan = planned;
-      plan.tensor_cores = tensor_cores;
-      auto body = [&](int, cu::Stream st) {
-        return cu::paged_attention(plan, q.as<float>(), heads * head_dim, head_dim, heads, cache, b, params,
-                                   o.as<float>(), heads * head_dim, head_dim, nullptr, 0, st);
-      };
-      const int iters = tokens >= 8192 ? 3 : 10;
-      TACHYON_ASSIGN_OR_RETURN(double ms, time_graph_ms(body, 1, iters, 3));
-      PrefillRow r{tokens, tensor_cores, ms * 1e3, flops / (ms * 1e-3) / 1e12};
-      rows.push_back(r);
-      list.push_back({{"tokens", tokens}, {"heads", heads}, {"kv_heads", kv_heads}, {"head_dim", head_dim},
-                      {"cache", "bf16"}, {"tensor_cores", tensor_cores}, {"flops", flops}, {"us", r.us},
-                      {"tflops", r.tflops}, {"fraction_of_matmul", r.tflops / matmul_tflops}});
-      std::fprintf(stderr, "attention prefill %5d tokens (%s): %9.1f us %6.1f TFLOP/s (%.0f%% of matmul)\n", tokens,
-                   tensor_cores ? "tensor cores" : "CUDA cores", r.us, r.tflops, 100.0 * r.tflops / matmul_tflops);
+  for (DType cache_dtype : {DType::kBF16, DType::kI8}) {
+    const bool quantized = cache_dtype == DType::kI8;
+    for (int tokens : {512, 2048, 4096, 8192}) {
+      const int64_t blocks = (tokens + block_size - 1) / block_size;
+      const int64_t rows_count = blocks * block_size * kv_heads;  // (slot, kv head) rows
+      const size_t cache_bytes = static_cast<size_t>(rows_count * head_dim) * tachyon::dtype_size(cache_dtype);
+      TACHYON_ASSIGN_OR_RETURN(auto k, cu::DeviceBuffer::allocate(cache_bytes, "k cache"));
+      TACHYON_ASSIGN_OR_RETURN(auto v, cu::DeviceBuffer::allocate(cache_bytes, "v cache"));
+      // Random bf16 bits (as i8 codes: random bytes, any of which is a code).
+      TACHYON_RETURN_IF_ERROR(
+          cu::fill_random(k.data(), DType::kBF16, static_cast<int64_t>(cache_bytes / 2), 31, -1.f, 1.f, nullptr));
+      TACHYON_RETURN_IF_ERROR(
+          cu::fill_random(v.data(), DType::kBF16, static_cast<int64_t>(cache_bytes / 2), 32, -1.f, 1.f, nullptr));
+      // i8: scales [blocks, block_size, kv_heads] f32 (a DeviceBuffer of 16 bytes otherwise).
+      const int64_t scale_count = quantized ? rows_count : 4;
+      TACHYON_ASSIGN_OR_RETURN(auto k_scales, cu::DeviceBuffer::allocate(scale_count * sizeof(float), "k scales"));
+      TACHYON_ASSIGN_OR_RETURN(auto v_scales, cu::DeviceBuffer::allocate(scale_count * sizeof(float), "v scales"));
+      TACHYON_RETURN_IF_ERROR(
+          cu::fill_random(k_scales.data(), DType::kF32, scale_count, 34, 1.f / 508, 1.f / 127, nullptr));
+      TACHYON_RETURN_IF_ERROR(
+          cu::fill_random(v_scales.data(), DType::kF32, scale_count, 35, 1.f / 508, 1.f / 127, nullptr));
+      std::vector<int32_t> ids(static_cast<size_t>(blocks));
+      std::iota(ids.begin(), ids.end(), 0);
+      std::shuffle(ids.begin(), ids.end(), rng);
+      const std::vector<int32_t> query_start = {0, tokens}, context_lens = {tokens};
+      TACHYON_ASSIGN_OR_RETURN(auto d_tables, cu::DeviceBuffer::allocate(ids.size() * 4, "block tables"));
+      TACHYON_ASSIGN_OR_RETURN(auto d_qs, cu::DeviceBuffer::allocate(8, "query_start"));
+      TACHYON_ASSIGN_OR_RETURN(auto d_ctx, cu::DeviceBuffer::allocate(4, "context_lens"));
+      TACHYON_RETURN_IF_ERROR(cu::copy_to_device(d_tables.data(), ids.data(), ids.size() * 4));
+      TACHYON_RETURN_IF_ERROR(cu::copy_to_device(d_qs.data(), query_start.data(), 8));
+      TACHYON_RETURN_IF_ERROR(cu::copy_to_device(d_ctx.data(), context_lens.data(), 4));
+      const int64_t q_elems = static_cast<int64_t>(tokens) * heads * head_dim;
+      TACHYON_ASSIGN_OR_RETURN(auto q, cu::DeviceBuffer::allocate(q_elems * 4, "q"));
+      TACHYON_ASSIGN_OR_RETURN(auto o, cu::DeviceBuffer::allocate(q_elems * 4, "out"));
+      TACHYON_RETURN_IF_ERROR(cu::fill_random(q.data(), DType::kF32, q_elems, 33, -1.f, 1.f, nullptr));
+      cu::KvCacheView cache;
+      cache.k = k.data();
+      cache.v = v.data();
+      if (quantized) {
+        cache.k_scales = k_scales.as<float>();
+        cache.v_scales = v_scales.as<float>();
+      }
+      cache.dtype = cache_dtype;
+      cache.num_blocks = blocks;
+      cache.block_size = block_size;
+      cache.num_kv_heads = kv_heads;
+      cache.head_dim = head_dim;
+      cu::AttentionBatch b;
+      b.num_seqs = 1;
+      b.query_start = d_qs.as<int32_t>();
+      b.context_lens = d_ctx.as<int32_t>();
+      b.block_tables = d_tables.as<int32_t>();
+      b.max_blocks_per_seq = blocks;
+      b.max_query_len = tokens;
+      b.max_context_len = tokens;
+      tachyon::AttentionParams params;
+      params.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+      TACHYON_ASSIGN_OR_RETURN(auto planned, cu::plan_paged_attention(b, heads, cache, params, sms));
+      const double flops = 4.0 * head_dim * heads * (static_cast<double>(tokens) * (tokens + 1) / 2);
+      for (bool tensor_cores : {true, false}) {
+        if (tensor_cores && !planned.tensor_cores) continue;
+        cu::AttentionPlan plan = planned;
+        plan.tensor_cores = tensor_cores;
+        auto body = [&](int, cu::Stream st) {
+          return cu::paged_attention(plan, q.as<float>(), heads * head_dim, head_dim, heads, cache, b, params,
+                                     o.as<float>(), heads * head_dim, head_dim, nullptr, 0, st);
+        };
+        const int iters = tokens >= 8192 ? 3 : 10;
+        TACHYON_ASSIGN_OR_RETURN(double ms, time_graph_ms(body, 1, iters, 3));
+        PrefillRow r{cache_dtype, tokens, tensor_cores, ms * 1e3, flops / (ms * 1e-3) / 1e12};
+        rows.push_back(r);
+        list.push_back({{"tokens", tokens}, {"heads", heads}, {"kv_heads", kv_heads}, {"head_dim", head_dim},
+                        {"cache", tachyon::dtype_name(cache_dtype)}, {"tensor_cores", tensor_cores}, {"flops", flops},
+                        {"us", r.us}, {"tflops", r.tflops}, {"fraction_of_matmul", r.tflops / matmul_tflops}});
+        std::fprintf(stderr, "attention prefill %s %5d tokens (%s): %9.1f us %6.1f TFLOP/s (%.0f%% of matmul)\n",
+                     tachyon::dtype_name(cache_dtype), tokens, tensor_cores ? "tensor cores" : "CUDA cores", r.us,
+                     r.tflops, 100.0 * r.tflops / matmul_tflops);
+      }
     }
   }
   out["attention_prefill"] = list;
+  return Status::Ok();
+}
+
+void print_prefill_table(const std::vector<PrefillRow>& rows, double matmul_tflops) {
+  std::printf("%-30s %-13s %9s %8s %6s\n", "prefill attention (KV dtype)", "kernel", "us", "TFLOP/s", "%mm");
+  for (const PrefillRow& r : rows) {
+    std::printf("%-4s causal, %5d tokens %6s %-13s %9.1f %8.1f %5.0f%%\n", tachyon::dtype_name(r.cache), r.tokens, "",
+                r.tensor_cores ? "tensor cores" : "CUDA cores", r.us, r.tflops, 100.0 * r.tflops / matmul_tflops);
+  }
+}
+
+Status write_json(const nlohmann::json& out, const Options& opt) {
+  const std::string json = out.dump(2);
+  if (!opt.json_path.empty()) {
+    std::ofstream f(opt.json_path);
+    f << json << "\n";
+    if (!f) return tachyon::make_error(tachyon::ErrorCode::kIo, "cannot write {}", opt.json_path);
+  } else {
+    std::printf("%s\n", json.c_str());
+  }
   return Status::Ok();
 }
 
@@ -614,8 +660,10 @@ int main(int argc, char** argv) {
       opt.json_path = argv[++i];
     } else if (a == "--quick") {
       opt.quick = true;
+    } else if (a == "--prefill-only") {
+      opt.prefill_only = true;
     } else {
-      std::fprintf(stderr, "usage: tachyon_cuda_bench [--json FILE] [--quick]\n");
+      std::fprintf(stderr, "usage: tachyon_cuda_bench [--json FILE] [--quick] [--prefill-only]\n");
       return 2;
     }
   }
@@ -633,10 +681,22 @@ int main(int argc, char** argv) {
                    {"memory_bytes", props->total_memory},
                    {"l2_bytes", props->l2_cache_bytes}};
 
-  auto copy = bench_copy(out, opt);
-  if (!copy.ok()) return fail(copy.status());
   auto ctx = cu::LinearContext::create();
   if (!ctx.ok()) return fail(ctx.status());
+  if (opt.prefill_only) {
+    auto tflops = bench_matmul(**ctx, out, opt);
+    if (!tflops.ok()) return fail(tflops.status());
+    std::vector<PrefillRow> prefill_rows;
+    if (Status s = bench_attention_prefill(*tflops, out, prefill_rows); !s.ok()) return fail(s);
+    if (Status s = write_json(out, opt); !s.ok()) return fail(s);
+    std::printf("\n== %s ==\n", props->to_string().c_str());
+    std::printf("cuBLASLt bf16 matmul %lld^3 %6.1f TFLOP/s\n",
+                static_cast<long long>(out["matmul"]["m"].get<int64_t>()), *tflops);
+    print_prefill_table(prefill_rows, *tflops);
+    return 0;
+  }
+  auto copy = bench_copy(out, opt);
+  if (!copy.ok()) return fail(copy.status());
   auto tflops = bench_matmul(**ctx, out, opt);
   if (!tflops.ok()) return fail(tflops.status());
   std::vector<GemvRow> gemv_rows;
@@ -663,14 +723,7 @@ int main(int argc, char** argv) {
                                  {"gbps", step_bytes / (step_us * 1e-6) / 1e9},
                                  {"fraction_of_copy", step_bytes / (step_us * 1e-6) / 1e9 / *copy}};
 
-  const std::string json = out.dump(2);
-  if (!opt.json_path.empty()) {
-    std::ofstream f(opt.json_path);
-    f << json << "\n";
-    if (!f) return fail(tachyon::make_error(tachyon::ErrorCode::kIo, "cannot write {}", opt.json_path));
-  } else {
-    std::printf("%s\n", json.c_str());
-  }
+  if (Status s = write_json(out, opt); !s.ok()) return fail(s);
 
   std::printf("\n== %s ==\n", props->to_string().c_str());
   std::printf("copy D2D (read+write)      %8.1f GB/s\n", *copy);
@@ -691,10 +744,6 @@ int main(int argc, char** argv) {
                 r.context, r.splits, r.tensor_cores ? "tensor cores" : "CUDA cores", r.us, r.gbps,
                 100.0 * r.gbps / *copy);
   }
-  std::printf("%-30s %-13s %9s %8s %6s\n", "prefill attention (bf16 KV)", "kernel", "us", "TFLOP/s", "%mm");
-  for (const PrefillRow& r : prefill_rows) {
-    std::printf("causal, %5d tokens %11s %-13s %9.1f %8.1f %5.0f%%\n", r.tokens, "",
-                r.tensor_cores ? "tensor cores" : "CUDA cores", r.us, r.tflops, 100.0 * r.tflops / *tflops);
-  }
+  print_prefill_table(prefill_rows, *tflops);
   return 0;
 }

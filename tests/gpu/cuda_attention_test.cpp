@@ -4,8 +4,8 @@
 // each on the tensor-core kernels where the planner picks them and on the CUDA-core kernels,
 // GQA group sizes 1..8, odd head dims, sliding windows, f32/f16/bf16 caches and the quantized
 // i8/f8e4m3 ones (the reference reads the same codes and scales, so the CUDA-core kernels keep
-// the f32 tolerances; the tensor-core decode kernel has bf16's), block sizes 16 and 5, shuffled
-// block tables. Cache slots a query must not
+// the f32 tolerances; the tensor-core kernels, decode and prefill, have bf16's), block sizes 16
+// and 5, shuffled block tables. Cache slots a query must not
 // read (unowned blocks, keys before a window) hold NaN (quantized: NaN scales), and released
 // blocks are -1 in the table, so reading them shows up. The last test runs store_kv and
 // paged_attention through ops.h on device tensors (the CUDA backend).
@@ -301,9 +301,6 @@ void check_prefill_kernels(const std::vector<DType>& dtypes) {
     auto planned = cu::plan_paged_attention(d.batch, sc.num_heads, d.cache, b.params, sm_count());
     ASSERT_TRUE(planned.ok()) << planned.status().to_string();
     ASSERT_EQ(planned->algo, cu::AttentionAlgo::kPrefill) << sc.describe();
-    if (ops::is_quantized_kv_dtype(sc.cache_dtype)) {
-      ASSERT_FALSE(planned->tensor_cores) << sc.describe();
-    }
     const Tensor expected = reference(b);
     for (const cu::AttentionPlan& plan : both_kernels(*planned)) {
       Tensor out;
@@ -324,8 +321,8 @@ TEST(CudaPagedAttention, PrefillKernelMatchesReferenceOnQuantizedCaches) {
 }
 
 // The planner picks the tensor-core kernels exactly where they apply (head_dim 64 or 128, sm_80+;
-// a 16-bit cache, or a quantized one for decode), and a tensor-core plan for a cache they cannot
-// read is an error, not a launch.
+// a 16-bit or quantized cache, for decode and for prefill), and a tensor-core plan for a cache
+// they cannot read is an error, not a launch.
 TEST(CudaPagedAttention, TensorCoresArePlannedWhereTheyApply) {
   TACHYON_SKIP_WITHOUT_GPU();
   auto cc = cu::current_compute_capability();
@@ -346,7 +343,7 @@ TEST(CudaPagedAttention, TensorCoresArePlannedWhereTheyApply) {
         const bool quantized = ops::is_quantized_kv_dtype(dtype);
         const bool decode = plan->algo == cu::AttentionAlgo::kDecode;
         ASSERT_EQ(decode, max_query == 1) << sc.describe();
-        const bool readable = (sixteen_bit || (quantized && decode)) && (hd == 64 || hd == 128);
+        const bool readable = (sixteen_bit || quantized) && (hd == 64 || hd == 128);
         EXPECT_EQ(plan->tensor_cores, *cc >= 80 && readable) << sc.describe();
         if (!readable) {
           cu::AttentionPlan forced = *plan;
@@ -354,13 +351,10 @@ TEST(CudaPagedAttention, TensorCoresArePlannedWhereTheyApply) {
           Tensor out;
           const ::testing::AssertionResult ran = run(b, d, forced, false, &out);
           EXPECT_FALSE(ran) << sc.describe();
-          if (quantized && !decode && (hd == 64 || hd == 128)) {
-            // The Status names the cache and says why.
-            EXPECT_NE(std::string(ran.message()).find(dtype_name(dtype)), std::string::npos) << ran.message();
-            EXPECT_NE(std::string(ran.message()).find("quantized caches run the prefill on CUDA cores"),
-                      std::string::npos)
-                << ran.message();
-          }
+          // The Status names the cache and its head_dim.
+          EXPECT_NE(std::string(ran.message()).find(fmt::format("{} cache, head_dim {}", dtype_name(dtype), hd)),
+                    std::string::npos)
+              << ran.message();
         }
       }
     }
@@ -368,13 +362,15 @@ TEST(CudaPagedAttention, TensorCoresArePlannedWhereTheyApply) {
 }
 
 // Long prefills (several 64-row query tiles and 64-key tiles, the causal diagonal inside and
-// across tiles, chunks that start mid-context) on the shapes the tensor-core kernels serve.
+// across tiles, chunks that start mid-context) on the shapes the tensor-core kernels serve, 16-bit
+// and quantized caches (their unowned blocks, the unused tail of each sequence's last block and
+// the keys before a window NaN-scaled: the tiles zero-fill what no row may read).
 TEST(CudaPagedAttention, TensorCorePrefillOnLongChunks) {
   TACHYON_SKIP_WITHOUT_GPU();
   const uint32_t seed = testing::fresh_seed();
   SCOPED_TRACE(fmt::format("seed {} (TACHYON_TEST_SEED={} reproduces)", seed, seed));
   std::mt19937 rng(seed);
-  for (DType dtype : {DType::kBF16, DType::kF16}) {
+  for (DType dtype : {DType::kBF16, DType::kF16, DType::kI8, DType::kF8E4M3}) {
     for (int hd : {64, 128}) {
       for (int window : {0, 100}) {
         Scenario sc;
@@ -401,14 +397,14 @@ TEST(CudaPagedAttention, TensorCorePrefillOnLongChunks) {
 
 // Token trees (ops.h AttentionMetadata::tree_masks): tree chunks of up to 64 queries, one
 // starting at cache index 0, beside a decode row and a long causal chunk (all-ones masks), on
-// both prefill kernels, against the reference (which tests/ops ties to textbook attention over
-// each query's ancestors).
+// both prefill kernels (16-bit, f32 and quantized caches), against the reference (which tests/ops
+// ties to textbook attention over each query's ancestors).
 TEST(CudaPagedAttention, TreeMasksMatchReference) {
   TACHYON_SKIP_WITHOUT_GPU();
   const uint32_t seed = testing::fresh_seed();
   SCOPED_TRACE(fmt::format("seed {} (TACHYON_TEST_SEED={} reproduces)", seed, seed));
   std::mt19937 rng(seed);
-  for (DType dtype : {DType::kBF16, DType::kF16, DType::kF32}) {
+  for (DType dtype : {DType::kBF16, DType::kF16, DType::kF32, DType::kI8, DType::kF8E4M3}) {
     for (int hd : {64, 128}) {
       Scenario sc;
       sc.num_heads = 8;
@@ -497,28 +493,31 @@ TEST(CudaPagedAttention, DecodeKernelMatchesReferenceAtEverySplitCountOnQuantize
   check_decode_kernels(kQuantizedCaches);
 }
 
-// Sequences with no query this step are skipped by both kernels.
+// Sequences with no query this step are skipped by both kernels (16-bit and quantized caches).
 TEST(CudaPagedAttention, SequencesWithoutQueriesAreSkipped) {
   TACHYON_SKIP_WITHOUT_GPU();
   const uint32_t seed = testing::fresh_seed();
   SCOPED_TRACE(fmt::format("seed {}", seed));
   std::mt19937 rng(seed);
-  for (bool decode : {true, false}) {
-    Scenario sc;
-    sc.num_heads = 8;
-    sc.num_kv_heads = 2;
-    sc.head_dim = 64;
-    sc.cache_dtype = DType::kBF16;
-    sc.seqs = {{40, 1}, {33, 0}, {300, 1}, {17, 0}};
-    if (!decode) sc.seqs[2].q_len = 20;
-    const Batch b = build(sc, rng);
-    const DeviceBatch d(b);
-    auto planned = cu::plan_paged_attention(d.batch, sc.num_heads, d.cache, b.params, sm_count());
-    ASSERT_TRUE(planned.ok()) << planned.status().to_string();
-    for (const cu::AttentionPlan& plan : both_kernels(*planned)) {
-      Tensor out;
-      ASSERT_TRUE(run(b, d, plan, false, &out)) << sc.describe();
-      ASSERT_TRUE(all_close(out, reference(b), tolerance(plan, sc.cache_dtype, 2e-5), plan.describe() + " " + sc.describe()));
+  for (DType dtype : {DType::kBF16, DType::kI8}) {
+    for (bool decode : {true, false}) {
+      Scenario sc;
+      sc.num_heads = 8;
+      sc.num_kv_heads = 2;
+      sc.head_dim = 64;
+      sc.cache_dtype = dtype;
+      sc.seqs = {{40, 1}, {33, 0}, {300, 1}, {17, 0}};
+      if (!decode) sc.seqs[2].q_len = 20;
+      const Batch b = build(sc, rng);
+      const DeviceBatch d(b);
+      auto planned = cu::plan_paged_attention(d.batch, sc.num_heads, d.cache, b.params, sm_count());
+      ASSERT_TRUE(planned.ok()) << planned.status().to_string();
+      for (const cu::AttentionPlan& plan : both_kernels(*planned)) {
+        Tensor out;
+        ASSERT_TRUE(run(b, d, plan, false, &out)) << sc.describe();
+        ASSERT_TRUE(all_close(out, reference(b), tolerance(plan, sc.cache_dtype, 2e-5),
+                              plan.describe() + " " + sc.describe()));
+      }
     }
   }
 }
@@ -557,7 +556,7 @@ Tensor to_device(const Tensor& t, Device device) {
 // (its layer checks, the scales it hands the kernels): this step's K/V rows stored on the device
 // are the reference's codes and scales bit for bit, and attention over the device cache matches
 // the reference over the host one, for a decode batch and a mixed batch with a window (head_dim
-// 128: the decode batch on tensor cores where the device has them).
+// 128: both on tensor cores where the device has them).
 TEST(CudaPagedAttention, QuantizedCachesThroughTheBackend) {
   TACHYON_SKIP_WITHOUT_GPU();
   ASSERT_OK(cu::start_backend(0));
@@ -617,7 +616,7 @@ TEST(CudaPagedAttention, QuantizedCachesThroughTheBackend) {
       ASSERT_TRUE(testing::bitwise_equal(to_device(layer.v, Device::cpu()), b.cache.v, what + " v codes"));
       ASSERT_TRUE(testing::bitwise_equal(to_device(layer.k_scales, Device::cpu()), b.cache.k_scales, what + " k scales"));
       ASSERT_TRUE(testing::bitwise_equal(to_device(layer.v_scales, Device::cpu()), b.cache.v_scales, what + " v scales"));
-      const bool tensor_cores = decode && head_dim == 128 && *cc >= 80;  // the planner's choice
+      const bool tensor_cores = head_dim == 128 && *cc >= 80;  // the planner's choice
       ASSERT_TRUE(all_close(to_device(dout, Device::cpu()), expected, tensor_cores ? 5e-2 : 5e-5, "backend " + what));
     }
   }

@@ -496,24 +496,6 @@ constexpr size_t decode_mma_shared_bytes() {
   return tiles > reduce ? tiles : reduce;
 }
 
-// A staged quantized code tile [kMmaKeys][HD] as the codes' values in bf16 (exact) in a 16-bit
-// tile [kMmaKeys][HD + 8]; zero codes (rows past the slice) give zeros.
-template <DType D, int HD>
-__device__ __forceinline__ void expand_quantized_tile(const uint8_t* codes, uint16_t* tile) {
-  constexpr int kChunksPerRow = HD / 16;
-  for (int c = threadIdx.x; c < kMmaKeys * kChunksPerRow; c += kThreads) {
-    const int t = c / kChunksPerRow, off = (c % kChunksPerRow) * 16;
-    float f[16];
-    dequantize16<D>(*reinterpret_cast<const uint4*>(codes + t * HD + off), 1.0f, f);
-    uint32_t w[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) w[i] = MmaType<DType::kBF16>::pack(f[2 * i], f[2 * i + 1]);
-    uint4* dst = reinterpret_cast<uint4*>(tile + t * (HD + 8) + off);
-    dst[0] = make_uint4(w[0], w[1], w[2], w[3]);
-    dst[1] = make_uint4(w[4], w[5], w[6], w[7]);
-  }
-}
-
 template <DType D, int HD>
 __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const DecodeParams p) {
 #if TACHYON_MMA_ENABLED
@@ -626,8 +608,8 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const DecodeParams
       const uint8_t* vq = kq + kMmaKeys * HD;
       k_scale = reinterpret_cast<const float*>(vq + kMmaKeys * HD);
       v_scale = k_scale + kMmaKeys;
-      expand_quantized_tile<D, HD>(kq, tiles);
-      expand_quantized_tile<D, HD>(vq, tiles + mma_tile_elems<HD>());
+      expand_quantized_tile<D, HD, kMmaKeys, kThreads>(kq, tiles);
+      expand_quantized_tile<D, HD, kMmaKeys, kThreads>(vq, tiles + mma_tile_elems<HD>());
       __syncthreads();
     }
     const int wk = k0 + 16 * warp;  // the warp's first key

@@ -1,8 +1,9 @@
 // Prefill / mixed-batch attention over the paged cache, FlashAttention-2 style. Two kernels:
-// - tensor cores (sm_80+, f16/bf16 cache, head_dim 64 or 128; the default where they apply;
-//   never for quantized caches):
+// - tensor cores (sm_80+, f16/bf16 or quantized i8 / f8e4m3 cache, head_dim 64 or 128; the
+//   default where they apply):
 //   64-row query tiles, Q in registers, K/V tiles of 64 keys streamed through a cp.async double
-//   buffer, S and P·V on mma.m16n8k16 (described above prefill_mma_kernel);
+//   buffer (a quantized cache's codes and scales, the codes then expanded to bf16 in shared
+//   memory), S and P·V on mma.m16n8k16 (described above prefill_mma_kernel);
 // - CUDA cores (any cache dtype, quantized i8 / f8e4m3 included; head_dim a multiple of 4 up to
 //   256): grid (query tiles of 32 rows, query heads, sequences). A block keeps its 32 query rows
 //   in shared memory, walks the keys its rows can see in tiles of 32 (gathered through the block
@@ -256,7 +257,7 @@ cudaError_t launch_prefill_dtype(const PrefillParams& p, Stream stream) {
 }
 
 
-// ---- tensor cores (sm_80+, 16-bit caches, head_dim 64 or 128) -------------------------------------
+// ---- tensor cores (sm_80+, 16-bit or quantized caches, head_dim 64 or 128) -------------------------
 // Grid (query tiles of 64 rows, last tile first so the longest causal rows start early; query
 // heads; sequences), 4 warps of 16 rows. Q stays in registers as bf16/f16 A fragments (scaled by
 // scale * log2 e); K/V tiles of 64 keys are staged in 16 bits through a two-stage cp.async
@@ -264,27 +265,51 @@ cudaError_t launch_prefill_dtype(const PrefillParams& p, Stream stream) {
 // mma.m16n8k16 with f32 accumulators, P rounded to the cache's 16-bit type between the two.
 // Masking (causal, window) is applied only to tiles that reach past a warp's first row or when a
 // window is set; keys past the tile's end are zero-filled, never read.
+// Quantized caches (i8, f8e4m3), as in decode_mma_kernel (attention_decode.cu): the pipeline
+// stages codes and scales (stage_quantized_kv_tile, kQuantizedStages tiles deep); once a tile has
+// landed the block expands its codes into one bf16 K/V tile pair (expand_quantized_tile, exact),
+// and the bf16 mma code runs on it. Each key's K scale multiplies its f32 scores and its V scale
+// the softmax weights before they are rounded to bf16 (the row sums keep the unscaled weights),
+// so the roundings are the bf16 path's (query and weights), none on the cache's values. On the
+// H200 (Llama-3-8B heads, one causal sequence; bench/cuda/cuda_bench.cpp) an i8 cache takes
+// 1,308 / 4,713 us at 4k / 8k tokens against bf16's 1,207 / 4,319 us (the CUDA-core kernel:
+// 11,974 / 45,207 us): the expansion and its extra barrier cost 8-9 %.
 constexpr int kMmaThreads = 128;
 constexpr int kMmaRows = 64;
 constexpr int kMmaKeys = 64;
+constexpr int kQuantizedStages = 2;
 
 template <int HD>
 __host__ __device__ constexpr int mma_tile_elems() {
   return kMmaKeys * (HD + 8);
 }
 
+// A quantized stage: K codes [kMmaKeys][HD], V codes [kMmaKeys][HD], K scales [kMmaKeys], V
+// scales [kMmaKeys] (f32), in that order.
 template <int HD>
+__host__ __device__ constexpr size_t quantized_stage_bytes() {
+  return 2 * static_cast<size_t>(kMmaKeys) * HD + 2 * static_cast<size_t>(kMmaKeys) * sizeof(float);
+}
+
+// 16-bit caches: two stages of K and V tiles. Quantized caches: one bf16 K and V tile, then
+// kQuantizedStages stages of codes and scales (about the same bytes: 68.6 KB against 69.6 KB at
+// head_dim 128, so as many blocks per SM).
+template <DType D, int HD>
 constexpr size_t prefill_mma_shared_bytes() {
-  return 2 * 2 * static_cast<size_t>(mma_tile_elems<HD>()) * sizeof(uint16_t);  // 2 stages of K and V
+  constexpr size_t tile = static_cast<size_t>(mma_tile_elems<HD>()) * sizeof(uint16_t);
+  return is_quantized_kv(D) ? 2 * tile + kQuantizedStages * quantized_stage_bytes<HD>() : 2 * 2 * tile;
 }
 
 template <DType D, int HD>
 __global__ void __launch_bounds__(kMmaThreads) prefill_mma_kernel(const PrefillParams p) {
 #if TACHYON_MMA_ENABLED
-  using M = MmaType<D>;
+  constexpr bool kQuantized = is_quantized_kv(D);
+  using M = MmaType<kQuantized ? DType::kBF16 : D>;
   constexpr int kStride = HD + 8;
   extern __shared__ __align__(16) unsigned char prefill_mma_smem[];
   uint16_t* tiles = reinterpret_cast<uint16_t*>(prefill_mma_smem);
+  // Quantized: the code stages after the one 16-bit K/V tile pair.
+  uint8_t* code_stages = prefill_mma_smem + 2 * static_cast<size_t>(mma_tile_elems<HD>()) * sizeof(uint16_t);
   const int tile = static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x);
   const int64_t h = blockIdx.y;
   const int s = blockIdx.z;
@@ -338,15 +363,38 @@ __global__ void __launch_bounds__(kMmaThreads) prefill_mma_kernel(const PrefillP
 
   const int32_t* table = p.batch.block_tables + static_cast<int64_t>(s) * p.batch.max_blocks_per_seq;
   const int64_t bs = p.cache.block_size, nkv = p.cache.num_kv_heads;
-  const auto slot_of = [&](int key) -> int64_t {
+  const auto row_of = [&](int key) -> int64_t {  // (slot, kv head)
     const int64_t block = table[key / bs];
-    return ((block * bs + key % bs) * nkv + kvh) * HD;
+    return (block * bs + key % bs) * nkv + kvh;
   };
-  const uint16_t* kc = static_cast<const uint16_t*>(p.cache.k);
-  const uint16_t* vc = static_cast<const uint16_t*>(p.cache.v);
-  const int num_tiles = (key_hi - key_lo + kMmaKeys - 1) / kMmaKeys;
-  stage_kv_tile<HD, kMmaKeys, kMmaThreads>(kc, vc, key_lo, key_hi, tiles, tiles + mma_tile_elems<HD>(), slot_of);
-  cp_async_commit();
+  const auto slot_of = [&](int key) -> int64_t { return row_of(key) * HD; };
+  // Stages keys [first_key, first_key + kMmaKeys) (those below key_hi) into stage `stage`.
+  const auto stage_tile = [&](int first_key, int stage) {
+    if constexpr (kQuantized) {
+      uint8_t* kq = code_stages + stage * quantized_stage_bytes<HD>();
+      uint8_t* vq = kq + kMmaKeys * HD;
+      float* k_scale = reinterpret_cast<float*>(vq + kMmaKeys * HD);
+      stage_quantized_kv_tile<HD, kMmaKeys, kMmaThreads>(
+          static_cast<const uint8_t*>(p.cache.k), static_cast<const uint8_t*>(p.cache.v), p.cache.k_scales,
+          p.cache.v_scales, first_key, key_hi, kq, vq, k_scale, k_scale + kMmaKeys, row_of);
+    } else {
+      uint16_t* kt = tiles + stage * 2 * mma_tile_elems<HD>();
+      stage_kv_tile<HD, kMmaKeys, kMmaThreads>(static_cast<const uint16_t*>(p.cache.k),
+                                               static_cast<const uint16_t*>(p.cache.v), first_key, key_hi, kt,
+                                               kt + mma_tile_elems<HD>(), slot_of);
+    }
+  };
+  const int num_tiles = (key_hi - key_lo + kMmaKeys - 1) / kMmaKeys;  // at least 1: rows >= 1
+  if constexpr (kQuantized) {
+    // One commit group per tile, empty past the last, so that the wait below counts uniformly.
+    for (int st = 0; st < kQuantizedStages - 1; ++st) {
+      if (st < num_tiles) stage_tile(key_lo + st * kMmaKeys, st);
+      cp_async_commit();
+    }
+  } else {
+    stage_tile(key_lo, 0);
+    cp_async_commit();
+  }
 
   float o[HD / 8][4];
 #pragma unroll
@@ -355,18 +403,35 @@ __global__ void __launch_bounds__(kMmaThreads) prefill_mma_kernel(const PrefillP
 
   for (int it = 0; it < num_tiles; ++it) {
     const int k0 = key_lo + it * kMmaKeys;
-    if (it + 1 < num_tiles) {
-      uint16_t* next = tiles + ((it + 1) & 1) * 2 * mma_tile_elems<HD>();
-      stage_kv_tile<HD, kMmaKeys, kMmaThreads>(kc, vc, k0 + kMmaKeys, key_hi, next, next + mma_tile_elems<HD>(),
-                                               slot_of);
+    if constexpr (kQuantized) {
+      // Stage it + kQuantizedStages - 1 reuses the stage tile it - 1 was expanded from (done at
+      // the last barrier); then tile it's group is complete once at most the later ones pend.
+      const int next = it + kQuantizedStages - 1;
+      if (next < num_tiles) stage_tile(key_lo + next * kMmaKeys, next % kQuantizedStages);
+      cp_async_commit();
+      cp_async_wait<kQuantizedStages - 1>();
+    } else if (it + 1 < num_tiles) {
+      stage_tile(k0 + kMmaKeys, (it + 1) & 1);
       cp_async_commit();
       cp_async_wait<1>();
     } else {
       cp_async_wait<0>();
     }
     __syncthreads();
-    const uint16_t* ks = tiles + (it & 1) * 2 * mma_tile_elems<HD>();
+    const uint16_t* ks = tiles + (kQuantized ? 0 : (it & 1) * 2 * mma_tile_elems<HD>());
     const uint16_t* vs = ks + mma_tile_elems<HD>();
+    const float* k_scale = nullptr;  // quantized: [kMmaKeys] scales of the tile's K rows
+    const float* v_scale = nullptr;  // and of its V rows
+    if constexpr (kQuantized) {
+      // The previous tile's mma reads of the 16-bit tile ended at the loop's last barrier.
+      const uint8_t* kq = code_stages + (it % kQuantizedStages) * quantized_stage_bytes<HD>();
+      const uint8_t* vq = kq + kMmaKeys * HD;
+      k_scale = reinterpret_cast<const float*>(vq + kMmaKeys * HD);
+      v_scale = k_scale + kMmaKeys;
+      expand_quantized_tile<D, HD, kMmaKeys, kMmaThreads>(kq, tiles);
+      expand_quantized_tile<D, HD, kMmaKeys, kMmaThreads>(vq, tiles + mma_tile_elems<HD>());
+      __syncthreads();
+    }
     if (warp_active && k0 <= warp_last_pos && k0 + kMmaKeys > warp_key_lo) {
       float sc[kMmaKeys / 8][4];
 #pragma unroll
@@ -379,6 +444,18 @@ __global__ void __launch_bounds__(kMmaThreads) prefill_mma_kernel(const PrefillP
           ldmatrix_x4(b, smem_address(ks + (8 * j + (lane & 7)) * kStride + 32 * kk2 + 8 * (lane >> 3)));
           M::mma(sc[j], qa[2 * kk2], b[0], b[1]);
           M::mma(sc[j], qa[2 * kk2 + 1], b[2], b[3]);
+        }
+      }
+      if constexpr (kQuantized) {
+        // Keys 8 j + 2 t4 + (0, 1) of the tile, for rows g and g + 8: scores of the codes times
+        // the K scales (keys past key_hi: zero scales, masked next as past every row).
+#pragma unroll
+        for (int j = 0; j < kMmaKeys / 8; ++j) {
+          const float2 ksc = *reinterpret_cast<const float2*>(k_scale + 8 * j + 2 * t4);
+          sc[j][0] *= ksc.x;
+          sc[j][1] *= ksc.y;
+          sc[j][2] *= ksc.x;
+          sc[j][3] *= ksc.y;
         }
       }
       if (k0 + kMmaKeys - 1 > warp_first_pos || window > 0 || (tree && k0 + kMmaKeys > chunk_start)) {
@@ -428,6 +505,18 @@ __global__ void __launch_bounds__(kMmaThreads) prefill_mma_kernel(const PrefillP
         o[n][1] *= a0;
         o[n][2] *= a1;
         o[n][3] *= a1;
+      }
+      if constexpr (kQuantized) {
+        // The weights of the V codes: each probability times its key's V scale (after the row
+        // sums above, which take the probabilities themselves).
+#pragma unroll
+        for (int j = 0; j < kMmaKeys / 8; ++j) {
+          const float2 vsc = *reinterpret_cast<const float2*>(v_scale + 8 * j + 2 * t4);
+          sc[j][0] *= vsc.x;
+          sc[j][1] *= vsc.y;
+          sc[j][2] *= vsc.x;
+          sc[j][3] *= vsc.y;
+        }
       }
 #pragma unroll
       for (int kk = 0; kk < kMmaKeys / 16; ++kk) {
@@ -481,7 +570,7 @@ __global__ void __launch_bounds__(kMmaThreads) prefill_mma_kernel(const PrefillP
 template <DType D, int HD>
 cudaError_t launch_prefill_mma(const PrefillParams& p, Stream stream) {
   const auto kernel = prefill_mma_kernel<D, HD>;
-  constexpr size_t shared = prefill_mma_shared_bytes<HD>();
+  constexpr size_t shared = prefill_mma_shared_bytes<D, HD>();
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared));
   if (e != cudaSuccess) return e;
   const dim3 grid(static_cast<unsigned>((p.batch.max_query_len + kMmaRows - 1) / kMmaRows),
@@ -514,8 +603,13 @@ cudaError_t launch_attention_prefill(const AttentionQuery& query, const KvCacheV
   p.group = query.num_heads / cache.num_kv_heads;
   if (tensor_cores) {
     if (!mma_attention_supported(cache.dtype, cache.head_dim)) return cudaErrorInvalidValue;
-    if (cache.dtype == DType::kBF16) return launch_prefill_mma_dtype<DType::kBF16>(p, stream);
-    return launch_prefill_mma_dtype<DType::kF16>(p, stream);
+    switch (cache.dtype) {
+      case DType::kBF16: return launch_prefill_mma_dtype<DType::kBF16>(p, stream);
+      case DType::kF16: return launch_prefill_mma_dtype<DType::kF16>(p, stream);
+      case DType::kI8: return launch_prefill_mma_dtype<DType::kI8>(p, stream);
+      case DType::kF8E4M3: return launch_prefill_mma_dtype<DType::kF8E4M3>(p, stream);
+      default: return cudaErrorInvalidValue;
+    }
   }
   switch (cache.dtype) {
     case DType::kBF16: return launch_prefill_dtype<DType::kBF16>(p, stream);

@@ -158,7 +158,6 @@ Result<AttentionPlan> plan_paged_attention(const AttentionBatch& batch, int64_t 
                        batch.max_query_len, detail::kDecodeMaxGroup, group);
   AttentionPlan plan;
   plan.algo = algo;
-  // Quantized caches: tensor cores for decode only (the prefill kernel on them is 16-bit only).
   if (mma_supported(algo, cache)) {
     TACHYON_ASSIGN_OR_RETURN(const int cc, current_compute_capability());
     plan.tensor_cores = cc >= 80;
@@ -204,13 +203,10 @@ Status paged_attention(const AttentionPlan& plan, const float* q, int64_t q_toke
   const uintptr_t scale_bits = reinterpret_cast<uintptr_t>(cache.k_scales) | reinterpret_cast<uintptr_t>(cache.v_scales);
   TACHYON_CUDA_REQUIRE((scale_bits & 3u) == 0, "paged_attention: cache scales must be 4-byte aligned");
   TACHYON_CUDA_REQUIRE(!plan.tensor_cores || mma_supported(plan.algo, cache),
-                       "paged_attention: the tensor-core kernels take f16/bf16 caches (decode: also i8/f8e4m3) with "
-                       "head_dim 64 or 128 (got a {} {} cache, head_dim {}{}); plan with tensor_cores = false",
+                       "paged_attention: the tensor-core kernels take f16/bf16/i8/f8e4m3 caches with head_dim 64 or "
+                       "128 (got a {} {} cache, head_dim {}); plan with tensor_cores = false",
                        plan.algo == AttentionAlgo::kDecode ? "decode" : "prefill", dtype_name(cache.dtype),
-                       cache.head_dim,
-                       is_quantized(cache.dtype) && plan.algo != AttentionAlgo::kDecode
-                           ? ": quantized caches run the prefill on CUDA cores"
-                           : "");
+                       cache.head_dim);
   if (batch.num_seqs == 0) return Status::Ok();
   TACHYON_CUDA_REQUIRE(q != nullptr && out != nullptr && batch.query_start != nullptr &&
                            batch.context_lens != nullptr && batch.block_tables != nullptr,

@@ -250,10 +250,10 @@ enum class AttentionAlgo : uint8_t {
 struct AttentionPlan {
   AttentionAlgo algo = AttentionAlgo::kPrefill;
   int num_splits = 1;          // decode: slices of each context
-  // The tensor-core kernels (sm_80+, head_dim 64 or 128, f16/bf16 caches; decode also the
-  // quantized i8 / f8e4m3 ones, with bf16 queries and softmax weights): chosen by the planner
-  // where they apply; false runs the CUDA-core kernels (any dtype and head_dim, a quantized cache
-  // read exactly as code * scale), true where they do not apply is an error.
+  // The tensor-core kernels (sm_80+, head_dim 64 or 128, f16/bf16 caches and the quantized i8 /
+  // f8e4m3 ones, those with bf16 queries and softmax weights): chosen by the planner where they
+  // apply; false runs the CUDA-core kernels (any dtype and head_dim, a quantized cache read
+  // exactly as code * scale), true where they do not apply is an error.
   bool tensor_cores = false;
   size_t workspace_bytes = 0;  // device scratch paged_attention needs (decode partials)
   std::string describe() const;

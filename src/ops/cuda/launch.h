@@ -146,18 +146,17 @@ struct AttentionQuery {
 // block reads one slice of one sequence's context for one KV head once, for all the query heads
 // of its group. With splits > 1, `workspace` holds the partial results (decode_workspace_floats)
 // and a second kernel combines them.
-// The tensor-core (mma) kernels take f16/bf16 caches with head_dim 64 or 128, on sm_80 and later
-// (the caller checks the device). Quantized caches (i8, f8e4m3) run the CUDA-core prefill kernel,
-// which reads them as code * scale exactly; the tensor-core decode kernel takes them too (same
-// head dims): their codes exact in bf16, the scales applied to the f32 scores and to the softmax
-// weights before those are rounded to bf16.
+// The tensor-core (mma) kernels, decode and prefill, take f16/bf16 caches and the quantized i8 /
+// f8e4m3 ones with head_dim 64 or 128, on sm_80 and later (the caller checks the device): a
+// quantized cache's codes exact in bf16, the scales applied to the f32 scores and to the softmax
+// weights before those are rounded to bf16. The CUDA-core kernels read any cache (a quantized
+// one as code * scale exactly).
 inline bool mma_attention_supported(DType dtype, int64_t head_dim) {
-  return (dtype == DType::kBF16 || dtype == DType::kF16) && (head_dim == 64 || head_dim == 128);
+  return (dtype == DType::kBF16 || dtype == DType::kF16 || dtype == DType::kI8 || dtype == DType::kF8E4M3) &&
+         (head_dim == 64 || head_dim == 128);
 }
-inline bool mma_decode_supported(DType dtype, int64_t head_dim) {
-  return mma_attention_supported(dtype, head_dim) ||
-         ((dtype == DType::kI8 || dtype == DType::kF8E4M3) && (head_dim == 64 || head_dim == 128));
-}
+// The decode kernel's set, the same as the prefill kernel's.
+inline bool mma_decode_supported(DType dtype, int64_t head_dim) { return mma_attention_supported(dtype, head_dim); }
 
 constexpr int kDecodeMaxGroup = 8;       // query heads per KV head
 constexpr int kDecodeMaxHeadDim = 256;

@@ -8,7 +8,8 @@
 // so the C fragments of two adjacent 8-column tiles are, once rounded to 16 bits, the A fragment
 // of the 16-column slab they cover (FlashAttention-2's trick: softmax(QK^T) feeds P·V from
 // registers). On older architectures every function here traps; callers check the device first
-// (mma_attention_supported(), mma_decode_supported()).
+// (mma_attention_supported(), mma_decode_supported()). Quantized caches (i8, f8e4m3) go through
+// stage_quantized_kv_tile and expand_quantized_tile into the same 16-bit tiles.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -18,6 +19,7 @@
 #include <cstdint>
 
 #include "core/dtype.h"
+#include "ops/cuda/device_math.cuh"
 
 namespace tachyon::ops::cuda::detail {
 
@@ -178,6 +180,27 @@ __device__ __forceinline__ void stage_quantized_kv_tile(const uint8_t* k_cache, 
       cp_async_4(smem_address(k_scale + t), k_scales + row, ok ? 4 : 0);
       cp_async_4(smem_address(v_scale + t), v_scales + row, ok ? 4 : 0);
     }
+  }
+}
+
+// A staged quantized code tile [ROWS][HD] (stage_quantized_kv_tile's) as the codes' values in
+// bf16 in a 16-bit tile [ROWS][HD + 8] that the bf16 mma code reads as it reads a bf16 cache's:
+// exact, i8 codes and e4m3 values fit bf16's 8-bit significand; zero codes (rows past the end)
+// give zeros. The scales stay out (the kernels apply them to scores and softmax weights). Every
+// thread of the block (THREADS of them) takes part; the caller synchronizes around it.
+template <DType D, int HD, int ROWS, int THREADS>
+__device__ __forceinline__ void expand_quantized_tile(const uint8_t* codes, uint16_t* tile) {
+  constexpr int kChunksPerRow = HD / 16;
+  for (int c = threadIdx.x; c < ROWS * kChunksPerRow; c += THREADS) {
+    const int t = c / kChunksPerRow, off = (c % kChunksPerRow) * 16;
+    float f[16];
+    dequantize16<D>(*reinterpret_cast<const uint4*>(codes + t * HD + off), 1.0f, f);
+    uint32_t w[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) w[i] = MmaType<DType::kBF16>::pack(f[2 * i], f[2 * i + 1]);
+    uint4* dst = reinterpret_cast<uint4*>(tile + t * (HD + 8) + off);
+    dst[0] = make_uint4(w[0], w[1], w[2], w[3]);
+    dst[1] = make_uint4(w[4], w[5], w[6], w[7]);
   }
 }
 
