@@ -468,30 +468,14 @@ cudaError_t launch_decode_dtype(const DecodeParams& p, size_t shared, Stream str
 // reads half the bytes of bf16 in about the same time (Llama-3-8B heads, batch 32: 164 / 604 us
 // at 4k / 16k keys against bf16's 162 / 580 us; the CUDA-core kernel 368 / 1446 us): the
 // expansion, not memory, is the limit, and 4 stages (2 blocks per SM instead of 3) ran slower.
-// Expanding into the mma fragments in registers is the next step.
-constexpr int kMmaKeys = 64;
-constexpr int kQuantizedStages = 2;
-
-template <int HD>
-__host__ __device__ constexpr int mma_tile_elems() {
-  return kMmaKeys * (HD + 8);
-}
-
-// A quantized stage: K codes [kMmaKeys][HD], V codes [kMmaKeys][HD], K scales [kMmaKeys], V
-// scales [kMmaKeys] (f32), in that order.
-template <int HD>
-__host__ __device__ constexpr size_t quantized_stage_bytes() {
-  return 2 * static_cast<size_t>(kMmaKeys) * HD + 2 * static_cast<size_t>(kMmaKeys) * sizeof(float);
-}
-
+// Expanding into the mma fragments in registers is the next step. The pipeline is MmaKvPipeline
+// (mma.cuh), shared with prefill_mma_kernel.
 template <DType D, int HD>
 constexpr size_t decode_mma_shared_bytes() {
   // 16-bit caches: two stages of K and V tiles. Quantized caches: one K and V tile of bf16, then
   // kQuantizedStages stages of codes and scales. After the loop the same memory holds the warps' outputs
   // [kWarps][kDecodeMaxGroup][HD] f32 and their max/sum [kWarps][kDecodeMaxGroup][2].
-  constexpr size_t tile = static_cast<size_t>(mma_tile_elems<HD>()) * sizeof(uint16_t);
-  constexpr size_t tiles =
-      is_quantized_kv(D) ? 2 * tile + kQuantizedStages * quantized_stage_bytes<HD>() : 2 * 2 * tile;
+  constexpr size_t tiles = mma_kv_pipeline_bytes<D, HD>();
   constexpr size_t reduce = static_cast<size_t>(kWarps) * kDecodeMaxGroup * (HD + 2) * sizeof(float);
   return tiles > reduce ? tiles : reduce;
 }
@@ -503,9 +487,6 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const DecodeParams
   using M = MmaType<kQuantized ? DType::kBF16 : D>;
   constexpr int kStride = HD + 8;
   extern __shared__ __align__(16) unsigned char decode_mma_smem[];
-  uint16_t* tiles = reinterpret_cast<uint16_t*>(decode_mma_smem);
-  // Quantized: the code stages after the one 16-bit K/V tile pair.
-  uint8_t* code_stages = decode_mma_smem + 2 * static_cast<size_t>(mma_tile_elems<HD>()) * sizeof(uint16_t);
   const int split = blockIdx.x;
   const int64_t kvh = blockIdx.y;
   const int s = blockIdx.z;
@@ -541,40 +522,11 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const DecodeParams
     }
   }
 
-  const int32_t* table = p.batch.block_tables + static_cast<int64_t>(s) * p.batch.max_blocks_per_seq;
-  const int64_t bs = p.cache.block_size, nkv = p.cache.num_kv_heads;
-  const auto row_of = [&](int key) -> int64_t {  // (slot, kv head)
-    const int64_t block = table[key / bs];
-    return (block * bs + key % bs) * nkv + kvh;
-  };
-  const auto slot_of = [&](int key) -> int64_t { return row_of(key) * HD; };
-  // Stages keys [first_key, first_key + kMmaKeys) of the slice into stage `stage`.
-  const auto stage_tile = [&](int first_key, int stage) {
-    if constexpr (kQuantized) {
-      uint8_t* kq = code_stages + stage * quantized_stage_bytes<HD>();
-      uint8_t* vq = kq + kMmaKeys * HD;
-      float* k_scale = reinterpret_cast<float*>(vq + kMmaKeys * HD);
-      stage_quantized_kv_tile<HD, kMmaKeys, kThreads>(
-          static_cast<const uint8_t*>(p.cache.k), static_cast<const uint8_t*>(p.cache.v), p.cache.k_scales,
-          p.cache.v_scales, first_key, ke, kq, vq, k_scale, k_scale + kMmaKeys, row_of);
-    } else {
-      uint16_t* kt = tiles + stage * 2 * mma_tile_elems<HD>();
-      stage_kv_tile<HD, kMmaKeys, kThreads>(static_cast<const uint16_t*>(p.cache.k),
-                                            static_cast<const uint16_t*>(p.cache.v), first_key, ke, kt,
-                                            kt + mma_tile_elems<HD>(), slot_of);
-    }
-  };
+  // The slice's keys [kb, ke); nothing is staged for an empty slice (num_tiles 0).
+  const MmaKvPipeline<D, HD, kThreads> kv(
+      decode_mma_smem, p.cache, p.batch.block_tables + static_cast<int64_t>(s) * p.batch.max_blocks_per_seq, kvh, ke);
   const int num_tiles = kb < ke ? (ke - kb + kMmaKeys - 1) / kMmaKeys : 0;
-  if constexpr (kQuantized) {
-    // One commit group per tile, empty past the last, so that the wait below counts uniformly.
-    for (int st = 0; st < kQuantizedStages - 1; ++st) {
-      if (st < num_tiles) stage_tile(kb + st * kMmaKeys, st);
-      cp_async_commit();
-    }
-  } else if (num_tiles > 0) {
-    stage_tile(kb, 0);
-    cp_async_commit();
-  }
+  kv.prologue(kb, num_tiles);
 
   float o[HD / 8][4];
 #pragma unroll
@@ -583,35 +535,8 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const DecodeParams
 
   for (int it = 0; it < num_tiles; ++it) {
     const int k0 = kb + it * kMmaKeys;
-    if constexpr (kQuantized) {
-      // Stage it + kQuantizedStages - 1 reuses the stage tile it - 1 was expanded from (done at
-      // the last barrier); then tile it's group is complete once at most the later ones pend.
-      const int next = it + kQuantizedStages - 1;
-      if (next < num_tiles) stage_tile(kb + next * kMmaKeys, next % kQuantizedStages);
-      cp_async_commit();
-      cp_async_wait<kQuantizedStages - 1>();
-    } else if (it + 1 < num_tiles) {
-      stage_tile(k0 + kMmaKeys, (it + 1) & 1);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
-    const uint16_t* ks = tiles + (kQuantized ? 0 : (it & 1) * 2 * mma_tile_elems<HD>());
-    const uint16_t* vs = ks + mma_tile_elems<HD>();
-    const float* k_scale = nullptr;  // quantized: [kMmaKeys] scales of the tile's K rows
-    const float* v_scale = nullptr;  // and of its V rows
-    if constexpr (kQuantized) {
-      // The previous tile's mma reads of the 16-bit tile ended at the loop's last barrier.
-      const uint8_t* kq = code_stages + (it % kQuantizedStages) * quantized_stage_bytes<HD>();
-      const uint8_t* vq = kq + kMmaKeys * HD;
-      k_scale = reinterpret_cast<const float*>(vq + kMmaKeys * HD);
-      v_scale = k_scale + kMmaKeys;
-      expand_quantized_tile<D, HD, kMmaKeys, kThreads>(kq, tiles);
-      expand_quantized_tile<D, HD, kMmaKeys, kThreads>(vq, tiles + mma_tile_elems<HD>());
-      __syncthreads();
-    }
+    // The tile's K and V rows [kMmaKeys][HD + 8]; quantized, their scales [kMmaKeys] (null otherwise).
+    const auto [ks, vs, k_scale, v_scale] = kv.tile(it, kb, num_tiles);
     const int wk = k0 + 16 * warp;  // the warp's first key
     if (wk < ke) {
       float sc[2][4];

@@ -276,28 +276,13 @@ cudaError_t launch_prefill_dtype(const PrefillParams& p, Stream stream) {
 // 11,974 / 45,207 us): the expansion and its extra barrier cost 8-9 %.
 constexpr int kMmaThreads = 128;
 constexpr int kMmaRows = 64;
-constexpr int kMmaKeys = 64;
-constexpr int kQuantizedStages = 2;
-
-template <int HD>
-__host__ __device__ constexpr int mma_tile_elems() {
-  return kMmaKeys * (HD + 8);
-}
-
-// A quantized stage: K codes [kMmaKeys][HD], V codes [kMmaKeys][HD], K scales [kMmaKeys], V
-// scales [kMmaKeys] (f32), in that order.
-template <int HD>
-__host__ __device__ constexpr size_t quantized_stage_bytes() {
-  return 2 * static_cast<size_t>(kMmaKeys) * HD + 2 * static_cast<size_t>(kMmaKeys) * sizeof(float);
-}
 
 // 16-bit caches: two stages of K and V tiles. Quantized caches: one bf16 K and V tile, then
 // kQuantizedStages stages of codes and scales (about the same bytes: 68.6 KB against 69.6 KB at
 // head_dim 128, so as many blocks per SM).
 template <DType D, int HD>
 constexpr size_t prefill_mma_shared_bytes() {
-  constexpr size_t tile = static_cast<size_t>(mma_tile_elems<HD>()) * sizeof(uint16_t);
-  return is_quantized_kv(D) ? 2 * tile + kQuantizedStages * quantized_stage_bytes<HD>() : 2 * 2 * tile;
+  return mma_kv_pipeline_bytes<D, HD>();
 }
 
 template <DType D, int HD>
@@ -307,9 +292,6 @@ __global__ void __launch_bounds__(kMmaThreads) prefill_mma_kernel(const PrefillP
   using M = MmaType<kQuantized ? DType::kBF16 : D>;
   constexpr int kStride = HD + 8;
   extern __shared__ __align__(16) unsigned char prefill_mma_smem[];
-  uint16_t* tiles = reinterpret_cast<uint16_t*>(prefill_mma_smem);
-  // Quantized: the code stages after the one 16-bit K/V tile pair.
-  uint8_t* code_stages = prefill_mma_smem + 2 * static_cast<size_t>(mma_tile_elems<HD>()) * sizeof(uint16_t);
   const int tile = static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x);
   const int64_t h = blockIdx.y;
   const int s = blockIdx.z;
@@ -361,40 +343,12 @@ __global__ void __launch_bounds__(kMmaThreads) prefill_mma_kernel(const PrefillP
     }
   }
 
-  const int32_t* table = p.batch.block_tables + static_cast<int64_t>(s) * p.batch.max_blocks_per_seq;
-  const int64_t bs = p.cache.block_size, nkv = p.cache.num_kv_heads;
-  const auto row_of = [&](int key) -> int64_t {  // (slot, kv head)
-    const int64_t block = table[key / bs];
-    return (block * bs + key % bs) * nkv + kvh;
-  };
-  const auto slot_of = [&](int key) -> int64_t { return row_of(key) * HD; };
-  // Stages keys [first_key, first_key + kMmaKeys) (those below key_hi) into stage `stage`.
-  const auto stage_tile = [&](int first_key, int stage) {
-    if constexpr (kQuantized) {
-      uint8_t* kq = code_stages + stage * quantized_stage_bytes<HD>();
-      uint8_t* vq = kq + kMmaKeys * HD;
-      float* k_scale = reinterpret_cast<float*>(vq + kMmaKeys * HD);
-      stage_quantized_kv_tile<HD, kMmaKeys, kMmaThreads>(
-          static_cast<const uint8_t*>(p.cache.k), static_cast<const uint8_t*>(p.cache.v), p.cache.k_scales,
-          p.cache.v_scales, first_key, key_hi, kq, vq, k_scale, k_scale + kMmaKeys, row_of);
-    } else {
-      uint16_t* kt = tiles + stage * 2 * mma_tile_elems<HD>();
-      stage_kv_tile<HD, kMmaKeys, kMmaThreads>(static_cast<const uint16_t*>(p.cache.k),
-                                               static_cast<const uint16_t*>(p.cache.v), first_key, key_hi, kt,
-                                               kt + mma_tile_elems<HD>(), slot_of);
-    }
-  };
+  // The keys [key_lo, key_hi) the tile's rows can see.
+  const MmaKvPipeline<D, HD, kMmaThreads> kv(
+      prefill_mma_smem, p.cache, p.batch.block_tables + static_cast<int64_t>(s) * p.batch.max_blocks_per_seq, kvh,
+      key_hi);
   const int num_tiles = (key_hi - key_lo + kMmaKeys - 1) / kMmaKeys;  // at least 1: rows >= 1
-  if constexpr (kQuantized) {
-    // One commit group per tile, empty past the last, so that the wait below counts uniformly.
-    for (int st = 0; st < kQuantizedStages - 1; ++st) {
-      if (st < num_tiles) stage_tile(key_lo + st * kMmaKeys, st);
-      cp_async_commit();
-    }
-  } else {
-    stage_tile(key_lo, 0);
-    cp_async_commit();
-  }
+  kv.prologue(key_lo, num_tiles);
 
   float o[HD / 8][4];
 #pragma unroll
@@ -403,35 +357,8 @@ __global__ void __launch_bounds__(kMmaThreads) prefill_mma_kernel(const PrefillP
 
   for (int it = 0; it < num_tiles; ++it) {
     const int k0 = key_lo + it * kMmaKeys;
-    if constexpr (kQuantized) {
-      // Stage it + kQuantizedStages - 1 reuses the stage tile it - 1 was expanded from (done at
-      // the last barrier); then tile it's group is complete once at most the later ones pend.
-      const int next = it + kQuantizedStages - 1;
-      if (next < num_tiles) stage_tile(key_lo + next * kMmaKeys, next % kQuantizedStages);
-      cp_async_commit();
-      cp_async_wait<kQuantizedStages - 1>();
-    } else if (it + 1 < num_tiles) {
-      stage_tile(k0 + kMmaKeys, (it + 1) & 1);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
-    const uint16_t* ks = tiles + (kQuantized ? 0 : (it & 1) * 2 * mma_tile_elems<HD>());
-    const uint16_t* vs = ks + mma_tile_elems<HD>();
-    const float* k_scale = nullptr;  // quantized: [kMmaKeys] scales of the tile's K rows
-    const float* v_scale = nullptr;  // and of its V rows
-    if constexpr (kQuantized) {
-      // The previous tile's mma reads of the 16-bit tile ended at the loop's last barrier.
-      const uint8_t* kq = code_stages + (it % kQuantizedStages) * quantized_stage_bytes<HD>();
-      const uint8_t* vq = kq + kMmaKeys * HD;
-      k_scale = reinterpret_cast<const float*>(vq + kMmaKeys * HD);
-      v_scale = k_scale + kMmaKeys;
-      expand_quantized_tile<D, HD, kMmaKeys, kMmaThreads>(kq, tiles);
-      expand_quantized_tile<D, HD, kMmaKeys, kMmaThreads>(vq, tiles + mma_tile_elems<HD>());
-      __syncthreads();
-    }
+    // The tile's K and V rows [kMmaKeys][HD + 8]; quantized, their scales [kMmaKeys] (null otherwise).
+    const auto [ks, vs, k_scale, v_scale] = kv.tile(it, key_lo, num_tiles);
     if (warp_active && k0 <= warp_last_pos && k0 + kMmaKeys > warp_key_lo) {
       float sc[kMmaKeys / 8][4];
 #pragma unroll

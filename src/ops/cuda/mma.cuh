@@ -9,7 +9,8 @@
 // of the 16-column slab they cover (FlashAttention-2's trick: softmax(QK^T) feeds P·V from
 // registers). On older architectures every function here traps; callers check the device first
 // (mma_attention_supported(), mma_decode_supported()). Quantized caches (i8, f8e4m3) go through
-// stage_quantized_kv_tile and expand_quantized_tile into the same 16-bit tiles.
+// stage_quantized_kv_tile and expand_quantized_tile into the same 16-bit tiles. MmaKvPipeline is
+// the K/V tile pipeline that the decode and prefill kernels share.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -19,6 +20,7 @@
 #include <cstdint>
 
 #include "core/dtype.h"
+#include "ops/cuda/cuda_types.h"
 #include "ops/cuda/device_math.cuh"
 
 namespace tachyon::ops::cuda::detail {
@@ -203,5 +205,152 @@ __device__ __forceinline__ void expand_quantized_tile(const uint8_t* codes, uint
     dst[1] = make_uint4(w[4], w[5], w[6], w[7]);
   }
 }
+
+// ---- the K/V tile pipeline of the tensor-core attention kernels (decode_mma_kernel, prefill_mma_kernel) ----
+constexpr int kMmaKeys = 64;  // keys per tile
+constexpr int kQuantizedStages = 2;  // a quantized cache's stages of codes and scales
+
+template <int HD>
+__host__ __device__ constexpr int mma_tile_elems() {
+  return kMmaKeys * (HD + 8);
+}
+
+// A quantized stage: K codes [kMmaKeys][HD], V codes [kMmaKeys][HD], K scales [kMmaKeys], V
+// scales [kMmaKeys] (f32), in that order.
+template <int HD>
+__host__ __device__ constexpr size_t quantized_stage_bytes() {
+  return 2 * static_cast<size_t>(kMmaKeys) * HD + 2 * static_cast<size_t>(kMmaKeys) * sizeof(float);
+}
+
+// The shared memory MmaKvPipeline<D, HD, ...> stages through. 16-bit caches: two stages of a K
+// and V tile pair. Quantized caches: one bf16 K and V tile pair, then kQuantizedStages stages of
+// codes and scales.
+template <DType D, int HD>
+__host__ __device__ constexpr size_t mma_kv_pipeline_bytes() {
+  constexpr size_t tile = static_cast<size_t>(mma_tile_elems<HD>()) * sizeof(uint16_t);
+  return is_quantized_kv(D) ? 2 * tile + kQuantizedStages * quantized_stage_bytes<HD>() : 2 * 2 * tile;
+}
+
+// Streams the keys [first_key, key_end) of one sequence's paged cache for one KV head through
+// shared memory (mma_kv_pipeline_bytes<D, HD>()) in tiles of kMmaKeys, with cp.async. 16-bit
+// caches: a double buffer of K/V tile pairs (the next tile loads while this one is multiplied).
+// Quantized caches (i8, f8e4m3): kQuantizedStages stages of codes and scales; once a tile's stage
+// has landed the block expands its codes into the one bf16 K/V tile pair (expand_quantized_tile).
+// Every thread of the block (THREADS of them) calls prologue(first_key, num_tiles) once, then
+// tile(it, first_key, num_tiles) for it = 0 .. num_tiles - 1 in order, and ends each iteration
+// with a __syncthreads() after its last read of the tile: the next tile() stages (16-bit) or
+// expands (quantized) into the memory that tile was read from. Keys at or past key_end are
+// staged as zeros (zero codes and zero scales). A kernel-local object, every function inlined:
+// its members end up in the registers the kernels' own lambdas held before it was shared.
+template <DType D, int HD, int THREADS>
+struct MmaKvPipeline {
+  static constexpr bool kQuantized = is_quantized_kv(D);
+
+  // A staged tile as the mma code reads it.
+  struct Tile {
+    const uint16_t* ks;     // [kMmaKeys][HD + 8] the tile's K rows, 16 bits (bf16 for a quantized cache)
+    const uint16_t* vs;     // [kMmaKeys][HD + 8] its V rows
+    const float* k_scale;   // quantized: [kMmaKeys] scales of the tile's K rows; null otherwise
+    const float* v_scale;   // and of its V rows
+  };
+
+  uint16_t* tiles;       // [2 stages (16-bit) or 1 (quantized)][K, V][kMmaKeys][HD + 8]
+  uint8_t* code_stages;  // quantized: [kQuantizedStages] stages of quantized_stage_bytes<HD>(), after the tile pair
+  const void* k_cache;   // KvCacheView's: [num_blocks, block_size, num_kv_heads, HD], D
+  const void* v_cache;
+  const float* k_scales;  // quantized: [num_blocks, block_size, num_kv_heads] f32
+  const float* v_scales;
+  const int32_t* block_table;  // [max_blocks_per_seq] i32, the sequence's
+  int64_t block_size, num_kv_heads, kv_head;
+  int key_end;
+
+  __device__ __forceinline__ MmaKvPipeline(unsigned char* smem, const KvCacheView& cache, const int32_t* table,
+                                           int64_t kvh, int end)
+      : tiles(reinterpret_cast<uint16_t*>(smem)),
+        code_stages(smem + 2 * static_cast<size_t>(mma_tile_elems<HD>()) * sizeof(uint16_t)),
+        k_cache(cache.k),
+        v_cache(cache.v),
+        k_scales(cache.k_scales),
+        v_scales(cache.v_scales),
+        block_table(table),
+        block_size(cache.block_size),
+        num_kv_heads(cache.num_kv_heads),
+        kv_head(kvh),
+        key_end(end) {}
+
+  // The (slot, kv head) row of a key: its codes or elements at row * HD, its scale at row.
+  __device__ __forceinline__ int64_t row_of(int key) const {
+    const int64_t block = block_table[key / block_size];
+    return (block * block_size + key % block_size) * num_kv_heads + kv_head;
+  }
+
+  // Stages keys [first_key, first_key + kMmaKeys) (those below key_end) into stage `stage`; the
+  // caller commits.
+  __device__ __forceinline__ void stage_tile(int first_key, int stage) const {
+    if constexpr (kQuantized) {
+      uint8_t* kq = code_stages + stage * quantized_stage_bytes<HD>();
+      uint8_t* vq = kq + kMmaKeys * HD;
+      float* k_scale = reinterpret_cast<float*>(vq + kMmaKeys * HD);
+      stage_quantized_kv_tile<HD, kMmaKeys, THREADS>(
+          static_cast<const uint8_t*>(k_cache), static_cast<const uint8_t*>(v_cache), k_scales, v_scales, first_key,
+          key_end, kq, vq, k_scale, k_scale + kMmaKeys, [this](int key) { return row_of(key); });
+    } else {
+      uint16_t* kt = tiles + stage * 2 * mma_tile_elems<HD>();
+      stage_kv_tile<HD, kMmaKeys, THREADS>(static_cast<const uint16_t*>(k_cache), static_cast<const uint16_t*>(v_cache),
+                                           first_key, key_end, kt, kt + mma_tile_elems<HD>(),
+                                           [this](int key) { return row_of(key) * HD; });
+    }
+  }
+
+  // Starts the first tiles' loads. num_tiles may be 0 (an empty decode slice): nothing is staged.
+  __device__ __forceinline__ void prologue(int first_key, int num_tiles) const {
+    if constexpr (kQuantized) {
+      // One commit group per tile, empty past the last, so that the wait in tile() counts uniformly.
+      for (int st = 0; st < kQuantizedStages - 1; ++st) {
+        if (st < num_tiles) stage_tile(first_key + st * kMmaKeys, st);
+        cp_async_commit();
+      }
+    } else if (num_tiles > 0) {
+      stage_tile(first_key, 0);
+      cp_async_commit();
+    }
+  }
+
+  // Stages the tile after tile `it` (16-bit) or kQuantizedStages - 1 after it (quantized), waits
+  // for tile it and returns it, after the barrier(s) that make it visible to every thread.
+  __device__ __forceinline__ Tile tile(int it, int first_key, int num_tiles) const {
+    if constexpr (kQuantized) {
+      // Stage it + kQuantizedStages - 1 reuses the stage tile it - 1 was expanded from (done at
+      // the last barrier); then tile it's group is complete once at most the later ones pend.
+      const int next = it + kQuantizedStages - 1;
+      if (next < num_tiles) stage_tile(first_key + next * kMmaKeys, next % kQuantizedStages);
+      cp_async_commit();
+      cp_async_wait<kQuantizedStages - 1>();
+    } else if (it + 1 < num_tiles) {
+      stage_tile(first_key + it * kMmaKeys + kMmaKeys, (it + 1) & 1);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    Tile t;
+    t.ks = tiles + (kQuantized ? 0 : (it & 1) * 2 * mma_tile_elems<HD>());
+    t.vs = t.ks + mma_tile_elems<HD>();
+    t.k_scale = nullptr;
+    t.v_scale = nullptr;
+    if constexpr (kQuantized) {
+      // The previous tile's mma reads of the 16-bit tile ended at the caller's last barrier.
+      const uint8_t* kq = code_stages + (it % kQuantizedStages) * quantized_stage_bytes<HD>();
+      const uint8_t* vq = kq + kMmaKeys * HD;
+      t.k_scale = reinterpret_cast<const float*>(vq + kMmaKeys * HD);
+      t.v_scale = t.k_scale + kMmaKeys;
+      expand_quantized_tile<D, HD, kMmaKeys, THREADS>(kq, tiles);
+      expand_quantized_tile<D, HD, kMmaKeys, THREADS>(vq, tiles + mma_tile_elems<HD>());
+      __syncthreads();
+    }
+    return t;
+  }
+};
 
 }  // namespace tachyon::ops::cuda::detail
