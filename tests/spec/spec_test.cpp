@@ -37,7 +37,10 @@ std::vector<float> random_distribution(std::mt19937& rng, int vocab, double spar
 // Pearson's chi-square p-value of token counts (n draws) against the distribution p; a token of
 // probability 0 must never have been drawn.
 double chi2(const std::vector<int64_t>& counts, const std::vector<float>& p, int64_t n) {
-  double stat = 0.0;
+  // Tokens expected fewer than 5 times are pooled into one bin: the chi-square approximation
+  // needs that many per bin, and a draw of a token whose expected count is 1e-4 would otherwise
+  // read as a failure.
+  double stat = 0.0, pooled_e = 0.0, pooled_count = 0.0;
   int dof = -1;
   for (size_t i = 0; i < p.size(); ++i) {
     const double e = p[i] * static_cast<double>(n);
@@ -45,7 +48,16 @@ double chi2(const std::vector<int64_t>& counts, const std::vector<float>& p, int
       EXPECT_EQ(counts[i], 0) << "token " << i << " has target probability 0";
       continue;
     }
+    if (e < 5.0) {
+      pooled_e += e;
+      pooled_count += static_cast<double>(counts[i]);
+      continue;
+    }
     stat += (static_cast<double>(counts[i]) - e) * (static_cast<double>(counts[i]) - e) / e;
+    ++dof;
+  }
+  if (pooled_e > 0.0) {
+    stat += (pooled_count - pooled_e) * (pooled_count - pooled_e) / pooled_e;
     ++dof;
   }
   return testing::chi_square_p_value(stat, std::max(dof, 1));
