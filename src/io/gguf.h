@@ -1,7 +1,7 @@
 // GGUF v2/v3 reader over a memory map: header, every metadata value type (arrays included),
 // tensor infos and alignment. F32/F16/BF16 (and I8/I32/I64) tensors are zero-copy views into
-// the mapping; Q8_0/Q4_0 are dequantized to f32 on request (native quantized kernels come with
-// quant/, which can take the raw blocks from `raw_tensor`).
+// the mapping; Q8_0/Q4_0 are dequantized to f32 on request. The model loader reads Q4_0 linear
+// weights' raw blocks (`raw_tensor`) into quant/'s int4 format instead, packed.
 // Every offset, count and shape is validated against the file size before use: a corrupt file
 // yields a Status naming the file and the field, never a crash. This file never writes GGUF
 // (see gguf_writer.h) and never interprets metadata into a model configuration (model/ does).

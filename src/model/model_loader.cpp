@@ -1,6 +1,8 @@
 #include "model/model_loader.h"
 
 #include <filesystem>
+#include <functional>
+#include <optional>
 #include <set>
 
 #include <nlohmann/json.hpp>
@@ -16,6 +18,7 @@
 #include "model/quantized_checkpoint.h"
 #include "model/synthetic.h"
 #include "ops/ops.h"
+#include "quant/quantize.h"
 
 namespace tachyon {
 
@@ -55,10 +58,16 @@ std::string gguf_layer_name(int layer, const char* role) {
 const TensorNames kHfNames{"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight", &hf_layer_name};
 const TensorNames kGgufNames{"token_embd.weight", "output_norm.weight", "output.weight", &gguf_layer_name};
 
+// A container's own packed encoding of a linear weight: the packed weight, nullopt to read the
+// tensor densely instead, or an error.
+using PackedLinearReader =
+    std::function<Result<std::optional<Weight>>(const std::string& name, int64_t out, int64_t in)>;
+
 class WeightReader {
  public:
-  WeightReader(const WeightSource& source, std::string what, CheckpointQuantization quant = {})
-      : source_(source), what_(std::move(what)), quant_(std::move(quant)) {}
+  WeightReader(const WeightSource& source, std::string what, CheckpointQuantization quant = {},
+               PackedLinearReader packed = nullptr)
+      : source_(source), what_(std::move(what)), quant_(std::move(quant)), packed_(std::move(packed)) {}
 
   // A tensor that must exist with exactly `shape`.
   Result<Tensor> get(const std::string& name, const std::vector<int64_t>& shape) const {
@@ -87,6 +96,16 @@ class WeightReader {
         return std::move(**packed);
       }
     }
+    if (packed_) {
+      auto packed = packed_(name, out, in);
+      if (!packed.ok()) return packed.status().with_context(what_);
+      if (*packed) {
+        const QuantWeight& q = *packed->value().quant;
+        dtypes_.insert(q.group_size > 0 ? fmt::format("{}-g{} (packed)", quant_format_name(q.format), q.group_size)
+                                        : fmt::format("{} (packed)", quant_format_name(q.format)));
+        return std::move(**packed);
+      }
+    }
     TACHYON_ASSIGN_OR_RETURN(Tensor t, get(name, {out, in}));
     Weight w;
     w.dense = std::move(t);
@@ -108,6 +127,7 @@ class WeightReader {
   const WeightSource& source_;
   std::string what_;
   CheckpointQuantization quant_;
+  PackedLinearReader packed_;
   mutable std::set<std::string> dtypes_;
 };
 
@@ -215,8 +235,28 @@ Status load_gguf(const std::string& path, LoadedModel& out) {
     Tensor f32 = f.to_f32();
     config.rope_freq_divisors.assign(f32.data<float>(), f32.data<float>() + f32.numel());
   }
-  WeightReader reader(*source, path);
+  // Q4_0 linear weights stay packed (kInt4Group, group 32: the same nibbles); the other
+  // quantized types this reader knows (Q8_0) are expanded to f32, and the log says how many.
+  int expanded = 0;
+  const PackedLinearReader packed = [&gguf, &expanded](const std::string& name, int64_t rows,
+                                                       int64_t cols) -> Result<std::optional<Weight>> {
+    const GgufTensorInfo* info = gguf.find_tensor(name);
+    if (info == nullptr || info->type != GgmlType::kQ4_0 || info->shape != std::vector<int64_t>{rows, cols}) {
+      if (info != nullptr && info->type == GgmlType::kQ8_0) ++expanded;
+      return std::optional<Weight>();  // read densely (a wrong shape is reported there)
+    }
+    TACHYON_ASSIGN_OR_RETURN(Tensor raw, gguf.raw_tensor(name));
+    auto q = unpack_gguf_q4_0(raw, rows, cols);
+    if (!q.ok()) return q.status().with_context(fmt::format("tensor '{}'", name));
+    Weight w;
+    w.quant = std::make_shared<QuantWeight>(std::move(q).value());
+    return std::optional<Weight>(std::move(w));
+  };
+  WeightReader reader(*source, path, {}, packed);
   TACHYON_ASSIGN_OR_RETURN(ModelWeights weights, read_weights(reader, config, kGgufNames));
+  if (expanded > 0) {
+    TACHYON_LOG_INFO("{}: {} Q8_0 linear weights expanded to f32 (Q4_0 ones run packed)", path, expanded);
+  }
   out.weight_dtypes = reader.dtypes();
   if (gguf.has("tokenizer.ggml.model")) {
     TACHYON_ASSIGN_OR_RETURN(out.tokenizer, Tokenizer::from_gguf(gguf));

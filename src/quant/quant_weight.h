@@ -1,7 +1,8 @@
 // QuantWeight: a linear layer's weight kept in a packed low-bit format (packed data + scales +
 // zeros + group size + format). `ops::linear` dispatches on `format`; a new format touches
-// quant/ and the kernels, never the model. The foundation only loads dense weights (GGUF
-// Q8_0/Q4_0 are dequantized on load); the formats below are the ones the quantization work fills in.
+// quant/ and the kernels, never the model. GGUF Q4_0 linear weights load as kInt4Group (group
+// 32, zero 8: the same nibbles); GGUF Q8_0 is still dequantized on load, and the kGguf* values
+// below are not produced.
 #pragma once
 
 #include <cstdint>

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <vector>
 
@@ -428,6 +429,48 @@ Result<QuantWeight> unpack_int8_channel(const Tensor& weight, const Tensor& weig
   q.packed = std::move(packed);  // a view into the checkpoint when it is one
   q.scales = Tensor::empty({out}, DType::kF32);
   std::copy(s.begin(), s.end(), q.scales.data<float>());
+  return q;
+}
+
+Result<QuantWeight> unpack_gguf_q4_0(const Tensor& blocks, int64_t out, int64_t in) {
+  constexpr int64_t kBlock = 32, kBlockBytes = 18;
+  if (out <= 0 || in <= 0 || in % kBlock != 0) {
+    return make_error(ErrorCode::kInvalidArgument, "gguf q4_0: a [{}, {}] weight (in must be a positive multiple of 32)",
+                      out, in);
+  }
+  const int64_t groups = in / kBlock;
+  const int64_t want = out * groups * kBlockBytes;
+  if (!blocks.defined() || blocks.dtype() != DType::kU8 || blocks.dim() != 1 || blocks.numel() != want ||
+      !blocks.is_contiguous()) {
+    return make_error(ErrorCode::kCorruptFile, "gguf q4_0: {} bytes ({}) for a [{}, {}] weight, expected {} u8",
+                      blocks.defined() ? blocks.nbytes() : 0, blocks.defined() ? blocks.shape_string() : "undefined",
+                      out, in, want);
+  }
+  QuantWeight q;
+  q.format = QuantFormat::kInt4Group;
+  q.out_features = out;
+  q.in_features = in;
+  q.group_size = static_cast<int>(kBlock);
+  TACHYON_ASSIGN_OR_RETURN(q.packed, Tensor::try_empty({out, in / 2}, DType::kU8));
+  TACHYON_ASSIGN_OR_RETURN(q.scales, Tensor::try_empty({out, groups}, DType::kF32));
+  TACHYON_ASSIGN_OR_RETURN(q.zeros, Tensor::try_empty({out, groups}, DType::kF32));
+  const auto* src = static_cast<const uint8_t*>(blocks.raw_data());
+  auto* codes = q.packed.data<uint8_t>();
+  float* scales = q.scales.data<float>();
+  float* zeros = q.zeros.data<float>();
+  for (int64_t b = 0; b < out * groups; ++b) {
+    const uint8_t* block = src + b * kBlockBytes;
+    uint16_t d_bits;
+    std::memcpy(&d_bits, block, 2);
+    const float d = f16_to_f32(d_bits);
+    if (!std::isfinite(d)) {
+      return make_error(ErrorCode::kCorruptFile, "gguf q4_0: block {} of row {} has a non-finite scale", b % groups,
+                        b / groups);
+    }
+    scales[b] = d;
+    zeros[b] = 8.0f;
+    std::memcpy(codes + b * (kBlock / 2), block + 2, kBlock / 2);
+  }
   return q;
 }
 

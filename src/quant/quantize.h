@@ -120,4 +120,11 @@ struct Int8ChannelTensors {
 Int8ChannelTensors pack_int8_channel(const QuantWeight& w);  // w is kInt8Channel (an invariant)
 Result<QuantWeight> unpack_int8_channel(const Tensor& weight, const Tensor& weight_scale, int64_t out, int64_t in);
 
+// GGUF Q4_0 (io/gguf.h): blocks of 32 weights, an f16 d and 16 bytes whose byte j holds weight j
+// in its low nibble and weight j + 16 in its high one; w = (q - 8) * d. That is kInt4Group with
+// group 32 exactly: the same nibbles, scale d (f16, exact in f32), zero 8, so the weight is
+// repacked (codes and scales pulled apart), never expanded. blocks: the tensor's stored bytes
+// [out * in / 32 * 18] u8, row after row (in a multiple of 32).
+Result<QuantWeight> unpack_gguf_q4_0(const Tensor& blocks, int64_t out, int64_t in);
+
 }  // namespace tachyon

@@ -3,11 +3,16 @@
 // the `gguf` package: every prompt position, and 16 greedy decode steps through the paged cache.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "fixture.h"
+#include "io/gguf.h"
+#include "io/gguf_writer.h"
 #include "kv/block_manager.h"
 #include "kv/kv_cache.h"
 #include "model/forward_batch.h"
 #include "model/model_loader.h"
+#include "quant/quantize.h"
 #include "test_util.h"
 
 namespace tachyon {
@@ -130,6 +135,60 @@ TEST(Conformance, GgufF16AndQ8_0) {
   check_against_fixture(*f16.model, f, "gguf_f16_prompt_logits", false, kTolerance);
   LoadedModel q8 = load(f.dir + "/model-q8_0.gguf");
   check_against_fixture(*q8.model, f, "gguf_q8_0_prompt_logits", false, kTolerance);
+}
+
+// A GGUF whose linear weights are Q4_0 (written from the fixture's f32 GGUF by the GGUF writer,
+// every other tensor copied as stored) loads them packed as int4 group 32 and computes what the
+// same weights expanded to f32 compute: prompt logits within the f32 tolerance, the same 16
+// greedy tokens.
+TEST(Conformance, GgufQ4_0LinearWeightsRunPacked) {
+  const ModelFixture f = testing::read_model_fixture("llama");
+  auto src = GgufFile::open(f.dir + "/model.gguf");
+  ASSERT_TRUE(src.ok()) << src.status().to_string();
+  GgufWriter w;
+  for (const auto& [key, value] : src->metadata()) w.add(key, value);
+  const std::vector<std::string> linear = {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"};
+  int quantized = 0;
+  for (const GgufTensorInfo& info : src->tensor_infos()) {
+    const bool is_linear = std::any_of(linear.begin(), linear.end(), [&](const std::string& role) {
+      return info.name.ends_with("." + role + ".weight");
+    });
+    if (is_linear) {
+      auto dense = src->tensor(info.name);
+      ASSERT_TRUE(dense.ok()) << dense.status().to_string();
+      ASSERT_TRUE(w.add_tensor(info.name, *dense, GgmlType::kQ4_0).ok()) << info.name;
+      ++quantized;
+      continue;
+    }
+    auto raw = src->raw_tensor(info.name);
+    ASSERT_TRUE(raw.ok()) << raw.status().to_string();
+    const auto* b = static_cast<const uint8_t*>(raw->raw_data());
+    ASSERT_TRUE(w.add_raw_tensor(info.name, info.shape, info.type, std::vector<uint8_t>(b, b + raw->numel())).ok());
+  }
+  ASSERT_EQ(quantized, 7 * 2);
+  const std::string path = testing::scratch_dir("gguf_q4_0") + "/model-q4_0.gguf";
+  ASSERT_TRUE(w.write(path).ok());
+
+  LoadedModel packed = load(path);
+  EXPECT_NE(packed.weight_dtypes.find("int4-g32 (packed)"), std::string::npos) << packed.weight_dtypes;
+  ModelWeights expanded = packed.model->weights();
+  for (LayerWeights& l : expanded.layers) {
+    for (Weight* lw : {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj, &l.up_proj, &l.down_proj}) {
+      ASSERT_TRUE(lw->quant != nullptr && lw->quant->format == QuantFormat::kInt4Group && lw->quant->group_size == 32);
+      lw->dense = dequantize(*lw->quant);
+      lw->quant = nullptr;
+    }
+  }
+  const LlamaModel dense(packed.model->config(), std::move(expanded));
+  const int P = static_cast<int>(f.prompt_ids.size());
+  const int64_t vocab = dense.config().vocab_size;
+  Session a = Session::make(*packed.model, P + 4), b = Session::make(dense, P + 4);
+  const Tensor la = a.run(f.prompt_ids), lb = b.run(f.prompt_ids);
+  for (int i = 0; i < P; ++i) {
+    EXPECT_LE(relative_error(la.data<float>() + i * vocab, lb.data<float>() + i * vocab, vocab), kTolerance)
+        << "position " << i;
+  }
+  EXPECT_EQ(testing::greedy_ids(*packed.model, f.prompt_ids, 16), testing::greedy_ids(dense, f.prompt_ids, 16));
 }
 
 // Two sequences in one flattened batch (a prefill chunk and a decode token) give the same

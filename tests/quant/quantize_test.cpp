@@ -5,11 +5,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <string>
 
 #include "core/dtype.h"
 #include "core/thread_pool.h"
+#include "io/gguf.h"
+#include "io/gguf_writer.h"
 #include "ops/cpu/isa.h"
 #include "ops/cpu/quant_linear.h"
 #include "ops/ops.h"
@@ -137,6 +140,52 @@ TEST(QuantizeInt4, PackedLayout) {
   EXPECT_FLOAT_EQ(q->scales.data<float>()[0], 1.0f);
   EXPECT_EQ(q->zeros.data<float>()[0], 0.0f);
   for (int j = 0; j < 16; ++j) EXPECT_EQ(q->packed.data<uint8_t>()[j], j | (j << 4)) << j;
+}
+
+// GGUF Q4_0 blocks become kInt4Group (group 32, zero 8) without a dense detour: dequantizing
+// the result gives io/gguf's Q4_0 decoding bit for bit, on blocks quantized by the GGUF writer
+// and on hand-made ones (every nibble, negative and subnormal f16 scales).
+TEST(QuantizeGguf, Q4_0BlocksAreInt4Group32) {
+  const uint32_t seed = testing::fresh_seed();
+  SCOPED_TRACE(fmt::format("seed {}", seed));
+  std::mt19937 rng(seed);
+  const int64_t out = 5, in = 96;
+  const Tensor w = testing::random_tensor({out, in}, rng, -3.0f, 3.0f);
+  std::vector<uint8_t> bytes;
+  quantize_q4_0(w.data<float>(), out * in, &bytes);
+  // Hand-made blocks in the last row: nibbles 0..15 in order, scales -0.5 and the smallest subnormal.
+  for (int b = 0; b < 3; ++b) {
+    uint8_t* block = bytes.data() + ((out - 1) * 3 + b) * 18;
+    const uint16_t d = b == 0 ? f32_to_f16(-0.5f) : b == 1 ? uint16_t{0x0001} : f32_to_f16(0.0f);
+    std::memcpy(block, &d, 2);
+    for (int j = 0; j < 16; ++j) block[2 + j] = static_cast<uint8_t>((j & 15) | ((15 - j) << 4));
+  }
+  Tensor blocks = Tensor::empty({static_cast<int64_t>(bytes.size())}, DType::kU8);
+  std::memcpy(blocks.raw_data(), bytes.data(), bytes.size());
+  auto q = unpack_gguf_q4_0(blocks, out, in);
+  ASSERT_TRUE(q.ok()) << q.status().to_string();
+  EXPECT_EQ(q->format, QuantFormat::kInt4Group);
+  EXPECT_EQ(q->group_size, 32);
+  std::vector<float> want(static_cast<size_t>(out * in));
+  dequantize_q4_0(bytes.data(), out * in / 32, want.data());
+  const Tensor got = dequantize(*q);
+  for (int64_t i = 0; i < out * in; ++i) {
+    ASSERT_EQ(f32_bits(got.data<float>()[i]), f32_bits(want[static_cast<size_t>(i)])) << "element " << i;
+  }
+  // The fast kernel on it equals the reference (the format's existing kernels run it).
+  const Tensor x = testing::random_tensor({3, in}, rng);
+  Tensor fast = Tensor::empty({3, out}, DType::kF32), ref = Tensor::empty({3, out}, DType::kF32);
+  Weight packed;
+  packed.quant = std::make_shared<QuantWeight>(*q);
+  ops::linear(x, packed, nullptr, fast);
+  ops::cpu::quant_linear_reference(x, *q, nullptr, ref);
+  EXPECT_TRUE(testing::all_close(fast, ref, 1e-5, "q4_0 as int4 g32"));
+  // Wrong sizes and a non-finite scale are errors, not reads past the end.
+  EXPECT_EQ(unpack_gguf_q4_0(blocks.slice(0, 0, blocks.numel() - 1), out, in).status().code(), ErrorCode::kCorruptFile);
+  EXPECT_EQ(unpack_gguf_q4_0(blocks, out, 95).status().code(), ErrorCode::kInvalidArgument);
+  const uint16_t inf = 0x7c00;
+  std::memcpy(blocks.raw_data(), &inf, 2);
+  EXPECT_EQ(unpack_gguf_q4_0(blocks, out, in).status().code(), ErrorCode::kCorruptFile);
 }
 
 TEST(Quantize, BadInputsAreErrors) {
