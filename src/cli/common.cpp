@@ -138,6 +138,15 @@ Result<size_t> parse_bytes(const std::string& text) {
   return static_cast<size_t>(bytes);
 }
 
+Result<DType> parse_kv_dtype(const std::string& name) {
+  const auto dtype = parse_dtype(name);
+  if (!dtype || !ops::is_kv_cache_dtype(*dtype)) {
+    return make_error(ErrorCode::kInvalidArgument, "--kv '{}' is not a KV cache dtype (f32, f16, bf16, int8, fp8)",
+                      name);
+  }
+  return *dtype;
+}
+
 Result<EngineOptions> engine_options(const EngineArgs& a) {
   EngineOptions o;
   if (!a.kv_cache_mem.empty()) {
@@ -146,12 +155,7 @@ Result<EngineOptions> engine_options(const EngineArgs& a) {
   }
   o.kv_cache_fraction = a.kv_cache_fraction;
   if (a.kv_dtype != "auto") {
-    const auto dtype = parse_dtype(a.kv_dtype);
-    if (!dtype || !ops::is_kv_cache_dtype(*dtype)) {
-      return make_error(ErrorCode::kInvalidArgument, "--kv '{}' is not a KV cache dtype (f32, f16, bf16, int8, fp8)",
-                        a.kv_dtype);
-    }
-    o.kv_dtype = *dtype;
+    TACHYON_ASSIGN_OR_RETURN(o.kv_dtype, parse_kv_dtype(a.kv_dtype));
   }
   o.block_size = a.block_size;
   o.max_model_len = a.max_model_len;

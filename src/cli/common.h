@@ -41,6 +41,9 @@ struct EngineArgs {
 };
 void add_engine_options(CLI::App& cmd, EngineArgs& args);
 Result<EngineOptions> engine_options(const EngineArgs& args);
+// A `--kv` value: a KV cache dtype (f32, f16, bf16, int8, fp8 and their aliases), else an error
+// naming the choices.
+Result<DType> parse_kv_dtype(const std::string& name);
 // "2GiB", "512MiB", "1.5G", "100M", "4096" (bytes); K/M/G/T are powers of 1000 with "B" or
 // alone, of 1024 with "iB".
 Result<size_t> parse_bytes(const std::string& text);

@@ -110,13 +110,7 @@ Status validate_before_load(const PerplexityArgs& a) {
                       "--kl compares a quantized model (or KV cache) with the model as stored: give --quant int8, "
                       "--quant int4 or --kv int8|fp8");
   }
-  if (!a.kv_dtype.empty()) {
-    const auto dtype = parse_dtype(a.kv_dtype);
-    if (!dtype || !ops::is_kv_cache_dtype(*dtype)) {
-      return make_error(ErrorCode::kInvalidArgument, "--kv '{}' is not a KV cache dtype (f32, f16, bf16, int8, fp8)",
-                        a.kv_dtype);
-    }
-  }
+  if (!a.kv_dtype.empty()) TACHYON_RETURN_IF_ERROR(parse_kv_dtype(a.kv_dtype).status());
   if (a.ctx && *a.ctx < 2) {
     return make_error(ErrorCode::kInvalidArgument, "--ctx {}: a window needs at least 2 tokens", *a.ctx);
   }
@@ -188,8 +182,8 @@ int run_perplexity(const PerplexityArgs& a) {
   const int vocab = config.vocab_size;
   const int64_t chunk_rows =
       std::clamp<int64_t>(static_cast<int64_t>(kMaxLogitBytes / (sizeof(float) * static_cast<size_t>(vocab))), 1, ctx);
-  const std::optional<DType> kv_dtype =
-      a.kv_dtype.empty() ? std::nullopt : parse_dtype(a.kv_dtype);  // checked before loading
+  std::optional<DType> kv_dtype;
+  if (!a.kv_dtype.empty()) kv_dtype = parse_kv_dtype(a.kv_dtype).value();  // checked before loading
   auto runner = WindowRunner::create(*model->model, ctx, kv_dtype);
   if (!runner.ok()) return report(runner.status());
   std::unique_ptr<WindowRunner> reference_runner;

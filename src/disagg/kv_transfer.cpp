@@ -107,8 +107,7 @@ Millis remaining(Clock::time_point deadline) {
 // nullopt past 2^64.
 std::optional<uint64_t> layer_bytes_for(uint64_t num_computed, uint64_t heads, uint64_t head_dim, DType dtype) {
   const uint64_t limit = ~uint64_t{0};
-  const uint64_t row = head_dim * dtype_size(dtype) + (ops::is_quantized_kv_dtype(dtype) ? sizeof(float) : 0);
-  uint64_t n = 2 * row;  // head_dim < 2^17: no overflow here
+  uint64_t n = 2 * ops::kv_row_bytes(dtype, static_cast<int64_t>(head_dim));  // head_dim < 2^17: no overflow here
   for (uint64_t f : {num_computed, heads}) {
     if (f != 0 && n > limit / f) return std::nullopt;
     n *= f;

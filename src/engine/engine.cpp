@@ -70,9 +70,7 @@ Status copy_positions(Tensor& pool, const std::vector<int32_t>& blocks, int begi
 }  // namespace
 
 size_t KvExport::position_bytes() const {
-  const size_t per_row = static_cast<size_t>(std::max(head_dim, 0)) * dtype_size(dtype) +
-                         (ops::is_quantized_kv_dtype(dtype) ? sizeof(float) : 0);
-  return 2 * static_cast<size_t>(std::max(num_kv_heads, 0)) * per_row;
+  return 2 * static_cast<size_t>(std::max(num_kv_heads, 0)) * ops::kv_row_bytes(dtype, std::max(head_dim, 0));
 }
 
 size_t KvExport::layer_bytes() const { return static_cast<size_t>(std::max(num_computed, 0)) * position_bytes(); }

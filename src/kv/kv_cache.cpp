@@ -10,8 +10,7 @@ namespace tachyon {
 bool KvCacheConfig::quantized() const { return ops::is_quantized_kv_dtype(dtype); }
 
 size_t KvCacheConfig::bytes_per_token() const {
-  const size_t per_row = static_cast<size_t>(head_dim) * dtype_size(dtype) + (quantized() ? sizeof(float) : 0);
-  return 2ull * static_cast<size_t>(num_layers) * static_cast<size_t>(num_kv_heads) * per_row;
+  return 2ull * static_cast<size_t>(num_layers) * static_cast<size_t>(num_kv_heads) * ops::kv_row_bytes(dtype, head_dim);
 }
 
 int KvCacheConfig::blocks_for_budget(size_t budget_bytes) const {

@@ -138,6 +138,10 @@ float quantized_kv_max(DType dtype) {
   return dtype == DType::kI8 ? 127.0f : kF8E4M3Max;
 }
 
+size_t kv_row_bytes(DType dtype, int64_t head_dim) {
+  return static_cast<size_t>(head_dim) * dtype_size(dtype) + (is_quantized_kv_dtype(dtype) ? sizeof(float) : 0);
+}
+
 void check_kv_layer(const char* op, const KvLayer& cache) {
   const Tensor& k = cache.k;
   const Tensor& v = cache.v;

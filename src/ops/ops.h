@@ -193,6 +193,9 @@ void softmax(Tensor& x);
 bool is_kv_cache_dtype(DType dtype);
 bool is_quantized_kv_dtype(DType dtype);     // i8, f8e4m3
 float quantized_kv_max(DType dtype);          // Q above: 127 (i8) or 448 (f8e4m3)
+// Bytes one (token, kv head) row of K or V takes in a cache of `dtype`: the head_dim values, and
+// a quantized cache's f32 scale.
+size_t kv_row_bytes(DType dtype, int64_t head_dim);
 // Checks a layer's shapes, dtypes and packing (on any device): an internal invariant, so a
 // mismatch aborts with the shapes in the message.
 void check_kv_layer(const char* op, const KvLayer& cache);
