@@ -26,9 +26,11 @@ void add_common_options(CLI::App& cmd, CommonOptions& options) {
   cmd.add_option("--device", options.device, "where the model runs: cpu, cuda or cuda:N (default cpu)");
   cmd.add_flag("-v,--verbose", options.verbose, "log what is loaded and which kernels run");
   cmd.add_option("--quant", options.quant,
-                 "quantize the layers' linear weights when loading: int8 (per channel) or int4 (group-wise, "
-                 "asymmetric); embedding and LM head stay 16-bit")
-      ->check(CLI::IsMember({"int8", "int4"}));
+                 "quantize the layers' linear weights when loading: int8 (per channel), int4 (group-wise, "
+                 "asymmetric), or the GGUF block formats q8_0, q4_k, q6_k (quantized on the host; a GGUF file "
+                 "that stores them runs on any device); embedding and LM head "
+                 "stay 16-bit")
+      ->check(CLI::IsMember({"int8", "int4", "q8_0", "q4_k", "q6_k"}));
   cmd.add_option("--quant-group", options.quant_group, "inputs per scale of --quant int4: 32, 64 or 128 (default 128)")
       ->check(CLI::IsMember({32, 64, 128}));
 }

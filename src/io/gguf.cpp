@@ -542,27 +542,32 @@ Result<Tensor> GgufFile::tensor(const std::string& name) const {
     case GgmlType::kI32: return view(DType::kI32);
     case GgmlType::kI64: return view(DType::kI64);
     case GgmlType::kQ8_0:
-    case GgmlType::kQ4_0: {
+    case GgmlType::kQ4_0:
+    case GgmlType::kQ4_K:
+    case GgmlType::kQ6_K: {
       auto out = Tensor::try_empty(info->shape, DType::kF32);
       if (!out.ok()) return out.status().with_context(fmt::format("{}: dequantizing {}", path_, what));
       const uint8_t* blocks = file_->data() + byte_offset;
       float* dst = out->data<float>();  // [numel] f32
-      const bool q8 = info->type == GgmlType::kQ8_0;
-      const uint64_t block_bytes = ggml_type_size(info->type);
-      const int64_t n_blocks = out->numel() / 32;
-      parallel_for(n_blocks, 2048, [&](int64_t begin, int64_t end) {
+      const GgmlType type = info->type;
+      const uint64_t block_bytes = ggml_type_size(type);
+      const int64_t block_weights = ggml_block_size(type);
+      const int64_t n_blocks = out->numel() / block_weights;
+      parallel_for(n_blocks, 2048 * 32 / block_weights, [&](int64_t begin, int64_t end) {
         const uint8_t* src = blocks + static_cast<uint64_t>(begin) * block_bytes;
-        if (q8) {
-          dequantize_q8_0(src, end - begin, dst + begin * 32);
-        } else {
-          dequantize_q4_0(src, end - begin, dst + begin * 32);
+        float* y = dst + begin * block_weights;
+        switch (type) {
+          case GgmlType::kQ8_0: dequantize_q8_0(src, end - begin, y); break;
+          case GgmlType::kQ4_0: dequantize_q4_0(src, end - begin, y); break;
+          case GgmlType::kQ4_K: dequantize_q4_k(src, end - begin, y); break;
+          default: dequantize_q6_k(src, end - begin, y); break;
         }
       });
       return std::move(out).value();
     }
     default:
       return make_error(ErrorCode::kUnsupported,
-                        "{}: {} has ggml type {}, which is not supported (F32, F16, BF16, Q8_0, Q4_0, I8, I32, I64 are)",
+                        "{}: {} has ggml type {}, which is not supported (F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K, I8, I32, I64 are)",
                         path_, what, ggml_type_name(info->type));
   }
 }
@@ -575,31 +580,6 @@ Result<Tensor> GgufFile::raw_tensor(const std::string& name) const {
   }
   return tensor_in_mapping(file_, data_offset_ + info->offset, {static_cast<int64_t>(info->nbytes)}, DType::kU8,
                            fmt::format("tensor '{}'", name));
-}
-
-void dequantize_q8_0(const uint8_t* blocks, int64_t n_blocks, float* out) {
-  for (int64_t b = 0; b < n_blocks; ++b) {
-    const uint8_t* block = blocks + b * 34;
-    uint16_t d_bits;
-    std::memcpy(&d_bits, block, 2);
-    const float d = f16_to_f32(d_bits);
-    const auto* q = reinterpret_cast<const int8_t*>(block + 2);
-    for (int j = 0; j < 32; ++j) out[b * 32 + j] = d * static_cast<float>(q[j]);
-  }
-}
-
-void dequantize_q4_0(const uint8_t* blocks, int64_t n_blocks, float* out) {
-  for (int64_t b = 0; b < n_blocks; ++b) {
-    const uint8_t* block = blocks + b * 18;
-    uint16_t d_bits;
-    std::memcpy(&d_bits, block, 2);
-    const float d = f16_to_f32(d_bits);
-    const uint8_t* qs = block + 2;
-    for (int j = 0; j < 16; ++j) {
-      out[b * 32 + j] = d * static_cast<float>((qs[j] & 0x0f) - 8);
-      out[b * 32 + j + 16] = d * static_cast<float>((qs[j] >> 4) - 8);
-    }
-  }
 }
 
 }  // namespace tachyon

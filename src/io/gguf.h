@@ -1,7 +1,7 @@
 // GGUF v2/v3 reader over a memory map: header, every metadata value type (arrays included),
 // tensor infos and alignment. F32/F16/BF16 (and I8/I32/I64) tensors are zero-copy views into
-// the mapping; Q8_0/Q4_0 are dequantized to f32 on request. The model loader reads Q4_0 linear
-// weights' raw blocks (`raw_tensor`) into quant/'s int4 format instead, packed.
+// the mapping; Q8_0/Q4_0/Q4_K/Q6_K are dequantized to f32 on request. The model loader reads
+// those types' linear weights as raw blocks (`raw_tensor`) into quant/'s formats instead, packed.
 // Every offset, count and shape is validated against the file size before use: a corrupt file
 // yields a Status naming the file and the field, never a crash. This file never writes GGUF
 // (see gguf_writer.h) and never interprets metadata into a model configuration (model/ does).
@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "core/ggml_blocks.h"
 #include "core/mapped_file.h"
 #include "core/status.h"
 #include "core/tensor.h"
@@ -101,8 +102,8 @@ class GgufFile {
   Result<std::string> get_string_or(const std::string& key, const std::string& fallback) const;
 
   const GgufTensorInfo* find_tensor(const std::string& name) const;
-  // F32/F16/BF16/I8/I32/I64: a view into the mapping (zero copy). Q8_0/Q4_0: dequantized f32
-  // copy. Other types: Unsupported, naming the tensor and type.
+  // F32/F16/BF16/I8/I32/I64: a view into the mapping (zero copy). Q8_0/Q4_0/Q4_K/Q6_K:
+  // dequantized f32 copy (core/ggml_blocks.h). Other types: Unsupported, naming the tensor and type.
   Result<Tensor> tensor(const std::string& name) const;
   // The stored bytes of any tensor, quantized or not, as a zero-copy u8 view [nbytes].
   Result<Tensor> raw_tensor(const std::string& name) const;
@@ -121,12 +122,5 @@ class GgufFile {
   std::vector<GgufTensorInfo> tensor_infos_;
   std::map<std::string, size_t> tensor_index_;
 };
-
-// Dequantizes `n_blocks` consecutive blocks of 32 into `out` [n_blocks * 32] f32.
-// Q8_0 block: f16 d, int8 q[32]; value = d * q.
-// Q4_0 block: f16 d, uint8 qs[16]; element j < 16 is the low nibble of qs[j], element j + 16
-// its high nibble; value = d * (nibble - 8).
-void dequantize_q8_0(const uint8_t* blocks, int64_t n_blocks, float* out);
-void dequantize_q4_0(const uint8_t* blocks, int64_t n_blocks, float* out);
 
 }  // namespace tachyon

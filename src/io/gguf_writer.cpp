@@ -98,40 +98,6 @@ GgufValue gguf_string_array(const std::vector<std::string>& strings) {
   return gguf_array(GgufValueType::kString, std::move(elements));
 }
 
-void quantize_q8_0(const float* values, int64_t count, std::vector<uint8_t>* out) {
-  for (int64_t b = 0; b < count / 32; ++b) {
-    const float* x = values + b * 32;  // [32] f32
-    float amax = 0.0f;
-    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[j]));
-    const float d = amax / 127.0f;
-    const float inv_d = d != 0.0f ? 1.0f / d : 0.0f;
-    put(out, f32_to_f16(d));
-    for (int j = 0; j < 32; ++j) put(out, static_cast<int8_t>(std::lround(x[j] * inv_d)));
-  }
-}
-
-void quantize_q4_0(const float* values, int64_t count, std::vector<uint8_t>* out) {
-  for (int64_t b = 0; b < count / 32; ++b) {
-    const float* x = values + b * 32;  // [32] f32
-    float amax = 0.0f, signed_max = 0.0f;
-    for (int j = 0; j < 32; ++j) {
-      if (std::fabs(x[j]) > amax) {
-        amax = std::fabs(x[j]);
-        signed_max = x[j];
-      }
-    }
-    // The largest-magnitude value maps to -8 exactly; the other side reaches at most +7.
-    const float d = signed_max / -8.0f;
-    const float inv_d = d != 0.0f ? 1.0f / d : 0.0f;
-    put(out, f32_to_f16(d));
-    for (int j = 0; j < 16; ++j) {
-      const int lo = std::min(15, static_cast<int>(x[j] * inv_d + 8.5f));
-      const int hi = std::min(15, static_cast<int>(x[j + 16] * inv_d + 8.5f));
-      put(out, static_cast<uint8_t>(lo | (hi << 4)));
-    }
-  }
-}
-
 void GgufWriter::add(const std::string& key, GgufValue value) {
   for (auto& [k, v] : metadata_) {
     if (k == key) {
@@ -161,12 +127,21 @@ Status GgufWriter::add_tensor(const std::string& name, const Tensor& tensor, Ggm
       break;
     case GgmlType::kQ8_0:
     case GgmlType::kQ4_0:
-      if (tensor.dim() == 0 || tensor.size(-1) % 32 != 0) {
+    case GgmlType::kQ4_K:
+    case GgmlType::kQ6_K: {
+      const int64_t block = ggml_block_size(type);
+      if (tensor.dim() == 0 || tensor.size(-1) % block != 0) {
         return make_error(ErrorCode::kInvalidArgument, "GGUF tensor '{}' {}: {} needs the last dimension to be a "
-                          "multiple of 32", name, tensor.shape_string(), ggml_type_name(type));
+                          "multiple of {}", name, tensor.shape_string(), ggml_type_name(type), block);
       }
-      (type == GgmlType::kQ8_0 ? quantize_q8_0 : quantize_q4_0)(x, n, &bytes);
+      switch (type) {
+        case GgmlType::kQ8_0: quantize_q8_0(x, n, &bytes); break;
+        case GgmlType::kQ4_0: quantize_q4_0(x, n, &bytes); break;
+        case GgmlType::kQ4_K: quantize_q4_k(x, n, &bytes); break;
+        default: quantize_q6_k(x, n, &bytes); break;
+      }
       break;
+    }
     default:
       return make_error(ErrorCode::kUnsupported, "GGUF tensor '{}': writing type {} is not supported", name,
                         ggml_type_name(type));

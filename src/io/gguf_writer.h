@@ -32,12 +32,6 @@ GgufValue gguf_string(std::string v);
 GgufValue gguf_array(GgufValueType element_type, std::vector<GgufValue> elements);
 GgufValue gguf_string_array(const std::vector<std::string>& strings);
 
-// Encodes `count` f32 values (count a multiple of 32) as Q8_0 / Q4_0 blocks appended to `out`.
-// Q8_0: d = max|x| / 127, q = round(x / d). Q4_0: d = m / -8 where m is the value of largest
-// magnitude (sign kept), q = min(15, trunc(x / d + 8.5)).
-void quantize_q8_0(const float* values, int64_t count, std::vector<uint8_t>* out);
-void quantize_q4_0(const float* values, int64_t count, std::vector<uint8_t>* out);
-
 class GgufWriter {
  public:
   // 2 or 3 (default 3); the two are laid out identically for little-endian files.
@@ -49,8 +43,8 @@ class GgufWriter {
   void add(const std::string& key, GgufValue value);
 
   // `tensor` is any float dtype, shape in PyTorch order (outermost first); it is converted to
-  // `type` (F32, F16, BF16, Q8_0, Q4_0). Quantized types need the last dimension to be a
-  // multiple of 32. InvalidArgument on a duplicate name or an impossible request.
+  // `type` (F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K; core/ggml_blocks.h encodes the quantized
+  // ones). Quantized types need the last dimension to be a multiple of their block (32 or 256). InvalidArgument on a duplicate name or an impossible request.
   Status add_tensor(const std::string& name, const Tensor& tensor, GgmlType type);
   // Stores `bytes` verbatim as a tensor of `type` and `shape` (PyTorch order); the size must
   // match the type's block layout. For hand-made blocks and for copying tensors between files.

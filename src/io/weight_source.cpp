@@ -21,7 +21,9 @@ GgufWeightSource::GgufWeightSource(std::shared_ptr<const GgufFile> file) : file_
     meta.ggml_type = info.type;
     meta.nbytes = info.nbytes;
     switch (info.type) {
-      case GgmlType::kF32: case GgmlType::kQ8_0: case GgmlType::kQ4_0: meta.dtype = DType::kF32; break;
+      case GgmlType::kF32: case GgmlType::kQ8_0: case GgmlType::kQ4_0: case GgmlType::kQ4_K: case GgmlType::kQ6_K:
+        meta.dtype = DType::kF32;
+        break;
       case GgmlType::kF16: meta.dtype = DType::kF16; break;
       case GgmlType::kBF16: meta.dtype = DType::kBF16; break;
       case GgmlType::kI8: meta.dtype = DType::kI8; break;

@@ -235,18 +235,24 @@ Status load_gguf(const std::string& path, LoadedModel& out) {
     Tensor f32 = f.to_f32();
     config.rope_freq_divisors.assign(f32.data<float>(), f32.data<float>() + f32.numel());
   }
-  // Q4_0 linear weights stay packed (kInt4Group, group 32: the same nibbles); the other
-  // quantized types this reader knows (Q8_0) are expanded to f32, and the log says how many.
-  int expanded = 0;
-  const PackedLinearReader packed = [&gguf, &expanded](const std::string& name, int64_t rows,
-                                                       int64_t cols) -> Result<std::optional<Weight>> {
+  // Quantized linear weights stay packed: Q4_0 as kInt4Group (group 32: the same nibbles), Q8_0,
+  // Q4_K and Q6_K in their own block formats. Other tensors (the embedding) are read densely.
+  const PackedLinearReader packed = [&gguf](const std::string& name, int64_t rows,
+                                            int64_t cols) -> Result<std::optional<Weight>> {
     const GgufTensorInfo* info = gguf.find_tensor(name);
-    if (info == nullptr || info->type != GgmlType::kQ4_0 || info->shape != std::vector<int64_t>{rows, cols}) {
-      if (info != nullptr && info->type == GgmlType::kQ8_0) ++expanded;
+    if (info == nullptr || info->shape != std::vector<int64_t>{rows, cols}) {
       return std::optional<Weight>();  // read densely (a wrong shape is reported there)
     }
+    std::optional<QuantFormat> format;
+    switch (info->type) {
+      case GgmlType::kQ8_0: format = QuantFormat::kGgufQ8_0; break;
+      case GgmlType::kQ4_K: format = QuantFormat::kGgufQ4_K; break;
+      case GgmlType::kQ6_K: format = QuantFormat::kGgufQ6_K; break;
+      case GgmlType::kQ4_0: break;
+      default: return std::optional<Weight>();
+    }
     TACHYON_ASSIGN_OR_RETURN(Tensor raw, gguf.raw_tensor(name));
-    auto q = unpack_gguf_q4_0(raw, rows, cols);
+    auto q = format ? unpack_gguf_blocks(*format, raw, rows, cols) : unpack_gguf_q4_0(raw, rows, cols);
     if (!q.ok()) return q.status().with_context(fmt::format("tensor '{}'", name));
     Weight w;
     w.quant = std::make_shared<QuantWeight>(std::move(q).value());
@@ -254,9 +260,6 @@ Status load_gguf(const std::string& path, LoadedModel& out) {
   };
   WeightReader reader(*source, path, {}, packed);
   TACHYON_ASSIGN_OR_RETURN(ModelWeights weights, read_weights(reader, config, kGgufNames));
-  if (expanded > 0) {
-    TACHYON_LOG_INFO("{}: {} Q8_0 linear weights expanded to f32 (Q4_0 ones run packed)", path, expanded);
-  }
   out.weight_dtypes = reader.dtypes();
   if (gguf.has("tokenizer.ggml.model")) {
     TACHYON_ASSIGN_OR_RETURN(out.tokenizer, Tokenizer::from_gguf(gguf));

@@ -5,6 +5,8 @@
 #include <vector>
 
 #include "core/device_memory.h"
+#include "core/ggml_blocks.h"
+#include "core/log.h"
 #include "ops/ops.h"
 
 namespace tachyon {
@@ -75,7 +77,9 @@ Weight quant_rows(const Weight& w, int64_t begin, int64_t end) {
 // weights become row views of the result, so the 16-bit copies go.
 Status quantize_model_on_device(ModelWeights& weights, const QuantSpec& spec) {
   if (spec.format != QuantFormat::kInt8Channel && spec.format != QuantFormat::kInt4Group) {
-    return make_error(ErrorCode::kUnsupported, "{} weights have no kernels on {} (int8 and int4 run there)",
+    return make_error(ErrorCode::kUnsupported,
+                      "{0} quantization at load time runs on the host only (on {1} int8 and int4 are quantized "
+                      "there); to run {0} weights on {1}, load a GGUF file that stores them",
                       quant_format_name(spec.format), weights.embed_tokens.device().to_string());
   }
   std::vector<LayerWeights> layers = weights.layers;
@@ -120,6 +124,7 @@ Status quantize_linear_weights(ModelWeights& weights, const QuantSpec& spec) {
   }
   // Quantize everything into a copy first, so that a failure leaves `weights` as it was.
   std::vector<LayerWeights> layers = weights.layers;
+  int fallbacks = 0;
   for (size_t i = 0; i < layers.size(); ++i) {
     LayerWeights& l = layers[i];
     if (l.qkv_proj.defined() || l.gate_up_proj.defined()) {
@@ -132,12 +137,26 @@ Status quantize_linear_weights(ModelWeights& weights, const QuantSpec& spec) {
     for (const Named& p : {Named{&l.q_proj, "q_proj"}, Named{&l.k_proj, "k_proj"}, Named{&l.v_proj, "v_proj"},
                            Named{&l.o_proj, "o_proj"}, Named{&l.gate_proj, "gate_proj"},
                            Named{&l.up_proj, "up_proj"}, Named{&l.down_proj, "down_proj"}}) {
-      auto q = quantize_weight(*p.weight, spec);
+      // The K-quants need in_features in whole super-blocks of 256; a weight that has none (a
+      // 640-wide down_proj, Qwen2.5-0.5B's 896-wide inputs) is stored as Q8_0, as llama.cpp's
+      // quantizer falls back to a 32-wide block format.
+      QuantSpec weight_spec = spec;
+      if ((spec.format == QuantFormat::kGgufQ4_K || spec.format == QuantFormat::kGgufQ6_K) &&
+          p.weight->in_features() % kGgmlBlockK != 0) {
+        weight_spec.format = QuantFormat::kGgufQ8_0;
+        weight_spec.group_size = 32;
+        ++fallbacks;
+      }
+      auto q = quantize_weight(*p.weight, weight_spec);
       if (!q.ok()) {
         return make_error(q.status().code(), "layer {} {}: {}", i, p.name, q.status().message());
       }
       *p.weight = std::move(q).value();
     }
+  }
+  if (fallbacks > 0) {
+    TACHYON_LOG_INFO("{} linear weights with in_features not a multiple of {} stored as q8_0 instead of {}", fallbacks,
+                     kGgmlBlockK, quant_format_name(spec.format));
   }
   weights.layers = std::move(layers);
   return Status::Ok();

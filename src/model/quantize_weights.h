@@ -1,4 +1,4 @@
-// Load-time quantization of a model's linear layers (`--quant int8|int4`): every layer's
+// Load-time quantization of a model's linear layers (`--quant int8|int4|q8_0|q4_k|q6_k`): every layer's
 // q/k/v/o/gate/up/down projection becomes a packed QuantWeight; the embedding and the LM head
 // stay in their 16-bit form (they are the layers most sensitive to rounding, and a tied LM head
 // is the embedding table itself).
@@ -11,7 +11,8 @@
 namespace tachyon {
 
 // In place. On the host: fails (changing nothing) when the weights are fused (qkv_proj /
-// gate_up_proj) or already quantized. On a GPU: per-channel int8 or group-wise int4, quantized
+// gate_up_proj) or already quantized; q4_k / q6_k store a weight whose in_features is not a
+// multiple of 256 as q8_0 (and log how many did). On a GPU: per-channel int8 or group-wise int4, quantized
 // there (fused projections as one matrix, the separate ones becoming row views of it).
 Status quantize_linear_weights(ModelWeights& weights, const QuantSpec& spec);
 

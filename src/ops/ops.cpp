@@ -189,13 +189,10 @@ std::string backend_info() {
 
 namespace {
 
-// linear with a packed weight on the host: int8 per channel or int4 group-wise (GGUF blocks are
-// dequantized when loaded and never reach here). Outputs do not depend on the batch, so both
-// LinearModes run the same kernel.
+// linear with a packed weight on the host: any QuantFormat. Outputs do not depend on the batch, so
+// both LinearModes run the same kernel.
 void quant_linear(const Tensor& x, const QuantWeight& w, const Tensor* bias, Tensor& y) {
   constexpr const char* op = "linear";
-  TACHYON_CHECK(w.format == QuantFormat::kInt8Channel || w.format == QuantFormat::kInt4Group,
-                "linear: quantized weights ({}) have no CPU kernel", quant_format_name(w.format));
   require_cpu(op, "w.packed", w.packed);
   require_rank(op, "x", x, 2);
   require_rank(op, "y", y, 2);

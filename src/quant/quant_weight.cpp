@@ -5,7 +5,8 @@ namespace tachyon {
 const char* quant_format_name(QuantFormat format) {
   switch (format) {
     case QuantFormat::kGgufQ8_0: return "q8_0";
-    case QuantFormat::kGgufQ4_0: return "q4_0";
+    case QuantFormat::kGgufQ4_K: return "q4_k";
+    case QuantFormat::kGgufQ6_K: return "q6_k";
     case QuantFormat::kInt8Channel: return "int8";
     case QuantFormat::kInt4Group: return "int4";
   }

@@ -1,8 +1,8 @@
 // QuantWeight: a linear layer's weight kept in a packed low-bit format (packed data + scales +
 // zeros + group size + format). `ops::linear` dispatches on `format`; a new format touches
-// quant/ and the kernels, never the model. GGUF Q4_0 linear weights load as kInt4Group (group
-// 32, zero 8: the same nibbles); GGUF Q8_0 is still dequantized on load, and the kGguf* values
-// below are not produced.
+// quant/ and the kernels, never the model. quant/quantize.h defines each layout. GGUF Q4_0 linear
+// weights load as kInt4Group (group 32, zero 8: the same nibbles); GGUF Q8_0, Q4_K and Q6_K keep
+// their own block formats (kGguf*).
 #pragma once
 
 #include <cstdint>
@@ -13,8 +13,9 @@
 namespace tachyon {
 
 enum class QuantFormat : uint8_t {
-  kGgufQ8_0,    // blocks of 32: f16 scale + 32 x int8
-  kGgufQ4_0,    // blocks of 32: f16 scale + 16 bytes of 4-bit (value - 8)
+  kGgufQ8_0,    // blocks of 32: int8 codes and one f16 scale per block
+  kGgufQ4_K,    // super-blocks of 256: 4-bit codes, 6-bit scales and mins per 32, f16 d and dmin
+  kGgufQ6_K,    // super-blocks of 256: 6-bit codes, int8 scales per 16, f16 d
   kInt8Channel, // int8 per output channel, symmetric (W8A16)
   kInt4Group,   // int4 group-wise asymmetric with zero points (RTN or AWQ)
 };

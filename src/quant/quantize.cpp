@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/ggml_blocks.h"
 
 namespace tachyon {
 namespace {
@@ -189,7 +190,32 @@ Tensor dequantize(const QuantWeight& q) {
       }
       break;
     }
-    default: TACHYON_CHECK(false, "dequantize: no dequantization for {}", quant_format_name(q.format));
+    case QuantFormat::kGgufQ8_0: {
+      const int8_t* codes = q.packed.data<int8_t>();
+      const uint16_t* d = q.scales.data<uint16_t>();  // [out, in / 32] f16
+      for (int64_t o = 0; o < out; ++o) {
+        for (int64_t i = 0; i < in; ++i) {
+          dst[o * in + i] = f16_to_f32(d[o * (in / 32) + i / 32]) * static_cast<float>(codes[o * in + i]);
+        }
+      }
+      break;
+    }
+    case QuantFormat::kGgufQ4_K:
+      dequantize_q4_k(q.packed.data<uint8_t>(), out * (in / kGgmlBlockK), dst);
+      break;
+    case QuantFormat::kGgufQ6_K: {
+      // Put each block's d back behind it and decode the stored block.
+      const int64_t blocks = out * (in / kGgmlBlockK);
+      const uint8_t* src = q.packed.data<uint8_t>();
+      const uint16_t* d = q.scales.data<uint16_t>();  // [out, in / 256] f16
+      uint8_t block[kQ6_KBytes];
+      for (int64_t b = 0; b < blocks; ++b) {
+        std::memcpy(block, src + b * kQ6_KD, kQ6_KD);
+        std::memcpy(block + kQ6_KD, d + b, 2);
+        dequantize_q6_k(block, 1, dst + b * kGgmlBlockK);
+      }
+      break;
+    }
   }
   return w;
 }
@@ -205,8 +231,11 @@ Result<QuantSpec> parse_quant_spec(const std::string& name, int group) {
     }
     spec.format = QuantFormat::kInt4Group;
     spec.group_size = group;
+  } else if (name == "q8_0" || name == "q4_k" || name == "q6_k") {
+    spec.format = name == "q8_0" ? QuantFormat::kGgufQ8_0 : name == "q4_k" ? QuantFormat::kGgufQ4_K : QuantFormat::kGgufQ6_K;
+    spec.group_size = name == "q8_0" ? 32 : 256;
   } else {
-    return make_error(ErrorCode::kInvalidArgument, "--quant '{}': expected int8 or int4", name);
+    return make_error(ErrorCode::kInvalidArgument, "--quant '{}': expected int8, int4, q8_0, q4_k or q6_k", name);
   }
   return spec;
 }
@@ -216,9 +245,9 @@ Result<Weight> quantize_weight(const Weight& w, const QuantSpec& spec) {
     return make_error(ErrorCode::kInvalidArgument, "the weight is already quantized ({})",
                       quant_format_name(w.quant->format));
   }
-  Result<QuantWeight> q = spec.format == QuantFormat::kInt4Group
-                             ? quantize_int4_group(w.dense, spec.group_size, spec.int4_scales)
-                             : quantize_int8_channel(w.dense);
+  Result<QuantWeight> q = spec.format == QuantFormat::kInt4Group   ? quantize_int4_group(w.dense, spec.group_size, spec.int4_scales)
+                          : spec.format == QuantFormat::kInt8Channel ? quantize_int8_channel(w.dense)
+                                                                     : quantize_gguf_blocks(w.dense, spec.format);
   if (!q.ok()) return q.status();
   Weight result;
   result.quant = std::make_shared<const QuantWeight>(std::move(q).value());
@@ -472,6 +501,124 @@ Result<QuantWeight> unpack_gguf_q4_0(const Tensor& blocks, int64_t out, int64_t 
     std::memcpy(codes + b * (kBlock / 2), block + 2, kBlock / 2);
   }
   return q;
+}
+
+bool is_gguf_block_format(QuantFormat format) {
+  return format == QuantFormat::kGgufQ8_0 || format == QuantFormat::kGgufQ4_K || format == QuantFormat::kGgufQ6_K;
+}
+
+int64_t gguf_row_bytes(QuantFormat format, int64_t in) {
+  switch (format) {
+    case QuantFormat::kGgufQ8_0: return in / kGgmlBlock32 * kQ8_0Bytes;
+    case QuantFormat::kGgufQ4_K: return in / kGgmlBlockK * kQ4_KBytes;
+    case QuantFormat::kGgufQ6_K: return in / kGgmlBlockK * kQ6_KBytes;
+    default: TACHYON_CHECK(false, "gguf_row_bytes: {} is not a GGUF block format", quant_format_name(format));
+  }
+  return 0;
+}
+
+Result<QuantWeight> unpack_gguf_blocks(QuantFormat format, const Tensor& blocks, int64_t out, int64_t in) {
+  TACHYON_CHECK(is_gguf_block_format(format), "unpack_gguf_blocks: {} is not a GGUF block format",
+                quant_format_name(format));
+  const char* name = quant_format_name(format);
+  const int64_t block = format == QuantFormat::kGgufQ8_0 ? kGgmlBlock32 : kGgmlBlockK;
+  if (out <= 0 || in <= 0 || in % block != 0) {
+    return make_error(ErrorCode::kInvalidArgument, "gguf {}: a [{}, {}] weight (in must be a positive multiple of {})",
+                      name, out, in, block);
+  }
+  const int64_t want = out * gguf_row_bytes(format, in);
+  if (!blocks.defined() || blocks.dtype() != DType::kU8 || blocks.dim() != 1 || blocks.numel() != want ||
+      !blocks.is_contiguous()) {
+    return make_error(ErrorCode::kCorruptFile, "gguf {}: {} bytes ({}) for a [{}, {}] weight, expected {} u8", name,
+                      blocks.defined() ? blocks.nbytes() : 0, blocks.defined() ? blocks.shape_string() : "undefined",
+                      out, in, want);
+  }
+  const int64_t per_row = in / block, n_blocks = out * per_row;
+  const auto* src = static_cast<const uint8_t*>(blocks.raw_data());
+  auto finite_f16 = [&](const uint8_t* p, int64_t b, const char* what) -> Status {
+    uint16_t bits;
+    std::memcpy(&bits, p, 2);
+    if (std::isfinite(f16_to_f32(bits))) return Status::Ok();
+    return make_error(ErrorCode::kCorruptFile, "gguf {}: block {} of row {} has a non-finite {}", name, b % per_row,
+                      b / per_row, what);
+  };
+  QuantWeight q;
+  q.format = format;
+  q.out_features = out;
+  q.in_features = in;
+  q.group_size = static_cast<int>(block);
+  switch (format) {
+    case QuantFormat::kGgufQ8_0: {
+      TACHYON_ASSIGN_OR_RETURN(q.packed, Tensor::try_empty({out, in}, DType::kI8));
+      TACHYON_ASSIGN_OR_RETURN(q.scales, Tensor::try_empty({out, per_row}, DType::kF16));
+      auto* codes = static_cast<uint8_t*>(q.packed.raw_data());
+      auto* d = static_cast<uint8_t*>(q.scales.raw_data());
+      for (int64_t b = 0; b < n_blocks; ++b) {
+        const uint8_t* blk = src + b * kQ8_0Bytes;
+        TACHYON_RETURN_IF_ERROR(finite_f16(blk, b, "scale"));
+        std::memcpy(d + b * 2, blk, 2);
+        std::memcpy(codes + b * kGgmlBlock32, blk + 2, kGgmlBlock32);
+      }
+      break;
+    }
+    case QuantFormat::kGgufQ4_K: {
+      TACHYON_ASSIGN_OR_RETURN(q.packed, Tensor::try_empty({out, per_row * kQ4_KBytes}, DType::kU8));
+      for (int64_t b = 0; b < n_blocks; ++b) {
+        TACHYON_RETURN_IF_ERROR(finite_f16(src + b * kQ4_KBytes, b, "d"));
+        TACHYON_RETURN_IF_ERROR(finite_f16(src + b * kQ4_KBytes + 2, b, "dmin"));
+      }
+      std::memcpy(q.packed.raw_data(), src, static_cast<size_t>(want));
+      break;
+    }
+    default: {
+      TACHYON_ASSIGN_OR_RETURN(q.packed, Tensor::try_empty({out, per_row * kQ6_KD}, DType::kU8));
+      TACHYON_ASSIGN_OR_RETURN(q.scales, Tensor::try_empty({out, per_row}, DType::kF16));
+      auto* dst = static_cast<uint8_t*>(q.packed.raw_data());
+      auto* d = static_cast<uint8_t*>(q.scales.raw_data());
+      for (int64_t b = 0; b < n_blocks; ++b) {
+        const uint8_t* blk = src + b * kQ6_KBytes;
+        TACHYON_RETURN_IF_ERROR(finite_f16(blk + kQ6_KD, b, "d"));
+        std::memcpy(dst + b * kQ6_KD, blk, kQ6_KD);
+        std::memcpy(d + b * 2, blk + kQ6_KD, 2);
+      }
+      break;
+    }
+  }
+  return q;
+}
+
+Result<QuantWeight> quantize_gguf_blocks(const Tensor& w_dense, QuantFormat format) {
+  TACHYON_CHECK(is_gguf_block_format(format), "quantize_gguf_blocks: {} is not a GGUF block format",
+                quant_format_name(format));
+  const char* name = quant_format_name(format);
+  TACHYON_RETURN_IF_ERROR(check_dense(w_dense, name));
+  const int64_t out = w_dense.size(0), in = w_dense.size(1);
+  const int64_t block = format == QuantFormat::kGgufQ8_0 ? kGgmlBlock32 : kGgmlBlockK;
+  if (in % block != 0) {
+    return make_error(ErrorCode::kInvalidArgument, "{} quantization: in_features {} is not a multiple of {}", name, in,
+                      block);
+  }
+  std::vector<uint8_t> bytes;
+  bytes.reserve(static_cast<size_t>(out * gguf_row_bytes(format, in)));
+  std::vector<float> row(static_cast<size_t>(in));
+  for (int64_t o = 0; o < out; ++o) {
+    load_row_f32(w_dense, o, row.data());
+    for (int64_t i = 0; i < in; ++i) {
+      // Block scales are f16: a value past its range (or not finite) has no encoding.
+      if (!std::isfinite(row[i]) || std::fabs(row[i]) > 60000.0f) {
+        return make_error(ErrorCode::kInvalidArgument, "{} quantization: weight [{}, {}] = {} cannot be encoded", name,
+                          o, i, row[i]);
+      }
+    }
+    switch (format) {
+      case QuantFormat::kGgufQ8_0: quantize_q8_0(row.data(), in, &bytes); break;
+      case QuantFormat::kGgufQ4_K: quantize_q4_k(row.data(), in, &bytes); break;
+      default: quantize_q6_k(row.data(), in, &bytes); break;
+    }
+  }
+  Tensor blocks = Tensor::empty({static_cast<int64_t>(bytes.size())}, DType::kU8);
+  std::memcpy(blocks.raw_data(), bytes.data(), bytes.size());
+  return unpack_gguf_blocks(format, blocks, out, in);
 }
 
 }  // namespace tachyon

@@ -13,6 +13,15 @@
 //   The range of each group is widened to include 0, so zeros are integers in [0, 15] (they fit
 //   4 bits, as AutoAWQ's qzeros need) and the error of every weight is at most scales / 2.
 //   (Weights read from GPTQ v1 checkpoints may hold a zero of 16: see unpack_gptq.)
+// - The GGUF block formats (core/ggml_blocks.h defines the blocks and their values), kept as the
+//   file stores them except where a block's fields would sit misaligned; group_size is the block:
+//   - kGgufQ8_0: packed [out, in] i8 (the blocks' codes), scales [out, in / 32] f16 (their d);
+//     w[o, i] = f32(scales[o, i / 32]) * packed[o, i].
+//   - kGgufQ4_K: packed [out, in / 256 * 144] u8, the Q4_K blocks as stored (144 bytes, so a row
+//     of whole blocks stays 16-byte aligned); no scales or zeros tensor.
+//   - kGgufQ6_K: packed [out, in / 256 * 208] u8, each Q6_K block less its trailing d (ql[128],
+//     qh[64], scales[16]: 208 bytes, 16-byte aligned), scales [out, in / 256] f16 (the blocks' d).
+//   These bytes are exactly the file's (Q6_K's d just moves), so the weight is the file's weight.
 #pragma once
 
 #include <algorithm>
@@ -55,19 +64,19 @@ inline float int4_code(float w, const Int4GroupParams& p) {
 // row[0, in): what the quantizers read.
 void load_row_f32(const Tensor& w, int64_t o, float* row);
 
-// The weight a packed one stands for: [out, in] f32. Only kInt8Channel and kInt4Group (an
-// internal invariant: callers dispatch on the format first).
+// The weight a packed one stands for: [out, in] f32, any format.
 Tensor dequantize(const QuantWeight& w);
 
 // What load-time quantization turns linear weights into.
 struct QuantSpec {
   QuantFormat format = QuantFormat::kInt8Channel;
-  int group_size = 128;  // kInt4Group only
+  int group_size = 128;  // kInt4Group only (the GGUF formats' blocks are fixed)
   // kInt4Group only. f16 by default: `--quant int4` at load time and a `tachyon quantize`
   // checkpoint of the same weights (f16 scales on disk) are then the same weights, bit for bit.
   Int4Scales int4_scales = Int4Scales::kF16;
 };
-// "int8" or "int4" (with `group`) -> a spec; anything else is an error naming the choices.
+// "int8", "int4" (with `group`), "q8_0", "q4_k" or "q6_k" -> a spec; anything else is an error
+// naming the choices.
 Result<QuantSpec> parse_quant_spec(const std::string& name, int group);
 
 // A dense weight on the host quantized as `spec`; an already quantized weight is an error.
@@ -126,5 +135,17 @@ Result<QuantWeight> unpack_int8_channel(const Tensor& weight, const Tensor& weig
 // repacked (codes and scales pulled apart), never expanded. blocks: the tensor's stored bytes
 // [out * in / 32 * 18] u8, row after row (in a multiple of 32).
 Result<QuantWeight> unpack_gguf_q4_0(const Tensor& blocks, int64_t out, int64_t in);
+
+// GGUF Q8_0 / Q4_K / Q6_K tensors [out, in] from their stored bytes (blocks: [nbytes] u8, row after
+// row; in a multiple of the block) into the kGguf* layouts above. Q4_K and Q6_K blocks whose d
+// (or dmin) is not finite are an error naming the row; Q8_0 blocks likewise.
+Result<QuantWeight> unpack_gguf_blocks(QuantFormat format, const Tensor& blocks, int64_t out, int64_t in);
+// A dense weight [out, in] (f32/f16/bf16 on the host, in a multiple of the block) encoded with
+// core/ggml_blocks.h's round-to-nearest encoders into a kGguf* format: load-time `--quant q4_k`
+// and test weights.
+Result<QuantWeight> quantize_gguf_blocks(const Tensor& w_dense, QuantFormat format);
+// The bytes of one row of a kGguf* weight's stored blocks: what a GGUF file holds per row.
+int64_t gguf_row_bytes(QuantFormat format, int64_t in);
+bool is_gguf_block_format(QuantFormat format);
 
 }  // namespace tachyon

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <random>
 
 #include "fixture.h"
 #include "io/gguf.h"
@@ -189,6 +190,78 @@ TEST(Conformance, GgufQ4_0LinearWeightsRunPacked) {
         << "position " << i;
   }
   EXPECT_EQ(testing::greedy_ids(*packed.model, f.prompt_ids, 16), testing::greedy_ids(dense, f.prompt_ids, 16));
+}
+
+// A random-weight Llama GGUF whose linear weights are the K-quants and Q8_0 (hidden 256 and FFN
+// 512, so every input width is whole 256-weight super-blocks): q/k/o/gate Q4_K, v/up/down Q6_K,
+// the LM head Q8_0 and the embedding Q4_K (as Q4_K_M files store it), written by the GGUF writer. It loads every one of them packed in its own
+// format and computes what the same weights expanded to f32 compute: prompt logits within the
+// f32 tolerance, the same 16 greedy tokens.
+TEST(Conformance, GgufKQuantLinearWeightsRunPacked) {
+  constexpr int64_t kHidden = 256, kFfn = 512, kVocab = 64, kHeads = 4, kKvHeads = 2, kHeadDim = 64;
+  GgufWriter w;
+  w.add("general.architecture", gguf_string("llama"));
+  w.add("llama.vocab_size", gguf_u32(kVocab));
+  w.add("llama.context_length", gguf_u32(64));
+  w.add("llama.embedding_length", gguf_u32(kHidden));
+  w.add("llama.block_count", gguf_u32(2));
+  w.add("llama.feed_forward_length", gguf_u32(kFfn));
+  w.add("llama.attention.head_count", gguf_u32(kHeads));
+  w.add("llama.attention.head_count_kv", gguf_u32(kKvHeads));
+  w.add("llama.attention.layer_norm_rms_epsilon", gguf_f32(1e-5f));
+  w.add("llama.rope.freq_base", gguf_f32(10000.0f));
+  w.add("llama.rope.dimension_count", gguf_u32(kHeadDim));
+  std::mt19937 rng(testing::fresh_seed());
+  auto add = [&](const std::string& name, std::vector<int64_t> shape, GgmlType type, float bound, float offset) {
+    Tensor t = testing::random_tensor(shape, rng, offset - bound, offset + bound);
+    ASSERT_TRUE(w.add_tensor(name, t, type).ok()) << name;
+  };
+  add("token_embd.weight", {kVocab, kHidden}, GgmlType::kQ4_K, 1.0f, 0.0f);  // read densely, as f32
+  for (int l = 0; l < 2; ++l) {
+    const std::string b = "blk." + std::to_string(l) + ".";
+    add(b + "attn_norm.weight", {kHidden}, GgmlType::kF32, 0.2f, 1.0f);
+    add(b + "ffn_norm.weight", {kHidden}, GgmlType::kF32, 0.2f, 1.0f);
+    add(b + "attn_q.weight", {kHeads * kHeadDim, kHidden}, GgmlType::kQ4_K, 0.12f, 0.0f);
+    add(b + "attn_k.weight", {kKvHeads * kHeadDim, kHidden}, GgmlType::kQ4_K, 0.12f, 0.0f);
+    add(b + "attn_v.weight", {kKvHeads * kHeadDim, kHidden}, GgmlType::kQ6_K, 0.12f, 0.0f);
+    add(b + "attn_output.weight", {kHidden, kHeads * kHeadDim}, GgmlType::kQ4_K, 0.12f, 0.0f);
+    add(b + "ffn_gate.weight", {kFfn, kHidden}, GgmlType::kQ4_K, 0.12f, 0.0f);
+    add(b + "ffn_up.weight", {kFfn, kHidden}, GgmlType::kQ6_K, 0.12f, 0.0f);
+    add(b + "ffn_down.weight", {kHidden, kFfn}, GgmlType::kQ6_K, 0.08f, 0.0f);
+  }
+  add("output_norm.weight", {kHidden}, GgmlType::kF32, 0.2f, 1.0f);
+  add("output.weight", {kVocab, kHidden}, GgmlType::kQ8_0, 0.12f, 0.0f);
+  const std::string path = testing::scratch_dir("gguf_kquants") + "/model-kquants.gguf";
+  ASSERT_TRUE(w.write(path).ok());
+
+  LoadedModel packed = load(path);
+  ModelWeights expanded = packed.model->weights();
+  const QuantFormat want[7] = {QuantFormat::kGgufQ4_K, QuantFormat::kGgufQ4_K, QuantFormat::kGgufQ6_K,
+                               QuantFormat::kGgufQ4_K, QuantFormat::kGgufQ4_K, QuantFormat::kGgufQ6_K,
+                               QuantFormat::kGgufQ6_K};
+  auto expand = [](Weight& lw) {
+    lw.dense = dequantize(*lw.quant);
+    lw.quant = nullptr;
+  };
+  for (LayerWeights& l : expanded.layers) {
+    Weight* lws[7] = {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj, &l.up_proj, &l.down_proj};
+    for (int k = 0; k < 7; ++k) {
+      ASSERT_TRUE(lws[k]->quant != nullptr && lws[k]->quant->format == want[k]) << "projection " << k;
+      expand(*lws[k]);
+    }
+  }
+  ASSERT_TRUE(expanded.lm_head.quant != nullptr && expanded.lm_head.quant->format == QuantFormat::kGgufQ8_0);
+  expand(expanded.lm_head);
+  const LlamaModel dense(packed.model->config(), std::move(expanded));
+  const std::vector<int32_t> prompt = {1, 17, 5, 33, 60, 2, 9, 41, 23, 12};
+  const int P = static_cast<int>(prompt.size());
+  Session a = Session::make(*packed.model, P + 4), b = Session::make(dense, P + 4);
+  const Tensor la = a.run(prompt), lb = b.run(prompt);
+  for (int i = 0; i < P; ++i) {
+    EXPECT_LE(relative_error(la.data<float>() + i * kVocab, lb.data<float>() + i * kVocab, kVocab), kTolerance)
+        << "position " << i;
+  }
+  EXPECT_EQ(testing::greedy_ids(*packed.model, prompt, 16), testing::greedy_ids(dense, prompt, 16));
 }
 
 // Two sequences in one flattened batch (a prefill chunk and a decode token) give the same

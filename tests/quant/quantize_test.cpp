@@ -290,6 +290,24 @@ TEST(QuantLinear, Int4KernelMatchesReference) {
   }
 }
 
+TEST(QuantLinear, GgufBlockKernelsMatchReference) {
+  std::mt19937 rng(testing::fresh_seed());
+  for (int threads : {1, 2}) {
+    const int saved = num_threads();
+    set_num_threads(threads);
+    for (QuantFormat format : {QuantFormat::kGgufQ8_0, QuantFormat::kGgufQ4_K, QuantFormat::kGgufQ6_K}) {
+      for (int64_t in : {256, 768}) {
+        for (int64_t n : {1, 3, 6, 17}) {
+          auto q = quantize_gguf_blocks(random_weight(format == QuantFormat::kGgufQ8_0 ? 67 : 29, in, rng), format);
+          ASSERT_TRUE(q.ok()) << q.status().to_string();
+          expect_kernel_matches_reference(*q, n, n != 3, rng);
+        }
+      }
+    }
+    set_num_threads(saved);
+  }
+}
+
 // TACHYON_ISA=scalar (here: the scalar override) runs the reference, bit for bit.
 TEST(QuantLinear, ScalarIsaRunsTheReference) {
   std::mt19937 rng(testing::fresh_seed());

@@ -3,9 +3,9 @@
 
 The files come from the reference Python implementations (the `gguf` package that ships with
 llama.cpp and the `safetensors` package), so the C++ readers are checked against an independent
-writer and against gguf-py's own Q8_0/Q4_0 quantize/dequantize:
+writer and against gguf-py's own Q8_0/Q4_0 quantize/dequantize and Q4_K/Q6_K dequantize:
 
-  tests/fixtures/io/reference.gguf          GGUF v3: every metadata type, F32/F16/BF16/Q8_0/Q4_0 tensors
+  tests/fixtures/io/reference.gguf          GGUF v3: every metadata type, F32/F16/BF16/Q8_0/Q4_0/Q4_K/Q6_K tensors
   tests/fixtures/io/reference.safetensors   F32/F16/BF16/I8/U8/I32/I64 tensors and __metadata__
   tests/fixtures/io/reference_expected.json the values the readers must produce
 
@@ -90,6 +90,25 @@ def write_gguf(expected):
         deq = quants.dequantize(q, qtype)
         tensors[name] = {"type": qtype.name, "shape": list(shape), "values": deq.ravel().tolist(),
                          "source": x.ravel().tolist()}
+
+    # Q4_K and Q6_K: gguf-py only decodes these, so the blocks are random bytes (every code and
+    # every packed 6-bit scale/min, high bits included) with finite f16 super-block scales, and
+    # the expected values are gguf-py's decoding of them.
+    rng = np.random.default_rng(20261201)
+    for name, qtype, shape in (("q4_k", gguf.GGMLQuantizationType.Q4_K, (3, 512)),
+                               ("q6_k", gguf.GGMLQuantizationType.Q6_K, (2, 768))):
+        block_size, type_size = gguf.GGML_QUANT_SIZES[qtype]
+        n_blocks = shape[0] * shape[1] // block_size
+        blocks = rng.integers(0, 256, size=(n_blocks, type_size), dtype=np.uint8)
+        d = rng.uniform(1e-4, 3e-2, size=(n_blocks, 2)).astype(np.float16)
+        d[1, 1] = 0.0  # a zero dmin / d
+        if qtype == gguf.GGMLQuantizationType.Q4_K:
+            blocks[:, 0:4] = d.view(np.uint8).reshape(n_blocks, 4)
+        else:
+            blocks[:, type_size - 2:] = d[:, :1].view(np.uint8).reshape(n_blocks, 2)
+        w.add_tensor(name, blocks.reshape(shape[0], -1), raw_dtype=qtype)
+        deq = quants.dequantize(blocks.reshape(shape[0], -1), qtype)
+        tensors[name] = {"type": qtype.name, "shape": list(shape), "values": deq.ravel().tolist()}
     expected["gguf_tensors"] = tensors
 
     w.write_header_to_file()

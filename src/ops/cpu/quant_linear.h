@@ -19,7 +19,7 @@ namespace tachyon::ops::cpu {
 struct QuantLinearArgs {
   const float* x = nullptr;  // [n, in] f32, rows x_stride apart
   int64_t x_stride = 0;
-  const QuantWeight* w = nullptr;  // kInt8Channel or kInt4Group, [out, in]
+  const QuantWeight* w = nullptr;  // any QuantFormat, [out, in]
   const float* bias = nullptr;     // [out] f32, or null
   float* y = nullptr;              // [n, out] f32, rows y_stride apart
   int64_t y_stride = 0;

@@ -1,4 +1,4 @@
-// The AVX2 + FMA quantized linear (quant_linear.h). Per output row, 8 packed weights at a time
+// The AVX2 + FMA (+ F16C) quantized linear (quant_linear.h). Per output row, 8 packed weights at a time
 // are widened to i32, converted to f32 (int4: minus the group's zero point) and multiplied into
 // f32 accumulators with up to kTokens tokens sharing each decoded vector; int8 applies the row's
 // scale once at the end, int4 each group's scale when the group is done. Threads own blocks of
@@ -15,8 +15,11 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cstring>
 
+#include "core/ggml_blocks.h"
 #include "core/thread_pool.h"
+#include "quant/quantize.h"
 
 namespace tachyon::ops::cpu {
 namespace {
@@ -25,6 +28,7 @@ constexpr int64_t kRowBlock = 8;   // rows a thread finishes before moving on
 constexpr int kInt8Tokens = 4;     // tokens per tile: 8 accumulators + 2 weight vectors + x
 constexpr int kInt4Tokens = 3;     // 6 group accumulators + 3 final ones + 4 weight vectors + x
 constexpr int64_t kInt4Block = 32; // weights per 16 packed bytes (quant/quantize.h)
+constexpr int kGgufTokens = 4;     // GGUF tiles: 4 tokens x 2 accumulators + 4 decoded weights + x
 
 inline float reduce_add(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -113,6 +117,141 @@ void int4_tile(const QuantLinearArgs& a, int64_t o, int64_t tok0) {
   }
 }
 
+// The GGUF block formats (quant/quantize.h's kGguf* layouts). Each block's weights are decoded to
+// f32 exactly as core/ggml_blocks.h defines them (one rounding per weight: the scale products are
+// exact), 8 at a time, and multiplied into two accumulators per token.
+
+// acc[t][j % 2] += w[j] * x_t[k + 8 j] for four decoded vectors w[0..4) at column k.
+template <int T>
+inline void fma4(const __m256 (&w)[4], const float* const (&xt)[T], int64_t k, __m256 (&acc)[T][2]) {
+#pragma GCC unroll 4
+  for (int t = 0; t < T; ++t) {
+    acc[t][0] = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(xt[t] + k), acc[t][0]);
+    acc[t][1] = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xt[t] + k + 8), acc[t][1]);
+    acc[t][0] = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(xt[t] + k + 16), acc[t][0]);
+    acc[t][1] = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xt[t] + k + 24), acc[t][1]);
+  }
+}
+
+template <int T>
+inline void store_tile(const QuantLinearArgs& a, int64_t o, int64_t tok0, const __m256 (&acc)[T][2]) {
+  for (int t = 0; t < T; ++t) {
+    float y = reduce_add(_mm256_add_ps(acc[t][0], acc[t][1]));
+    if (a.bias != nullptr) y += a.bias[o];
+    a.y[(tok0 + t) * a.y_stride + o] = y;
+  }
+}
+
+inline __m256 f16_splat(uint16_t bits) { return _mm256_set1_ps(_cvtsh_ss(bits)); }
+
+// Q8_0: per block of 32, w = d * code.
+template <int T>
+void q8_0_tile(const QuantLinearArgs& a, int64_t o, int64_t tok0) {
+  const QuantWeight& q = *a.w;
+  const int64_t in = q.in_features, blocks = in / kGgmlBlock32;
+  const int8_t* codes = q.packed.data<int8_t>() + o * in;      // [in] i8
+  const uint16_t* d = q.scales.data<uint16_t>() + o * blocks;  // [in / 32] f16
+  const float* xt[T];
+  for (int t = 0; t < T; ++t) xt[t] = a.x + (tok0 + t) * a.x_stride;
+  __m256 acc[T][2];
+  for (int t = 0; t < T; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const __m256 scale = f16_splat(d[b]);
+    const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + b * kGgmlBlock32));
+    const __m128i c0 = _mm256_castsi256_si128(c), c1 = _mm256_extracti128_si256(c, 1);
+    const __m256 w[4] = {_mm256_mul_ps(scale, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c0))),
+                         _mm256_mul_ps(scale, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(c0, 8)))),
+                         _mm256_mul_ps(scale, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c1))),
+                         _mm256_mul_ps(scale, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(c1, 8))))};
+    fma4<T>(w, xt, b * kGgmlBlock32, acc);
+  }
+  store_tile<T>(a, o, tok0, acc);
+}
+
+// Q4_K: per sub-block of 32, w = (d * sc) * q - dmin * m (one fmsub: the product is exact).
+template <int T>
+void q4_k_tile(const QuantLinearArgs& a, int64_t o, int64_t tok0) {
+  const QuantWeight& q = *a.w;
+  const int64_t in = q.in_features, blocks = in / kGgmlBlockK;
+  const uint8_t* row = q.packed.data<uint8_t>() + o * blocks * kQ4_KBytes;
+  const float* xt[T];
+  for (int t = 0; t < T; ++t) xt[t] = a.x + (tok0 + t) * a.x_stride;
+  const __m128i low_nibbles = _mm_set1_epi8(0x0f);
+  __m256 acc[T][2];
+  for (int t = 0; t < T; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* block = row + b * kQ4_KBytes;
+    uint16_t d_bits, dmin_bits;
+    std::memcpy(&d_bits, block, 2);
+    std::memcpy(&dmin_bits, block + 2, 2);
+    const float d = _cvtsh_ss(d_bits), dmin = _cvtsh_ss(dmin_bits);
+    const uint8_t* qs = block + 16;
+    for (int c = 0; c < 4; ++c) {
+      const __m128i b0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + 32 * c));
+      const __m128i b1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + 32 * c + 16));
+      for (int half = 0; half < 2; ++half) {  // sub-block 2c: low nibbles; 2c + 1: high nibbles
+        int sc, m;
+        q4_k_scale_min(block + 4, 2 * c + half, &sc, &m);
+        const __m256 scale = _mm256_set1_ps(d * static_cast<float>(sc));
+        const __m256 min = _mm256_set1_ps(dmin * static_cast<float>(m));
+        const __m128i n0 = half == 0 ? _mm_and_si128(b0, low_nibbles) : _mm_and_si128(_mm_srli_epi16(b0, 4), low_nibbles);
+        const __m128i n1 = half == 0 ? _mm_and_si128(b1, low_nibbles) : _mm_and_si128(_mm_srli_epi16(b1, 4), low_nibbles);
+        const __m256 w[4] = {
+            _mm256_fmsub_ps(scale, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(n0)), min),
+            _mm256_fmsub_ps(scale, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(n0, 8))), min),
+            _mm256_fmsub_ps(scale, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(n1)), min),
+            _mm256_fmsub_ps(scale, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(n1, 8))), min)};
+        fma4<T>(w, xt, b * kGgmlBlockK + 64 * c + 32 * half, acc);
+      }
+    }
+  }
+  store_tile<T>(a, o, tok0, acc);
+}
+
+// Q6_K: per 16 weights, w = (d * scale) * (q - 32); the 6-bit codes are assembled in 32-bit lanes,
+// 8 consecutive l of one half at a time (core/ggml_blocks.h's indexing).
+template <int T>
+void q6_k_tile(const QuantLinearArgs& a, int64_t o, int64_t tok0) {
+  const QuantWeight& q = *a.w;
+  const int64_t in = q.in_features, blocks = in / kGgmlBlockK;
+  const uint8_t* row = q.packed.data<uint8_t>() + o * blocks * kQ6_KD;  // blocks less their d
+  const uint16_t* d = q.scales.data<uint16_t>() + o * blocks;           // [in / 256] f16
+  const float* xt[T];
+  for (int t = 0; t < T; ++t) xt[t] = a.x + (tok0 + t) * a.x_stride;
+  const __m256i low4 = _mm256_set1_epi32(15), low2 = _mm256_set1_epi32(3), bias = _mm256_set1_epi32(32);
+  __m256 acc[T][2];
+  for (int t = 0; t < T; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+  auto load8 = [](const uint8_t* p) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))); };
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* block = row + b * kQ6_KD;
+    const auto* scales = reinterpret_cast<const int8_t*>(block + kQ6_KScales);
+    const float db = _cvtsh_ss(d[b]);
+    for (int h = 0; h < 2; ++h) {
+      const uint8_t* L = block + 64 * h;
+      const uint8_t* H = block + kQ6_KQh + 32 * h;
+      for (int l0 = 0; l0 < 32; l0 += 8) {
+        const __m256i lo = load8(L + l0), hi = load8(L + l0 + 32), qh = load8(H + l0);
+        const __m256i codes[4] = {
+            _mm256_or_si256(_mm256_and_si256(lo, low4), _mm256_slli_epi32(_mm256_and_si256(qh, low2), 4)),
+            _mm256_or_si256(_mm256_and_si256(hi, low4),
+                            _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(qh, 2), low2), 4)),
+            _mm256_or_si256(_mm256_srli_epi32(lo, 4),
+                            _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(qh, 4), low2), 4)),
+            _mm256_or_si256(_mm256_srli_epi32(hi, 4), _mm256_slli_epi32(_mm256_srli_epi32(qh, 6), 4))};
+        for (int k = 0; k < 4; ++k) {  // weights 128h + 32k + l0 .. + 8
+          const int i = 128 * h + 32 * k + l0;
+          const __m256 scale = _mm256_set1_ps(db * static_cast<float>(scales[i / 16]));
+          const __m256 w = _mm256_mul_ps(scale, _mm256_cvtepi32_ps(_mm256_sub_epi32(codes[k], bias)));
+          const int64_t col = b * kGgmlBlockK + i;
+#pragma GCC unroll 4
+          for (int t = 0; t < T; ++t) acc[t][k % 2] = _mm256_fmadd_ps(w, _mm256_loadu_ps(xt[t] + col), acc[t][k % 2]);
+        }
+      }
+    }
+  }
+  store_tile<T>(a, o, tok0, acc);
+}
+
 // Rows [o_begin, o_end) for all tokens: tiles of TMax tokens, then one smaller tile.
 template <int TMax, template <int> class Tile>
 void run_rows(const QuantLinearArgs& a, int64_t o_begin, int64_t o_end) {
@@ -144,6 +283,18 @@ template <int T>
 struct Int4Tile {
   static void run(const QuantLinearArgs& a, int64_t o, int64_t tok0) { int4_tile<T>(a, o, tok0); }
 };
+template <int T>
+struct Q8_0Tile {
+  static void run(const QuantLinearArgs& a, int64_t o, int64_t tok0) { q8_0_tile<T>(a, o, tok0); }
+};
+template <int T>
+struct Q4_KTile {
+  static void run(const QuantLinearArgs& a, int64_t o, int64_t tok0) { q4_k_tile<T>(a, o, tok0); }
+};
+template <int T>
+struct Q6_KTile {
+  static void run(const QuantLinearArgs& a, int64_t o, int64_t tok0) { q6_k_tile<T>(a, o, tok0); }
+};
 
 }  // namespace
 
@@ -151,7 +302,9 @@ void quant_linear(const QuantLinearArgs& a) {
   const QuantWeight& q = *a.w;
   const int64_t out = q.out_features;
   if (a.n == 0 || out == 0) return;
-  const int64_t row_bytes = q.format == QuantFormat::kInt4Group ? q.in_features / 2 : q.in_features;
+  const int64_t row_bytes = q.format == QuantFormat::kInt4Group   ? q.in_features / 2
+                            : q.format == QuantFormat::kInt8Channel ? q.in_features
+                                                                    : gguf_row_bytes(q.format, q.in_features);
   // Whole row blocks, at least ~32 KiB of packed weight per chunk so thread start-up stays small.
   const int64_t blocks = (out + kRowBlock - 1) / kRowBlock;
   const int64_t grain = std::max<int64_t>(1, (int64_t{32} << 10) / std::max<int64_t>(1, kRowBlock * row_bytes * a.n));
@@ -160,6 +313,9 @@ void quant_linear(const QuantLinearArgs& a) {
     switch (q.format) {
       case QuantFormat::kInt8Channel: run_rows<kInt8Tokens, Int8Tile>(a, o_begin, o_end); break;
       case QuantFormat::kInt4Group: run_rows<kInt4Tokens, Int4Tile>(a, o_begin, o_end); break;
+      case QuantFormat::kGgufQ8_0: run_rows<kGgufTokens, Q8_0Tile>(a, o_begin, o_end); break;
+      case QuantFormat::kGgufQ4_K: run_rows<kGgufTokens, Q4_KTile>(a, o_begin, o_end); break;
+      case QuantFormat::kGgufQ6_K: run_rows<kGgufTokens, Q6_KTile>(a, o_begin, o_end); break;
       default: TACHYON_CHECK(false, "quant_linear: no kernel for {}", quant_format_name(q.format));
     }
   });

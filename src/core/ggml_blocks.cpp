@@ -1,0 +1,210 @@
+#include "core/ggml_blocks.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "core/dtype.h"
+
+namespace tachyon {
+namespace {
+
+float load_f16(const uint8_t* p) {
+  uint16_t bits;
+  std::memcpy(&bits, p, 2);
+  return f16_to_f32(bits);
+}
+
+void put_f16(std::vector<uint8_t>* out, uint16_t bits) {
+  out->push_back(static_cast<uint8_t>(bits & 0xff));
+  out->push_back(static_cast<uint8_t>(bits >> 8));
+}
+
+// The smallest f16 >= v (v finite, >= 0, within f16's range).
+uint16_t f16_at_least(float v) {
+  uint16_t h = f32_to_f16(v);
+  if (f16_to_f32(h) < v) ++h;  // positive f16 values order like their bits
+  return h;
+}
+
+int round_clamp(float v, int lo, int hi) { return std::clamp(static_cast<int>(std::nearbyint(v)), lo, hi); }
+
+}  // namespace
+
+void dequantize_q8_0(const uint8_t* blocks, int64_t n_blocks, float* out) {
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    const uint8_t* block = blocks + b * kQ8_0Bytes;
+    const float d = load_f16(block);
+    const auto* q = reinterpret_cast<const int8_t*>(block + 2);
+    for (int j = 0; j < 32; ++j) out[b * 32 + j] = d * static_cast<float>(q[j]);
+  }
+}
+
+void dequantize_q4_0(const uint8_t* blocks, int64_t n_blocks, float* out) {
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    const uint8_t* block = blocks + b * kQ4_0Bytes;
+    const float d = load_f16(block);
+    const uint8_t* qs = block + 2;
+    for (int j = 0; j < 16; ++j) {
+      out[b * 32 + j] = d * static_cast<float>((qs[j] & 0x0f) - 8);
+      out[b * 32 + j + 16] = d * static_cast<float>((qs[j] >> 4) - 8);
+    }
+  }
+}
+
+void dequantize_q4_k(const uint8_t* blocks, int64_t n_blocks, float* out) {
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    const uint8_t* block = blocks + b * kQ4_KBytes;
+    const float d = load_f16(block), dmin = load_f16(block + 2);
+    const uint8_t* scales = block + 4;
+    const uint8_t* qs = block + 16;
+    float* y = out + b * kGgmlBlockK;
+    for (int c = 0; c < 4; ++c) {
+      int sc0, m0, sc1, m1;
+      q4_k_scale_min(scales, 2 * c, &sc0, &m0);
+      q4_k_scale_min(scales, 2 * c + 1, &sc1, &m1);
+      const float s0 = d * static_cast<float>(sc0), o0 = dmin * static_cast<float>(m0);
+      const float s1 = d * static_cast<float>(sc1), o1 = dmin * static_cast<float>(m1);
+      for (int l = 0; l < 32; ++l) {
+        y[64 * c + l] = s0 * static_cast<float>(qs[32 * c + l] & 15) - o0;
+        y[64 * c + 32 + l] = s1 * static_cast<float>(qs[32 * c + l] >> 4) - o1;
+      }
+    }
+  }
+}
+
+void dequantize_q6_k(const uint8_t* blocks, int64_t n_blocks, float* out) {
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    const uint8_t* block = blocks + b * kQ6_KBytes;
+    const auto* scales = reinterpret_cast<const int8_t*>(block + kQ6_KScales);
+    const float d = load_f16(block + kQ6_KD);
+    float* y = out + b * kGgmlBlockK;
+    for (int h = 0; h < 2; ++h) {
+      const uint8_t* L = block + 64 * h;
+      const uint8_t* H = block + kQ6_KQh + 32 * h;
+      for (int l = 0; l < 32; ++l) {
+        const int q[4] = {(L[l] & 15) | ((H[l] & 3) << 4), (L[l + 32] & 15) | (((H[l] >> 2) & 3) << 4),
+                          (L[l] >> 4) | (((H[l] >> 4) & 3) << 4), (L[l + 32] >> 4) | (((H[l] >> 6) & 3) << 4)};
+        for (int k = 0; k < 4; ++k) {
+          const int i = 128 * h + 32 * k + l;
+          y[i] = (d * static_cast<float>(scales[i / 16])) * static_cast<float>(q[k] - 32);
+        }
+      }
+    }
+  }
+}
+
+void quantize_q8_0(const float* values, int64_t count, std::vector<uint8_t>* out) {
+  for (int64_t b = 0; b < count / 32; ++b) {
+    const float* x = values + b * 32;  // [32] f32
+    float amax = 0.0f;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[j]));
+    const float d = amax / 127.0f;
+    const float inv_d = d != 0.0f ? 1.0f / d : 0.0f;
+    put_f16(out, f32_to_f16(d));
+    for (int j = 0; j < 32; ++j) out->push_back(static_cast<uint8_t>(static_cast<int8_t>(std::lround(x[j] * inv_d))));
+  }
+}
+
+void quantize_q4_0(const float* values, int64_t count, std::vector<uint8_t>* out) {
+  for (int64_t b = 0; b < count / 32; ++b) {
+    const float* x = values + b * 32;  // [32] f32
+    float amax = 0.0f, signed_max = 0.0f;
+    for (int j = 0; j < 32; ++j) {
+      if (std::fabs(x[j]) > amax) {
+        amax = std::fabs(x[j]);
+        signed_max = x[j];
+      }
+    }
+    // The largest-magnitude value maps to -8 exactly; the other side reaches at most +7.
+    const float d = signed_max / -8.0f;
+    const float inv_d = d != 0.0f ? 1.0f / d : 0.0f;
+    put_f16(out, f32_to_f16(d));
+    for (int j = 0; j < 16; ++j) {
+      const int lo = std::min(15, static_cast<int>(x[j] * inv_d + 8.5f));
+      const int hi = std::min(15, static_cast<int>(x[j + 16] * inv_d + 8.5f));
+      out->push_back(static_cast<uint8_t>(lo | (hi << 4)));
+    }
+  }
+}
+
+void quantize_q4_k(const float* values, int64_t count, std::vector<uint8_t>* out) {
+  for (int64_t b = 0; b < count / kGgmlBlockK; ++b) {
+    const float* x = values + b * kGgmlBlockK;  // [256] f32
+    float step[8], min[8], max_step = 0.0f, max_min = 0.0f;
+    for (int s = 0; s < 8; ++s) {
+      float lo = 0.0f, hi = 0.0f;
+      for (int j = 0; j < 32; ++j) {
+        lo = std::min(lo, x[32 * s + j]);
+        hi = std::max(hi, x[32 * s + j]);
+      }
+      step[s] = (hi - lo) / 15.0f;
+      min[s] = -lo;
+      max_step = std::max(max_step, step[s]);
+      max_min = std::max(max_min, min[s]);
+    }
+    const uint16_t d_bits = f16_at_least(max_step / 63.0f), dmin_bits = f16_at_least(max_min / 63.0f);
+    const float d = f16_to_f32(d_bits), dmin = f16_to_f32(dmin_bits);
+    int sc[8], m[8];
+    for (int s = 0; s < 8; ++s) {
+      sc[s] = d > 0.0f ? std::clamp(static_cast<int>(std::ceil(step[s] / d)), 0, 63) : 0;
+      m[s] = dmin > 0.0f ? round_clamp(min[s] / dmin, 0, 63) : 0;
+    }
+    uint8_t scales[12];
+    for (int s = 0; s < 4; ++s) {
+      scales[s] = static_cast<uint8_t>((sc[s] & 63) | ((sc[s + 4] >> 4) << 6));
+      scales[s + 4] = static_cast<uint8_t>((m[s] & 63) | ((m[s + 4] >> 4) << 6));
+      scales[s + 8] = static_cast<uint8_t>((sc[s + 4] & 15) | ((m[s + 4] & 15) << 4));
+    }
+    put_f16(out, d_bits);
+    put_f16(out, dmin_bits);
+    out->insert(out->end(), scales, scales + 12);
+    for (int c = 0; c < 4; ++c) {
+      const float s0 = d * static_cast<float>(sc[2 * c]), o0 = dmin * static_cast<float>(m[2 * c]);
+      const float s1 = d * static_cast<float>(sc[2 * c + 1]), o1 = dmin * static_cast<float>(m[2 * c + 1]);
+      for (int l = 0; l < 32; ++l) {
+        const int q0 = s0 > 0.0f ? round_clamp((x[64 * c + l] + o0) / s0, 0, 15) : 0;
+        const int q1 = s1 > 0.0f ? round_clamp((x[64 * c + 32 + l] + o1) / s1, 0, 15) : 0;
+        out->push_back(static_cast<uint8_t>(q0 | (q1 << 4)));
+      }
+    }
+  }
+}
+
+void quantize_q6_k(const float* values, int64_t count, std::vector<uint8_t>* out) {
+  for (int64_t b = 0; b < count / kGgmlBlockK; ++b) {
+    const float* x = values + b * kGgmlBlockK;  // [256] f32
+    float step[16], max_step = 0.0f;
+    for (int s = 0; s < 16; ++s) {
+      float amax = 0.0f;
+      for (int j = 0; j < 16; ++j) amax = std::max(amax, std::fabs(x[16 * s + j]));
+      step[s] = amax / 31.0f;
+      max_step = std::max(max_step, step[s]);
+    }
+    const uint16_t d_bits = f16_at_least(max_step / 127.0f);
+    const float d = f16_to_f32(d_bits);
+    int8_t scales[16];
+    int q[256];
+    for (int s = 0; s < 16; ++s) {
+      scales[s] = static_cast<int8_t>(d > 0.0f ? std::clamp(static_cast<int>(std::ceil(step[s] / d)), 0, 127) : 0);
+      const float st = d * static_cast<float>(scales[s]);
+      for (int j = 0; j < 16; ++j) q[16 * s + j] = st > 0.0f ? round_clamp(x[16 * s + j] / st, -32, 31) + 32 : 32;
+    }
+    uint8_t block[kQ6_KBytes] = {};
+    for (int h = 0; h < 2; ++h) {
+      uint8_t* L = block + 64 * h;
+      uint8_t* H = block + kQ6_KQh + 32 * h;
+      for (int l = 0; l < 32; ++l) {
+        const int* qq = q + 128 * h + l;  // qq[32 k] is code k of this l
+        L[l] = static_cast<uint8_t>((qq[0] & 15) | ((qq[64] & 15) << 4));
+        L[l + 32] = static_cast<uint8_t>((qq[32] & 15) | ((qq[96] & 15) << 4));
+        H[l] = static_cast<uint8_t>((qq[0] >> 4) | ((qq[32] >> 4) << 2) | ((qq[64] >> 4) << 4) | ((qq[96] >> 4) << 6));
+      }
+    }
+    std::memcpy(block + kQ6_KScales, scales, 16);
+    std::memcpy(block + kQ6_KD, &d_bits, 2);
+    out->insert(out->end(), block, block + kQ6_KBytes);
+  }
+}
+
+}  // namespace tachyon

@@ -1,0 +1,71 @@
+// The ggml block formats GGUF files store quantized tensors in: their sizes, the decoding of whole
+// blocks to f32 (the definition every loader and kernel is checked against) and round-to-nearest
+// encoders. Little-endian, as ggml writes them; a tensor is its rows' blocks one after another.
+//
+// - Q8_0 (32 weights, 34 bytes): f16 d, i8 q[32]; w = d * q.
+// - Q4_0 (32 weights, 18 bytes): f16 d, u8 qs[16]; w[j] = d * ((qs[j] & 15) - 8) and
+//   w[j + 16] = d * ((qs[j] >> 4) - 8).
+// - Q4_K (256 weights, 144 bytes): f16 d, f16 dmin, u8 scales[12], u8 qs[128]. Eight sub-blocks of
+//   32 weights, sub-block s with a 6-bit scale sc[s] and a 6-bit min m[s] (q4_k_scale_min unpacks
+//   them from `scales`). Chunk c (0..3) of 64 weights reads qs[32c .. 32c + 32): for l in 0..32
+//     w[64c + l]      = (d * sc[2c])     * (qs[32c + l] & 15) - dmin * m[2c]
+//     w[64c + 32 + l] = (d * sc[2c + 1]) * (qs[32c + l] >> 4) - dmin * m[2c + 1]
+//   in f32. d * sc and dmin * m are exact (11 x 6 significant bits), so each weight rounds once.
+// - Q6_K (256 weights, 210 bytes): u8 ql[128], u8 qh[64], i8 scales[16], f16 d. Half h (0..1) of
+//   128 weights reads L = ql + 64h and H = qh + 32h: for l in 0..32 the 6-bit codes
+//     q[128h + l]      = (L[l] & 15)      | ((H[l] & 3) << 4)
+//     q[128h + 32 + l] = (L[l + 32] & 15) | (((H[l] >> 2) & 3) << 4)
+//     q[128h + 64 + l] = (L[l] >> 4)      | (((H[l] >> 4) & 3) << 4)
+//     q[128h + 96 + l] = (L[l + 32] >> 4) | (((H[l] >> 6) & 3) << 4)
+//   and w[i] = (d * scales[i / 16]) * (q[i] - 32) in f32 (d * scales[] exact).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace tachyon {
+
+inline constexpr int64_t kGgmlBlock32 = 32;    // weights per Q8_0 / Q4_0 block
+inline constexpr int64_t kGgmlBlockK = 256;    // weights per Q4_K / Q6_K super-block
+inline constexpr int64_t kQ8_0Bytes = 34;
+inline constexpr int64_t kQ4_0Bytes = 18;
+inline constexpr int64_t kQ4_KBytes = 144;
+inline constexpr int64_t kQ6_KBytes = 210;
+// Offsets inside a Q6_K block.
+inline constexpr int64_t kQ6_KQh = 128, kQ6_KScales = 192, kQ6_KD = 208;
+
+// Scale and min of sub-block s (0..7) of a Q4_K block, from its 12 packed bytes: s < 4 takes the
+// low 6 bits of bytes s and s + 4; s >= 4 takes a nibble of byte s + 4 and the top 2 bits of bytes
+// s - 4 (scale) and s (min).
+inline void q4_k_scale_min(const uint8_t* scales, int s, int* sc, int* m) {
+  if (s < 4) {
+    *sc = scales[s] & 63;
+    *m = scales[s + 4] & 63;
+  } else {
+    *sc = (scales[s + 4] & 15) | ((scales[s - 4] >> 6) << 4);
+    *m = (scales[s + 4] >> 4) | ((scales[s] >> 6) << 4);
+  }
+}
+
+// Decodes `n_blocks` consecutive blocks into out [n_blocks * weights per block] f32.
+void dequantize_q8_0(const uint8_t* blocks, int64_t n_blocks, float* out);
+void dequantize_q4_0(const uint8_t* blocks, int64_t n_blocks, float* out);
+void dequantize_q4_k(const uint8_t* blocks, int64_t n_blocks, float* out);
+void dequantize_q6_k(const uint8_t* blocks, int64_t n_blocks, float* out);
+
+// Encodes `count` f32 values (a multiple of the block) as blocks appended to `out`, round to
+// nearest (no error search: these make test models and load-time quantization, not shipped files).
+// Q8_0: d = max|x| / 127, q = round(x / d). Q4_0: d = m / -8 where m is the value of largest
+// magnitude (sign kept), q = min(15, trunc(x / d + 8.5)).
+// Q4_K: each sub-block's range [lo, hi] widened to hold 0; its step (hi - lo) / 15 is quantized to
+// 6 bits against d = max step / 63 rounding up (so the step never shrinks) and its min -lo against
+// dmin = max min / 63 to nearest, then q = round((x + dmin * m) / (d * sc)) clamped to 0..15.
+// Q6_K: each 16 weights' step max|x| / 31 is quantized to an int8 scale against
+// d = max step / 127 rounding up, then q = round(x / (d * sc)) + 32 clamped to 0..63.
+// d and dmin are stored as f16 (rounded up too, for the same reason).
+void quantize_q8_0(const float* values, int64_t count, std::vector<uint8_t>* out);
+void quantize_q4_0(const float* values, int64_t count, std::vector<uint8_t>* out);
+void quantize_q4_k(const float* values, int64_t count, std::vector<uint8_t>* out);
+void quantize_q6_k(const float* values, int64_t count, std::vector<uint8_t>* out);
+
+}  // namespace tachyon
