@@ -49,8 +49,8 @@ std::string weight_format(const LlamaModel& model) {
     for (const Weight* w : {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj, &l.up_proj, &l.down_proj}) {
       if (!w->defined()) continue;
       std::string f = "dense";
-      if (w->quant && w->quant->format == QuantFormat::kInt4Group) {
-        f = "int4-g" + std::to_string(w->quant->group_size);
+      if (w->quant && (w->quant->format == QuantFormat::kInt4Group || w->quant->format == QuantFormat::kTernary)) {
+        f = std::string(quant_format_name(w->quant->format)) + "-g" + std::to_string(w->quant->group_size);
       } else if (w->quant) {
         f = quant_format_name(w->quant->format);
       }

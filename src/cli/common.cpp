@@ -27,12 +27,14 @@ void add_common_options(CLI::App& cmd, CommonOptions& options) {
   cmd.add_flag("-v,--verbose", options.verbose, "log what is loaded and which kernels run");
   cmd.add_option("--quant", options.quant,
                  "quantize the layers' linear weights when loading: int8 (per channel), int4 (group-wise, "
-                 "asymmetric), or the GGUF block formats q8_0, q4_k, q6_k (quantized on the host; a GGUF file "
+                 "asymmetric), w8a8 (int8 weights per channel and activations per token; CPU only), ternary "
+                 "({-1, 0, +1} x a group absmean scale; CPU only), or the GGUF block formats q8_0, q4_k, q6_k (quantized on the host; a GGUF file "
                  "that stores them runs on any device); embedding and LM head "
                  "stay 16-bit")
-      ->check(CLI::IsMember({"int8", "int4", "q8_0", "q4_k", "q6_k"}));
-  cmd.add_option("--quant-group", options.quant_group, "inputs per scale of --quant int4: 32, 64 or 128 (default 128)")
-      ->check(CLI::IsMember({32, 64, 128}));
+      ->check(CLI::IsMember({"int8", "int4", "w8a8", "ternary", "q8_0", "q4_k", "q6_k"}));
+  cmd.add_option("--quant-group", options.quant_group,
+                 "inputs per scale of --quant int4 (32, 64 or 128) or ternary (also 256); default 128")
+      ->check(CLI::IsMember({32, 64, 128, 256}));
 }
 
 Result<Device> parse_device(const std::string& text) {
@@ -73,8 +75,8 @@ Result<LoadedModel> load(const CommonOptions& options, DType synthetic_dtype) {
   if (Status s = quantize_linear_weights(weights, quant); !s.ok()) {
     return make_error(s.code(), "{}: --quant {}: {}", loaded.path, options.quant, s.message());
   }
-  const std::string format = quant.format == QuantFormat::kInt4Group
-                                 ? fmt::format("int4 g{}", quant.group_size)
+  const std::string format = quant.format == QuantFormat::kInt4Group || quant.format == QuantFormat::kTernary
+                                 ? fmt::format("{} g{}", quant_format_name(quant.format), quant.group_size)
                                  : std::string(quant_format_name(quant.format));
   TACHYON_LOG_INFO("quantized the linear weights to {} in {:.2f} s", format, timer.seconds());
   // The model as stored stays alive until the quantized one passes the finite-logits check (its

@@ -63,7 +63,9 @@ std::string weight_format(const ModelWeights& weights) {
   if (weights.layers.empty() || weights.layers[0].q_proj.quant == nullptr) return "dense";
   const QuantWeight& q = *weights.layers[0].q_proj.quant;
   if (q.format == QuantFormat::kInt8Channel) return "int8";
-  if (q.format == QuantFormat::kInt4Group) return fmt::format("int4-g{}", q.group_size);
+  if (q.format == QuantFormat::kInt4Group || q.format == QuantFormat::kTernary) {
+    return fmt::format("{}-g{}", quant_format_name(q.format), q.group_size);
+  }
   return quant_format_name(q.format);
 }
 

@@ -1,8 +1,9 @@
-// `tachyon quantize -m MODEL --method rtn-int4|awq-int4|int8 [--group G] [--calib FILE]
-// [--calib-tokens N] [--max-layer-error E] -o OUTDIR`: quantizes a Hugging Face model's linear
+// `tachyon quantize -m MODEL --method rtn-int4|awq-int4|int8|w8a8 [--group G] [--calib FILE]
+// [--calib-tokens N] [--smooth-alpha A] [--max-layer-error E] -o OUTDIR`: quantizes a Hugging Face model's linear
 // layers and writes OUTDIR as a Hugging Face directory that `-m OUTDIR` (and AutoAWQ-aware
 // tools) load: config.json with a quantization_config, the tokenizer files, model.safetensors
-// (int4 in the AutoAWQ GEMM layout, int8 as compressed-tensors per-channel int8), and
+// (int4 in the AutoAWQ GEMM layout, int8 as compressed-tensors per-channel int8, w8a8 the same
+// with dynamic per-token int8 activations, SmoothQuant folded into the norms and rows), and
 // quantize_report.json (per module: format, AWQ alpha, relative output error on calibration
 // data; totals). Progress goes to stderr, one line per layer.
 #include <cmath>
@@ -32,6 +33,7 @@ struct QuantizeArgs {
   std::string calib;
   int64_t calib_tokens = 4096;
   double max_layer_error = 0.0;
+  float smooth_alpha = 0.5f;
   std::string out;
   int threads = 0;
   bool verbose = false;
@@ -75,6 +77,10 @@ int run_quantize(const QuantizeArgs& a) {
   if (*method == QuantMethod::kAwqInt4 && a.calib.empty()) {
     return report(make_error(ErrorCode::kInvalidArgument, "quantize: awq-int4 needs calibration text (--calib FILE)"));
   }
+  if (*method == QuantMethod::kW8A8 && a.smooth_alpha > 0.0f && a.calib.empty()) {
+    return report(make_error(ErrorCode::kInvalidArgument, "quantize: w8a8 with SmoothQuant needs calibration text "
+                             "(--calib FILE), or --smooth-alpha 0 for plain w8a8"));
+  }
   if (a.max_layer_error > 0.0 && a.calib.empty()) {
     return report(make_error(ErrorCode::kInvalidArgument, "quantize: --max-layer-error needs calibration text "
                              "(--calib FILE) to measure errors on"));
@@ -102,6 +108,7 @@ int run_quantize(const QuantizeArgs& a) {
   options.method = *method;
   options.group_size = a.group;
   options.max_layer_error = a.max_layer_error;
+  options.smooth_alpha = a.smooth_alpha;
   const int num_layers = loaded->model->config().num_layers;
   options.on_layer = [num_layers](const LayerQuantReport& r) { print_progress(r, num_layers); };
   Timer quantize_timer;
@@ -112,7 +119,9 @@ int run_quantize(const QuantizeArgs& a) {
   SaveCheckpointOptions save;
   save.source_dir = loaded->path;
   save.out_dir = a.out;
-  save.method = *method == QuantMethod::kInt8 ? CheckpointQuantMethod::kInt8Channel : CheckpointQuantMethod::kAwqGemm;
+  save.method = *method == QuantMethod::kInt8   ? CheckpointQuantMethod::kInt8Channel
+                : *method == QuantMethod::kW8A8 ? CheckpointQuantMethod::kW8A8
+                                                : CheckpointQuantMethod::kAwqGemm;
   auto saved = save_quantized_checkpoint(save, loaded->model->config(), quantized->weights);
   if (!saved.ok()) return report(saved.status());
 
@@ -138,7 +147,9 @@ int run_quantize(const QuantizeArgs& a) {
       {"model", loaded->path},
       {"output", a.out},
       {"method", quant_method_name(*method)},
-      {"group_size", *method == QuantMethod::kInt8 ? nlohmann::json() : nlohmann::json(a.group)},
+      {"group_size", *method == QuantMethod::kInt8 || *method == QuantMethod::kW8A8 ? nlohmann::json()
+                                                                                    : nlohmann::json(a.group)},
+      {"smooth_alpha", *method == QuantMethod::kW8A8 ? nlohmann::json(a.smooth_alpha) : nlohmann::json()},
       {"checkpoint_format", saved->quantization.describe()},
       {"calibration", a.calib.empty() ? nlohmann::json()
                                       : nlohmann::json{{"file", a.calib}, {"tokens", quantized->calibration_tokens}}},
@@ -170,14 +181,17 @@ void add_quantize(CLI::App& app, std::function<int()>& run) {
   auto args = std::make_shared<QuantizeArgs>();
   CLI::App* cmd = app.add_subcommand("quantize", "quantize a Hugging Face model's linear layers and save the result");
   cmd->add_option("-m,--model", args->model, "the Hugging Face model directory to quantize")->required();
-  cmd->add_option("--method", args->method, "rtn-int4, awq-int4 (needs --calib) or int8")
+  cmd->add_option("--method", args->method, "rtn-int4, awq-int4 (needs --calib), int8, or w8a8 (int8 weights and "
+                  "activations; SmoothQuant needs --calib)")
       ->required()
-      ->check(CLI::IsMember({"rtn-int4", "awq-int4", "int8"}));
+      ->check(CLI::IsMember({"rtn-int4", "awq-int4", "int8", "w8a8"}));
   cmd->add_option("--group", args->group, "int4: inputs per scale, 32, 64 or 128 (default 128)")
       ->check(CLI::IsMember({32, 64, 128}));
   cmd->add_option("--calib", args->calib, "calibration text (plain text file)");
   cmd->add_option("--calib-tokens", args->calib_tokens, "calibration tokens used, from the start of --calib "
                   "(default 4096)")->check(CLI::Range(int64_t{2}, int64_t{1} << 30));
+  cmd->add_option("--smooth-alpha", args->smooth_alpha, "w8a8: SmoothQuant migration strength, 0..1 (default 0.5; "
+                  "0: none)")->check(CLI::Range(0.0f, 1.0f));
   cmd->add_option("--max-layer-error", args->max_layer_error, "keep 16-bit any module whose relative output error on "
                   "the calibration data exceeds this (e.g. 0.05); needs --calib")->check(CLI::NonNegativeNumber);
   cmd->add_option("-o,--output", args->out, "the directory to write (created if absent)")->required();

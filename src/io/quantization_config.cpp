@@ -135,8 +135,9 @@ Result<CheckpointQuantization> read_gptq(const json& q, const std::string& where
   return c;
 }
 
-// compressed-tensors: every config group must quantize weights to symmetric int8 per channel
-// and leave activations alone (W8A16), stored unpacked ("int-quantized" / "naive-quantized").
+// compressed-tensors: every config group must quantize weights to symmetric int8 per channel,
+// stored unpacked ("int-quantized" / "naive-quantized"), and either leave activations alone
+// (W8A16) or quantize them to symmetric int8 per token, dynamically (W8A8); all groups alike.
 Result<CheckpointQuantization> read_compressed_tensors(const json& q, const std::string& where) {
   CheckpointQuantization c;
   c.method = CheckpointQuantMethod::kInt8Channel;
@@ -150,6 +151,7 @@ Result<CheckpointQuantization> read_compressed_tensors(const json& q, const std:
   if (groups == nullptr || !groups->is_object() || groups->empty()) {
     return make_error(ErrorCode::kCorruptFile, "{}: quantization_config.config_groups is missing or empty", where);
   }
+  bool first = true;
   for (const auto& [name, group] : groups->items()) {
     const std::string at = fmt::format("{}: quantization_config.config_groups.{}", where, name);
     const json* weights = group.is_object() ? find_any(group, {"weights"}) : nullptr;
@@ -159,17 +161,26 @@ Result<CheckpointQuantization> read_compressed_tensors(const json& q, const std:
     const json* activations = find_any(group, {"input_activations"});
     // Read leniently (a wrong JSON type is just "not what is supported"): nlohmann's typed
     // accessors would throw.
-    const json* num_bits = find_any(*weights, {"num_bits"});
-    const json* type = find_any(*weights, {"type"});
-    const json* strategy = find_any(*weights, {"strategy"});
-    const json* symmetric = find_any(*weights, {"symmetric"});
-    const bool int8_channel = num_bits != nullptr && *num_bits == 8 && type != nullptr && *type == "int" &&
-                              strategy != nullptr && *strategy == "channel" && symmetric != nullptr &&
-                              *symmetric == true;
-    if (!int8_channel || activations != nullptr) {
+    auto is = [](const json& j, const char* key, const json& want) {
+      const json* v = find_any(j, {key});
+      return v != nullptr && *v == want;
+    };
+    const bool int8_channel = is(*weights, "num_bits", 8) && is(*weights, "type", "int") &&
+                              is(*weights, "strategy", "channel") && is(*weights, "symmetric", true);
+    const bool int8_tokens = activations != nullptr && activations->is_object() && is(*activations, "num_bits", 8) &&
+                             is(*activations, "type", "int") && is(*activations, "strategy", "token") &&
+                             is(*activations, "dynamic", true) && is(*activations, "symmetric", true);
+    if (!int8_channel || (activations != nullptr && !int8_tokens)) {
       return make_error(ErrorCode::kUnsupported, "{}: weights {}{}; supported is symmetric int8 per channel with "
-                        "16-bit activations", at, weights->dump(), activations != nullptr ? " with quantized activations" : "");
+                        "16-bit activations or dynamic symmetric int8 activations per token", at, weights->dump(),
+                        activations != nullptr ? " with input activations " + activations->dump() : "");
     }
+    const CheckpointQuantMethod method = int8_tokens ? CheckpointQuantMethod::kW8A8 : CheckpointQuantMethod::kInt8Channel;
+    if (!first && method != c.method) {
+      return make_error(ErrorCode::kUnsupported, "{}: config groups mix 16-bit and int8 activations", at);
+    }
+    c.method = method;
+    first = false;
   }
   TACHYON_ASSIGN_OR_RETURN(c.dense_modules, string_list(q, "ignore", where));
   return c;
@@ -184,6 +195,7 @@ std::string CheckpointQuantization::describe() const {
     case CheckpointQuantMethod::kGptq:
       return fmt::format("int4 gptq{} g{}", gptq_format == GptqFormat::kV2 ? "_v2" : "", group_size);
     case CheckpointQuantMethod::kInt8Channel: return "int8 per channel";
+    case CheckpointQuantMethod::kW8A8: return "w8a8";
   }
   return "?";
 }
@@ -202,7 +214,7 @@ Result<CheckpointQuantization> read_quantization_config(const json& config, cons
   if (method == "gptq") return read_gptq(q, path);
   if (method == "compressed-tensors") return read_compressed_tensors(q, path);
   return make_error(ErrorCode::kUnsupported, "{}: quantization_config.quant_method '{}' is not supported (awq, gptq, "
-                    "compressed-tensors int8)", path, method);
+                    "compressed-tensors int8 / w8a8)", path, method);
 }
 
 json quantization_config_json(const CheckpointQuantization& q) {
@@ -211,12 +223,19 @@ json quantization_config_json(const CheckpointQuantization& q) {
     case CheckpointQuantMethod::kAwqGemm:
       return {{"quant_method", "awq"}, {"bits", 4},           {"group_size", q.group_size},
               {"zero_point", true},    {"version", "gemm"},   {"modules_to_not_convert", q.dense_modules.empty() ? json() : dense}};
-    case CheckpointQuantMethod::kInt8Channel: {
+    case CheckpointQuantMethod::kInt8Channel:
+    case CheckpointQuantMethod::kW8A8: {
       // Symmetric int8 per output channel, weight [out, in] i8 and weight_scale [out, 1] f32
-      // (quant/quantize.h), activations left 16-bit: compressed-tensors' W8A16 "int-quantized".
+      // (quant/quantize.h), activations left 16-bit (compressed-tensors' W8A16 "int-quantized")
+      // or quantized to int8 per token when the layer runs (W8A8).
       json weights = {{"num_bits", 8},        {"type", "int"},     {"symmetric", true}, {"strategy", "channel"},
                       {"group_size", nullptr}, {"dynamic", false}, {"observer", "minmax"}};
-      json group = {{"targets", {"Linear"}}, {"weights", weights}, {"input_activations", nullptr},
+      json activations = nullptr;
+      if (q.method == CheckpointQuantMethod::kW8A8) {
+        activations = {{"num_bits", 8},         {"type", "int"},    {"symmetric", true}, {"strategy", "token"},
+                       {"group_size", nullptr}, {"dynamic", true},  {"observer", nullptr}};
+      }
+      json group = {{"targets", {"Linear"}}, {"weights", weights}, {"input_activations", activations},
                     {"output_activations", nullptr}};
       json ignore = dense;
       ignore.insert(ignore.begin(), "lm_head");

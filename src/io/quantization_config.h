@@ -4,7 +4,8 @@
 //   "awq"                 AutoAWQ GEMM: <module>.qweight / .qzeros / .scales (4-bit, zero points)
 //   "gptq"                AutoGPTQ / GPTQModel: <module>.qweight / .qzeros / .scales / .g_idx
 //                         (4-bit, desc_act false only)
-//   "compressed-tensors"  llm-compressor int8 per channel: <module>.weight i8 + .weight_scale
+//   "compressed-tensors"  llm-compressor int8 per channel: <module>.weight i8 + .weight_scale,
+//                         with 16-bit activations (W8A16) or dynamic per-token int8 ones (W8A8)
 // quant/quantize.h defines the bit layouts of those tensors; this file only reads the JSON that
 // says which one applies. It never opens tensors and never decides anything about the model.
 #pragma once
@@ -24,6 +25,7 @@ enum class CheckpointQuantMethod : uint8_t {
   kAwqGemm,      // "awq", version "gemm"
   kGptq,         // "gptq", desc_act false
   kInt8Channel,  // "compressed-tensors", int8 weights per output channel, 16-bit activations
+  kW8A8,         // "compressed-tensors", the same weights, activations int8 per token (dynamic)
 };
 
 // GPTQ's zero points: checkpoint_format "gptq" (v1, also when absent) stores zero - 1.
@@ -39,7 +41,8 @@ struct CheckpointQuantization {
   std::vector<std::string> dense_modules;
 
   bool quantized() const { return method != CheckpointQuantMethod::kNone; }
-  // "int4 awq g128", "int4 gptq g128", "int8 per channel" (what logs and `tachyon info` show).
+  // "int4 awq g128", "int4 gptq g128", "int8 per channel", "w8a8" (what logs and `tachyon info`
+  // show).
   std::string describe() const;
 };
 
@@ -49,7 +52,7 @@ struct CheckpointQuantization {
 // CorruptFile for keys of the wrong JSON type.
 Result<CheckpointQuantization> read_quantization_config(const nlohmann::json& config, const std::string& path);
 
-// The "quantization_config" object written for `q` (kAwqGemm or kInt8Channel).
+// The "quantization_config" object written for `q` (kAwqGemm, kInt8Channel or kW8A8).
 nlohmann::json quantization_config_json(const CheckpointQuantization& q);
 
 }  // namespace tachyon

@@ -301,6 +301,59 @@ Tensor cast_from_f32(const Tensor& t, DType dtype) {
   return r;
 }
 
+// max_i |x[i, j]| per column j of x [rows, cols] (f32/f16/bf16 on the host).
+std::vector<float> max_abs_columns(const Tensor& x) {
+  const int64_t rows = x.size(0), cols = x.size(1);
+  std::vector<float> m(static_cast<size_t>(cols), 0.0f), row(static_cast<size_t>(cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    load_row_f32(x, r, row.data());
+    for (int64_t j = 0; j < cols; ++j) m[static_cast<size_t>(j)] = std::max(m[static_cast<size_t>(j)], std::fabs(row[static_cast<size_t>(j)]));
+  }
+  return m;
+}
+
+// v [q_dim]: each (head, dim) entry replaced by the maximum over the query heads sharing its kv head.
+void tie_over_kv_heads(const ModelConfig& c, std::vector<float>& v) {
+  const int per_kv = c.num_heads / c.num_kv_heads;
+  for (int kv = 0; kv < c.num_kv_heads; ++kv) {
+    for (int d = 0; d < c.head_dim; ++d) {
+      float m = 0.0f;
+      for (int h = kv * per_kv; h < (kv + 1) * per_kv; ++h) m = std::max(m, v[static_cast<size_t>(h * c.head_dim + d)]);
+      for (int h = kv * per_kv; h < (kv + 1) * per_kv; ++h) v[static_cast<size_t>(h * c.head_dim + d)] = m;
+    }
+  }
+}
+
+// ||W8A8(x diag(1/s)) - x W^T diag(r)|| / ||x W^T diag(r)||: the output error of a W8A8 layer,
+// activations rounded per token as the kernels do, on the input the (smoothed) model gives it,
+// against what the layer computes there exactly (r: the next group's 1/s folded into its rows).
+// x [n, in] f32, w [out, in] as stored; s, r empty for 1.
+double w8a8_relative_error(const Tensor& x, const Tensor& w, const QuantWeight& q, std::span<const float> s,
+                           std::span<const float> r) {
+  const int64_t n = x.size(0), in = x.size(1), out = w.size(0);
+  Tensor xs = Tensor::empty({n, in}, DType::kF32);
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t i = 0; i < in; ++i) {
+      const float v = x.data<float>()[t * x.stride(0) + i];
+      xs.data<float>()[t * in + i] = s.empty() ? v : v / s[static_cast<size_t>(i)];
+    }
+  }
+  Weight dense, packed;
+  dense.dense = w;
+  packed.quant = std::make_shared<QuantWeight>(q);
+  Tensor want = Tensor::empty({n, out}, DType::kF32), got = Tensor::empty({n, out}, DType::kF32);
+  ops::linear(x, dense, nullptr, want);
+  ops::linear(xs, packed, nullptr, got);
+  double err = 0.0, ref = 0.0;
+  for (int64_t k = 0; k < n * out; ++k) {
+    const double exact = static_cast<double>(want.data<float>()[k]) * (r.empty() ? 1.0f : r[static_cast<size_t>(k % out)]);
+    const double d = static_cast<double>(got.data<float>()[k]) - exact;
+    err += d * d;
+    ref += exact * exact;
+  }
+  return ref > 0.0 ? std::sqrt(err / ref) : std::sqrt(err);
+}
+
 // One block's quantization: its weights (src) and the inputs captured for it (null without
 // calibration).
 Status quantize_layer(const QuantizeModelOptions& o, const ModelConfig& c, const LayerWeights& src,
@@ -365,6 +418,44 @@ Status quantize_layer(const QuantizeModelOptions& o, const ModelConfig& c, const
         alpha[m] = found.alpha;
       }
     }
+  } else if (o.method == QuantMethod::kW8A8 && inputs != nullptr && o.smooth_alpha > 0.0f) {
+    // SmoothQuant: s_j = max|x_j|^alpha / max|w_j|^(1 - alpha), over the calibration tokens and
+    // the rows of every weight reading x, moves the activations' outlier channels into the
+    // weights, whose per-row int8 scales absorb them better than per-token ones. o_proj's
+    // statistics are maxima over the query heads that share a kv head (one v row feeds them all).
+    struct Group {
+      std::vector<int> modules;
+      const Tensor* input;
+      bool tie_kv_heads;
+    };
+    const Group groups[] = {{{kQ, kK, kV}, &inputs->attn, false},
+                            {{kO}, &inputs->o, true},
+                            {{kGate, kUp}, &inputs->mlp, false},
+                            {{kDown}, &inputs->down, false}};
+    for (const Group& g : groups) {
+      std::vector<float> x_max = max_abs_columns(*g.input), w_max(x_max.size(), 0.0f);
+      for (int m : g.modules) {
+        const std::vector<float> wm = max_abs_columns(source[m]->dense);
+        for (size_t j = 0; j < w_max.size(); ++j) w_max[j] = std::max(w_max[j], wm[j]);
+      }
+      if (g.tie_kv_heads) {
+        tie_over_kv_heads(c, x_max);
+        tie_over_kv_heads(c, w_max);
+      }
+      std::vector<float> scales(x_max.size(), 1.0f);
+      for (size_t j = 0; j < scales.size(); ++j) {
+        if (x_max[j] > 0.0f && w_max[j] > 0.0f) {
+          const double v = std::pow(x_max[j], o.smooth_alpha) / std::pow(w_max[j], 1.0 - o.smooth_alpha);
+          scales[j] = static_cast<float>(std::clamp(v, 1e-5, 1e5));
+        }
+      }
+      for (int m : g.modules) {
+        column_scales[m] = scales;
+        alpha[m] = o.smooth_alpha;
+      }
+    }
+  }
+  if (!column_scales[kQ].empty()) {
     // Folds: 1/s of q/k/v and gate/up into the norms, of o_proj into v's rows, of down_proj into up's rows.
     dst.attn_norm = divide_vector(src.attn_norm, column_scales[kQ]);
     dst.ffn_norm = divide_vector(src.ffn_norm, column_scales[kGate]);
@@ -387,7 +478,9 @@ Status quantize_layer(const QuantizeModelOptions& o, const ModelConfig& c, const
   }
 
   QuantSpec spec;
-  spec.format = o.method == QuantMethod::kInt8 ? QuantFormat::kInt8Channel : QuantFormat::kInt4Group;
+  spec.format = o.method == QuantMethod::kInt8   ? QuantFormat::kInt8Channel
+                : o.method == QuantMethod::kW8A8 ? QuantFormat::kW8A8
+                                                 : QuantFormat::kInt4Group;
   spec.group_size = o.group_size;
   spec.int4_scales = Int4Scales::kF16;
   for (int m = 0; m < kModules; ++m) {
@@ -399,8 +492,17 @@ Status quantize_layer(const QuantizeModelOptions& o, const ModelConfig& c, const
     auto q = quantize_weight(dense, spec);
     if (!q.ok()) return q.status().with_context(fmt::format("layer {} {}", report.layer, r.name));
     Weight chosen = std::move(q).value();
-    r.format = spec.format == QuantFormat::kInt8Channel ? "int8" : "int4";
-    if (inputs != nullptr) {
+    r.format = quant_format_name(spec.format);
+    if (inputs != nullptr && spec.format == QuantFormat::kW8A8) {
+      // The activations are rounded too: measured by running the layer, against plain W8A8.
+      const Tensor* x = m <= kV ? &inputs->attn : m == kO ? &inputs->o : m == kDown ? &inputs->down : &inputs->mlp;
+      r.relative_error = w8a8_relative_error(*x, source[m]->dense, *chosen.quant, column_scales[m], row_scales[m]);
+      if (!column_scales[m].empty()) {
+        auto plain = quantize_weight(*source[m], spec);
+        if (!plain.ok()) return plain.status().with_context(fmt::format("layer {} {}", report.layer, r.name));
+        r.rtn_relative_error = w8a8_relative_error(*x, source[m]->dense, *plain->quant, {}, {});
+      }
+    } else if (inputs != nullptr) {
       const Tensor w = scaled[m].dtype() == DType::kF32 ? scaled[m] : scaled[m].to_f32();
       r.relative_error = relative_error(w, *chosen.quant, column_scales[m], *error_of[m]);
       if (o.method == QuantMethod::kAwqInt4) {
@@ -411,8 +513,9 @@ Status quantize_layer(const QuantizeModelOptions& o, const ModelConfig& c, const
       if (o.max_layer_error > 0.0 && *r.relative_error > o.max_layer_error) {
         // Stays 16-bit: the (scaled) weight in the dtype the module came in.
         chosen = Weight();
-        chosen.dense = o.method == QuantMethod::kAwqInt4 ? cast_from_f32(scaled[m], source[m]->dense.dtype())
-                                                         : source[m]->dense;
+        chosen.dense = !column_scales[m].empty() || !row_scales[m].empty()
+                           ? cast_from_f32(scaled[m], source[m]->dense.dtype())
+                           : source[m]->dense;
         r.kept_dense = true;
         r.format = dtype_name(chosen.dense.dtype());
       }
@@ -430,15 +533,16 @@ const char* quant_method_name(QuantMethod method) {
     case QuantMethod::kRtnInt4: return "rtn-int4";
     case QuantMethod::kAwqInt4: return "awq-int4";
     case QuantMethod::kInt8: return "int8";
+    case QuantMethod::kW8A8: return "w8a8";
   }
   return "?";
 }
 
 Result<QuantMethod> parse_quant_method(const std::string& name) {
-  for (QuantMethod m : {QuantMethod::kRtnInt4, QuantMethod::kAwqInt4, QuantMethod::kInt8}) {
+  for (QuantMethod m : {QuantMethod::kRtnInt4, QuantMethod::kAwqInt4, QuantMethod::kInt8, QuantMethod::kW8A8}) {
     if (name == quant_method_name(m)) return m;
   }
-  return make_error(ErrorCode::kInvalidArgument, "method '{}': expected rtn-int4, awq-int4 or int8", name);
+  return make_error(ErrorCode::kInvalidArgument, "method '{}': expected rtn-int4, awq-int4, int8 or w8a8", name);
 }
 
 Result<QuantizedModel> quantize_model(const LlamaModel& model, std::span<const int32_t> calibration,
@@ -449,7 +553,7 @@ Result<QuantizedModel> quantize_model(const LlamaModel& model, std::span<const i
     return make_error(ErrorCode::kUnsupported, "quantization runs on the host; the model is on {}",
                       model.device().to_string());
   }
-  if (options.method != QuantMethod::kInt8 && options.group_size != 32 && options.group_size != 64 &&
+  if (options.method != QuantMethod::kInt8 && options.method != QuantMethod::kW8A8 && options.group_size != 32 && options.group_size != 64 &&
       options.group_size != 128) {
     return make_error(ErrorCode::kInvalidArgument, "group size {}: expected 32, 64 or 128", options.group_size);
   }
@@ -457,10 +561,17 @@ Result<QuantizedModel> quantize_model(const LlamaModel& model, std::span<const i
     return make_error(ErrorCode::kInvalidArgument, "sequence length {}, grid {}: both must be positive",
                       options.sequence_length, options.grid);
   }
-  const bool needs_calibration = options.method == QuantMethod::kAwqInt4 || options.max_layer_error > 0.0;
+  const bool smooth = options.method == QuantMethod::kW8A8 && options.smooth_alpha > 0.0f;
+  const bool needs_calibration = options.method == QuantMethod::kAwqInt4 || smooth || options.max_layer_error > 0.0;
   if (needs_calibration && calibration.size() < 2) {
     return make_error(ErrorCode::kInvalidArgument, "{} needs calibration text: got {} tokens",
-                      options.method == QuantMethod::kAwqInt4 ? "awq-int4" : "--max-layer-error", calibration.size());
+                      options.method == QuantMethod::kAwqInt4 ? "awq-int4"
+                      : smooth                                ? "w8a8 with SmoothQuant (alpha > 0)"
+                                                              : "--max-layer-error",
+                      calibration.size());
+  }
+  if (!(options.smooth_alpha >= 0.0f && options.smooth_alpha <= 1.0f)) {
+    return make_error(ErrorCode::kInvalidArgument, "SmoothQuant alpha {}: expected 0..1", options.smooth_alpha);
   }
   for (size_t i = 0; i < calibration.size(); ++i) {
     if (calibration[i] < 0 || calibration[i] >= c.vocab_size) {

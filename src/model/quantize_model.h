@@ -2,7 +2,9 @@
 // 16-bit forward over calibration tokens, one layer at a time, capturing each linear group's
 // input (q/k/v after the input norm, o_proj on the attention output, gate/up after the
 // post-attention norm, down_proj on the SwiGLU output); then per layer round-to-nearest int4 or
-// int8, or AWQ int4 (quant/awq.h) with the scales folded as follows:
+// int8, or AWQ int4 (quant/awq.h), or W8A8 with SmoothQuant (Xiao et al. 2023: per input channel
+// s = max|x|^alpha / max|w|^(1 - alpha), weights W diag(s), activations x diag(1/s)), the scales
+// folded as follows:
 //   q/k/v     1/s into input_layernorm's weight
 //   gate/up   1/s into post_attention_layernorm's weight
 //   down_proj 1/s into up_proj's rows (silu(gate) * up is linear in up)
@@ -15,7 +17,8 @@
 // X^T X [in, in] when there are more tokens than input channels). Each module's relative output error
 // ||X Wq^T - X W^T|| / ||X W^T|| is that of the weight the saved model holds (dequantized as
 // quant/quantize.h defines it) on the input it will see; with max_layer_error set, a module above
-// it stays 16-bit. The embedding and LM head stay 16-bit. No clipping search (AutoAWQ's second
+// it stays 16-bit. For W8A8 the error is measured by running the layer (activations rounded per
+// token too) and rtn_relative_error is plain W8A8's without smoothing. The embedding and LM head stay 16-bit. No clipping search (AutoAWQ's second
 // step) is done.
 #pragma once
 
@@ -31,8 +34,8 @@
 
 namespace tachyon {
 
-enum class QuantMethod : uint8_t { kRtnInt4, kAwqInt4, kInt8 };
-const char* quant_method_name(QuantMethod method);  // "rtn-int4", "awq-int4", "int8"
+enum class QuantMethod : uint8_t { kRtnInt4, kAwqInt4, kInt8, kW8A8 };
+const char* quant_method_name(QuantMethod method);  // "rtn-int4", "awq-int4", "int8", "w8a8"
 // The names above; anything else is an error listing them.
 Result<QuantMethod> parse_quant_method(const std::string& name);
 
@@ -40,10 +43,12 @@ struct ModuleQuantReport {
   std::string name;                          // "q_proj", "o_proj", "down_proj", ...
   std::string format;                        // "int4", "int8", or the 16-bit dtype it stays in
   bool kept_dense = false;                   // by max_layer_error
-  std::optional<float> alpha;                // AWQ: the chosen exponent (shared by the module's group)
+  std::optional<float> alpha;                // AWQ: the chosen exponent (shared by the module's group);
+                                             // W8A8: SmoothQuant's alpha
   std::optional<double> relative_error;      // over the calibration tokens, of the quantized weight
                                              // (also reported for modules kept dense)
-  std::optional<double> rtn_relative_error;  // AWQ: what round-to-nearest int4 gives instead
+  std::optional<double> rtn_relative_error;  // AWQ: what round-to-nearest int4 gives instead;
+                                             // W8A8: what it gives without smoothing
 };
 
 struct LayerQuantReport {
@@ -58,6 +63,7 @@ struct QuantizeModelOptions {
   int sequence_length = 512;  // calibration tokens per forward sequence (at most the model's context)
   int grid = 20;              // AWQ alphas searched
   double max_layer_error = 0; // > 0: modules whose relative output error exceeds it stay 16-bit
+  float smooth_alpha = 0.5f;  // w8a8: SmoothQuant's migration strength (0: none); > 0 needs calibration
   std::function<void(const LayerQuantReport&)> on_layer;  // progress, after each layer
 };
 

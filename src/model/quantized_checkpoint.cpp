@@ -97,7 +97,8 @@ class TensorList {
       add(module + ".scales", t->scales);
       return Status::Ok();
     }
-    if (qw.format == QuantFormat::kInt8Channel && q_.method == CheckpointQuantMethod::kInt8Channel) {
+    if ((qw.format == QuantFormat::kInt8Channel && q_.method == CheckpointQuantMethod::kInt8Channel) ||
+        (qw.format == QuantFormat::kW8A8 && q_.method == CheckpointQuantMethod::kW8A8)) {
       const Int8ChannelTensors t = pack_int8_channel(qw);
       add(module + ".weight", t.weight);
       add(module + ".weight_scale", t.weight_scale);
@@ -130,6 +131,16 @@ Result<std::optional<Weight>> read_quantized_linear(const WeightSource& source, 
     case CheckpointQuantMethod::kAwqGemm:
     case CheckpointQuantMethod::kGptq: return read_int4(source, q, module, out, in);
     case CheckpointQuantMethod::kInt8Channel: return read_int8(source, module, out, in);
+    case CheckpointQuantMethod::kW8A8: {
+      // The same stored weight; its activations are quantized when the layer runs.
+      TACHYON_ASSIGN_OR_RETURN(std::optional<Weight> w, read_int8(source, module, out, in));
+      if (w && w->quant) {
+        auto q8 = std::make_shared<QuantWeight>(*w->quant);
+        q8->format = QuantFormat::kW8A8;
+        w->quant = std::move(q8);
+      }
+      return w;
+    }
   }
   return std::optional<Weight>();
 }
@@ -138,8 +149,9 @@ Result<SavedCheckpoint> save_quantized_checkpoint(const SaveCheckpointOptions& o
                                                   const ModelWeights& weights) {
   const fs::path source(options.source_dir), out(options.out_dir);
   std::error_code ec;
-  if (options.method != CheckpointQuantMethod::kAwqGemm && options.method != CheckpointQuantMethod::kInt8Channel) {
-    return make_error(ErrorCode::kInvalidArgument, "{}: checkpoints are written as AWQ int4 or int8 only",
+  if (options.method != CheckpointQuantMethod::kAwqGemm && options.method != CheckpointQuantMethod::kInt8Channel &&
+      options.method != CheckpointQuantMethod::kW8A8) {
+    return make_error(ErrorCode::kInvalidArgument, "{}: checkpoints are written as AWQ int4, int8 or w8a8 only",
                       options.out_dir);
   }
   if (fs::exists(out, ec) && fs::equivalent(source, out, ec)) {

@@ -7,6 +7,8 @@ const char* quant_format_name(QuantFormat format) {
     case QuantFormat::kGgufQ8_0: return "q8_0";
     case QuantFormat::kGgufQ4_K: return "q4_k";
     case QuantFormat::kGgufQ6_K: return "q6_k";
+    case QuantFormat::kW8A8: return "w8a8";
+    case QuantFormat::kTernary: return "ternary";
     case QuantFormat::kInt8Channel: return "int8";
     case QuantFormat::kInt4Group: return "int4";
   }

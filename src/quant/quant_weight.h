@@ -16,6 +16,8 @@ enum class QuantFormat : uint8_t {
   kGgufQ8_0,    // blocks of 32: int8 codes and one f16 scale per block
   kGgufQ4_K,    // super-blocks of 256: 4-bit codes, 6-bit scales and mins per 32, f16 d and dmin
   kGgufQ6_K,    // super-blocks of 256: 6-bit codes, int8 scales per 16, f16 d
+  kW8A8,        // int8 per output channel (kInt8Channel's layout) x int8 activations per token
+  kTernary,     // {-1, 0, +1} x a per-group absmean scale, 2 bits per weight
   kInt8Channel, // int8 per output channel, symmetric (W8A16)
   kInt4Group,   // int4 group-wise asymmetric with zero points (RTN or AWQ)
 };

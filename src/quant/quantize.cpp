@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <vector>
 
@@ -164,12 +165,76 @@ Result<QuantWeight> quantize_int4_group(const Tensor& w_dense, int group, Int4Sc
   return q;
 }
 
+float quantize_activation_row(const float* x, int64_t n, int8_t* codes) {
+  float amax = 0.0f;
+  bool finite = true;
+  for (int64_t i = 0; i < n; ++i) {
+    finite = finite && std::isfinite(x[i]);
+    amax = std::max(amax, std::fabs(x[i]));
+  }
+  if (!finite || amax == 0.0f) {
+    std::memset(codes, 0, static_cast<size_t>(n));
+    return finite ? 0.0f : std::numeric_limits<float>::quiet_NaN();
+  }
+  const float inv = 127.0f / amax;
+  for (int64_t i = 0; i < n; ++i) {
+    codes[i] = static_cast<int8_t>(std::clamp(std::nearbyint(x[i] * inv), -127.0f, 127.0f));
+  }
+  return amax / 127.0f;
+}
+
+Result<QuantWeight> quantize_ternary(const Tensor& w_dense, int group) {
+  TACHYON_RETURN_IF_ERROR(check_dense(w_dense, "ternary quantization"));
+  const int64_t out = w_dense.size(0), in = w_dense.size(1);
+  if (group != 32 && group != 64 && group != 128 && group != 256) {
+    return make_error(ErrorCode::kInvalidArgument, "ternary quantization: group size {} (expected 32, 64, 128 or 256)",
+                      group);
+  }
+  if (in % group != 0) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "ternary quantization: in_features {} is not a multiple of the group size {}", in, group);
+  }
+  const int64_t groups = in / group;
+  QuantWeight q;
+  q.format = QuantFormat::kTernary;
+  q.out_features = out;
+  q.in_features = in;
+  q.group_size = group;
+  TACHYON_ASSIGN_OR_RETURN(q.packed, Tensor::try_empty({out, in / 4}, DType::kU8));
+  TACHYON_ASSIGN_OR_RETURN(q.scales, Tensor::try_empty({out, groups}, DType::kF32));
+  std::memset(q.packed.raw_data(), 0, static_cast<size_t>(out * in / 4));
+  std::vector<float> row(static_cast<size_t>(in));
+  for (int64_t o = 0; o < out; ++o) {
+    load_row_f32(w_dense, o, row.data());
+    uint8_t* dst = q.packed.data<uint8_t>() + o * (in / 4);
+    for (int64_t g = 0; g < groups; ++g) {
+      double sum = 0.0;
+      for (int64_t i = g * group; i < (g + 1) * group; ++i) {
+        if (!std::isfinite(row[static_cast<size_t>(i)])) {
+          return make_error(ErrorCode::kInvalidArgument, "ternary quantization: weight [{}, {}] is not finite", o, i);
+        }
+        sum += std::fabs(row[static_cast<size_t>(i)]);
+      }
+      const float scale = static_cast<float>(sum / static_cast<double>(group));
+      q.scales.data<float>()[o * groups + g] = scale;
+      const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
+      for (int64_t i = g * group; i < (g + 1) * group; ++i) {
+        const int t = static_cast<int>(std::clamp(std::nearbyint(row[static_cast<size_t>(i)] * inv), -1.0f, 1.0f));
+        const int64_t block = i / 32, j = i % 32;
+        dst[block * 8 + j % 8] = static_cast<uint8_t>(dst[block * 8 + j % 8] | ((t + 1) << (2 * (j / 8))));
+      }
+    }
+  }
+  return q;
+}
+
 Tensor dequantize(const QuantWeight& q) {
   const int64_t out = q.out_features, in = q.in_features;
   Tensor w = Tensor::empty({out, in}, DType::kF32);
   float* dst = w.data<float>();
   switch (q.format) {
     case QuantFormat::kInt8Channel:
+    case QuantFormat::kW8A8:
       for (int64_t o = 0; o < out; ++o) {
         const float scale = q.scales.data<float>()[o];
         for (int64_t i = 0; i < in; ++i) dst[o * in + i] = static_cast<float>(q.packed.data<int8_t>()[o * in + i]) * scale;
@@ -203,6 +268,18 @@ Tensor dequantize(const QuantWeight& q) {
     case QuantFormat::kGgufQ4_K:
       dequantize_q4_k(q.packed.data<uint8_t>(), out * (in / kGgmlBlockK), dst);
       break;
+    case QuantFormat::kTernary: {
+      const int64_t groups = in / q.group_size;
+      for (int64_t o = 0; o < out; ++o) {
+        const uint8_t* src = q.packed.data<uint8_t>() + o * (in / 4);
+        for (int64_t i = 0; i < in; ++i) {
+          const int64_t block = i / 32, j = i % 32;
+          const int t = ((src[block * 8 + j % 8] >> (2 * (j / 8))) & 3) - 1;
+          dst[o * in + i] = static_cast<float>(t) * q.scales.data<float>()[o * groups + i / q.group_size];
+        }
+      }
+      break;
+    }
     case QuantFormat::kGgufQ6_K: {
       // Put each block's d back behind it and decode the stored block.
       const int64_t blocks = out * (in / kGgmlBlockK);
@@ -231,11 +308,20 @@ Result<QuantSpec> parse_quant_spec(const std::string& name, int group) {
     }
     spec.format = QuantFormat::kInt4Group;
     spec.group_size = group;
+  } else if (name == "ternary") {
+    if (group != 32 && group != 64 && group != 128 && group != 256) {
+      return make_error(ErrorCode::kInvalidArgument, "--quant-group {}: expected 32, 64, 128 or 256", group);
+    }
+    spec.format = QuantFormat::kTernary;
+    spec.group_size = group;
+  } else if (name == "w8a8") {
+    spec.format = QuantFormat::kW8A8;
+    spec.group_size = 0;
   } else if (name == "q8_0" || name == "q4_k" || name == "q6_k") {
     spec.format = name == "q8_0" ? QuantFormat::kGgufQ8_0 : name == "q4_k" ? QuantFormat::kGgufQ4_K : QuantFormat::kGgufQ6_K;
     spec.group_size = name == "q8_0" ? 32 : 256;
   } else {
-    return make_error(ErrorCode::kInvalidArgument, "--quant '{}': expected int8, int4, q8_0, q4_k or q6_k", name);
+    return make_error(ErrorCode::kInvalidArgument, "--quant '{}': expected int8, int4, w8a8, ternary, q8_0, q4_k or q6_k", name);
   }
   return spec;
 }
@@ -245,10 +331,13 @@ Result<Weight> quantize_weight(const Weight& w, const QuantSpec& spec) {
     return make_error(ErrorCode::kInvalidArgument, "the weight is already quantized ({})",
                       quant_format_name(w.quant->format));
   }
-  Result<QuantWeight> q = spec.format == QuantFormat::kInt4Group   ? quantize_int4_group(w.dense, spec.group_size, spec.int4_scales)
-                          : spec.format == QuantFormat::kInt8Channel ? quantize_int8_channel(w.dense)
-                                                                     : quantize_gguf_blocks(w.dense, spec.format);
+  Result<QuantWeight> q = spec.format == QuantFormat::kInt4Group ? quantize_int4_group(w.dense, spec.group_size, spec.int4_scales)
+                          : spec.format == QuantFormat::kInt8Channel || spec.format == QuantFormat::kW8A8
+                              ? quantize_int8_channel(w.dense)
+                          : spec.format == QuantFormat::kTernary ? quantize_ternary(w.dense, spec.group_size)
+                                                                 : quantize_gguf_blocks(w.dense, spec.format);
   if (!q.ok()) return q.status();
+  q->format = spec.format;  // W8A8 holds the int8 per-channel weight
   Weight result;
   result.quant = std::make_shared<const QuantWeight>(std::move(q).value());
   return result;
@@ -436,7 +525,8 @@ Result<QuantWeight> unpack_gptq(const Tensor& qweight, const Tensor& qzeros, con
 }
 
 Int8ChannelTensors pack_int8_channel(const QuantWeight& w) {
-  TACHYON_CHECK(w.format == QuantFormat::kInt8Channel, "pack_int8_channel: the weight is {}",
+  TACHYON_CHECK(w.format == QuantFormat::kInt8Channel || w.format == QuantFormat::kW8A8,
+                "pack_int8_channel: the weight is {}",
                 quant_format_name(w.format));
   Int8ChannelTensors t;
   t.weight = w.packed.is_contiguous() ? w.packed : w.packed.contiguous();

@@ -13,6 +13,16 @@
 //   The range of each group is widened to include 0, so zeros are integers in [0, 15] (they fit
 //   4 bits, as AutoAWQ's qzeros need) and the error of every weight is at most scales / 2.
 //   (Weights read from GPTQ v1 checkpoints may hold a zero of 16: see unpack_gptq.)
+// - kW8A8: the weight exactly as kInt8Channel (packed [out, in] i8, scales [out] f32), and the
+//   activations quantized per token when the linear runs (quantize_activation_row):
+//     y[t, o] = fma(f32(sum_i qx[t, i] * packed[o, i]), sx[t] * scales[o], bias[o])
+//   (without a bias, the product alone), the integer sum exact (int32), so every kernel gives
+//   the same bits. dequantize() gives the weight alone.
+// - kTernary (BitNet b1.58's weights): packed [out, in / 4] u8 in blocks of 32 weights = 8 bytes;
+//   byte j of a block holds weights j, j + 8, j + 16, j + 24 in bits 0-1, 2-3, 4-5, 6-7 as
+//   t + 1 (0: -1, 1: 0, 2: +1; 3 never appears), so one 8-byte load and a shift give 8
+//   consecutive weights. scales [out, in / group] f32; w[o, i] = t * scales[o, i / group], the
+//   scale the group's mean |w| and t = clamp(rint(w / scale), -1, 1) (absmean quantization).
 // - The GGUF block formats (core/ggml_blocks.h defines the blocks and their values), kept as the
 //   file stores them except where a block's fields would sit misaligned; group_size is the block:
 //   - kGgufQ8_0: packed [out, in] i8 (the blocks' codes), scales [out, in / 32] f16 (their d);
@@ -38,6 +48,8 @@ namespace tachyon {
 Result<QuantWeight> quantize_int8_channel(const Tensor& w_dense);
 // group: 32, 64 or 128, dividing in. Scales exact in f32 (Int4Scales::kF32 below).
 Result<QuantWeight> quantize_int4_group(const Tensor& w_dense, int group);
+// Ternary absmean (kTernary); group 32, 64, 128 or 256 dividing in.
+Result<QuantWeight> quantize_ternary(const Tensor& w_dense, int group);
 
 // How kInt4Group scales are chosen. kF32: (hi - lo) / 15 exactly. kF16: the smallest value f16
 // can hold that is >= (hi - lo) / 15, so the group's range is still covered (every weight stays
@@ -60,6 +72,12 @@ inline float int4_code(float w, const Int4GroupParams& p) {
   return std::clamp(std::nearbyint(w * p.inv_scale) + p.zero, 0.0f, 15.0f);
 }
 
+// Symmetric int8 of one activation row x[0, n): returns sx = max|x| / 127 and writes
+// codes[i] = clamp(rint(x[i] * (127 / max|x|)), -127, 127). An all-zero row gives sx = 0 and zero
+// codes; a row holding NaN or Inf gives sx = NaN (its outputs become NaN) and zero codes. What
+// every W8A8 kernel runs on its inputs.
+float quantize_activation_row(const float* x, int64_t n, int8_t* codes);
+
 // Row o of a dense weight [out, in] (f32/f16/bf16 on the host, unit column stride) as f32 into
 // row[0, in): what the quantizers read.
 void load_row_f32(const Tensor& w, int64_t o, float* row);
@@ -70,13 +88,13 @@ Tensor dequantize(const QuantWeight& w);
 // What load-time quantization turns linear weights into.
 struct QuantSpec {
   QuantFormat format = QuantFormat::kInt8Channel;
-  int group_size = 128;  // kInt4Group only (the GGUF formats' blocks are fixed)
+  int group_size = 128;  // kInt4Group and kTernary (the GGUF formats' blocks are fixed)
   // kInt4Group only. f16 by default: `--quant int4` at load time and a `tachyon quantize`
   // checkpoint of the same weights (f16 scales on disk) are then the same weights, bit for bit.
   Int4Scales int4_scales = Int4Scales::kF16;
 };
-// "int8", "int4" (with `group`), "q8_0", "q4_k" or "q6_k" -> a spec; anything else is an error
-// naming the choices.
+// "int8", "int4" (with `group`), "w8a8", "ternary" (with `group`), "q8_0", "q4_k" or "q6_k" -> a
+// spec; anything else is an error naming the choices.
 Result<QuantSpec> parse_quant_spec(const std::string& name, int group);
 
 // A dense weight on the host quantized as `spec`; an already quantized weight is an error.
@@ -126,7 +144,7 @@ struct Int8ChannelTensors {
   Tensor weight;        // [out, in] i8
   Tensor weight_scale;  // [out, 1] f32
 };
-Int8ChannelTensors pack_int8_channel(const QuantWeight& w);  // w is kInt8Channel (an invariant)
+Int8ChannelTensors pack_int8_channel(const QuantWeight& w);  // w is kInt8Channel or kW8A8 (an invariant)
 Result<QuantWeight> unpack_int8_channel(const Tensor& weight, const Tensor& weight_scale, int64_t out, int64_t in);
 
 // GGUF Q4_0 (io/gguf.h): blocks of 32 weights, an f16 d and 16 bytes whose byte j holds weight j

@@ -268,6 +268,49 @@ TEST(AwqModel, BeatsRtnWithInjectedActivationOutliers) {
   EXPECT_LT(awq_error, 0.75 * rtn_error);
 }
 
+// SmoothQuant's reason to exist: with activation outliers, per-token int8 activations lose the
+// small channels; migrating the outliers into the weights (alpha 0.5) cuts the error of the
+// modules reading them and of the final logits.
+TEST(SmoothQuantModel, BeatsPlainW8A8WithInjectedActivationOutliers) {
+  LoadedModel loaded;
+  const LlamaModel base = demo_f32(3, &loaded);
+  ModelWeights w = base.weights();
+  inject_outliers(w, {5, 40, 71, 99, 140, 181, 230, 250}, 30.0f);
+  const LlamaModel model(base.config(), std::move(w));
+  const std::vector<int32_t> calib = text_tokens(loaded, "calib/calib.txt", 0, 512);
+  const std::vector<int32_t> held_out = text_tokens(loaded, "eval/prose.txt", 1000, 128);
+  const Tensor reference = prompt_logits(model, held_out);
+
+  QuantizeModelOptions o;
+  o.method = QuantMethod::kW8A8;
+  o.sequence_length = 256;
+  o.smooth_alpha = 0.0f;
+  auto plain = quantize_model(model, calib, o);
+  ASSERT_TRUE(plain.ok()) << plain.status().to_string();
+  o.smooth_alpha = 0.5f;
+  auto smooth = quantize_model(model, calib, o);
+  ASSERT_TRUE(smooth.ok()) << smooth.status().to_string();
+  for (size_t l = 0; l < smooth->layers.size(); ++l) {
+    for (size_t m = 0; m < smooth->layers[l].modules.size(); ++m) {
+      const ModuleQuantReport& s = smooth->layers[l].modules[m];
+      const ModuleQuantReport& p = plain->layers[l].modules[m];
+      ASSERT_TRUE(s.relative_error && s.rtn_relative_error && p.relative_error);
+      std::printf("layer %zu %-9s w8a8 %.4f smoothquant %.4f\n", l, s.name.c_str(), *p.relative_error,
+                  *s.relative_error);
+      EXPECT_NEAR(*s.rtn_relative_error, *p.relative_error, 1e-9);  // the same plain W8A8
+      if (s.name == "q_proj" || s.name == "k_proj" || s.name == "v_proj" || s.name == "gate_proj" ||
+          s.name == "up_proj") {
+        EXPECT_LT(*s.relative_error, 0.7 * *p.relative_error) << "layer " << l << " " << s.name;
+      }
+    }
+  }
+  const LlamaModel plain_model(model.config(), plain->weights), smooth_model(model.config(), smooth->weights);
+  const double plain_error = relative_difference(reference, prompt_logits(plain_model, held_out));
+  const double smooth_error = relative_difference(reference, prompt_logits(smooth_model, held_out));
+  std::printf("relative logits error on held-out prose: w8a8 %.4f, smoothquant %.4f\n", plain_error, smooth_error);
+  EXPECT_LT(smooth_error, 0.75 * plain_error);
+}
+
 // With every module kept 16-bit (an error budget nothing meets), AWQ's model is the original
 // one with the scales folded in: norms divided, v rows (one scale per kv channel under GQA) and
 // up rows divided, columns multiplied. In f32 that is the same function up to rounding.

@@ -308,6 +308,151 @@ TEST(QuantLinear, GgufBlockKernelsMatchReference) {
   }
 }
 
+// Absmean ternary: every code in {-1, 0, +1}, the scale the group's mean |w|, each weight the
+// nearest of {-s, 0, s} when |w| <= 1.5 s, the hand-made group decoded as defined, the layout's
+// bit positions.
+TEST(QuantizeTernary, AbsmeanCodesAndLayout) {
+  std::mt19937 rng(testing::fresh_seed());
+  const Tensor w = random_weight(7, 256, rng, DType::kF32);
+  for (int group : {32, 64, 128, 256}) {
+    auto q = quantize_ternary(w, group);
+    ASSERT_TRUE(q.ok()) << q.status().to_string();
+    const Tensor d = dequantize(*q);
+    for (int64_t o = 0; o < 7; ++o) {
+      for (int64_t g = 0; g < 256 / group; ++g) {
+        double mean = 0.0;
+        for (int64_t i = g * group; i < (g + 1) * group; ++i) mean += std::fabs(w.data<float>()[o * 256 + i]);
+        mean /= group;
+        const float s = q->scales.data<float>()[o * (256 / group) + g];
+        EXPECT_NEAR(s, mean, 1e-6 * mean);
+        for (int64_t i = g * group; i < (g + 1) * group; ++i) {
+          const float x = w.data<float>()[o * 256 + i], v = d.data<float>()[o * 256 + i];
+          ASSERT_TRUE(v == 0.0f || v == s || v == -s) << v;
+          const float want = std::fabs(x) < 0.5f * s ? 0.0f : (x > 0 ? s : -s);
+          if (std::fabs(std::fabs(x) - 0.5f * s) > 1e-6f * s) ASSERT_EQ(v, want) << "w " << x << " scale " << s;
+        }
+      }
+    }
+  }
+  // Weights 0..31 of a group of 32: +1 at 3 (byte 3, bits 0-1), -1 at 9 (byte 1, bits 2-3), the rest 0.
+  Tensor hand = Tensor::zeros({1, 32}, DType::kF32);
+  hand.data<float>()[3] = 16.0f;
+  hand.data<float>()[9] = -16.0f;
+  auto q = quantize_ternary(hand, 32);
+  ASSERT_TRUE(q.ok());
+  EXPECT_EQ(q->scales.data<float>()[0], 1.0f);  // mean |w| = 32 / 32
+  const uint8_t* b = q->packed.data<uint8_t>();
+  EXPECT_EQ(b[3], 0b01010110);  // weight 3: +1 -> 2; weights 11, 19, 27: 0 -> 1
+  EXPECT_EQ(b[1], 0b01010001);  // weight 9: -1 -> 0 at bits 2-3
+  EXPECT_EQ(b[0], 0b01010101);
+  EXPECT_EQ(dequantize(*q).data<float>()[3], 1.0f);
+  EXPECT_EQ(dequantize(*q).data<float>()[9], -1.0f);
+  EXPECT_FALSE(quantize_ternary(w, 48).ok());
+  EXPECT_FALSE(quantize_ternary(Tensor::zeros({2, 96}, DType::kF32), 64).ok());
+}
+
+TEST(QuantLinear, TernaryKernelMatchesReference) {
+  std::mt19937 rng(testing::fresh_seed());
+  for (int threads : {1, 2}) {
+    const int saved = num_threads();
+    set_num_threads(threads);
+    for (int group : {32, 128, 256}) {
+      for (int64_t n : {1, 3, 17}) {
+        auto q = quantize_ternary(random_weight(53, 512, rng), group);
+        ASSERT_TRUE(q.ok()) << q.status().to_string();
+        expect_kernel_matches_reference(*q, n, n != 1, rng);
+      }
+    }
+    set_num_threads(saved);
+  }
+}
+
+TEST(QuantizeW8A8, ActivationRowsAsDefined) {
+  const float x[5] = {1.0f, -2.0f, 0.5f, 4.0f, -0.015748031f};
+  int8_t codes[5];
+  const float sx = quantize_activation_row(x, 5, codes);
+  EXPECT_EQ(sx, 4.0f / 127.0f);
+  // x * 127 / 4: 31.75, -63.5 (ties to even), 15.875, 127, -0.5 (ties to even: 0).
+  const int8_t want[5] = {32, -64, 16, 127, 0};
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(codes[i], want[i]) << i;
+  const float zeros[3] = {0.0f, -0.0f, 0.0f};
+  EXPECT_EQ(quantize_activation_row(zeros, 3, codes), 0.0f);
+  const float inf[3] = {1.0f, INFINITY, 2.0f};
+  EXPECT_TRUE(std::isnan(quantize_activation_row(inf, 3, codes)));
+  EXPECT_EQ(codes[0], 0);
+}
+
+// y = f32(sum qx * qw) * (sx * sw) + bias, on a hand-made weight.
+TEST(QuantizeW8A8, LinearAsDefined) {
+  QuantWeight q;
+  q.format = QuantFormat::kW8A8;
+  q.out_features = 2;
+  q.in_features = 3;
+  q.packed = Tensor::empty({2, 3}, DType::kI8);
+  const int8_t w[6] = {127, -1, 0, 5, 5, -127};
+  std::memcpy(q.packed.raw_data(), w, 6);
+  q.scales = Tensor::empty({2}, DType::kF32);
+  q.scales.data<float>()[0] = 0.5f;
+  q.scales.data<float>()[1] = 0.25f;
+  Tensor x = Tensor::empty({1, 3}, DType::kF32);
+  const float xv[3] = {127.0f, -63.5f, 1.0f};  // sx = 1, codes 127, -64 (ties to even), 1
+  std::memcpy(x.raw_data(), xv, sizeof(xv));
+  Tensor y = Tensor::empty({1, 2}, DType::kF32);
+  Weight packed;
+  packed.quant = std::make_shared<QuantWeight>(q);
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+    if (!ops::cpu::isa_supported(isa)) continue;
+    ops::cpu::set_isa(isa);
+    ops::linear(x, packed, nullptr, y);
+    ops::cpu::clear_isa_override();
+    EXPECT_EQ(y.data<float>()[0], (127.0f * 127 + 64) * 0.5f) << ops::cpu::isa_name(isa);
+    EXPECT_EQ(y.data<float>()[1], (127.0f * 5 - 64 * 5 - 127) * 0.25f) << ops::cpu::isa_name(isa);
+  }
+}
+
+// The AVX2 and AVX-512 VNNI kernels equal the definition bit for bit (the sums are exact), on odd
+// widths (row tails), token counts around the tiles, strided views, a NaN row, both thread counts.
+TEST(QuantizeW8A8, KernelsEqualTheReferenceBitForBit) {
+  const uint32_t seed = testing::fresh_seed();
+  SCOPED_TRACE(fmt::format("seed {}", seed));
+  std::mt19937 rng(seed);
+  for (int threads : {1, 2}) {
+    const int saved = num_threads();
+    set_num_threads(threads);
+    for (int64_t in : {29, 64, 96, 264, 1000}) {
+      for (int64_t n : {1, 2, 3, 4, 5, 9, 17}) {
+        Weight dense;
+        dense.dense = random_weight(37, in, rng);
+        auto w = quantize_weight(dense, QuantSpec{QuantFormat::kW8A8, 0});
+        ASSERT_TRUE(w.ok()) << w.status().to_string();
+        ASSERT_EQ(w->quant->format, QuantFormat::kW8A8);
+        const Tensor x_storage = testing::random_tensor({n, in + 3}, rng, -4.0f, 4.0f);
+        const Tensor x = x_storage.slice(1, 1, 1 + in);
+        if (n == 5) x.data<float>()[2 * x.stride(0) + in / 2] = std::nanf("");
+        const Tensor bias = testing::random_tensor({37}, rng);
+        const bool with_bias = n % 2 == 1;
+        Tensor expected = Tensor::empty({n, 37}, DType::kF32);
+        ops::cpu::quant_linear_reference(x, *w->quant, with_bias ? &bias : nullptr, expected);
+        for (Isa isa : {Isa::kAvx2, Isa::kAvx512}) {
+          if (!ops::cpu::isa_supported(isa)) continue;
+          ops::cpu::set_isa(isa);
+          Tensor y = Tensor::empty({n, 37}, DType::kF32);
+          for (int64_t i = 0; i < y.numel(); ++i) y.data<float>()[i] = -12345.0f;
+          ops::linear(x, *w, with_bias ? &bias : nullptr, y);
+          ops::cpu::clear_isa_override();
+          for (int64_t i = 0; i < n * 37; ++i) {
+            const float got = y.data<float>()[i], want = expected.data<float>()[i];
+            ASSERT_TRUE(f32_bits(got) == f32_bits(want) || (std::isnan(got) && std::isnan(want)))
+                << ops::cpu::isa_name(isa) << (ops::cpu::cpu_has_avx512_vnni() ? " (vnni)" : "") << " in=" << in
+                << " n=" << n << " element " << i << ": " << got << " vs " << want;
+          }
+        }
+      }
+    }
+    set_num_threads(saved);
+  }
+}
+
 // TACHYON_ISA=scalar (here: the scalar override) runs the reference, bit for bit.
 TEST(QuantLinear, ScalarIsaRunsTheReference) {
   std::mt19937 rng(testing::fresh_seed());

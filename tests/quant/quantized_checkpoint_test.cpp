@@ -448,8 +448,11 @@ void expect_same_bits(const Tensor& a, const Tensor& b, const std::string& what)
 }
 
 // `tachyon quantize` then `-m OUTDIR` against load-time quantization of the same weights.
-void expect_checkpoint_matches_load_time(const std::string& method, const QuantSpec& spec, const std::string& extra) {
+// `out` (when given) receives the checkpoint's directory.
+void expect_checkpoint_matches_load_time(const std::string& method, const QuantSpec& spec, const std::string& extra,
+                                         std::string* out_dir = nullptr) {
   const std::string out = testing::scratch_dir("qckpt_cli") + "/out";
+  if (out_dir != nullptr) *out_dir = out;
   auto r = testing::run_command(testing::tachyon_binary() + " quantize -m " + demo() + " --method " + method + " " +
                                 extra + " -o " + out + " -t 2");
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -478,6 +481,54 @@ TEST(QuantizedCheckpoint, RtnInt4CheckpointIsLoadTimeInt4BitExact) {
 
 TEST(QuantizedCheckpoint, Int8CheckpointIsLoadTimeInt8BitExact) {
   expect_checkpoint_matches_load_time("int8", QuantSpec{QuantFormat::kInt8Channel, 0}, "");
+}
+
+// Plain W8A8 (no smoothing): the checkpoint is load-time --quant w8a8, and its config is
+// compressed-tensors' W8A8 (int8 weights per channel, dynamic int8 activations per token).
+TEST(QuantizedCheckpoint, W8A8CheckpointIsLoadTimeW8A8BitExact) {
+  std::string out;
+  expect_checkpoint_matches_load_time("w8a8", QuantSpec{QuantFormat::kW8A8, 0}, "--smooth-alpha 0", &out);
+  std::ifstream f(out + "/config.json");
+  const json qc = json::parse(f).at("quantization_config");
+  EXPECT_EQ(qc.at("quant_method"), "compressed-tensors");
+  const json& group = qc.at("config_groups").at("group_0");
+  EXPECT_EQ(group.at("weights").at("strategy"), "channel");
+  EXPECT_EQ(group.at("input_activations").at("strategy"), "token");
+  EXPECT_EQ(group.at("input_activations").at("dynamic"), true);
+  EXPECT_EQ(group.at("input_activations").at("num_bits"), 8);
+}
+
+// SmoothQuant in-process: quantize, save, load; the loaded model is the saved one bit for bit
+// (the folded norms and rows travel with it) and every module runs as W8A8.
+TEST(QuantizedCheckpoint, SmoothQuantW8A8ReloadsAsSaved) {
+  auto original = load(demo());
+  ASSERT_TRUE(original.ok());
+  auto text = read_text_file(testing::source_dir() + "/tests/data/calib/calib.txt");
+  ASSERT_TRUE(text.ok());
+  std::vector<int32_t> calib = original->tokenizer->encode(text->substr(0, 4000));
+  calib.resize(std::min<size_t>(calib.size(), 64));
+  QuantizeModelOptions o;
+  o.method = QuantMethod::kW8A8;
+  o.sequence_length = 128;
+  o.smooth_alpha = 0.5f;
+  auto q = quantize_model(*original->model, calib, o);
+  ASSERT_TRUE(q.ok()) << q.status().to_string();
+  for (const auto& l : q->layers) {
+    for (const auto& m : l.modules) {
+      ASSERT_TRUE(m.relative_error && m.rtn_relative_error && m.alpha) << m.name;
+      EXPECT_LT(*m.relative_error, 0.05) << "layer " << l.layer << " " << m.name;
+    }
+  }
+  const std::string out = testing::scratch_dir("qckpt_w8a8") + "/out";
+  auto saved = save_quantized_checkpoint({original->path, out, CheckpointQuantMethod::kW8A8},
+                                         original->model->config(), q->weights);
+  ASSERT_TRUE(saved.ok()) << saved.status().to_string();
+  auto reloaded = load(out);
+  ASSERT_TRUE(reloaded.ok()) << reloaded.status().to_string();
+  EXPECT_EQ(reloaded->model->weights().layers[0].up_proj.quant->format, QuantFormat::kW8A8);
+  const LlamaModel in_memory(original->model->config(), q->weights);
+  const std::vector<int32_t> tokens = demo_tokens(*original);
+  expect_same_bits(prompt_logits(in_memory, tokens), prompt_logits(*reloaded->model, tokens), "w8a8");
 }
 
 // AWQ in-process: quantize, save, load; the loaded model is the saved one, bit for bit, and

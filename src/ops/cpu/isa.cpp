@@ -29,6 +29,19 @@ bool cpu_has_avx512() {
 #endif
 }
 
+}  // namespace
+
+bool cpu_has_avx512_vnni() {
+#if defined(__x86_64__)
+  static const bool has = cpu_has_avx512() && __builtin_cpu_supports("avx512vnni");
+  return has;
+#else
+  return false;
+#endif
+}
+
+namespace {
+
 Isa env_or_detected() {
   const Isa detected = detected_isa();
   const char* env = std::getenv("TACHYON_ISA");

@@ -26,6 +26,9 @@ Isa detected_isa();
 // The ISA the kernels use now: the override if set, else TACHYON_ISA if set and supported, else
 // detected_isa().
 Isa active_isa();
+// Whether this build and this CPU have AVX-512 VNNI (the int8 dot product vpdpbusd), which the
+// W8A8 linear uses while kAvx512 is active.
+bool cpu_has_avx512_vnni();
 // Forces `isa` (must be supported: an internal invariant) until clear_isa_override().
 void set_isa(Isa isa);
 void clear_isa_override();

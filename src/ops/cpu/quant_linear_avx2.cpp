@@ -15,10 +15,13 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "core/ggml_blocks.h"
 #include "core/thread_pool.h"
+#include "ops/cpu/isa.h"
 #include "quant/quantize.h"
 
 namespace tachyon::ops::cpu {
@@ -252,6 +255,82 @@ void q6_k_tile(const QuantLinearArgs& a, int64_t o, int64_t tok0) {
   store_tile<T>(a, o, tok0, acc);
 }
 
+// W8A8: exact int32 sums of int8 x int8, 32 columns at a time. maddubs multiplies unsigned by
+// signed bytes, so each product is formed as |qx| * (w with qx's sign): both at most 127, a pair's
+// sum at most 32258, which int16 holds without saturating.
+template <int T>
+void w8a8_tile(const QuantLinearArgs& a, int64_t o, int64_t tok0) {
+  const QuantWeight& q = *a.w;
+  const int64_t in = q.in_features, body = in / 32 * 32;
+  const int8_t* w = q.packed.data<int8_t>() + o * in;  // [in] i8
+  const int8_t* xt[T];
+  for (int t = 0; t < T; ++t) xt[t] = a.qx + (tok0 + t) * a.qx_stride;
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256i acc[T];
+  for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_si256();
+  for (int64_t k = 0; k < body; k += 32) {
+    const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + k));
+#pragma GCC unroll 4
+    for (int t = 0; t < T; ++t) {
+      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xt[t] + k));
+      const __m256i pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(xv), _mm256_sign_epi8(wv, xv));
+      acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(pairs, ones));
+    }
+  }
+  const float scale = q.scales.data<float>()[o];
+  for (int t = 0; t < T; ++t) {
+    __m128i lanes = _mm_add_epi32(_mm256_castsi256_si128(acc[t]), _mm256_extracti128_si256(acc[t], 1));
+    lanes = _mm_add_epi32(lanes, _mm_shuffle_epi32(lanes, 0x4e));
+    lanes = _mm_add_epi32(lanes, _mm_shuffle_epi32(lanes, 0xb1));
+    int32_t sum = _mm_cvtsi128_si32(lanes);
+    for (int64_t k = body; k < in; ++k) sum += static_cast<int32_t>(xt[t][k]) * w[k];
+    const float s = a.qx_scales[tok0 + t] * scale;
+    const float y = a.bias != nullptr ? std::fma(static_cast<float>(sum), s, a.bias[o]) : static_cast<float>(sum) * s;
+    a.y[(tok0 + t) * a.y_stride + o] = y;
+  }
+}
+
+// Ternary: multiply-free inside a group. Each 8 weights' 2-bit codes become two lane masks
+// (+1 and -1) and the token's x is added under one and subtracted under the other (0 skips);
+// the group's sum is scaled once. Two chains per token alternate between the 8-weight slices.
+template <int T>
+void ternary_tile(const QuantLinearArgs& a, int64_t o, int64_t tok0) {
+  const QuantWeight& q = *a.w;
+  const int64_t in = q.in_features, group = q.group_size, groups = in / group;
+  const uint8_t* w = q.packed.data<uint8_t>() + o * (in / 4);  // [in / 4] u8
+  const float* scales = q.scales.data<float>() + o * groups;   // [groups] f32
+  const float* xt[T];
+  for (int t = 0; t < T; ++t) xt[t] = a.x + (tok0 + t) * a.x_stride;
+  const __m256i three = _mm256_set1_epi32(3), two = _mm256_set1_epi32(2), zero = _mm256_setzero_si256();
+  __m256 acc[T];
+  for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    __m256 gacc[T][2];
+    for (int t = 0; t < T; ++t) gacc[t][0] = gacc[t][1] = _mm256_setzero_ps();
+    for (int64_t k0 = g * group; k0 < (g + 1) * group; k0 += 32) {
+      const __m256i bytes = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + k0 / 4)));
+      for (int k = 0; k < 4; ++k) {  // weights k0 + 8k .. k0 + 8k + 8
+        const __m256i c = _mm256_and_si256(_mm256_srli_epi32(bytes, 2 * k), three);
+        const __m256 plus = _mm256_castsi256_ps(_mm256_cmpeq_epi32(c, two));
+        const __m256 minus = _mm256_castsi256_ps(_mm256_cmpeq_epi32(c, zero));
+#pragma GCC unroll 4
+        for (int t = 0; t < T; ++t) {
+          const __m256 xv = _mm256_loadu_ps(xt[t] + k0 + 8 * k);
+          __m256& chain = gacc[t][k % 2];
+          chain = _mm256_sub_ps(_mm256_add_ps(chain, _mm256_and_ps(xv, plus)), _mm256_and_ps(xv, minus));
+        }
+      }
+    }
+    const __m256 scale = _mm256_set1_ps(scales[g]);
+    for (int t = 0; t < T; ++t) acc[t] = _mm256_fmadd_ps(scale, _mm256_add_ps(gacc[t][0], gacc[t][1]), acc[t]);
+  }
+  for (int t = 0; t < T; ++t) {
+    float y = reduce_add(acc[t]);
+    if (a.bias != nullptr) y += a.bias[o];
+    a.y[(tok0 + t) * a.y_stride + o] = y;
+  }
+}
+
 // Rows [o_begin, o_end) for all tokens: tiles of TMax tokens, then one smaller tile.
 template <int TMax, template <int> class Tile>
 void run_rows(const QuantLinearArgs& a, int64_t o_begin, int64_t o_end) {
@@ -284,6 +363,14 @@ struct Int4Tile {
   static void run(const QuantLinearArgs& a, int64_t o, int64_t tok0) { int4_tile<T>(a, o, tok0); }
 };
 template <int T>
+struct TernaryTile {
+  static void run(const QuantLinearArgs& a, int64_t o, int64_t tok0) { ternary_tile<T>(a, o, tok0); }
+};
+template <int T>
+struct W8A8Tile {
+  static void run(const QuantLinearArgs& a, int64_t o, int64_t tok0) { w8a8_tile<T>(a, o, tok0); }
+};
+template <int T>
 struct Q8_0Tile {
   static void run(const QuantLinearArgs& a, int64_t o, int64_t tok0) { q8_0_tile<T>(a, o, tok0); }
 };
@@ -298,13 +385,32 @@ struct Q6_KTile {
 
 }  // namespace
 
-void quant_linear(const QuantLinearArgs& a) {
-  const QuantWeight& q = *a.w;
+void quant_linear(const QuantLinearArgs& args) {
+  const QuantWeight& q = *args.w;
   const int64_t out = q.out_features;
-  if (a.n == 0 || out == 0) return;
-  const int64_t row_bytes = q.format == QuantFormat::kInt4Group   ? q.in_features / 2
-                            : q.format == QuantFormat::kInt8Channel ? q.in_features
-                                                                    : gguf_row_bytes(q.format, q.in_features);
+  if (args.n == 0 || out == 0) return;
+  QuantLinearArgs a = args;
+  std::vector<int8_t> qx;
+  std::vector<float> qx_scales;
+  const bool vnni = q.format == QuantFormat::kW8A8 && active_isa() == Isa::kAvx512 && cpu_has_avx512_vnni();
+  if (q.format == QuantFormat::kW8A8) {
+    // Each token's codes once per call, padded with zero codes for the 64-byte VNNI loads.
+    a.qx_stride = (q.in_features + 63) / 64 * 64;
+    qx.assign(static_cast<size_t>(a.n * a.qx_stride), 0);
+    qx_scales.resize(static_cast<size_t>(a.n));
+    for (int64_t t = 0; t < a.n; ++t) {
+      qx_scales[static_cast<size_t>(t)] =
+          quantize_activation_row(a.x + t * a.x_stride, q.in_features, qx.data() + t * a.qx_stride);
+    }
+    a.qx = qx.data();
+    a.qx_scales = qx_scales.data();
+    log_path_once("linear: {} w8a8", vnni ? "avx512-vnni" : "avx2");
+  }
+  const int64_t row_bytes = q.format == QuantFormat::kInt4Group ? q.in_features / 2
+                            : q.format == QuantFormat::kTernary ? q.in_features / 4
+                            : q.format == QuantFormat::kInt8Channel || q.format == QuantFormat::kW8A8
+                                ? q.in_features
+                                : gguf_row_bytes(q.format, q.in_features);
   // Whole row blocks, at least ~32 KiB of packed weight per chunk so thread start-up stays small.
   const int64_t blocks = (out + kRowBlock - 1) / kRowBlock;
   const int64_t grain = std::max<int64_t>(1, (int64_t{32} << 10) / std::max<int64_t>(1, kRowBlock * row_bytes * a.n));
@@ -313,6 +419,14 @@ void quant_linear(const QuantLinearArgs& a) {
     switch (q.format) {
       case QuantFormat::kInt8Channel: run_rows<kInt8Tokens, Int8Tile>(a, o_begin, o_end); break;
       case QuantFormat::kInt4Group: run_rows<kInt4Tokens, Int4Tile>(a, o_begin, o_end); break;
+      case QuantFormat::kTernary: run_rows<kInt4Tokens, TernaryTile>(a, o_begin, o_end); break;
+      case QuantFormat::kW8A8:
+        if (vnni) {
+          w8a8_rows_vnni(a, o_begin, o_end);
+        } else {
+          run_rows<kInt8Tokens, W8A8Tile>(a, o_begin, o_end);
+        }
+        break;
       case QuantFormat::kGgufQ8_0: run_rows<kGgufTokens, Q8_0Tile>(a, o_begin, o_end); break;
       case QuantFormat::kGgufQ4_K: run_rows<kGgufTokens, Q4_KTile>(a, o_begin, o_end); break;
       case QuantFormat::kGgufQ6_K: run_rows<kGgufTokens, Q6_KTile>(a, o_begin, o_end); break;
@@ -328,6 +442,9 @@ void quant_linear(const QuantLinearArgs& a) {
 namespace tachyon::ops::cpu {
 void quant_linear(const QuantLinearArgs&) {
   TACHYON_CHECK(false, "quant_linear: no SIMD kernel in this build (the scalar ISA should be active)");
+}
+void w8a8_rows_vnni(const QuantLinearArgs&, int64_t, int64_t) {
+  TACHYON_CHECK(false, "w8a8_rows_vnni: no SIMD kernel in this build");
 }
 }  // namespace tachyon::ops::cpu
 
