@@ -60,12 +60,13 @@ Result<Weight> quantize_on_device(const Weight& w, const QuantSpec& spec, const 
   return result;
 }
 
-// Rows [begin, end) of a quantized weight (per-row int8 or group-wise int4), sharing its memory.
+// Rows [begin, end) of a quantized weight, sharing its memory: packed, scales and zeros (those the
+// format has) all hold one row per output.
 Weight quant_rows(const Weight& w, int64_t begin, int64_t end) {
   auto q = std::make_shared<QuantWeight>(*w.quant);
   q->out_features = end - begin;
   q->packed = w.quant->packed.slice(0, begin, end);
-  q->scales = w.quant->scales.slice(0, begin, end);
+  if (w.quant->scales.defined()) q->scales = w.quant->scales.slice(0, begin, end);
   if (w.quant->zeros.defined()) q->zeros = w.quant->zeros.slice(0, begin, end);
   Weight out;
   out.quant = std::move(q);

@@ -9,6 +9,7 @@ const char* quant_format_name(QuantFormat format) {
     case QuantFormat::kGgufQ6_K: return "q6_k";
     case QuantFormat::kW8A8: return "w8a8";
     case QuantFormat::kTernary: return "ternary";
+    case QuantFormat::kFp8Channel: return "fp8";
     case QuantFormat::kInt8Channel: return "int8";
     case QuantFormat::kInt4Group: return "int4";
   }

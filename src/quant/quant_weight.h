@@ -18,6 +18,7 @@ enum class QuantFormat : uint8_t {
   kGgufQ6_K,    // super-blocks of 256: 6-bit codes, int8 scales per 16, f16 d
   kW8A8,        // int8 per output channel (kInt8Channel's layout) x int8 activations per token
   kTernary,     // {-1, 0, +1} x a per-group absmean scale, 2 bits per weight
+  kFp8Channel,  // fp8 e4m3 per output channel (W8A16 in floating point)
   kInt8Channel, // int8 per output channel, symmetric (W8A16)
   kInt4Group,   // int4 group-wise asymmetric with zero points (RTN or AWQ)
 };

@@ -183,6 +183,33 @@ float quantize_activation_row(const float* x, int64_t n, int8_t* codes) {
   return amax / 127.0f;
 }
 
+Result<QuantWeight> quantize_fp8_channel(const Tensor& w_dense) {
+  TACHYON_RETURN_IF_ERROR(check_dense(w_dense, "fp8 quantization"));
+  const int64_t out = w_dense.size(0), in = w_dense.size(1);
+  QuantWeight q;
+  q.format = QuantFormat::kFp8Channel;
+  q.out_features = out;
+  q.in_features = in;
+  TACHYON_ASSIGN_OR_RETURN(q.packed, Tensor::try_empty({out, in}, DType::kF8E4M3));
+  TACHYON_ASSIGN_OR_RETURN(q.scales, Tensor::try_empty({out}, DType::kF32));
+  std::vector<float> row(static_cast<size_t>(in));
+  for (int64_t o = 0; o < out; ++o) {
+    load_row_f32(w_dense, o, row.data());
+    float amax = 0.0f;
+    for (int64_t i = 0; i < in; ++i) {
+      if (!std::isfinite(row[static_cast<size_t>(i)])) {
+        return make_error(ErrorCode::kInvalidArgument, "fp8 quantization: weight [{}, {}] is not finite", o, i);
+      }
+      amax = std::max(amax, std::fabs(row[static_cast<size_t>(i)]));
+    }
+    q.scales.data<float>()[o] = amax / kF8E4M3Max;
+    const float inv = amax > 0.0f ? kF8E4M3Max / amax : 0.0f;
+    uint8_t* dst = q.packed.data<uint8_t>() + o * in;
+    for (int64_t i = 0; i < in; ++i) dst[i] = f32_to_f8e4m3(row[static_cast<size_t>(i)] * inv);
+  }
+  return q;
+}
+
 Result<QuantWeight> quantize_ternary(const Tensor& w_dense, int group) {
   TACHYON_RETURN_IF_ERROR(check_dense(w_dense, "ternary quantization"));
   const int64_t out = w_dense.size(0), in = w_dense.size(1);
@@ -268,6 +295,13 @@ Tensor dequantize(const QuantWeight& q) {
     case QuantFormat::kGgufQ4_K:
       dequantize_q4_k(q.packed.data<uint8_t>(), out * (in / kGgmlBlockK), dst);
       break;
+    case QuantFormat::kFp8Channel:
+      for (int64_t o = 0; o < out; ++o) {
+        const float scale = q.scales.data<float>()[o];
+        const uint8_t* src = q.packed.data<uint8_t>() + o * in;
+        for (int64_t i = 0; i < in; ++i) dst[o * in + i] = f8e4m3_to_f32(src[i]) * scale;
+      }
+      break;
     case QuantFormat::kTernary: {
       const int64_t groups = in / q.group_size;
       for (int64_t o = 0; o < out; ++o) {
@@ -314,6 +348,9 @@ Result<QuantSpec> parse_quant_spec(const std::string& name, int group) {
     }
     spec.format = QuantFormat::kTernary;
     spec.group_size = group;
+  } else if (name == "fp8") {
+    spec.format = QuantFormat::kFp8Channel;
+    spec.group_size = 0;
   } else if (name == "w8a8") {
     spec.format = QuantFormat::kW8A8;
     spec.group_size = 0;
@@ -321,7 +358,7 @@ Result<QuantSpec> parse_quant_spec(const std::string& name, int group) {
     spec.format = name == "q8_0" ? QuantFormat::kGgufQ8_0 : name == "q4_k" ? QuantFormat::kGgufQ4_K : QuantFormat::kGgufQ6_K;
     spec.group_size = name == "q8_0" ? 32 : 256;
   } else {
-    return make_error(ErrorCode::kInvalidArgument, "--quant '{}': expected int8, int4, w8a8, ternary, q8_0, q4_k or q6_k", name);
+    return make_error(ErrorCode::kInvalidArgument, "--quant '{}': expected int8, int4, w8a8, fp8, ternary, q8_0, q4_k or q6_k", name);
   }
   return spec;
 }
@@ -334,7 +371,8 @@ Result<Weight> quantize_weight(const Weight& w, const QuantSpec& spec) {
   Result<QuantWeight> q = spec.format == QuantFormat::kInt4Group ? quantize_int4_group(w.dense, spec.group_size, spec.int4_scales)
                           : spec.format == QuantFormat::kInt8Channel || spec.format == QuantFormat::kW8A8
                               ? quantize_int8_channel(w.dense)
-                          : spec.format == QuantFormat::kTernary ? quantize_ternary(w.dense, spec.group_size)
+                          : spec.format == QuantFormat::kTernary    ? quantize_ternary(w.dense, spec.group_size)
+                          : spec.format == QuantFormat::kFp8Channel ? quantize_fp8_channel(w.dense)
                                                                  : quantize_gguf_blocks(w.dense, spec.format);
   if (!q.ok()) return q.status();
   q->format = spec.format;  // W8A8 holds the int8 per-channel weight

@@ -18,6 +18,9 @@
 //     y[t, o] = fma(f32(sum_i qx[t, i] * packed[o, i]), sx[t] * scales[o], bias[o])
 //   (without a bias, the product alone), the integer sum exact (int32), so every kernel gives
 //   the same bits. dequantize() gives the weight alone.
+// - kFp8Channel: packed [out, in] f8e4m3 codes (core/dtype.h's OCP e4m3fn), scales [out] f32;
+//   w[o, i] = f8e4m3_to_f32(packed[o, i]) * scales[o], scales[o] = max_i |w[o, i]| / 448 (0 for
+//   an all-zero row), codes = f32_to_f8e4m3(w * (448 / max |w|)) rounded to nearest even.
 // - kTernary (BitNet b1.58's weights): packed [out, in / 4] u8 in blocks of 32 weights = 8 bytes;
 //   byte j of a block holds weights j, j + 8, j + 16, j + 24 in bits 0-1, 2-3, 4-5, 6-7 as
 //   t + 1 (0: -1, 1: 0, 2: +1; 3 never appears), so one 8-byte load and a shift give 8
@@ -48,6 +51,8 @@ namespace tachyon {
 Result<QuantWeight> quantize_int8_channel(const Tensor& w_dense);
 // group: 32, 64 or 128, dividing in. Scales exact in f32 (Int4Scales::kF32 below).
 Result<QuantWeight> quantize_int4_group(const Tensor& w_dense, int group);
+// Per-channel fp8 e4m3 (kFp8Channel).
+Result<QuantWeight> quantize_fp8_channel(const Tensor& w_dense);
 // Ternary absmean (kTernary); group 32, 64, 128 or 256 dividing in.
 Result<QuantWeight> quantize_ternary(const Tensor& w_dense, int group);
 
@@ -93,8 +98,8 @@ struct QuantSpec {
   // checkpoint of the same weights (f16 scales on disk) are then the same weights, bit for bit.
   Int4Scales int4_scales = Int4Scales::kF16;
 };
-// "int8", "int4" (with `group`), "w8a8", "ternary" (with `group`), "q8_0", "q4_k" or "q6_k" -> a
-// spec; anything else is an error naming the choices.
+// "int8", "int4" (with `group`), "w8a8", "fp8", "ternary" (with `group`), "q8_0", "q4_k" or
+// "q6_k" -> a spec; anything else is an error naming the choices.
 Result<QuantSpec> parse_quant_spec(const std::string& name, int group);
 
 // A dense weight on the host quantized as `spec`; an already quantized weight is an error.

@@ -351,6 +351,48 @@ TEST(QuantizeTernary, AbsmeanCodesAndLayout) {
   EXPECT_FALSE(quantize_ternary(Tensor::zeros({2, 96}, DType::kF32), 64).ok());
 }
 
+// Per-channel e4m3: the scale max|w| / 448, every code the nearest e4m3 value of w / scale (so the
+// error of each weight is within half an e4m3 step of its magnitude: 2^-4 relative, or the
+// subnormal step), the row's largest weight exactly +-448 * scale.
+TEST(QuantizeFp8, PerChannelE4M3) {
+  std::mt19937 rng(testing::fresh_seed());
+  const Tensor w = random_weight(11, 200, rng, DType::kF32);
+  auto q = quantize_fp8_channel(w);
+  ASSERT_TRUE(q.ok()) << q.status().to_string();
+  const Tensor d = dequantize(*q);
+  for (int64_t o = 0; o < 11; ++o) {
+    float amax = 0.0f;
+    for (int64_t i = 0; i < 200; ++i) amax = std::max(amax, std::fabs(w.data<float>()[o * 200 + i]));
+    const float s = q->scales.data<float>()[o];
+    EXPECT_EQ(s, amax / 448.0f);
+    for (int64_t i = 0; i < 200; ++i) {
+      const float x = w.data<float>()[o * 200 + i], v = d.data<float>()[o * 200 + i];
+      const double bound = std::max(std::fabs(x) / 16.0, 0.5 * std::ldexp(1.0, -9) * s) * (1 + 1e-6);
+      ASSERT_LE(std::fabs(v - x), bound) << "row " << o << " column " << i;
+    }
+  }
+  Tensor zero = Tensor::zeros({2, 16}, DType::kF32);
+  auto z = quantize_fp8_channel(zero);
+  ASSERT_TRUE(z.ok());
+  EXPECT_EQ(dequantize(*z).data<float>()[5], 0.0f);
+}
+
+TEST(QuantLinear, Fp8KernelMatchesReference) {
+  std::mt19937 rng(testing::fresh_seed());
+  for (int threads : {1, 2}) {
+    const int saved = num_threads();
+    set_num_threads(threads);
+    for (int64_t in : {8, 29, 96, 264}) {
+      for (int64_t n : {1, 3, 5, 17}) {
+        auto q = quantize_fp8_channel(random_weight(43, in, rng));
+        ASSERT_TRUE(q.ok());
+        expect_kernel_matches_reference(*q, n, n != 3, rng);
+      }
+    }
+    set_num_threads(saved);
+  }
+}
+
 TEST(QuantLinear, TernaryKernelMatchesReference) {
   std::mt19937 rng(testing::fresh_seed());
   for (int threads : {1, 2}) {

@@ -19,6 +19,7 @@
 #include <cstring>
 #include <vector>
 
+#include "core/dtype.h"
 #include "core/ggml_blocks.h"
 #include "core/thread_pool.h"
 #include "ops/cpu/isa.h"
@@ -331,6 +332,41 @@ void ternary_tile(const QuantLinearArgs& a, int64_t o, int64_t tok0) {
   }
 }
 
+// fp8 e4m3 per channel: a code's bits moved into an f16 (sign to bit 15, exponent and mantissa
+// to bits 7..14) are the same value times 2^-8 for every finite code, subnormals included (the
+// exponent biases differ by 8), so F16C converts 8 at a time and 2^8 joins the row's scale.
+template <int T>
+void fp8_tile(const QuantLinearArgs& a, int64_t o, int64_t tok0) {
+  const QuantWeight& q = *a.w;
+  const int64_t in = q.in_features, body = in / 16 * 16;
+  const uint8_t* w = q.packed.data<uint8_t>() + o * in;  // [in] e4m3
+  const float* xt[T];
+  for (int t = 0; t < T; ++t) xt[t] = a.x + (tok0 + t) * a.x_stride;
+  const __m256i sign = _mm256_set1_epi16(static_cast<short>(0x80)), rest = _mm256_set1_epi16(0x7f);
+  __m256 acc[T][2];
+  for (int t = 0; t < T; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < body; k += 16) {
+    const __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + k)));
+    const __m256i h = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(b, sign), 8),
+                                      _mm256_slli_epi16(_mm256_and_si256(b, rest), 7));
+    const __m256 w0 = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
+    const __m256 w1 = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
+#pragma GCC unroll 4
+    for (int t = 0; t < T; ++t) {
+      acc[t][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xt[t] + k), acc[t][0]);
+      acc[t][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xt[t] + k + 8), acc[t][1]);
+    }
+  }
+  const float scale = q.scales.data<float>()[o];
+  for (int t = 0; t < T; ++t) {
+    float sum = reduce_add(_mm256_add_ps(acc[t][0], acc[t][1])) * 256.0f;
+    for (int64_t kk = body; kk < in; ++kk) sum += f8e4m3_to_f32(w[kk]) * xt[t][kk];
+    float y = sum * scale;
+    if (a.bias != nullptr) y += a.bias[o];
+    a.y[(tok0 + t) * a.y_stride + o] = y;
+  }
+}
+
 // Rows [o_begin, o_end) for all tokens: tiles of TMax tokens, then one smaller tile.
 template <int TMax, template <int> class Tile>
 void run_rows(const QuantLinearArgs& a, int64_t o_begin, int64_t o_end) {
@@ -361,6 +397,10 @@ struct Int8Tile {
 template <int T>
 struct Int4Tile {
   static void run(const QuantLinearArgs& a, int64_t o, int64_t tok0) { int4_tile<T>(a, o, tok0); }
+};
+template <int T>
+struct Fp8Tile {
+  static void run(const QuantLinearArgs& a, int64_t o, int64_t tok0) { fp8_tile<T>(a, o, tok0); }
 };
 template <int T>
 struct TernaryTile {
@@ -408,7 +448,8 @@ void quant_linear(const QuantLinearArgs& args) {
   }
   const int64_t row_bytes = q.format == QuantFormat::kInt4Group ? q.in_features / 2
                             : q.format == QuantFormat::kTernary ? q.in_features / 4
-                            : q.format == QuantFormat::kInt8Channel || q.format == QuantFormat::kW8A8
+                            : q.format == QuantFormat::kInt8Channel || q.format == QuantFormat::kW8A8 ||
+                                    q.format == QuantFormat::kFp8Channel
                                 ? q.in_features
                                 : gguf_row_bytes(q.format, q.in_features);
   // Whole row blocks, at least ~32 KiB of packed weight per chunk so thread start-up stays small.
@@ -420,6 +461,7 @@ void quant_linear(const QuantLinearArgs& args) {
       case QuantFormat::kInt8Channel: run_rows<kInt8Tokens, Int8Tile>(a, o_begin, o_end); break;
       case QuantFormat::kInt4Group: run_rows<kInt4Tokens, Int4Tile>(a, o_begin, o_end); break;
       case QuantFormat::kTernary: run_rows<kInt4Tokens, TernaryTile>(a, o_begin, o_end); break;
+      case QuantFormat::kFp8Channel: run_rows<kInt8Tokens, Fp8Tile>(a, o_begin, o_end); break;
       case QuantFormat::kW8A8:
         if (vnni) {
           w8a8_rows_vnni(a, o_begin, o_end);
