@@ -43,12 +43,17 @@ Result<ModelWeights> copy_weights_to(const ModelWeights& weights, Device device)
   };
   auto weight = [&](const Weight& w, const char* what) -> Result<Weight> {
     if (w.quant) {
-      // The packed formats the device kernels run (ops/cuda: per-channel int8, group-wise int4)
-      // move as they are: packed values, scales and zeros.
+      // The packed formats the device kernels run (ops/cuda: per-channel int8, group-wise int4, the
+      // GGUF q8_0 / q4_k / q6_k blocks) move as they are: packed values, scales and zeros (each
+      // tensor the format has; the undefined ones stay undefined). A format added to QuantFormat
+      // later is refused here until the device has kernels for it.
       const QuantWeight& q = *w.quant;
-      if (!device.is_cpu() && q.format != QuantFormat::kInt8Channel && q.format != QuantFormat::kInt4Group) {
-        return make_error(ErrorCode::kUnsupported, "{}: {} weights have no kernels on {} (int8 and int4 run there)",
-                          what, quant_format_name(q.format), device.to_string());
+      if (!device.is_cpu() && q.format != QuantFormat::kInt8Channel && q.format != QuantFormat::kInt4Group &&
+          q.format != QuantFormat::kGgufQ8_0 && q.format != QuantFormat::kGgufQ4_K &&
+          q.format != QuantFormat::kGgufQ6_K) {
+        return make_error(ErrorCode::kUnsupported,
+                          "{}: {} weights have no kernels on {} (int8, int4, q8_0, q4_k and q6_k run there)", what,
+                          quant_format_name(q.format), device.to_string());
       }
       auto moved = std::make_shared<QuantWeight>(q);
       TACHYON_ASSIGN_OR_RETURN(moved->packed, tensor(q.packed, what));

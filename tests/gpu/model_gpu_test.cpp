@@ -483,6 +483,52 @@ TEST(GpuModel, Int4GreedyEqualsTheCpuInt4Path) {
   }
 }
 
+// The bundled model with its linear weights in the GGUF block formats (encoded on the host: q4_k
+// and q6_k, their 640-wide down projections q8_0), moved to the GPU packed. Both devices are fed
+// the CPU's greedy sequence (the prompt, then one token per step: the GPU's prefill of a prompt
+// over 8 tokens runs the bf16 expansion, its steps the GEMV): every step's logits agree within
+// bf16 tolerance (2e-2 relative), and the GPU's argmax differs from the CPU's at no more than 3
+// of 32 steps (a flip needs the CPU's top two within that error of each other; counted and printed).
+TEST(GpuModel, GgufBlockWeightsMatchTheCpuPath) {
+  TACHYON_START_GPU();
+  LoadedModel cpu = load(testing::source_dir() + "/models/tachyon-demo", Device::cpu());
+  const int64_t vocab = cpu.model->config().vocab_size;
+  for (const char* name : {"q4_k", "q6_k", "q8_0"}) {
+    auto spec = parse_quant_spec(name, 128);
+    ASSERT_TRUE(spec.ok());
+    ModelWeights cw = cpu.model->weights();
+    ASSERT_OK(quantize_linear_weights(cw, *spec));
+    auto gw = copy_weights_to(cw, kGpu);
+    ASSERT_TRUE(gw.ok()) << gw.status().to_string();
+    const Weight& gate = gw->layers[0].gate_proj;
+    ASSERT_TRUE(gate.quant != nullptr && gate.quant->format == spec->format) << name;
+    EXPECT_EQ(gate.quant->packed.device(), kGpu);
+    EXPECT_EQ(gw->layers[0].down_proj.quant->format, QuantFormat::kGgufQ8_0) << name << ": 640-wide inputs";
+    LlamaModel cm(cpu.model->config(), std::move(cw)), gm(cpu.model->config(), std::move(gw).value());
+    for (const char* text : {"Once upon a time", "The little dog ran to the park and"}) {
+      std::vector<int32_t> chunk = cpu.tokenizer->encode(text);
+      const int P = static_cast<int>(chunk.size());
+      Sessions cs = Sessions::make(cm, 1, P + 40, DType::kF32), gs = Sessions::make(gm, 1, P + 40, DType::kF32);
+      double worst = 0.0;
+      int near_ties = 0;
+      for (int step = 0; step < 32; ++step) {
+        const Tensor lc = cs.run({chunk}, LogitsWanted::kLast), lg = to_host(gs.run({chunk}, LogitsWanted::kLast));
+        const float* c = lc.data<float>();
+        const float* g = lg.data<float>();
+        const double err = relative_error(g, c, vocab);
+        worst = std::max(worst, err);
+        ASSERT_LE(err, 2e-2) << name << " \"" << text << "\" step " << step;
+        const int64_t top = std::max_element(c, c + vocab) - c, got = std::max_element(g, g + vocab) - g;
+        if (got != top) ++near_ties;  // within the error above, so the CPU's top two were that close
+        chunk = {static_cast<int32_t>(top)};
+      }
+      EXPECT_LE(near_ties, 3) << name << " \"" << text << "\"";
+      std::printf("%s GPU vs CPU over 32 steps (\"%s\"): worst logits error %.2e, %d near-tie argmax flips\n", name,
+                  text, worst, near_ties);
+    }
+  }
+}
+
 // A checkpoint already quantized (AutoAWQ GEMM layout, int4 g128 with a calibrated AWQ search) runs
 // on the GPU packed as loaded: the weights reach the device as int4, and greedy decoding agrees
 // with the same checkpoint on the CPU.

@@ -11,10 +11,13 @@
 #include <vector>
 
 #include "core/device_memory.h"
+#include "core/ggml_blocks.h"
 #include "core/log.h"
 #include "ops/backend.h"
 #include "ops/cpu/rows.h"
 #include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/launch.h"
+#include "quant/quantize.h"
 
 namespace tachyon::ops::cuda {
 namespace {
@@ -120,9 +123,9 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
 
   void linear(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& y, ops::LinearMode mode) override {
     TACHYON_CHECK(w.defined() && (!w.quant || w.quant->format == QuantFormat::kInt8Channel ||
-                                  w.quant->format == QuantFormat::kInt4Group),
-                  "linear: the CUDA backend runs dense f32/f16/bf16, per-channel int8 and group-wise int4 weights "
-                  "(got {})",
+                                  w.quant->format == QuantFormat::kInt4Group || is_gguf_block_format(w.quant->format)),
+                  "linear: the CUDA backend runs dense f32/f16/bf16, per-channel int8, group-wise int4 and GGUF "
+                  "q8_0/q4_k/q6_k weights (got {})",
                   w.quant ? quant_format_name(w.quant->format) : "none");
     const Tensor& wd = w.quant ? w.quant->packed : w.dense;
     on_device("linear", {&x, &y, &wd, bias});
@@ -153,6 +156,30 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
       a.w_zeros = q.zeros.data<float>();
       a.w_group = q.group_size;
       in_features = q.in_features;
+    } else if (w.quant && is_gguf_block_format(w.quant->format)) {
+      // quant/quantize.h's kGguf* layouts: Q8_0 codes [out, in] i8 and d [out, in / 32] f16; Q4_K
+      // blocks [out, in / 256 * 144] u8 (their d inside); Q6_K blocks less d [out, in / 256 * 208]
+      // u8 and d [out, in / 256] f16.
+      const QuantWeight& q = *w.quant;
+      const bool q8_0 = q.format == QuantFormat::kGgufQ8_0, q4_k = q.format == QuantFormat::kGgufQ4_K;
+      const int64_t block = q8_0 ? kGgmlBlock32 : kGgmlBlockK;
+      const int64_t blocks = q.in_features / block;
+      const int64_t packed_cols = q8_0 ? q.in_features : blocks * (q4_k ? kQ4_KBytes : kQ6_KD);
+      if (!q4_k) on_device("linear", {&q.scales});
+      TACHYON_CHECK(q.in_features > 0 && q.in_features % block == 0 &&
+                        wd.dtype() == (q8_0 ? DType::kI8 : DType::kU8) && wd.size(1) == packed_cols &&
+                        !q.zeros.defined() &&
+                        (q4_k ? !q.scales.defined()
+                              : q.scales.dtype() == DType::kF16 && q.scales.dim() == 2 &&
+                                    q.scales.size(0) == wd.size(0) && q.scales.size(1) == blocks &&
+                                    q.scales.is_contiguous()),
+                    "linear: {} weight {} {} (in {}, expected [{}, {}]) with scales {} {}", quant_format_name(q.format),
+                    wd.shape_string(), dtype_name(wd.dtype()), q.in_features, wd.size(0), packed_cols,
+                    q.scales.defined() ? q.scales.shape_string() : "undefined",
+                    q.scales.defined() ? dtype_name(q.scales.dtype()) : "");
+      a.gguf = q8_0 ? GgufFormat::kQ8_0 : q4_k ? GgufFormat::kQ4_K : GgufFormat::kQ6_K;
+      if (!q4_k) a.w_scales_f16 = q.scales.data<uint16_t>();
+      in_features = q.in_features;
     } else if (w.quant) {
       const Tensor& sc = w.quant->scales;
       on_device("linear", {&sc});
@@ -178,7 +205,9 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
     if (mode == ops::LinearMode::kBatchInvariant) {
       // Every token through the GEMV, whose per-output summation order does not depend on n: a
       // row's result is the same alone or in any batch.
-      const int64_t kChunk = a.w_dtype == DType::kU8 ? kLinearAutoGemvMaxTokensInt4 : 16;
+      const int64_t kChunk = a.gguf != GgufFormat::kNone ? detail::kGemvGgufMaxTokens
+                             : a.w_dtype == DType::kU8  ? kLinearAutoGemvMaxTokensInt4
+                                                        : 16;
       for (int64_t t0 = 0; t0 < a.n; t0 += kChunk) {
         LinearArgs c = a;
         c.x = a.x + t0 * a.x_stride;

@@ -163,6 +163,9 @@ constexpr int kLinearAutoGemvMaxTokensInt8 = 2;
 constexpr int kLinearAutoGemvMaxTokensInt4Small = 2;
 constexpr int64_t kLinearAutoGemvMaxRowsInt4 = 2048;
 constexpr int kLinearAutoGemvMaxTokensInt4 = 8;
+// For the GGUF block formats (q8_0, q4_k, q6_k) kAuto runs their GEMV up to
+// detail::kGemvGgufMaxTokens (8) tokens and beyond that expands the weight to bf16 for cuBLASLt;
+// there is no tensor-core GEMM for them.
 
 enum class LinearAlgo : uint8_t {
   kAuto,      // GEMV for n <= kLinearAutoGemvMaxTokens (int8: ...Int8), cuBLASLt beyond

@@ -49,6 +49,10 @@ struct Rows {
   }
 };
 
+// The GGUF block formats the kernels read (quant/quantize.h's kGgufQ8_0 / kGgufQ4_K / kGgufQ6_K
+// layouts); kNone for every other weight.
+enum class GgufFormat : uint8_t { kNone, kQ8_0, kQ4_K, kQ6_K };
+
 // y[n, out] = x[n, in] · W[out, in]^T (+ bias[out]). Device pointers.
 struct LinearArgs {
   const float* x = nullptr;  // [n, in] f32, rows x_stride apart
@@ -62,6 +66,12 @@ struct LinearArgs {
   const float* w_scales = nullptr;
   const float* w_zeros = nullptr;
   int w_group = 0;
+  // GGUF block weights (gguf != kNone; w_dtype i8 for Q8_0, u8 for the K-quants): w the packed
+  // rows, w_stride bytes apart (16-byte aligned), and w_scales_f16 the blocks' d [out, in / block]
+  // f16, contiguous (Q8_0: one per 32 weights; Q6_K: one per 256; null for Q4_K, whose blocks
+  // hold their own).
+  GgufFormat gguf = GgufFormat::kNone;
+  const uint16_t* w_scales_f16 = nullptr;
   const void* bias = nullptr;  // [out] f32 / f16 / bf16 (bias_dtype), packed, or null
   DType bias_dtype = DType::kF32;
   float* y = nullptr;  // [n, out] f32, rows y_stride apart; must not overlap x

@@ -58,6 +58,16 @@ GemvShape plan_gemm_mma_int4(const LinearArgs& a, int sm_count);
 cudaError_t launch_gemm_mma_int4(const LinearArgs& a, const uint16_t* x16, int64_t x_stride, const GemvShape& shape,
                                  float* partial, Stream stream);
 
+// The GGUF block weights (linear_gguf.cu): LinearArgs with gguf set (Q8_0, Q4_K, Q6_K), 16-byte
+// aligned packed rows. The GEMV takes 1..kGemvGgufMaxTokens tokens, with the same split-K contract
+// as the GEMV; the expansion writes dst [out, in] bf16 (rows dst_stride apart, dst_stride % 8 == 0,
+// dst 16-byte aligned) = the weight core/ggml_blocks.h decodes, for cuBLASLt.
+constexpr int kGemvGgufMaxTokens = 8;
+bool gemv_gguf_supported(const LinearArgs& a);
+GemvShape plan_gemv_gguf(const LinearArgs& a, int sm_count);
+cudaError_t launch_gemv_gguf(const LinearArgs& a, const GemvShape& shape, float* partial, Stream stream);
+cudaError_t launch_dequantize_gguf(const LinearArgs& a, uint16_t* dst, int64_t dst_stride, Stream stream);
+
 // dst[n, dst_stride] (f16/bf16, rounded to nearest even) = x[n, in] f32 (rows x_stride apart).
 cudaError_t launch_convert_rows(const float* x, int64_t x_stride, int64_t n, int64_t in, void* dst, DType dst_dtype,
                                 int64_t dst_stride, Stream stream);

@@ -2,7 +2,9 @@
 // cuBLASLt path multiplies 16-bit activations (converted from f32 in a small kernel) by the
 // 16-bit weight with f32 accumulation and f32 output; f32 weights run in plain f32. The bias is
 // cuBLASLt's epilogue when it is f32, else a separate kernel. Chosen algorithms are cached per
-// shape in the LinearContext, so a steady-state step makes no heuristic queries.
+// shape in the LinearContext, so a steady-state step makes no heuristic queries. Quantized weights
+// (int8, int4, GGUF blocks) have their own GEMVs and tensor-core GEMMs, and are expanded to bf16
+// for cuBLASLt beyond them.
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
@@ -207,10 +209,115 @@ Status gemm_bf16(LinearContext& context, const uint16_t* x, int64_t x_stride, co
   return context.impl().matmul(x, x_stride, w, w_stride, DType::kBF16, bias, y, y_stride, n, in, out, stream);
 }
 
+namespace {
+
+const char* gguf_format_name(GgufFormat format) {
+  switch (format) {
+    case GgufFormat::kQ8_0: return "q8_0";
+    case GgufFormat::kQ4_K: return "q4_k";
+    case GgufFormat::kQ6_K: return "q6_k";
+    default: return "none";
+  }
+}
+
+// The cuBLASLt path of linear(): f32 weights in plain f32, 16-bit weights against activations
+// rounded to their type, quantized weights expanded to bf16 first; the bias in cuBLASLt's epilogue
+// when it is f32, else a separate kernel. ld: the row stride of converted activations and expanded
+// weights.
+Status linear_cublaslt(LinearContext::Impl& ctx, const LinearArgs& a, int64_t ld, Stream stream) {
+  const bool gguf = a.gguf != GgufFormat::kNone;
+  const bool int4 = !gguf && a.w_dtype == DType::kU8;
+  const bool epilogue_bias = a.bias != nullptr && a.bias_dtype == DType::kF32;
+  const float* bias = epilogue_bias ? static_cast<const float*>(a.bias) : nullptr;
+  if (gguf || int4 || a.w_dtype == DType::kI8) {
+    // Many tokens share the weight: expand it to bf16 once for this call and multiply on tensor
+    // cores. The expansion reads 1 byte (int8), half a byte (int4) or a GGUF block's share and
+    // writes 2 per weight, so this path costs more than a bf16 weight would; the kernels above are
+    // where quantized weights pay (few tokens, bound by bytes read).
+    TACHYON_RETURN_IF_ERROR(ctx.grow(ctx.dequantized, static_cast<size_t>(a.out * ld) * 2, "dequantized weight"));
+    uint16_t* expanded = ctx.dequantized.as<uint16_t>();
+    TACHYON_CUDA_RETURN_IF_ERROR(
+        gguf   ? detail::launch_dequantize_gguf(a, expanded, ld, stream)
+        : int4 ? detail::launch_dequantize_int4_groups(static_cast<const uint8_t*>(a.w), a.w_stride, a.w_scales,
+                                                       a.w_zeros, a.w_group, a.out, a.in, expanded, ld, stream)
+               : detail::launch_dequantize_int8_rows(static_cast<const int8_t*>(a.w), a.w_stride, a.w_scales, a.out,
+                                                     a.in, expanded, ld, stream));
+    TACHYON_RETURN_IF_ERROR(ctx.grow(ctx.activations, static_cast<size_t>(a.n * ld) * 2, "activations"));
+    TACHYON_CUDA_RETURN_IF_ERROR(detail::launch_convert_rows(a.x, a.x_stride, a.n, a.in, ctx.activations.data(),
+                                                             DType::kBF16, ld, stream));
+    log_path_once("cuda linear: {} weight expanded to bf16, cuBLASLt bf16 x bf16 -> f32",
+                  gguf ? gguf_format_name(a.gguf) : int4 ? "int4" : "int8");
+    TACHYON_RETURN_IF_ERROR(ctx.matmul(ctx.activations.data(), ld, expanded, ld, DType::kBF16, bias, a.y,
+                                       a.y_stride, a.n, a.in, a.out, stream));
+  } else if (a.w_dtype == DType::kF32) {
+    log_path_once("cuda linear: cuBLASLt f32 x f32 -> f32");
+    TACHYON_RETURN_IF_ERROR(ctx.matmul(a.x, a.x_stride, a.w, a.w_stride, DType::kF32, bias, a.y, a.y_stride, a.n,
+                                       a.in, a.out, stream));
+  } else {
+    TACHYON_RETURN_IF_ERROR(ctx.grow(ctx.activations, static_cast<size_t>(a.n * ld) * 2, "activations"));
+    TACHYON_CUDA_RETURN_IF_ERROR(detail::launch_convert_rows(a.x, a.x_stride, a.n, a.in, ctx.activations.data(),
+                                                             a.w_dtype, ld, stream));
+    log_path_once("cuda linear: cuBLASLt {0} x {0} -> f32 (activations rounded to {0})", dtype_name(a.w_dtype));
+    TACHYON_RETURN_IF_ERROR(ctx.matmul(ctx.activations.data(), ld, a.w, a.w_stride, a.w_dtype, bias, a.y, a.y_stride,
+                                       a.n, a.in, a.out, stream));
+  }
+  if (a.bias != nullptr && !epilogue_bias) {
+    log_path_once("cuda linear: {} bias added by a separate kernel", dtype_name(a.bias_dtype));
+    TACHYON_CUDA_RETURN_IF_ERROR(detail::launch_add_bias(a.y, a.y_stride, a.n, a.out, a.bias, a.bias_dtype, stream));
+  }
+  return Status::Ok();
+}
+
+// GGUF block weights: the GEMV up to detail::kGemvGgufMaxTokens tokens (kAuto), beyond that the
+// weight expanded to bf16 for cuBLASLt; no tensor-core GEMM reads these blocks.
+Status linear_gguf(LinearContext::Impl& ctx, const LinearArgs& a, Stream stream, LinearAlgo algo) {
+  const char* name = gguf_format_name(a.gguf);
+  const bool q8_0 = a.gguf == GgufFormat::kQ8_0, q4_k = a.gguf == GgufFormat::kQ4_K;
+  const int64_t block = q8_0 ? 32 : 256;
+  const int64_t row_bytes = q8_0 ? a.in : a.in / 256 * (q4_k ? 144 : 208);
+  TACHYON_CUDA_REQUIRE(a.in % block == 0 && a.w_dtype == (q8_0 ? DType::kI8 : DType::kU8),
+                       "linear: a {} weight needs in % {} == 0 and {} packed rows (got in = {}, {})", name, block,
+                       q8_0 ? "i8" : "u8", a.in, dtype_name(a.w_dtype));
+  TACHYON_CUDA_REQUIRE(a.w_stride >= row_bytes && a.w_stride % 16 == 0 &&
+                           (reinterpret_cast<uintptr_t>(a.w) & 15u) == 0,
+                       "linear: {} packed rows of {} bytes need a 16-byte aligned base and row stride (got {} at {})",
+                       name, row_bytes, a.w_stride, a.w);
+  TACHYON_CUDA_REQUIRE(q4_k == (a.w_scales_f16 == nullptr),
+                       "linear: {} weight {} f16 block scales (got {})", name, q4_k ? "takes no" : "needs its",
+                       static_cast<const void*>(a.w_scales_f16));
+  TACHYON_CUDA_REQUIRE(a.bias == nullptr || a.bias_dtype == DType::kF32 || a.bias_dtype == DType::kF16 ||
+                           a.bias_dtype == DType::kBF16,
+                       "linear: bias dtype {}", dtype_name(a.bias_dtype));
+  TACHYON_CUDA_REQUIRE(a.x_stride >= a.in && a.y_stride >= a.out, "linear: strides x {} y {} for in={} out={}",
+                       a.x_stride, a.y_stride, a.in, a.out);
+  if (a.n == 0) return Status::Ok();
+  if (algo == LinearAlgo::kAuto) algo = a.n <= detail::kGemvGgufMaxTokens ? LinearAlgo::kGemv : LinearAlgo::kCublasLt;
+  TACHYON_CUDA_REQUIRE(algo != LinearAlgo::kMma, "linear: no tensor-core GEMM reads {} weights (GEMV or cuBLASLt)",
+                       name);
+  if (algo == LinearAlgo::kGemv) {
+    TACHYON_CUDA_REQUIRE(detail::gemv_gguf_supported(a), "linear: the {} GEMV takes 1..{} tokens (got {})", name,
+                         detail::kGemvGgufMaxTokens, a.n);
+    const detail::GemvShape shape = detail::plan_gemv_gguf(a, ctx.sm_count);
+    float* partial = nullptr;
+    if (shape.splits > 1) {
+      TACHYON_RETURN_IF_ERROR(ctx.grow(ctx.partial, static_cast<size_t>(shape.splits * a.n * a.out) * sizeof(float),
+                                       "split-K partial sums"));
+      partial = ctx.partial.as<float>();
+    }
+    log_path_once("cuda linear: gemv {}", name);
+    TACHYON_CUDA_RETURN_IF_ERROR(detail::launch_gemv_gguf(a, shape, partial, stream));
+    return Status::Ok();
+  }
+  return linear_cublaslt(ctx, a, (a.in + 7) / 8 * 8, stream);
+}
+
+}  // namespace
+
 Status linear(LinearContext& context, const LinearArgs& a, Stream stream, LinearAlgo algo) {
   TACHYON_CUDA_REQUIRE(a.x != nullptr && a.w != nullptr && a.y != nullptr, "linear: null pointer (x {}, w {}, y {})",
                        static_cast<const void*>(a.x), a.w, static_cast<void*>(a.y));
   TACHYON_CUDA_REQUIRE(a.n >= 0 && a.in > 0 && a.out > 0, "linear: n={} in={} out={}", a.n, a.in, a.out);
+  if (a.gguf != GgufFormat::kNone) return linear_gguf(context.impl(), a, stream, algo);
   const bool int4 = a.w_dtype == DType::kU8;
   TACHYON_CUDA_REQUIRE(a.w_dtype == DType::kF32 || a.w_dtype == DType::kF16 || a.w_dtype == DType::kBF16 ||
                            (a.w_dtype == DType::kI8 && a.w_scales != nullptr) ||
@@ -322,44 +429,7 @@ Status linear(LinearContext& context, const LinearArgs& a, Stream stream, Linear
     return Status::Ok();
   }
 
-  // cuBLASLt.
-  const bool epilogue_bias = a.bias != nullptr && a.bias_dtype == DType::kF32;
-  const float* bias = epilogue_bias ? static_cast<const float*>(a.bias) : nullptr;
-  if (int4 || a.w_dtype == DType::kI8) {
-    // Many tokens share the weight: expand it to bf16 once for this call and multiply on tensor
-    // cores. The expansion reads 1 byte (int8) or half a byte (int4) and writes 2 per weight, so
-    // this path costs more than a bf16 weight would; the kernels above are where quantized
-    // weights pay (few tokens, bound by bytes read).
-    TACHYON_RETURN_IF_ERROR(ctx.grow(ctx.dequantized, static_cast<size_t>(a.out * ld) * 2, "dequantized weight"));
-    uint16_t* expanded = ctx.dequantized.as<uint16_t>();
-    TACHYON_CUDA_RETURN_IF_ERROR(
-        int4 ? detail::launch_dequantize_int4_groups(static_cast<const uint8_t*>(a.w), a.w_stride, a.w_scales,
-                                                     a.w_zeros, a.w_group, a.out, a.in, expanded, ld, stream)
-             : detail::launch_dequantize_int8_rows(static_cast<const int8_t*>(a.w), a.w_stride, a.w_scales, a.out,
-                                                   a.in, expanded, ld, stream));
-    TACHYON_RETURN_IF_ERROR(ctx.grow(ctx.activations, static_cast<size_t>(a.n * ld) * 2, "activations"));
-    TACHYON_CUDA_RETURN_IF_ERROR(detail::launch_convert_rows(a.x, a.x_stride, a.n, a.in, ctx.activations.data(),
-                                                             DType::kBF16, ld, stream));
-    log_path_once("cuda linear: {} weight expanded to bf16, cuBLASLt bf16 x bf16 -> f32", int4 ? "int4" : "int8");
-    TACHYON_RETURN_IF_ERROR(ctx.matmul(ctx.activations.data(), ld, expanded, ld, DType::kBF16, bias, a.y,
-                                       a.y_stride, a.n, a.in, a.out, stream));
-  } else if (a.w_dtype == DType::kF32) {
-    log_path_once("cuda linear: cuBLASLt f32 x f32 -> f32");
-    TACHYON_RETURN_IF_ERROR(ctx.matmul(a.x, a.x_stride, a.w, a.w_stride, DType::kF32, bias, a.y, a.y_stride, a.n,
-                                       a.in, a.out, stream));
-  } else {
-    TACHYON_RETURN_IF_ERROR(ctx.grow(ctx.activations, static_cast<size_t>(a.n * ld) * 2, "activations"));
-    TACHYON_CUDA_RETURN_IF_ERROR(detail::launch_convert_rows(a.x, a.x_stride, a.n, a.in, ctx.activations.data(),
-                                                             a.w_dtype, ld, stream));
-    log_path_once("cuda linear: cuBLASLt {0} x {0} -> f32 (activations rounded to {0})", dtype_name(a.w_dtype));
-    TACHYON_RETURN_IF_ERROR(ctx.matmul(ctx.activations.data(), ld, a.w, a.w_stride, a.w_dtype, bias, a.y, a.y_stride,
-                                       a.n, a.in, a.out, stream));
-  }
-  if (a.bias != nullptr && !epilogue_bias) {
-    log_path_once("cuda linear: {} bias added by a separate kernel", dtype_name(a.bias_dtype));
-    TACHYON_CUDA_RETURN_IF_ERROR(detail::launch_add_bias(a.y, a.y_stride, a.n, a.out, a.bias, a.bias_dtype, stream));
-  }
-  return Status::Ok();
+  return linear_cublaslt(ctx, a, ld, stream);
 }
 
 }  // namespace tachyon::ops::cuda

@@ -1,0 +1,364 @@
+// linear() on the GPU with GGUF block weights (Q8_0, Q4_K, Q6_K as quant/quantize.h lays them out)
+// against the scalar reference: the weight dequantize() defines, multiplied in double precision.
+// The GEMV (1..8 tokens, forced and as kAuto picks it) computes in f32 on the exact weights; the
+// expansion to bf16 for cuBLASLt (9 and more tokens) rounds weights and activations, so it is held
+// tightly to the reference on rounded operands and loosely to the exact one. Errors are measured
+// against the size of the sum's terms (sum |w x| + |bias|). Fresh random inputs, odd row counts,
+// K with split slices and ragged ends, strided activations (unaligned: scalar loads), outputs and
+// their row padding poisoned with NaN; the backend path (weights moved by copy_weights_to, batch
+// invariance) and the arguments linear() refuses. Skips without a device.
+#ifdef TACHYON_HAS_CUDA
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/device_memory.h"
+#include "gpu_test_util.h"
+#include "model/weights.h"
+#include "ops/cuda/launch.h"
+#include "ops/ops.h"
+#include "quant/quantize.h"
+
+namespace tachyon {
+namespace {
+
+using testing::Mirror;
+namespace cu = ::tachyon::ops::cuda;
+
+constexpr QuantFormat kFormats[] = {QuantFormat::kGgufQ8_0, QuantFormat::kGgufQ4_K, QuantFormat::kGgufQ6_K};
+// (in, out): one block row, a wide odd matrix, and 4096 + 256 (split K with a ragged last slice)
+// on few and on many rows.
+const std::vector<std::pair<int64_t, int64_t>> kShapes = {{256, 37}, {512, 4099}, {4352, 37}, {4352, 515}};
+
+// The f32 GEMV against the double reference, per element, relative to sum |w x| + |bias|.
+constexpr double kGemvTolerance = 5e-6;
+// cuBLASLt on the bf16-expanded weight: against the reference on bf16-rounded weights and
+// activations (cuBLASLt's f32 accumulation, and the odd weight whose f32 value sits on a bf16
+// rounding boundary), and against the exact reference (the rounding of both operands, 2^-8 each).
+constexpr double kExpandedRoundedTolerance = 1e-3;
+constexpr double kExpandedTolerance = 1e-2;
+
+cu::GgufFormat cuda_format(QuantFormat f) {
+  switch (f) {
+    case QuantFormat::kGgufQ8_0: return cu::GgufFormat::kQ8_0;
+    case QuantFormat::kGgufQ4_K: return cu::GgufFormat::kQ4_K;
+    default: return cu::GgufFormat::kQ6_K;
+  }
+}
+
+// A GGUF weight made from random dense values, its dequantized values (the definition) and its
+// tensors on the device.
+struct GgufWeight {
+  QuantWeight q;
+  Tensor dense;  // dequantize(q): [out, in] f32
+  Mirror packed, scales;
+
+  cu::LinearArgs args() const {
+    cu::LinearArgs a;
+    a.w = packed.ptr<void>();
+    a.w_dtype = q.packed.dtype();
+    a.w_stride = q.packed.stride(0);
+    a.gguf = cuda_format(q.format);
+    if (q.scales.defined()) a.w_scales_f16 = scales.ptr<uint16_t>();
+    a.in = q.in_features;
+    a.out = q.out_features;
+    return a;
+  }
+};
+
+std::unique_ptr<GgufWeight> make_weight(QuantFormat format, int64_t in, int64_t out, std::mt19937& rng) {
+  auto q = quantize_gguf_blocks(testing::random_tensor({out, in}, rng, -0.5f, 0.5f), format);
+  EXPECT_TRUE(q.ok()) << q.status().to_string();
+  if (!q.ok()) return nullptr;
+  auto w = std::make_unique<GgufWeight>();
+  w->q = std::move(q).value();
+  w->dense = dequantize(w->q);
+  w->packed = Mirror(w->q.packed);
+  if (w->q.scales.defined()) w->scales = Mirror(w->q.scales);
+  return w;
+}
+
+// y[t, o] = sum_i w[o, i] x[t, i] + bias[o] in double, and the size of its terms.
+struct Reference {
+  std::vector<double> y, scale;  // [n, out]
+};
+
+Reference reference(const Tensor& w, const Tensor& x, const Tensor& bias) {
+  const Tensor wc = w.contiguous(), xc = x.contiguous();
+  const Tensor b = bias.defined() ? bias.to_f32() : Tensor();
+  const int64_t n = xc.size(0), in = xc.size(1), out = wc.size(0);
+  Reference r;
+  r.y.resize(static_cast<size_t>(n * out));
+  r.scale.resize(r.y.size());
+  for (int64_t t = 0; t < n; ++t) {
+    const float* xt = xc.data<float>() + t * in;
+    for (int64_t o = 0; o < out; ++o) {
+      const float* wo = wc.data<float>() + o * in;
+      double sum = 0.0, size = 0.0;
+      for (int64_t i = 0; i < in; ++i) {
+        const double p = static_cast<double>(wo[i]) * static_cast<double>(xt[i]);
+        sum += p;
+        size += std::fabs(p);
+      }
+      if (b.defined()) {
+        sum += b.data<float>()[o];
+        size += std::fabs(b.data<float>()[o]);
+      }
+      r.y[t * out + o] = sum;
+      r.scale[t * out + o] = size;
+    }
+  }
+  return r;
+}
+
+::testing::AssertionResult within(const Tensor& y, const Reference& ref, double tol, const std::string& what) {
+  const Tensor yc = y.contiguous();
+  double worst = 0.0;
+  int64_t worst_i = -1;
+  for (int64_t i = 0; i < yc.numel(); ++i) {
+    const double got = yc.data<float>()[i];
+    const double err = std::isfinite(got) ? std::fabs(got - ref.y[i]) / std::max(ref.scale[i], 1e-30) : INFINITY;
+    if (err > worst || worst_i < 0) {
+      worst = err;
+      worst_i = i;
+    }
+  }
+  if (worst <= tol) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << fmt::format(
+             "{}: element {} is {} against {} (error {:.3g} of sum |w x| = {:.4g}, tolerance {:.3g})", what, worst_i,
+             yc.data<float>()[worst_i], ref.y[worst_i], worst, ref.scale[worst_i], tol);
+}
+
+struct RunOptions {
+  int64_t n = 1;
+  cu::LinearAlgo algo = cu::LinearAlgo::kAuto;
+  bool bias = false;
+  DType bias_dtype = DType::kF32;
+  int64_t x_pad = 0, y_pad = 0;  // extra elements per row (strided views)
+};
+
+struct GgufRun {
+  Tensor x, bias;  // host: x [n, in] f32 (a view), bias [out] (or undefined)
+  Tensor y;        // the device's result [n, out]
+};
+
+std::string describe(const GgufWeight& w, const RunOptions& o) {
+  return fmt::format("{} [{}, {}] n={} bias={} ({}) x_pad={} y_pad={}", quant_format_name(w.q.format),
+                     w.q.out_features, w.q.in_features, o.n, o.bias, dtype_name(o.bias_dtype), o.x_pad, o.y_pad);
+}
+
+// One linear with the device weight; y and its row padding start as NaN, the padding must stay so.
+::testing::AssertionResult run_linear(cu::LinearContext& ctx, const GgufWeight& w, const RunOptions& o,
+                                      std::mt19937& rng, GgufRun* run) {
+  const int64_t in = w.q.in_features, out = w.q.out_features;
+  Mirror dx(testing::random_tensor({o.n, in + o.x_pad}, rng));
+  Tensor x = dx.host().slice(1, 0, in);
+  Tensor bias;
+  if (o.bias) bias = testing::convert(testing::random_tensor({out}, rng), o.bias_dtype);
+  Mirror db = o.bias ? Mirror(bias) : Mirror();
+  Mirror dy(testing::nan_tensor({o.n, out + o.y_pad}));
+  cu::LinearArgs a = w.args();
+  a.x = dx.ptr<float>(x);
+  a.x_stride = x.stride(0);
+  a.bias = o.bias ? db.ptr<void>() : nullptr;
+  a.bias_dtype = o.bias_dtype;
+  a.y = dy.ptr<float>();
+  a.y_stride = out + o.y_pad;
+  a.n = o.n;
+  Status s = cu::linear(ctx, a, nullptr, o.algo);
+  if (s.ok()) s = cu::synchronize(nullptr);
+  if (s.ok()) s = dy.download();
+  if (!s.ok()) return ::testing::AssertionFailure() << s.to_string();
+  if (o.y_pad > 0) {
+    auto pad = testing::all_nan(dy.host().slice(1, out, out + o.y_pad), "y padding");
+    if (!pad) return pad;
+  }
+  run->x = x;
+  run->bias = bias;
+  run->y = dy.host().slice(1, 0, out).contiguous();
+  return ::testing::AssertionSuccess();
+}
+
+Tensor rounded_to_bf16(const Tensor& t) { return testing::convert(t, DType::kBF16).to_f32(); }
+
+// The GEMV at every token bucket, forced and through kAuto (which picks it up to 8 tokens).
+TEST(CudaLinearGguf, GemvMatchesTheDequantizedWeight) {
+  TACHYON_SKIP_WITHOUT_GPU();
+  const uint32_t seed = testing::fresh_seed();
+  SCOPED_TRACE(fmt::format("seed {} (TACHYON_TEST_SEED={} reproduces)", seed, seed));
+  std::mt19937 rng(seed);
+  auto ctx = cu::LinearContext::create();
+  ASSERT_TRUE(ctx.ok()) << ctx.status().to_string();
+  for (QuantFormat format : kFormats) {
+    for (auto [in, out] : kShapes) {
+      auto w = make_weight(format, in, out, rng);
+      ASSERT_TRUE(w != nullptr);
+      for (int64_t n : {1, 2, 3, 5, 8}) {
+        for (cu::LinearAlgo algo : {cu::LinearAlgo::kGemv, cu::LinearAlgo::kAuto}) {
+          RunOptions o;
+          o.n = n;
+          o.algo = algo;
+          o.bias = (n + in / 256) % 2 == 1;
+          o.bias_dtype = n == 3 ? DType::kBF16 : DType::kF32;
+          o.x_pad = n == 5 ? 1 : (n == 2 ? 4 : 0);  // 1: rows not 16-byte aligned (scalar x loads)
+          o.y_pad = n % 2 == 0 ? 3 : 0;
+          GgufRun r;
+          ASSERT_TRUE(run_linear(**ctx, *w, o, rng, &r)) << describe(*w, o);
+          ASSERT_TRUE(within(r.y, reference(w->dense, r.x, r.bias), kGemvTolerance,
+                             describe(*w, o) + (algo == cu::LinearAlgo::kGemv ? " gemv" : " auto")));
+        }
+      }
+    }
+  }
+}
+
+// 9 and 33 tokens through kAuto (the weight expanded to bf16, cuBLASLt), and that path forced at
+// one token.
+TEST(CudaLinearGguf, ExpandedWeightMatchesTheDequantizedWeight) {
+  TACHYON_SKIP_WITHOUT_GPU();
+  const uint32_t seed = testing::fresh_seed();
+  SCOPED_TRACE(fmt::format("seed {} (TACHYON_TEST_SEED={} reproduces)", seed, seed));
+  std::mt19937 rng(seed);
+  auto ctx = cu::LinearContext::create();
+  ASSERT_TRUE(ctx.ok()) << ctx.status().to_string();
+  for (QuantFormat format : kFormats) {
+    for (auto [in, out] : kShapes) {
+      auto w = make_weight(format, in, out, rng);
+      ASSERT_TRUE(w != nullptr);
+      const Tensor w_rounded = rounded_to_bf16(w->dense);
+      for (auto [n, algo] : {std::pair{int64_t{9}, cu::LinearAlgo::kAuto},
+                             std::pair{int64_t{33}, cu::LinearAlgo::kAuto},
+                             std::pair{int64_t{1}, cu::LinearAlgo::kCublasLt}}) {
+        RunOptions o;
+        o.n = n;
+        o.algo = algo;
+        o.bias = n != 1;
+        o.bias_dtype = n == 33 ? DType::kBF16 : DType::kF32;  // a separate kernel vs the epilogue
+        o.x_pad = n == 9 ? 3 : 0;
+        o.y_pad = n == 33 ? 5 : 0;
+        GgufRun r;
+        ASSERT_TRUE(run_linear(**ctx, *w, o, rng, &r)) << describe(*w, o);
+        ASSERT_TRUE(within(r.y, reference(w_rounded, rounded_to_bf16(r.x), r.bias), kExpandedRoundedTolerance,
+                           describe(*w, o) + " vs bf16-rounded operands"));
+        ASSERT_TRUE(within(r.y, reference(w->dense, r.x, r.bias), kExpandedTolerance, describe(*w, o) + " vs exact"));
+      }
+    }
+  }
+}
+
+// What linear() refuses for these weights, with a Status rather than a launch.
+TEST(CudaLinearGguf, RefusesWhatNoKernelTakes) {
+  TACHYON_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(7);
+  auto ctx = cu::LinearContext::create();
+  ASSERT_TRUE(ctx.ok()) << ctx.status().to_string();
+  auto q8 = make_weight(QuantFormat::kGgufQ8_0, 512, 64, rng);
+  auto q4 = make_weight(QuantFormat::kGgufQ4_K, 512, 64, rng);
+  ASSERT_TRUE(q8 != nullptr && q4 != nullptr);
+  Mirror dx(testing::random_tensor({16, 512}, rng)), dy(testing::nan_tensor({16, 64}));
+  const auto call = [&](cu::LinearArgs a, int64_t n, cu::LinearAlgo algo) {
+    a.x = dx.ptr<float>();
+    a.x_stride = 512;
+    a.y = dy.ptr<float>();
+    a.y_stride = 64;
+    a.n = n;
+    return cu::linear(**ctx, a, nullptr, algo);
+  };
+  ASSERT_OK(call(q8->args(), 8, cu::LinearAlgo::kGemv));
+  EXPECT_FALSE(call(q8->args(), cu::detail::kGemvGgufMaxTokens + 1, cu::LinearAlgo::kGemv).ok());
+  EXPECT_FALSE(call(q8->args(), 4, cu::LinearAlgo::kMma).ok());
+  cu::LinearArgs no_scales = q8->args();
+  no_scales.w_scales_f16 = nullptr;
+  EXPECT_FALSE(call(no_scales, 1, cu::LinearAlgo::kAuto).ok());
+  cu::LinearArgs with_scales = q4->args();
+  with_scales.w_scales_f16 = q8->scales.ptr<uint16_t>();
+  EXPECT_FALSE(call(with_scales, 1, cu::LinearAlgo::kAuto).ok());
+  cu::LinearArgs misaligned = q4->args();
+  misaligned.w_stride += 8;
+  EXPECT_FALSE(call(misaligned, 1, cu::LinearAlgo::kAuto).ok());
+  cu::LinearArgs ragged = q4->args();
+  ragged.in = 384;  // not a whole number of 256-weight blocks
+  EXPECT_FALSE(call(ragged, 1, cu::LinearAlgo::kAuto).ok());
+  ASSERT_OK(cu::synchronize(nullptr));
+}
+
+// The backend: weights moved by copy_weights_to keep their layout (f16 scales, no zeros, Q4_K
+// without scales), ops::linear runs them at any token count, and LinearMode::kBatchInvariant gives
+// a token the same bits alone and inside a batch it splits into GEMV chunks.
+TEST(CudaLinearGguf, BackendRunsWeightsMovedToTheDevice) {
+  TACHYON_SKIP_WITHOUT_GPU();
+  ASSERT_OK(cu::start_backend(0));
+  const Device gpu = Device::cuda(0);
+  const uint32_t seed = testing::fresh_seed();
+  SCOPED_TRACE(fmt::format("seed {} (TACHYON_TEST_SEED={} reproduces)", seed, seed));
+  std::mt19937 rng(seed);
+  const int64_t in = 768, out = 301;
+  ModelWeights host;
+  host.layers.resize(1);
+  Weight* slots[] = {&host.layers[0].q_proj, &host.layers[0].k_proj, &host.layers[0].v_proj};
+  std::vector<Tensor> dense;
+  for (int i = 0; i < 3; ++i) {
+    auto q = quantize_gguf_blocks(testing::random_tensor({out, in}, rng, -0.5f, 0.5f), kFormats[i]);
+    ASSERT_TRUE(q.ok()) << q.status().to_string();
+    dense.push_back(dequantize(*q));
+    slots[i]->quant = std::make_shared<const QuantWeight>(std::move(q).value());
+  }
+  auto moved = copy_weights_to(host, gpu);
+  ASSERT_TRUE(moved.ok()) << moved.status().to_string();
+  const Weight* device_weights[] = {&moved->layers[0].q_proj, &moved->layers[0].k_proj, &moved->layers[0].v_proj};
+  const Tensor bias = testing::random_tensor({out}, rng);
+  auto dbias = copy_to(bias, gpu);
+  ASSERT_TRUE(dbias.ok());
+  for (int i = 0; i < 3; ++i) {
+    const QuantWeight& q = *device_weights[i]->quant;
+    const std::string name = quant_format_name(q.format);
+    ASSERT_EQ(q.format, kFormats[i]);
+    EXPECT_TRUE(q.packed.device() == gpu) << name;
+    EXPECT_FALSE(q.zeros.defined()) << name;
+    if (q.format == QuantFormat::kGgufQ4_K) {
+      EXPECT_FALSE(q.scales.defined()) << name;
+    } else {
+      ASSERT_TRUE(q.scales.defined()) << name;
+      EXPECT_TRUE(q.scales.device() == gpu && q.scales.dtype() == DType::kF16) << name;
+    }
+    for (int64_t n : {1, 4, 8, 11, 40}) {
+      const std::string what = fmt::format("{} n={}", name, n);
+      const Tensor x = testing::random_tensor({n, in}, rng);
+      const bool with_bias = n % 2 == 0;
+      auto dx = copy_to(x, gpu);
+      auto dy = copy_to(testing::nan_tensor({n, out}), gpu);
+      ASSERT_TRUE(dx.ok() && dy.ok());
+      ops::linear(*dx, *device_weights[i], with_bias ? &*dbias : nullptr, *dy);
+      auto y = copy_to(*dy, Device::cpu());
+      ASSERT_TRUE(y.ok());
+      const Reference ref = reference(dense[i], x, with_bias ? bias : Tensor());
+      ASSERT_TRUE(within(*y, ref, n <= cu::detail::kGemvGgufMaxTokens ? kGemvTolerance : kExpandedTolerance, what));
+      ops::linear(*dx, *device_weights[i], with_bias ? &*dbias : nullptr, *dy, ops::LinearMode::kBatchInvariant);
+      auto yi = copy_to(*dy, Device::cpu());
+      ASSERT_TRUE(yi.ok());
+      ASSERT_TRUE(within(*yi, ref, kGemvTolerance, what + " batch-invariant"));
+      if (n > 1) {
+        // The last row alone: another token bucket, and for n > 8 another GEMV chunk's position.
+        auto dx1 = copy_to(x.slice(0, n - 1, n).contiguous(), gpu);
+        auto dy1 = copy_to(testing::nan_tensor({1, out}), gpu);
+        ASSERT_TRUE(dx1.ok() && dy1.ok());
+        ops::linear(*dx1, *device_weights[i], with_bias ? &*dbias : nullptr, *dy1, ops::LinearMode::kBatchInvariant);
+        auto y1 = copy_to(*dy1, Device::cpu());
+        ASSERT_TRUE(y1.ok());
+        ASSERT_TRUE(testing::bitwise_equal(yi->slice(0, n - 1, n).contiguous(), *y1,
+                                           what + ": the last row alone vs in the batch"));
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tachyon
+
+#endif  // TACHYON_HAS_CUDA
