@@ -41,6 +41,17 @@ inline float reduce_add(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
+// The rows of x of tokens tok0 .. tok0 + T.
+template <int T>
+inline void token_rows(const QuantLinearArgs& a, int64_t tok0, const float* (&xt)[T]) {
+  for (int t = 0; t < T; ++t) xt[t] = a.x + (tok0 + t) * a.x_stride;
+}
+
+// y[t, o] = sum (+ bias[o]).
+inline void store_output(const QuantLinearArgs& a, int64_t o, int64_t t, float sum) {
+  a.y[t * a.y_stride + o] = a.bias != nullptr ? sum + a.bias[o] : sum;
+}
+
 // y[tok0 .. tok0 + T, o] for int8 per-channel weights (any in: 16, then 8, then scalar steps).
 template <int T>
 void int8_tile(const QuantLinearArgs& a, int64_t o, int64_t tok0) {
@@ -48,7 +59,7 @@ void int8_tile(const QuantLinearArgs& a, int64_t o, int64_t tok0) {
   const int64_t in = q.in_features;
   const int8_t* w = q.packed.data<int8_t>() + o * in;  // [in] i8
   const float* xt[T];
-  for (int t = 0; t < T; ++t) xt[t] = a.x + (tok0 + t) * a.x_stride;
+  token_rows<T>(a, tok0, xt);
   __m256 acc[T][2];
   for (int t = 0; t < T; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
   int64_t k = 0;
@@ -71,9 +82,7 @@ void int8_tile(const QuantLinearArgs& a, int64_t o, int64_t tok0) {
   for (int t = 0; t < T; ++t) {
     float sum = reduce_add(_mm256_add_ps(acc[t][0], acc[t][1]));
     for (int64_t kk = k; kk < in; ++kk) sum += static_cast<float>(w[kk]) * xt[t][kk];
-    float y = sum * scale;
-    if (a.bias != nullptr) y += a.bias[o];
-    a.y[(tok0 + t) * a.y_stride + o] = y;
+    store_output(a, o, tok0 + t, sum * scale);
   }
 }
 
@@ -87,7 +96,7 @@ void int4_tile(const QuantLinearArgs& a, int64_t o, int64_t tok0) {
   const float* scales = q.scales.data<float>() + o * groups;   // [groups] f32
   const float* zeros = q.zeros.data<float>() + o * groups;     // [groups] f32
   const float* xt[T];
-  for (int t = 0; t < T; ++t) xt[t] = a.x + (tok0 + t) * a.x_stride;
+  token_rows<T>(a, tok0, xt);
   const __m128i low_nibbles = _mm_set1_epi8(0x0f);
   __m256 acc[T];
   for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
@@ -114,11 +123,7 @@ void int4_tile(const QuantLinearArgs& a, int64_t o, int64_t tok0) {
     const __m256 scale = _mm256_set1_ps(scales[g]);
     for (int t = 0; t < T; ++t) acc[t] = _mm256_fmadd_ps(scale, _mm256_add_ps(gacc[t][0], gacc[t][1]), acc[t]);
   }
-  for (int t = 0; t < T; ++t) {
-    float y = reduce_add(acc[t]);
-    if (a.bias != nullptr) y += a.bias[o];
-    a.y[(tok0 + t) * a.y_stride + o] = y;
-  }
+  for (int t = 0; t < T; ++t) store_output(a, o, tok0 + t, reduce_add(acc[t]));
 }
 
 // The GGUF block formats (quant/quantize.h's kGguf* layouts). Each block's weights are decoded to
@@ -139,11 +144,7 @@ inline void fma4(const __m256 (&w)[4], const float* const (&xt)[T], int64_t k, _
 
 template <int T>
 inline void store_tile(const QuantLinearArgs& a, int64_t o, int64_t tok0, const __m256 (&acc)[T][2]) {
-  for (int t = 0; t < T; ++t) {
-    float y = reduce_add(_mm256_add_ps(acc[t][0], acc[t][1]));
-    if (a.bias != nullptr) y += a.bias[o];
-    a.y[(tok0 + t) * a.y_stride + o] = y;
-  }
+  for (int t = 0; t < T; ++t) store_output(a, o, tok0 + t, reduce_add(_mm256_add_ps(acc[t][0], acc[t][1])));
 }
 
 inline __m256 f16_splat(uint16_t bits) { return _mm256_set1_ps(_cvtsh_ss(bits)); }
@@ -156,7 +157,7 @@ void q8_0_tile(const QuantLinearArgs& a, int64_t o, int64_t tok0) {
   const int8_t* codes = q.packed.data<int8_t>() + o * in;      // [in] i8
   const uint16_t* d = q.scales.data<uint16_t>() + o * blocks;  // [in / 32] f16
   const float* xt[T];
-  for (int t = 0; t < T; ++t) xt[t] = a.x + (tok0 + t) * a.x_stride;
+  token_rows<T>(a, tok0, xt);
   __m256 acc[T][2];
   for (int t = 0; t < T; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b) {
@@ -179,7 +180,7 @@ void q4_k_tile(const QuantLinearArgs& a, int64_t o, int64_t tok0) {
   const int64_t in = q.in_features, blocks = in / kGgmlBlockK;
   const uint8_t* row = q.packed.data<uint8_t>() + o * blocks * kQ4_KBytes;
   const float* xt[T];
-  for (int t = 0; t < T; ++t) xt[t] = a.x + (tok0 + t) * a.x_stride;
+  token_rows<T>(a, tok0, xt);
   const __m128i low_nibbles = _mm_set1_epi8(0x0f);
   __m256 acc[T][2];
   for (int t = 0; t < T; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
@@ -221,7 +222,7 @@ void q6_k_tile(const QuantLinearArgs& a, int64_t o, int64_t tok0) {
   const uint8_t* row = q.packed.data<uint8_t>() + o * blocks * kQ6_KD;  // blocks less their d
   const uint16_t* d = q.scales.data<uint16_t>() + o * blocks;           // [in / 256] f16
   const float* xt[T];
-  for (int t = 0; t < T; ++t) xt[t] = a.x + (tok0 + t) * a.x_stride;
+  token_rows<T>(a, tok0, xt);
   const __m256i low4 = _mm256_set1_epi32(15), low2 = _mm256_set1_epi32(3), bias = _mm256_set1_epi32(32);
   __m256 acc[T][2];
   for (int t = 0; t < T; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
@@ -301,7 +302,7 @@ void ternary_tile(const QuantLinearArgs& a, int64_t o, int64_t tok0) {
   const uint8_t* w = q.packed.data<uint8_t>() + o * (in / 4);  // [in / 4] u8
   const float* scales = q.scales.data<float>() + o * groups;   // [groups] f32
   const float* xt[T];
-  for (int t = 0; t < T; ++t) xt[t] = a.x + (tok0 + t) * a.x_stride;
+  token_rows<T>(a, tok0, xt);
   const __m256i three = _mm256_set1_epi32(3), two = _mm256_set1_epi32(2), zero = _mm256_setzero_si256();
   __m256 acc[T];
   for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
@@ -325,11 +326,7 @@ void ternary_tile(const QuantLinearArgs& a, int64_t o, int64_t tok0) {
     const __m256 scale = _mm256_set1_ps(scales[g]);
     for (int t = 0; t < T; ++t) acc[t] = _mm256_fmadd_ps(scale, _mm256_add_ps(gacc[t][0], gacc[t][1]), acc[t]);
   }
-  for (int t = 0; t < T; ++t) {
-    float y = reduce_add(acc[t]);
-    if (a.bias != nullptr) y += a.bias[o];
-    a.y[(tok0 + t) * a.y_stride + o] = y;
-  }
+  for (int t = 0; t < T; ++t) store_output(a, o, tok0 + t, reduce_add(acc[t]));
 }
 
 // fp8 e4m3 per channel: a code's bits moved into an f16 (sign to bit 15, exponent and mantissa
@@ -341,7 +338,7 @@ void fp8_tile(const QuantLinearArgs& a, int64_t o, int64_t tok0) {
   const int64_t in = q.in_features, body = in / 16 * 16;
   const uint8_t* w = q.packed.data<uint8_t>() + o * in;  // [in] e4m3
   const float* xt[T];
-  for (int t = 0; t < T; ++t) xt[t] = a.x + (tok0 + t) * a.x_stride;
+  token_rows<T>(a, tok0, xt);
   const __m256i sign = _mm256_set1_epi16(static_cast<short>(0x80)), rest = _mm256_set1_epi16(0x7f);
   __m256 acc[T][2];
   for (int t = 0; t < T; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
@@ -361,9 +358,7 @@ void fp8_tile(const QuantLinearArgs& a, int64_t o, int64_t tok0) {
   for (int t = 0; t < T; ++t) {
     float sum = reduce_add(_mm256_add_ps(acc[t][0], acc[t][1])) * 256.0f;
     for (int64_t kk = body; kk < in; ++kk) sum += f8e4m3_to_f32(w[kk]) * xt[t][kk];
-    float y = sum * scale;
-    if (a.bias != nullptr) y += a.bias[o];
-    a.y[(tok0 + t) * a.y_stride + o] = y;
+    store_output(a, o, tok0 + t, sum * scale);
   }
 }
 
