@@ -3,6 +3,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -11,6 +12,7 @@
 #include "core/thread_pool.h"
 #include "core/timer.h"
 #include "model/quantize_weights.h"
+#include "quant/quant_policy.h"
 #include "ops/ops.h"
 #if defined(TACHYON_HAS_CUDA)
 #include "ops/cuda/cuda_ops.h"
@@ -33,6 +35,9 @@ void add_common_options(CLI::App& cmd, CommonOptions& options) {
                  "that stores them runs on any device); embedding and LM head "
                  "stay 16-bit")
       ->check(CLI::IsMember({"int8", "int4", "w8a8", "fp8", "ternary", "q8_0", "q4_k", "q6_k"}));
+  cmd.add_option("--quant-policy", options.quant_policy,
+                 "per-module formats: lines 'PATTERN FORMAT' (glob over names like model.layers.3.mlp.gate_proj, "
+                 "or lm_head; FORMAT a --quant name, int4:gN, or dense); modules no rule matches get --quant");
   cmd.add_option("--quant-group", options.quant_group,
                  "inputs per scale of --quant int4 (32, 64 or 128) or ternary (also 256); default 128")
       ->check(CLI::IsMember({32, 64, 128, 256}));
@@ -69,16 +74,30 @@ Result<LoadedModel> load(const CommonOptions& options, DType synthetic_dtype) {
   lo.path = options.model;
   lo.synthetic_dtype = synthetic_dtype;
   lo.device = device;
+  std::optional<QuantPolicy> policy;
+  if (!options.quant_policy.empty()) {
+    TACHYON_ASSIGN_OR_RETURN(policy, QuantPolicy::read_file(options.quant_policy));
+  }
   TACHYON_ASSIGN_OR_RETURN(LoadedModel loaded, load_model(lo));
-  if (options.quant.empty()) return loaded;
+  if (options.quant.empty() && !policy) return loaded;
+  const std::string what = policy ? "--quant-policy " + options.quant_policy : "--quant " + options.quant;
   Timer timer;
   ModelWeights weights = loaded.model->weights();
-  if (Status s = quantize_linear_weights(weights, quant); !s.ok()) {
-    return make_error(s.code(), "{}: --quant {}: {}", loaded.path, options.quant, s.message());
+  std::string format;
+  if (policy) {
+    auto counts = quantize_linear_weights(weights, *policy,
+                                          options.quant.empty() ? std::nullopt : std::optional<QuantSpec>(quant));
+    if (!counts.ok()) return make_error(counts.status().code(), "{}: {}: {}", loaded.path, what, counts.status().message());
+    for (const auto& [name, n] : *counts) format += fmt::format("{}{} {}", format.empty() ? "" : ", ", n, name);
+    format = "a policy (" + format + ")";
+  } else {
+    if (Status s = quantize_linear_weights(weights, quant); !s.ok()) {
+      return make_error(s.code(), "{}: {}: {}", loaded.path, what, s.message());
+    }
+    format = quant.format == QuantFormat::kInt4Group || quant.format == QuantFormat::kTernary
+                 ? fmt::format("{} g{}", quant_format_name(quant.format), quant.group_size)
+                 : std::string(quant_format_name(quant.format));
   }
-  const std::string format = quant.format == QuantFormat::kInt4Group || quant.format == QuantFormat::kTernary
-                                 ? fmt::format("{} g{}", quant_format_name(quant.format), quant.group_size)
-                                 : std::string(quant_format_name(quant.format));
   TACHYON_LOG_INFO("quantized the linear weights to {} in {:.2f} s", format, timer.seconds());
   // The model as stored stays alive until the quantized one passes the finite-logits check (its
   // weights are held during quantization anyway, so the peak does not grow), and is what runs if
@@ -86,8 +105,8 @@ Result<LoadedModel> load(const CommonOptions& options, DType synthetic_dtype) {
   auto quantized = std::make_unique<LlamaModel>(loaded.model->config(), std::move(weights));
   // When the weights as stored are kept, a warning has said so.
   if (auto kept = keep_quantized_if_finite(loaded, std::move(quantized), format); !kept.ok()) {
-    return make_error(kept.status().code(), "{}: --quant {}: checking the quantized model: {}", loaded.path,
-                      options.quant, kept.status().message());
+    return make_error(kept.status().code(), "{}: {}: checking the quantized model: {}", loaded.path, what,
+                      kept.status().message());
   }
   return loaded;
 }

@@ -17,10 +17,12 @@ struct CommonOptions {
   std::string device = "cpu";  // cpu, cuda, cuda:N
   int threads = 0;  // 0 = all cores
   bool verbose = false;
-  // Load-time weight quantization of the layers' linear weights: "" (as stored), "int8" (per
-  // channel) or "int4" (group-wise, --quant-group inputs per scale).
+  // Load-time weight quantization of the layers' linear weights: "" (as stored) or a format name
+  // (quant/quantize.h parse_quant_spec; --quant-group inputs per scale for int4 and ternary), and
+  // a per-module policy file (quant/quant_policy.h) that overrides it module by module.
   std::string quant;
   int quant_group = 128;
+  std::string quant_policy;
 };
 
 void add_common_options(CLI::App& cmd, CommonOptions& options);

@@ -107,10 +107,10 @@ class Progress {
 };
 
 Status validate_before_load(const PerplexityArgs& a) {
-  if (a.kl && a.common.quant.empty() && a.kv_dtype.empty()) {
+  if (a.kl && a.common.quant.empty() && a.common.quant_policy.empty() && a.kv_dtype.empty()) {
     return make_error(ErrorCode::kInvalidArgument,
-                      "--kl compares a quantized model (or KV cache) with the model as stored: give --quant int8, "
-                      "--quant int4 or --kv int8|fp8");
+                      "--kl compares a quantized model (or KV cache) with the model as stored: give --quant FORMAT, "
+                      "--quant-policy FILE or --kv int8|fp8");
   }
   if (!a.kv_dtype.empty()) TACHYON_RETURN_IF_ERROR(parse_kv_dtype(a.kv_dtype).status());
   if (a.ctx && *a.ctx < 2) {
@@ -141,13 +141,14 @@ int run_perplexity(const PerplexityArgs& a) {
   auto text = read_text(a.text_path);
   if (!text.ok()) return report(text.status());
 
-  // The model under test (with --quant), and under --kl the same model as stored.
+  // The model under test (with --quant / --quant-policy), and under --kl the same model as stored.
   auto model = load(a.common);
   if (!model.ok()) return report(model.status());
   std::optional<LoadedModel> reference;
   if (a.kl) {
     CommonOptions stored = a.common;
     stored.quant.clear();
+    stored.quant_policy.clear();
     auto r = load(stored);
     if (!r.ok()) return report(r.status());
     reference = std::move(r).value();

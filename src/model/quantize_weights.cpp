@@ -1,7 +1,11 @@
 #include "model/quantize_weights.h"
 
 #include <cmath>
+#include <functional>
+#include <map>
 #include <memory>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "core/device_memory.h"
@@ -119,13 +123,39 @@ Status quantize_model_on_device(ModelWeights& weights, const QuantSpec& spec) {
 
 }  // namespace
 
-Status quantize_linear_weights(ModelWeights& weights, const QuantSpec& spec) {
-  if (weights.embed_tokens.defined() && !weights.embed_tokens.device().is_cpu()) {
-    return quantize_model_on_device(weights, spec);
-  }
-  // Quantize everything into a copy first, so that a failure leaves `weights` as it was.
+namespace {
+
+// On the host, each module with the spec `spec_of` gives it (nullopt: left as it is), into a copy
+// first so that a failure leaves `weights` as it was. `counts` gets the modules per format name.
+Status quantize_on_host(ModelWeights& weights,
+                        const std::function<std::optional<QuantSpec>(const std::string&)>& spec_of,
+                        bool lm_head, std::map<std::string, int>* counts) {
   std::vector<LayerWeights> layers = weights.layers;
+  Weight head = weights.lm_head;
   int fallbacks = 0;
+  auto quantize = [&](Weight& w, const std::string& module) -> Status {
+    std::optional<QuantSpec> spec = spec_of(module);
+    if (!spec) {
+      ++(*counts)[w.quant ? quant_format_name(w.quant->format) : "dense"];
+      return Status::Ok();
+    }
+    // The K-quants need in_features in whole super-blocks of 256; a weight that has none (a
+    // 640-wide down_proj, Qwen2.5-0.5B's 896-wide inputs) is stored as Q8_0, as llama.cpp's
+    // quantizer falls back to a 32-wide block format.
+    if ((spec->format == QuantFormat::kGgufQ4_K || spec->format == QuantFormat::kGgufQ6_K) &&
+        w.in_features() % kGgmlBlockK != 0) {
+      spec->format = QuantFormat::kGgufQ8_0;
+      spec->group_size = 32;
+      ++fallbacks;
+    }
+    auto q = quantize_weight(w, *spec);
+    if (!q.ok()) return make_error(q.status().code(), "{}: {}", module, q.status().message());
+    w = std::move(q).value();
+    const bool grouped = spec->format == QuantFormat::kInt4Group || spec->format == QuantFormat::kTernary;
+    ++(*counts)[grouped ? fmt::format("{}-g{}", quant_format_name(spec->format), spec->group_size)
+                        : std::string(quant_format_name(spec->format))];
+    return Status::Ok();
+  };
   for (size_t i = 0; i < layers.size(); ++i) {
     LayerWeights& l = layers[i];
     if (l.qkv_proj.defined() || l.gate_up_proj.defined()) {
@@ -135,32 +165,59 @@ Status quantize_linear_weights(ModelWeights& weights, const QuantSpec& spec) {
       Weight* weight;
       const char* name;
     };
-    for (const Named& p : {Named{&l.q_proj, "q_proj"}, Named{&l.k_proj, "k_proj"}, Named{&l.v_proj, "v_proj"},
-                           Named{&l.o_proj, "o_proj"}, Named{&l.gate_proj, "gate_proj"},
-                           Named{&l.up_proj, "up_proj"}, Named{&l.down_proj, "down_proj"}}) {
-      // The K-quants need in_features in whole super-blocks of 256; a weight that has none (a
-      // 640-wide down_proj, Qwen2.5-0.5B's 896-wide inputs) is stored as Q8_0, as llama.cpp's
-      // quantizer falls back to a 32-wide block format.
-      QuantSpec weight_spec = spec;
-      if ((spec.format == QuantFormat::kGgufQ4_K || spec.format == QuantFormat::kGgufQ6_K) &&
-          p.weight->in_features() % kGgmlBlockK != 0) {
-        weight_spec.format = QuantFormat::kGgufQ8_0;
-        weight_spec.group_size = 32;
-        ++fallbacks;
-      }
-      auto q = quantize_weight(*p.weight, weight_spec);
-      if (!q.ok()) {
-        return make_error(q.status().code(), "layer {} {}: {}", i, p.name, q.status().message());
-      }
-      *p.weight = std::move(q).value();
+    const std::string prefix = "model.layers." + std::to_string(i) + ".";
+    for (const Named& p : {Named{&l.q_proj, "self_attn.q_proj"}, Named{&l.k_proj, "self_attn.k_proj"},
+                           Named{&l.v_proj, "self_attn.v_proj"}, Named{&l.o_proj, "self_attn.o_proj"},
+                           Named{&l.gate_proj, "mlp.gate_proj"}, Named{&l.up_proj, "mlp.up_proj"},
+                           Named{&l.down_proj, "mlp.down_proj"}}) {
+      TACHYON_RETURN_IF_ERROR(quantize(*p.weight, prefix + p.name));
     }
   }
+  if (lm_head) TACHYON_RETURN_IF_ERROR(quantize(head, "lm_head"));
   if (fallbacks > 0) {
-    TACHYON_LOG_INFO("{} linear weights with in_features not a multiple of {} stored as q8_0 instead of {}", fallbacks,
-                     kGgmlBlockK, quant_format_name(spec.format));
+    TACHYON_LOG_INFO("{} linear weights with in_features not a multiple of {} stored as q8_0 instead of a K-quant",
+                     fallbacks, kGgmlBlockK);
   }
   weights.layers = std::move(layers);
+  weights.lm_head = std::move(head);
   return Status::Ok();
+}
+
+}  // namespace
+
+Status quantize_linear_weights(ModelWeights& weights, const QuantSpec& spec) {
+  if (weights.embed_tokens.defined() && !weights.embed_tokens.device().is_cpu()) {
+    return quantize_model_on_device(weights, spec);
+  }
+  std::map<std::string, int> counts;
+  return quantize_on_host(weights, [&spec](const std::string&) { return std::optional<QuantSpec>(spec); },
+                          /*lm_head=*/false, &counts);
+}
+
+Result<std::map<std::string, int>> quantize_linear_weights(ModelWeights& weights, const QuantPolicy& policy,
+                                                           const std::optional<QuantSpec>& fallback) {
+  if (weights.embed_tokens.defined() && !weights.embed_tokens.device().is_cpu()) {
+    return make_error(ErrorCode::kUnsupported, "--quant-policy runs on the host; the weights are on {}",
+                      weights.embed_tokens.device().to_string());
+  }
+  // A tied LM head is the embedding table itself, which stays as stored.
+  const bool tied = weights.lm_head.dense.defined() && weights.embed_tokens.defined() &&
+                    weights.lm_head.dense.raw_data() == weights.embed_tokens.raw_data();
+  std::map<std::string, int> counts;
+  TACHYON_RETURN_IF_ERROR(quantize_on_host(
+      weights,
+      [&](const std::string& module) -> std::optional<QuantSpec> {
+        // The LM head only by a rule naming it; `*` rules and the fallback are for the layers.
+        if (module == "lm_head") {
+          for (const QuantPolicyRule& r : policy.rules()) {
+            if (r.pattern == "lm_head") return r.spec;
+          }
+          return std::nullopt;
+        }
+        return policy.spec_for(module, fallback);
+      },
+      /*lm_head=*/!tied && !weights.lm_head.quant, &counts));
+  return counts;
 }
 
 }  // namespace tachyon

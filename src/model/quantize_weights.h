@@ -1,11 +1,16 @@
-// Load-time quantization of a model's linear layers (`--quant int8|int4|q8_0|q4_k|q6_k`): every layer's
+// Load-time quantization of a model's linear layers (`--quant FORMAT`, `--quant-policy FILE`): every layer's
 // q/k/v/o/gate/up/down projection becomes a packed QuantWeight; the embedding and the LM head
 // stay in their 16-bit form (they are the layers most sensitive to rounding, and a tied LM head
 // is the embedding table itself).
 #pragma once
 
+#include <map>
+#include <optional>
+#include <string>
+
 #include "core/status.h"
 #include "model/weights.h"
+#include "quant/quant_policy.h"
 #include "quant/quantize.h"
 
 namespace tachyon {
@@ -15,5 +20,12 @@ namespace tachyon {
 // multiple of 256 as q8_0 (and log how many did). On a GPU: per-channel int8 or group-wise int4, quantized
 // there (fused projections as one matrix, the separate ones becoming row views of it).
 Status quantize_linear_weights(ModelWeights& weights, const QuantSpec& spec);
+
+// In place, on the host only: each linear layer (and an untied LM head, when a rule names
+// `lm_head` exactly) in the format `policy` gives it (quant/quant_policy.h), `fallback` for
+// modules no rule matches (nullopt: as stored). Returns the number of modules per format
+// ("int4-g64", "int8", "dense", ...). Fails, changing nothing, as the uniform form does.
+Result<std::map<std::string, int>> quantize_linear_weights(ModelWeights& weights, const QuantPolicy& policy,
+                                                           const std::optional<QuantSpec>& fallback);
 
 }  // namespace tachyon
