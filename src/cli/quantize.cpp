@@ -1,9 +1,10 @@
-// `tachyon quantize -m MODEL --method rtn-int4|awq-int4|int8|w8a8 [--group G] [--calib FILE]
+// `tachyon quantize -m MODEL --method rtn-int4|awq-int4|int8|w8a8|fp8 [--group G] [--calib FILE]
 // [--calib-tokens N] [--smooth-alpha A] [--max-layer-error E] -o OUTDIR`: quantizes a Hugging Face model's linear
 // layers and writes OUTDIR as a Hugging Face directory that `-m OUTDIR` (and AutoAWQ-aware
 // tools) load: config.json with a quantization_config, the tokenizer files, model.safetensors
 // (int4 in the AutoAWQ GEMM layout, int8 as compressed-tensors per-channel int8, w8a8 the same
-// with dynamic per-token int8 activations, SmoothQuant folded into the norms and rows), and
+// with dynamic per-token int8 activations, SmoothQuant folded into the norms and rows, fp8 as
+// compressed-tensors float-quantized), and
 // quantize_report.json (per module: format, AWQ alpha, relative output error on calibration
 // data; totals). Progress goes to stderr, one line per layer.
 #include <cmath>
@@ -121,6 +122,7 @@ int run_quantize(const QuantizeArgs& a) {
   save.out_dir = a.out;
   save.method = *method == QuantMethod::kInt8   ? CheckpointQuantMethod::kInt8Channel
                 : *method == QuantMethod::kW8A8 ? CheckpointQuantMethod::kW8A8
+                : *method == QuantMethod::kFp8  ? CheckpointQuantMethod::kFp8Channel
                                                 : CheckpointQuantMethod::kAwqGemm;
   auto saved = save_quantized_checkpoint(save, loaded->model->config(), quantized->weights);
   if (!saved.ok()) return report(saved.status());
@@ -147,8 +149,8 @@ int run_quantize(const QuantizeArgs& a) {
       {"model", loaded->path},
       {"output", a.out},
       {"method", quant_method_name(*method)},
-      {"group_size", *method == QuantMethod::kInt8 || *method == QuantMethod::kW8A8 ? nlohmann::json()
-                                                                                    : nlohmann::json(a.group)},
+      {"group_size", *method == QuantMethod::kRtnInt4 || *method == QuantMethod::kAwqInt4 ? nlohmann::json(a.group)
+                                                                                           : nlohmann::json()},
       {"smooth_alpha", *method == QuantMethod::kW8A8 ? nlohmann::json(a.smooth_alpha) : nlohmann::json()},
       {"checkpoint_format", saved->quantization.describe()},
       {"calibration", a.calib.empty() ? nlohmann::json()
@@ -181,10 +183,10 @@ void add_quantize(CLI::App& app, std::function<int()>& run) {
   auto args = std::make_shared<QuantizeArgs>();
   CLI::App* cmd = app.add_subcommand("quantize", "quantize a Hugging Face model's linear layers and save the result");
   cmd->add_option("-m,--model", args->model, "the Hugging Face model directory to quantize")->required();
-  cmd->add_option("--method", args->method, "rtn-int4, awq-int4 (needs --calib), int8, or w8a8 (int8 weights and "
-                  "activations; SmoothQuant needs --calib)")
+  cmd->add_option("--method", args->method, "rtn-int4, awq-int4 (needs --calib), int8, w8a8 (int8 weights and "
+                  "activations; SmoothQuant needs --calib), or fp8 (e4m3 weights per channel)")
       ->required()
-      ->check(CLI::IsMember({"rtn-int4", "awq-int4", "int8", "w8a8"}));
+      ->check(CLI::IsMember({"rtn-int4", "awq-int4", "int8", "w8a8", "fp8"}));
   cmd->add_option("--group", args->group, "int4: inputs per scale, 32, 64 or 128 (default 128)")
       ->check(CLI::IsMember({32, 64, 128}));
   cmd->add_option("--calib", args->calib, "calibration text (plain text file)");

@@ -135,6 +135,35 @@ Result<CheckpointQuantization> read_gptq(const json& q, const std::string& where
   return c;
 }
 
+// compressed-tensors "float-quantized": every config group's weights fp8 e4m3 (num_bits 8, type
+// float) per channel or per tensor. Quantized input activations (FP8 W8A8, static or dynamic) are
+// accepted and run unquantized: the weights are what the checkpoint stores, the activations keep
+// the model's precision.
+Result<CheckpointQuantization> read_compressed_fp8(const json& q, const std::string& where) {
+  CheckpointQuantization c;
+  c.method = CheckpointQuantMethod::kFp8Channel;
+  c.bits = 8;
+  const json* groups = find_any(q, {"config_groups"});
+  if (groups == nullptr || !groups->is_object() || groups->empty()) {
+    return make_error(ErrorCode::kCorruptFile, "{}: quantization_config.config_groups is missing or empty", where);
+  }
+  for (const auto& [name, group] : groups->items()) {
+    const json* weights = group.is_object() ? find_any(group, {"weights"}) : nullptr;
+    const auto is = [](const json& j, const char* key, const json& want) {
+      const json* v = find_any(j, {key});
+      return v != nullptr && *v == want;
+    };
+    if (weights == nullptr || !weights->is_object() || !is(*weights, "num_bits", 8) || !is(*weights, "type", "float") ||
+        !(is(*weights, "strategy", "channel") || is(*weights, "strategy", "tensor"))) {
+      return make_error(ErrorCode::kUnsupported, "{}: quantization_config.config_groups.{}.weights {}: supported is "
+                        "fp8 (num_bits 8, type float) per channel or per tensor", where, name,
+                        weights != nullptr ? weights->dump() : "missing");
+    }
+  }
+  TACHYON_ASSIGN_OR_RETURN(c.dense_modules, string_list(q, "ignore", where));
+  return c;
+}
+
 // compressed-tensors: every config group must quantize weights to symmetric int8 per channel,
 // stored unpacked ("int-quantized" / "naive-quantized"), and either leave activations alone
 // (W8A16) or quantize them to symmetric int8 per token, dynamically (W8A8); all groups alike.
@@ -143,9 +172,10 @@ Result<CheckpointQuantization> read_compressed_tensors(const json& q, const std:
   c.method = CheckpointQuantMethod::kInt8Channel;
   c.bits = 8;
   TACHYON_ASSIGN_OR_RETURN(std::string format, string_key(q, {"format"}, "", where));
+  if (format == "float-quantized") return read_compressed_fp8(q, where);
   if (format != "int-quantized" && format != "naive-quantized") {
-    return make_error(ErrorCode::kUnsupported, "{}: compressed-tensors format '{}' is not supported (only "
-                      "'int-quantized' int8 per channel)", where, format);
+    return make_error(ErrorCode::kUnsupported, "{}: compressed-tensors format '{}' is not supported ('int-quantized' "
+                      "int8 per channel and 'float-quantized' fp8 are)", where, format);
   }
   const json* groups = find_any(q, {"config_groups"});
   if (groups == nullptr || !groups->is_object() || groups->empty()) {
@@ -196,6 +226,7 @@ std::string CheckpointQuantization::describe() const {
       return fmt::format("int4 gptq{} g{}", gptq_format == GptqFormat::kV2 ? "_v2" : "", group_size);
     case CheckpointQuantMethod::kInt8Channel: return "int8 per channel";
     case CheckpointQuantMethod::kW8A8: return "w8a8";
+    case CheckpointQuantMethod::kFp8Channel: return "fp8 per channel";
   }
   return "?";
 }
@@ -240,6 +271,19 @@ json quantization_config_json(const CheckpointQuantization& q) {
       json ignore = dense;
       ignore.insert(ignore.begin(), "lm_head");
       return {{"quant_method", "compressed-tensors"}, {"format", "int-quantized"},
+              {"quantization_status", "compressed"},  {"config_groups", {{"group_0", group}}},
+              {"ignore", ignore}};
+    }
+    case CheckpointQuantMethod::kFp8Channel: {
+      // fp8 e4m3 per output channel, weight [out, in] F8_E4M3 and weight_scale [out, 1] f32:
+      // compressed-tensors' "float-quantized" with 16-bit activations.
+      json weights = {{"num_bits", 8},        {"type", "float"},   {"symmetric", true}, {"strategy", "channel"},
+                      {"group_size", nullptr}, {"dynamic", false}, {"observer", "minmax"}};
+      json group = {{"targets", {"Linear"}}, {"weights", weights}, {"input_activations", nullptr},
+                    {"output_activations", nullptr}};
+      json ignore = dense;
+      ignore.insert(ignore.begin(), "lm_head");
+      return {{"quant_method", "compressed-tensors"}, {"format", "float-quantized"},
               {"quantization_status", "compressed"},  {"config_groups", {{"group_0", group}}},
               {"ignore", ignore}};
     }

@@ -5,7 +5,8 @@
 //   "gptq"                AutoGPTQ / GPTQModel: <module>.qweight / .qzeros / .scales / .g_idx
 //                         (4-bit, desc_act false only)
 //   "compressed-tensors"  llm-compressor int8 per channel: <module>.weight i8 + .weight_scale,
-//                         with 16-bit activations (W8A16) or dynamic per-token int8 ones (W8A8)
+//                         with 16-bit activations (W8A16) or dynamic per-token int8 ones (W8A8);
+//                         or "float-quantized" fp8 e4m3 weights (.weight F8_E4M3 + .weight_scale)
 // quant/quantize.h defines the bit layouts of those tensors; this file only reads the JSON that
 // says which one applies. It never opens tensors and never decides anything about the model.
 #pragma once
@@ -26,6 +27,7 @@ enum class CheckpointQuantMethod : uint8_t {
   kGptq,         // "gptq", desc_act false
   kInt8Channel,  // "compressed-tensors", int8 weights per output channel, 16-bit activations
   kW8A8,         // "compressed-tensors", the same weights, activations int8 per token (dynamic)
+  kFp8Channel,   // "compressed-tensors" float-quantized: fp8 e4m3 weights per channel or per tensor
 };
 
 // GPTQ's zero points: checkpoint_format "gptq" (v1, also when absent) stores zero - 1.
@@ -52,7 +54,7 @@ struct CheckpointQuantization {
 // CorruptFile for keys of the wrong JSON type.
 Result<CheckpointQuantization> read_quantization_config(const nlohmann::json& config, const std::string& path);
 
-// The "quantization_config" object written for `q` (kAwqGemm, kInt8Channel or kW8A8).
+// The "quantization_config" object written for `q` (kAwqGemm, kInt8Channel, kW8A8 or kFp8Channel).
 nlohmann::json quantization_config_json(const CheckpointQuantization& q);
 
 }  // namespace tachyon

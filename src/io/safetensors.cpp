@@ -27,6 +27,7 @@ std::optional<DType> dtype_of(const std::string& name) {
   if (name == "U8") return DType::kU8;
   if (name == "I32") return DType::kI32;
   if (name == "I64") return DType::kI64;
+  if (name == "F8_E4M3") return DType::kF8E4M3;
   return std::nullopt;
 }
 

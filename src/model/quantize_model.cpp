@@ -480,6 +480,7 @@ Status quantize_layer(const QuantizeModelOptions& o, const ModelConfig& c, const
   QuantSpec spec;
   spec.format = o.method == QuantMethod::kInt8   ? QuantFormat::kInt8Channel
                 : o.method == QuantMethod::kW8A8 ? QuantFormat::kW8A8
+                : o.method == QuantMethod::kFp8  ? QuantFormat::kFp8Channel
                                                  : QuantFormat::kInt4Group;
   spec.group_size = o.group_size;
   spec.int4_scales = Int4Scales::kF16;
@@ -534,15 +535,17 @@ const char* quant_method_name(QuantMethod method) {
     case QuantMethod::kAwqInt4: return "awq-int4";
     case QuantMethod::kInt8: return "int8";
     case QuantMethod::kW8A8: return "w8a8";
+    case QuantMethod::kFp8: return "fp8";
   }
   return "?";
 }
 
 Result<QuantMethod> parse_quant_method(const std::string& name) {
-  for (QuantMethod m : {QuantMethod::kRtnInt4, QuantMethod::kAwqInt4, QuantMethod::kInt8, QuantMethod::kW8A8}) {
+  for (QuantMethod m : {QuantMethod::kRtnInt4, QuantMethod::kAwqInt4, QuantMethod::kInt8, QuantMethod::kW8A8,
+                        QuantMethod::kFp8}) {
     if (name == quant_method_name(m)) return m;
   }
-  return make_error(ErrorCode::kInvalidArgument, "method '{}': expected rtn-int4, awq-int4, int8 or w8a8", name);
+  return make_error(ErrorCode::kInvalidArgument, "method '{}': expected rtn-int4, awq-int4, int8, w8a8 or fp8", name);
 }
 
 Result<QuantizedModel> quantize_model(const LlamaModel& model, std::span<const int32_t> calibration,
@@ -553,7 +556,7 @@ Result<QuantizedModel> quantize_model(const LlamaModel& model, std::span<const i
     return make_error(ErrorCode::kUnsupported, "quantization runs on the host; the model is on {}",
                       model.device().to_string());
   }
-  if (options.method != QuantMethod::kInt8 && options.method != QuantMethod::kW8A8 && options.group_size != 32 && options.group_size != 64 &&
+  if ((options.method == QuantMethod::kRtnInt4 || options.method == QuantMethod::kAwqInt4) && options.group_size != 32 && options.group_size != 64 &&
       options.group_size != 128) {
     return make_error(ErrorCode::kInvalidArgument, "group size {}: expected 32, 64 or 128", options.group_size);
   }

@@ -34,8 +34,8 @@
 
 namespace tachyon {
 
-enum class QuantMethod : uint8_t { kRtnInt4, kAwqInt4, kInt8, kW8A8 };
-const char* quant_method_name(QuantMethod method);  // "rtn-int4", "awq-int4", "int8", "w8a8"
+enum class QuantMethod : uint8_t { kRtnInt4, kAwqInt4, kInt8, kW8A8, kFp8 };
+const char* quant_method_name(QuantMethod method);  // "rtn-int4", "awq-int4", "int8", "w8a8", "fp8"
 // The names above; anything else is an error listing them.
 Result<QuantMethod> parse_quant_method(const std::string& name);
 

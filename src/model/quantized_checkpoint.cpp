@@ -67,6 +67,21 @@ Result<std::optional<Weight>> read_int8(const WeightSource& source, const std::s
   return std::optional<Weight>(packed(std::move(w).value()));
 }
 
+Result<std::optional<Weight>> read_fp8(const WeightSource& source, const std::string& module, int64_t out,
+                                       int64_t in) {
+  const TensorMeta* meta = source.find(module + ".weight");
+  if (meta == nullptr || !meta->supported || meta->dtype != DType::kF8E4M3) return std::optional<Weight>();
+  TACHYON_ASSIGN_OR_RETURN(Tensor weight, source.tensor(module + ".weight"));
+  if (!source.has(module + ".weight_scale")) {
+    return make_error(ErrorCode::kNotFound, "{}: tensor '{}.weight_scale' is missing (the weight is fp8)", module,
+                      module);
+  }
+  TACHYON_ASSIGN_OR_RETURN(Tensor scale, source.tensor(module + ".weight_scale"));
+  auto w = unpack_fp8_channel(weight, scale, out, in);
+  if (!w.ok()) return w.status().with_context(module);
+  return std::optional<Weight>(packed(std::move(w).value()));
+}
+
 // What a checkpoint is made of, in memory until written.
 class TensorList {
  public:
@@ -98,7 +113,8 @@ class TensorList {
       return Status::Ok();
     }
     if ((qw.format == QuantFormat::kInt8Channel && q_.method == CheckpointQuantMethod::kInt8Channel) ||
-        (qw.format == QuantFormat::kW8A8 && q_.method == CheckpointQuantMethod::kW8A8)) {
+        (qw.format == QuantFormat::kW8A8 && q_.method == CheckpointQuantMethod::kW8A8) ||
+        (qw.format == QuantFormat::kFp8Channel && q_.method == CheckpointQuantMethod::kFp8Channel)) {
       const Int8ChannelTensors t = pack_int8_channel(qw);
       add(module + ".weight", t.weight);
       add(module + ".weight_scale", t.weight_scale);
@@ -131,6 +147,7 @@ Result<std::optional<Weight>> read_quantized_linear(const WeightSource& source, 
     case CheckpointQuantMethod::kAwqGemm:
     case CheckpointQuantMethod::kGptq: return read_int4(source, q, module, out, in);
     case CheckpointQuantMethod::kInt8Channel: return read_int8(source, module, out, in);
+    case CheckpointQuantMethod::kFp8Channel: return read_fp8(source, module, out, in);
     case CheckpointQuantMethod::kW8A8: {
       // The same stored weight; its activations are quantized when the layer runs.
       TACHYON_ASSIGN_OR_RETURN(std::optional<Weight> w, read_int8(source, module, out, in));
@@ -150,8 +167,8 @@ Result<SavedCheckpoint> save_quantized_checkpoint(const SaveCheckpointOptions& o
   const fs::path source(options.source_dir), out(options.out_dir);
   std::error_code ec;
   if (options.method != CheckpointQuantMethod::kAwqGemm && options.method != CheckpointQuantMethod::kInt8Channel &&
-      options.method != CheckpointQuantMethod::kW8A8) {
-    return make_error(ErrorCode::kInvalidArgument, "{}: checkpoints are written as AWQ int4, int8 or w8a8 only",
+      options.method != CheckpointQuantMethod::kW8A8 && options.method != CheckpointQuantMethod::kFp8Channel) {
+    return make_error(ErrorCode::kInvalidArgument, "{}: checkpoints are written as AWQ int4, int8, w8a8 or fp8 only",
                       options.out_dir);
   }
   if (fs::exists(out, ec) && fs::equivalent(source, out, ec)) {

@@ -563,7 +563,8 @@ Result<QuantWeight> unpack_gptq(const Tensor& qweight, const Tensor& qzeros, con
 }
 
 Int8ChannelTensors pack_int8_channel(const QuantWeight& w) {
-  TACHYON_CHECK(w.format == QuantFormat::kInt8Channel || w.format == QuantFormat::kW8A8,
+  TACHYON_CHECK(w.format == QuantFormat::kInt8Channel || w.format == QuantFormat::kW8A8 ||
+                    w.format == QuantFormat::kFp8Channel,
                 "pack_int8_channel: the weight is {}",
                 quant_format_name(w.format));
   Int8ChannelTensors t;
@@ -586,6 +587,22 @@ Result<QuantWeight> unpack_int8_channel(const Tensor& weight, const Tensor& weig
   q.packed = std::move(packed);  // a view into the checkpoint when it is one
   q.scales = Tensor::empty({out}, DType::kF32);
   std::copy(s.begin(), s.end(), q.scales.data<float>());
+  return q;
+}
+
+Result<QuantWeight> unpack_fp8_channel(const Tensor& weight, const Tensor& weight_scale, int64_t out, int64_t in) {
+  TACHYON_ASSIGN_OR_RETURN(Tensor packed, packed_tensor(weight, "weight", DType::kF8E4M3, out, in));
+  if (!weight_scale.defined()) return make_error(ErrorCode::kNotFound, "weight_scale is missing");
+  const bool per_tensor = weight_scale.numel() == 1 && out != 1;
+  Tensor scale_2d = weight_scale.contiguous().reshape({per_tensor ? 1 : weight_scale.numel(), 1});
+  TACHYON_ASSIGN_OR_RETURN(std::vector<float> s, scales_f32(scale_2d, "weight_scale", per_tensor ? 1 : out, 1));
+  QuantWeight q;
+  q.format = QuantFormat::kFp8Channel;
+  q.out_features = out;
+  q.in_features = in;
+  q.packed = std::move(packed);  // a view into the checkpoint when it is one
+  q.scales = Tensor::empty({out}, DType::kF32);
+  for (int64_t o = 0; o < out; ++o) q.scales.data<float>()[o] = s[per_tensor ? 0 : static_cast<size_t>(o)];
   return q;
 }
 

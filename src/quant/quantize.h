@@ -149,7 +149,12 @@ struct Int8ChannelTensors {
   Tensor weight;        // [out, in] i8
   Tensor weight_scale;  // [out, 1] f32
 };
-Int8ChannelTensors pack_int8_channel(const QuantWeight& w);  // w is kInt8Channel or kW8A8 (an invariant)
+// w is kInt8Channel, kW8A8 or kFp8Channel (an invariant); fp8 codes come out as F8_E4M3.
+Int8ChannelTensors pack_int8_channel(const QuantWeight& w);
+// Per-channel (or per-tensor) fp8 e4m3 as compressed-tensors' "float-quantized" stores it: weight
+// [out, in] F8_E4M3 and weight_scale [out, 1] (strategy "channel") or a single value ([1], [1, 1]
+// or a scalar: strategy "tensor", repeated over the rows); f32, f16 or bf16.
+Result<QuantWeight> unpack_fp8_channel(const Tensor& weight, const Tensor& weight_scale, int64_t out, int64_t in);
 Result<QuantWeight> unpack_int8_channel(const Tensor& weight, const Tensor& weight_scale, int64_t out, int64_t in);
 
 // GGUF Q4_0 (io/gguf.h): blocks of 32 weights, an f16 d and 16 bytes whose byte j holds weight j

@@ -20,6 +20,7 @@
 #include "core/dtype.h"
 #include "core/mapped_file.h"
 #include "io/io_test_util.h"
+#include "io/safetensors.h"
 #include "kv/block_manager.h"
 #include "kv/kv_cache.h"
 #include "model/forward_batch.h"
@@ -496,6 +497,47 @@ TEST(QuantizedCheckpoint, W8A8CheckpointIsLoadTimeW8A8BitExact) {
   EXPECT_EQ(group.at("input_activations").at("strategy"), "token");
   EXPECT_EQ(group.at("input_activations").at("dynamic"), true);
   EXPECT_EQ(group.at("input_activations").at("num_bits"), 8);
+}
+
+// fp8: the checkpoint is load-time --quant fp8 bit for bit, stored as compressed-tensors'
+// float-quantized (weights F8_E4M3 with a [out, 1] weight_scale).
+TEST(QuantizedCheckpoint, Fp8CheckpointIsLoadTimeFp8BitExact) {
+  std::string out;
+  expect_checkpoint_matches_load_time("fp8", QuantSpec{QuantFormat::kFp8Channel, 0}, "", &out);
+  std::ifstream f(out + "/config.json");
+  const json qc = json::parse(f).at("quantization_config");
+  EXPECT_EQ(qc.at("format"), "float-quantized");
+  EXPECT_EQ(qc.at("config_groups").at("group_0").at("weights").at("type"), "float");
+  auto source = SafetensorsWeightSource::open_file(out + "/model.safetensors");
+  ASSERT_TRUE(source.ok()) << source.status().to_string();
+  const TensorMeta* w = (*source)->find("model.layers.0.mlp.up_proj.weight");
+  ASSERT_NE(w, nullptr);
+  EXPECT_EQ(w->stored_type, "F8_E4M3");
+}
+
+// A per-tensor fp8 scale (strategy "tensor", as FP8 checkpoints with static scales store it)
+// repeats over the rows; wrong shapes and dtypes are errors.
+TEST(QuantizedCheckpoint, Fp8PerTensorScaleAndBadTensors) {
+  Tensor codes = Tensor::empty({3, 4}, DType::kF8E4M3);
+  const uint8_t c[12] = {0x38, 0xb8, 0x40, 0x00, 0x7e, 0x01, 0x30, 0x48, 0xc0, 0x3c, 0x44, 0x08};
+  std::memcpy(codes.raw_data(), c, 12);
+  Tensor scalar = Tensor::empty({}, DType::kF32);
+  scalar.data<float>()[0] = 0.5f;
+  auto q = unpack_fp8_channel(codes, scalar, 3, 4);
+  ASSERT_TRUE(q.ok()) << q.status().to_string();
+  const Tensor d = dequantize(*q);
+  EXPECT_EQ(d.data<float>()[0], 0.5f);    // 0x38 = 1.0
+  EXPECT_EQ(d.data<float>()[1], -0.5f);   // 0xb8 = -1.0
+  EXPECT_EQ(d.data<float>()[4], 224.0f);  // 0x7e = 448
+  EXPECT_EQ(d.data<float>()[5], 0.5f * 0.001953125f);  // 0x01: the smallest subnormal, 2^-9
+  Tensor rows = Tensor::empty({3, 1}, DType::kBF16);
+  for (int i = 0; i < 3; ++i) rows.data<uint16_t>()[i] = f32_to_bf16(static_cast<float>(i + 1));
+  auto per_row = unpack_fp8_channel(codes, rows, 3, 4);
+  ASSERT_TRUE(per_row.ok());
+  EXPECT_EQ(dequantize(*per_row).data<float>()[8], -6.0f);  // 0xc0 = -2, times 3
+  EXPECT_FALSE(unpack_fp8_channel(codes, Tensor::zeros({2, 1}, DType::kF32), 3, 4).ok());
+  EXPECT_FALSE(unpack_fp8_channel(Tensor::zeros({3, 4}, DType::kI8), scalar, 3, 4).ok());
+  EXPECT_FALSE(unpack_fp8_channel(codes, scalar, 3, 5).ok());
 }
 
 // SmoothQuant in-process: quantize, save, load; the loaded model is the saved one bit for bit
