@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "core/dtype.h"
@@ -362,61 +363,29 @@ void fp8_tile(const QuantLinearArgs& a, int64_t o, int64_t tok0) {
   }
 }
 
-// Rows [o_begin, o_end) for all tokens: tiles of TMax tokens, then one smaller tile.
-template <int TMax, template <int> class Tile>
-void run_rows(const QuantLinearArgs& a, int64_t o_begin, int64_t o_end) {
+// Rows [o_begin, o_end) for all tokens: tiles of TMax tokens, then one smaller tile. `tile` is
+// called as tile(std::integral_constant<int, T>{}, o, tok0) for a tile of T tokens at row o.
+template <int TMax, typename Tile>
+void run_rows(const QuantLinearArgs& a, int64_t o_begin, int64_t o_end, const Tile& tile) {
+  static_assert(TMax <= 4, "extend the remainder tiles below");
   for (int64_t r0 = o_begin; r0 < o_end; r0 += kRowBlock) {
     const int64_t r1 = std::min(o_end, r0 + kRowBlock);
     int64_t t = 0;
     for (; t + TMax <= a.n; t += TMax) {
-      for (int64_t o = r0; o < r1; ++o) Tile<TMax>::run(a, o, t);
+      for (int64_t o = r0; o < r1; ++o) tile(std::integral_constant<int, TMax>{}, o, t);
     }
     const int64_t rest = a.n - t;
     for (int64_t o = r0; o < r1; ++o) {
-      if (rest == 1) Tile<1>::run(a, o, t);
+      if (rest == 1) tile(std::integral_constant<int, 1>{}, o, t);
       if constexpr (TMax > 2) {
-        if (rest == 2) Tile<2>::run(a, o, t);
+        if (rest == 2) tile(std::integral_constant<int, 2>{}, o, t);
       }
       if constexpr (TMax > 3) {
-        if (rest == 3) Tile<3>::run(a, o, t);
+        if (rest == 3) tile(std::integral_constant<int, 3>{}, o, t);
       }
     }
-    static_assert(TMax <= 4, "extend the remainder tiles above");
   }
 }
-
-template <int T>
-struct Int8Tile {
-  static void run(const QuantLinearArgs& a, int64_t o, int64_t tok0) { int8_tile<T>(a, o, tok0); }
-};
-template <int T>
-struct Int4Tile {
-  static void run(const QuantLinearArgs& a, int64_t o, int64_t tok0) { int4_tile<T>(a, o, tok0); }
-};
-template <int T>
-struct Fp8Tile {
-  static void run(const QuantLinearArgs& a, int64_t o, int64_t tok0) { fp8_tile<T>(a, o, tok0); }
-};
-template <int T>
-struct TernaryTile {
-  static void run(const QuantLinearArgs& a, int64_t o, int64_t tok0) { ternary_tile<T>(a, o, tok0); }
-};
-template <int T>
-struct W8A8Tile {
-  static void run(const QuantLinearArgs& a, int64_t o, int64_t tok0) { w8a8_tile<T>(a, o, tok0); }
-};
-template <int T>
-struct Q8_0Tile {
-  static void run(const QuantLinearArgs& a, int64_t o, int64_t tok0) { q8_0_tile<T>(a, o, tok0); }
-};
-template <int T>
-struct Q4_KTile {
-  static void run(const QuantLinearArgs& a, int64_t o, int64_t tok0) { q4_k_tile<T>(a, o, tok0); }
-};
-template <int T>
-struct Q6_KTile {
-  static void run(const QuantLinearArgs& a, int64_t o, int64_t tok0) { q6_k_tile<T>(a, o, tok0); }
-};
 
 }  // namespace
 
@@ -450,26 +419,29 @@ void quant_linear(const QuantLinearArgs& args) {
   // Whole row blocks, at least ~32 KiB of packed weight per chunk so thread start-up stays small.
   const int64_t blocks = (out + kRowBlock - 1) / kRowBlock;
   const int64_t grain = std::max<int64_t>(1, (int64_t{32} << 10) / std::max<int64_t>(1, kRowBlock * row_bytes * a.n));
+  // A tile function template as run_rows' callable.
+#define TILE(f) [&a](auto tokens, int64_t o, int64_t tok0) { f<decltype(tokens)::value>(a, o, tok0); }
   parallel_for(blocks, grain, [&](int64_t b_begin, int64_t b_end) {
     const int64_t o_begin = b_begin * kRowBlock, o_end = std::min(out, b_end * kRowBlock);
     switch (q.format) {
-      case QuantFormat::kInt8Channel: run_rows<kInt8Tokens, Int8Tile>(a, o_begin, o_end); break;
-      case QuantFormat::kInt4Group: run_rows<kInt4Tokens, Int4Tile>(a, o_begin, o_end); break;
-      case QuantFormat::kTernary: run_rows<kInt4Tokens, TernaryTile>(a, o_begin, o_end); break;
-      case QuantFormat::kFp8Channel: run_rows<kInt8Tokens, Fp8Tile>(a, o_begin, o_end); break;
+      case QuantFormat::kInt8Channel: run_rows<kInt8Tokens>(a, o_begin, o_end, TILE(int8_tile)); break;
+      case QuantFormat::kInt4Group: run_rows<kInt4Tokens>(a, o_begin, o_end, TILE(int4_tile)); break;
+      case QuantFormat::kTernary: run_rows<kInt4Tokens>(a, o_begin, o_end, TILE(ternary_tile)); break;
+      case QuantFormat::kFp8Channel: run_rows<kInt8Tokens>(a, o_begin, o_end, TILE(fp8_tile)); break;
       case QuantFormat::kW8A8:
         if (vnni) {
           w8a8_rows_vnni(a, o_begin, o_end);
         } else {
-          run_rows<kInt8Tokens, W8A8Tile>(a, o_begin, o_end);
+          run_rows<kInt8Tokens>(a, o_begin, o_end, TILE(w8a8_tile));
         }
         break;
-      case QuantFormat::kGgufQ8_0: run_rows<kGgufTokens, Q8_0Tile>(a, o_begin, o_end); break;
-      case QuantFormat::kGgufQ4_K: run_rows<kGgufTokens, Q4_KTile>(a, o_begin, o_end); break;
-      case QuantFormat::kGgufQ6_K: run_rows<kGgufTokens, Q6_KTile>(a, o_begin, o_end); break;
+      case QuantFormat::kGgufQ8_0: run_rows<kGgufTokens>(a, o_begin, o_end, TILE(q8_0_tile)); break;
+      case QuantFormat::kGgufQ4_K: run_rows<kGgufTokens>(a, o_begin, o_end, TILE(q4_k_tile)); break;
+      case QuantFormat::kGgufQ6_K: run_rows<kGgufTokens>(a, o_begin, o_end, TILE(q6_k_tile)); break;
       default: TACHYON_CHECK(false, "quant_linear: no kernel for {}", quant_format_name(q.format));
     }
   });
+#undef TILE
 }
 
 }  // namespace tachyon::ops::cpu
