@@ -3,20 +3,27 @@
 // step is bound by reading the weight once (8.5, 4.5 and 6.5 bits per weight), and the expansion
 // of a whole weight to bf16 rows that lets cuBLASLt multiply it when many tokens share it.
 //
-// Each GEMV warp owns a few output rows and walks K with 16-byte loads that bypass L1 (every
-// weight byte is used once), a row's loads all issued before the first use; codes become floats
-// in registers and meet the activations in f32 multiply-adds; block scales multiply sums of 16 or
-// 32 products. K splits over the grid for short matrices, the slices' sums reduced in split order
-// (linear_gemv.cu's reduction), so results never depend on timing; and a token's result does not
-// depend on the batch it came in (the same per-lane order, planned splits and warp sums for any
-// token count), which LinearMode::kBatchInvariant relies on.
+// Codes become floats in registers and meet the activations in f32 multiply-adds; block scales
+// multiply sums of 16 or 32 products. K splits over the grid for short matrices, the slices' sums
+// reduced in split order (linear_gemv.cu's reduction), so results never depend on timing; and a
+// token's result does not depend on the batch it came in (the same per-lane order, planned splits
+// and sums for any token count), which LinearMode::kBatchInvariant relies on.
+//
+// Q8_0: each warp owns a few output rows and walks K with 16-byte loads that bypass L1 (every
+// weight byte is used once), a row's loads all issued before the first use. Q4_K and Q6_K, whose
+// 144- and 208-byte blocks straddle 32-byte sectors, are copied tile by tile into shared memory
+// (cp.async, every instruction 512 consecutive bytes) and decoded from there; see their section.
 //
 // The K-quants' codes become floats with one byte permute each: a byte 0x80 | c below the byte
 // 0x3f is the float 1 + c / 128 (the 0x80 is the exponent's lowest bit), so with xsum = sum_j x_j
 // over a run of columns, sum_j (1 + c_j / 128) x_j = xsum + sum_j c_j x_j / 128 gives the codes'
 // dot product with no conversion per weight. xsum depends only on the columns, so it is shared by
-// the warp's rows, and Q4_K needs it anyway for its mins. Q4_K places its nibble as c = 8 q (the
-// float 1 + q / 16), keeping more of the code's bits above the rounding of the sum.
+// the lane's rows (Q4_K's, which it needs anyway for its mins, by 8 lanes of a warp too). Q4_K
+// places its nibble as c = 8 q (the float 1 + q / 16), keeping more of the code's bits above the
+// rounding of the sum. At one token this decoding (3.4 to 4 instructions per weight) takes about
+// as long as the weight's transfer on an H200, so the K-quant GEMVs stay below the memory roofline
+// unless the matrix is large; int8 activations (dp4a) would be the next step, at the cost of the
+// f32 activations' accuracy.
 // Q8_0's signed codes go through int8's exact byte trick (device_math.cuh's Elem<kI8>).
 #include <algorithm>
 
@@ -26,13 +33,11 @@
 namespace tachyon::ops::cuda::detail {
 namespace {
 
-constexpr int kWarps = kGemvThreads / 32;
-constexpr int64_t kBlockK = 256;       // weights per Q4_K / Q6_K block
-constexpr int64_t kQ4KBytes = 144;     // a Q4_K block: f16 d, f16 dmin, scales[12], qs[128]
-constexpr int64_t kQ6KBytes = 208;     // a Q6_K block less its d: ql[128], qh[64], scales[16]
-constexpr int64_t kQ8Step = 32 * 16;   // Q8_0: 16 codes per lane and load
-constexpr int64_t kQ4Step = 16 * kBlockK;  // Q4_K: two lanes per block
-constexpr int64_t kQ6Step = 8 * kBlockK;   // Q6_K: four lanes per block
+constexpr int kWarps = kGemvThreads / 32;  // Q8_0's warps per thread block
+constexpr int64_t kBlockK = 256;           // weights per Q4_K / Q6_K block
+constexpr int64_t kQ4KBytes = 144;         // a Q4_K block: f16 d, f16 dmin, scales[12], qs[128]
+constexpr int64_t kQ6KBytes = 208;         // a Q6_K block less its d: ql[128], qh[64], scales[16]
+constexpr int64_t kQ8Step = 32 * 16;       // Q8_0: 16 codes per lane and load
 
 struct GgufGemvParams {
   const float* x;  // [n, in] f32, rows x_stride apart
@@ -46,9 +51,14 @@ struct GgufGemvParams {
   int64_t y_stride;
   float* partial;  // [splits, n, out] when splits > 1
   int64_t n, in, out;
-  int64_t chunk;  // columns per K slice: a multiple of the format's warp step
+  int64_t chunk;  // columns per K slice: a multiple of the warp step (Q8_0) or of the block (Q4_K, Q6_K)
   int splits;
+  // kCodeOr, passed at run time so that the compiler keeps it in a register: a K-quant code's
+  // mask-and-set is then one three-input logic op (with two immediates it takes two).
+  uint32_t code_or;
 };
+
+constexpr uint32_t kCodeOr = 0x80808080u;  // the 0x80 of every code byte (the floats 1 + c / 128)
 
 // Rows per warp and (Q8_0, Q6_K) loads in flight per row, by token bucket: more tokens hold more
 // sums and activations in registers, so fewer rows fit.
@@ -71,17 +81,6 @@ struct Q8Tile<8> {
   static constexpr int kRows = 4, kSteps = 1;
 };
 
-template <int NT>
-struct Q4KTile {
-  static constexpr int kRows = NT <= 2 ? 4 : (NT <= 4 ? 2 : 1);
-};
-
-template <int NT>
-struct Q6KTile {
-  static constexpr int kRows = NT <= 2 ? 4 : 2;
-  static constexpr int kSteps = 1;
-};
-
 __device__ __forceinline__ float element(const float4& v, int i) {
   return i == 0 ? v.x : (i == 1 ? v.y : (i == 2 ? v.z : v.w));
 }
@@ -101,6 +100,17 @@ __device__ __forceinline__ void load_x4(const float* const (&xr)[NT], int64_t co
     } else {
       xv[t] = make_float4(__ldg(q), __ldg(q + 1), __ldg(q + 2), __ldg(q + 3));
     }
+  }
+}
+
+// x[t, col .. col + 4) of one token's row (XV: a 16-byte aligned row).
+template <bool XV>
+__device__ __forceinline__ float4 load_x4_token(const float* xt, int64_t col) {
+  const float* q = xt + col;
+  if constexpr (XV) {
+    return __ldg(reinterpret_cast<const float4*>(q));
+  } else {
+    return make_float4(__ldg(q), __ldg(q + 1), __ldg(q + 2), __ldg(q + 3));
   }
 }
 
@@ -239,273 +249,430 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_q8_0_kernel(const GgufGemvP
   store_sums<ROWS, NT>(p, acc, row0, split);
 }
 
-// ---- Q4_K ------------------------------------------------------------------------------------------
-// Two lanes per block (u = lane & 1), the warp's 16 pairs on 16 consecutive blocks of each row. qs
-// byte 32c + l holds column 64c + l in its low nibble (sub-block 2c) and 64c + 32 + l in its high
-// one (2c + 1); lane u loads the 16-byte qs pieces 2c + u of all four chunks c (bytes l = 16u ..
-// 16u + 15), so it holds half of every sub-block: columns 32s + 16u .. + 15 of sub-block s. Lane u
-// keeps sub-blocks 4u .. 4u + 3 and its partner the others: a lane sums its half of each sub-block,
-// the pair swaps the halves it does not keep (one shuffle per sub-block), and each lane applies the
-// scales of the four it keeps, decoded from the block's header (its 16-byte load, shared by the
-// pair). Lane u loads the chunks in the order c = (i + 2u) & 3, i = 0..3, so that slots 0-1 hold
-// the kept sub-blocks and slots 2-3 the swapped ones for both lanes, and nothing is selected by
-// lane. With f = 1 + q / 16:
-//   sum_j w_j x_j = d sc sum_j q_j x_j - dmin m xsum = (16 d sc) sum_j f_j x_j - (16 d sc + dmin m) xsum.
+// ---- Q4_K and Q6_K: tiles staged in shared memory ------------------------------------------------
+// A thread block owns kTileGroups * R consecutive rows (R rows per lane: k_quant_tile) and one
+// K slice; its warps share out the slice's blocks (warp w takes blocks w, w + warps, ...) and each
+// warp streams its blocks through a private ring of S shared-memory stages: one stage is one block
+// of every row of the tile, copied with cp.async by 16-byte pieces in address order, so that each
+// copy instruction moves whole sectors and no sector crosses to the SM twice. Lane = part * 8 +
+// group: the group (lane & 7) takes rows group + 8 r (r < R) of the tile, the part (lane >> 3) a
+// quarter of the block, and a lane decodes its R rows against one load of their activations:
+//   Q4_K: part = chunk c, qs[32c .. 32c + 32): sub-blocks 2c (low nibbles, columns 64c + l) and
+//         2c + 1 (high nibbles, 64c + 32 + l), whose scales and mins the lane decodes itself; the
+//         8 lanes of a part share the two xsums (each adds 8 columns, then shuffles).
+//   Q6_K: part = (h, u) = (part >> 1, part & 1): Q6_K's four runs of 16 columns
+//         128h + 32k + 16u .. + 15 (k = 0..3), each inside one scale group (as ggml_blocks.h).
+// A quarter-warp's 8 lanes read 8 rows at one offset, rows 144 or 208 bytes apart (an odd number
+// of 16-byte bank groups): no bank conflicts. At the end the four parts of a row add up in a fixed
+// butterfly, then the warps' sums in warp order through shared memory: whatever R and the token
+// count, a row's sum is the same sequence of operations (only the planned warps and slices,
+// chosen for one token, shape it).
 
-// Codes of 4 columns from a word of qs bytes, as bytes 0x80 | q << 3 (the floats 1 + q / 16).
+constexpr int kTileGroups = 8;     // row groups of a warp (lane & 7); 4 parts (lane >> 3)
+constexpr int kMaxTileWarps = 16;  // warps of a thread block
+constexpr int kPlanTileRows = 32;  // the planner's unit of rows (whatever R a launch takes)
+
+// R rows per lane and S ring stages of a launch, as measured fastest on an H200 (build-cuda/tune's
+// gguf_bench) for the planner's warps: Q4_K 2 rows (more warps per SM), with two stages when each
+// warp has 3 or more blocks (not at two tokens); Q6_K 4 rows at one token, and at two when the
+// slice is long, else 2; one stage. Neither changes a sum.
+struct KQuantTile {
+  int rows, stages;
+};
+
+KQuantTile k_quant_tile(GgufFormat format, int64_t n, int64_t slice_blocks, int64_t warps) {
+  const int64_t blocks_per_warp = (slice_blocks + warps - 1) / warps;
+  if (format == GgufFormat::kQ4_K) return {2, n != 2 && blocks_per_warp >= 3 ? 2 : 1};
+  if (n <= 1 || (n <= 2 && slice_blocks >= 32)) return {4, 1};
+  return {2, 1};
+}
+
+template <GgufFormat F>
+struct KQuantBlock;
+template <>
+struct KQuantBlock<GgufFormat::kQ4_K> {
+  static constexpr int kBytes = static_cast<int>(kQ4KBytes);
+};
+template <>
+struct KQuantBlock<GgufFormat::kQ6_K> {
+  static constexpr int kBytes = static_cast<int>(kQ6KBytes);
+};
+
+// 16 bytes global -> shared without the register file (sm_80 and later: cp.async, L1 bypassed);
+// older GPUs copy through registers at once, so the waits below have nothing to wait for.
+__device__ __forceinline__ void copy_to_shared_16(void* dst, const void* src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(dst))),
+               "l"(src)
+               : "memory");
+#else
+  *static_cast<uint4*>(dst) = load_stream_16(src);
+#endif
+}
+
+__device__ __forceinline__ void copy_to_shared_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+
+// Waits until at most N of this thread's committed copy groups are still in flight.
+template <int N>
+__device__ __forceinline__ void copy_to_shared_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+#endif
+}
+
+// Byte `sel` picks (__byte_perm selector 0x7044 | b << 8) of `e`, 0x80 | c, as the float 1 + c / 128.
+__device__ __forceinline__ float unit_float_sel(uint32_t e, uint32_t sel) {
+  return __uint_as_float(__byte_perm(e, 0x3f000000u, sel));
+}
+
+// The signed byte `sel` picks (selector 0x7540 | b) of `w ^ 0x80808080`, exactly, as a float.
+__device__ __forceinline__ float i8_float_sel(uint32_t biased, uint32_t sel) {
+  return __uint_as_float(__byte_perm(biased, 0x4b000000u, sel)) - 8388736.0f;  // (2^23 + 128 + q) - (2^23 + 128)
+}
+
+// Q4_K: codes of 4 columns from a word of qs bytes, as bytes 0x80 | q << 3 (the floats 1 + q / 16);
+// bias = kCodeOr.
 template <int HIGH>
-__device__ __forceinline__ uint32_t q4_k_code_bytes(uint32_t qs) {
-  return ((HIGH ? qs >> 1 : qs << 3) & 0x78787878u) | 0x80808080u;
+__device__ __forceinline__ uint32_t q4_k_code_bytes(uint32_t qs, uint32_t bias) {
+  return ((HIGH ? qs >> 1 : qs << 3) & 0x78787878u) | bias;
 }
 
-// sum[r][t] += sum over the 16 columns at col of f(code) * x, and xsum[t] += the columns' x.
-template <int ROWS, int NT, bool XV, int HIGH>
-__device__ __forceinline__ void q4_k_half_sub_block(const float* const (&xr)[NT], const uint4* const (&piece)[ROWS],
-                                                    int64_t col, float (&sum)[ROWS][NT], float (&xsum)[NT]) {
+// What a Q4_K lane needs to read its two sub-blocks' scales and mins from a block header (as
+// core/ggml_blocks.h's q4_k_scale_min): chunk c = part < 2 keeps sub-blocks 2c, 2c + 1 < 4, the low
+// 6 bits of header bytes 4 + s (scale) and 8 + s (min); c >= 2 sub-blocks s = 4 + j, the nibbles of
+// byte 12 + j and the top 2 bits of bytes 4 + j and 8 + j. Byte j = 2 (c & 1) + v of the words below.
+struct Q4KLane {
+  uint32_t nibble_mask, high_mask, high_shift;
+  uint32_t sel[2];  // unit_float_sel selectors of bytes 2 (c & 1) + v
+};
+
+__device__ __forceinline__ Q4KLane q4_k_lane(int part) {
+  const bool high = part >= 2;
+  Q4KLane l;
+  l.nibble_mask = high ? 0x0f0f0f0fu : 0u;
+  l.high_mask = high ? 0x30303030u : 0x3f3f3f3fu;
+  l.high_shift = high ? 2u : 0u;
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    float4 xv[NT];
-    load_x4<NT, XV>(xr, col + 4 * i, xv);
+  for (int v = 0; v < 2; ++v) l.sel[v] = 0x7044u | static_cast<uint32_t>((2 * (part & 1) + v) << 8);
+  return l;
+}
+
+// Sub-block 2c + v's a = 16 d sc and c = 16 d sc + dmin m from the header: the scale and min
+// become floats 1 + s / 128, and 2048 d (1 + sc / 128) - 2048 d = 16 d sc and 128 dmin (1 + m / 128)
+// - 128 dmin = dmin m are exact (f16 d times 6-bit codes), so a is exact and c rounds once.
+__device__ __forceinline__ void q4_k_scales(const uint4& h, const Q4KLane& l, float (&a)[2], float (&c)[2]) {
+  const float d2048 = 2048.0f * f16_bits_to_f32(static_cast<uint16_t>(h.x & 0xffffu));
+  const float dmin128 = 128.0f * f16_bits_to_f32(static_cast<uint16_t>(h.x >> 16));
+  const uint32_t sc = (h.w & l.nibble_mask) | (((h.y >> l.high_shift) & l.high_mask) | 0x80808080u);
+  const uint32_t mn = ((h.w >> 4) & l.nibble_mask) | (((h.z >> l.high_shift) & l.high_mask) | 0x80808080u);
 #pragma unroll
-    for (int t = 0; t < NT; ++t) xsum[t] += ((xv[t].x + xv[t].y) + xv[t].z) + xv[t].w;
-#pragma unroll
-    for (int r = 0; r < ROWS; ++r) {
-      const uint32_t e = q4_k_code_bytes<HIGH>(word(*piece[r], i));
-#pragma unroll
-      for (int b = 0; b < 4; ++b) {
-        const float f = unit_float(e, b);
-#pragma unroll
-        for (int t = 0; t < NT; ++t) sum[r][t] = fmaf(f, element(xv[t], b), sum[r][t]);
-      }
-    }
+  for (int v = 0; v < 2; ++v) {
+    a[v] = fmaf(d2048, unit_float_sel(sc, l.sel[v]), -d2048);
+    c[v] = a[v] + fmaf(dmin128, unit_float_sel(mn, l.sel[v]), -dmin128);
   }
 }
 
-template <int NT, int ROWS, bool XV>
-__global__ void __launch_bounds__(kGemvThreads) gemv_q4_k_kernel(const GgufGemvParams p) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * ROWS;
-  if (row0 >= p.out) return;  // no block-wide synchronisation below
-  const int split = blockIdx.y;
-  const int64_t b_end = min64(p.in, split * p.chunk + p.chunk) / kBlockK;
-  const int u = lane & 1;
-  const unsigned pair = 3u << (lane & 30);  // the shuffles below run inside per-pair loops
-  // Slot i of the lane's qs pieces: chunk (i + 2u) & 3, byte offset 16 + 32 c + 16 u in the block.
-  int offset[4];
+// The sum of x[t] over the 8 columns col + 8 group .. + 7 of each token: a lane's share of the
+// column sums that the 8 lanes of its part need alike (fixed order of additions).
+template <int NT, bool XV>
+__device__ __forceinline__ void x_share(const float* const (&xr)[NT], int64_t col, float (&share)[NT]) {
 #pragma unroll
-  for (int i = 0; i < 4; ++i) offset[i] = 16 + 32 * ((i + 2 * u) & 3) + 16 * u;
-  // Scales and mins of the kept sub-blocks 4u + i, byte i of (as core/ggml_blocks.h's
-  // q4_k_scale_min): u = 0: header bytes 4 + i and 8 + i (low 6 bits); u = 1: the nibbles of byte
-  // 12 + i and the top 2 bits of bytes 4 + i and 8 + i.
-  const uint32_t nibble_mask = u ? 0x0f0f0f0fu : 0u, high_mask = u ? 0x30303030u : 0x3f3f3f3fu;
-  const int high_shift = 2 * u;
-  const uint8_t* wr[ROWS];
-#pragma unroll
-  for (int r = 0; r < ROWS; ++r) wr[r] = p.w + min64(row0 + r, p.out - 1) * p.w_stride;  // past out: not stored
-  const float* xr[NT];
-  token_rows<NT>(p, xr);
-  float acc[ROWS][NT];
-#pragma unroll
-  for (int r = 0; r < ROWS; ++r) {
-#pragma unroll
-    for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
+  for (int t = 0; t < NT; ++t) {
+    const float4 a = load_x4_token<XV>(xr[t], col), b = load_x4_token<XV>(xr[t], col + 4);
+    share[t] = ((a.x + a.y) + (a.z + a.w)) + ((b.x + b.y) + (b.z + b.w));
   }
-  for (int64_t b = split * p.chunk / kBlockK + (lane >> 1); b < b_end; b += kQ4Step / kBlockK) {
-    uint4 head[ROWS], qs[ROWS][4];
+}
+
+// One stage of Q4_K: acc[r][t] += sum over the lane's 64 columns (col = the block's first column
+// + 64 c) of w * x, rows 8 r + group of the staged tile. With f = 1 + q / 16:
+//   sum_j w_j x_j = d sc sum_j q_j x_j - dmin m xsum = a sum_j f_j x_j - c xsum.
+// The sub-blocks' xsums come from the 8 lanes of the part: each adds 8 columns, four lanes one
+// sub-block (xor 1, 2: lanes group < 4 hold sub-block 2c's, the others 2c + 1's), xor 4 swaps.
+// Few tokens: both sub-blocks at once from one read of the codes; more: one after the other, to
+// hold half the activations. Either way each sum sees the same operations in the same order.
+template <int NT, int R, bool XV>
+__device__ __forceinline__ void q4_k_stage(const uint8_t* stage, int group, int part, const Q4KLane& l,
+                                           uint32_t bias, const float* const (&xr)[NT], int64_t col,
+                                           float (&acc)[R][NT]) {
+  const uint8_t* rows[R];
+  float a[R][2], c[R][2];
 #pragma unroll
-    for (int r = 0; r < ROWS; ++r) {
-      const uint8_t* block = wr[r] + b * kQ4KBytes;
-      head[r] = load_stream_16(block);
+  for (int r = 0; r < R; ++r) {
+    rows[r] = stage + (8 * r + group) * kQ4KBytes;
+    q4_k_scales(*reinterpret_cast<const uint4*>(rows[r]), l, a[r], c[r]);
+  }
+  float own[NT];  // this lane's sub-block's xsum (2c if group < 4, else 2c + 1)
+  x_share<NT, XV>(xr, col + 8 * group, own);
 #pragma unroll
-      for (int i = 0; i < 4; ++i) qs[r][i] = load_stream_16(block + offset[i]);
-    }
-    float d16[ROWS], dmin[ROWS];
-    uint32_t sc_bytes[ROWS], min_bytes[ROWS];
+  for (int t = 0; t < NT; ++t) {
+    own[t] += __shfl_xor_sync(kFullMask, own[t], 1);
+    own[t] += __shfl_xor_sync(kFullMask, own[t], 2);
+  }
+  const bool low_sub = group < 4;
+  const int qs_offset = 16 + 32 * part;
+  constexpr int kSubs = NT <= 2 ? 2 : 1;  // sub-blocks per pass over the codes
 #pragma unroll
-    for (int r = 0; r < ROWS; ++r) {
-      d16[r] = 16.0f * f16_bits_to_f32(static_cast<uint16_t>(head[r].x & 0xffffu));
-      dmin[r] = f16_bits_to_f32(static_cast<uint16_t>(head[r].x >> 16));
-      sc_bytes[r] = (head[r].w & nibble_mask) | ((head[r].y >> high_shift) & high_mask);
-      min_bytes[r] = ((head[r].w >> 4) & nibble_mask) | ((head[r].z >> high_shift) & high_mask);
-    }
-    const int64_t col = b * kBlockK + 16 * u;
+  for (int pass = 0; pass < 2 / kSubs; ++pass) {
+    float sum[kSubs][R][NT];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {  // kept sub-block 4u + i, swapped sub-block 4(1 - u) + i
-      float kept[ROWS][NT], swapped[ROWS][NT], xs_kept[NT], xs_swapped[NT];
+    for (int s = 0; s < kSubs; ++s) {
 #pragma unroll
       for (int t = 0; t < NT; ++t) {
-        xs_kept[t] = xs_swapped[t] = 0.0f;
 #pragma unroll
-        for (int r = 0; r < ROWS; ++r) kept[r][t] = swapped[r][t] = 0.0f;
+        for (int r = 0; r < R; ++r) sum[s][r][t] = 0.0f;
       }
-      const uint4* kept_piece[ROWS];
-      const uint4* swapped_piece[ROWS];
+    }
 #pragma unroll
-      for (int r = 0; r < ROWS; ++r) {
-        kept_piece[r] = &qs[r][i >> 1];
-        swapped_piece[r] = &qs[r][2 + (i >> 1)];
-      }
-      if (i & 1) {
-        q4_k_half_sub_block<ROWS, NT, XV, 1>(xr, kept_piece, col + 32 * (i + 4 * u), kept, xs_kept);
-        q4_k_half_sub_block<ROWS, NT, XV, 1>(xr, swapped_piece, col + 32 * (i + 4 - 4 * u), swapped, xs_swapped);
-      } else {
-        q4_k_half_sub_block<ROWS, NT, XV, 0>(xr, kept_piece, col + 32 * (i + 4 * u), kept, xs_kept);
-        q4_k_half_sub_block<ROWS, NT, XV, 0>(xr, swapped_piece, col + 32 * (i + 4 - 4 * u), swapped, xs_swapped);
-      }
-      float xsum[NT];
+    for (int half = 0; half < 2; ++half) {
+      uint4 q[R];
 #pragma unroll
-      for (int t = 0; t < NT; ++t) xsum[t] = xs_kept[t] + __shfl_xor_sync(pair, xs_swapped[t], 1);
+      for (int r = 0; r < R; ++r) q[r] = *reinterpret_cast<const uint4*>(rows[r] + qs_offset + 16 * half);
 #pragma unroll
-      for (int r = 0; r < ROWS; ++r) {
-        const float a = d16[r] * static_cast<float>((sc_bytes[r] >> (8 * i)) & 0xffu);
-        const float c = fmaf(dmin[r], static_cast<float>((min_bytes[r] >> (8 * i)) & 0xffu), a);
+      for (int i = 0; i < 4; ++i) {
 #pragma unroll
-        for (int t = 0; t < NT; ++t) {
-          const float total = kept[r][t] + __shfl_xor_sync(pair, swapped[r][t], 1);
-          acc[r][t] = fmaf(-c, xsum[t], fmaf(a, total, acc[r][t]));
+        for (int s = 0; s < kSubs; ++s) {
+          const int v = pass + s;  // 0: low nibbles, 1: high nibbles
+          float f[R][4];
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            const uint32_t e =
+                v == 0 ? q4_k_code_bytes<0>(word(q[r], i), bias) : q4_k_code_bytes<1>(word(q[r], i), bias);
+#pragma unroll
+            for (int b = 0; b < 4; ++b) f[r][b] = unit_float(e, b);
+          }
+#pragma unroll
+          for (int t = 0; t < NT; ++t) {
+            const float4 xv = load_x4_token<XV>(xr[t], col + 32 * v + 16 * half + 4 * i);
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+#pragma unroll
+              for (int b = 0; b < 4; ++b) sum[s][r][t] = fmaf(f[r][b], element(xv, b), sum[s][r][t]);
+            }
+          }
         }
       }
     }
+#pragma unroll
+    for (int s = 0; s < kSubs; ++s) {
+      const int v = pass + s;
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        const float other = __shfl_xor_sync(kFullMask, own[t], 4);
+        const float xsum = (v == 0) == low_sub ? own[t] : other;
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[r][t] = fmaf(-c[r][v], xsum, fmaf(a[r][v], sum[s][r][t], acc[r][t]));
+      }
+    }
   }
-  store_sums<ROWS, NT>(p, acc, row0, split);
 }
 
-// ---- Q6_K ------------------------------------------------------------------------------------------
-// Four lanes per block (i = lane & 3: half h = i >> 1, u = i & 1), the warp's 8 groups on 8
-// consecutive blocks of each row. Lane i loads ql bytes 64h + 16u .. + 15 (L[l]) and 64h + 32 + 16u
-// .. (L[l + 32]), qh bytes 32h + 16u .. (H[l]) and the 8 scales of its half, and decodes the four
-// runs of 16 columns 128h + 32k + 16u .. + 15 (k = 0..3), each inside one 16-weight scale group:
-// run k takes L's low nibbles (k = 0), L32's (1), L's high ones (2), L32's (3), and bits 2k, 2k + 1
-// of H above them. With f = 1 + q / 128, q - 32 = 128 (f - 1) - 32, so a run contributes
-//   d sc sum_j (q_j - 32) x_j = d sc (128 sum_j f_j x_j - 160 xsum).
-
-// The codes of run K for 4 columns (words of L, L32 and H at the same l) as bytes 0x80 | q.
+// Q6_K: the codes of run K for 4 columns (words of L (K even) or L32 (K odd) and H at the same l)
+// as bytes 0x80 | q; bias = kCodeOr.
 template <int K>
-__device__ __forceinline__ uint32_t q6_k_code_bytes(uint32_t lo, uint32_t lo32, uint32_t hi) {
-  if constexpr (K == 0) return (lo & 0x0f0f0f0fu) | ((hi << 4) & 0x30303030u) | 0x80808080u;
-  if constexpr (K == 1) return (lo32 & 0x0f0f0f0fu) | ((hi << 2) & 0x30303030u) | 0x80808080u;
-  if constexpr (K == 2) return ((lo >> 4) & 0x0f0f0f0fu) | (hi & 0x30303030u) | 0x80808080u;
-  return ((lo32 >> 4) & 0x0f0f0f0fu) | ((hi >> 2) & 0x30303030u) | 0x80808080u;
+__device__ __forceinline__ uint32_t q6_k_code_bytes(uint32_t lo, uint32_t hi, uint32_t bias) {
+  if constexpr (K == 0) return (lo & 0x0f0f0f0fu) | (((hi << 4) & 0x30303030u) | bias);
+  if constexpr (K == 1) return (lo & 0x0f0f0f0fu) | (((hi << 2) & 0x30303030u) | bias);
+  if constexpr (K == 2) return ((lo >> 4) & 0x0f0f0f0fu) | ((hi & 0x30303030u) | bias);
+  return ((lo >> 4) & 0x0f0f0f0fu) | (((hi >> 2) & 0x30303030u) | bias);
 }
 
-struct Q6KLanes {
-  uint4 lo, lo32, hi;  // ql at l, ql at l + 32, qh at l
-  uint2 scales;        // the half block's 8 scales (i8)
-};
-
-// blk[r][t] += sc_k * sum over run K (16 columns at col) of (q - 32) * x.
-template <int ROWS, int NT, bool XV, int K>
-__device__ __forceinline__ void q6_k_run(const float* const (&xr)[NT], const Q6KLanes (&lanes)[ROWS], int u,
-                                         int64_t col, float (&blk)[ROWS][NT]) {
-  float sum[ROWS][NT], xsum[NT];
+// acc[r][t] += d sc sum over run K (16 columns at col) of (q - 32) x. With f = 1 + q / 128,
+// q - 32 = 128 (f - 1) - 32, so the run contributes d sc (128 sum_j f_j x_j - 160 xsum); d sc is
+// exact (f16 times int8). `words`: the lane's L (K even) or L32 (K odd) of each row.
+template <int NT, int R, bool XV, int K>
+__device__ __forceinline__ void q6_k_run(const float* const (&xr)[NT], const uint4 (&words)[R], const uint4 (&hi)[R],
+                                         const uint2 (&scales)[R], const float (&d)[R], uint32_t scale_sel,
+                                         uint32_t bias, int64_t col, float (&acc)[R][NT]) {
+  float sum[R][NT], xsum[NT];
 #pragma unroll
   for (int t = 0; t < NT; ++t) {
     xsum[t] = 0.0f;
 #pragma unroll
-    for (int r = 0; r < ROWS; ++r) sum[r][t] = 0.0f;
+    for (int r = 0; r < R; ++r) sum[r][t] = 0.0f;
   }
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    float4 xv[NT];
-    load_x4<NT, XV>(xr, col + 4 * i, xv);
+    float f[R][4];
 #pragma unroll
-    for (int t = 0; t < NT; ++t) xsum[t] += ((xv[t].x + xv[t].y) + xv[t].z) + xv[t].w;
+    for (int r = 0; r < R; ++r) {
+      const uint32_t e = q6_k_code_bytes<K>(word(words[r], i), word(hi[r], i), bias);
 #pragma unroll
-    for (int r = 0; r < ROWS; ++r) {
-      const uint32_t e = q6_k_code_bytes<K>(word(lanes[r].lo, i), word(lanes[r].lo32, i), word(lanes[r].hi, i));
+      for (int b = 0; b < 4; ++b) f[r][b] = unit_float(e, b);
+    }
 #pragma unroll
-      for (int b = 0; b < 4; ++b) {
-        const float f = unit_float(e, b);
+    for (int t = 0; t < NT; ++t) {
+      const float4 xv = load_x4_token<XV>(xr[t], col + 4 * i);
+      xsum[t] += ((xv.x + xv.y) + xv.z) + xv.w;
 #pragma unroll
-        for (int t = 0; t < NT; ++t) sum[r][t] = fmaf(f, element(xv[t], b), sum[r][t]);
+      for (int r = 0; r < R; ++r) {
+#pragma unroll
+        for (int b = 0; b < 4; ++b) sum[r][t] = fmaf(f[r][b], element(xv, b), sum[r][t]);
       }
     }
   }
-  // Scale 2K + u of the half block: byte 2 (K & 1) + u of word K >> 1.
-  const int shift = 8 * (2 * (K & 1) + u);
+  float m160[NT];
 #pragma unroll
-  for (int r = 0; r < ROWS; ++r) {
-    const uint32_t w = K < 2 ? lanes[r].scales.x : lanes[r].scales.y;
-    const float sc = static_cast<float>(static_cast<int8_t>(static_cast<uint8_t>(w >> shift)));
+  for (int t = 0; t < NT; ++t) m160[t] = -160.0f * xsum[t];
 #pragma unroll
-    for (int t = 0; t < NT; ++t) blk[r][t] = fmaf(sc, fmaf(128.0f, sum[r][t], -160.0f * xsum[t]), blk[r][t]);
+  for (int r = 0; r < R; ++r) {
+    // Scale 2K + u of the half block: byte 2 (K & 1) + u of word K >> 1.
+    const uint32_t w = (K < 2 ? scales[r].x : scales[r].y) ^ 0x80808080u;
+    const float dsc = d[r] * i8_float_sel(w, scale_sel);
+#pragma unroll
+    for (int t = 0; t < NT; ++t) acc[r][t] = fmaf(dsc, fmaf(128.0f, sum[r][t], m160[t]), acc[r][t]);
   }
 }
 
-template <int NT, int ROWS, int U, bool XV>
-__global__ void __launch_bounds__(kGemvThreads) gemv_q6_k_kernel(const GgufGemvParams p) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * ROWS;
-  if (row0 >= p.out) return;  // no block-wide synchronisation below
-  const int split = blockIdx.y;
-  const int64_t b_end = min64(p.in, split * p.chunk + p.chunk) / kBlockK;
-  const int64_t blocks = p.in / kBlockK;
-  const int h = (lane >> 1) & 1, u = lane & 1;
-  const int off_lo = 64 * h + 16 * u, off_hi = 128 + 32 * h + 16 * u, off_scales = 192 + 8 * h;
-  const uint8_t* wr[ROWS];
-  const uint16_t* dr[ROWS];
+// One stage of Q6_K: the lane's runs 0 and 2 (from L, ql at 64h + 16u) then 1 and 3 (from L32,
+// ql at 64h + 32 + 16u), H the qh bytes at 32h + 16u; col = the block's first column + 128h + 16u.
+template <int NT, int R, bool XV>
+__device__ __forceinline__ void q6_k_stage(const uint8_t* stage, int group, int h, int u, const float (&d)[R],
+                                           uint32_t bias, const float* const (&xr)[NT], int64_t col,
+                                           float (&acc)[R][NT]) {
+  const uint8_t* rows[R];
+  uint4 words[R], hi[R];
+  uint2 scales[R];
 #pragma unroll
-  for (int r = 0; r < ROWS; ++r) {
-    const int64_t row = min64(row0 + r, p.out - 1);  // clamped: rows past out are not stored
-    wr[r] = p.w + row * p.w_stride;
-    dr[r] = p.d + row * blocks;
+  for (int r = 0; r < R; ++r) {
+    rows[r] = stage + (8 * r + group) * kQ6KBytes;
+    words[r] = *reinterpret_cast<const uint4*>(rows[r] + 64 * h + 16 * u);
+    hi[r] = *reinterpret_cast<const uint4*>(rows[r] + 128 + 32 * h + 16 * u);
+    scales[r] = *reinterpret_cast<const uint2*>(rows[r] + 192 + 8 * h);
   }
+  const uint32_t sel0 = 0x7540u | static_cast<uint32_t>(u), sel1 = 0x7540u | static_cast<uint32_t>(2 + u);
+  q6_k_run<NT, R, XV, 0>(xr, words, hi, scales, d, sel0, bias, col, acc);
+  q6_k_run<NT, R, XV, 2>(xr, words, hi, scales, d, sel0, bias, col + 64, acc);
+#pragma unroll
+  for (int r = 0; r < R; ++r) words[r] = *reinterpret_cast<const uint4*>(rows[r] + 64 * h + 32 + 16 * u);
+  q6_k_run<NT, R, XV, 1>(xr, words, hi, scales, d, sel1, bias, col + 32, acc);
+  q6_k_run<NT, R, XV, 3>(xr, words, hi, scales, d, sel1, bias, col + 96, acc);
+}
+
+// Bytes of one ring stage: a block of each of the tile's rows.
+template <GgufFormat F, int R>
+__host__ __device__ constexpr int k_quant_stage_bytes() {
+  return kTileGroups * R * KQuantBlock<F>::kBytes;
+}
+
+// blockDim.x = 32 * warps (1..kMaxTileWarps); dynamic shared memory: warps * S stages.
+template <GgufFormat F, int NT, int R, int S, bool XV>
+__device__ __forceinline__ void k_quant_gemv(const GgufGemvParams& p) {
+  constexpr int kBytes = KQuantBlock<F>::kBytes, kPieces = kBytes / 16;
+  constexpr int kTileRows = kTileGroups * R, kStageBytes = k_quant_stage_bytes<F, R>();
+  constexpr int kChunks = kTileRows * kPieces, kCopies = (kChunks + 31) / 32;
+  extern __shared__ uint4 k_quant_shared[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  const int group = lane & 7, part = lane >> 3;
+  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kTileRows;
+  const int split = blockIdx.y;
+  const int64_t blocks = p.in / kBlockK;
+  const int64_t b_begin = split * p.chunk / kBlockK;
+  const int b_count = static_cast<int>(min64(p.in, split * p.chunk + p.chunk) / kBlockK - b_begin);
+  const int my_blocks = warp < b_count ? (b_count - 1 - warp) / warps + 1 : 0;
+  // The lane's pieces of a stage: piece i = lane + 32 m is bytes 16 (i % kPieces) of tile row
+  // i / kPieces (rows past out re-read the last row; their sums are never stored). Offsets from
+  // the tile's first row fit 32 bits (gemv_gguf_supported bounds w_stride).
+  const int rows_here = static_cast<int>(min64(kTileRows, p.out - row0));
+  uint32_t piece_offset[kCopies];
+#pragma unroll
+  for (int m = 0; m < kCopies; ++m) {
+    const int i = lane + 32 * m;
+    const int rr = min(i / kPieces, rows_here - 1);
+    piece_offset[m] = static_cast<uint32_t>(rr) * static_cast<uint32_t>(p.w_stride) + 16u * (i % kPieces);
+  }
+  const uint8_t* tile = p.w + row0 * p.w_stride;
+  uint8_t* ring = reinterpret_cast<uint8_t*>(k_quant_shared) + warp * (S * kStageBytes);
+  const auto issue = [&](int j) {
+    const uint8_t* src = tile + (b_begin + warp + static_cast<int64_t>(warps) * j) * kBytes;
+    uint8_t* dst = ring + (j % S) * kStageBytes + 16 * lane;
+#pragma unroll
+    for (int m = 0; m < kCopies; ++m) {
+      if (kChunks % 32 == 0 || lane + 32 * m < kChunks) copy_to_shared_16(dst + 512 * m, src + piece_offset[m]);
+    }
+  };
   const float* xr[NT];
   token_rows<NT>(p, xr);
-  float acc[ROWS][NT];
+  const uint32_t code_or = p.code_or;  // kCodeOr
+  float acc[R][NT];
 #pragma unroll
-  for (int r = 0; r < ROWS; ++r) {
+  for (int r = 0; r < R; ++r) {
 #pragma unroll
     for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
   }
-  constexpr int64_t kBlocksPerStep = kQ6Step / kBlockK;
-  const auto block = [&](const Q6KLanes (&lanes)[ROWS], const float (&d)[ROWS], int64_t b) {
-    float blk[ROWS][NT];
+  [[maybe_unused]] Q4KLane q4_lane;
+  [[maybe_unused]] const uint16_t* d_tile = nullptr;  // Q6_K: the tile's block scales, and the lane's rows'
+  [[maybe_unused]] uint32_t d_offset[R];
+  if constexpr (F == GgufFormat::kQ4_K) {
+    q4_lane = q4_k_lane(part);
+  } else {
+    d_tile = p.d + row0 * blocks;
 #pragma unroll
-    for (int r = 0; r < ROWS; ++r) {
-#pragma unroll
-      for (int t = 0; t < NT; ++t) blk[r][t] = 0.0f;
-    }
-    const int64_t col = b * kBlockK + 128 * h + 16 * u;
-    q6_k_run<ROWS, NT, XV, 0>(xr, lanes, u, col, blk);
-    q6_k_run<ROWS, NT, XV, 1>(xr, lanes, u, col + 32, blk);
-    q6_k_run<ROWS, NT, XV, 2>(xr, lanes, u, col + 64, blk);
-    q6_k_run<ROWS, NT, XV, 3>(xr, lanes, u, col + 96, blk);
-#pragma unroll
-    for (int r = 0; r < ROWS; ++r) {
-#pragma unroll
-      for (int t = 0; t < NT; ++t) acc[r][t] = fmaf(d[r], blk[r][t], acc[r][t]);
-    }
-  };
-  const auto load = [&](int64_t b, Q6KLanes (&lanes)[ROWS], float (&d)[ROWS]) {
-#pragma unroll
-    for (int r = 0; r < ROWS; ++r) {
-      const uint8_t* blk = wr[r] + b * kQ6KBytes;
-      lanes[r].lo = load_stream_16(blk + off_lo);
-      lanes[r].lo32 = load_stream_16(blk + off_lo + 32);
-      lanes[r].hi = load_stream_16(blk + off_hi);
-      lanes[r].scales = load_stream_8(blk + off_scales);
-    }
-#pragma unroll
-    for (int r = 0; r < ROWS; ++r) d[r] = f16_bits_to_f32(__ldg(dr[r] + b));
-  };
-  // Lanes may run different numbers of blocks at the end of a slice (no shuffles until the epilogue).
-  int64_t b = split * p.chunk / kBlockK + (lane >> 2);
-  for (; b + (U - 1) * kBlocksPerStep < b_end; b += U * kBlocksPerStep) {
-    Q6KLanes lanes[U][ROWS];
-    float d[U][ROWS];
-#pragma unroll
-    for (int s = 0; s < U; ++s) load(b + s * kBlocksPerStep, lanes[s], d[s]);
-#pragma unroll
-    for (int s = 0; s < U; ++s) block(lanes[s], d[s], b + s * kBlocksPerStep);
+    for (int r = 0; r < R; ++r) d_offset[r] = static_cast<uint32_t>(min(8 * r + group, rows_here - 1) * blocks);
   }
-  for (; b < b_end; b += kBlocksPerStep) {
-    Q6KLanes lanes[ROWS];
-    float d[ROWS];
-    load(b, lanes, d);
-    block(lanes, d, b);
+#pragma unroll
+  for (int s = 0; s + 1 < S; ++s) {
+    if (s < my_blocks) issue(s);
+    copy_to_shared_commit();
   }
-  store_sums<ROWS, NT>(p, acc, row0, split);
+  for (int j = 0; j < my_blocks; ++j) {
+    if (j + S - 1 < my_blocks) issue(j + S - 1);
+    copy_to_shared_commit();
+    const int64_t b = b_begin + warp + static_cast<int64_t>(warps) * j;
+    [[maybe_unused]] float d[R];
+    if constexpr (F == GgufFormat::kQ6_K) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) d[r] = f16_bits_to_f32(__ldg(d_tile + d_offset[r] + b));
+    }
+    copy_to_shared_wait<S - 1>();
+    __syncwarp();
+    const uint8_t* stage = ring + (j % S) * kStageBytes;
+    if constexpr (F == GgufFormat::kQ4_K) {
+      q4_k_stage<NT, R, XV>(stage, group, part, q4_lane, code_or, xr, b * kBlockK + 64 * part, acc);
+    } else {
+      q6_k_stage<NT, R, XV>(stage, group, part >> 1, part & 1, d, code_or, xr,
+                            b * kBlockK + 128 * (part >> 1) + 16 * (part & 1), acc);
+    }
+    __syncwarp();
+  }
+  // The four parts of each row (lanes group + 8 part), then the warps in order.
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      acc[r][t] += __shfl_xor_sync(kFullMask, acc[r][t], 8);
+      acc[r][t] += __shfl_xor_sync(kFullMask, acc[r][t], 16);
+    }
+  }
+  __syncthreads();  // every ring drained: the sums take their place
+  float* sums = reinterpret_cast<float*>(k_quant_shared);  // [warps][NT][kTileRows]
+  if (part == 0) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+#pragma unroll
+      for (int t = 0; t < NT; ++t) sums[(warp * NT + t) * kTileRows + 8 * r + group] = acc[r][t];
+    }
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < NT * kTileRows; i += blockDim.x) {
+    const int t = i / kTileRows, rr = i % kTileRows;
+    const int64_t row = row0 + rr;
+    if (row >= p.out || t >= p.n) continue;
+    float sum = sums[i];
+    for (int w = 1; w < warps; ++w) sum += sums[w * NT * kTileRows + i];
+    if (p.splits == 1) {
+      p.y[t * p.y_stride + row] = sum + (p.bias != nullptr ? load_as_f32(p.bias, p.bias_dtype, row) : 0.0f);
+    } else {
+      p.partial[(static_cast<int64_t>(split) * p.n + t) * p.out + row] = sum;
+    }
+  }
+}
+template <GgufFormat F, int NT, int R, int S, bool XV>
+__global__ void __launch_bounds__(kMaxTileWarps * 32) gemv_k_quant_kernel(const GgufGemvParams p) {
+  k_quant_gemv<F, NT, R, S, XV>(p);
 }
 
 // ---- launch ----------------------------------------------------------------------------------------
@@ -516,35 +683,69 @@ dim3 gemv_grid(const GgufGemvParams& p) {
   return dim3(static_cast<unsigned>((p.out + rows_per_block - 1) / rows_per_block), static_cast<unsigned>(p.splits));
 }
 
+template <GgufFormat F, int NT, int R, int S, bool XV>
+cudaError_t launch_k_quant_kernel(const GgufGemvParams& p, int warps, Stream stream) {
+  const auto kernel = gemv_k_quant_kernel<F, NT, R, S, XV>;
+  const int shared = warps * S * k_quant_stage_bytes<F, R>();
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared);
+  if (e != cudaSuccess) return e;
+  constexpr int64_t kTileRows = kTileGroups * R;
+  const dim3 grid(static_cast<unsigned>((p.out + kTileRows - 1) / kTileRows), static_cast<unsigned>(p.splits));
+  kernel<<<grid, warps * 32, static_cast<size_t>(shared), stream>>>(p);
+  return cudaGetLastError();
+}
+
+// R rows per lane and S stages, or the largest smaller pair the device's shared memory holds
+// (one stage, then half the rows). None of this changes a sum.
+template <GgufFormat F, int NT, int R, int S, bool XV>
+cudaError_t launch_k_quant_fitted(const GgufGemvParams& p, int warps, int shared_limit, Stream stream) {
+  if (static_cast<int64_t>(warps) * S * k_quant_stage_bytes<F, R>() <= shared_limit || (R == 1 && S == 1)) {
+    return launch_k_quant_kernel<F, NT, R, S, XV>(p, warps, stream);
+  }
+  if constexpr (S > 1) {
+    return launch_k_quant_fitted<F, NT, R, 1, XV>(p, warps, shared_limit, stream);
+  } else if constexpr (R > 1) {
+    return launch_k_quant_fitted<F, NT, R / 2, 1, XV>(p, warps, shared_limit, stream);
+  }
+  return cudaErrorInvalidConfiguration;
+}
+
+template <GgufFormat F, int NT, bool XV>
+cudaError_t launch_k_quant(const GgufGemvParams& p, int warps, Stream stream) {
+  int device = 0, limit = 0;
+  cudaError_t e = cudaGetDevice(&device);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  if (e != cudaSuccess) return e;
+  const KQuantTile tile = k_quant_tile(F, NT, p.chunk / kBlockK, warps);
+  if constexpr (F == GgufFormat::kQ6_K && NT <= 2) {
+    if (tile.rows == 4) return launch_k_quant_fitted<F, NT, 4, 1, XV>(p, warps, limit, stream);
+  }
+  if constexpr (F == GgufFormat::kQ4_K) {
+    if (tile.stages == 2) return launch_k_quant_fitted<F, NT, 2, 2, XV>(p, warps, limit, stream);
+  }
+  return launch_k_quant_fitted<F, NT, 2, 1, XV>(p, warps, limit, stream);
+}
+
 template <int NT, bool XV>
-cudaError_t launch_gguf_bucket(GgufFormat format, const GgufGemvParams& p, Stream stream) {
+cudaError_t launch_gguf_bucket(GgufFormat format, const GgufGemvParams& p, int warps, Stream stream) {
   switch (format) {
     case GgufFormat::kQ8_0: {
       constexpr int R = Q8Tile<NT>::kRows;
       gemv_q8_0_kernel<NT, R, Q8Tile<NT>::kSteps, XV><<<gemv_grid<R>(p), kGemvThreads, 0, stream>>>(p);
-      break;
+      return cudaGetLastError();
     }
-    case GgufFormat::kQ4_K: {
-      constexpr int R = Q4KTile<NT>::kRows;
-      gemv_q4_k_kernel<NT, R, XV><<<gemv_grid<R>(p), kGemvThreads, 0, stream>>>(p);
-      break;
-    }
-    case GgufFormat::kQ6_K: {
-      constexpr int R = Q6KTile<NT>::kRows;
-      gemv_q6_k_kernel<NT, R, Q6KTile<NT>::kSteps, XV><<<gemv_grid<R>(p), kGemvThreads, 0, stream>>>(p);
-      break;
-    }
+    case GgufFormat::kQ4_K: return launch_k_quant<GgufFormat::kQ4_K, NT, XV>(p, warps, stream);
+    case GgufFormat::kQ6_K: return launch_k_quant<GgufFormat::kQ6_K, NT, XV>(p, warps, stream);
     default: return cudaErrorInvalidValue;
   }
-  return cudaGetLastError();
 }
 
 template <bool XV>
-cudaError_t launch_gguf_tokens(GgufFormat format, const GgufGemvParams& p, Stream stream) {
-  if (p.n <= 1) return launch_gguf_bucket<1, XV>(format, p, stream);
-  if (p.n <= 2) return launch_gguf_bucket<2, XV>(format, p, stream);
-  if (p.n <= 4) return launch_gguf_bucket<4, XV>(format, p, stream);
-  return launch_gguf_bucket<8, XV>(format, p, stream);
+cudaError_t launch_gguf_tokens(GgufFormat format, const GgufGemvParams& p, int warps, Stream stream) {
+  if (p.n <= 1) return launch_gguf_bucket<1, XV>(format, p, warps, stream);
+  if (p.n <= 2) return launch_gguf_bucket<2, XV>(format, p, warps, stream);
+  if (p.n <= 4) return launch_gguf_bucket<4, XV>(format, p, warps, stream);
+  return launch_gguf_bucket<8, XV>(format, p, warps, stream);
 }
 
 // ---- expansion to bf16 -----------------------------------------------------------------------------
@@ -675,42 +876,63 @@ int64_t gguf_packed_row_bytes(GgufFormat format, int64_t in) {
   }
 }
 
+// Q4_K / Q6_K thread blocks of kPlanTileRows rows (planned at one token whatever n is: the same
+// slices and warps, so the same summation order for a token alone or in any batch). K splits only
+// when the tiles leave more than half the SMs idle, into slices of at least kMinTileWarps blocks;
+// then as many warps per thread block as keep about 8 warps per SM (Q6_K with long slices 16) when
+// the grid's blocks all run at once (fewer when several share an SM), at most one per block of the
+// slice. The targets are what measured fastest on an H200 (build-cuda/tune's gguf_bench).
+constexpr int64_t kMinTileWarps = 4;
+
+int64_t k_quant_target_warps_per_sm(GgufFormat format, int64_t slice_blocks) {
+  return format == GgufFormat::kQ6_K && slice_blocks >= 32 ? 16 : 8;
+}
+
+GemvShape plan_k_quant(const LinearArgs& a, int sm_count) {
+  const int64_t sms = std::max(sm_count, 1);
+  const int64_t blocks = a.in / kBlockK;
+  const int64_t tiles = (a.out + kPlanTileRows - 1) / kPlanTileRows;
+  int64_t splits = 1;
+  if (tiles * 2 <= sms) {
+    splits = std::min<int64_t>({(sms + tiles - 1) / tiles, 32, std::max<int64_t>(1, blocks / kMinTileWarps)});
+  }
+  const int64_t slice_blocks = (blocks + splits - 1) / splits;
+  splits = (blocks + slice_blocks - 1) / slice_blocks;
+  const int64_t blocks_per_sm = (tiles * splits + sms - 1) / sms;
+  const int64_t target = k_quant_target_warps_per_sm(a.gguf, slice_blocks);
+  int64_t warps = kMinTileWarps;
+  while (warps * 2 <= kMaxTileWarps && warps * 2 * blocks_per_sm <= target) warps *= 2;
+  warps = std::min(warps, slice_blocks);
+  GemvShape s;
+  s.vector_loads = true;
+  s.splits = static_cast<int>(splits);
+  s.chunk = slice_blocks * kBlockK;
+  s.step = warps * kBlockK;  // the columns a thread block's warps cover with one stage each
+  s.rows_per_warp = kTileGroups * k_quant_tile(a.gguf, a.n, slice_blocks, warps).rows;
+  return s;
+}
+
 }  // namespace
 
 bool gemv_gguf_supported(const LinearArgs& a) {
   const auto aligned16 = [](const void* q) { return (reinterpret_cast<uintptr_t>(q) & 15u) == 0; };
   return a.gguf != GgufFormat::kNone && a.n >= 1 && a.n <= kGemvGgufMaxTokens && a.in % gguf_block(a.gguf) == 0 &&
          a.w_stride >= gguf_packed_row_bytes(a.gguf, a.in) && a.w_stride % 16 == 0 && aligned16(a.w) &&
+         a.w_stride < (int64_t{1} << 26) &&  // the K-quant tiles' 32-bit row offsets
          (a.gguf == GgufFormat::kQ4_K || a.w_scales_f16 != nullptr);
 }
 
 GemvShape plan_gemv_gguf(const LinearArgs& a, int sm_count) {
+  if (a.gguf != GgufFormat::kQ8_0) return plan_k_quant(a, sm_count);
   GemvShape s;
   s.vector_loads = true;
-  int64_t min_chunk = 0;
-  switch (a.gguf) {
-    case GgufFormat::kQ8_0:
-      s.step = kQ8Step;
-      s.rows_per_warp = tile_rows<Q8Tile>(a.n);
-      min_chunk = kQ8Step * Q8Tile<1>::kSteps;
-      break;
-    case GgufFormat::kQ4_K:
-      s.step = kQ4Step;
-      s.rows_per_warp = tile_rows<Q4KTile>(a.n);
-      min_chunk = kQ4Step;
-      break;
-    default:
-      s.step = kQ6Step;
-      s.rows_per_warp = tile_rows<Q6KTile>(a.n);
-      min_chunk = kQ6Step * Q6KTile<1>::kSteps;
-      break;
-  }
+  s.step = kQ8Step;
+  s.rows_per_warp = tile_rows<Q8Tile>(a.n);
+  const int64_t min_chunk = kQ8Step * Q8Tile<1>::kSteps;
   // Enough warps for ~32 per SM; every slice at least one full iteration of the unrolled loop.
   // Planned as for one token whatever n is: the same slices, so the same summation order for a
   // token alone or in any batch (LinearMode::kBatchInvariant relies on it).
-  const int64_t rows1 = a.gguf == GgufFormat::kQ8_0 ? Q8Tile<1>::kRows
-                        : a.gguf == GgufFormat::kQ4_K ? Q4KTile<1>::kRows
-                                                      : Q6KTile<1>::kRows;
+  const int64_t rows1 = Q8Tile<1>::kRows;
   const int64_t row_warps = (a.out + rows1 - 1) / rows1;
   const int64_t target_warps = static_cast<int64_t>(std::max(sm_count, 1)) * 32;
   const int64_t max_splits = std::max<int64_t>(1, std::min<int64_t>(a.in / min_chunk, 32));
@@ -740,8 +962,11 @@ cudaError_t launch_gemv_gguf(const LinearArgs& a, const GemvShape& shape, float*
   p.out = a.out;
   p.chunk = shape.chunk;
   p.splits = shape.splits;
+  p.code_or = kCodeOr;
+  const int warps = static_cast<int>(std::clamp<int64_t>(shape.step / kBlockK, 1, kMaxTileWarps));  // K-quants
   const bool x_vec = (reinterpret_cast<uintptr_t>(a.x) & 15u) == 0 && a.x_stride % 4 == 0;
-  cudaError_t e = x_vec ? launch_gguf_tokens<true>(a.gguf, p, stream) : launch_gguf_tokens<false>(a.gguf, p, stream);
+  cudaError_t e = x_vec ? launch_gguf_tokens<true>(a.gguf, p, warps, stream)
+                        : launch_gguf_tokens<false>(a.gguf, p, warps, stream);
   if (e != cudaSuccess || shape.splits == 1) return e;
   return launch_gemv_reduce(partial, shape.splits, a.n, a.out, a.bias, a.bias_dtype, nullptr, a.y, a.y_stride, stream);
 }
