@@ -85,34 +85,48 @@ Int4GroupParams int4_group_params(float lo, float hi, Int4Scales scales) {
   return p;
 }
 
-Result<QuantWeight> quantize_int8_channel(const Tensor& w_dense) {
-  TACHYON_RETURN_IF_ERROR(check_dense(w_dense, "int8 quantization"));
+namespace {
+
+// Symmetric quantization per output row, shared by int8 and fp8: scale = max|w| / qmax and
+// codes encode(w * (1 / scale)) (all zero for an all-zero row, scale 0).
+template <typename Code, typename Encode>
+Result<QuantWeight> quantize_rows(const Tensor& w_dense, QuantFormat format, DType code_dtype, float qmax,
+                                  const char* what, const Encode& encode) {
+  TACHYON_RETURN_IF_ERROR(check_dense(w_dense, what));
   const int64_t out = w_dense.size(0), in = w_dense.size(1);
   QuantWeight q;
-  q.format = QuantFormat::kInt8Channel;
+  q.format = format;
   q.out_features = out;
   q.in_features = in;
-  q.packed = Tensor::empty({out, in}, DType::kI8);
-  q.scales = Tensor::empty({out}, DType::kF32);
+  TACHYON_ASSIGN_OR_RETURN(q.packed, Tensor::try_empty({out, in}, code_dtype));
+  TACHYON_ASSIGN_OR_RETURN(q.scales, Tensor::try_empty({out}, DType::kF32));
   std::vector<float> row(static_cast<size_t>(in));
   for (int64_t o = 0; o < out; ++o) {
     load_row_f32(w_dense, o, row.data());
     float max_abs = 0.0f;
     for (float v : row) {
-      if (!std::isfinite(v)) {
-        return make_error(ErrorCode::kInvalidArgument, "int8 quantization: row {} holds {}", o, v);
-      }
+      if (!std::isfinite(v)) return make_error(ErrorCode::kInvalidArgument, "{}: row {} holds {}", what, o, v);
       max_abs = std::max(max_abs, std::fabs(v));
     }
-    const float scale = max_abs / 127.0f;
+    const float scale = max_abs / qmax;
     const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
-    int8_t* dst = q.packed.data<int8_t>() + o * in;
-    for (int64_t i = 0; i < in; ++i) {
-      dst[i] = static_cast<int8_t>(std::clamp(std::nearbyint(row[static_cast<size_t>(i)] * inv), -127.0f, 127.0f));
-    }
+    Code* dst = static_cast<Code*>(q.packed.raw_data()) + o * in;
+    for (int64_t i = 0; i < in; ++i) dst[i] = encode(row[static_cast<size_t>(i)] * inv);
     q.scales.data<float>()[o] = scale;
   }
   return q;
+}
+
+}  // namespace
+
+Result<QuantWeight> quantize_int8_channel(const Tensor& w_dense) {
+  return quantize_rows<int8_t>(w_dense, QuantFormat::kInt8Channel, DType::kI8, 127.0f, "int8 quantization",
+                               [](float v) { return static_cast<int8_t>(std::clamp(std::nearbyint(v), -127.0f, 127.0f)); });
+}
+
+Result<QuantWeight> quantize_fp8_channel(const Tensor& w_dense) {
+  return quantize_rows<uint8_t>(w_dense, QuantFormat::kFp8Channel, DType::kF8E4M3, kF8E4M3Max, "fp8 quantization",
+                                [](float v) { return f32_to_f8e4m3(v); });
 }
 
 Result<QuantWeight> quantize_int4_group(const Tensor& w_dense, int group) {
@@ -181,33 +195,6 @@ float quantize_activation_row(const float* x, int64_t n, int8_t* codes) {
     codes[i] = static_cast<int8_t>(std::clamp(std::nearbyint(x[i] * inv), -127.0f, 127.0f));
   }
   return amax / 127.0f;
-}
-
-Result<QuantWeight> quantize_fp8_channel(const Tensor& w_dense) {
-  TACHYON_RETURN_IF_ERROR(check_dense(w_dense, "fp8 quantization"));
-  const int64_t out = w_dense.size(0), in = w_dense.size(1);
-  QuantWeight q;
-  q.format = QuantFormat::kFp8Channel;
-  q.out_features = out;
-  q.in_features = in;
-  TACHYON_ASSIGN_OR_RETURN(q.packed, Tensor::try_empty({out, in}, DType::kF8E4M3));
-  TACHYON_ASSIGN_OR_RETURN(q.scales, Tensor::try_empty({out}, DType::kF32));
-  std::vector<float> row(static_cast<size_t>(in));
-  for (int64_t o = 0; o < out; ++o) {
-    load_row_f32(w_dense, o, row.data());
-    float amax = 0.0f;
-    for (int64_t i = 0; i < in; ++i) {
-      if (!std::isfinite(row[static_cast<size_t>(i)])) {
-        return make_error(ErrorCode::kInvalidArgument, "fp8 quantization: weight [{}, {}] is not finite", o, i);
-      }
-      amax = std::max(amax, std::fabs(row[static_cast<size_t>(i)]));
-    }
-    q.scales.data<float>()[o] = amax / kF8E4M3Max;
-    const float inv = amax > 0.0f ? kF8E4M3Max / amax : 0.0f;
-    uint8_t* dst = q.packed.data<uint8_t>() + o * in;
-    for (int64_t i = 0; i < in; ++i) dst[i] = f32_to_f8e4m3(row[static_cast<size_t>(i)] * inv);
-  }
-  return q;
 }
 
 Result<QuantWeight> quantize_ternary(const Tensor& w_dense, int group) {

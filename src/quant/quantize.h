@@ -20,7 +20,7 @@
 //   the same bits. dequantize() gives the weight alone.
 // - kFp8Channel: packed [out, in] f8e4m3 codes (core/dtype.h's OCP e4m3fn), scales [out] f32;
 //   w[o, i] = f8e4m3_to_f32(packed[o, i]) * scales[o], scales[o] = max_i |w[o, i]| / 448 (0 for
-//   an all-zero row), codes = f32_to_f8e4m3(w * (448 / max |w|)) rounded to nearest even.
+//   an all-zero row), codes = f32_to_f8e4m3(w * (1 / scales[o])) rounded to nearest even.
 // - kTernary (BitNet b1.58's weights): packed [out, in / 4] u8 in blocks of 32 weights = 8 bytes;
 //   byte j of a block holds weights j, j + 8, j + 16, j + 24 in bits 0-1, 2-3, 4-5, 6-7 as
 //   t + 1 (0: -1, 1: 0, 2: +1; 3 never appears), so one 8-byte load and a shift give 8
