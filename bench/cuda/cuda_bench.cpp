@@ -1,16 +1,16 @@
 // tachyon_cuda_bench: the CUDA backend against the device's own ceilings, on random data.
 //
-//   tachyon_cuda_bench [--json FILE] [--quick] [--prefill-only | --gguf-only]
+//   tachyon_cuda_bench [--json FILE] [--quick] [--prefill-only | --quant-only]
 //
 //   copy       cudaMemcpy device-to-device of 1 GiB; GB/s counts bytes read + bytes written
 //   matmul     cuBLASLt bf16 x bf16 -> f32, 8192^3; TFLOP/s
 //   gemv       the custom GEMV on Llama-3-8B's decode shapes (bf16 weights) at n = 1, 2, 4, 8, 16 tokens:
 //              GB/s of weight bytes, and as a fraction of the measured copy bandwidth; cuBLASLt
 //              on the same problem beside it
-//   gguf       GGUF Q8_0 / Q4_K / Q6_K weights on Llama-3-8B's linear shapes: the GEMV at n = 1, 2, 4, 8
-//              and kAuto at 32 (the weight expanded to bf16 for cuBLASLt): GB/s of the bytes one pass
-//              reads (packed blocks + f16 scales), and as a fraction of the copy bandwidth
-//              (--gguf-only: the copy and this alone)
+//   packed     bf16 and the packed formats (GGUF Q8_0 / Q4_K / Q6_K, W8A8, fp8, ternary) on
+//              Llama-3-8B's linear shapes through kAuto at n = 1, 2, 4, 8, 32, 256: GB/s of the
+//              bytes one pass reads (packed rows + scales), the fraction of the copy bandwidth,
+//              TFLOP/s, and the time against bf16's (--quant-only: the copy and this alone)
 //   attention  decode attention (Llama-3-8B heads: 32 q / 8 kv, head_dim 128, bf16 and i8 caches,
 //              blocks of 16) at batch 1 and 32, context 1k / 4k / 16k: GB/s of K/V bytes read
 //              (an i8 cache's scales included)
@@ -54,7 +54,7 @@ struct Options {
   std::string json_path;
   bool quick = false;
   bool prefill_only = false;  // the matmul (the prefill table's yardstick) and prefill attention only
-  bool gguf_only = false;     // the copy (the GGUF table's yardstick) and the GGUF weights only
+  bool quant_only = false;    // the copy (the packed table's yardstick) and the packed weights only
 };
 
 #define BENCH_CUDA(expr) TACHYON_CUDA_RETURN_IF_ERROR(expr)
@@ -381,104 +381,151 @@ Status bench_int4_gemv(cu::LinearContext& ctx, double copy_gbps, const std::vect
   return Status::Ok();
 }
 
-// ---- GGUF block weights --------------------------------------------------------------------------------
+// ---- packed (quantized) weights ------------------------------------------------------------------
 
-struct GgufRow {
+struct PackedRow {
   std::string format, shape;
   int64_t n;
   size_t bytes;
-  double us, gbps;
+  double us, gbps, tflops;
 };
 
-// Q8_0, Q4_K and Q6_K weights (quant/quantize.h's layouts) on the decode shapes through the GGUF
-// GEMV at 1..8 tokens, and kAuto at 32 (the weight expanded to bf16, then cuBLASLt). Bytes read:
-// the packed blocks plus the f16 scales (Q8_0: 8.5 bits per weight, Q4_K 4.5, Q6_K 6.5). The
+// bf16 (the yardstick, dense) and every packed format the backend runs — GGUF Q8_0 / Q4_K / Q6_K,
+// W8A8, per-channel fp8, ternary g128 — on the decode shapes through linear()'s kAuto at 1, 2, 4,
+// 8 tokens (the formats' GEMVs), 32 and 256 (their GEMMs: cuBLASLt int8 for W8A8, fp8 for fp8,
+// the weight expanded to bf16 for the others). Bytes read: the packed rows plus their scales. The
 // weights are a quantized 512-row slab of random values tiled over the rows (the kernels' speed
 // does not depend on the values), rotated through copies that exceed the L2 many times.
-Status bench_gguf_gemv(cu::LinearContext& ctx, double copy_gbps, nlohmann::json& out, std::vector<GgufRow>& rows,
-                       const Options& opt) {
+Status bench_packed_gemv(cu::LinearContext& ctx, double copy_gbps, nlohmann::json& out, std::vector<PackedRow>& rows,
+                         const Options& opt) {
+  using tachyon::QuantFormat;
   const std::vector<Shape> shapes = {{"q/o 4096x4096", 4096, 4096},
                                      {"qkv 4096->6144", 4096, 6144},
                                      {"gate+up 4096->28672", 4096, 28672},
                                      {"down 14336->4096", 14336, 4096}};
+  struct Format {
+    const char* name;
+    bool dense;
+    QuantFormat format;
+  };
+  const Format formats[] = {{"bf16", true, QuantFormat::kInt8Channel},      {"q8_0", false, QuantFormat::kGgufQ8_0},
+                            {"q4_k", false, QuantFormat::kGgufQ4_K},        {"q6_k", false, QuantFormat::kGgufQ6_K},
+                            {"w8a8", false, QuantFormat::kW8A8},            {"fp8", false, QuantFormat::kFp8Channel},
+                            {"ternary", false, QuantFormat::kTernary}};
   const size_t rotate_bytes = opt.quick ? kGiB / 2 : 2 * kGiB;
-  constexpr int64_t kSlabRows = 512;
+  constexpr int64_t kSlabRows = 512, kMaxTokens = 256;
   nlohmann::json list = nlohmann::json::array();
   std::mt19937 rng(13);
   std::uniform_real_distribution<float> uniform(-0.05f, 0.05f);
-  for (const tachyon::QuantFormat format :
-       {tachyon::QuantFormat::kGgufQ8_0, tachyon::QuantFormat::kGgufQ4_K, tachyon::QuantFormat::kGgufQ6_K}) {
-    const char* name = tachyon::quant_format_name(format);
+  for (const Format& f : formats) {
     for (const Shape& s : shapes) {
       tachyon::Tensor dense = tachyon::Tensor::empty({kSlabRows, s.in}, DType::kF32);
       for (int64_t i = 0; i < dense.numel(); ++i) dense.data<float>()[i] = uniform(rng);
-      TACHYON_ASSIGN_OR_RETURN(tachyon::QuantWeight slab, tachyon::quantize_gguf_blocks(dense, format));
-      const size_t row_bytes = static_cast<size_t>(slab.packed.size(1));
-      const size_t scale_row = slab.scales.defined() ? static_cast<size_t>(slab.scales.size(1)) * 2 : 0;
+      tachyon::Tensor packed, scales;
+      if (f.dense) {
+        packed = tachyon::Tensor::empty({kSlabRows, s.in}, DType::kBF16);
+        for (int64_t i = 0; i < dense.numel(); ++i) {
+          packed.data<uint16_t>()[i] = tachyon::f32_to_bf16(dense.data<float>()[i]);
+        }
+      } else {
+        tachyon::QuantSpec spec;
+        spec.format = f.format;
+        spec.group_size = 128;
+        tachyon::Weight w;
+        w.dense = dense;
+        TACHYON_ASSIGN_OR_RETURN(tachyon::Weight q, tachyon::quantize_weight(w, spec));
+        packed = q.quant->packed;
+        scales = q.quant->scales;
+      }
+      const size_t row_bytes = packed.nbytes() / kSlabRows;
+      const size_t scale_row = scales.defined() ? scales.nbytes() / kSlabRows : 0;
       const size_t packed_bytes = row_bytes * s.out, scale_bytes = scale_row * s.out;
-      const size_t bytes = packed_bytes + scale_bytes;  // what one pass reads
+      const size_t bytes = (packed_bytes + scale_bytes + 255) / 256 * 256;  // what one pass reads, aligned
       const int copies = static_cast<int>(std::max<size_t>(1, (rotate_bytes + bytes - 1) / bytes));
       // One copy tiled from the slab on the host, the others copied on the device.
       std::vector<uint8_t> host(bytes);
       for (int64_t r = 0; r < s.out; ++r) {
         const int64_t src = r % kSlabRows;
-        std::memcpy(host.data() + r * row_bytes, slab.packed.data<uint8_t>() + src * row_bytes, row_bytes);
+        std::memcpy(host.data() + r * row_bytes, static_cast<const uint8_t*>(packed.raw_data()) + src * row_bytes,
+                    row_bytes);
         if (scale_row > 0) {
-          std::memcpy(host.data() + packed_bytes + r * scale_row, slab.scales.data<uint8_t>() + src * scale_row,
-                      scale_row);
+          std::memcpy(host.data() + packed_bytes + r * scale_row,
+                      static_cast<const uint8_t*>(scales.raw_data()) + src * scale_row, scale_row);
         }
       }
-      TACHYON_ASSIGN_OR_RETURN(auto weights, cu::DeviceBuffer::allocate(bytes * copies, "gguf weights"));
+      TACHYON_ASSIGN_OR_RETURN(auto weights, cu::DeviceBuffer::allocate(bytes * copies, "packed weights"));
       auto* base = static_cast<uint8_t*>(weights.data());
       TACHYON_RETURN_IF_ERROR(cu::copy_to_device(base, host.data(), bytes));
       for (int c = 1; c < copies; ++c) {
         TACHYON_RETURN_IF_ERROR(cu::copy_on_device(base + c * bytes, base, bytes, nullptr));
       }
-      TACHYON_ASSIGN_OR_RETURN(auto x, cu::DeviceBuffer::allocate(64 * s.in * 4, "gemv x"));
-      TACHYON_ASSIGN_OR_RETURN(auto y, cu::DeviceBuffer::allocate(64 * s.out * 4, "gemv y"));
-      TACHYON_RETURN_IF_ERROR(cu::fill_random(x.data(), DType::kF32, 64 * s.in, 8, -1.f, 1.f, nullptr));
-      for (int64_t n : {1, 2, 4, 8, 32}) {
-        const cu::LinearAlgo algo = n <= cu::detail::kGemvGgufMaxTokens ? cu::LinearAlgo::kGemv : cu::LinearAlgo::kAuto;
-        const auto body = [&, n, algo](int i, cu::Stream st) {
-          const uint8_t* w = base + static_cast<size_t>(i % copies) * bytes;  // copies are 16-byte aligned
+      TACHYON_ASSIGN_OR_RETURN(auto x, cu::DeviceBuffer::allocate(kMaxTokens * s.in * 4, "gemv x"));
+      TACHYON_ASSIGN_OR_RETURN(auto y, cu::DeviceBuffer::allocate(kMaxTokens * s.out * 4, "gemv y"));
+      TACHYON_RETURN_IF_ERROR(cu::fill_random(x.data(), DType::kF32, kMaxTokens * s.in, 8, -1.f, 1.f, nullptr));
+      for (int64_t n : {1, 2, 4, 8, 32, 256}) {
+        const auto body = [&, n](int i, cu::Stream st) {
+          const uint8_t* w = base + static_cast<size_t>(i % copies) * bytes;  // copies are 256-byte aligned
           cu::LinearArgs a;
           a.x = x.as<float>();
           a.x_stride = s.in;
           a.w = w;
-          a.w_dtype = slab.packed.dtype();
-          a.w_stride = static_cast<int64_t>(row_bytes);
-          a.gguf = format == tachyon::QuantFormat::kGgufQ8_0   ? cu::GgufFormat::kQ8_0
-                   : format == tachyon::QuantFormat::kGgufQ4_K ? cu::GgufFormat::kQ4_K
-                                                               : cu::GgufFormat::kQ6_K;
-          if (scale_row > 0) a.w_scales_f16 = reinterpret_cast<const uint16_t*>(w + packed_bytes);
+          a.w_dtype = packed.dtype();
+          a.w_stride = packed.stride(0) * static_cast<int64_t>(tachyon::dtype_size(packed.dtype()));
+          if (f.dense) a.w_stride = s.in;
+          switch (f.format) {
+            case QuantFormat::kGgufQ8_0: a.gguf = cu::GgufFormat::kQ8_0; break;
+            case QuantFormat::kGgufQ4_K: a.gguf = cu::GgufFormat::kQ4_K; break;
+            case QuantFormat::kGgufQ6_K: a.gguf = cu::GgufFormat::kQ6_K; break;
+            case QuantFormat::kW8A8: a.scheme = cu::QuantScheme::kW8A8; break;
+            case QuantFormat::kTernary:
+              a.scheme = cu::QuantScheme::kTernary;
+              a.w_group = 128;
+              break;
+            default: break;
+          }
+          if (!f.dense && scale_row > 0) {
+            if (a.gguf != cu::GgufFormat::kNone) {
+              a.w_scales_f16 = reinterpret_cast<const uint16_t*>(w + packed_bytes);
+            } else {
+              a.w_scales = reinterpret_cast<const float*>(w + packed_bytes);
+            }
+          }
           a.y = y.as<float>();
           a.y_stride = s.out;
           a.n = n;
           a.in = s.in;
           a.out = s.out;
-          return cu::linear(ctx, a, st, algo);
+          return cu::linear(ctx, a, st, cu::LinearAlgo::kAuto);
         };
-        TACHYON_ASSIGN_OR_RETURN(const double ms, time_graph_ms(body, copies, std::max(copies, 40), 5));
+        const int iters = n >= 256 ? std::max(copies, 10) : std::max(copies, 40);
+        TACHYON_ASSIGN_OR_RETURN(const double ms, time_graph_ms(body, copies, iters, 5));
         const double gbps = bytes / (ms * 1e-3) / 1e9;
-        rows.push_back({name, s.name, n, bytes, ms * 1e3, gbps});
-        list.push_back({{"format", name}, {"shape", s.name}, {"in", s.in}, {"out", s.out}, {"n", n},
-                        {"algo", n <= cu::detail::kGemvGgufMaxTokens ? "gemv" : "auto"}, {"bytes", bytes},
-                        {"us", ms * 1e3}, {"gbps", gbps}, {"fraction_of_copy", gbps / copy_gbps}});
-        std::fprintf(stderr, "%s %-22s n=%2lld: %8.2f us %7.1f GB/s (%3.0f%% of copy)%s\n", name, s.name,
-                     static_cast<long long>(n), ms * 1e3, gbps, 100.0 * gbps / copy_gbps,
-                     n <= cu::detail::kGemvGgufMaxTokens ? "" : " (expanded to bf16, cuBLASLt)");
+        const double tflops = 2.0 * static_cast<double>(n) * s.in * s.out / (ms * 1e-3) / 1e12;
+        rows.push_back({f.name, s.name, n, bytes, ms * 1e3, gbps, tflops});
+        list.push_back({{"format", f.name}, {"shape", s.name}, {"in", s.in}, {"out", s.out}, {"n", n},
+                        {"algo", "auto"}, {"bytes", bytes}, {"us", ms * 1e3}, {"gbps", gbps},
+                        {"fraction_of_copy", gbps / copy_gbps}, {"tflops", tflops}});
+        std::fprintf(stderr, "%-7s %-22s n=%3lld: %9.2f us %7.1f GB/s (%3.0f%% of copy) %6.1f TFLOP/s\n", f.name,
+                     s.name, static_cast<long long>(n), ms * 1e3, gbps, 100.0 * gbps / copy_gbps, tflops);
       }
     }
   }
-  out["gguf_gemv"] = list;
+  out["packed_gemv"] = list;
   return Status::Ok();
 }
 
-void print_gguf_table(const std::vector<GgufRow>& rows, double copy_gbps) {
-  std::printf("%-5s %-22s %3s %9s %8s %6s\n", "gguf", "linear", "n", "us", "GB/s", "%copy");
-  for (const GgufRow& r : rows) {
-    std::printf("%-5s %-22s %3lld %9.2f %8.1f %5.0f%%\n", r.format.c_str(), r.shape.c_str(),
-                static_cast<long long>(r.n), r.us, r.gbps, 100.0 * r.gbps / copy_gbps);
+// us per format and shape, with each format's time against bf16's at the same n beside it.
+void print_packed_table(const std::vector<PackedRow>& rows, double copy_gbps) {
+  std::printf("%-7s %-22s %3s %9s %8s %6s %8s %7s\n", "weights", "linear", "n", "us", "GB/s", "%copy", "TFLOP/s",
+              "vs bf16");
+  for (const PackedRow& r : rows) {
+    double bf16_us = 0.0;
+    for (const PackedRow& b : rows) {
+      if (b.format == "bf16" && b.shape == r.shape && b.n == r.n) bf16_us = b.us;
+    }
+    std::printf("%-7s %-22s %3lld %9.2f %8.1f %5.0f%% %8.1f %6.2fx\n", r.format.c_str(), r.shape.c_str(),
+                static_cast<long long>(r.n), r.us, r.gbps, 100.0 * r.gbps / copy_gbps, r.tflops,
+                bf16_us > 0.0 ? bf16_us / r.us : 0.0);
   }
 }
 
@@ -769,10 +816,10 @@ int main(int argc, char** argv) {
       opt.quick = true;
     } else if (a == "--prefill-only") {
       opt.prefill_only = true;
-    } else if (a == "--gguf-only") {
-      opt.gguf_only = true;
+    } else if (a == "--quant-only") {
+      opt.quant_only = true;
     } else {
-      std::fprintf(stderr, "usage: tachyon_cuda_bench [--json FILE] [--quick] [--prefill-only | --gguf-only]\n");
+      std::fprintf(stderr, "usage: tachyon_cuda_bench [--json FILE] [--quick] [--prefill-only | --quant-only]\n");
       return 2;
     }
   }
@@ -806,13 +853,13 @@ int main(int argc, char** argv) {
   }
   auto copy = bench_copy(out, opt);
   if (!copy.ok()) return fail(copy.status());
-  std::vector<GgufRow> gguf_rows;
-  if (opt.gguf_only) {
-    if (Status s = bench_gguf_gemv(**ctx, *copy, out, gguf_rows, opt); !s.ok()) return fail(s);
+  std::vector<PackedRow> packed_rows;
+  if (opt.quant_only) {
+    if (Status s = bench_packed_gemv(**ctx, *copy, out, packed_rows, opt); !s.ok()) return fail(s);
     if (Status s = write_json(out, opt); !s.ok()) return fail(s);
     std::printf("\n== %s ==\n", props->to_string().c_str());
     std::printf("copy D2D (read+write)      %8.1f GB/s\n", *copy);
-    print_gguf_table(gguf_rows, *copy);
+    print_packed_table(packed_rows, *copy);
     return 0;
   }
   auto tflops = bench_matmul(**ctx, out, opt);
@@ -821,7 +868,7 @@ int main(int argc, char** argv) {
   if (Status s = bench_gemv(**ctx, *copy, out, gemv_rows, opt); !s.ok()) return fail(s);
   if (Status s = bench_int8_gemv(**ctx, *copy, gemv_rows, out, opt); !s.ok()) return fail(s);
   if (Status s = bench_int4_gemv(**ctx, *copy, gemv_rows, out, opt); !s.ok()) return fail(s);
-  if (Status s = bench_gguf_gemv(**ctx, *copy, out, gguf_rows, opt); !s.ok()) return fail(s);
+  if (Status s = bench_packed_gemv(**ctx, *copy, out, packed_rows, opt); !s.ok()) return fail(s);
   std::vector<AttentionRow> attn_rows;
   if (Status s = bench_attention(*copy, out, attn_rows, opt); !s.ok()) return fail(s);
   std::vector<PrefillRow> prefill_rows;
@@ -863,7 +910,7 @@ int main(int argc, char** argv) {
                 r.context, r.splits, r.tensor_cores ? "tensor cores" : "CUDA cores", r.us, r.gbps,
                 100.0 * r.gbps / *copy);
   }
-  print_gguf_table(gguf_rows, *copy);
+  print_packed_table(packed_rows, *copy);
   print_prefill_table(prefill_rows, *tflops);
   return 0;
 }

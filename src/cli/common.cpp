@@ -29,11 +29,9 @@ void add_common_options(CLI::App& cmd, CommonOptions& options) {
   cmd.add_flag("-v,--verbose", options.verbose, "log what is loaded and which kernels run");
   cmd.add_option("--quant", options.quant,
                  "quantize the layers' linear weights when loading: int8 (per channel), int4 (group-wise, "
-                 "asymmetric), fp8 (e4m3 per channel; CPU only), w8a8 (int8 weights per channel and activations per "
-                 "token; CPU only), ternary "
-                 "({-1, 0, +1} x a group absmean scale; CPU only), or the GGUF block formats q8_0, q4_k, q6_k (quantized on the host; a GGUF file "
-                 "that stores them runs on any device); embedding and LM head "
-                 "stay 16-bit")
+                 "asymmetric), w8a8 (int8 weights per channel and activations per token), fp8 (e4m3 per channel), "
+                 "ternary ({-1, 0, +1} x a group absmean scale), or the GGUF block formats q8_0, q4_k, q6_k; on a GPU "
+                 "int8, int4 and w8a8 are quantized there, the others on the host; embedding and LM head stay 16-bit")
       ->check(CLI::IsMember({"int8", "int4", "w8a8", "fp8", "ternary", "q8_0", "q4_k", "q6_k"}));
   cmd.add_option("--quant-policy", options.quant_policy,
                  "per-module formats: lines 'PATTERN FORMAT' (glob over names like model.layers.3.mlp.gate_proj, "

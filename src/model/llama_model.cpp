@@ -35,6 +35,22 @@ size_t ModelWeights::total_bytes() const {
   return n;
 }
 
+// Whether the device kernels read weights of this format as they are packed (a format added to
+// QuantFormat later makes the switch incomplete, and stays off devices until it is added here).
+static bool device_runs(QuantFormat f) {
+  switch (f) {
+    case QuantFormat::kInt8Channel:
+    case QuantFormat::kW8A8:
+    case QuantFormat::kFp8Channel:
+    case QuantFormat::kInt4Group:
+    case QuantFormat::kTernary:
+    case QuantFormat::kGgufQ8_0:
+    case QuantFormat::kGgufQ4_K:
+    case QuantFormat::kGgufQ6_K: return true;
+  }
+  return false;
+}
+
 Result<ModelWeights> copy_weights_to(const ModelWeights& weights, Device device) {
   ModelWeights out;
   auto tensor = [&](const Tensor& t, const char* what) -> Result<Tensor> {
@@ -43,17 +59,16 @@ Result<ModelWeights> copy_weights_to(const ModelWeights& weights, Device device)
   };
   auto weight = [&](const Weight& w, const char* what) -> Result<Weight> {
     if (w.quant) {
-      // The packed formats the device kernels run (ops/cuda: per-channel int8, group-wise int4, the
-      // GGUF q8_0 / q4_k / q6_k blocks) move as they are: packed values, scales and zeros (each
-      // tensor the format has; the undefined ones stay undefined). A format added to QuantFormat
-      // later is refused here until the device has kernels for it.
+      // The packed formats the device kernels run (ops/cuda: per-channel int8, w8a8 and fp8,
+      // group-wise int4, ternary, the GGUF q8_0 / q4_k / q6_k blocks) move as they are: packed
+      // values, scales and zeros (each tensor the format has; the undefined ones stay undefined).
+      // A format added to QuantFormat later is refused here until the device has kernels for it.
       const QuantWeight& q = *w.quant;
-      if (!device.is_cpu() && q.format != QuantFormat::kInt8Channel && q.format != QuantFormat::kInt4Group &&
-          q.format != QuantFormat::kGgufQ8_0 && q.format != QuantFormat::kGgufQ4_K &&
-          q.format != QuantFormat::kGgufQ6_K) {
+      if (!device.is_cpu() && !device_runs(q.format)) {
         return make_error(ErrorCode::kUnsupported,
-                          "{}: {} weights have no kernels on {} (int8, int4, q8_0, q4_k and q6_k run there)", what,
-                          quant_format_name(q.format), device.to_string());
+                          "{}: {} weights have no kernels on {} (int8, w8a8, fp8, int4, ternary, q8_0, q4_k and q6_k "
+                          "run there)",
+                          what, quant_format_name(q.format), device.to_string());
       }
       auto moved = std::make_shared<QuantWeight>(q);
       TACHYON_ASSIGN_OR_RETURN(moved->packed, tensor(q.packed, what));

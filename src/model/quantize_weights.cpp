@@ -16,13 +16,54 @@
 namespace tachyon {
 namespace {
 
+// The K-quants need in_features in whole super-blocks of 256; a weight that has none (a 640-wide
+// down_proj, Qwen2.5-0.5B's 896-wide inputs) is stored as Q8_0, as llama.cpp's quantizer falls
+// back to a 32-wide block format. Returns whether it fell back.
+bool k_quant_fallback(QuantSpec& spec, int64_t in_features) {
+  if ((spec.format != QuantFormat::kGgufQ4_K && spec.format != QuantFormat::kGgufQ6_K) ||
+      in_features % kGgmlBlockK == 0) {
+    return false;
+  }
+  spec.format = QuantFormat::kGgufQ8_0;
+  spec.group_size = 32;
+  return true;
+}
+
+// A dense weight on a device quantized by the host's quantizer (the formats with no device
+// quantizer: fp8, ternary, the GGUF blocks): the rows go to the host and the packed tensors come
+// back.
+Result<Weight> quantize_through_host(const Tensor& d, QuantSpec spec, const char* name, size_t layer) {
+  k_quant_fallback(spec, d.size(1));
+  Weight host;
+  TACHYON_ASSIGN_OR_RETURN(host.dense, copy_to(d, Device::cpu(), "a weight quantized on the host"));
+  auto q = quantize_weight(host, spec);
+  if (!q.ok()) return make_error(q.status().code(), "layer {} {}: {}", layer, name, q.status().message());
+  auto moved = std::make_shared<QuantWeight>(*q->quant);
+  const auto back = [&](const Tensor& t, Tensor& dst) -> Status {
+    if (!t.defined()) return Status::Ok();
+    TACHYON_ASSIGN_OR_RETURN(dst, copy_to(t, d.device(), "a quantized weight"));
+    return Status::Ok();
+  };
+  TACHYON_RETURN_IF_ERROR(back(q->quant->packed, moved->packed));
+  TACHYON_RETURN_IF_ERROR(back(q->quant->scales, moved->scales));
+  TACHYON_RETURN_IF_ERROR(back(q->quant->zeros, moved->zeros));
+  Weight result;
+  result.quant = std::move(moved);
+  return result;
+}
+
 // A dense weight on a device, quantized there (ops::quantize_int8_rows / quantize_int4_groups: the
-// same bytes as the host's quantize_int8_channel / quantize_int4_group).
+// same bytes as the host's quantize_int8_channel / quantize_int4_group; w8a8 weights are int8's),
+// or through the host for the other formats.
 Result<Weight> quantize_on_device(const Weight& w, const QuantSpec& spec, const char* name, size_t layer) {
   if (w.quant || !w.dense.defined() || w.dense.dim() != 2) {
     return make_error(ErrorCode::kInvalidArgument, "layer {} {}: expected a dense [out, in] weight", layer, name);
   }
   const Tensor& d = w.dense;
+  if (spec.format != QuantFormat::kInt8Channel && spec.format != QuantFormat::kW8A8 &&
+      spec.format != QuantFormat::kInt4Group) {
+    return quantize_through_host(d, spec, name, layer);
+  }
   const int64_t out = d.size(0), in = d.size(1);
   auto q = std::make_shared<QuantWeight>();
   q->format = spec.format;
@@ -81,12 +122,6 @@ Weight quant_rows(const Weight& w, int64_t begin, int64_t end) {
 // row and group, so this is the same as quantizing the parts); the separate q/k/v and gate/up
 // weights become row views of the result, so the 16-bit copies go.
 Status quantize_model_on_device(ModelWeights& weights, const QuantSpec& spec) {
-  if (spec.format != QuantFormat::kInt8Channel && spec.format != QuantFormat::kInt4Group) {
-    return make_error(ErrorCode::kUnsupported,
-                      "{0} quantization at load time runs on the host only (on {1} int8 and int4 are quantized "
-                      "there); to run {0} weights on {1}, load a GGUF file that stores them",
-                      quant_format_name(spec.format), weights.embed_tokens.device().to_string());
-  }
   std::vector<LayerWeights> layers = weights.layers;
   for (size_t i = 0; i < layers.size(); ++i) {
     LayerWeights& l = layers[i];
@@ -139,15 +174,7 @@ Status quantize_on_host(ModelWeights& weights,
       ++(*counts)[w.quant ? quant_format_name(w.quant->format) : "dense"];
       return Status::Ok();
     }
-    // The K-quants need in_features in whole super-blocks of 256; a weight that has none (a
-    // 640-wide down_proj, Qwen2.5-0.5B's 896-wide inputs) is stored as Q8_0, as llama.cpp's
-    // quantizer falls back to a 32-wide block format.
-    if ((spec->format == QuantFormat::kGgufQ4_K || spec->format == QuantFormat::kGgufQ6_K) &&
-        w.in_features() % kGgmlBlockK != 0) {
-      spec->format = QuantFormat::kGgufQ8_0;
-      spec->group_size = 32;
-      ++fallbacks;
-    }
+    if (k_quant_fallback(*spec, w.in_features())) ++fallbacks;
     auto q = quantize_weight(w, *spec);
     if (!q.ok()) return make_error(q.status().code(), "{}: {}", module, q.status().message());
     w = std::move(q).value();

@@ -17,8 +17,9 @@ namespace tachyon {
 
 // In place. On the host: fails (changing nothing) when the weights are fused (qkv_proj /
 // gate_up_proj) or already quantized; q4_k / q6_k store a weight whose in_features is not a
-// multiple of 256 as q8_0 (and log how many did). On a GPU: per-channel int8 or group-wise int4, quantized
-// there (fused projections as one matrix, the separate ones becoming row views of it).
+// multiple of 256 as q8_0 (and log how many did). On a GPU: per-channel int8, w8a8 and group-wise
+// int4 are quantized there, the other formats by the host's quantizer one weight at a time (fused
+// projections as one matrix, the separate ones becoming row views of it).
 Status quantize_linear_weights(ModelWeights& weights, const QuantSpec& spec);
 
 // In place, on the host only: each linear layer (and an untied LM head, when a rule names

@@ -20,6 +20,7 @@
 
 #include "core/device_memory.h"
 #include "gpu_test_util.h"
+#include "linear_reference.h"
 #include "model/weights.h"
 #include "ops/cuda/launch.h"
 #include "ops/ops.h"
@@ -29,6 +30,12 @@ namespace tachyon {
 namespace {
 
 using testing::Mirror;
+using testing::Reference;
+using testing::reference;
+using testing::within;
+using testing::LinearRun;
+using testing::RunOptions;
+using testing::run_linear;
 namespace cu = ::tachyon::ops::cuda;
 
 constexpr QuantFormat kFormats[] = {QuantFormat::kGgufQ8_0, QuantFormat::kGgufQ4_K, QuantFormat::kGgufQ6_K};
@@ -84,105 +91,9 @@ std::unique_ptr<GgufWeight> make_weight(QuantFormat format, int64_t in, int64_t 
   return w;
 }
 
-// y[t, o] = sum_i w[o, i] x[t, i] + bias[o] in double, and the size of its terms.
-struct Reference {
-  std::vector<double> y, scale;  // [n, out]
-};
-
-Reference reference(const Tensor& w, const Tensor& x, const Tensor& bias) {
-  const Tensor wc = w.contiguous(), xc = x.contiguous();
-  const Tensor b = bias.defined() ? bias.to_f32() : Tensor();
-  const int64_t n = xc.size(0), in = xc.size(1), out = wc.size(0);
-  Reference r;
-  r.y.resize(static_cast<size_t>(n * out));
-  r.scale.resize(r.y.size());
-  for (int64_t t = 0; t < n; ++t) {
-    const float* xt = xc.data<float>() + t * in;
-    for (int64_t o = 0; o < out; ++o) {
-      const float* wo = wc.data<float>() + o * in;
-      double sum = 0.0, size = 0.0;
-      for (int64_t i = 0; i < in; ++i) {
-        const double p = static_cast<double>(wo[i]) * static_cast<double>(xt[i]);
-        sum += p;
-        size += std::fabs(p);
-      }
-      if (b.defined()) {
-        sum += b.data<float>()[o];
-        size += std::fabs(b.data<float>()[o]);
-      }
-      r.y[t * out + o] = sum;
-      r.scale[t * out + o] = size;
-    }
-  }
-  return r;
-}
-
-::testing::AssertionResult within(const Tensor& y, const Reference& ref, double tol, const std::string& what) {
-  const Tensor yc = y.contiguous();
-  double worst = 0.0;
-  int64_t worst_i = -1;
-  for (int64_t i = 0; i < yc.numel(); ++i) {
-    const double got = yc.data<float>()[i];
-    const double err = std::isfinite(got) ? std::fabs(got - ref.y[i]) / std::max(ref.scale[i], 1e-30) : INFINITY;
-    if (err > worst || worst_i < 0) {
-      worst = err;
-      worst_i = i;
-    }
-  }
-  if (worst <= tol) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << fmt::format(
-             "{}: element {} is {} against {} (error {:.3g} of sum |w x| = {:.4g}, tolerance {:.3g})", what, worst_i,
-             yc.data<float>()[worst_i], ref.y[worst_i], worst, ref.scale[worst_i], tol);
-}
-
-struct RunOptions {
-  int64_t n = 1;
-  cu::LinearAlgo algo = cu::LinearAlgo::kAuto;
-  bool bias = false;
-  DType bias_dtype = DType::kF32;
-  int64_t x_pad = 0, y_pad = 0;  // extra elements per row (strided views)
-};
-
-struct GgufRun {
-  Tensor x, bias;  // host: x [n, in] f32 (a view), bias [out] (or undefined)
-  Tensor y;        // the device's result [n, out]
-};
-
 std::string describe(const GgufWeight& w, const RunOptions& o) {
   return fmt::format("{} [{}, {}] n={} bias={} ({}) x_pad={} y_pad={}", quant_format_name(w.q.format),
                      w.q.out_features, w.q.in_features, o.n, o.bias, dtype_name(o.bias_dtype), o.x_pad, o.y_pad);
-}
-
-// One linear with the device weight; y and its row padding start as NaN, the padding must stay so.
-::testing::AssertionResult run_linear(cu::LinearContext& ctx, const GgufWeight& w, const RunOptions& o,
-                                      std::mt19937& rng, GgufRun* run) {
-  const int64_t in = w.q.in_features, out = w.q.out_features;
-  Mirror dx(testing::random_tensor({o.n, in + o.x_pad}, rng));
-  Tensor x = dx.host().slice(1, 0, in);
-  Tensor bias;
-  if (o.bias) bias = testing::convert(testing::random_tensor({out}, rng), o.bias_dtype);
-  Mirror db = o.bias ? Mirror(bias) : Mirror();
-  Mirror dy(testing::nan_tensor({o.n, out + o.y_pad}));
-  cu::LinearArgs a = w.args();
-  a.x = dx.ptr<float>(x);
-  a.x_stride = x.stride(0);
-  a.bias = o.bias ? db.ptr<void>() : nullptr;
-  a.bias_dtype = o.bias_dtype;
-  a.y = dy.ptr<float>();
-  a.y_stride = out + o.y_pad;
-  a.n = o.n;
-  Status s = cu::linear(ctx, a, nullptr, o.algo);
-  if (s.ok()) s = cu::synchronize(nullptr);
-  if (s.ok()) s = dy.download();
-  if (!s.ok()) return ::testing::AssertionFailure() << s.to_string();
-  if (o.y_pad > 0) {
-    auto pad = testing::all_nan(dy.host().slice(1, out, out + o.y_pad), "y padding");
-    if (!pad) return pad;
-  }
-  run->x = x;
-  run->bias = bias;
-  run->y = dy.host().slice(1, 0, out).contiguous();
-  return ::testing::AssertionSuccess();
 }
 
 Tensor rounded_to_bf16(const Tensor& t) { return testing::convert(t, DType::kBF16).to_f32(); }
@@ -208,7 +119,7 @@ TEST(CudaLinearGguf, GemvMatchesTheDequantizedWeight) {
           o.bias_dtype = n == 3 ? DType::kBF16 : DType::kF32;
           o.x_pad = n == 5 ? 1 : (n == 2 ? 4 : 0);  // 1: rows not 16-byte aligned (scalar x loads)
           o.y_pad = n % 2 == 0 ? 3 : 0;
-          GgufRun r;
+          LinearRun r;
           ASSERT_TRUE(run_linear(**ctx, *w, o, rng, &r)) << describe(*w, o);
           ASSERT_TRUE(within(r.y, reference(w->dense, r.x, r.bias), kGemvTolerance,
                              describe(*w, o) + (algo == cu::LinearAlgo::kGemv ? " gemv" : " auto")));
@@ -242,7 +153,7 @@ TEST(CudaLinearGguf, ExpandedWeightMatchesTheDequantizedWeight) {
         o.bias_dtype = n == 33 ? DType::kBF16 : DType::kF32;  // a separate kernel vs the epilogue
         o.x_pad = n == 9 ? 3 : 0;
         o.y_pad = n == 33 ? 5 : 0;
-        GgufRun r;
+        LinearRun r;
         ASSERT_TRUE(run_linear(**ctx, *w, o, rng, &r)) << describe(*w, o);
         ASSERT_TRUE(within(r.y, reference(w_rounded, rounded_to_bf16(r.x), r.bias), kExpandedRoundedTolerance,
                            describe(*w, o) + " vs bf16-rounded operands"));

@@ -483,17 +483,19 @@ TEST(GpuModel, Int4GreedyEqualsTheCpuInt4Path) {
   }
 }
 
-// The bundled model with its linear weights in the GGUF block formats (encoded on the host: q4_k
-// and q6_k, their 640-wide down projections q8_0), moved to the GPU packed. Both devices are fed
-// the CPU's greedy sequence (the prompt, then one token per step: the GPU's prefill of a prompt
-// over 8 tokens runs the bf16 expansion, its steps the GEMV): every step's logits agree within
-// bf16 tolerance (2e-2 relative), and the GPU's argmax differs from the CPU's at no more than 3
-// of 32 steps (a flip needs the CPU's top two within that error of each other; counted and printed).
-TEST(GpuModel, GgufBlockWeightsMatchTheCpuPath) {
+// The bundled model with its linear weights in each packed format quantized on the host — the
+// GGUF blocks (q4_k and q6_k with their 640-wide down projections q8_0), w8a8, fp8, ternary g128 —
+// moved to the GPU packed. Both devices are fed the CPU's greedy sequence (the prompt, then one
+// token per step: the GPU's prefill of a prompt of more tokens than a format's GEMV takes runs its
+// GEMM — the bf16 expansion, cuBLASLt int8, cuBLASLt fp8 on e4m3 activations — its steps the
+// GEMVs): every step's logits agree within 2e-2 relative (fp8: 1e-1, its prefill's activations
+// rounded to e4m3), and the GPU's argmax differs from the CPU's at no more than 3 of 32 steps (a flip needs the CPU's top two within that error of each other; counted and
+// printed).
+TEST(GpuModel, PackedWeightsMatchTheCpuPath) {
   TACHYON_START_GPU();
   LoadedModel cpu = load(testing::source_dir() + "/models/tachyon-demo", Device::cpu());
   const int64_t vocab = cpu.model->config().vocab_size;
-  for (const char* name : {"q4_k", "q6_k", "q8_0"}) {
+  for (const char* name : {"q4_k", "q6_k", "q8_0", "w8a8", "fp8", "ternary"}) {
     auto spec = parse_quant_spec(name, 128);
     ASSERT_TRUE(spec.ok());
     ModelWeights cw = cpu.model->weights();
@@ -503,8 +505,12 @@ TEST(GpuModel, GgufBlockWeightsMatchTheCpuPath) {
     const Weight& gate = gw->layers[0].gate_proj;
     ASSERT_TRUE(gate.quant != nullptr && gate.quant->format == spec->format) << name;
     EXPECT_EQ(gate.quant->packed.device(), kGpu);
-    EXPECT_EQ(gw->layers[0].down_proj.quant->format, QuantFormat::kGgufQ8_0) << name << ": 640-wide inputs";
+    if (spec->format == QuantFormat::kGgufQ4_K || spec->format == QuantFormat::kGgufQ6_K) {
+      EXPECT_EQ(gw->layers[0].down_proj.quant->format, QuantFormat::kGgufQ8_0) << name << ": 640-wide inputs";
+    }
     LlamaModel cm(cpu.model->config(), std::move(cw)), gm(cpu.model->config(), std::move(gw).value());
+    // fp8's GEMM rounds the activations to e4m3 (2^-4 relative) where the CPU keeps f32.
+    const double tolerance = spec->format == QuantFormat::kFp8Channel ? 1e-1 : 2e-2;
     for (const char* text : {"Once upon a time", "The little dog ran to the park and"}) {
       std::vector<int32_t> chunk = cpu.tokenizer->encode(text);
       const int P = static_cast<int>(chunk.size());
@@ -517,7 +523,7 @@ TEST(GpuModel, GgufBlockWeightsMatchTheCpuPath) {
         const float* g = lg.data<float>();
         const double err = relative_error(g, c, vocab);
         worst = std::max(worst, err);
-        ASSERT_LE(err, 2e-2) << name << " \"" << text << "\" step " << step;
+        ASSERT_LE(err, tolerance) << name << " \"" << text << "\" step " << step;
         const int64_t top = std::max_element(c, c + vocab) - c, got = std::max_element(g, g + vocab) - g;
         if (got != top) ++near_ties;  // within the error above, so the CPU's top two were that close
         chunk = {static_cast<int32_t>(top)};

@@ -122,16 +122,19 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
   std::string describe() const override { return fmt::format("cuda:{} {}", device_, props_.to_string()); }
 
   void linear(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& y, ops::LinearMode mode) override {
-    TACHYON_CHECK(w.defined() && (!w.quant || w.quant->format == QuantFormat::kInt8Channel ||
-                                  w.quant->format == QuantFormat::kInt4Group || is_gguf_block_format(w.quant->format)),
-                  "linear: the CUDA backend runs dense f32/f16/bf16, per-channel int8, group-wise int4 and GGUF "
-                  "q8_0/q4_k/q6_k weights (got {})",
-                  w.quant ? quant_format_name(w.quant->format) : "none");
+    const QuantFormat format = w.quant ? w.quant->format : QuantFormat::kInt8Channel;
+    TACHYON_CHECK(w.defined() && (!w.quant || format == QuantFormat::kInt8Channel || format == QuantFormat::kW8A8 ||
+                                  format == QuantFormat::kFp8Channel || format == QuantFormat::kInt4Group ||
+                                  format == QuantFormat::kTernary || is_gguf_block_format(format)),
+                  "linear: the CUDA backend runs dense f32/f16/bf16, per-channel int8, w8a8, fp8, group-wise int4, "
+                  "ternary and GGUF q8_0/q4_k/q6_k weights (got {})",
+                  w.quant ? quant_format_name(format) : "none");
     const Tensor& wd = w.quant ? w.quant->packed : w.dense;
     on_device("linear", {&x, &y, &wd, bias});
     TACHYON_CHECK(x.dim() == 2 && y.dim() == 2 && wd.dim() == 2 && x.dtype() == DType::kF32 &&
                       y.dtype() == DType::kF32 &&
-                      (is_float(wd.dtype()) || wd.dtype() == DType::kI8 || wd.dtype() == DType::kU8) &&
+                      (is_float(wd.dtype()) || wd.dtype() == DType::kI8 || wd.dtype() == DType::kU8 ||
+                       wd.dtype() == DType::kF8E4M3) &&
                       x.stride(1) == 1 && y.stride(1) == 1 && wd.stride(1) == 1,
                   "linear: x {} w {} y {}", x.shape_string(), wd.shape_string(), y.shape_string());
     LinearArgs a;
@@ -155,6 +158,19 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
       a.w_scales = q.scales.data<float>();
       a.w_zeros = q.zeros.data<float>();
       a.w_group = q.group_size;
+      in_features = q.in_features;
+    } else if (w.quant && format == QuantFormat::kTernary) {
+      const QuantWeight& q = *w.quant;
+      on_device("linear", {&q.scales});
+      const int64_t groups = q.group_size > 0 ? q.in_features / q.group_size : 0;
+      TACHYON_CHECK(wd.dtype() == DType::kU8 && q.group_size > 0 && q.in_features % q.group_size == 0 &&
+                        wd.size(1) * 4 == q.in_features && q.scales.dtype() == DType::kF32 && q.scales.dim() == 2 &&
+                        q.scales.size(0) == wd.size(0) && q.scales.size(1) == groups && q.scales.is_contiguous(),
+                    "linear: ternary weight {} (in {}, group {}) with scales {}", wd.shape_string(), q.in_features,
+                    q.group_size, q.scales.shape_string());
+      a.w_scales = q.scales.data<float>();
+      a.w_group = q.group_size;
+      a.scheme = QuantScheme::kTernary;
       in_features = q.in_features;
     } else if (w.quant && is_gguf_block_format(w.quant->format)) {
       // quant/quantize.h's kGguf* layouts: Q8_0 codes [out, in] i8 and d [out, in / 32] f16; Q4_K
@@ -183,10 +199,13 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
     } else if (w.quant) {
       const Tensor& sc = w.quant->scales;
       on_device("linear", {&sc});
-      TACHYON_CHECK(wd.dtype() == DType::kI8 && sc.dtype() == DType::kF32 && sc.dim() == 1 &&
-                        sc.size(0) == wd.size(0) && sc.is_contiguous(),
-                    "linear: int8 weight {} with scales {}", wd.shape_string(), sc.shape_string());
+      const DType codes = format == QuantFormat::kFp8Channel ? DType::kF8E4M3 : DType::kI8;
+      TACHYON_CHECK(wd.dtype() == codes && sc.dtype() == DType::kF32 && sc.dim() == 1 && sc.size(0) == wd.size(0) &&
+                        sc.is_contiguous(),
+                    "linear: {} weight {} {} with scales {}", quant_format_name(format), wd.shape_string(),
+                    dtype_name(wd.dtype()), sc.shape_string());
       a.w_scales = sc.data<float>();
+      if (format == QuantFormat::kW8A8) a.scheme = QuantScheme::kW8A8;
     }
     if (bias != nullptr) {
       TACHYON_CHECK(bias->dim() == 1 && bias->size(0) == wd.size(0) && bias->is_contiguous() && is_float(bias->dtype()),
@@ -205,9 +224,11 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
     if (mode == ops::LinearMode::kBatchInvariant) {
       // Every token through the GEMV, whose per-output summation order does not depend on n: a
       // row's result is the same alone or in any batch.
-      const int64_t kChunk = a.gguf != GgufFormat::kNone ? detail::kGemvGgufMaxTokens
-                             : a.w_dtype == DType::kU8  ? kLinearAutoGemvMaxTokensInt4
-                                                        : 16;
+      const int64_t kChunk = a.gguf != GgufFormat::kNone                ? detail::kGemvGgufMaxTokens
+                             : a.scheme == QuantScheme::kW8A8     ? detail::kGemvW8A8MaxTokens
+                             : a.scheme == QuantScheme::kTernary  ? detail::kGemvTernaryMaxTokens
+                             : a.w_dtype == DType::kU8                  ? kLinearAutoGemvMaxTokensInt4
+                                                                        : 16;
       for (int64_t t0 = 0; t0 < a.n; t0 += kChunk) {
         LinearArgs c = a;
         c.x = a.x + t0 * a.x_stride;

@@ -163,6 +163,17 @@ constexpr int kLinearAutoGemvMaxTokensInt8 = 2;
 constexpr int kLinearAutoGemvMaxTokensInt4Small = 2;
 constexpr int64_t kLinearAutoGemvMaxRowsInt4 = 2048;
 constexpr int kLinearAutoGemvMaxTokensInt4 = 8;
+// For per-channel fp8 weights kAuto runs the GEMV (f32 activations) up to this many tokens and
+// beyond it cuBLASLt's fp8 GEMM with the activations quantized per token to e4m3 (sm_89+; the
+// weight expanded to bf16 elsewhere): on the H200 the GEMV falls behind from 3-4 tokens while
+// cuBLASLt's fp8 GEMM streams the weight at 34-67 % of copy at 32 (docs/perf.md).
+constexpr int kLinearAutoGemvMaxTokensFp8 = 2;
+// For W8A8 the dp4a GEMV up to this many tokens, then cuBLASLt's int8 GEMM (both exact).
+constexpr int kLinearAutoGemvMaxTokensW8A8 = 4;
+// For ternary weights the GEMV up to this many tokens (its add/subtract/skip work grows with the
+// tokens while the 2-bit weight is read once: from 8 tokens expanding the weight to bf16 for
+// cuBLASLt is faster on the H200, docs/perf.md), then the weight expanded.
+constexpr int kLinearAutoGemvMaxTokensTernary = 4;
 // For the GGUF block formats (q8_0, q4_k, q6_k) kAuto runs their GEMV up to
 // detail::kGemvGgufMaxTokens (8) tokens and beyond that expands the weight to bf16 for cuBLASLt;
 // there is no tensor-core GEMM for them.

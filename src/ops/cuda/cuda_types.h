@@ -53,6 +53,12 @@ struct Rows {
 // layouts); kNone for every other weight.
 enum class GgufFormat : uint8_t { kNone, kQ8_0, kQ4_K, kQ6_K };
 
+// How the kernels read a packed weight beyond its dtype (quant/quantize.h's layouts): kNone for
+// dense, int8 (kInt8Channel), fp8 (kFp8Channel) and int4 (kInt4Group) weights, which the dtype
+// tells apart; kW8A8 for int8 codes multiplied by int8-quantized activations; kTernary for 2-bit
+// {-1, 0, +1} codes with group scales.
+enum class QuantScheme : uint8_t { kNone, kW8A8, kTernary };
+
 // y[n, out] = x[n, in] · W[out, in]^T (+ bias[out]). Device pointers.
 struct LinearArgs {
   const float* x = nullptr;  // [n, in] f32, rows x_stride apart
@@ -63,9 +69,15 @@ struct LinearArgs {
   // i8 weights (kInt8Channel): w_scales [out] f32, w = packed * scale. u8 weights: group-wise int4
   // (kInt4Group, quant/quantize.h's layout): w [out, in / 2] bytes (w_stride in bytes), w_scales
   // and w_zeros [out, in / w_group] f32, contiguous; w = (q - zero) * scale.
+  // f8e4m3 weights (kFp8Channel): w_scales [out] f32, w = e4m3(packed) * scale.
+  // scheme kW8A8: i8 w and w_scales as kInt8Channel; the activations are quantized per token
+  // (quantize_activation_row) and y = fma(f32(sum qx qw), sx * scale, bias), the sum exact.
+  // scheme kTernary: w [out, in / 4] u8 (blocks of 32 weights in 8 bytes, w_stride in bytes),
+  // w_scales [out, in / w_group] f32 contiguous; w = (code - 1) * scale.
   const float* w_scales = nullptr;
   const float* w_zeros = nullptr;
   int w_group = 0;
+  QuantScheme scheme = QuantScheme::kNone;
   // GGUF block weights (gguf != kNone; w_dtype i8 for Q8_0, u8 for the K-quants): w the packed
   // rows, w_stride bytes apart (16-byte aligned), and w_scales_f16 the blocks' d [out, in / block]
   // f16, contiguous (Q8_0: one per 32 weights; Q6_K: one per 256; null for Q4_K, whose blocks

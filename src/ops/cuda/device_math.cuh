@@ -259,17 +259,22 @@ __device__ __forceinline__ void transpose_sum_level(float (&v)[N], int lane) {
   }
 }
 
-// Sums N values (a power of two <= 32) of every lane across the warp in N - 1 + log2(32 / N)
-// shuffles instead of 5 N. On return lane L holds the warp's total of value (L mod N).
+// Sums N values (a power of two <= 32) of every lane across the warp in fewer shuffles than N
+// warp_sum()s (N - 1 + N log2(32 / N) instead of 5 N). On return lane L holds the warp's total of
+// value (L mod N). Lanes combine in warp_sum()'s order (xor 16, 8, ..., 1) whatever N is — the
+// levels above N on all N values first, then the transposed ones — so every total has
+// warp_sum()'s bits: a GEMV's result does not depend on how many tokens shared the warp.
 template <int N>
 __device__ __forceinline__ float warp_transpose_sum(float (&v)[N]) {
   static_assert(N >= 1 && N <= 32 && (N & (N - 1)) == 0, "N must be a power of two <= 32");
   const int lane = threadIdx.x & 31;
-  transpose_sum_level<N / 2, N>(v, lane);
-  float r = v[0];
 #pragma unroll
-  for (int offset = N; offset < 32; offset *= 2) r += __shfl_xor_sync(kFullMask, r, offset);
-  return r;
+  for (int offset = 16; offset >= N; offset /= 2) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) v[i] += __shfl_xor_sync(kFullMask, v[i], offset);
+  }
+  transpose_sum_level<N / 2, N>(v, lane);
+  return v[0];
 }
 
 // Block-wide sum (blockDim.x a multiple of 32, at most 1024); every thread gets the total.

@@ -28,6 +28,23 @@ struct GemvShape {
   int64_t step = 0;  // elements one warp covers with one 16-byte load per lane
 };
 GemvShape plan_gemv(const LinearArgs& a, int sm_count);
+
+// The K split the streaming GEMVs share: enough warps for ~32 per SM given `row_warps` warps of
+// rows, at most 32 slices, each at least `min_chunk` columns (one full unrolled iteration) and a
+// multiple of `step` (so every slice starts on a vector boundary). Callers pass the one-token
+// tile's row_warps and min_chunk whatever n is: the same slices, so the same summation order for
+// a token alone or in any batch (LinearMode::kBatchInvariant relies on it). Sets chunk, splits.
+inline void plan_k_splits(GemvShape& s, int64_t in, int64_t row_warps, int64_t min_chunk, int64_t step,
+                          int sm_count) {
+  const int64_t target_warps = static_cast<int64_t>(sm_count > 1 ? sm_count : 1) * 32;
+  int64_t max_splits = in / min_chunk;
+  max_splits = max_splits < 1 ? 1 : (max_splits > 32 ? 32 : max_splits);
+  int64_t want = target_warps / (row_warps > 1 ? row_warps : 1);
+  want = want < 1 ? 1 : (want > max_splits ? max_splits : want);
+  const int64_t chunk = ((in + want - 1) / want + step - 1) / step * step;
+  s.chunk = chunk > step ? chunk : step;
+  s.splits = static_cast<int>((in + s.chunk - 1) / s.chunk);
+}
 cudaError_t launch_gemv(const LinearArgs& a, const GemvShape& shape, float* partial, Stream stream);
 
 // The tensor-core skinny GEMM: y = x16 · w^T for 1..kGemmMmaMaxTokens tokens, x16 the activations
@@ -68,6 +85,35 @@ GemvShape plan_gemv_gguf(const LinearArgs& a, int sm_count);
 cudaError_t launch_gemv_gguf(const LinearArgs& a, const GemvShape& shape, float* partial, Stream stream);
 cudaError_t launch_dequantize_gguf(const LinearArgs& a, uint16_t* dst, int64_t dst_stride, Stream stream);
 
+// 8-bit activations (linear_w8a8.cu). Per token: codes [n, codes_stride] (i8: quant/quantize.h's
+// quantize_activation_row, bit for bit; f8e4m3: sx = max|x| / 448 and codes x * (448 / max|x|)
+// rounded to nearest even) and sx [n] f32; columns [in, codes_stride) get zero codes.
+cudaError_t launch_quantize_activations(const float* x, int64_t x_stride, int64_t n, int64_t in, DType codes_dtype,
+                                        void* codes, int64_t codes_stride, float* sx, Stream stream);
+// The W8A8 GEMV: LinearArgs with scheme kW8A8, x_codes / sx from launch_quantize_activations
+// (rows x_stride apart), 1..kGemvW8A8MaxTokens tokens, in < 2^17. With splits > 1 the slices'
+// int32 sums go to partial [splits, n, out] and a second kernel finishes them.
+constexpr int kGemvW8A8MaxTokens = 8;
+bool gemv_w8a8_supported(const LinearArgs& a);
+GemvShape plan_gemv_w8a8(const LinearArgs& a, int64_t x_stride, int sm_count);
+cudaError_t launch_gemv_w8a8(const LinearArgs& a, const int8_t* x_codes, int64_t x_stride, const float* sx,
+                             const GemvShape& shape, int32_t* partial, Stream stream);
+// In place on y [n, out]: the sums of an 8-bit GEMM (int_sums: int32 in y's words, W8A8's
+// epilogue; else f32) times sx[t] * sw[o], plus bias[o].
+cudaError_t launch_scale_sums(float* y, int64_t y_stride, int64_t n, int64_t out, bool int_sums, const float* sx,
+                              const float* sw, const void* bias, DType bias_dtype, Stream stream);
+
+// Ternary weights (linear_ternary.cu): LinearArgs with scheme kTernary, u8 codes, group 32..256,
+// in % 64 == 0, 16-byte aligned rows. The GEMV takes 1..kGemvTernaryMaxTokens tokens with 16-byte
+// aligned x rows (same split-K contract as the GEMV); the expansion writes dst [out, in] bf16
+// (dst_stride % 8 == 0, dst 16-byte aligned) for cuBLASLt.
+constexpr int kGemvTernaryMaxTokens = 8;
+bool ternary_weight_supported(const LinearArgs& a);
+bool gemv_ternary_supported(const LinearArgs& a);
+GemvShape plan_gemv_ternary(const LinearArgs& a, int sm_count);
+cudaError_t launch_gemv_ternary(const LinearArgs& a, const GemvShape& shape, float* partial, Stream stream);
+cudaError_t launch_dequantize_ternary(const LinearArgs& a, uint16_t* dst, int64_t dst_stride, Stream stream);
+
 // dst[n, dst_stride] (f16/bf16, rounded to nearest even) = x[n, in] f32 (rows x_stride apart).
 cudaError_t launch_convert_rows(const float* x, int64_t x_stride, int64_t n, int64_t in, void* dst, DType dst_dtype,
                                 int64_t dst_stride, Stream stream);
@@ -103,9 +149,10 @@ cudaError_t launch_fill_uniform(void* data, DType dtype, int64_t count, uint64_t
 // [out] f32 (NaN for a row with a non-finite weight).
 cudaError_t launch_quantize_int8_rows(const void* w, DType dtype, int64_t w_stride, int64_t out, int64_t in,
                                       int8_t* packed, float* scales, Stream stream);
-// dst [out, in] bf16 (rows dst_stride apart) = packed * scales, for cuBLASLt.
-cudaError_t launch_dequantize_int8_rows(const int8_t* packed, int64_t w_stride, const float* scales, int64_t out,
-                                        int64_t in, uint16_t* dst, int64_t dst_stride, Stream stream);
+// dst [out, in] bf16 (rows dst_stride apart) = packed * scales (packed i8 or f8e4m3 codes), for
+// cuBLASLt.
+cudaError_t launch_dequantize_rows(const void* packed, DType dtype, int64_t w_stride, const float* scales, int64_t out,
+                                   int64_t in, uint16_t* dst, int64_t dst_stride, Stream stream);
 // ops::quantize_int4_groups: w [out, in] (dtype, rows w_stride apart) -> packed [out, in / 2] u8,
 // scales and zeros [out, in / group] f32 (a NaN scale for a group with a non-finite weight, or
 // one too wide for an f16 scale).

@@ -53,6 +53,8 @@ cudaDataType_t cuda_type(DType d) {
   switch (d) {
     case DType::kF16: return CUDA_R_16F;
     case DType::kBF16: return CUDA_R_16BF;
+    case DType::kI8: return CUDA_R_8I;
+    case DType::kF8E4M3: return CUDA_R_8F_E4M3;
     default: return CUDA_R_32F;
   }
 }
@@ -109,11 +111,18 @@ struct LinearContext::Impl {
 
   // y[n, out] = x[n, in] · w[out, in]^T in cuBLASLt's column-major terms: Y^T (out x n, ld
   // y_stride) = op(W) · X^T, where W is stored as a column-major in x out matrix (ld w_stride)
-  // taken transposed, and X^T is column-major in x n (ld x_stride).
+  // taken transposed, and X^T is column-major in x n (ld x_stride). ab_dtype kI8: int32 sums,
+  // exact, in y's words; kF8E4M3: f32 sums of the codes; neither takes a bias.
   Status matmul(const void* x, int64_t x_stride, const void* w, int64_t w_stride, DType ab_dtype, const float* bias,
                 float* y, int64_t y_stride, int64_t n, int64_t in, int64_t out, Stream stream) {
+    const bool int_sums = ab_dtype == DType::kI8;
+    if (bias != nullptr && (int_sums || ab_dtype == DType::kF8E4M3)) {
+      return make_error(ErrorCode::kInvalidArgument, "cuBLASLt {} GEMM: the bias is the caller's epilogue",
+                        dtype_name(ab_dtype));
+    }
     MatmulDescs d;
-    TACHYON_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescCreate(&d.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    TACHYON_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescCreate(&d.op, int_sums ? CUBLAS_COMPUTE_32I : CUBLAS_COMPUTE_32F,
+                                                            int_sums ? CUDA_R_32I : CUDA_R_32F));
     const cublasOperation_t trans_a = CUBLAS_OP_T, trans_b = CUBLAS_OP_N;
     TACHYON_CUBLAS_RETURN_IF_ERROR(
         cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a, sizeof(trans_a)));
@@ -132,7 +141,7 @@ struct LinearContext::Impl {
     const cudaDataType_t ab = cuda_type(ab_dtype);
     TACHYON_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&d.a, ab, in, out, w_stride));
     TACHYON_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&d.b, ab, in, n, x_stride));
-    TACHYON_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&d.c, CUDA_R_32F, out, n, y_stride));
+    TACHYON_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&d.c, int_sums ? CUDA_R_32I : CUDA_R_32F, out, n, y_stride));
 
     const size_t esize = dtype_size(ab_dtype);
     const int align_a = alignment_of(w, w_stride * static_cast<int64_t>(esize));
@@ -158,8 +167,10 @@ struct LinearContext::Impl {
           d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &c32, sizeof(c32)));
       cublasLtMatmulHeuristicResult_t result{};
       int found = 0;
-      TACHYON_CUBLAS_RETURN_IF_ERROR(
-          cublasLtMatmulAlgoGetHeuristic(handle, d.op, d.a, d.b, d.c, d.c, d.pref, 1, &result, &found));
+      const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle, d.op, d.a, d.b, d.c, d.c, d.pref, 1, &result, &found);
+      // An 8-bit GEMM the library does not do for this shape or alignment says so here (callers fall back).
+      if (st == CUBLAS_STATUS_NOT_SUPPORTED) found = 0;
+      else TACHYON_CUBLAS_RETURN_IF_ERROR(st);
       if (found == 0) {
         return make_error(ErrorCode::kUnsupported,
                           "cuBLASLt has no algorithm for {} x {} -> {} ({}, n={}, lds {}/{}/{}, bias {})", in, out, n,
@@ -168,8 +179,11 @@ struct LinearContext::Impl {
       it = algos.emplace(key, result.algo).first;
     }
     const float alpha = 1.0f, beta = 0.0f;
-    TACHYON_CUBLAS_RETURN_IF_ERROR(cublasLtMatmul(handle, d.op, &alpha, w, d.a, x, d.b, &beta, y, d.c, y, d.c,
-                                                  &it->second, workspace.data(), workspace.bytes(), stream));
+    const int32_t alpha_i = 1, beta_i = 0;
+    TACHYON_CUBLAS_RETURN_IF_ERROR(cublasLtMatmul(
+        handle, d.op, int_sums ? static_cast<const void*>(&alpha_i) : &alpha, w, d.a, x, d.b,
+        int_sums ? static_cast<const void*>(&beta_i) : &beta, y, d.c, y, d.c, &it->second, workspace.data(),
+        workspace.bytes(), stream));
     return Status::Ok();
   }
 };
@@ -226,10 +240,11 @@ const char* gguf_format_name(GgufFormat format) {
 // weights.
 Status linear_cublaslt(LinearContext::Impl& ctx, const LinearArgs& a, int64_t ld, Stream stream) {
   const bool gguf = a.gguf != GgufFormat::kNone;
-  const bool int4 = !gguf && a.w_dtype == DType::kU8;
+  const bool ternary = a.scheme == QuantScheme::kTernary;
+  const bool int4 = !gguf && !ternary && a.w_dtype == DType::kU8;
   const bool epilogue_bias = a.bias != nullptr && a.bias_dtype == DType::kF32;
   const float* bias = epilogue_bias ? static_cast<const float*>(a.bias) : nullptr;
-  if (gguf || int4 || a.w_dtype == DType::kI8) {
+  if (gguf || int4 || ternary || a.w_dtype == DType::kI8 || a.w_dtype == DType::kF8E4M3) {
     // Many tokens share the weight: expand it to bf16 once for this call and multiply on tensor
     // cores. The expansion reads 1 byte (int8), half a byte (int4) or a GGUF block's share and
     // writes 2 per weight, so this path costs more than a bf16 weight would; the kernels above are
@@ -237,16 +252,17 @@ Status linear_cublaslt(LinearContext::Impl& ctx, const LinearArgs& a, int64_t ld
     TACHYON_RETURN_IF_ERROR(ctx.grow(ctx.dequantized, static_cast<size_t>(a.out * ld) * 2, "dequantized weight"));
     uint16_t* expanded = ctx.dequantized.as<uint16_t>();
     TACHYON_CUDA_RETURN_IF_ERROR(
-        gguf   ? detail::launch_dequantize_gguf(a, expanded, ld, stream)
-        : int4 ? detail::launch_dequantize_int4_groups(static_cast<const uint8_t*>(a.w), a.w_stride, a.w_scales,
-                                                       a.w_zeros, a.w_group, a.out, a.in, expanded, ld, stream)
-               : detail::launch_dequantize_int8_rows(static_cast<const int8_t*>(a.w), a.w_stride, a.w_scales, a.out,
-                                                     a.in, expanded, ld, stream));
+        gguf      ? detail::launch_dequantize_gguf(a, expanded, ld, stream)
+        : ternary ? detail::launch_dequantize_ternary(a, expanded, ld, stream)
+        : int4    ? detail::launch_dequantize_int4_groups(static_cast<const uint8_t*>(a.w), a.w_stride, a.w_scales,
+                                                          a.w_zeros, a.w_group, a.out, a.in, expanded, ld, stream)
+                  : detail::launch_dequantize_rows(a.w, a.w_dtype, a.w_stride, a.w_scales, a.out, a.in, expanded, ld,
+                                                   stream));
     TACHYON_RETURN_IF_ERROR(ctx.grow(ctx.activations, static_cast<size_t>(a.n * ld) * 2, "activations"));
     TACHYON_CUDA_RETURN_IF_ERROR(detail::launch_convert_rows(a.x, a.x_stride, a.n, a.in, ctx.activations.data(),
                                                              DType::kBF16, ld, stream));
     log_path_once("cuda linear: {} weight expanded to bf16, cuBLASLt bf16 x bf16 -> f32",
-                  gguf ? gguf_format_name(a.gguf) : int4 ? "int4" : "int8");
+                  gguf ? gguf_format_name(a.gguf) : ternary ? "ternary" : int4 ? "int4" : dtype_name(a.w_dtype));
     TACHYON_RETURN_IF_ERROR(ctx.matmul(ctx.activations.data(), ld, expanded, ld, DType::kBF16, bias, a.y,
                                        a.y_stride, a.n, a.in, a.out, stream));
   } else if (a.w_dtype == DType::kF32) {
@@ -311,6 +327,156 @@ Status linear_gguf(LinearContext::Impl& ctx, const LinearArgs& a, Stream stream,
   return linear_cublaslt(ctx, a, (a.in + 7) / 8 * 8, stream);
 }
 
+// The GEMVs' split-K scratch for `shape` (null when it does not split).
+Result<float*> split_partials(LinearContext::Impl& ctx, const LinearArgs& a, const detail::GemvShape& shape) {
+  if (shape.splits <= 1) return static_cast<float*>(nullptr);
+  TACHYON_RETURN_IF_ERROR(
+      ctx.grow(ctx.partial, static_cast<size_t>(shape.splits * a.n * a.out) * sizeof(float), "split-K partial sums"));
+  return ctx.partial.as<float>();
+}
+
+Status check_bias_and_strides(const LinearArgs& a) {
+  TACHYON_CUDA_REQUIRE(a.bias == nullptr || a.bias_dtype == DType::kF32 || a.bias_dtype == DType::kF16 ||
+                           a.bias_dtype == DType::kBF16,
+                       "linear: bias dtype {}", dtype_name(a.bias_dtype));
+  TACHYON_CUDA_REQUIRE(a.x_stride >= a.in && a.y_stride >= a.out, "linear: strides x {} y {} for in={} out={}",
+                       a.x_stride, a.y_stride, a.in, a.out);
+  return Status::Ok();
+}
+
+// The activations quantized per token into the activation scratch: codes [n, ld] (ld: in rounded
+// up to 16) and sx [n] after them.
+struct QuantizedActivations {
+  void* codes = nullptr;
+  int64_t ld = 0;
+  float* sx = nullptr;
+};
+
+Result<QuantizedActivations> quantize_activations(LinearContext::Impl& ctx, const LinearArgs& a, DType codes_dtype,
+                                                  Stream stream) {
+  QuantizedActivations q;
+  q.ld = (a.in + 15) / 16 * 16;
+  const size_t codes_bytes = static_cast<size_t>(a.n * q.ld + 15) / 16 * 16;
+  TACHYON_RETURN_IF_ERROR(
+      ctx.grow(ctx.activations, codes_bytes + static_cast<size_t>(a.n) * sizeof(float), "activations"));
+  q.codes = ctx.activations.data();
+  q.sx = reinterpret_cast<float*>(static_cast<char*>(ctx.activations.data()) + codes_bytes);
+  TACHYON_CUDA_RETURN_IF_ERROR(
+      detail::launch_quantize_activations(a.x, a.x_stride, a.n, a.in, codes_dtype, q.codes, q.ld, q.sx, stream));
+  return q;
+}
+
+// W8A8: the activations quantized per token, then the dp4a GEMV up to
+// kLinearAutoGemvMaxTokensW8A8 tokens (kAuto) and cuBLASLt's int8 GEMM beyond it, its int32 sums finished in place. Both give the
+// CPU's bits. Where cuBLASLt has no int8 algorithm for the shape, the GEMV runs in chunks.
+Status linear_w8a8(LinearContext::Impl& ctx, const LinearArgs& a, Stream stream, LinearAlgo algo) {
+  TACHYON_CUDA_REQUIRE(a.w_dtype == DType::kI8 && a.w_scales != nullptr && a.w_stride >= a.in,
+                       "linear: a W8A8 weight is i8 codes with per-row scales (got {}, scales {}, row stride {})",
+                       dtype_name(a.w_dtype), static_cast<const void*>(a.w_scales), a.w_stride);
+  TACHYON_CUDA_REQUIRE(a.in < (int64_t{1} << 17), "linear: W8A8 takes in < 2^17 (int32 sums), got {}", a.in);
+  TACHYON_RETURN_IF_ERROR(check_bias_and_strides(a));
+  if (a.n == 0) return Status::Ok();
+  if (algo == LinearAlgo::kAuto) algo = a.n <= kLinearAutoGemvMaxTokensW8A8 ? LinearAlgo::kGemv : LinearAlgo::kCublasLt;
+  TACHYON_CUDA_REQUIRE(algo != LinearAlgo::kMma, "linear: W8A8 runs the GEMV or cuBLASLt's int8 GEMM");
+  TACHYON_CUDA_REQUIRE(algo != LinearAlgo::kGemv || a.n <= detail::kGemvW8A8MaxTokens,
+                       "linear: the W8A8 GEMV takes 1..{} tokens (got {})", detail::kGemvW8A8MaxTokens, a.n);
+  TACHYON_ASSIGN_OR_RETURN(QuantizedActivations q, quantize_activations(ctx, a, DType::kI8, stream));
+  const int8_t* codes = static_cast<const int8_t*>(q.codes);
+  // Tokens [t0, t0 + c.n) of the call (c: a's arguments for them).
+  const auto gemv = [&](const LinearArgs& c, int64_t t0) -> Status {
+    const detail::GemvShape shape = detail::plan_gemv_w8a8(c, q.ld, ctx.sm_count);
+    TACHYON_ASSIGN_OR_RETURN(float* partial, split_partials(ctx, c, shape));
+    TACHYON_CUDA_RETURN_IF_ERROR(detail::launch_gemv_w8a8(c, codes + t0 * q.ld, q.ld, q.sx + t0, shape,
+                                                          reinterpret_cast<int32_t*>(partial), stream));
+    return Status::Ok();
+  };
+  if (algo == LinearAlgo::kGemv) {
+    log_path_once("cuda linear: w8a8 gemv (int8 activations, dp4a)");
+    return gemv(a, 0);
+  }
+  Status s = ctx.matmul(codes, q.ld, a.w, a.w_stride, DType::kI8, nullptr, a.y, a.y_stride, a.n, a.in, a.out, stream);
+  if (s.ok()) {
+    log_path_once("cuda linear: w8a8 cuBLASLt int8 x int8 -> int32, scaled in place");
+    TACHYON_CUDA_RETURN_IF_ERROR(detail::launch_scale_sums(a.y, a.y_stride, a.n, a.out, /*int_sums=*/true, q.sx,
+                                                           a.w_scales, a.bias, a.bias_dtype, stream));
+    return Status::Ok();
+  }
+  if (s.code() != ErrorCode::kUnsupported) return s;
+  log_path_once("cuda linear: w8a8 without a cuBLASLt int8 algorithm ({}): the GEMV in chunks", s.message());
+  for (int64_t t0 = 0; t0 < a.n; t0 += detail::kGemvW8A8MaxTokens) {
+    LinearArgs c = a;
+    c.n = std::min<int64_t>(detail::kGemvW8A8MaxTokens, a.n - t0);
+    c.y = a.y + t0 * a.y_stride;
+    TACHYON_RETURN_IF_ERROR(gemv(c, t0));
+  }
+  return Status::Ok();
+}
+
+// Per-channel fp8 (e4m3) weights: the GEMV (f32 activations, like the CPU) up to
+// kLinearAutoGemvMaxTokensFp8 tokens; beyond, on sm_89+, cuBLASLt's fp8 GEMM on activations
+// quantized per token to e4m3, the sums scaled in place; elsewhere (or where cuBLASLt has no fp8
+// algorithm) the weight expanded to bf16.
+Status linear_fp8(LinearContext::Impl& ctx, const LinearArgs& a, Stream stream, LinearAlgo algo) {
+  TACHYON_CUDA_REQUIRE(a.w_scales != nullptr && a.w_stride >= a.in,
+                       "linear: an fp8 weight needs its per-row scales (got {}, row stride {})",
+                       static_cast<const void*>(a.w_scales), a.w_stride);
+  TACHYON_RETURN_IF_ERROR(check_bias_and_strides(a));
+  if (a.n == 0) return Status::Ok();
+  const bool fp8_cores = ctx.compute_capability >= 89 && a.in % 16 == 0 && a.w_stride % 16 == 0;
+  if (algo == LinearAlgo::kAuto) algo = a.n <= kLinearAutoGemvMaxTokensFp8 ? LinearAlgo::kGemv : LinearAlgo::kCublasLt;
+  TACHYON_CUDA_REQUIRE(algo != LinearAlgo::kMma, "linear: fp8 weights run the GEMV or cuBLASLt");
+  if (algo == LinearAlgo::kGemv) {
+    TACHYON_CUDA_REQUIRE(a.n <= detail::kGemvMaxTokens, "linear: the GEMV takes at most {} tokens, got {}",
+                         detail::kGemvMaxTokens, a.n);
+    const detail::GemvShape shape = detail::plan_gemv(a, ctx.sm_count);
+    TACHYON_ASSIGN_OR_RETURN(float* partial, split_partials(ctx, a, shape));
+    log_path_once("cuda linear: gemv f8e4m3 ({})", shape.vector_loads ? "16-byte loads" : "scalar loads");
+    TACHYON_CUDA_RETURN_IF_ERROR(detail::launch_gemv(a, shape, partial, stream));
+    return Status::Ok();
+  }
+  if (fp8_cores) {
+    TACHYON_ASSIGN_OR_RETURN(QuantizedActivations q, quantize_activations(ctx, a, DType::kF8E4M3, stream));
+    Status s = ctx.matmul(q.codes, q.ld, a.w, a.w_stride, DType::kF8E4M3, nullptr, a.y, a.y_stride, a.n, a.in, a.out,
+                          stream);
+    if (s.ok()) {
+      log_path_once("cuda linear: fp8 cuBLASLt e4m3 x e4m3 -> f32 (activations quantized per token), scaled in place");
+      TACHYON_CUDA_RETURN_IF_ERROR(detail::launch_scale_sums(a.y, a.y_stride, a.n, a.out, /*int_sums=*/false, q.sx,
+                                                             a.w_scales, a.bias, a.bias_dtype, stream));
+      return Status::Ok();
+    }
+    if (s.code() != ErrorCode::kUnsupported) return s;
+    log_path_once("cuda linear: no cuBLASLt fp8 algorithm ({}): the weight expanded to bf16", s.message());
+  }
+  return linear_cublaslt(ctx, a, (a.in + 7) / 8 * 8, stream);
+}
+
+// Ternary weights: the GEMV up to kLinearAutoGemvMaxTokensTernary tokens (kAuto), beyond that the
+// weight expanded to bf16 for cuBLASLt.
+Status linear_ternary(LinearContext::Impl& ctx, const LinearArgs& a, Stream stream, LinearAlgo algo) {
+  TACHYON_CUDA_REQUIRE(detail::ternary_weight_supported(a),
+                       "linear: a ternary weight is u8 codes [out, in / 4] with 16-byte aligned rows, group 32, 64, "
+                       "128 or 256 and in % 64 == 0 (got {}, group {}, in {}, row stride {})",
+                       dtype_name(a.w_dtype), a.w_group, a.in, a.w_stride);
+  TACHYON_RETURN_IF_ERROR(check_bias_and_strides(a));
+  if (a.n == 0) return Status::Ok();
+  if (algo == LinearAlgo::kAuto) {
+    algo = a.n <= kLinearAutoGemvMaxTokensTernary && detail::gemv_ternary_supported(a) ? LinearAlgo::kGemv
+                                                                                        : LinearAlgo::kCublasLt;
+  }
+  TACHYON_CUDA_REQUIRE(algo != LinearAlgo::kMma, "linear: no tensor-core GEMM reads ternary weights");
+  if (algo == LinearAlgo::kGemv) {
+    TACHYON_CUDA_REQUIRE(detail::gemv_ternary_supported(a),
+                         "linear: the ternary GEMV takes 1..{} tokens with 16-byte aligned activation rows (got {})",
+                         detail::kGemvTernaryMaxTokens, a.n);
+    const detail::GemvShape shape = detail::plan_gemv_ternary(a, ctx.sm_count);
+    TACHYON_ASSIGN_OR_RETURN(float* partial, split_partials(ctx, a, shape));
+    log_path_once("cuda linear: gemv ternary g{}", a.w_group);
+    TACHYON_CUDA_RETURN_IF_ERROR(detail::launch_gemv_ternary(a, shape, partial, stream));
+    return Status::Ok();
+  }
+  return linear_cublaslt(ctx, a, (a.in + 7) / 8 * 8, stream);
+}
+
 }  // namespace
 
 Status linear(LinearContext& context, const LinearArgs& a, Stream stream, LinearAlgo algo) {
@@ -318,6 +484,9 @@ Status linear(LinearContext& context, const LinearArgs& a, Stream stream, Linear
                        static_cast<const void*>(a.x), a.w, static_cast<void*>(a.y));
   TACHYON_CUDA_REQUIRE(a.n >= 0 && a.in > 0 && a.out > 0, "linear: n={} in={} out={}", a.n, a.in, a.out);
   if (a.gguf != GgufFormat::kNone) return linear_gguf(context.impl(), a, stream, algo);
+  if (a.scheme == QuantScheme::kW8A8) return linear_w8a8(context.impl(), a, stream, algo);
+  if (a.scheme == QuantScheme::kTernary) return linear_ternary(context.impl(), a, stream, algo);
+  if (a.w_dtype == DType::kF8E4M3) return linear_fp8(context.impl(), a, stream, algo);
   const bool int4 = a.w_dtype == DType::kU8;
   TACHYON_CUDA_REQUIRE(a.w_dtype == DType::kF32 || a.w_dtype == DType::kF16 || a.w_dtype == DType::kBF16 ||
                            (a.w_dtype == DType::kI8 && a.w_scales != nullptr) ||

@@ -198,14 +198,6 @@ int rows_per_warp(int64_t n) {
   return GemvTile<16>::kRows;
 }
 
-int steps_per_iteration(int64_t n) {
-  if (n <= 1) return GemvTile<1>::kSteps;
-  if (n <= 2) return GemvTile<2>::kSteps;
-  if (n <= 4) return GemvTile<4>::kSteps;
-  if (n <= 8) return GemvTile<8>::kSteps;
-  return GemvTile<16>::kSteps;
-}
-
 // Grid (column blocks, rows with a grid-stride over rows); 4 columns per thread (one float4 in, 8
 // bytes out) when the rows allow it.
 __global__ void convert_rows_kernel(const float* __restrict__ x, int64_t x_stride, int64_t n, int64_t in, void* dst,
@@ -456,17 +448,8 @@ GemvShape plan_gemv(const LinearArgs& a, int sm_count) {
   const auto aligned16 = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; };
   s.vector_loads = aligned16(a.w) && (a.w_stride * static_cast<int64_t>(esize)) % 16 == 0 && aligned16(a.x) &&
                    a.x_stride % 4 == 0;
-  // Enough warps for ~32 per SM; every slice at least one full iteration of the unrolled loop.
-  const int64_t row_warps = (a.out + s.rows_per_warp - 1) / s.rows_per_warp;
-  const int64_t target_warps = static_cast<int64_t>(std::max(sm_count, 1)) * 32;
-  const int64_t min_chunk = s.step * steps_per_iteration(a.n);
-  const int64_t max_splits = std::max<int64_t>(1, std::min<int64_t>(a.in / min_chunk, 32));
-  const int64_t want = std::max<int64_t>(1, std::min<int64_t>(target_warps / std::max<int64_t>(row_warps, 1), max_splits));
-  int64_t chunk = (a.in + want - 1) / want;
-  chunk = (chunk + s.step - 1) / s.step * s.step;  // slices start on a vector boundary
-  s.chunk = std::max<int64_t>(chunk, 1);
-  s.splits = static_cast<int>((a.in + s.chunk - 1) / s.chunk);
-  if (s.splits < 1) s.splits = 1;
+  plan_k_splits(s, a.in, (a.out + GemvTile<1>::kRows - 1) / GemvTile<1>::kRows, s.step * GemvTile<1>::kSteps, s.step,
+                sm_count);
   return s;
 }
 
@@ -478,7 +461,7 @@ cudaError_t launch_gemv(const LinearArgs& a, const GemvShape& shape, float* part
   p.w_stride = a.w_stride;
   p.bias = a.bias;
   p.bias_dtype = a.bias_dtype;
-  p.scales = a.w_dtype == DType::kI8 ? a.w_scales : nullptr;
+  p.scales = a.w_dtype == DType::kI8 || a.w_dtype == DType::kF8E4M3 ? a.w_scales : nullptr;
   p.y = a.y;
   p.y_stride = a.y_stride;
   p.partial = partial;
@@ -494,6 +477,7 @@ cudaError_t launch_gemv(const LinearArgs& a, const GemvShape& shape, float* part
     case DType::kF16: e = launch_dtype<DType::kF16>(p, shape, stream); break;
     case DType::kF32: e = launch_dtype<DType::kF32>(p, shape, stream); break;
     case DType::kI8: e = launch_dtype<DType::kI8>(p, shape, stream); break;
+    case DType::kF8E4M3: e = launch_dtype<DType::kF8E4M3>(p, shape, stream); break;
     default: return cudaErrorInvalidValue;
   }
   if (e != cudaSuccess || shape.splits == 1) return e;

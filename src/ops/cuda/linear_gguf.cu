@@ -928,20 +928,8 @@ GemvShape plan_gemv_gguf(const LinearArgs& a, int sm_count) {
   s.vector_loads = true;
   s.step = kQ8Step;
   s.rows_per_warp = tile_rows<Q8Tile>(a.n);
-  const int64_t min_chunk = kQ8Step * Q8Tile<1>::kSteps;
-  // Enough warps for ~32 per SM; every slice at least one full iteration of the unrolled loop.
-  // Planned as for one token whatever n is: the same slices, so the same summation order for a
-  // token alone or in any batch (LinearMode::kBatchInvariant relies on it).
-  const int64_t rows1 = Q8Tile<1>::kRows;
-  const int64_t row_warps = (a.out + rows1 - 1) / rows1;
-  const int64_t target_warps = static_cast<int64_t>(std::max(sm_count, 1)) * 32;
-  const int64_t max_splits = std::max<int64_t>(1, std::min<int64_t>(a.in / min_chunk, 32));
-  const int64_t want =
-      std::max<int64_t>(1, std::min<int64_t>(target_warps / std::max<int64_t>(row_warps, 1), max_splits));
-  int64_t chunk = (a.in + want - 1) / want;
-  chunk = (chunk + s.step - 1) / s.step * s.step;
-  s.chunk = std::max<int64_t>(chunk, s.step);
-  s.splits = static_cast<int>((a.in + s.chunk - 1) / s.chunk);
+  plan_k_splits(s, a.in, (a.out + Q8Tile<1>::kRows - 1) / Q8Tile<1>::kRows, kQ8Step * Q8Tile<1>::kSteps, s.step,
+                sm_count);
   return s;
 }
 

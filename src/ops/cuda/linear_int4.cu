@@ -374,18 +374,8 @@ GemvShape plan_gemv_int4(const LinearArgs& a, int sm_count) {
   s.step = kStep;
   s.vector_loads = true;
   s.rows_per_warp = int4_rows_per_warp(a.n);
-  // Enough warps for ~32 per SM; every slice at least one full iteration of the unrolled loop.
-  // Planned as for one token whatever n is: the same slices, so the same summation order for a
-  // token alone or in any batch (LinearMode::kBatchInvariant relies on it).
-  const int64_t row_warps = (a.out + Int4Tile<1>::kRows - 1) / Int4Tile<1>::kRows;
-  const int64_t target_warps = static_cast<int64_t>(std::max(sm_count, 1)) * 32;
-  const int64_t min_chunk = kStep * Int4Tile<1>::kSteps;
-  const int64_t max_splits = std::max<int64_t>(1, std::min<int64_t>(a.in / min_chunk, 32));
-  const int64_t want = std::max<int64_t>(1, std::min<int64_t>(target_warps / std::max<int64_t>(row_warps, 1), max_splits));
-  int64_t chunk = (a.in + want - 1) / want;
-  chunk = (chunk + kStep - 1) / kStep * kStep;
-  s.chunk = std::max<int64_t>(chunk, kStep);
-  s.splits = static_cast<int>((a.in + s.chunk - 1) / s.chunk);
+  plan_k_splits(s, a.in, (a.out + Int4Tile<1>::kRows - 1) / Int4Tile<1>::kRows, kStep * Int4Tile<1>::kSteps, kStep,
+                sm_count);
   return s;
 }
 

@@ -1,7 +1,8 @@
 // Per-channel int8 and group-wise int4 weights on the device: quantization of 16-bit (or f32)
 // rows, exactly as quant/quantize.cpp does it on the host (the same f32 operations in the same
 // order, so the packed bytes, scales and zeros are identical), and the expansion to bf16 rows that
-// lets cuBLASLt multiply a quantized weight when many tokens share it (linear.cpp).
+// lets cuBLASLt multiply a quantized weight when many tokens share it (linear.cpp); the expansion
+// also takes per-channel e4m3 weights.
 #include <algorithm>
 #include <cstdint>
 
@@ -55,20 +56,22 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_int8_rows_kernel(const
   if (threadIdx.x == 0) scales[o] = scale;
 }
 
-// dst[o, i] (bf16, rows dst_stride apart) = packed[o, i] * scales[o], rounded to bf16. Grid: x over
-// 16-column groups of a row, y over rows (grid-stride); each thread turns one 16-byte load into two
-// 16-byte stores when the rows allow it (vec), else goes element by element.
-__global__ void dequantize_int8_rows_kernel(const int8_t* packed, int64_t w_stride, const float* scales, int64_t out,
-                                            int64_t in, uint16_t* dst, int64_t dst_stride, bool vec) {
+// dst[o, i] (bf16, rows dst_stride apart) = packed[o, i] * scales[o], rounded to bf16 (packed i8
+// or e4m3 codes). Grid: x over 16-column groups of a row, y over rows (grid-stride); each thread
+// turns one 16-byte load into two 16-byte stores when the rows allow it (vec), else goes element
+// by element.
+template <DType D>
+__global__ void dequantize_rows_kernel(const uint8_t* packed, int64_t w_stride, const float* scales, int64_t out,
+                                       int64_t in, uint16_t* dst, int64_t dst_stride, bool vec) {
   for (int64_t o = blockIdx.y; o < out; o += gridDim.y) {
     const float scale = scales[o];
-    const int8_t* src = packed + o * w_stride;
+    const uint8_t* src = packed + o * w_stride;
     uint16_t* d = dst + o * dst_stride;
     if (vec) {
       for (int64_t i = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) * 16; i < in;
            i += static_cast<int64_t>(gridDim.x) * blockDim.x * 16) {
         float f[16];
-        Elem<DType::kI8>::unpack(load_stream_16(src + i), f);
+        Elem<D>::unpack(load_stream_16(src + i), f);
         uint32_t h[8];
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
@@ -80,7 +83,7 @@ __global__ void dequantize_int8_rows_kernel(const int8_t* packed, int64_t w_stri
     } else {
       for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < in;
            i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-        d[i] = f32_to_bf16_bits(static_cast<float>(src[i]) * scale);
+        d[i] = f32_to_bf16_bits(Elem<D>::load(reinterpret_cast<const typename Elem<D>::T*>(src), i) * scale);
       }
     }
   }
@@ -225,16 +228,23 @@ cudaError_t launch_quantize_int8_rows(const void* w, DType dtype, int64_t w_stri
   return cudaGetLastError();
 }
 
-cudaError_t launch_dequantize_int8_rows(const int8_t* packed, int64_t w_stride, const float* scales, int64_t out,
-                                        int64_t in, uint16_t* dst, int64_t dst_stride, Stream stream) {
+cudaError_t launch_dequantize_rows(const void* packed, DType dtype, int64_t w_stride, const float* scales, int64_t out,
+                                   int64_t in, uint16_t* dst, int64_t dst_stride, Stream stream) {
   if (out == 0 || in == 0) return cudaSuccess;
+  if (dtype != DType::kI8 && dtype != DType::kF8E4M3) return cudaErrorInvalidValue;
   const auto aligned16 = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; };
   const bool vec = in % 16 == 0 && w_stride % 16 == 0 && dst_stride % 8 == 0 && aligned16(packed) && aligned16(dst);
   const int threads = 128;
   const int64_t per_block = static_cast<int64_t>(threads) * (vec ? 16 : 1);
   const dim3 grid(static_cast<unsigned>(std::min<int64_t>((in + per_block - 1) / per_block, 1024)),
                   static_cast<unsigned>(std::min<int64_t>(out, 65535)));
-  dequantize_int8_rows_kernel<<<grid, threads, 0, stream>>>(packed, w_stride, scales, out, in, dst, dst_stride, vec);
+  const uint8_t* src = static_cast<const uint8_t*>(packed);
+  if (dtype == DType::kI8) {
+    dequantize_rows_kernel<DType::kI8><<<grid, threads, 0, stream>>>(src, w_stride, scales, out, in, dst, dst_stride, vec);
+  } else {
+    dequantize_rows_kernel<DType::kF8E4M3>
+        <<<grid, threads, 0, stream>>>(src, w_stride, scales, out, in, dst, dst_stride, vec);
+  }
   return cudaGetLastError();
 }
 
