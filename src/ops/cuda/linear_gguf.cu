@@ -121,13 +121,6 @@ __device__ __forceinline__ void token_rows(const GgufGemvParams& p, const float*
   for (int t = 0; t < NT; ++t) xr[t] = p.x + min64(t, p.n - 1) * p.x_stride;
 }
 
-// 8 bytes that bypass L1 (Q6_K's per-16 scales of one half block).
-__device__ __forceinline__ uint2 load_stream_8(const void* p) {
-  uint2 r;
-  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
-  return r;
-}
-
 // Byte b (0..3) of `e`, 0x80 | c with c < 128, as the float 1 + c / 128.
 __device__ __forceinline__ float unit_float(uint32_t e, int b) {
   return __uint_as_float(__byte_perm(e, 0x3f000000u, 0x7044u | static_cast<uint32_t>(b << 8)));
@@ -781,80 +774,83 @@ __global__ void expand_q8_0_kernel(const uint8_t* w, int64_t w_stride, const uin
   }
 }
 
+// 8 bf16 (one 16-byte store) from 8 f32 values.
+__device__ __forceinline__ void store_bf16x8(uint16_t* dst, const float (&v)[8]) {
+  uint32_t h[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    h[j] = f32_to_bf16_bits(v[2 * j]) | (static_cast<uint32_t>(f32_to_bf16_bits(v[2 * j + 1])) << 16);
+  }
+  *reinterpret_cast<uint4*>(dst) = make_uint4(h[0], h[1], h[2], h[3]);
+}
+
+// Byte i (0..15, any value at run time) of a 16-byte vector.
+__device__ __forceinline__ uint32_t byte_of(const uint4& v, int i) { return (word(v, i >> 2) >> (8 * (i & 3))) & 0xffu; }
+
+// The K-quant expansions: each thread writes 8 consecutive bf16 of a row (consecutive threads,
+// consecutive 16-byte stores) from the 8 code bytes those columns read; a block's header (Q4_K's
+// d, dmin and scales) is read through L1, shared by the 32 threads of the block. Grid: x over the
+// row's 8-column groups (grid-stride), y over rows (grid-stride).
+// Q4_K column 64c + 32v + l (l = 0..31): nibble v of qs[32c + l], sub-block 2c + v.
 __global__ void expand_q4_k_kernel(const uint8_t* w, int64_t w_stride, int64_t out, int64_t in, uint16_t* dst,
                                    int64_t dst_stride) {
-  const int64_t units = in / kBlockK * 8;  // qs pieces per row
+  const int64_t groups = in / 8;
   for (int64_t o = blockIdx.y; o < out; o += gridDim.y) {
-    for (int64_t unit = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; unit < units;
-         unit += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-      const int64_t b = unit / 8;
-      const int piece = static_cast<int>(unit % 8), c = piece / 2, u = piece % 2;
+    for (int64_t g = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; g < groups;
+         g += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+      const int64_t col = 8 * g, b = col / kBlockK;
+      const int in_block = static_cast<int>(col % kBlockK);
+      const int c = in_block / 64, v = (in_block / 32) & 1, l = in_block % 32, sb = 2 * c + v;
       const uint8_t* block = w + o * w_stride + b * kQ4KBytes;
       const uint4 head = __ldg(reinterpret_cast<const uint4*>(block));
-      const uint4 raw = load_stream_16(block + 16 + 16 * piece);
-      const uint32_t s[3] = {head.y, head.z, head.w};  // scales[0..12)
-      const auto byte = [&](int i) { return static_cast<int>((s[i / 4] >> (8 * (i % 4))) & 0xffu); };
-      int sc[2], mn[2];
-#pragma unroll
-      for (int v = 0; v < 2; ++v) {  // core/ggml_blocks.h's q4_k_scale_min for sub-block 2c + v
-        const int sb = 2 * c + v;
-        if (sb < 4) {
-          sc[v] = byte(sb) & 63;
-          mn[v] = byte(sb + 4) & 63;
-        } else {
-          sc[v] = (byte(sb + 4) & 15) | ((byte(sb - 4) >> 6) << 4);
-          mn[v] = (byte(sb + 4) >> 4) | ((byte(sb) >> 6) << 4);
-        }
+      // core/ggml_blocks.h's q4_k_scale_min on the scales at head bytes 4..15.
+      int sc, mn;
+      if (sb < 4) {
+        sc = static_cast<int>(byte_of(head, 4 + sb) & 63u);
+        mn = static_cast<int>(byte_of(head, 8 + sb) & 63u);
+      } else {
+        sc = static_cast<int>((byte_of(head, 8 + sb) & 15u) | ((byte_of(head, sb) >> 6) << 4));
+        mn = static_cast<int>((byte_of(head, 8 + sb) >> 4) | ((byte_of(head, 4 + sb) >> 6) << 4));
       }
-      const float dd = f16_bits_to_f32(static_cast<uint16_t>(head.x & 0xffffu));
-      const float dmin = f16_bits_to_f32(static_cast<uint16_t>(head.x >> 16));
-      uint16_t* row = dst + o * dst_stride + b * kBlockK + 64 * c + 16 * u;
+      const float scale = __fmul_rn(f16_bits_to_f32(static_cast<uint16_t>(head.x & 0xffffu)), static_cast<float>(sc));
+      const float offset = __fmul_rn(f16_bits_to_f32(static_cast<uint16_t>(head.x >> 16)), static_cast<float>(mn));
+      const uint2 qs = __ldg(reinterpret_cast<const uint2*>(block + 16 + 32 * c + l));
+      float vals[8];
 #pragma unroll
-      for (int v = 0; v < 2; ++v) {  // low nibbles: column 64c + l; high: 64c + 32 + l
-        const float scale = __fmul_rn(dd, static_cast<float>(sc[v]));
-        const float offset = __fmul_rn(dmin, static_cast<float>(mn[v]));
-        float vals[16];
-#pragma unroll
-        for (int j = 0; j < 16; ++j) {
-          const uint32_t q = (word(raw, j / 4) >> (8 * (j % 4) + 4 * v)) & 15u;
-          vals[j] = __fsub_rn(__fmul_rn(scale, static_cast<float>(q)), offset);
-        }
-        store_bf16x16(row + 32 * v, vals);
+      for (int j = 0; j < 8; ++j) {
+        const uint32_t q = ((j < 4 ? qs.x : qs.y) >> (8 * (j % 4) + 4 * v)) & 15u;
+        vals[j] = __fsub_rn(__fmul_rn(scale, static_cast<float>(q)), offset);
       }
+      store_bf16x8(dst + o * dst_stride + col, vals);
     }
   }
 }
 
+// Q6_K column 128h + 32k + l (l = 0..31): the low (k < 2) or high nibble of ql[64h + 32(k & 1) + l]
+// and bits 2k..2k+1 of qh[32h + l], scale scales[8h + 2k + l / 16].
 __global__ void expand_q6_k_kernel(const uint8_t* w, int64_t w_stride, const uint16_t* d, int64_t out, int64_t in,
                                    uint16_t* dst, int64_t dst_stride) {
-  const int64_t blocks = in / kBlockK, units = blocks * 4;  // four lanes' worth per block
+  const int64_t groups = in / 8, blocks = in / kBlockK;
   for (int64_t o = blockIdx.y; o < out; o += gridDim.y) {
-    for (int64_t unit = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; unit < units;
-         unit += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-      const int64_t b = unit / 4;
-      const int h = static_cast<int>(unit % 4) / 2, u = static_cast<int>(unit % 2);
+    for (int64_t g = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; g < groups;
+         g += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+      const int64_t col = 8 * g, b = col / kBlockK;
+      const int in_block = static_cast<int>(col % kBlockK);
+      const int h = in_block / 128, k = (in_block / 32) & 3, l = in_block % 32;
       const uint8_t* block = w + o * w_stride + b * kQ6KBytes;
-      const uint4 lo = load_stream_16(block + 64 * h + 16 * u), lo32 = load_stream_16(block + 64 * h + 32 + 16 * u);
-      const uint4 hi = load_stream_16(block + 128 + 32 * h + 16 * u);
-      const uint2 scales = load_stream_8(block + 192 + 8 * h);
-      const float dd = f16_bits_to_f32(d[o * blocks + b]);
-      uint16_t* row = dst + o * dst_stride + b * kBlockK + 128 * h + 16 * u;
+      const uint2 ql = __ldg(reinterpret_cast<const uint2*>(block + 64 * h + 32 * (k & 1) + l));
+      const uint2 qh = __ldg(reinterpret_cast<const uint2*>(block + 128 + 32 * h + l));
+      const int8_t sc = static_cast<int8_t>(__ldg(block + 192 + 8 * h + 2 * k + l / 16));
+      const float scale = __fmul_rn(f16_bits_to_f32(d[o * blocks + b]), static_cast<float>(sc));
+      float vals[8];
 #pragma unroll
-      for (int k = 0; k < 4; ++k) {  // run k: columns 128h + 32k + 16u .. + 15, scale 8h + 2k + u
-        const uint32_t sw = k < 2 ? scales.x : scales.y;
-        const float scale =
-            __fmul_rn(dd, static_cast<float>(static_cast<int8_t>(static_cast<uint8_t>(sw >> (8 * (2 * (k & 1) + u))))));
-        float vals[16];
-#pragma unroll
-        for (int j = 0; j < 16; ++j) {
-          const int sh = 8 * (j % 4);
-          const uint32_t l = (word(k % 2 == 0 ? lo : lo32, j / 4) >> sh) & 0xffu;
-          const uint32_t hb = (word(hi, j / 4) >> sh) & 0xffu;
-          const int q = static_cast<int>((k < 2 ? l & 15u : l >> 4) | (((hb >> (2 * k)) & 3u) << 4));
-          vals[j] = __fmul_rn(scale, static_cast<float>(q - 32));
-        }
-        store_bf16x16(row + 32 * k, vals);
+      for (int j = 0; j < 8; ++j) {
+        const int sh = 8 * (j % 4);
+        const uint32_t lb = ((j < 4 ? ql.x : ql.y) >> sh) & 0xffu, hb = ((j < 4 ? qh.x : qh.y) >> sh) & 0xffu;
+        const int q = static_cast<int>((k < 2 ? lb & 15u : lb >> 4) | (((hb >> (2 * k)) & 3u) << 4));
+        vals[j] = __fmul_rn(scale, static_cast<float>(q - 32));
       }
+      store_bf16x8(dst + o * dst_stride + col, vals);
     }
   }
 }
@@ -967,9 +963,7 @@ cudaError_t launch_dequantize_gguf(const LinearArgs& a, uint16_t* dst, int64_t d
     return cudaErrorInvalidValue;
   }
   const int threads = 128;
-  const int64_t units = a.gguf == GgufFormat::kQ8_0   ? a.in / 16
-                        : a.gguf == GgufFormat::kQ4_K ? a.in / kBlockK * 8
-                                                      : a.in / kBlockK * 4;
+  const int64_t units = a.gguf == GgufFormat::kQ8_0 ? a.in / 16 : a.in / 8;  // per row: 16 or 8 columns a thread
   const dim3 grid(static_cast<unsigned>(std::min<int64_t>((units + threads - 1) / threads, 1024)),
                   static_cast<unsigned>(std::min<int64_t>(a.out, 65535)));
   const auto* w = static_cast<const uint8_t*>(a.w);
