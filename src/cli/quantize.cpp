@@ -35,6 +35,7 @@ struct QuantizeArgs {
   int64_t calib_tokens = 4096;
   double max_layer_error = 0.0;
   float smooth_alpha = 0.5f;
+  bool no_clip = false;
   std::string out;
   int threads = 0;
   bool verbose = false;
@@ -56,6 +57,7 @@ void print_progress(const LayerQuantReport& r, int num_layers) {
     if (m.alpha) line += fmt::format(" a={:.2f}", *m.alpha);
     if (m.relative_error) line += fmt::format(" err={:.4f}", *m.relative_error);
     if (m.rtn_relative_error) line += fmt::format(" (rtn {:.4f})", *m.rtn_relative_error);
+    if (m.clip_ratio) line += fmt::format(" clip={:.3f}", *m.clip_ratio);
     line += ",";
   }
   line.pop_back();
@@ -110,6 +112,7 @@ int run_quantize(const QuantizeArgs& a) {
   options.group_size = a.group;
   options.max_layer_error = a.max_layer_error;
   options.smooth_alpha = a.smooth_alpha;
+  options.awq_clip = !a.no_clip;
   const int num_layers = loaded->model->config().num_layers;
   options.on_layer = [num_layers](const LayerQuantReport& r) { print_progress(r, num_layers); };
   Timer quantize_timer;
@@ -139,7 +142,8 @@ int run_quantize(const QuantizeArgs& a) {
                          {"kept_16bit", m.kept_dense},
                          {"alpha", m.alpha ? nlohmann::json(std::round(*m.alpha * 1e4) / 1e4) : nlohmann::json()},
                          {"relative_error", optional_number(m.relative_error)},
-                         {"rtn_relative_error", optional_number(m.rtn_relative_error)}});
+                         {"rtn_relative_error", optional_number(m.rtn_relative_error)},
+                         {"clip_ratio", optional_number(m.clip_ratio)}});
     }
     layers.push_back({{"layer", l.layer}, {"seconds", l.seconds}, {"modules", modules}});
   }
@@ -152,6 +156,7 @@ int run_quantize(const QuantizeArgs& a) {
       {"group_size", *method == QuantMethod::kRtnInt4 || *method == QuantMethod::kAwqInt4 ? nlohmann::json(a.group)
                                                                                            : nlohmann::json()},
       {"smooth_alpha", *method == QuantMethod::kW8A8 ? nlohmann::json(a.smooth_alpha) : nlohmann::json()},
+      {"awq_clip", *method == QuantMethod::kAwqInt4 ? nlohmann::json(!a.no_clip) : nlohmann::json()},
       {"checkpoint_format", saved->quantization.describe()},
       {"calibration", a.calib.empty() ? nlohmann::json()
                                       : nlohmann::json{{"file", a.calib}, {"tokens", quantized->calibration_tokens}}},
@@ -192,6 +197,7 @@ void add_quantize(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--calib", args->calib, "calibration text (plain text file)");
   cmd->add_option("--calib-tokens", args->calib_tokens, "calibration tokens used, from the start of --calib "
                   "(default 4096)")->check(CLI::Range(int64_t{2}, int64_t{1} << 30));
+  cmd->add_flag("--no-clip", args->no_clip, "awq-int4: skip the search of each group's clipping range (scales only)");
   cmd->add_option("--smooth-alpha", args->smooth_alpha, "w8a8: SmoothQuant migration strength, 0..1 (default 0.5; "
                   "0: none)")->check(CLI::Range(0.0f, 1.0f));
   cmd->add_option("--max-layer-error", args->max_layer_error, "keep 16-bit any module whose relative output error on "

@@ -476,6 +476,30 @@ Status quantize_layer(const QuantizeModelOptions& o, const ModelConfig& c, const
     for (size_t i = 0; i < row_scales[kUp].size(); ++i) row_scales[kUp][i] = 1.0f / column_scales[kDown][i];
     for (int m = 0; m < kModules; ++m) scaled[m] = scale_weight(source[m]->dense, column_scales[m], row_scales[m]);
   }
+  // What the model computes with the scales folded in: the reference of each module's error, and
+  // what a module kept 16-bit holds (clipping only changes what is rounded).
+  Tensor folded[kModules];
+  for (int m = 0; m < kModules; ++m) folded[m] = scaled[m];
+  std::optional<double> clip_ratio[kModules];
+  if (o.method == QuantMethod::kAwqInt4 && o.awq_clip && inputs != nullptr) {
+    // Each module's (row, group) ranges searched on its input as the scaled weight sees it (x / s;
+    // one Gram matrix per input, shared by q/k/v and by gate/up).
+    const Tensor* input_of[kModules] = {&inputs->attn, &inputs->attn, &inputs->attn, &inputs->o,
+                                        &inputs->mlp,  &inputs->mlp,  &inputs->down};
+    std::vector<double> gram;
+    const Tensor* gram_input = nullptr;
+    for (int m = 0; m < kModules; ++m) {
+      if (input_of[m] != gram_input) {
+        gram = group_gram(*input_of[m], column_scales[m], o.group_size);
+        gram_input = input_of[m];
+      }
+      const Tensor w = scaled[m].dtype() == DType::kF32 ? scaled[m] : scaled[m].to_f32();
+      auto clipped = awq_clip(w, gram, AwqClipOptions{o.group_size, 20, 0.5f});
+      if (!clipped.ok()) return clipped.status().with_context(fmt::format("layer {} {}", report.layer, kModuleNames[m]));
+      scaled[m] = std::move(clipped->weight);
+      clip_ratio[m] = clipped->mean_ratio;
+    }
+  }
 
   QuantSpec spec;
   spec.format = o.method == QuantMethod::kInt8   ? QuantFormat::kInt8Channel
@@ -488,6 +512,7 @@ Status quantize_layer(const QuantizeModelOptions& o, const ModelConfig& c, const
     ModuleQuantReport r;
     r.name = kModuleNames[m];
     r.alpha = alpha[m];
+    r.clip_ratio = clip_ratio[m];
     Weight dense;
     dense.dense = scaled[m];
     auto q = quantize_weight(dense, spec);
@@ -504,7 +529,7 @@ Status quantize_layer(const QuantizeModelOptions& o, const ModelConfig& c, const
         r.rtn_relative_error = w8a8_relative_error(*x, source[m]->dense, *plain->quant, {}, {});
       }
     } else if (inputs != nullptr) {
-      const Tensor w = scaled[m].dtype() == DType::kF32 ? scaled[m] : scaled[m].to_f32();
+      const Tensor w = folded[m].dtype() == DType::kF32 ? folded[m] : folded[m].to_f32();
       r.relative_error = relative_error(w, *chosen.quant, column_scales[m], *error_of[m]);
       if (o.method == QuantMethod::kAwqInt4) {
         auto rtn = quantize_weight(*source[m], spec);
@@ -515,7 +540,7 @@ Status quantize_layer(const QuantizeModelOptions& o, const ModelConfig& c, const
         // Stays 16-bit: the (scaled) weight in the dtype the module came in.
         chosen = Weight();
         chosen.dense = !column_scales[m].empty() || !row_scales[m].empty()
-                           ? cast_from_f32(scaled[m], source[m]->dense.dtype())
+                           ? cast_from_f32(folded[m], source[m]->dense.dtype())
                            : source[m]->dense;
         r.kept_dense = true;
         r.format = dtype_name(chosen.dense.dtype());

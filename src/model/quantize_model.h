@@ -49,6 +49,7 @@ struct ModuleQuantReport {
                                              // (also reported for modules kept dense)
   std::optional<double> rtn_relative_error;  // AWQ: what round-to-nearest int4 gives instead;
                                              // W8A8: what it gives without smoothing
+  std::optional<double> clip_ratio;          // AWQ with clipping: the mean range kept per (row, group)
 };
 
 struct LayerQuantReport {
@@ -62,6 +63,7 @@ struct QuantizeModelOptions {
   int group_size = 128;       // int4: 32, 64 or 128
   int sequence_length = 512;  // calibration tokens per forward sequence (at most the model's context)
   int grid = 20;              // AWQ alphas searched
+  bool awq_clip = true;       // AWQ: also search each (row, group)'s clipping range (quant/awq.h)
   double max_layer_error = 0; // > 0: modules whose relative output error exceeds it stay 16-bit
   float smooth_alpha = 0.5f;  // w8a8: SmoothQuant's migration strength (0: none); > 0 needs calibration
   std::function<void(const LayerQuantReport&)> on_layer;  // progress, after each layer

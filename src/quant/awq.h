@@ -58,4 +58,36 @@ using AwqErrorFn = std::function<Result<double>(const std::vector<Tensor>& candi
 Result<AwqSearchResult> awq_search(const std::vector<Tensor>& weights, std::span<const float> mean_abs,
                                    const AwqOptions& options, const AwqErrorFn& error);
 
+// ---- Clipping (AutoAWQ's clip search) ----
+// After scaling, each (row, group) of the weight may round better over a narrower range: the
+// weights clamped to [r lo, r hi] (lo <= 0 <= hi the group's extremes) get a finer int4 step,
+// and the few clamped ones pay for it. r is searched per (row, group) on a grid from 1 down to
+// min_ratio, keeping the one whose output error on the calibration inputs is smallest:
+// d^T G d, d the group's rounding error (weight minus its int4 value) and G = X_g^T X_g the Gram
+// matrix of the group's input columns. Groups are chosen independently (the cross terms between
+// one group's error and another's in the same output are left out, as AutoAWQ does). r = 1 (no
+// clipping) is on the grid, so each group's error is never worse than plain rounding's on those
+// inputs.
+
+struct AwqClipOptions {
+  int group_size = 128;    // 32, 64 or 128
+  int grid = 20;           // ratios 1, 1 - (1 - min_ratio) / grid, ..., min_ratio + step
+  float min_ratio = 0.5f;
+};
+
+// G_g = X_g^T X_g for each group g of x [n, in] f32 (x divided column-wise by `column_scales`
+// when given: the input as the scaled weight sees it): groups x group x group doubles, g-major.
+std::vector<double> group_gram(const Tensor& x, std::span<const float> column_scales, int group);
+
+struct AwqClipResult {
+  Tensor weight;            // [out, in] f32: w with each (row, group) clamped to its chosen range
+  double mean_ratio = 1.0;  // over the (row, group)s
+  double error = 0.0;            // sum over (row, group) of d^T G d at the chosen ratios
+  double unclipped_error = 0.0;  // the same at r = 1
+};
+
+// w [out, in] f32 (the scaled weight, to be quantized int4 with f16 scales); gram from
+// group_gram() of the same input.
+Result<AwqClipResult> awq_clip(const Tensor& w, std::span<const double> gram, const AwqClipOptions& options);
+
 }  // namespace tachyon
