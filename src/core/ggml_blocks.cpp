@@ -73,6 +73,119 @@ void dequantize_q4_k(const uint8_t* blocks, int64_t n_blocks, float* out) {
   }
 }
 
+// Q4_1 / Q5_0 / Q5_1: 32 weights; `high` (null for Q4_1) the 32 fifth bits, `bias` 16 for Q5_0.
+namespace {
+void dequantize_32(const uint8_t* qs, const uint8_t* high, float d, float m, bool offset_m, int bias, float* y) {
+  uint32_t qh = 0;
+  if (high != nullptr) std::memcpy(&qh, high, 4);
+  for (int j = 0; j < 16; ++j) {
+    const int lo = (qs[j] & 15) | static_cast<int>(((qh >> j) & 1u) << 4);
+    const int hi = (qs[j] >> 4) | static_cast<int>(((qh >> (j + 16)) & 1u) << 4);
+    if (offset_m) {
+      y[j] = d * static_cast<float>(lo) + m;
+      y[j + 16] = d * static_cast<float>(hi) + m;
+    } else {
+      y[j] = d * static_cast<float>(lo - bias);
+      y[j + 16] = d * static_cast<float>(hi - bias);
+    }
+  }
+}
+}  // namespace
+
+void dequantize_q4_1(const uint8_t* blocks, int64_t n_blocks, float* out) {
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    const uint8_t* block = blocks + b * kQ4_1Bytes;
+    dequantize_32(block + 4, nullptr, load_f16(block), load_f16(block + 2), true, 0, out + b * kGgmlBlock32);
+  }
+}
+
+void dequantize_q5_0(const uint8_t* blocks, int64_t n_blocks, float* out) {
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    const uint8_t* block = blocks + b * kQ5_0Bytes;
+    dequantize_32(block + 6, block + 2, load_f16(block), 0.0f, false, 16, out + b * kGgmlBlock32);
+  }
+}
+
+void dequantize_q5_1(const uint8_t* blocks, int64_t n_blocks, float* out) {
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    const uint8_t* block = blocks + b * kQ5_1Bytes;
+    dequantize_32(block + 8, block + 4, load_f16(block), load_f16(block + 2), true, 0, out + b * kGgmlBlock32);
+  }
+}
+
+void dequantize_q2_k(const uint8_t* blocks, int64_t n_blocks, float* out) {
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    const uint8_t* block = blocks + b * kQ2_KBytes;
+    const uint8_t* scales = block;
+    const float d = load_f16(block + 80), dmin = load_f16(block + 82);
+    float* y = out + b * kGgmlBlockK;
+    for (int h = 0; h < 2; ++h) {
+      const uint8_t* q = block + 16 + 32 * h;
+      for (int k = 0; k < 4; ++k) {
+        for (int l = 0; l < 32; ++l) {
+          const uint8_t sc = scales[8 * h + 2 * k + l / 16];
+          const float dl = d * static_cast<float>(sc & 15), ml = dmin * static_cast<float>(sc >> 4);
+          y[128 * h + 32 * k + l] = dl * static_cast<float>((q[l] >> (2 * k)) & 3) - ml;
+        }
+      }
+    }
+  }
+}
+
+void dequantize_q3_k(const uint8_t* blocks, int64_t n_blocks, float* out) {
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    const uint8_t* block = blocks + b * kQ3_KBytes;
+    const uint8_t* hmask = block;
+    const uint8_t* s = block + 96;
+    const float d = load_f16(block + 108);
+    // Sixteen 6-bit scales: the low nibbles of s[0..8) (scales 0-7) and their high nibbles
+    // (8-15), the top two bits of each from s[8..12) (2 bits per scale, scale i at byte i % 4,
+    // shift 2 (i / 4)).
+    int scale[16];
+    for (int i = 0; i < 16; ++i) {
+      const int low = i < 8 ? (s[i] & 15) : (s[i - 8] >> 4);
+      const int top = (s[8 + i % 4] >> (2 * (i / 4))) & 3;
+      scale[i] = (low | (top << 4)) - 32;
+    }
+    float* y = out + b * kGgmlBlockK;
+    for (int h = 0; h < 2; ++h) {
+      const uint8_t* q = block + 32 + 32 * h;
+      for (int k = 0; k < 4; ++k) {
+        const uint8_t bit = static_cast<uint8_t>(1u << (4 * h + k));
+        for (int l = 0; l < 32; ++l) {
+          const float dl = d * static_cast<float>(scale[8 * h + 2 * k + l / 16]);
+          const int code = ((q[l] >> (2 * k)) & 3) - ((hmask[l] & bit) ? 0 : 4);
+          y[128 * h + 32 * k + l] = dl * static_cast<float>(code);
+        }
+      }
+    }
+  }
+}
+
+void dequantize_q5_k(const uint8_t* blocks, int64_t n_blocks, float* out) {
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    const uint8_t* block = blocks + b * kQ5_KBytes;
+    const float d = load_f16(block), dmin = load_f16(block + 2);
+    const uint8_t* scales = block + 4;
+    const uint8_t* qh = block + 16;
+    const uint8_t* qs = block + 48;
+    float* y = out + b * kGgmlBlockK;
+    for (int c = 0; c < 4; ++c) {
+      int sc0, m0, sc1, m1;
+      q4_k_scale_min(scales, 2 * c, &sc0, &m0);
+      q4_k_scale_min(scales, 2 * c + 1, &sc1, &m1);
+      const float s0 = d * static_cast<float>(sc0), o0 = dmin * static_cast<float>(m0);
+      const float s1 = d * static_cast<float>(sc1), o1 = dmin * static_cast<float>(m1);
+      for (int l = 0; l < 32; ++l) {
+        const int lo = (qs[32 * c + l] & 15) + ((qh[l] >> (2 * c)) & 1) * 16;
+        const int hi = (qs[32 * c + l] >> 4) + ((qh[l] >> (2 * c + 1)) & 1) * 16;
+        y[64 * c + l] = s0 * static_cast<float>(lo) - o0;
+        y[64 * c + 32 + l] = s1 * static_cast<float>(hi) - o1;
+      }
+    }
+  }
+}
+
 void dequantize_q6_k(const uint8_t* blocks, int64_t n_blocks, float* out) {
   for (int64_t b = 0; b < n_blocks; ++b) {
     const uint8_t* block = blocks + b * kQ6_KBytes;

@@ -18,6 +18,23 @@
 //     q[128h + 64 + l] = (L[l] >> 4)      | (((H[l] >> 4) & 3) << 4)
 //     q[128h + 96 + l] = (L[l + 32] >> 4) | (((H[l] >> 6) & 3) << 4)
 //   and w[i] = (d * scales[i / 16]) * (q[i] - 32) in f32 (d * scales[] exact).
+//
+// Decoded only (GGUF files load them as dense weights; no kernel reads them packed):
+// - Q4_1 (32, 20 bytes): f16 d, f16 m, u8 qs[16]; w[j] = d * (qs[j] & 15) + m, w[j + 16] with
+//   qs[j] >> 4.
+// - Q5_0 (32, 22 bytes): f16 d, u8 qh[4] (bit j: the fifth bit of weight j), u8 qs[16]; w[j] =
+//   d * (((qs[j] & 15) | bit j << 4) - 16), w[j + 16] = d * (((qs[j] >> 4) | bit j + 16 << 4) - 16).
+// - Q5_1 (32, 24 bytes): f16 d, f16 m, qh[4], qs[16]; Q5_0's codes unbiased, w = d * q + m.
+// - Q2_K (256, 84 bytes): u8 scales[16] (low nibble a scale, high a min, per 16 weights), u8
+//   qs[64], f16 d, f16 dmin. Half h (0..1) of 128 weights reads Q = qs + 32h: weight
+//   128h + 32k + l (k = 0..3, l = 0..31) is the 2-bit code at shift 2k of Q[l], and
+//   w = (d * (sc & 15)) * q - dmin * (sc >> 4) with sc = scales[8h + 2k + l / 16].
+// - Q3_K (256, 110 bytes): u8 hmask[32], u8 qs[64], u8 scales[12] (sixteen 6-bit scales), f16 d.
+//   As Q2_K's layout, each 2-bit code minus 4 where its hmask bit (bit 4h + k of hmask[l]) is
+//   clear; w = (d * (scale - 32)) * q.
+// - Q5_K (256, 176 bytes): f16 d, f16 dmin, u8 scales[12] (Q4_K's), u8 qh[32], u8 qs[128]; chunk
+//   c of 64 weights as Q4_K's, each nibble plus 16 where bit 2c (low nibble) or 2c + 1 (high) of
+//   qh[l] is set.
 #pragma once
 
 #include <cstdint>
@@ -31,6 +48,8 @@ inline constexpr int64_t kQ8_0Bytes = 34;
 inline constexpr int64_t kQ4_0Bytes = 18;
 inline constexpr int64_t kQ4_KBytes = 144;
 inline constexpr int64_t kQ6_KBytes = 210;
+inline constexpr int64_t kQ4_1Bytes = 20, kQ5_0Bytes = 22, kQ5_1Bytes = 24;
+inline constexpr int64_t kQ2_KBytes = 84, kQ3_KBytes = 110, kQ5_KBytes = 176;
 // Offsets inside a Q6_K block.
 inline constexpr int64_t kQ6_KQh = 128, kQ6_KScales = 192, kQ6_KD = 208;
 
@@ -52,6 +71,12 @@ void dequantize_q8_0(const uint8_t* blocks, int64_t n_blocks, float* out);
 void dequantize_q4_0(const uint8_t* blocks, int64_t n_blocks, float* out);
 void dequantize_q4_k(const uint8_t* blocks, int64_t n_blocks, float* out);
 void dequantize_q6_k(const uint8_t* blocks, int64_t n_blocks, float* out);
+void dequantize_q4_1(const uint8_t* blocks, int64_t n_blocks, float* out);
+void dequantize_q5_0(const uint8_t* blocks, int64_t n_blocks, float* out);
+void dequantize_q5_1(const uint8_t* blocks, int64_t n_blocks, float* out);
+void dequantize_q2_k(const uint8_t* blocks, int64_t n_blocks, float* out);
+void dequantize_q3_k(const uint8_t* blocks, int64_t n_blocks, float* out);
+void dequantize_q5_k(const uint8_t* blocks, int64_t n_blocks, float* out);
 
 // Encodes `count` f32 values (a multiple of the block) as blocks appended to `out`, round to
 // nearest (no error search: these make test models and load-time quantization, not shipped files).

@@ -543,7 +543,13 @@ Result<Tensor> GgufFile::tensor(const std::string& name) const {
     case GgmlType::kI64: return view(DType::kI64);
     case GgmlType::kQ8_0:
     case GgmlType::kQ4_0:
+    case GgmlType::kQ4_1:
+    case GgmlType::kQ5_0:
+    case GgmlType::kQ5_1:
+    case GgmlType::kQ2_K:
+    case GgmlType::kQ3_K:
     case GgmlType::kQ4_K:
+    case GgmlType::kQ5_K:
     case GgmlType::kQ6_K: {
       auto out = Tensor::try_empty(info->shape, DType::kF32);
       if (!out.ok()) return out.status().with_context(fmt::format("{}: dequantizing {}", path_, what));
@@ -559,7 +565,13 @@ Result<Tensor> GgufFile::tensor(const std::string& name) const {
         switch (type) {
           case GgmlType::kQ8_0: dequantize_q8_0(src, end - begin, y); break;
           case GgmlType::kQ4_0: dequantize_q4_0(src, end - begin, y); break;
+          case GgmlType::kQ4_1: dequantize_q4_1(src, end - begin, y); break;
+          case GgmlType::kQ5_0: dequantize_q5_0(src, end - begin, y); break;
+          case GgmlType::kQ5_1: dequantize_q5_1(src, end - begin, y); break;
+          case GgmlType::kQ2_K: dequantize_q2_k(src, end - begin, y); break;
+          case GgmlType::kQ3_K: dequantize_q3_k(src, end - begin, y); break;
           case GgmlType::kQ4_K: dequantize_q4_k(src, end - begin, y); break;
+          case GgmlType::kQ5_K: dequantize_q5_k(src, end - begin, y); break;
           default: dequantize_q6_k(src, end - begin, y); break;
         }
       });
@@ -567,7 +579,8 @@ Result<Tensor> GgufFile::tensor(const std::string& name) const {
     }
     default:
       return make_error(ErrorCode::kUnsupported,
-                        "{}: {} has ggml type {}, which is not supported (F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K, I8, I32, I64 are)",
+                        "{}: {} has ggml type {}, which is not supported (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, "
+                        "Q3_K, Q4_K, Q5_K, Q6_K, I8, I32, I64 are)",
                         path_, what, ggml_type_name(info->type));
   }
 }

@@ -21,8 +21,10 @@ GgufWeightSource::GgufWeightSource(std::shared_ptr<const GgufFile> file) : file_
     meta.ggml_type = info.type;
     meta.nbytes = info.nbytes;
     switch (info.type) {
-      case GgmlType::kF32: case GgmlType::kQ8_0: case GgmlType::kQ4_0: case GgmlType::kQ4_K: case GgmlType::kQ6_K:
-        meta.dtype = DType::kF32;
+      case GgmlType::kF32: case GgmlType::kQ8_0: case GgmlType::kQ4_0: case GgmlType::kQ4_1: case GgmlType::kQ5_0:
+      case GgmlType::kQ5_1: case GgmlType::kQ2_K: case GgmlType::kQ3_K: case GgmlType::kQ4_K: case GgmlType::kQ5_K:
+      case GgmlType::kQ6_K:
+        meta.dtype = DType::kF32;  // block formats decode to f32 (those without a packed kernel stay dense)
         break;
       case GgmlType::kF16: meta.dtype = DType::kF16; break;
       case GgmlType::kBF16: meta.dtype = DType::kBF16; break;

@@ -335,17 +335,18 @@ TEST(GgufRoundTrip, VocabularyOnlyFileWithoutPadding) {
 
 TEST(GgufRoundTrip, UnsupportedTypesAndMissingTensors) {
   GgufWriter w;
-  // A Q5_K tensor (256-element blocks of 176 bytes): listed, raw bytes readable, not dequantized.
-  ASSERT_TRUE(w.add_raw_tensor("q5k", {2, 256}, GgmlType::kQ5_K, std::vector<uint8_t>(352, 0x11)).ok());
+  // A Q8_1 tensor (32-element blocks of 36 bytes, ggml's activation format): listed, raw bytes
+  // readable, not dequantized.
+  ASSERT_TRUE(w.add_raw_tensor("q81", {2, 64}, GgmlType::kQ8_1, std::vector<uint8_t>(144, 0x11)).ok());
   std::vector<uint8_t> i32s;
   for (int32_t k = 0; k < 6; ++k) io_test::put(&i32s, k * 1000 - 1);
   ASSERT_TRUE(w.add_raw_tensor("ids", {2, 3}, GgmlType::kI32, i32s).ok());
   const std::string path = write_gguf(w, "gguf-unsupported");
   GgufFile f = open_ok(path);
-  io_test::expect_error(f.tensor("q5k").status(), ErrorCode::kUnsupported, path, {"'q5k'", "Q5_K"});
-  auto raw = f.raw_tensor("q5k");
+  io_test::expect_error(f.tensor("q81").status(), ErrorCode::kUnsupported, path, {"'q81'", "Q8_1"});
+  auto raw = f.raw_tensor("q81");
   ASSERT_TRUE(raw.ok());
-  EXPECT_EQ(raw->numel(), 352);
+  EXPECT_EQ(raw->numel(), 144);
   auto ids = f.tensor("ids");
   ASSERT_TRUE(ids.ok());
   EXPECT_EQ(ids->dtype(), DType::kI32);
@@ -355,13 +356,13 @@ TEST(GgufRoundTrip, UnsupportedTypesAndMissingTensors) {
 
   auto source = GgufWeightSource::open(path);
   ASSERT_TRUE(source.ok());
-  EXPECT_EQ((*source)->tensor_names(), (std::vector<std::string>{"q5k", "ids"}));
-  const TensorMeta* meta = (*source)->find("q5k");
+  EXPECT_EQ((*source)->tensor_names(), (std::vector<std::string>{"q81", "ids"}));
+  const TensorMeta* meta = (*source)->find("q81");
   ASSERT_NE(meta, nullptr);
   EXPECT_FALSE(meta->supported);
-  EXPECT_EQ(meta->stored_type, "Q5_K");
-  EXPECT_EQ(meta->ggml_type, GgmlType::kQ5_K);
-  EXPECT_EQ(meta->shape, (std::vector<int64_t>{2, 256}));
+  EXPECT_EQ(meta->stored_type, "Q8_1");
+  EXPECT_EQ(meta->ggml_type, GgmlType::kQ8_1);
+  EXPECT_EQ(meta->shape, (std::vector<int64_t>{2, 64}));
   EXPECT_EQ((*source)->find("ids")->dtype, DType::kI32);
   EXPECT_EQ((*source)->find("absent"), nullptr);
   EXPECT_NE((*source)->describe().find(path), std::string::npos);

@@ -4,9 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <random>
 
 #include "fixture.h"
+#include "core/ggml_blocks.h"
 #include "io/gguf.h"
 #include "io/gguf_writer.h"
 #include "kv/block_manager.h"
@@ -262,6 +265,90 @@ TEST(Conformance, GgufKQuantLinearWeightsRunPacked) {
         << "position " << i;
   }
   EXPECT_EQ(testing::greedy_ids(*packed.model, prompt, 16), testing::greedy_ids(dense, prompt, 16));
+}
+
+// The block formats with no packed kernel (Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q5_K: what Q5_K_M,
+// Q3_K_M and Q2_K files hold) load their linear weights densely, decoded as core/ggml_blocks.h
+// defines (checked against gguf-py in tests/io): every projection holds exactly the decoded
+// values, and the model runs to finite logits. Blocks are random bytes with small f16 scales.
+TEST(Conformance, GgufDecodedBlockFormatsLoadDense) {
+  constexpr int64_t kHidden = 256, kFfn = 512, kVocab = 64, kHeads = 4, kKvHeads = 2, kHeadDim = 64;
+  GgufWriter w;
+  w.add("general.architecture", gguf_string("llama"));
+  w.add("llama.vocab_size", gguf_u32(kVocab));
+  w.add("llama.context_length", gguf_u32(64));
+  w.add("llama.embedding_length", gguf_u32(kHidden));
+  w.add("llama.block_count", gguf_u32(1));
+  w.add("llama.feed_forward_length", gguf_u32(kFfn));
+  w.add("llama.attention.head_count", gguf_u32(kHeads));
+  w.add("llama.attention.head_count_kv", gguf_u32(kKvHeads));
+  w.add("llama.attention.layer_norm_rms_epsilon", gguf_f32(1e-5f));
+  w.add("llama.rope.freq_base", gguf_f32(10000.0f));
+  w.add("llama.rope.dimension_count", gguf_u32(kHeadDim));
+  std::mt19937 rng(testing::fresh_seed());
+  const auto add = [&](const std::string& name, std::vector<int64_t> shape, GgmlType type, float bound, float offset) {
+    ASSERT_TRUE(w.add_tensor(name, testing::random_tensor(shape, rng, offset - bound, offset + bound), type).ok()) << name;
+  };
+  struct Format {
+    GgmlType type;
+    int64_t block, bytes, d_offset;  // weights and bytes per block; where its f16 scales start
+    int n_d;                         // f16 scales at d_offset (d, then dmin / m)
+    void (*decode)(const uint8_t*, int64_t, float*);
+  };
+  const Format formats[] = {{GgmlType::kQ4_1, 32, kQ4_1Bytes, 0, 2, dequantize_q4_1},
+                            {GgmlType::kQ5_0, 32, kQ5_0Bytes, 0, 1, dequantize_q5_0},
+                            {GgmlType::kQ5_1, 32, kQ5_1Bytes, 0, 2, dequantize_q5_1},
+                            {GgmlType::kQ2_K, 256, kQ2_KBytes, 80, 2, dequantize_q2_k},
+                            {GgmlType::kQ3_K, 256, kQ3_KBytes, 108, 1, dequantize_q3_k},
+                            {GgmlType::kQ5_K, 256, kQ5_KBytes, 0, 2, dequantize_q5_k},
+                            {GgmlType::kQ5_K, 256, kQ5_KBytes, 0, 2, dequantize_q5_k}};
+  const char* names[7] = {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"};
+  const std::vector<int64_t> shapes[7] = {{kHeads * kHeadDim, kHidden}, {kKvHeads * kHeadDim, kHidden},
+                                          {kKvHeads * kHeadDim, kHidden}, {kHidden, kHeads * kHeadDim},
+                                          {kFfn, kHidden},               {kFfn, kHidden},
+                                          {kHidden, kFfn}};
+  std::vector<float> decoded[7];
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::uniform_real_distribution<float> scale(1e-4f, 2e-3f);
+  add("token_embd.weight", {kVocab, kHidden}, GgmlType::kF32, 1.0f, 0.0f);
+  add("blk.0.attn_norm.weight", {kHidden}, GgmlType::kF32, 0.2f, 1.0f);
+  add("blk.0.ffn_norm.weight", {kHidden}, GgmlType::kF32, 0.2f, 1.0f);
+  for (int k = 0; k < 7; ++k) {
+    const Format& f = formats[k];
+    const int64_t blocks = shapes[k][0] * shapes[k][1] / f.block;
+    std::vector<uint8_t> bytes(static_cast<size_t>(blocks * f.bytes));
+    for (uint8_t& b : bytes) b = static_cast<uint8_t>(byte(rng));
+    for (int64_t b = 0; b < blocks; ++b) {
+      for (int j = 0; j < f.n_d; ++j) {
+        const uint16_t h = f32_to_f16(j == 1 && (f.type == GgmlType::kQ4_1 || f.type == GgmlType::kQ5_1) ? -scale(rng)
+                                                                                                           : scale(rng));
+        std::memcpy(bytes.data() + b * f.bytes + f.d_offset + 2 * j, &h, 2);
+      }
+    }
+    decoded[k].resize(static_cast<size_t>(blocks * f.block));
+    f.decode(bytes.data(), blocks, decoded[k].data());
+    ASSERT_TRUE(w.add_raw_tensor(std::string("blk.0.") + names[k] + ".weight", shapes[k], f.type, bytes).ok()) << names[k];
+  }
+  add("output_norm.weight", {kHidden}, GgmlType::kF32, 0.2f, 1.0f);
+  const std::string path = testing::scratch_dir("gguf_decoded") + "/model-decoded.gguf";
+  ASSERT_TRUE(w.write(path).ok());
+
+  LoadedModel m = load(path);
+  const LayerWeights& l = m.model->weights().layers[0];
+  const Weight* lws[7] = {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj, &l.up_proj, &l.down_proj};
+  for (int k = 0; k < 7; ++k) {
+    SCOPED_TRACE(names[k]);
+    ASSERT_TRUE(lws[k]->quant == nullptr && lws[k]->dense.defined());
+    const Tensor got = lws[k]->dense.to_f32();
+    ASSERT_EQ(got.shape(), shapes[k]);
+    for (int64_t i = 0; i < got.numel(); ++i) {
+      ASSERT_EQ(got.data<float>()[i], decoded[k][static_cast<size_t>(i)]) << "element " << i;
+    }
+  }
+  const std::vector<int32_t> prompt = {1, 17, 5, 33, 60, 2, 9};
+  Session s = Session::make(*m.model, 16);
+  const Tensor logits = s.run(prompt);
+  for (int64_t i = 0; i < logits.numel(); ++i) ASSERT_TRUE(std::isfinite(logits.data<float>()[i])) << i;
 }
 
 // Two sequences in one flattened batch (a prefill chunk and a decode token) give the same

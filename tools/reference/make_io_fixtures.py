@@ -3,9 +3,11 @@
 
 The files come from the reference Python implementations (the `gguf` package that ships with
 llama.cpp and the `safetensors` package), so the C++ readers are checked against an independent
-writer and against gguf-py's own Q8_0/Q4_0 quantize/dequantize and Q4_K/Q6_K dequantize:
+writer and against gguf-py's own Q8_0/Q4_0 quantize/dequantize and its decoding of the other
+block formats (Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K):
 
   tests/fixtures/io/reference.gguf          GGUF v3: every metadata type, F32/F16/BF16/Q8_0/Q4_0/Q4_K/Q6_K tensors
+                                            and Q4_1/Q5_0/Q5_1/Q2_K/Q3_K/Q5_K ones
   tests/fixtures/io/reference.safetensors   F32/F16/BF16/I8/U8/I32/I64 tensors and __metadata__
   tests/fixtures/io/reference_expected.json the values the readers must produce
 
@@ -94,18 +96,26 @@ def write_gguf(expected):
     # Q4_K and Q6_K: gguf-py only decodes these, so the blocks are random bytes (every code and
     # every packed 6-bit scale/min, high bits included) with finite f16 super-block scales, and
     # the expected values are gguf-py's decoding of them.
+    # The formats decoded densely (Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q5_K) get the same treatment. Each
+    # entry: the byte offset of the block's f16 scales and how many there are (d, then dmin / m).
     rng = np.random.default_rng(20261201)
-    for name, qtype, shape in (("q4_k", gguf.GGMLQuantizationType.Q4_K, (3, 512)),
-                               ("q6_k", gguf.GGMLQuantizationType.Q6_K, (2, 768))):
+    T = gguf.GGMLQuantizationType
+    for name, qtype, shape, d_offset, n_d in (("q4_k", T.Q4_K, (3, 512), 0, 2),
+                                              ("q6_k", T.Q6_K, (2, 768), 208, 1),
+                                              ("q4_1", T.Q4_1, (3, 64), 0, 2),
+                                              ("q5_0", T.Q5_0, (2, 96), 0, 1),
+                                              ("q5_1", T.Q5_1, (2, 64), 0, 2),
+                                              ("q2_k", T.Q2_K, (2, 512), 80, 2),
+                                              ("q3_k", T.Q3_K, (3, 256), 108, 1),
+                                              ("q5_k", T.Q5_K, (2, 512), 0, 2)):
         block_size, type_size = gguf.GGML_QUANT_SIZES[qtype]
         n_blocks = shape[0] * shape[1] // block_size
         blocks = rng.integers(0, 256, size=(n_blocks, type_size), dtype=np.uint8)
         d = rng.uniform(1e-4, 3e-2, size=(n_blocks, 2)).astype(np.float16)
-        d[1, 1] = 0.0  # a zero dmin / d
-        if qtype == gguf.GGMLQuantizationType.Q4_K:
-            blocks[:, 0:4] = d.view(np.uint8).reshape(n_blocks, 4)
-        else:
-            blocks[:, type_size - 2:] = d[:, :1].view(np.uint8).reshape(n_blocks, 2)
+        d[1, n_d - 1] = 0.0  # a zero dmin / m (or d)
+        if name in ("q4_1", "q5_1"):
+            d[:, 1] = -d[:, 1]  # their m is an offset of either sign
+        blocks[:, d_offset:d_offset + 2 * n_d] = d[:, :n_d].view(np.uint8).reshape(n_blocks, 2 * n_d)
         w.add_tensor(name, blocks.reshape(shape[0], -1), raw_dtype=qtype)
         deq = quants.dequantize(blocks.reshape(shape[0], -1), qtype)
         tensors[name] = {"type": qtype.name, "shape": list(shape), "values": deq.ravel().tolist()}
