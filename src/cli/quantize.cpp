@@ -126,7 +126,8 @@ int run_quantize(const QuantizeArgs& a) {
   save.method = *method == QuantMethod::kInt8   ? CheckpointQuantMethod::kInt8Channel
                 : *method == QuantMethod::kW8A8 ? CheckpointQuantMethod::kW8A8
                 : *method == QuantMethod::kFp8  ? CheckpointQuantMethod::kFp8Channel
-                                                : CheckpointQuantMethod::kAwqGemm;
+                : *method == QuantMethod::kTernary ? CheckpointQuantMethod::kTernary
+                                                   : CheckpointQuantMethod::kAwqGemm;
   auto saved = save_quantized_checkpoint(save, loaded->model->config(), quantized->weights);
   if (!saved.ok()) return report(saved.status());
 
@@ -153,8 +154,10 @@ int run_quantize(const QuantizeArgs& a) {
       {"model", loaded->path},
       {"output", a.out},
       {"method", quant_method_name(*method)},
-      {"group_size", *method == QuantMethod::kRtnInt4 || *method == QuantMethod::kAwqInt4 ? nlohmann::json(a.group)
-                                                                                           : nlohmann::json()},
+      {"group_size", *method == QuantMethod::kRtnInt4 || *method == QuantMethod::kAwqInt4 ||
+                             *method == QuantMethod::kTernary
+                         ? nlohmann::json(a.group)
+                         : nlohmann::json()},
       {"smooth_alpha", *method == QuantMethod::kW8A8 ? nlohmann::json(a.smooth_alpha) : nlohmann::json()},
       {"awq_clip", *method == QuantMethod::kAwqInt4 ? nlohmann::json(!a.no_clip) : nlohmann::json()},
       {"checkpoint_format", saved->quantization.describe()},
@@ -189,11 +192,12 @@ void add_quantize(CLI::App& app, std::function<int()>& run) {
   CLI::App* cmd = app.add_subcommand("quantize", "quantize a Hugging Face model's linear layers and save the result");
   cmd->add_option("-m,--model", args->model, "the Hugging Face model directory to quantize")->required();
   cmd->add_option("--method", args->method, "rtn-int4, awq-int4 (needs --calib), int8, w8a8 (int8 weights and "
-                  "activations; SmoothQuant needs --calib), or fp8 (e4m3 weights per channel)")
+                  "activations; SmoothQuant needs --calib), fp8 (e4m3 weights per channel), or ternary ({-1, 0, +1} "
+                  "x a group absmean scale; the engine's own checkpoint layout)")
       ->required()
-      ->check(CLI::IsMember({"rtn-int4", "awq-int4", "int8", "w8a8", "fp8"}));
-  cmd->add_option("--group", args->group, "int4: inputs per scale, 32, 64 or 128 (default 128)")
-      ->check(CLI::IsMember({32, 64, 128}));
+      ->check(CLI::IsMember({"rtn-int4", "awq-int4", "int8", "w8a8", "fp8", "ternary"}));
+  cmd->add_option("--group", args->group, "int4: inputs per scale, 32, 64 or 128; ternary also 256 (default 128)")
+      ->check(CLI::IsMember({32, 64, 128, 256}));
   cmd->add_option("--calib", args->calib, "calibration text (plain text file)");
   cmd->add_option("--calib-tokens", args->calib_tokens, "calibration tokens used, from the start of --calib "
                   "(default 4096)")->check(CLI::Range(int64_t{2}, int64_t{1} << 30));

@@ -111,6 +111,29 @@ Result<CheckpointQuantization> read_awq(const json& q, const std::string& where)
   return c;
 }
 
+// The engine's own: "format" "ternary", bits 2, group_size 32, 64, 128 or 256.
+Result<CheckpointQuantization> read_tachyon(const json& q, const std::string& where) {
+  CheckpointQuantization c;
+  TACHYON_ASSIGN_OR_RETURN(std::string format, string_key(q, {"format"}, "", where));
+  if (lower(format) != "ternary") {
+    return make_error(ErrorCode::kUnsupported, "{}: quantization_config.format '{}' of quant_method 'tachyon' is not "
+                      "supported (ternary)", where, format);
+  }
+  c.method = CheckpointQuantMethod::kTernary;
+  TACHYON_ASSIGN_OR_RETURN(c.bits, int_key(q, {"bits"}, where));
+  TACHYON_ASSIGN_OR_RETURN(c.group_size, int_key(q, {"group_size"}, where));
+  if (c.bits != 2) {
+    return make_error(ErrorCode::kUnsupported, "{}: quantization_config.bits is {}; ternary weights take 2", where,
+                      c.bits);
+  }
+  if (c.group_size != 32 && c.group_size != 64 && c.group_size != 128 && c.group_size != 256) {
+    return make_error(ErrorCode::kUnsupported, "{}: quantization_config.group_size is {}; ternary takes 32, 64, 128 "
+                      "or 256", where, c.group_size);
+  }
+  TACHYON_ASSIGN_OR_RETURN(c.dense_modules, string_list(q, "modules_to_not_convert", where));
+  return c;
+}
+
 Result<CheckpointQuantization> read_gptq(const json& q, const std::string& where) {
   CheckpointQuantization c;
   c.method = CheckpointQuantMethod::kGptq;
@@ -227,6 +250,7 @@ std::string CheckpointQuantization::describe() const {
     case CheckpointQuantMethod::kInt8Channel: return "int8 per channel";
     case CheckpointQuantMethod::kW8A8: return "w8a8";
     case CheckpointQuantMethod::kFp8Channel: return "fp8 per channel";
+    case CheckpointQuantMethod::kTernary: return fmt::format("ternary g{}", group_size);
   }
   return "?";
 }
@@ -244,8 +268,9 @@ Result<CheckpointQuantization> read_quantization_config(const json& config, cons
   if (method == "awq") return read_awq(q, path);
   if (method == "gptq") return read_gptq(q, path);
   if (method == "compressed-tensors") return read_compressed_tensors(q, path);
+  if (method == "tachyon") return read_tachyon(q, path);
   return make_error(ErrorCode::kUnsupported, "{}: quantization_config.quant_method '{}' is not supported (awq, gptq, "
-                    "compressed-tensors int8 / w8a8)", path, method);
+                    "compressed-tensors int8 / w8a8 / fp8, tachyon ternary)", path, method);
 }
 
 json quantization_config_json(const CheckpointQuantization& q) {
@@ -287,6 +312,14 @@ json quantization_config_json(const CheckpointQuantization& q) {
               {"quantization_status", "compressed"},  {"config_groups", {{"group_0", group}}},
               {"ignore", ignore}};
     }
+    case CheckpointQuantMethod::kTernary:
+      // quant/quantize.h's kTernary as stored: <module>.weight_packed [out, in / 4] U8 and
+      // <module>.weight_scale [out, in / group_size] F32.
+      return {{"quant_method", "tachyon"},
+              {"format", "ternary"},
+              {"bits", 2},
+              {"group_size", q.group_size},
+              {"modules_to_not_convert", q.dense_modules.empty() ? json() : dense}};
     default: break;
   }
   return json();

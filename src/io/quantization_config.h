@@ -28,6 +28,8 @@ enum class CheckpointQuantMethod : uint8_t {
   kInt8Channel,  // "compressed-tensors", int8 weights per output channel, 16-bit activations
   kW8A8,         // "compressed-tensors", the same weights, activations int8 per token (dynamic)
   kFp8Channel,   // "compressed-tensors" float-quantized: fp8 e4m3 weights per channel or per tensor
+  kTernary,      // "tachyon" ternary: {-1, 0, +1} codes 2 bits each, an f32 scale per group (no
+                 // ecosystem format holds group-scaled ternary weights; this one is the engine's)
 };
 
 // GPTQ's zero points: checkpoint_format "gptq" (v1, also when absent) stores zero - 1.
@@ -36,7 +38,7 @@ enum class GptqFormat : uint8_t { kV1, kV2 };
 struct CheckpointQuantization {
   CheckpointQuantMethod method = CheckpointQuantMethod::kNone;
   int bits = 16;
-  int group_size = 0;                 // int4 methods
+  int group_size = 0;                 // int4 methods and ternary
   GptqFormat gptq_format = GptqFormat::kV1;
   // Modules the config lists as left dense (AutoAWQ modules_to_not_convert, compressed-tensors
   // ignore); informational: a module is dense exactly when its tensors are.
@@ -54,7 +56,9 @@ struct CheckpointQuantization {
 // CorruptFile for keys of the wrong JSON type.
 Result<CheckpointQuantization> read_quantization_config(const nlohmann::json& config, const std::string& path);
 
-// The "quantization_config" object written for `q` (kAwqGemm, kInt8Channel, kW8A8 or kFp8Channel).
+// The "quantization_config" object written for `q` (kAwqGemm, kInt8Channel, kW8A8, kFp8Channel or
+// kTernary: {"quant_method": "tachyon", "format": "ternary", "bits": 2, "group_size": G,
+// "modules_to_not_convert": [...]}).
 nlohmann::json quantization_config_json(const CheckpointQuantization& q);
 
 }  // namespace tachyon

@@ -505,7 +505,8 @@ Status quantize_layer(const QuantizeModelOptions& o, const ModelConfig& c, const
   spec.format = o.method == QuantMethod::kInt8   ? QuantFormat::kInt8Channel
                 : o.method == QuantMethod::kW8A8 ? QuantFormat::kW8A8
                 : o.method == QuantMethod::kFp8  ? QuantFormat::kFp8Channel
-                                                 : QuantFormat::kInt4Group;
+                : o.method == QuantMethod::kTernary ? QuantFormat::kTernary
+                                                    : QuantFormat::kInt4Group;
   spec.group_size = o.group_size;
   spec.int4_scales = Int4Scales::kF16;
   for (int m = 0; m < kModules; ++m) {
@@ -561,16 +562,18 @@ const char* quant_method_name(QuantMethod method) {
     case QuantMethod::kInt8: return "int8";
     case QuantMethod::kW8A8: return "w8a8";
     case QuantMethod::kFp8: return "fp8";
+    case QuantMethod::kTernary: return "ternary";
   }
   return "?";
 }
 
 Result<QuantMethod> parse_quant_method(const std::string& name) {
   for (QuantMethod m : {QuantMethod::kRtnInt4, QuantMethod::kAwqInt4, QuantMethod::kInt8, QuantMethod::kW8A8,
-                        QuantMethod::kFp8}) {
+                        QuantMethod::kFp8, QuantMethod::kTernary}) {
     if (name == quant_method_name(m)) return m;
   }
-  return make_error(ErrorCode::kInvalidArgument, "method '{}': expected rtn-int4, awq-int4, int8, w8a8 or fp8", name);
+  return make_error(ErrorCode::kInvalidArgument,
+                    "method '{}': expected rtn-int4, awq-int4, int8, w8a8, fp8 or ternary", name);
 }
 
 Result<QuantizedModel> quantize_model(const LlamaModel& model, std::span<const int32_t> calibration,
@@ -584,6 +587,11 @@ Result<QuantizedModel> quantize_model(const LlamaModel& model, std::span<const i
   if ((options.method == QuantMethod::kRtnInt4 || options.method == QuantMethod::kAwqInt4) && options.group_size != 32 && options.group_size != 64 &&
       options.group_size != 128) {
     return make_error(ErrorCode::kInvalidArgument, "group size {}: expected 32, 64 or 128", options.group_size);
+  }
+  if (options.method == QuantMethod::kTernary && options.group_size != 32 && options.group_size != 64 &&
+      options.group_size != 128 && options.group_size != 256) {
+    return make_error(ErrorCode::kInvalidArgument, "group size {}: ternary takes 32, 64, 128 or 256",
+                      options.group_size);
   }
   if (options.sequence_length < 1 || options.grid < 1) {
     return make_error(ErrorCode::kInvalidArgument, "sequence length {}, grid {}: both must be positive",

@@ -34,8 +34,9 @@
 
 namespace tachyon {
 
-enum class QuantMethod : uint8_t { kRtnInt4, kAwqInt4, kInt8, kW8A8, kFp8 };
-const char* quant_method_name(QuantMethod method);  // "rtn-int4", "awq-int4", "int8", "w8a8", "fp8"
+enum class QuantMethod : uint8_t { kRtnInt4, kAwqInt4, kInt8, kW8A8, kFp8, kTernary };
+// "rtn-int4", "awq-int4", "int8", "w8a8", "fp8", "ternary"
+const char* quant_method_name(QuantMethod method);
 // The names above; anything else is an error listing them.
 Result<QuantMethod> parse_quant_method(const std::string& name);
 
@@ -60,7 +61,7 @@ struct LayerQuantReport {
 
 struct QuantizeModelOptions {
   QuantMethod method = QuantMethod::kAwqInt4;
-  int group_size = 128;       // int4: 32, 64 or 128
+  int group_size = 128;       // int4: 32, 64 or 128; ternary also 256
   int sequence_length = 512;  // calibration tokens per forward sequence (at most the model's context)
   int grid = 20;              // AWQ alphas searched
   bool awq_clip = true;       // AWQ: also search each (row, group)'s clipping range (quant/awq.h)

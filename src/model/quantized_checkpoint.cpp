@@ -21,7 +21,7 @@ constexpr const char* kCopiedFiles[] = {
     "chat_template.json", "chat_template.jinja",
 };
 
-Weight packed(QuantWeight q) {
+Weight packed_weight(QuantWeight q) {
   Weight w;
   w.quant = std::make_shared<const QuantWeight>(std::move(q));
   return w;
@@ -49,7 +49,7 @@ Result<std::optional<Weight>> read_int4(const WeightSource& source, const Checkp
                               ? unpack_awq_gemm(qweight, qzeros, scales, out, in, q.group_size)
                               : unpack_gptq(qweight, qzeros, scales, g_idx, out, in, q.group_size, zeros);
   if (!w.ok()) return w.status().with_context(module);
-  return std::optional<Weight>(packed(std::move(w).value()));
+  return std::optional<Weight>(packed_weight(std::move(w).value()));
 }
 
 Result<std::optional<Weight>> read_int8(const WeightSource& source, const std::string& module, int64_t out,
@@ -64,7 +64,7 @@ Result<std::optional<Weight>> read_int8(const WeightSource& source, const std::s
   TACHYON_ASSIGN_OR_RETURN(Tensor scale, source.tensor(module + ".weight_scale"));
   auto w = unpack_int8_channel(weight, scale, out, in);
   if (!w.ok()) return w.status().with_context(module);
-  return std::optional<Weight>(packed(std::move(w).value()));
+  return std::optional<Weight>(packed_weight(std::move(w).value()));
 }
 
 Result<std::optional<Weight>> read_fp8(const WeightSource& source, const std::string& module, int64_t out,
@@ -79,7 +79,21 @@ Result<std::optional<Weight>> read_fp8(const WeightSource& source, const std::st
   TACHYON_ASSIGN_OR_RETURN(Tensor scale, source.tensor(module + ".weight_scale"));
   auto w = unpack_fp8_channel(weight, scale, out, in);
   if (!w.ok()) return w.status().with_context(module);
-  return std::optional<Weight>(packed(std::move(w).value()));
+  return std::optional<Weight>(packed_weight(std::move(w).value()));
+}
+
+Result<std::optional<Weight>> read_ternary(const WeightSource& source, const CheckpointQuantization& q,
+                                           const std::string& module, int64_t out, int64_t in) {
+  if (!source.has(module + ".weight_packed")) return std::optional<Weight>();  // stored dense
+  TACHYON_ASSIGN_OR_RETURN(Tensor packed, source.tensor(module + ".weight_packed"));
+  if (!source.has(module + ".weight_scale")) {
+    return make_error(ErrorCode::kNotFound, "{}: tensor '{}.weight_scale' is missing ({}.weight_packed is present)",
+                      module, module, module);
+  }
+  TACHYON_ASSIGN_OR_RETURN(Tensor scale, source.tensor(module + ".weight_scale"));
+  auto w = unpack_ternary(packed, scale, out, in, q.group_size);
+  if (!w.ok()) return w.status().with_context(module);
+  return std::optional<Weight>(packed_weight(std::move(w).value()));
 }
 
 // What a checkpoint is made of, in memory until written.
@@ -120,6 +134,16 @@ class TensorList {
       add(module + ".weight_scale", t.weight_scale);
       return Status::Ok();
     }
+    if (qw.format == QuantFormat::kTernary && q_.method == CheckpointQuantMethod::kTernary) {
+      if (q_.group_size == 0) q_.group_size = qw.group_size;
+      if (qw.group_size != q_.group_size) {
+        return make_error(ErrorCode::kInvalidArgument, "{}: group size {} differs from the checkpoint's {}", module,
+                          qw.group_size, q_.group_size);
+      }
+      add(module + ".weight_packed", qw.packed);
+      add(module + ".weight_scale", qw.scales);
+      return Status::Ok();
+    }
     return make_error(ErrorCode::kUnsupported, "{}: {} weights cannot be written into a {} checkpoint", module,
                       quant_format_name(qw.format), q_.describe());
   }
@@ -148,6 +172,7 @@ Result<std::optional<Weight>> read_quantized_linear(const WeightSource& source, 
     case CheckpointQuantMethod::kGptq: return read_int4(source, q, module, out, in);
     case CheckpointQuantMethod::kInt8Channel: return read_int8(source, module, out, in);
     case CheckpointQuantMethod::kFp8Channel: return read_fp8(source, module, out, in);
+    case CheckpointQuantMethod::kTernary: return read_ternary(source, q, module, out, in);
     case CheckpointQuantMethod::kW8A8: {
       // The same stored weight; its activations are quantized when the layer runs.
       TACHYON_ASSIGN_OR_RETURN(std::optional<Weight> w, read_int8(source, module, out, in));
@@ -167,9 +192,10 @@ Result<SavedCheckpoint> save_quantized_checkpoint(const SaveCheckpointOptions& o
   const fs::path source(options.source_dir), out(options.out_dir);
   std::error_code ec;
   if (options.method != CheckpointQuantMethod::kAwqGemm && options.method != CheckpointQuantMethod::kInt8Channel &&
-      options.method != CheckpointQuantMethod::kW8A8 && options.method != CheckpointQuantMethod::kFp8Channel) {
-    return make_error(ErrorCode::kInvalidArgument, "{}: checkpoints are written as AWQ int4, int8, w8a8 or fp8 only",
-                      options.out_dir);
+      options.method != CheckpointQuantMethod::kW8A8 && options.method != CheckpointQuantMethod::kFp8Channel &&
+      options.method != CheckpointQuantMethod::kTernary) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "{}: checkpoints are written as AWQ int4, int8, w8a8, fp8 or ternary only", options.out_dir);
   }
   if (fs::exists(out, ec) && fs::equivalent(source, out, ec)) {
     return make_error(ErrorCode::kInvalidArgument, "{}: the output directory is the source model's; choose another",

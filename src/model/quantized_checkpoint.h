@@ -1,5 +1,5 @@
 // Quantized Hugging Face checkpoints at the level of the model: one linear layer stored packed
-// (AutoAWQ GEMM, GPTQ, compressed-tensors int8 / w8a8 / fp8) read straight into a QuantWeight, and a model
+// (AutoAWQ GEMM, GPTQ, compressed-tensors int8 / w8a8 / fp8, the engine's ternary) read straight into a QuantWeight, and a model
 // whose linear weights are QuantWeights (or dense, module by module) saved as such a directory.
 // The bit layouts are quant/quantize.h's, the config JSON io/quantization_config.h's and the
 // file format io/safetensors*.h's; this file only maps modules to tensor names. Packed weights
@@ -30,8 +30,8 @@ struct SaveCheckpointOptions {
   std::string source_dir;  // the HF directory the model was loaded from: config.json and tokenizer files
   std::string out_dir;     // created when absent; never the source directory
   // kAwqGemm (int4 modules, AutoAWQ layout), kInt8Channel (int8 modules) or kW8A8 (w8a8 modules:
-  // the int8 layout, int8 activations in the config) or kFp8Channel (fp8 e4m3 modules). Modules
-  // left dense
+  // the int8 layout, int8 activations in the config), kFp8Channel (fp8 e4m3 modules) or kTernary
+  // (ternary modules, the engine's own layout). Modules left dense
   // are written as <module>.weight and listed in the config (modules_to_not_convert / ignore).
   CheckpointQuantMethod method = CheckpointQuantMethod::kAwqGemm;
 };

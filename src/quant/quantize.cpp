@@ -593,6 +593,38 @@ Result<QuantWeight> unpack_fp8_channel(const Tensor& weight, const Tensor& weigh
   return q;
 }
 
+Result<QuantWeight> unpack_ternary(const Tensor& weight_packed, const Tensor& weight_scale, int64_t out, int64_t in,
+                                   int group) {
+  if (group != 32 && group != 64 && group != 128 && group != 256) {
+    return make_error(ErrorCode::kInvalidArgument, "ternary: group size {} (expected 32, 64, 128 or 256)", group);
+  }
+  if (out <= 0 || in <= 0 || in % group != 0) {
+    return make_error(ErrorCode::kInvalidArgument, "ternary: a [{}, {}] weight (in a multiple of the group {})", out,
+                      in, group);
+  }
+  TACHYON_ASSIGN_OR_RETURN(Tensor packed, packed_tensor(weight_packed, "weight_packed", DType::kU8, out, in / 4));
+  const auto* codes = packed.data<uint8_t>();
+  for (int64_t i = 0; i < packed.numel(); ++i) {
+    const uint8_t b = codes[i];
+    for (int f = 0; f < 4; ++f) {
+      if (((b >> (2 * f)) & 3u) == 3u) {
+        return make_error(ErrorCode::kCorruptFile, "weight_packed[{}, {}] = {:#04x}: a 2-bit field holds 3 (ternary "
+                          "codes are 0, 1, 2)", i / (in / 4), i % (in / 4), b);
+      }
+    }
+  }
+  TACHYON_ASSIGN_OR_RETURN(std::vector<float> s, scales_f32(weight_scale, "weight_scale", out, in / group));
+  QuantWeight q;
+  q.format = QuantFormat::kTernary;
+  q.out_features = out;
+  q.in_features = in;
+  q.group_size = group;
+  q.packed = std::move(packed);  // a view into the checkpoint when it is one
+  q.scales = Tensor::empty({out, in / group}, DType::kF32);
+  std::copy(s.begin(), s.end(), q.scales.data<float>());
+  return q;
+}
+
 Result<QuantWeight> unpack_gguf_q4_0(const Tensor& blocks, int64_t out, int64_t in) {
   constexpr int64_t kBlock = 32, kBlockBytes = 18;
   if (out <= 0 || in <= 0 || in % kBlock != 0) {

@@ -156,6 +156,10 @@ Int8ChannelTensors pack_int8_channel(const QuantWeight& w);
 // or a scalar: strategy "tensor", repeated over the rows); f32, f16 or bf16.
 Result<QuantWeight> unpack_fp8_channel(const Tensor& weight, const Tensor& weight_scale, int64_t out, int64_t in);
 Result<QuantWeight> unpack_int8_channel(const Tensor& weight, const Tensor& weight_scale, int64_t out, int64_t in);
+// kTernary as a checkpoint stores it: weight_packed [out, in / 4] u8 (every 2-bit field 0, 1 or 2)
+// and weight_scale [out, in / group] (f32, f16 or bf16; finite, >= 0). CorruptFile otherwise.
+Result<QuantWeight> unpack_ternary(const Tensor& weight_packed, const Tensor& weight_scale, int64_t out, int64_t in,
+                                   int group);
 
 // GGUF Q4_0 (io/gguf.h): blocks of 32 weights, an f16 d and 16 bytes whose byte j holds weight j
 // in its low nibble and weight j + 16 in its high one; w = (q - 8) * d. That is kInt4Group with

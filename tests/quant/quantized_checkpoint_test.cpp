@@ -540,6 +540,49 @@ TEST(QuantizedCheckpoint, Fp8PerTensorScaleAndBadTensors) {
   EXPECT_FALSE(unpack_fp8_channel(codes, scalar, 3, 5).ok());
 }
 
+// ternary: the checkpoint (the engine's own layout: weight_packed U8 and weight_scale F32 per
+// group) is load-time --quant ternary bit for bit.
+TEST(QuantizedCheckpoint, TernaryCheckpointIsLoadTimeTernaryBitExact) {
+  std::string out;
+  expect_checkpoint_matches_load_time("ternary", QuantSpec{QuantFormat::kTernary, 64}, "--group 64", &out);
+  std::ifstream f(out + "/config.json");
+  const json qc = json::parse(f).at("quantization_config");
+  EXPECT_EQ(qc.at("quant_method"), "tachyon");
+  EXPECT_EQ(qc.at("format"), "ternary");
+  EXPECT_EQ(qc.at("bits"), 2);
+  EXPECT_EQ(qc.at("group_size"), 64);
+  auto source = SafetensorsWeightSource::open_file(out + "/model.safetensors");
+  ASSERT_TRUE(source.ok()) << source.status().to_string();
+  const TensorMeta* w = (*source)->find("model.layers.0.mlp.up_proj.weight_packed");
+  const TensorMeta* sc = (*source)->find("model.layers.0.mlp.up_proj.weight_scale");
+  ASSERT_TRUE(w != nullptr && sc != nullptr);
+  EXPECT_EQ(w->stored_type, "U8");
+  EXPECT_EQ(w->shape, (std::vector<int64_t>{640, 64}));  // [out, in / 4]
+  EXPECT_EQ(sc->shape, (std::vector<int64_t>{640, 4}));  // [out, in / 64]
+}
+
+// Ternary tensors as read: the 2-bit field 3 never appears, shapes and the group must agree.
+TEST(QuantizedCheckpoint, TernaryBadTensorsAreErrors) {
+  Tensor packed = Tensor::zeros({2, 16}, DType::kU8);  // [2, 64] weights
+  for (int i = 0; i < 32; ++i) packed.data<uint8_t>()[i] = 0x96;  // fields 2, 1, 1, 2
+  Tensor scale = Tensor::empty({2, 2}, DType::kF32);
+  for (int i = 0; i < 4; ++i) scale.data<float>()[i] = 0.25f * static_cast<float>(i + 1);
+  auto q = unpack_ternary(packed, scale, 2, 64, 32);
+  ASSERT_TRUE(q.ok()) << q.status().to_string();
+  const Tensor d = dequantize(*q);
+  EXPECT_EQ(d.data<float>()[0], 0.25f);    // byte 0 bits 0-1: code 2 -> +1, group 0's scale
+  EXPECT_EQ(d.data<float>()[8], 0.0f);     // bits 2-3 of byte 0 (weight 8): code 1 -> 0
+  EXPECT_EQ(d.data<float>()[64 + 32], 1.0f);  // row 1, group 1
+  packed.data<uint8_t>()[5] = 0x97;  // a field of 3
+  EXPECT_EQ(unpack_ternary(packed, scale, 2, 64, 32).status().code(), ErrorCode::kCorruptFile);
+  packed.data<uint8_t>()[5] = 0x96;
+  EXPECT_FALSE(unpack_ternary(packed, scale, 2, 64, 64).ok()) << "scales of another group size";
+  EXPECT_FALSE(unpack_ternary(packed, scale, 2, 64, 48).ok());
+  EXPECT_FALSE(unpack_ternary(packed, scale, 2, 128, 32).ok());
+  scale.data<float>()[1] = -1.0f;
+  EXPECT_FALSE(unpack_ternary(packed, scale, 2, 64, 32).ok()) << "a negative scale";
+}
+
 // SmoothQuant in-process: quantize, save, load; the loaded model is the saved one bit for bit
 // (the folded norms and rows travel with it) and every module runs as W8A8.
 TEST(QuantizedCheckpoint, SmoothQuantW8A8ReloadsAsSaved) {
