@@ -52,6 +52,21 @@ void dequantize_q4_0(const uint8_t* blocks, int64_t n_blocks, float* out) {
   }
 }
 
+namespace {
+// Q4_K's and Q5_K's chunk c (64 weights): the step and offset of its two sub-blocks (2c, 2c + 1),
+// d * sc and dmin * m (exact products).
+struct ChunkScales {
+  float s0, o0, s1, o1;
+};
+ChunkScales chunk_scales(const uint8_t* scales, int c, float d, float dmin) {
+  int sc0, m0, sc1, m1;
+  q4_k_scale_min(scales, 2 * c, &sc0, &m0);
+  q4_k_scale_min(scales, 2 * c + 1, &sc1, &m1);
+  return {d * static_cast<float>(sc0), dmin * static_cast<float>(m0), d * static_cast<float>(sc1),
+          dmin * static_cast<float>(m1)};
+}
+}  // namespace
+
 void dequantize_q4_k(const uint8_t* blocks, int64_t n_blocks, float* out) {
   for (int64_t b = 0; b < n_blocks; ++b) {
     const uint8_t* block = blocks + b * kQ4_KBytes;
@@ -60,11 +75,8 @@ void dequantize_q4_k(const uint8_t* blocks, int64_t n_blocks, float* out) {
     const uint8_t* qs = block + 16;
     float* y = out + b * kGgmlBlockK;
     for (int c = 0; c < 4; ++c) {
-      int sc0, m0, sc1, m1;
-      q4_k_scale_min(scales, 2 * c, &sc0, &m0);
-      q4_k_scale_min(scales, 2 * c + 1, &sc1, &m1);
-      const float s0 = d * static_cast<float>(sc0), o0 = dmin * static_cast<float>(m0);
-      const float s1 = d * static_cast<float>(sc1), o1 = dmin * static_cast<float>(m1);
+      const ChunkScales k = chunk_scales(scales, c, d, dmin);
+      const float s0 = k.s0, o0 = k.o0, s1 = k.s1, o1 = k.o1;
       for (int l = 0; l < 32; ++l) {
         y[64 * c + l] = s0 * static_cast<float>(qs[32 * c + l] & 15) - o0;
         y[64 * c + 32 + l] = s1 * static_cast<float>(qs[32 * c + l] >> 4) - o1;
@@ -171,11 +183,8 @@ void dequantize_q5_k(const uint8_t* blocks, int64_t n_blocks, float* out) {
     const uint8_t* qs = block + 48;
     float* y = out + b * kGgmlBlockK;
     for (int c = 0; c < 4; ++c) {
-      int sc0, m0, sc1, m1;
-      q4_k_scale_min(scales, 2 * c, &sc0, &m0);
-      q4_k_scale_min(scales, 2 * c + 1, &sc1, &m1);
-      const float s0 = d * static_cast<float>(sc0), o0 = dmin * static_cast<float>(m0);
-      const float s1 = d * static_cast<float>(sc1), o1 = dmin * static_cast<float>(m1);
+      const ChunkScales k = chunk_scales(scales, c, d, dmin);
+      const float s0 = k.s0, o0 = k.o0, s1 = k.s1, o1 = k.o1;
       for (int l = 0; l < 32; ++l) {
         const int lo = (qs[32 * c + l] & 15) + ((qh[l] >> (2 * c)) & 1) * 16;
         const int hi = (qs[32 * c + l] >> 4) + ((qh[l] >> (2 * c + 1)) & 1) * 16;

@@ -195,6 +195,22 @@ TEST(Conformance, GgufQ4_0LinearWeightsRunPacked) {
   EXPECT_EQ(testing::greedy_ids(*packed.model, f.prompt_ids, 16), testing::greedy_ids(dense, f.prompt_ids, 16));
 }
 
+// The metadata of a small llama GGUF written by the tests below (context 64, rope base 1e4).
+void add_llama_metadata(GgufWriter& w, int64_t hidden, int64_t ffn, int64_t vocab, int64_t heads, int64_t kv_heads,
+                        int64_t head_dim, int layers) {
+  w.add("general.architecture", gguf_string("llama"));
+  w.add("llama.vocab_size", gguf_u32(static_cast<uint32_t>(vocab)));
+  w.add("llama.context_length", gguf_u32(64));
+  w.add("llama.embedding_length", gguf_u32(static_cast<uint32_t>(hidden)));
+  w.add("llama.block_count", gguf_u32(static_cast<uint32_t>(layers)));
+  w.add("llama.feed_forward_length", gguf_u32(static_cast<uint32_t>(ffn)));
+  w.add("llama.attention.head_count", gguf_u32(static_cast<uint32_t>(heads)));
+  w.add("llama.attention.head_count_kv", gguf_u32(static_cast<uint32_t>(kv_heads)));
+  w.add("llama.attention.layer_norm_rms_epsilon", gguf_f32(1e-5f));
+  w.add("llama.rope.freq_base", gguf_f32(10000.0f));
+  w.add("llama.rope.dimension_count", gguf_u32(static_cast<uint32_t>(head_dim)));
+}
+
 // A random-weight Llama GGUF whose linear weights are the K-quants and Q8_0 (hidden 256 and FFN
 // 512, so every input width is whole 256-weight super-blocks): q/k/o/gate Q4_K, v/up/down Q6_K,
 // the LM head Q8_0 and the embedding Q4_K (as Q4_K_M files store it), written by the GGUF writer. It loads every one of them packed in its own
@@ -203,17 +219,7 @@ TEST(Conformance, GgufQ4_0LinearWeightsRunPacked) {
 TEST(Conformance, GgufKQuantLinearWeightsRunPacked) {
   constexpr int64_t kHidden = 256, kFfn = 512, kVocab = 64, kHeads = 4, kKvHeads = 2, kHeadDim = 64;
   GgufWriter w;
-  w.add("general.architecture", gguf_string("llama"));
-  w.add("llama.vocab_size", gguf_u32(kVocab));
-  w.add("llama.context_length", gguf_u32(64));
-  w.add("llama.embedding_length", gguf_u32(kHidden));
-  w.add("llama.block_count", gguf_u32(2));
-  w.add("llama.feed_forward_length", gguf_u32(kFfn));
-  w.add("llama.attention.head_count", gguf_u32(kHeads));
-  w.add("llama.attention.head_count_kv", gguf_u32(kKvHeads));
-  w.add("llama.attention.layer_norm_rms_epsilon", gguf_f32(1e-5f));
-  w.add("llama.rope.freq_base", gguf_f32(10000.0f));
-  w.add("llama.rope.dimension_count", gguf_u32(kHeadDim));
+  add_llama_metadata(w, kHidden, kFfn, kVocab, kHeads, kKvHeads, kHeadDim, 2);
   std::mt19937 rng(testing::fresh_seed());
   auto add = [&](const std::string& name, std::vector<int64_t> shape, GgmlType type, float bound, float offset) {
     Tensor t = testing::random_tensor(shape, rng, offset - bound, offset + bound);
@@ -274,17 +280,7 @@ TEST(Conformance, GgufKQuantLinearWeightsRunPacked) {
 TEST(Conformance, GgufDecodedBlockFormatsLoadDense) {
   constexpr int64_t kHidden = 256, kFfn = 512, kVocab = 64, kHeads = 4, kKvHeads = 2, kHeadDim = 64;
   GgufWriter w;
-  w.add("general.architecture", gguf_string("llama"));
-  w.add("llama.vocab_size", gguf_u32(kVocab));
-  w.add("llama.context_length", gguf_u32(64));
-  w.add("llama.embedding_length", gguf_u32(kHidden));
-  w.add("llama.block_count", gguf_u32(1));
-  w.add("llama.feed_forward_length", gguf_u32(kFfn));
-  w.add("llama.attention.head_count", gguf_u32(kHeads));
-  w.add("llama.attention.head_count_kv", gguf_u32(kKvHeads));
-  w.add("llama.attention.layer_norm_rms_epsilon", gguf_f32(1e-5f));
-  w.add("llama.rope.freq_base", gguf_f32(10000.0f));
-  w.add("llama.rope.dimension_count", gguf_u32(kHeadDim));
+  add_llama_metadata(w, kHidden, kFfn, kVocab, kHeads, kKvHeads, kHeadDim, 1);
   std::mt19937 rng(testing::fresh_seed());
   const auto add = [&](const std::string& name, std::vector<int64_t> shape, GgmlType type, float bound, float offset) {
     ASSERT_TRUE(w.add_tensor(name, testing::random_tensor(shape, rng, offset - bound, offset + bound), type).ok()) << name;

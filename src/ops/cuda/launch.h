@@ -29,6 +29,24 @@ struct GemvShape {
 };
 GemvShape plan_gemv(const LinearArgs& a, int sm_count);
 
+// What every GEMV / skinny-GEMM launcher copies into its kernel's parameters from LinearArgs and
+// the plan: the weight's row stride, bias, output, sizes, K split and split-K scratch (P: a
+// parameter struct with fields of these names). The operands each launcher sets itself.
+template <typename P, typename Partial>
+inline void fill_common(P& p, const LinearArgs& a, const GemvShape& shape, Partial* partial) {
+  p.w_stride = a.w_stride;
+  p.bias = a.bias;
+  p.bias_dtype = a.bias_dtype;
+  p.y = a.y;
+  p.y_stride = a.y_stride;
+  p.partial = partial;
+  p.n = a.n;
+  p.in = a.in;
+  p.out = a.out;
+  p.chunk = shape.chunk;
+  p.splits = shape.splits;
+}
+
 // The K split the streaming GEMVs share: enough warps for ~32 per SM given `row_warps` warps of
 // rows, at most 32 slices, each at least `min_chunk` columns (one full unrolled iteration) and a
 // multiple of `step` (so every slice starts on a vector boundary). Callers pass the one-token

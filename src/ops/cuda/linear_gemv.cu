@@ -458,18 +458,8 @@ cudaError_t launch_gemv(const LinearArgs& a, const GemvShape& shape, float* part
   p.x = a.x;
   p.x_stride = a.x_stride;
   p.w = a.w;
-  p.w_stride = a.w_stride;
-  p.bias = a.bias;
-  p.bias_dtype = a.bias_dtype;
+  fill_common(p, a, shape, partial);
   p.scales = a.w_dtype == DType::kI8 || a.w_dtype == DType::kF8E4M3 ? a.w_scales : nullptr;
-  p.y = a.y;
-  p.y_stride = a.y_stride;
-  p.partial = partial;
-  p.n = a.n;
-  p.in = a.in;
-  p.out = a.out;
-  p.chunk = shape.chunk;
-  p.splits = shape.splits;
   p.vector_loads = shape.vector_loads;
   cudaError_t e = cudaSuccess;
   switch (a.w_dtype) {
@@ -532,18 +522,8 @@ cudaError_t launch_gemm_mma(const LinearArgs& a, const void* x16, int64_t x_stri
     q.x = static_cast<const uint16_t*>(x16);
     q.x_stride = x_stride;
     q.w = static_cast<const int8_t*>(a.w);
-    q.w_stride = a.w_stride;
+    fill_common(q, a, shape, partial);
     q.scales = a.w_scales;
-    q.bias = a.bias;
-    q.bias_dtype = a.bias_dtype;
-    q.y = a.y;
-    q.y_stride = a.y_stride;
-    q.partial = partial;
-    q.n = a.n;
-    q.in = a.in;
-    q.out = a.out;
-    q.chunk = shape.chunk;
-    q.splits = shape.splits;
     cudaError_t e = q.n <= 8    ? launch_gemm_mma_i8_nt<1>(q, stream)
                     : q.n <= 16 ? launch_gemm_mma_i8_nt<2>(q, stream)
                     : q.n <= 32 ? launch_gemm_mma_i8_nt<4>(q, stream)
@@ -558,17 +538,7 @@ cudaError_t launch_gemm_mma(const LinearArgs& a, const void* x16, int64_t x_stri
   p.x = static_cast<const uint16_t*>(x16);
   p.x_stride = x_stride;
   p.w = static_cast<const uint16_t*>(a.w);
-  p.w_stride = a.w_stride;
-  p.bias = a.bias;
-  p.bias_dtype = a.bias_dtype;
-  p.y = a.y;
-  p.y_stride = a.y_stride;
-  p.partial = partial;
-  p.n = a.n;
-  p.in = a.in;
-  p.out = a.out;
-  p.chunk = shape.chunk;
-  p.splits = shape.splits;
+  fill_common(p, a, shape, partial);
   cudaError_t e = a.w_dtype == DType::kBF16 ? launch_gemm_mma_dtype<DType::kBF16>(p, stream)
                                              : launch_gemm_mma_dtype<DType::kF16>(p, stream);
   if (e != cudaSuccess || shape.splits == 1) return e;

@@ -934,18 +934,8 @@ cudaError_t launch_gemv_gguf(const LinearArgs& a, const GemvShape& shape, float*
   p.x = a.x;
   p.x_stride = a.x_stride;
   p.w = static_cast<const uint8_t*>(a.w);
-  p.w_stride = a.w_stride;
+  fill_common(p, a, shape, partial);
   p.d = a.w_scales_f16;
-  p.bias = a.bias;
-  p.bias_dtype = a.bias_dtype;
-  p.y = a.y;
-  p.y_stride = a.y_stride;
-  p.partial = partial;
-  p.n = a.n;
-  p.in = a.in;
-  p.out = a.out;
-  p.chunk = shape.chunk;
-  p.splits = shape.splits;
   p.code_or = kCodeOr;
   const int warps = static_cast<int>(std::clamp<int64_t>(shape.step / kBlockK, 1, kMaxTileWarps));  // K-quants
   const bool x_vec = (reinterpret_cast<uintptr_t>(a.x) & 15u) == 0 && a.x_stride % 4 == 0;

@@ -408,19 +408,9 @@ cudaError_t launch_gemm_mma_int4(const LinearArgs& a, const uint16_t* x16, int64
   q.x = x16;
   q.x_stride = x_stride;
   q.w = static_cast<const uint8_t*>(a.w);
-  q.w_stride = a.w_stride;
+  fill_common(q, a, shape, partial);
   q.scales = a.w_scales;
   q.zeros = a.w_zeros;
-  q.bias = a.bias;
-  q.bias_dtype = a.bias_dtype;
-  q.y = a.y;
-  q.y_stride = a.y_stride;
-  q.partial = partial;
-  q.n = a.n;
-  q.in = a.in;
-  q.out = a.out;
-  q.chunk = shape.chunk;
-  q.splits = shape.splits;
   cudaError_t e = q.n <= 8    ? launch_gemm_mma_i4_nt<1>(q, stream)
                   : q.n <= 16 ? launch_gemm_mma_i4_nt<2>(q, stream)
                               : launch_gemm_mma_i4_nt<4>(q, stream);
@@ -433,20 +423,10 @@ cudaError_t launch_gemv_int4(const LinearArgs& a, const GemvShape& shape, float*
   p.x = a.x;
   p.x_stride = a.x_stride;
   p.w = static_cast<const uint8_t*>(a.w);
-  p.w_stride = a.w_stride;
+  fill_common(p, a, shape, partial);
   p.scales = a.w_scales;
   p.zeros = a.w_zeros;
   p.group = a.w_group;
-  p.bias = a.bias;
-  p.bias_dtype = a.bias_dtype;
-  p.y = a.y;
-  p.y_stride = a.y_stride;
-  p.partial = partial;
-  p.n = a.n;
-  p.in = a.in;
-  p.out = a.out;
-  p.chunk = shape.chunk;
-  p.splits = shape.splits;
   p.x_vec = (reinterpret_cast<uintptr_t>(a.x) & 15u) == 0 && a.x_stride % 4 == 0;
   cudaError_t e = a.n <= 1   ? launch_int4_bucket<1>(p, stream)
                   : a.n <= 2 ? launch_int4_bucket<2>(p, stream)

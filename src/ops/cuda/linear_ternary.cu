@@ -227,19 +227,9 @@ cudaError_t launch_gemv_ternary(const LinearArgs& a, const GemvShape& shape, flo
   p.x = a.x;
   p.x_stride = a.x_stride;
   p.w = static_cast<const uint8_t*>(a.w);
-  p.w_stride = a.w_stride;
+  fill_common(p, a, shape, partial);
   p.scales = a.w_scales;
   p.group = a.w_group;
-  p.bias = a.bias;
-  p.bias_dtype = a.bias_dtype;
-  p.y = a.y;
-  p.y_stride = a.y_stride;
-  p.partial = partial;
-  p.n = a.n;
-  p.in = a.in;
-  p.out = a.out;
-  p.chunk = shape.chunk;
-  p.splits = shape.splits;
   const cudaError_t e = p.n <= 1   ? launch_ternary_bucket<1>(p, stream)
                         : p.n <= 2 ? launch_ternary_bucket<2>(p, stream)
                         : p.n <= 4 ? launch_ternary_bucket<4>(p, stream)

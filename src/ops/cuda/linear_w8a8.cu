@@ -299,18 +299,8 @@ cudaError_t launch_gemv_w8a8(const LinearArgs& a, const int8_t* x_codes, int64_t
   p.x_stride = x_stride;
   p.sx = sx;
   p.w = static_cast<const int8_t*>(a.w);
-  p.w_stride = a.w_stride;
+  fill_common(p, a, shape, partial);
   p.sw = a.w_scales;
-  p.bias = a.bias;
-  p.bias_dtype = a.bias_dtype;
-  p.y = a.y;
-  p.y_stride = a.y_stride;
-  p.partial = partial;
-  p.n = a.n;
-  p.in = a.in;
-  p.out = a.out;
-  p.chunk = shape.chunk;
-  p.splits = shape.splits;
   p.vector_loads = shape.vector_loads;
   const cudaError_t e = p.n <= 1   ? launch_w8a8_bucket<1>(p, stream)
                         : p.n <= 2 ? launch_w8a8_bucket<2>(p, stream)
