@@ -1,6 +1,6 @@
 // tachyon_cuda_bench: the CUDA backend against the device's own ceilings, on random data.
 //
-//   tachyon_cuda_bench [--json FILE] [--quick] [--prefill-only | --quant-only]
+//   tachyon_cuda_bench [--json FILE] [--quick] [--prefill-only | --quant-only | --cublaslt-candidates]
 //
 //   copy       cudaMemcpy device-to-device of 1 GiB; GB/s counts bytes read + bytes written
 //   matmul     cuBLASLt bf16 x bf16 -> f32, 8192^3; TFLOP/s
@@ -14,6 +14,9 @@
 //   attention  decode attention (Llama-3-8B heads: 32 q / 8 kv, head_dim 128, bf16 and i8 caches,
 //              blocks of 16) at batch 1 and 32, context 1k / 4k / 16k: GB/s of K/V bytes read
 //              (an i8 cache's scales included)
+//   cublaslt   (--cublaslt-candidates, alone) bf16 x bf16 -> f32 on Llama-3-8B's linear shapes at
+//              16..256 tokens: cuBLASLt's first heuristic against the fastest of its top 8, each
+//              timed; what an algorithm search at load time could gain
 //   prefill    causal prefill attention of one sequence (same heads, bf16 and i8 caches) at 512 to
 //              8k tokens: TFLOP/s, and as a fraction of the matmul's (--prefill-only: the matmul
 //              and this alone)
@@ -23,6 +26,7 @@
 // Weights and caches rotate through copies that together exceed the L2 many times, so each call
 // reads from device memory as a model's step does. JSON goes to --json FILE (or stdout), then a
 // short table is printed last.
+#include <cublasLt.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -55,6 +59,7 @@ struct Options {
   bool quick = false;
   bool prefill_only = false;  // the matmul (the prefill table's yardstick) and prefill attention only
   bool quant_only = false;    // the copy (the packed table's yardstick) and the packed weights only
+  bool cublaslt_candidates = false;  // the cuBLASLt algorithm candidates table only
 };
 
 #define BENCH_CUDA(expr) TACHYON_CUDA_RETURN_IF_ERROR(expr)
@@ -529,6 +534,80 @@ void print_packed_table(const std::vector<PackedRow>& rows, double copy_gbps) {
   }
 }
 
+// ---- cuBLASLt's algorithm candidates -----------------------------------------------------------------
+
+// For each shape and token count: the first of cuBLASLt's heuristic results (what linear() runs)
+// and the fastest of its top 8 when each is timed over rotating weights (median of 5).
+Status bench_cublaslt_candidates(nlohmann::json& out, const Options& opt) {
+  const std::vector<Shape> shapes = {{"q/o 4096x4096", 4096, 4096},
+                                     {"qkv 4096->6144", 4096, 6144},
+                                     {"gate+up 4096->28672", 4096, 28672},
+                                     {"down 14336->4096", 14336, 4096},
+                                     {"lm_head 4096->128256", 4096, 128256}};
+  const size_t rotate_bytes = opt.quick ? kGiB / 2 : 2 * kGiB;
+  cublasLtHandle_t handle = nullptr;
+  if (cublasLtCreate(&handle) != CUBLAS_STATUS_SUCCESS) return tachyon::make_error(tachyon::ErrorCode::kInternal, "cublasLtCreate failed");
+  constexpr size_t kWorkspace = 32u << 20;
+  TACHYON_ASSIGN_OR_RETURN(auto workspace, cu::DeviceBuffer::allocate(kWorkspace, "cuBLASLt workspace"));
+  nlohmann::json list = nlohmann::json::array();
+  Status status = Status::Ok();
+  for (const Shape& s : shapes) {
+    const size_t wbytes = static_cast<size_t>(s.in * s.out) * 2;
+    const int copies = static_cast<int>(std::max<size_t>(1, (rotate_bytes + wbytes - 1) / wbytes));
+    TACHYON_ASSIGN_OR_RETURN(auto w, cu::DeviceBuffer::allocate(wbytes * copies, "weights"));
+    TACHYON_RETURN_IF_ERROR(cu::fill_random(w.data(), DType::kBF16, s.in * s.out * copies, 7, -0.05f, 0.05f, nullptr));
+    TACHYON_ASSIGN_OR_RETURN(auto x, cu::DeviceBuffer::allocate(256 * s.in * 2, "x"));
+    TACHYON_RETURN_IF_ERROR(cu::fill_random(x.data(), DType::kBF16, 256 * s.in, 8, -1.f, 1.f, nullptr));
+    TACHYON_ASSIGN_OR_RETURN(auto y, cu::DeviceBuffer::allocate(256 * s.out * 4, "y"));
+    for (int64_t n : {16, 32, 64, 128, 256}) {
+      cublasLtMatmulDesc_t op = nullptr;
+      cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+      cublasLtMatmulPreference_t pref = nullptr;
+      cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+      const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+      cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta));
+      cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb));
+      cublasLtMatrixLayoutCreate(&a, CUDA_R_16BF, s.in, s.out, s.in);
+      cublasLtMatrixLayoutCreate(&b, CUDA_R_16BF, s.in, n, s.in);
+      cublasLtMatrixLayoutCreate(&c, CUDA_R_32F, s.out, n, s.out);
+      cublasLtMatmulPreferenceCreate(&pref);
+      const uint64_t ws = kWorkspace;
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+      cublasLtMatmulHeuristicResult_t results[8] = {};
+      int found = 0;
+      cublasLtMatmulAlgoGetHeuristic(handle, op, a, b, c, c, pref, 8, results, &found);
+      std::vector<double> us;
+      for (int k = 0; k < found && status.ok(); ++k) {
+        const auto body = [&, k](int i, cu::Stream st) -> Status {
+          const float alpha = 1.0f, beta = 0.0f;
+          const char* wi = static_cast<const char*>(w.data()) + static_cast<size_t>(i % copies) * wbytes;
+          if (cublasLtMatmul(handle, op, &alpha, wi, a, x.data(), b, &beta, y.data(), c, y.data(), c, &results[k].algo,
+                             workspace.data(), kWorkspace, st) != CUBLAS_STATUS_SUCCESS) {
+            return tachyon::make_error(tachyon::ErrorCode::kUnsupported, "candidate {} fails", k);
+          }
+          return Status::Ok();
+        };
+        auto ms = time_ms(body, nullptr, copies, std::max(copies, 20), 5);
+        us.push_back(ms.ok() ? *ms * 1e3 : INFINITY);
+      }
+      cublasLtMatmulPreferenceDestroy(pref);
+      cublasLtMatrixLayoutDestroy(c);
+      cublasLtMatrixLayoutDestroy(b);
+      cublasLtMatrixLayoutDestroy(a);
+      cublasLtMatmulDescDestroy(op);
+      if (us.empty()) continue;
+      const size_t best = static_cast<size_t>(std::min_element(us.begin(), us.end()) - us.begin());
+      list.push_back({{"shape", s.name}, {"n", n}, {"candidates", found}, {"first_us", us[0]},
+                      {"best_us", us[best]}, {"best_index", best}, {"speedup", us[0] / us[best]}});
+      std::printf("%-22s n=%3lld: %d candidates, first %8.2f us (%5.0f GB/s), best #%zu %8.2f us, %.2fx\n", s.name,
+                  static_cast<long long>(n), found, us[0], wbytes / us[0] / 1e3, best, us[best], us[0] / us[best]);
+    }
+  }
+  cublasLtDestroy(handle);
+  out["cublaslt_candidates"] = list;
+  return status;
+}
+
 // ---- attention -------------------------------------------------------------------------------------
 
 struct AttentionRow {
@@ -818,8 +897,10 @@ int main(int argc, char** argv) {
       opt.prefill_only = true;
     } else if (a == "--quant-only") {
       opt.quant_only = true;
+    } else if (a == "--cublaslt-candidates") {
+      opt.cublaslt_candidates = true;
     } else {
-      std::fprintf(stderr, "usage: tachyon_cuda_bench [--json FILE] [--quick] [--prefill-only | --quant-only]\n");
+      std::fprintf(stderr, "usage: tachyon_cuda_bench [--json FILE] [--quick] [--prefill-only | --quant-only | --cublaslt-candidates]\n");
       return 2;
     }
   }
@@ -849,6 +930,12 @@ int main(int argc, char** argv) {
     std::printf("cuBLASLt bf16 matmul %lld^3 %6.1f TFLOP/s\n",
                 static_cast<long long>(out["matmul"]["m"].get<int64_t>()), *tflops);
     print_prefill_table(prefill_rows, *tflops);
+    return 0;
+  }
+  if (opt.cublaslt_candidates) {
+    std::printf("\n== %s: cuBLASLt bf16 candidates ==\n", props->to_string().c_str());
+    if (Status s = bench_cublaslt_candidates(out, opt); !s.ok()) return fail(s);
+    if (Status s = write_json(out, opt); !s.ok()) return fail(s);
     return 0;
   }
   auto copy = bench_copy(out, opt);
