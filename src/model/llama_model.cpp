@@ -127,7 +127,73 @@ Status concat_rows(Tensor& dst, std::initializer_list<const Tensor*> parts) {
   return Status::Ok();
 }
 
+// Whether the packed weights `parts` can stack into one: the same format, inputs and group, and
+// tensors whose rows have the same shape, dtype and device (every QuantFormat's tensors hold one
+// row per output, so stacking rows stacks outputs).
+bool stackable(std::initializer_list<Weight*> parts) {
+  const QuantWeight& a = *(*parts.begin())->quant;
+  const auto same_rows = [](const Tensor& x, const Tensor& y) {
+    if (x.defined() != y.defined()) return false;
+    if (!x.defined()) return true;
+    if (x.dim() != y.dim() || x.dtype() != y.dtype() || !(x.device() == y.device()) || !x.is_contiguous() ||
+        !y.is_contiguous()) {
+      return false;
+    }
+    for (int64_t d = 1; d < x.dim(); ++d) {
+      if (x.size(d) != y.size(d)) return false;
+    }
+    return true;
+  };
+  for (Weight* w : parts) {
+    if (!w->quant) return false;
+    const QuantWeight& b = *w->quant;
+    if (b.format != a.format || b.in_features != a.in_features || b.group_size != a.group_size ||
+        !same_rows(a.packed, b.packed) || !same_rows(a.scales, b.scales) || !same_rows(a.zeros, b.zeros)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// Packed weights stacked: each tensor's rows one part after another; the parts become row views
+// of the result.
+Result<Weight> fuse_packed(std::initializer_list<Weight*> parts, const char* what) {
+  const QuantWeight& first = *(*parts.begin())->quant;
+  auto fused = std::make_shared<QuantWeight>(first);
+  fused->out_features = 0;
+  for (Weight* w : parts) fused->out_features += w->quant->out_features;
+  Tensor QuantWeight::*members[] = {&QuantWeight::packed, &QuantWeight::scales, &QuantWeight::zeros};
+  for (Tensor QuantWeight::*m : members) {
+    const Tensor& t = first.*m;
+    if (!t.defined()) continue;
+    std::vector<int64_t> shape = t.shape();
+    shape[0] = fused->out_features;
+    TACHYON_ASSIGN_OR_RETURN((*fused).*m, empty_on(shape, t.dtype(), t.device(), what));
+    int64_t row = 0;
+    for (Weight* w : parts) {
+      const Tensor& part = (*w->quant).*m;
+      Tensor slot = ((*fused).*m).slice(0, row, row + part.size(0));
+      TACHYON_RETURN_IF_ERROR(copy_into(slot, part));
+      row += part.size(0);
+    }
+  }
+  int64_t row = 0;
+  for (Weight* w : parts) {
+    auto view = std::make_shared<QuantWeight>(*w->quant);
+    const int64_t end = row + view->out_features;
+    for (Tensor QuantWeight::*m : members) {
+      if (((*fused).*m).defined()) (*view).*m = ((*fused).*m).slice(0, row, end);
+    }
+    w->quant = std::move(view);  // the separate weight becomes a view; its memory is freed
+    row = end;
+  }
+  Weight out;
+  out.quant = std::move(fused);
+  return out;
+}
+
 Result<Weight> fuse(std::initializer_list<Weight*> parts, const char* what) {
+  if ((*parts.begin())->quant) return stackable(parts) ? fuse_packed(parts, what) : Result<Weight>(Weight());
   int64_t rows = 0;
   const Tensor first = (*parts.begin())->dense;
   for (Weight* w : parts) {

@@ -46,11 +46,12 @@ struct ModelWeights {
 
 // A copy of `weights` on `device`, dtypes unchanged (a tied LM head stays shared with the
 // embedding). Quantized weights move packed where the device has kernels for their format (on a
-// GPU: int8, int4, q8_0, q4_k, q6_k); any other is an error naming the weight and the format.
+// GPU: every QuantFormat); any other is an error naming the weight and the format.
 Result<ModelWeights> copy_weights_to(const ModelWeights& weights, Device device);
 
 // Makes LayerWeights::qkv_proj / gate_up_proj (and qkv_bias) on the weights' device, turning the
-// separate weights into views of them. Layers whose pieces differ in dtype are left as they are.
+// separate weights into views of them: dense pieces of one dtype, or packed pieces of one format
+// and group (their tensors' rows stacked). Layers whose pieces differ are left as they are.
 Status fuse_projections(ModelWeights& weights);
 
 }  // namespace tachyon

@@ -16,6 +16,8 @@
 #include "kv/kv_cache.h"
 #include "model/forward_batch.h"
 #include "model/model_loader.h"
+#include "model/quantize_weights.h"
+#include "ops/ops.h"
 #include "quant/quantize.h"
 #include "test_util.h"
 
@@ -345,6 +347,52 @@ TEST(Conformance, GgufDecodedBlockFormatsLoadDense) {
   Session s = Session::make(*m.model, 16);
   const Tensor logits = s.run(prompt);
   for (int64_t i = 0; i < logits.numel(); ++i) ASSERT_TRUE(std::isfinite(logits.data<float>()[i])) << i;
+}
+
+// fuse_projections on packed weights (what a GPU load does to a quantized checkpoint): q/k/v and
+// gate/up of the same format stack into one weight whose rows are the parts' rows, the parts
+// become views of it, and the fused linear computes what the parts do; parts of different
+// formats stay apart.
+TEST(Conformance, PackedProjectionsFuse) {
+  LoadedModel m = load(testing::source_dir() + "/models/tachyon-demo");
+  for (const char* name : {"int4", "q6_k", "ternary", "fp8"}) {
+    SCOPED_TRACE(name);
+    auto spec = parse_quant_spec(name, 64);
+    ASSERT_TRUE(spec.ok());
+    ModelWeights w = m.model->weights();
+    ASSERT_TRUE(quantize_linear_weights(w, *spec).ok());
+    const ModelWeights separate = w;
+    ASSERT_TRUE(fuse_projections(w).ok());
+    LayerWeights& l = w.layers[0];
+    ASSERT_TRUE(l.qkv_proj.quant != nullptr && l.gate_up_proj.quant != nullptr);
+    const QuantWeight& qkv = *l.qkv_proj.quant;
+    EXPECT_EQ(qkv.format, l.q_proj.quant->format);
+    EXPECT_EQ(qkv.out_features, l.q_proj.out_features() + l.k_proj.out_features() + l.v_proj.out_features());
+    EXPECT_EQ(l.k_proj.quant->packed.buffer(), qkv.packed.buffer()) << "k_proj is a view of qkv_proj";
+    std::mt19937 rng(5);
+    const Tensor x = testing::random_tensor({3, qkv.in_features}, rng);
+    Tensor fused = Tensor::empty({3, qkv.out_features}, DType::kF32);
+    ops::linear(x, l.qkv_proj, nullptr, fused);
+    int64_t col = 0;
+    for (const Weight* part : {&separate.layers[0].q_proj, &separate.layers[0].k_proj, &separate.layers[0].v_proj}) {
+      Tensor y = Tensor::empty({3, part->out_features()}, DType::kF32);
+      ops::linear(x, *part, nullptr, y);
+      for (int64_t t = 0; t < 3; ++t) {
+        for (int64_t o = 0; o < part->out_features(); ++o) {
+          ASSERT_EQ(fused.data<float>()[t * qkv.out_features + col + o], y.data<float>()[t * part->out_features() + o])
+              << "token " << t << " output " << col + o;
+        }
+      }
+      col += part->out_features();
+    }
+  }
+  // Different formats: not fused.
+  ModelWeights w = m.model->weights();
+  ASSERT_TRUE(quantize_linear_weights(w, *parse_quant_spec("int8", 128)).ok());
+  w.layers[0].k_proj = m.model->weights().layers[0].k_proj;  // dense, as stored
+  ASSERT_TRUE(fuse_projections(w).ok());
+  EXPECT_FALSE(w.layers[0].qkv_proj.defined());
+  EXPECT_TRUE(w.layers[1].qkv_proj.defined());
 }
 
 // Two sequences in one flattened batch (a prefill chunk and a decode token) give the same
