@@ -284,6 +284,23 @@ Status linear_cublaslt(LinearContext::Impl& ctx, const LinearArgs& a, int64_t ld
   return Status::Ok();
 }
 
+// The GEMVs' split-K scratch for `shape` (null when it does not split).
+Result<float*> split_partials(LinearContext::Impl& ctx, const LinearArgs& a, const detail::GemvShape& shape) {
+  if (shape.splits <= 1) return static_cast<float*>(nullptr);
+  TACHYON_RETURN_IF_ERROR(
+      ctx.grow(ctx.partial, static_cast<size_t>(shape.splits * a.n * a.out) * sizeof(float), "split-K partial sums"));
+  return ctx.partial.as<float>();
+}
+
+Status check_bias_and_strides(const LinearArgs& a) {
+  TACHYON_CUDA_REQUIRE(a.bias == nullptr || a.bias_dtype == DType::kF32 || a.bias_dtype == DType::kF16 ||
+                           a.bias_dtype == DType::kBF16,
+                       "linear: bias dtype {}", dtype_name(a.bias_dtype));
+  TACHYON_CUDA_REQUIRE(a.x_stride >= a.in && a.y_stride >= a.out, "linear: strides x {} y {} for in={} out={}",
+                       a.x_stride, a.y_stride, a.in, a.out);
+  return Status::Ok();
+}
+
 // GGUF block weights: the GEMV up to detail::kGemvGgufMaxTokens tokens (kAuto), beyond that the
 // weight expanded to bf16 for cuBLASLt; no tensor-core GEMM reads these blocks.
 Status linear_gguf(LinearContext::Impl& ctx, const LinearArgs& a, Stream stream, LinearAlgo algo) {
@@ -301,11 +318,7 @@ Status linear_gguf(LinearContext::Impl& ctx, const LinearArgs& a, Stream stream,
   TACHYON_CUDA_REQUIRE(q4_k == (a.w_scales_f16 == nullptr),
                        "linear: {} weight {} f16 block scales (got {})", name, q4_k ? "takes no" : "needs its",
                        static_cast<const void*>(a.w_scales_f16));
-  TACHYON_CUDA_REQUIRE(a.bias == nullptr || a.bias_dtype == DType::kF32 || a.bias_dtype == DType::kF16 ||
-                           a.bias_dtype == DType::kBF16,
-                       "linear: bias dtype {}", dtype_name(a.bias_dtype));
-  TACHYON_CUDA_REQUIRE(a.x_stride >= a.in && a.y_stride >= a.out, "linear: strides x {} y {} for in={} out={}",
-                       a.x_stride, a.y_stride, a.in, a.out);
+  TACHYON_RETURN_IF_ERROR(check_bias_and_strides(a));
   if (a.n == 0) return Status::Ok();
   if (algo == LinearAlgo::kAuto) algo = a.n <= detail::kGemvGgufMaxTokens ? LinearAlgo::kGemv : LinearAlgo::kCublasLt;
   TACHYON_CUDA_REQUIRE(algo != LinearAlgo::kMma, "linear: no tensor-core GEMM reads {} weights (GEMV or cuBLASLt)",
@@ -314,34 +327,12 @@ Status linear_gguf(LinearContext::Impl& ctx, const LinearArgs& a, Stream stream,
     TACHYON_CUDA_REQUIRE(detail::gemv_gguf_supported(a), "linear: the {} GEMV takes 1..{} tokens (got {})", name,
                          detail::kGemvGgufMaxTokens, a.n);
     const detail::GemvShape shape = detail::plan_gemv_gguf(a, ctx.sm_count);
-    float* partial = nullptr;
-    if (shape.splits > 1) {
-      TACHYON_RETURN_IF_ERROR(ctx.grow(ctx.partial, static_cast<size_t>(shape.splits * a.n * a.out) * sizeof(float),
-                                       "split-K partial sums"));
-      partial = ctx.partial.as<float>();
-    }
+    TACHYON_ASSIGN_OR_RETURN(float* partial, split_partials(ctx, a, shape));
     log_path_once("cuda linear: gemv {}", name);
     TACHYON_CUDA_RETURN_IF_ERROR(detail::launch_gemv_gguf(a, shape, partial, stream));
     return Status::Ok();
   }
   return linear_cublaslt(ctx, a, (a.in + 7) / 8 * 8, stream);
-}
-
-// The GEMVs' split-K scratch for `shape` (null when it does not split).
-Result<float*> split_partials(LinearContext::Impl& ctx, const LinearArgs& a, const detail::GemvShape& shape) {
-  if (shape.splits <= 1) return static_cast<float*>(nullptr);
-  TACHYON_RETURN_IF_ERROR(
-      ctx.grow(ctx.partial, static_cast<size_t>(shape.splits * a.n * a.out) * sizeof(float), "split-K partial sums"));
-  return ctx.partial.as<float>();
-}
-
-Status check_bias_and_strides(const LinearArgs& a) {
-  TACHYON_CUDA_REQUIRE(a.bias == nullptr || a.bias_dtype == DType::kF32 || a.bias_dtype == DType::kF16 ||
-                           a.bias_dtype == DType::kBF16,
-                       "linear: bias dtype {}", dtype_name(a.bias_dtype));
-  TACHYON_CUDA_REQUIRE(a.x_stride >= a.in && a.y_stride >= a.out, "linear: strides x {} y {} for in={} out={}",
-                       a.x_stride, a.y_stride, a.in, a.out);
-  return Status::Ok();
 }
 
 // The activations quantized per token into the activation scratch: codes [n, ld] (ld: in rounded
@@ -496,12 +487,9 @@ Status linear(LinearContext& context, const LinearArgs& a, Stream stream, Linear
                        "scales, zeros, a group that is a multiple of 32 dividing in = {} (got {}) and 16-byte aligned "
                        "rows)",
                        dtype_name(a.w_dtype), a.in, a.w_group);
-  TACHYON_CUDA_REQUIRE(a.bias == nullptr || a.bias_dtype == DType::kF32 || a.bias_dtype == DType::kF16 ||
-                           a.bias_dtype == DType::kBF16,
-                       "linear: bias dtype {}", dtype_name(a.bias_dtype));
-  TACHYON_CUDA_REQUIRE(a.x_stride >= a.in && (int4 ? 2 * a.w_stride : a.w_stride) >= a.in && a.y_stride >= a.out,
-                       "linear: strides x {} w {} y {} for in={} out={}", a.x_stride, a.w_stride, a.y_stride, a.in,
-                       a.out);
+  TACHYON_RETURN_IF_ERROR(check_bias_and_strides(a));
+  TACHYON_CUDA_REQUIRE((int4 ? 2 * a.w_stride : a.w_stride) >= a.in, "linear: weight row stride {} for in={}",
+                       a.w_stride, a.in);
   if (a.n == 0) return Status::Ok();
   LinearContext::Impl& ctx = context.impl();
   const int64_t ld = (a.in + 7) / 8 * 8;  // 16-byte aligned rows for activations converted to 16 bits
@@ -548,12 +536,7 @@ Status linear(LinearContext& context, const LinearArgs& a, Stream stream, Linear
                                                              ld, stream));
     const detail::GemvShape shape =
         int4 ? detail::plan_gemm_mma_int4(a, ctx.sm_count) : detail::plan_gemm_mma(a, ctx.sm_count);
-    float* partial = nullptr;
-    if (shape.splits > 1) {
-      TACHYON_RETURN_IF_ERROR(ctx.grow(ctx.partial, static_cast<size_t>(shape.splits * a.n * a.out) * sizeof(float),
-                                       "split-K partial sums"));
-      partial = ctx.partial.as<float>();
-    }
+    TACHYON_ASSIGN_OR_RETURN(float* partial, split_partials(ctx, a, shape));
     log_path_once("cuda linear: tensor-core GEMM {} weights x {} -> f32 (activations rounded to {})",
                   int4 ? "int4" : dtype_name(a.w_dtype), dtype_name(x16), dtype_name(x16));
     if (int4) {
@@ -571,12 +554,7 @@ Status linear(LinearContext& context, const LinearArgs& a, Stream stream, Linear
                          "linear: the int4 GEMV takes 1..{} tokens and a 16-byte aligned weight (got {} tokens)",
                          detail::kGemvInt4MaxTokens, a.n);
     const detail::GemvShape shape = detail::plan_gemv_int4(a, ctx.sm_count);
-    float* partial = nullptr;
-    if (shape.splits > 1) {
-      TACHYON_RETURN_IF_ERROR(ctx.grow(ctx.partial, static_cast<size_t>(shape.splits * a.n * a.out) * sizeof(float),
-                                       "split-K partial sums"));
-      partial = ctx.partial.as<float>();
-    }
+    TACHYON_ASSIGN_OR_RETURN(float* partial, split_partials(ctx, a, shape));
     log_path_once("cuda linear: gemv int4 g{}", a.w_group);
     TACHYON_CUDA_RETURN_IF_ERROR(detail::launch_gemv_int4(a, shape, partial, stream));
     return Status::Ok();
@@ -586,12 +564,7 @@ Status linear(LinearContext& context, const LinearArgs& a, Stream stream, Linear
     TACHYON_CUDA_REQUIRE(a.n <= detail::kGemvMaxTokens, "linear: the GEMV takes at most {} tokens, got {}",
                          detail::kGemvMaxTokens, a.n);
     const detail::GemvShape shape = detail::plan_gemv(a, ctx.sm_count);
-    float* partial = nullptr;
-    if (shape.splits > 1) {
-      TACHYON_RETURN_IF_ERROR(ctx.grow(ctx.partial, static_cast<size_t>(shape.splits * a.n * a.out) * sizeof(float),
-                                       "split-K partial sums"));
-      partial = ctx.partial.as<float>();
-    }
+    TACHYON_ASSIGN_OR_RETURN(float* partial, split_partials(ctx, a, shape));
     log_path_once("cuda linear: gemv {} ({})", dtype_name(a.w_dtype),
                   shape.vector_loads ? "16-byte loads" : "scalar loads: rows not 16-byte aligned");
     TACHYON_CUDA_RETURN_IF_ERROR(detail::launch_gemv(a, shape, partial, stream));
