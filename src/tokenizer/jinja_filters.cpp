@@ -841,9 +841,17 @@ Result<bool> t_even(Renderer&, const Value& v, CallArgs& args) {
   return m.as_float() == 0.0;
 }
 
+// Tests such as `is le`, `is in` and `is divisibleby` need their argument; jinja2 raises Python's
+// TypeError when it is missing (`x is le`), where bind_args alone would leave it undefined.
+Status require_argument(std::string_view test, const CallArgs& args, std::string_view name) {
+  if (!args.positional.empty() || !args.keyword.empty()) return Status::Ok();
+  return type_error(fmt::format("{}() missing 1 required positional argument: '{}'", test, name));
+}
+
 Result<bool> t_divisibleby(Renderer&, const Value& v, CallArgs& args) {
   Value num;
   TACHYON_RETURN_IF_ERROR(bind_args("divisibleby", args, {{"num", &num}}));
+  TACHYON_RETURN_IF_ERROR(require_argument("divisibleby", args, "num"));
   TACHYON_ASSIGN_OR_RETURN(const int64_t n, int_arg(num, "divisor"));
   TACHYON_ASSIGN_OR_RETURN(Value m, modulo(v, n));
   return m.as_float() == 0.0;
@@ -852,6 +860,7 @@ Result<bool> t_divisibleby(Renderer&, const Value& v, CallArgs& args) {
 Result<bool> t_sameas(Renderer&, const Value& v, CallArgs& args) {
   Value other;
   TACHYON_RETURN_IF_ERROR(bind_args("sameas", args, {{"other", &other}}));
+  TACHYON_RETURN_IF_ERROR(require_argument("sameas", args, "other"));
   if (v.kind() != other.kind()) return false;
   if (v.is_none() || v.is_bool() || v.is_int() || v.is_string() || v.is_undefined()) return equals(v, other);
   return v.same_object(other);
@@ -860,6 +869,7 @@ Result<bool> t_sameas(Renderer&, const Value& v, CallArgs& args) {
 Result<bool> t_in(Renderer&, const Value& v, CallArgs& args) {
   Value seq;
   TACHYON_RETURN_IF_ERROR(bind_args("in", args, {{"seq", &seq}}));
+  TACHYON_RETURN_IF_ERROR(require_argument("in", args, "seq"));
   if (seq.is_string()) {
     if (!v.is_string()) return type_error("'in <string>' requires string as left operand");
     return seq.as_string().find(v.as_string()) != std::string::npos;
@@ -874,6 +884,7 @@ template <int kOp>  // 0 ==, 1 !=, 2 <, 3 <=, 4 >, 5 >=
 Result<bool> t_compare(Renderer&, const Value& v, CallArgs& args) {
   Value other;
   TACHYON_RETURN_IF_ERROR(bind_args("comparison", args, {{"other", &other}}));
+  TACHYON_RETURN_IF_ERROR(require_argument("comparison", args, "other"));
   if (kOp == 0) return equals(v, other);
   if (kOp == 1) return !equals(v, other);
   Result<int> c = compare(v, other);

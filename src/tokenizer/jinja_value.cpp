@@ -81,6 +81,12 @@ Value Value::undefined(std::string message) {
   return v;
 }
 
+const std::string& Value::undefined_message() const {
+  static const std::string kNone;
+  const std::string* message = std::get_if<std::string>(&data_);
+  return message != nullptr ? *message : kNone;
+}
+
 Value Value::none() {
   Value v;
   v.kind_ = ValueKind::kNone;
@@ -262,7 +268,8 @@ bool equals_at(const Value& a, const Value& b, int depth) {
 
 Result<int> compare_at(const Value& a, const Value& b, int depth) {
   if (a.is_undefined() || b.is_undefined()) {
-    return Status(ErrorCode::kInvalidArgument, (a.is_undefined() ? a : b).undefined_message());
+    const std::string& message = (a.is_undefined() ? a : b).undefined_message();
+    return Status(ErrorCode::kInvalidArgument, message.empty() ? "value is undefined" : message);
   }
   if (a.is_number() && b.is_number()) {
     if (a.is_float() || b.is_float()) {

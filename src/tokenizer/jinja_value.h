@@ -153,7 +153,8 @@ class Value {
   Dict& namespace_attributes() const { return *std::get<std::shared_ptr<Dict>>(data_); }
   const Callable& as_callable() const { return *std::get<std::shared_ptr<const Callable>>(data_); }
   Object& as_object() const { return *std::get<std::shared_ptr<Object>>(data_); }
-  const std::string& undefined_message() const { return std::get<std::string>(data_); }
+  // What using an undefined value reports; empty for one made by Value() (a parameter not given).
+  const std::string& undefined_message() const;
 
   // Same object (Python's `is`), for shared containers.
   bool same_object(const Value& other) const;

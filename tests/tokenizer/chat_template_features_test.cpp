@@ -102,6 +102,21 @@ TEST(ChatTemplateFeatures, RuntimeErrorsNameTheLine) {
   EXPECT_NE(out.status().message().find("has no attribute 'nope'"), std::string::npos) << out.status().message();
 }
 
+// A test that needs an argument and is given none (`x is le`) is jinja2's TypeError, not a crash.
+TEST(ChatTemplateFeatures, TestsMissingTheirArgumentAreTypeErrors) {
+  for (const char* source : {"{{ 1 is le }}", "{{ 1 is eq }}", "{{ 4 is divisibleby }}", "{{ 1 is sameas }}",
+                             "{{ 1 is in }}", "{{ 'a' is lt }}"}) {
+    const Result<std::string> out = render(source, nlohmann::ordered_json::object());
+    ASSERT_FALSE(out.ok()) << source;
+    EXPECT_NE(out.status().message().find("missing 1 required positional argument"), std::string::npos)
+        << source << ": " << out.status().message();
+  }
+  const Result<std::string> given = render("{{ 1 is le 2 }} {{ 1 is eq(other=1) }} {{ 1 in [1] }}",
+                                           nlohmann::ordered_json::object());
+  ASSERT_TRUE(given.ok()) << given.status().message();
+  EXPECT_EQ(*given, "True True True");
+}
+
 // ------------------------------------------------------------------------------------------------
 // Limits: hostile templates end with an error, quickly.
 
