@@ -16,6 +16,13 @@
 // throughput workload also reports goodput: the requests that finished within those targets, their
 // share and their rate (JSON "goodput", cli/goodput.h). stdout gets one summary line, --json FILE
 // everything; a progress bar goes to stderr when stderr is a terminal or --progress is given.
+//
+// With --url http://HOST:PORT the same workload goes to a running OpenAI-compatible server instead,
+// as streaming /v1/completions requests from --client-threads event loops (server/stream_load.h):
+// -m is then the model name to send (default: the server's first in /v1/models), prompt ids stay
+// below the vocabulary /v1/models reports (or --vocab), and against `tachyon serve
+// --stream-timestamps` the delivery latency of every token (engine hand-over to the client's read)
+// is reported too. Compared with the in-process run on the same workload, this is what HTTP costs.
 #include <unistd.h>
 
 #include <algorithm>
@@ -36,6 +43,8 @@
 #include "core/mapped_file.h"
 #include "core/thread_pool.h"
 #include "core/timer.h"
+#include "server/http_client.h"
+#include "server/stream_load.h"
 
 namespace tachyon::cli {
 namespace {
@@ -93,6 +102,11 @@ struct BenchArgs {
   float min_p = 0.0f;
   float repetition_penalty = 1.0f;
   double bandwidth_gbps = 0.0;  // for the latency roofline fraction, if known
+  // --url: drive a server instead of the engine in-process.
+  std::string url;
+  int client_threads = 0;  // 0: min(4, cores)
+  int vocab = 0;           // prompt ids below this; 0: the server's vocab_size
+  double request_timeout = 600.0;
   std::string json_path;
   bool progress = false;
 };
@@ -225,6 +239,173 @@ std::vector<PlannedRequest> plan_throughput(const BenchArgs& a, int vocab, int m
   return plan;
 }
 
+// --url: the workload through a server's streaming API.
+int run_bench_http(BenchArgs& a, bool latency) {
+  auto url = server::parse_http_url(a.url);
+  if (!url.ok()) return report(url.status());
+  if (!a.prompt_text.empty()) {
+    return report(make_error(ErrorCode::kInvalidArgument, "--prompt-text needs the model's tokenizer: not with --url"));
+  }
+  if (a.client_threads < 0 || a.vocab < 0 || !(a.request_timeout > 0)) {
+    return report(make_error(ErrorCode::kInvalidArgument,
+                             "--client-threads and --vocab must not be negative, --request-timeout positive"));
+  }
+  auto models = server::http_fetch(*url, "GET", "/v1/models", "", 1 << 20, server::Millis(10'000));
+  if (!models.ok()) return report(models.status().with_context("GET /v1/models"));
+  const json list = json::parse(models->second, nullptr, false);
+  if (models->first != 200 || list.is_discarded() || !list.contains("data") || !list["data"].is_array() ||
+      list["data"].empty() || !list["data"][0].is_object()) {
+    return report(make_error(ErrorCode::kIo, "GET {}/v1/models answered {}: {:.200}", url->to_string(), models->first,
+                             models->second));
+  }
+  const json& card = list["data"][0];
+  const std::string model = !a.common.model.empty() ? a.common.model : card.value("id", std::string());
+  const int vocab = a.vocab > 0 ? a.vocab : card.value("vocab_size", 0);
+  const int max_model_len = card.value("max_model_len", 0);
+  if (vocab < 2) {
+    return report(make_error(ErrorCode::kInvalidArgument,
+                             "{} does not report vocab_size in /v1/models: give --vocab", url->to_string()));
+  }
+  if (max_model_len < 3) {
+    return report(make_error(ErrorCode::kInvalidArgument, "{} does not report max_model_len in /v1/models",
+                             url->to_string()));
+  }
+  if (latency && a.prompt_len + a.output_len > max_model_len) {
+    return report(make_error(ErrorCode::kInvalidArgument, "prompt {} + output {} tokens exceed max_model_len {}",
+                             a.prompt_len, a.output_len, max_model_len));
+  }
+  const std::vector<PlannedRequest> plan =
+      latency ? plan_latency(a, vocab, {}) : plan_throughput(a, vocab, max_model_len, {});
+
+  server::StreamLoadOptions options;
+  options.url = *url;
+  options.model = model;
+  options.concurrency = latency ? 1 : a.concurrency;
+  options.threads = latency ? 1
+                    : a.client_threads > 0
+                        ? a.client_threads
+                        : static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 4u));
+  options.request_timeout_s = a.request_timeout;
+  options.temperature = a.temperature;
+  options.top_p = a.top_p;
+  options.top_k = a.top_k;
+  options.min_p = a.min_p;
+  options.repetition_penalty = a.repetition_penalty;
+  std::vector<server::StreamLoadRequest> requests(plan.size());
+  for (size_t i = 0; i < plan.size(); ++i) {
+    requests[i].arrival = plan[i].arrival;
+    requests[i].prompt = plan[i].prompt;
+    requests[i].max_tokens = plan[i].output_len;
+    requests[i].seed = a.seed + i;
+  }
+  auto results = server::run_stream_load(options, requests);
+  if (!results.ok()) return report(results.status());
+
+  const size_t measured_from = latency ? 1 : 0;  // the latency workload's first request warms up
+  std::vector<double> ttft, tpot, itl, e2e, delivery;
+  std::vector<RequestLatency> latencies;
+  int64_t output_tokens = 0, prompt_tokens = 0, usage_mismatches = 0;
+  size_t failed = 0;
+  std::string first_error;
+  double begin = latency && !results->empty() ? (*results)[0].finished : 0.0, end = begin;
+  for (size_t i = measured_from; i < results->size(); ++i) {
+    const server::StreamLoadResult& r = (*results)[i];
+    end = std::max(end, r.ok ? r.finished : r.sent);
+    if (!r.ok) {
+      if (failed++ == 0) first_error = fmt::format("request {}: {}", i, r.error);
+      latencies.emplace_back();  // a failed request meets no target
+      continue;
+    }
+    RequestLatency& l = latencies.emplace_back();
+    l.output_tokens = static_cast<int64_t>(r.token_times.size());
+    l.ttft = r.first_token - r.sent;
+    ttft.push_back(l.ttft);
+    e2e.push_back(r.finished - r.sent);
+    if (r.token_times.size() > 1) {
+      l.tpot = (r.token_times.back() - r.token_times.front()) / static_cast<double>(r.token_times.size() - 1);
+      tpot.push_back(l.tpot);
+      for (size_t k = 1; k < r.token_times.size(); ++k) itl.push_back(r.token_times[k] - r.token_times[k - 1]);
+    }
+    delivery.insert(delivery.end(), r.delivery.begin(), r.delivery.end());
+    output_tokens += l.output_tokens;
+    prompt_tokens += r.prompt_tokens;
+    if (r.completion_tokens != l.output_tokens) ++usage_mismatches;
+  }
+  const double duration = std::max(end - begin, 1e-9);
+  const size_t measured = results->size() - measured_from;
+  const Percentiles p_ttft = percentiles(ttft), p_tpot = percentiles(tpot), p_itl = percentiles(itl),
+                    p_e2e = percentiles(e2e), p_delivery = percentiles(delivery);
+  json j;
+  j["bench"] = "http";
+  j["workload"] = latency ? "latency" : "throughput";
+  j["url"] = url->to_string();
+  j["model"] = model;
+  j["sampling"] = {{"temperature", a.temperature}, {"top_p", a.top_p}, {"top_k", a.top_k}, {"min_p", a.min_p}, {"repetition_penalty", a.repetition_penalty}};
+  j["client_threads"] = options.threads;
+  j["config"] = {{"num_requests", measured},
+                 {"prompt_len", latency ? a.prompt_len : a.mean_prompt_len},
+                 {"output_len", latency ? a.output_len : a.mean_output_len},
+                 {"len_sigma", latency ? 0.0 : a.len_sigma},
+                 {"concurrency", options.concurrency},
+                 {"request_rate", a.request_rate},
+                 {"shared_prefix", a.shared_prefix},
+                 {"seed", a.seed},
+                 {"vocab", vocab},
+                 {"max_model_len", max_model_len}};
+  j["duration_s"] = duration;
+  j["requests_failed"] = failed;
+  if (failed > 0) j["first_error"] = first_error;
+  j["requests_per_s"] = static_cast<double>(measured - failed) / duration;
+  j["output_tokens"] = output_tokens;
+  j["prompt_tokens"] = prompt_tokens;  // as the server's usage counted them
+  j["usage_mismatches"] = usage_mismatches;  // requests whose usage disagrees with the tokens streamed
+  j["output_tokens_per_s"] = static_cast<double>(output_tokens) / duration;
+  j["total_tokens_per_s"] = static_cast<double>(output_tokens + prompt_tokens) / duration;
+  j["ttft_ms"] = to_json_ms(p_ttft);
+  j["tpot_ms"] = to_json_ms(p_tpot);
+  j["itl_ms"] = to_json_ms(p_itl);
+  j["e2e_ms"] = to_json_ms(p_e2e);
+  if (!delivery.empty()) j["delivery_ms"] = to_json_ms(p_delivery);
+  const Goodput goodput = compute_goodput(latencies, a.slo, duration);
+  if (a.slo.any()) {
+    j["goodput"] = {{"slo_ttft_s", a.slo.ttft > 0 ? json(a.slo.ttft) : json(nullptr)},
+                    {"slo_tpot_s", a.slo.tpot > 0 ? json(a.slo.tpot) : json(nullptr)},
+                    {"requests", goodput.requests},
+                    {"requests_meeting", goodput.requests_meeting},
+                    {"fraction", goodput.fraction},
+                    {"requests_per_s", goodput.requests_per_s}};
+  }
+  if (latency) j["decode_tokens_per_s"] = p_tpot.mean > 0 ? 1.0 / p_tpot.mean : 0.0;
+  if (!a.json_path.empty()) {
+    std::ofstream f(a.json_path);
+    f << j.dump(2) << "\n";
+    if (!f) return report(make_error(ErrorCode::kIo, "cannot write {}", a.json_path));
+  }
+  const std::string delivered =
+      delivery.empty() ? std::string()
+                       : fmt::format(" | delivery p50 {:.2f} ms p99 {:.2f} ms max {:.2f} ms", p_delivery.p50 * 1e3,
+                                     p_delivery.p99 * 1e3, p_delivery.max * 1e3);
+  const std::string failures =
+      failed == 0 ? std::string() : fmt::format(" | {} FAILED (first: {})", failed, first_error);
+  if (latency) {
+    std::printf("http latency: prompt %d, output %d | TTFT %.1f ms | TPOT %.2f ms (%.2f tok/s) | e2e %.1f ms%s%s\n",
+                a.prompt_len, a.output_len, p_ttft.mean * 1e3, p_tpot.mean * 1e3,
+                p_tpot.mean > 0 ? 1.0 / p_tpot.mean : 0.0, p_e2e.mean * 1e3, delivered.c_str(), failures.c_str());
+  } else {
+    std::printf("http throughput: %zu requests in %.1f s | %.2f req/s | %.1f output tok/s | TTFT p50 %.0f ms p99 %.0f "
+                "ms | TPOT p50 %.1f ms | ITL p99 %.1f ms%s%s%s\n",
+                measured, duration, static_cast<double>(measured - failed) / duration,
+                static_cast<double>(output_tokens) / duration, p_ttft.p50 * 1e3, p_ttft.p99 * 1e3, p_tpot.p50 * 1e3,
+                p_itl.p99 * 1e3, delivered.c_str(),
+                a.slo.any() ? fmt::format(" | goodput {:.2f} req/s ({:.0f}% within {})", goodput.requests_per_s,
+                                          100.0 * goodput.fraction, describe_slo(a.slo))
+                                  .c_str()
+                            : "",
+                failures.c_str());
+  }
+  return failed == 0 ? 0 : 1;
+}
+
 int run_bench(BenchArgs& a) {
   if (a.workload != "latency" && a.workload != "throughput") {
     return report(make_error(ErrorCode::kInvalidArgument, "--workload '{}': latency or throughput", a.workload));
@@ -243,6 +424,8 @@ int run_bench(BenchArgs& a) {
   if (a.workload == "latency" && a.slo.any()) {
     return report(make_error(ErrorCode::kInvalidArgument, "--slo-ttft and --slo-tpot apply to --workload throughput"));
   }
+  if (!a.url.empty()) return run_bench_http(a, a.workload == "latency");
+  if (a.common.model.empty()) return report(make_error(ErrorCode::kInvalidArgument, "-m MODEL is required"));
   const auto dtype = parse_dtype(a.dtype);
   if (!dtype) return report(make_error(ErrorCode::kInvalidArgument, "--dtype '{}' is not a dtype", a.dtype));
   auto eo = engine_options(a.engine);
@@ -490,6 +673,7 @@ void add_bench(CLI::App& app, std::function<int()>& run) {
   auto a = std::make_shared<BenchArgs>();
   CLI::App* cmd = app.add_subcommand("bench", "benchmark the engine on a latency or throughput workload");
   add_common_options(*cmd, a->common);
+  cmd->get_option("-m")->required(false);  // with --url it names the server's model, and may be left out
   add_engine_options(*cmd, a->engine);
   add_spec_options(*cmd, a->spec);
   cmd->add_option("--prompt-text", a->prompt_text, "cut prompts from this text file (tokenized) instead of random ids");
@@ -515,6 +699,12 @@ void add_bench(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--min-p", a->min_p, "min-p sampling (default 0: off)");
   cmd->add_option("--repetition-penalty", a->repetition_penalty, "repetition penalty (default 1: off)");
   cmd->add_option("--bandwidth-gbps", a->bandwidth_gbps, "latency: memory bandwidth for the roofline fraction");
+  cmd->add_option("--url", a->url, "drive a running server at http://HOST:PORT through streaming /v1/completions "
+                  "instead of the engine in-process (-m: the model name to send; engine options do not apply)");
+  cmd->add_option("--client-threads", a->client_threads, "--url: client event loops (default: min(4, cores))");
+  cmd->add_option("--vocab", a->vocab, "--url: prompt ids are drawn below this (default: the server's vocab_size)");
+  cmd->add_option("--request-timeout", a->request_timeout, "--url: seconds before an unfinished request fails "
+                  "(default 600)");
   cmd->add_option("--json", a->json_path, "write every figure to FILE as JSON");
   cmd->add_flag("--progress", a->progress, "progress bar on stderr even when it is not a terminal");
   cmd->callback([a, &run]() { run = [a]() { return run_bench(*a); }; });

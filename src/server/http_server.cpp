@@ -258,6 +258,7 @@ class Session : public std::enable_shared_from_this<Session> {
       model["created"] = server_.created;
       model["owned_by"] = "tachyon";
       model["max_model_len"] = server_.context.max_model_len;
+      model["vocab_size"] = server_.context.vocab_size;  // what prompts given as token ids must stay below
       if (path != "/v1/models") {
         if (path.substr(11) != server_.context.model_name) {
           return reply_error(404, fmt::format("The model '{}' does not exist", path.substr(11)), "model_not_found");
