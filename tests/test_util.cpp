@@ -60,7 +60,11 @@ std::string scratch_dir(const std::string& tag) {
   return p.string();
 }
 
-std::string tachyon_binary() { return TACHYON_BINARY; }
+std::string tachyon_binary() {
+  // As for source_dir(): prebuilt binaries carried to another machine name where the CLI is.
+  if (const char* env = std::getenv("TACHYON_BINARY_PATH")) return env;
+  return TACHYON_BINARY;
+}
 
 uint32_t fresh_seed() {
   if (const char* env = std::getenv("TACHYON_TEST_SEED")) return static_cast<uint32_t>(std::strtoul(env, nullptr, 10));

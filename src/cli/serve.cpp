@@ -18,6 +18,7 @@
 #include "server/async_engine.h"
 #include "server/chat_prompt.h"
 #include "server/disagg_protocol.h"
+#include "disagg/kv_staging.h"
 #include "disagg/kv_transfer.h"
 #include "server/disagg_worker.h"
 #include "server/http_server.h"
@@ -44,6 +45,8 @@ struct ServeArgs {
   std::string role = "both";
   std::string kv_host;     // default: --host
   int kv_port = 0;
+  std::string kv_transport = "tcp";  // prefill role: tcp or cuda-ipc
+  std::string kv_staging_mem = "1GiB";
   double transfer_wait = 30.0;
   double adopt_wait = 10.0;
 };
@@ -123,6 +126,20 @@ int run_serve(ServeArgs& a) {
   server::DisaggContext disagg;
   disagg.role = *role;
   disagg.transfer_wait = a.transfer_wait;
+  if (a.kv_transport != "tcp" && a.kv_transport != "cuda-ipc") {
+    return report(make_error(ErrorCode::kInvalidArgument, "--kv-transport '{}': tcp or cuda-ipc", a.kv_transport));
+  }
+  if (a.kv_transport == "cuda-ipc" && *role != server::WorkerRole::kPrefill) {
+    return report(make_error(ErrorCode::kInvalidArgument,
+                             "--kv-transport is the prefill role's choice (a decode worker takes either)"));
+  }
+  if (*role == server::WorkerRole::kPrefill && a.kv_transport == "cuda-ipc") {
+    auto staging_bytes = parse_bytes(a.kv_staging_mem);
+    if (!staging_bytes.ok()) return report(staging_bytes.status().with_context("--kv-staging-mem"));
+    auto pool = disagg::KvStagingPool::create(m.model->device(), *staging_bytes);
+    if (!pool.ok()) return report(pool.status().with_context("--kv-transport cuda-ipc"));
+    ao.kv_arena = std::move(pool).value();
+  }
   if (*role == server::WorkerRole::kPrefill) {
     prefill_worker = std::make_unique<server::PrefillWorker>(metrics, disagg::KvSenderOptions{});
     ao.on_transfer = prefill_worker->on_transfer();
@@ -136,6 +153,13 @@ int run_serve(ServeArgs& a) {
     dw.receiver.address = a.kv_host.empty() ? a.host : a.kv_host;
     dw.receiver.port = static_cast<uint16_t>(a.kv_port);
     dw.receiver.receive.expect = kv_shape;
+    if (!m.model->device().is_cpu()) {
+      // K/V a prefill worker of this host left in its GPU memory (--kv-transport cuda-ipc).
+      const Device device = m.model->device();
+      dw.receiver.receive.map_region = [device](std::span<const uint8_t> handle, uint64_t offset, uint64_t bytes) {
+        return disagg::map_device_region(device, handle, offset, bytes);
+      };
+    }
     dw.adopt_wait = a.adopt_wait;
     auto started = server::DecodeWorker::start(engine_ref, registry, dw);
     if (!started.ok()) return report(started.status());
@@ -170,7 +194,9 @@ int run_serve(ServeArgs& a) {
     std::fprintf(stderr, "tachyon serve: role decode | kv transfers on %s:%d\n",
                  (a.kv_host.empty() ? a.host : a.kv_host).c_str(), decode_worker->kv_port());
   } else if (*role == server::WorkerRole::kPrefill) {
-    std::fprintf(stderr, "tachyon serve: role prefill | ships KV to the decode workers the router names\n");
+    std::fprintf(stderr, "tachyon serve: role prefill | ships KV to the decode workers the router names (%s)\n",
+                 ao.kv_arena ? fmt::format("CUDA IPC from {} of device memory, TCP when it is full", a.kv_staging_mem).c_str()
+                             : "TCP");
   }
   std::fprintf(stderr, "tachyon serve: listening on http://%s:%d\n", a.host.c_str(), (*http)->port());
   std::fflush(stderr);
@@ -202,6 +228,12 @@ void add_serve(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--role", a->role,
                   "both (a plain server), prefill or decode (a disaggregated worker behind tachyon router)")
       ->check(CLI::IsMember({"both", "prefill", "decode"}));
+  cmd->add_option("--kv-transport", a->kv_transport,
+                  "prefill role: how K/V reach the decode workers: tcp (any host), or cuda-ipc (a decode worker on "
+                  "a GPU of this host maps this worker's GPU memory; no copy through the host; default tcp)");
+  cmd->add_option("--kv-staging-mem", a->kv_staging_mem,
+                  "prefill role, cuda-ipc: GPU memory for K/V awaiting their decode worker (default 1GiB); a "
+                  "transfer that finds it full goes by TCP");
   cmd->add_option("--kv-host", a->kv_host, "decode role: address of the KV transfer port (default: --host)");
   cmd->add_option("--kv-port", a->kv_port, "decode role: KV transfer port; 0 picks a free one (default 0)")
       ->check(CLI::Range(0, 65535));

@@ -89,4 +89,14 @@ Status memory_info(Device device, size_t& free_bytes, size_t& total_bytes) {
   return memory->memory_info(device, free_bytes, total_bytes);
 }
 
+Result<DeviceMemory::Shared> DeviceMemory::allocate_shared(Device device, size_t, std::string_view) {
+  return make_error(ErrorCode::kUnsupported, "{}: no memory that other processes can map", device.to_string());
+}
+
+void DeviceMemory::deallocate_shared(Device, void*) {}
+
+Result<void*> DeviceMemory::open_shared(Device device, std::span<const uint8_t>) {
+  return make_error(ErrorCode::kUnsupported, "{}: cannot map another process's memory", device.to_string());
+}
+
 }  // namespace tachyon

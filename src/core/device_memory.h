@@ -5,7 +5,9 @@
 #pragma once
 
 #include <cstddef>
+#include <span>
 #include <string_view>
+#include <vector>
 
 #include "core/status.h"
 #include "core/tensor.h"
@@ -24,6 +26,18 @@ class DeviceMemory {
   virtual Status memset(void* dst, Device device, int byte, size_t bytes) = 0;
   // Free and total bytes of the device now.
   virtual Status memory_info(Device device, size_t& free_bytes, size_t& total_bytes) = 0;
+  // Device memory another process on this host can map (CUDA IPC), for moving K/V between
+  // workers without the host: an allocation and the handle that names it to other processes.
+  // Backends without it answer kUnsupported.
+  struct Shared {
+    void* data = nullptr;
+    std::vector<uint8_t> handle;
+  };
+  virtual Result<Shared> allocate_shared(Device device, size_t bytes, std::string_view what);
+  virtual void deallocate_shared(Device device, void* data);
+  // Maps an allocation of another process into this one, on `device`; the same handle maps once
+  // (later calls return the same pointer) and stays mapped until the backend goes.
+  virtual Result<void*> open_shared(Device device, std::span<const uint8_t> handle);
 };
 
 // Registers (or, with null, removes) the memory of a device type; not thread-safe against

@@ -21,6 +21,8 @@ using Clock = std::chrono::steady_clock;
 constexpr size_t kHeaderFixedBytes = 72;  // up to and including rng_draws
 constexpr size_t kAckFixedBytes = 24;     // up to and including the message length
 constexpr size_t kMaxAckMessage = 4096;
+constexpr size_t kRegionFixedBytes = 36;  // up to and including the handle's length
+constexpr size_t kMaxRegionHandle = 256;
 
 constexpr std::array<uint32_t, 256> make_crc32c_table() {
   std::array<uint32_t, 256> table{};
@@ -166,22 +168,33 @@ Result<std::vector<uint8_t>> encode_kv_header(const KvExport& kv, uint64_t trans
                       kv.num_layers, kv.num_kv_heads, kv.head_dim, kv.vocab_size, kv.tokens.size(),
                       kv.num_prompt_tokens, kv.num_computed);
   }
-  if (kv.layers.size() != static_cast<size_t>(kv.num_layers)) {
-    return make_error(ErrorCode::kInvalidArgument, "kv transfer: {} layers of data for {} layers", kv.layers.size(),
-                      kv.num_layers);
-  }
   const size_t want = kv.layer_bytes();
-  for (size_t l = 0; l < kv.layers.size(); ++l) {
-    if (kv.layers[l].size() != want) {
-      return make_error(ErrorCode::kInvalidArgument, "kv transfer: layer {} holds {} bytes, {} positions take {}", l,
-                        kv.layers[l].size(), kv.num_computed, want);
+  const size_t layers = static_cast<size_t>(kv.num_layers);
+  if (kv.device) {
+    if (!kv.layers.empty() || kv.device->bytes != want * layers || kv.device->handle.empty() ||
+        kv.device->handle.size() > kMaxRegionHandle) {
+      return make_error(ErrorCode::kInvalidArgument,
+                        "kv transfer: a device region of {} bytes (handle of {} bytes) and {} host layers for {} "
+                        "layers of {} bytes",
+                        kv.device->bytes, kv.device->handle.size(), kv.layers.size(), kv.num_layers, want);
+    }
+  } else {
+    if (kv.layers.size() != layers) {
+      return make_error(ErrorCode::kInvalidArgument, "kv transfer: {} layers of data for {} layers", kv.layers.size(),
+                        kv.num_layers);
+    }
+    for (size_t l = 0; l < kv.layers.size(); ++l) {
+      if (kv.layers[l].size() != want) {
+        return make_error(ErrorCode::kInvalidArgument, "kv transfer: layer {} holds {} bytes, {} positions take {}", l,
+                          kv.layers[l].size(), kv.num_computed, want);
+      }
     }
   }
   Writer w;
   w.u32(kKvHeaderMagic);
   w.u16(kKvWireVersion);
-  w.u16(0);
-  const size_t total = kHeaderFixedBytes + kv.layers.size() * 12 + kv.tokens.size() * 4 + 4;
+  w.u16(kv.device ? kKvFlagDeviceRegion : 0);
+  const size_t total = kHeaderFixedBytes + layers * 12 + kv.tokens.size() * 4 + 4;
   w.u32(static_cast<uint32_t>(total));
   for (int v : {kv.num_layers, kv.num_kv_heads, kv.head_dim}) w.u32(static_cast<uint32_t>(v));
   w.u32(code);
@@ -192,8 +205,9 @@ Result<std::vector<uint8_t>> encode_kv_header(const KvExport& kv, uint64_t trans
   w.u64(transfer_id);
   w.u64(kv.sampler_seed);
   w.u64(kv.rng_draws);
-  for (const auto& layer : kv.layers) w.u64(layer.size());
-  for (const auto& layer : kv.layers) w.u32(crc32c(layer));
+  for (size_t l = 0; l < layers; ++l) w.u64(want);
+  // Bytes in device memory have no checksum here (the host never sees them): 0.
+  for (size_t l = 0; l < layers; ++l) w.u32(kv.device ? 0 : crc32c(kv.layers[l]));
   for (int32_t t : kv.tokens) w.u32(static_cast<uint32_t>(t));
   w.u32(crc32c(w.out()));
   TACHYON_CHECK(w.out().size() == total, "kv header of {} bytes, {} planned", w.out().size(), total);
@@ -230,11 +244,14 @@ Result<KvHeader> decode_kv_header(std::span<const uint8_t> message, const KvWire
     return make_error(ErrorCode::kUnsupported, "kv transfer: wire version {}; this build speaks {}", version,
                       kKvWireVersion);
   }
-  if (flags != 0) return make_error(ErrorCode::kUnsupported, "kv transfer: header flags 0x{:04x}", flags);
+  if ((flags & ~kKvFlagDeviceRegion) != 0) {
+    return make_error(ErrorCode::kUnsupported, "kv transfer: header flags 0x{:04x}", flags);
+  }
   const uint32_t num_layers = r.u32(), num_kv_heads = r.u32(), head_dim = r.u32(), code = r.u32();
   const uint32_t vocab_size = r.u32(), block_size = r.u32();
   const uint32_t num_tokens = r.u32(), num_prompt = r.u32(), num_computed = r.u32();
   KvHeader h;
+  h.device_region = (flags & kKvFlagDeviceRegion) != 0;
   h.transfer_id = r.u64();
   h.meta.sampler_seed = r.u64();
   h.meta.rng_draws = r.u64();
@@ -288,10 +305,58 @@ Result<KvHeader> decode_kv_header(std::span<const uint8_t> message, const KvWire
   return h;
 }
 
+std::vector<uint8_t> encode_kv_region(const KvDeviceRegion& region, uint64_t transfer_id) {
+  Writer w;
+  w.u32(kKvRegionMagic);
+  w.u16(kKvWireVersion);
+  w.u16(0);
+  w.u64(transfer_id);
+  w.u64(region.offset);
+  w.u64(region.bytes);
+  w.u32(static_cast<uint32_t>(region.handle.size()));
+  w.bytes(region.handle);
+  w.u32(crc32c(w.out()));
+  return std::move(w.out());
+}
+
+Result<KvRegionMessage> decode_kv_region(std::span<const uint8_t> m, uint64_t transfer_id) {
+  if (m.size() < kRegionFixedBytes + 4) {
+    return make_error(ErrorCode::kCorruptFile, "kv transfer {}: a region message of {} bytes", transfer_id, m.size());
+  }
+  const uint32_t crc = crc32c(m.first(m.size() - 4));
+  const uint32_t stored = Reader(m.subspan(m.size() - 4)).u32();
+  Reader r(m);
+  const uint32_t magic = r.u32();
+  const uint16_t version = r.u16();
+  r.u16();  // flags
+  KvRegionMessage out;
+  const uint64_t id = r.u64();
+  out.offset = r.u64();
+  out.bytes = r.u64();
+  const uint32_t handle_bytes = r.u32();
+  if (magic != kKvRegionMagic || crc != stored || version != kKvWireVersion || handle_bytes > kMaxRegionHandle ||
+      handle_bytes != m.size() - kRegionFixedBytes - 4) {
+    return make_error(ErrorCode::kCorruptFile,
+                      "kv transfer {}: bad region message (magic 0x{:08x}, version {}, checksum 0x{:08x} vs 0x{:08x}, "
+                      "{} handle bytes in {})",
+                      transfer_id, magic, version, stored, crc, handle_bytes, m.size());
+  }
+  if (id != transfer_id) {
+    return make_error(ErrorCode::kCorruptFile, "kv transfer {}: the region message is for transfer {}", transfer_id, id);
+  }
+  const auto handle = r.bytes(handle_bytes);
+  out.handle.assign(handle.begin(), handle.end());
+  return out;
+}
+
 Status send_kv(KvTransport& transport, const KvExport& kv, uint64_t transfer_id, Millis timeout) {
   const Clock::time_point deadline = Clock::now() + timeout;
   TACHYON_ASSIGN_OR_RETURN(std::vector<uint8_t> header, encode_kv_header(kv, transfer_id));
   TACHYON_RETURN_IF_ERROR(transport.send(header, remaining(deadline)).with_context("kv transfer: header"));
+  if (kv.device) {
+    return transport.send(encode_kv_region(*kv.device, transfer_id), remaining(deadline))
+        .with_context("kv transfer: device region");
+  }
   for (size_t l = 0; l < kv.layers.size(); ++l) {
     TACHYON_RETURN_IF_ERROR(
         transport.send(kv.layers[l], remaining(deadline)).with_context(fmt::format("kv transfer: layer {}", l)));
@@ -315,6 +380,26 @@ Result<ReceivedKv> receive_kv(KvTransport& transport, const KvReceiveOptions& op
   received.transfer_id = header.transfer_id;
   received.kv = std::move(header.meta);
   KvImport& kv = received.kv;
+  if (header.device_region) {
+    auto message = transport.receive(kRegionFixedBytes + kMaxRegionHandle + 4, remaining(deadline));
+    if (!message.ok()) return message.status().with_context(fmt::format("kv transfer {}: device region", header.transfer_id));
+    TACHYON_ASSIGN_OR_RETURN(KvRegionMessage region, decode_kv_region(*message, header.transfer_id));
+    const uint64_t want = header.layer_bytes.empty() ? 0 : header.layer_bytes[0] * header.layer_bytes.size();
+    if (region.bytes != want) {
+      return make_error(ErrorCode::kCorruptFile, "kv transfer {}: a device region of {} bytes; the header says {}",
+                        header.transfer_id, region.bytes, want);
+    }
+    if (!options.map_region) {
+      return make_error(ErrorCode::kUnsupported,
+                        "kv transfer {}: the K/V are in the sender's device memory, which this worker cannot map (its "
+                        "engine is not on a GPU of that host); run the prefill worker with --kv-transport tcp",
+                        header.transfer_id);
+    }
+    auto mapped = options.map_region(region.handle, region.offset, region.bytes);
+    if (!mapped.ok()) return mapped.status().with_context(fmt::format("kv transfer {}", header.transfer_id));
+    kv.device = std::move(mapped).value();
+    return received;
+  }
   kv.layers.reserve(static_cast<size_t>(kv.num_layers));
   for (size_t l = 0; l < static_cast<size_t>(kv.num_layers); ++l) {
     const uint64_t want = header.layer_bytes[l];

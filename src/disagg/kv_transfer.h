@@ -11,9 +11,11 @@
 //   - Prefill worker: its engine loop runs the prompt; the request's output ends with
 //     FinishReason::kTransfer and carries the first token and its text, which the router streams
 //     to the client at once (time to first token does not wait for the transfer). The engine
-//     thread calls Engine::export_kv() right after that step (a copy to the host; the blocks are
-//     freed at once) and hands the export to a KvSender (kv_sender.h), whose threads call
-//     send_kv() on a pooled connection to that decode worker, then receive_kv_ack(). A request
+//     thread calls Engine::export_kv() right after that step (a copy to the host, or with
+//     --kv-transport cuda-ipc into a region of the KvStagingPool's GPU memory, kv_staging.h; the
+//     blocks are freed at once) and hands the export to a KvSender (kv_sender.h), whose threads call
+//     send_kv() on a pooled connection to that decode worker, then receive_kv_ack(); the export,
+//     and so its region, is dropped after the ack. A request
 //     that a stop condition ends at its first token finishes as usual and is never transferred.
 //   - Decode worker: a KvReceiver (kv_receiver.h) thread per incoming connection loops on
 //     receive_kv() and hands each ReceivedKv, with the request registered under its transfer id
@@ -38,6 +40,13 @@
 //   layer l K then V of positions [0, num_computed), each [num_computed, num_kv_heads, head_dim]
 //           in dtype, then for i8 / f8e4m3 the K then V scales, each [num_computed, num_kv_heads]
 //           f32 (ops.h KvLayer); exactly layer_bytes[l] bytes, its CRC-32C in the header
+// With header flag 1 (kKvFlagDeviceRegion) the layers are not sent: they lie, layer after layer,
+// in device memory the receiver maps (CUDA IPC, between processes of one host), and one region
+// message follows the header instead: u32 magic "TKVD", u16 version, u16 flags (0), u64
+// transfer_id, u64 offset, u64 bytes (num_layers * layer_bytes), u32 handle length (at most 256),
+// the handle (a cudaIpcMemHandle_t for CUDA), u32 crc32c of the bytes before it. The header's
+// layer checksums are then 0: the bytes never pass through the host. The sender keeps the region
+// until the ack (the receiver's copies out of it have finished by then).
 // The receiver checks every size against the shape and its limits before it allocates, and every
 // checksum; the checksums are always computed (CRC-32C, with the SSE4.2 instruction where the
 // CPU has it). A decode worker answers each transfer with an ack message: u32 magic "TKVA", u16
@@ -50,6 +59,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
@@ -63,7 +73,9 @@ namespace tachyon::disagg {
 
 inline constexpr uint32_t kKvHeaderMagic = 0x48564b54;  // "TKVH"
 inline constexpr uint32_t kKvAckMagic = 0x41564b54;     // "TKVA"
+inline constexpr uint32_t kKvRegionMagic = 0x44564b54;  // "TKVD"
 inline constexpr uint16_t kKvWireVersion = 1;
+inline constexpr uint16_t kKvFlagDeviceRegion = 1;
 
 // CRC-32C (Castagnoli, reflected polynomial 0x82F63B78) of `bytes`, continuing from `crc` (the
 // result for the bytes before them; 0 to start). SSE4.2's crc32 instruction where the build has
@@ -96,6 +108,7 @@ struct KvWireLimits {
 // A decoded header: the transfer's sequence without its K/V, and what the layers must be.
 struct KvHeader {
   uint64_t transfer_id = 0;
+  bool device_region = false;        // a region message follows instead of the layers
   KvExport meta;                     // every field but `layers`
   std::vector<uint64_t> layer_bytes; // [num_layers]
   std::vector<uint32_t> layer_crc;   // [num_layers]
@@ -106,7 +119,17 @@ struct KvHeader {
 Result<std::vector<uint8_t>> encode_kv_header(const KvExport& kv, uint64_t transfer_id);
 Result<KvHeader> decode_kv_header(std::span<const uint8_t> message, const KvWireLimits& limits);
 
-// Sends one transfer: the header, then each layer as its own message, all within `timeout`.
+// The region message of a transfer whose K/V are in device memory (kv.device), and its decoding.
+struct KvRegionMessage {
+  std::vector<uint8_t> handle;
+  uint64_t offset = 0;
+  uint64_t bytes = 0;
+};
+std::vector<uint8_t> encode_kv_region(const KvDeviceRegion& region, uint64_t transfer_id);
+Result<KvRegionMessage> decode_kv_region(std::span<const uint8_t> message, uint64_t transfer_id);
+
+// Sends one transfer: the header, then each layer as its own message (or, for K/V in device
+// memory, the region message), all within `timeout`.
 Status send_kv(KvTransport& transport, const KvExport& kv, uint64_t transfer_id, Millis timeout);
 
 struct KvReceiveOptions {
@@ -116,6 +139,9 @@ struct KvReceiveOptions {
   // The receiver's model: a header announcing another shape is kInvalidArgument, raised before
   // the layers are read (the transport must then be dropped).
   std::optional<KvModelShape> expect;
+  // Maps a sender's device region (handle, offset, bytes) into this process, where the engine's
+  // device reads it; null: such transfers are refused (kUnsupported).
+  std::function<Result<KvDeviceRegion>(std::span<const uint8_t> handle, uint64_t offset, uint64_t bytes)> map_region;
 };
 
 struct ReceivedKv {

@@ -3,8 +3,9 @@
 // message followed by one message per layer; the transport knows nothing of KV, engines or models.
 //
 // Implementations: TCP (tcp_transport.h, works everywhere) and an in-process pair (below, for
-// tests and for a single process that plays both roles). CUDA IPC and NCCL send/recv come later
-// behind the same interface.
+// tests and for a single process that plays both roles). K/V that stay on a GPU (CUDA IPC between
+// processes of one host, kv_staging.h) still use a transport for the header and the region's
+// handle; only the bytes take the other road. NCCL send/recv (GPUs across hosts) is not built.
 //
 // Every call is bounded by its timeout and reports failure as a Status (kIo for a closed peer, a
 // timeout or a refused connection; kCorruptFile for a message longer than the receiver allows).

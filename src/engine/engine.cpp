@@ -46,7 +46,7 @@ size_t pool_row_bytes(const Tensor& pool) {
 // host buffer [end - begin, num_kv_heads, head_dim] of the same dtype. Runs of positions in
 // consecutive block ids move as one copy.
 Status copy_positions(Tensor& pool, const std::vector<int32_t>& blocks, int begin, int end, uint8_t* host,
-                      KvCopy direction) {
+                      KvCopy direction, Device host_device = Device::cpu()) {
   const int64_t block_size = pool.size(1);
   const int64_t row = pool.size(2) * pool.size(3);  // elements per position
   const size_t row_bytes = pool_row_bytes(pool);
@@ -60,7 +60,8 @@ Status copy_positions(Tensor& pool, const std::vector<int32_t>& blocks, int begi
       count += std::min<int64_t>(block_size, end - p - count);
     }
     Tensor cached = slots.slice(0, slot, slot + count);
-    Tensor flat = Tensor::view_of(host + static_cast<size_t>(p - begin) * row_bytes, {count, row}, pool.dtype());
+    Tensor flat =
+        Tensor::view_of(host + static_cast<size_t>(p - begin) * row_bytes, {count, row}, pool.dtype(), nullptr, host_device);
     TACHYON_RETURN_IF_ERROR(direction == KvCopy::kCacheToHost ? copy_into(flat, cached) : copy_into(cached, flat));
     p += count;
   }
@@ -681,7 +682,7 @@ const Sequence* Engine::find_sequence(RequestId id) const {
 
 // ---- Disaggregation hooks (disagg/ moves the bytes between engines) ----
 
-Result<KvExport> Engine::export_kv(RequestId id) {
+Result<KvExport> Engine::export_kv(RequestId id, KvExportArena* arena) {
   auto it = transfers_.find(id);
   if (it == transfers_.end()) {
     return make_error(ErrorCode::kNotFound,
@@ -707,19 +708,33 @@ Result<KvExport> Engine::export_kv(RequestId id) {
                 "request {} held with {} of {} tokens computed, table of {}", id, kv.num_computed, seq.num_tokens(),
                 seq.block_table().num_tokens());
   Status st = Status::Ok();
-  kv.layers.resize(static_cast<size_t>(cc.num_layers));
+  const size_t layer_bytes = kv.layer_bytes();
+  const Device device = model_.device();
+  if (arena != nullptr && arena->device() == device && layer_bytes > 0) {
+    kv.device = arena->take(layer_bytes * static_cast<size_t>(cc.num_layers));
+  }
+  if (!kv.device) kv.layers.resize(static_cast<size_t>(cc.num_layers));
   for (int l = 0; l < cc.num_layers && st.ok(); ++l) {
-    std::vector<uint8_t>& bytes = kv.layers[static_cast<size_t>(l)];
-    bytes.resize(kv.layer_bytes());
+    uint8_t* at = nullptr;
+    if (kv.device) {
+      at = static_cast<uint8_t*>(kv.device->data) + static_cast<size_t>(l) * layer_bytes;
+    } else {
+      std::vector<uint8_t>& bytes = kv.layers[static_cast<size_t>(l)];
+      bytes.resize(layer_bytes);
+      at = bytes.data();
+    }
     // The pools one after another (K, V, then a quantized cache's K and V scales), each
     // position-major.
-    uint8_t* at = bytes.data();
     for (Tensor* pool : cache_.pools(l)) {
       if (!st.ok()) break;
-      st = copy_positions(*pool, seq.block_table().blocks(), 0, kv.num_computed, at, KvCopy::kCacheToHost);
+      st = copy_positions(*pool, seq.block_table().blocks(), 0, kv.num_computed, at, KvCopy::kCacheToHost,
+                          kv.device ? kv.device->device : Device::cpu());
       at += static_cast<size_t>(kv.num_computed) * pool_row_bytes(*pool);
     }
   }
+  // Copies within a device run in the device's order: another process reads the region only after
+  // they finished.
+  if (st.ok() && kv.device && !device.is_cpu()) st = ops::synchronize(device);
   scheduler_.finish(&req->seq);  // the blocks go back whatever happened
   if (!st.ok()) return st.with_context(fmt::format("exporting the kv of request {}", id));
   return kv;
@@ -747,15 +762,28 @@ Result<RequestId> Engine::adopt(const KvImport& kv, const GenerationParams& para
                       num_tokens, kv.num_prompt_tokens, kv.num_computed);
   }
   TACHYON_RETURN_IF_ERROR(validate_token_ids(kv.tokens, "kv import:"));
-  if (kv.layers.size() != static_cast<size_t>(cc.num_layers)) {
-    return make_error(ErrorCode::kInvalidArgument, "kv import: {} layers of K/V for a model of {}", kv.layers.size(),
-                      cc.num_layers);
-  }
   const size_t layer_bytes = kv.layer_bytes();
-  for (size_t l = 0; l < kv.layers.size(); ++l) {
-    if (kv.layers[l].size() != layer_bytes) {
-      return make_error(ErrorCode::kInvalidArgument, "kv import: layer {} has {} bytes; {} positions take {}", l,
-                        kv.layers[l].size(), kv.num_computed, layer_bytes);
+  if (kv.device) {
+    if (!kv.layers.empty() || kv.device->data == nullptr ||
+        kv.device->bytes != layer_bytes * static_cast<size_t>(cc.num_layers)) {
+      return make_error(ErrorCode::kInvalidArgument,
+                        "kv import: a device region of {} bytes (and {} host layers) for {} layers of {} bytes",
+                        kv.device->bytes, kv.layers.size(), cc.num_layers, layer_bytes);
+    }
+    if (!kv.device->device.is_cpu() && kv.device->device != model_.device()) {
+      return make_error(ErrorCode::kInvalidArgument, "kv import: K/V on {}, this engine runs on {}",
+                        kv.device->device.to_string(), model_.device().to_string());
+    }
+  } else {
+    if (kv.layers.size() != static_cast<size_t>(cc.num_layers)) {
+      return make_error(ErrorCode::kInvalidArgument, "kv import: {} layers of K/V for a model of {}", kv.layers.size(),
+                        cc.num_layers);
+    }
+    for (size_t l = 0; l < kv.layers.size(); ++l) {
+      if (kv.layers[l].size() != layer_bytes) {
+        return make_error(ErrorCode::kInvalidArgument, "kv import: layer {} has {} bytes; {} positions take {}", l,
+                          kv.layers[l].size(), kv.num_computed, layer_bytes);
+      }
     }
   }
   const int num_generated = static_cast<int>(num_tokens) - kv.num_prompt_tokens;
@@ -797,16 +825,19 @@ Result<RequestId> Engine::adopt(const KvImport& kv, const GenerationParams& para
   Status st = Status::Ok();
   for (int l = 0; l < cc.num_layers && st.ok(); ++l) {
     // Only read: the import is the copies' source.
-    uint8_t* at = const_cast<uint8_t*>(kv.layers[static_cast<size_t>(l)].data());
+    uint8_t* at = kv.device ? static_cast<uint8_t*>(kv.device->data) + static_cast<size_t>(l) * layer_bytes
+                            : const_cast<uint8_t*>(kv.layers[static_cast<size_t>(l)].data());
     const std::vector<int32_t>& blocks = req->seq.block_table().blocks();
     for (Tensor* pool : cache_.pools(l)) {
       if (!st.ok()) break;
       const size_t row_bytes = pool_row_bytes(*pool);
       st = copy_positions(*pool, blocks, cached, kv.num_computed, at + static_cast<size_t>(cached) * row_bytes,
-                          KvCopy::kHostToCache);
+                          KvCopy::kHostToCache, kv.device ? kv.device->device : Device::cpu());
       at += static_cast<size_t>(kv.num_computed) * row_bytes;
     }
   }
+  // The region is the exporter's: it may be reused as soon as this returns.
+  if (st.ok() && kv.device && !kv.device->device.is_cpu()) st = ops::synchronize(kv.device->device);
   if (!st.ok()) {
     scheduler_.finish(&req->seq);
     return st.with_context("kv import");

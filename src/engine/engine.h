@@ -59,6 +59,31 @@ struct EngineOptions {
   SpecDecodeOptions spec;           // speculative decoding (off by default)
 };
 
+// K/V bytes in memory that is not a host vector: a region of device memory another process on
+// the same host can map (CUDA IPC, disagg/kv_staging.h), or, on the importing side, that region as
+// mapped here. The layers lie one after another, each KvExport::layer_bytes() long.
+struct KvDeviceRegion {
+  void* data = nullptr;  // this process's pointer to the region's first byte
+  Device device;         // where `data` is usable (the engine's device, or the host)
+  size_t bytes = 0;
+  // What another process needs to find the region: the arena's handle (an opaque cudaIpcMemHandle_t
+  // for CUDA) and the region's offset in it.
+  std::vector<uint8_t> handle;
+  uint64_t offset = 0;
+  // Hands the region back to its arena once the last copy of the export is gone (null on import).
+  std::shared_ptr<void> lease;
+};
+
+// Where Engine::export_kv() may put K/V instead of the host: regions of shareable device memory.
+class KvExportArena {
+ public:
+  virtual ~KvExportArena() = default;
+  virtual Device device() const = 0;
+  // A region of `bytes`, or nullopt when the arena has no room now (the export then goes to the
+  // host, as without an arena). Thread-safe: regions come back from other threads.
+  virtual std::optional<KvDeviceRegion> take(size_t bytes) = 0;
+};
+
 // One sequence after its prompt ran on one engine, for another engine to continue it: what
 // Engine::export_kv() returns and Engine::adopt() takes. The K/V are position-major, so the two
 // engines' block sizes need not agree; everything else about the cache must.
@@ -79,6 +104,8 @@ struct KvExport {
   // quantized dtype (i8, f8e4m3) the K then V scales, each [num_computed, num_kv_heads] f32: the
   // bytes of positions [0, num_computed) as the cache holds them.
   std::vector<std::vector<uint8_t>> layers;
+  // Or, with `layers` empty, the same bytes layer after layer in device memory.
+  std::optional<KvDeviceRegion> device;
 
   // Bytes of one position of one layer: K and V (and their scales).
   size_t position_bytes() const;
@@ -130,11 +157,15 @@ class Engine {
   bool abort(RequestId id);
 
   // Disaggregation. A request that finished with kTransfer: copies out its tokens, sampling state
-  // and the K/V of its computed positions (from the cache's device to the host), then frees its
-  // blocks, whether or not the copy succeeded. kNotFound if the request is not held for transfer.
-  Result<KvExport> export_kv(RequestId id);
+  // and the K/V of its computed positions (from the cache's device to the host, or into a region
+  // of `arena` when one is given, is on the cache's device and has room; the copy has finished
+  // when this returns), then frees its blocks, whether or not the copy succeeded. kNotFound if
+  // the request is not held for transfer.
+  Result<KvExport> export_kv(RequestId id, KvExportArena* arena = nullptr);
   // Continues a sequence exported by another engine: allocates blocks for its computed positions
-  // (the prefix cache's where it holds them), writes the K/V there and runs the request as
+  // (the prefix cache's where it holds them), writes the K/V there (from the host, or from
+  // kv.device, which must be readable from this engine's device; those copies have finished
+  // when this returns, so the region may be reused at once) and runs the request as
   // decoding from its last token, with `params` (those of the original request, prefill_only
   // off). Its first output carries the next token; the imported tokens were reported by the
   // exporting engine. kInvalidArgument when the model or cache shape, the dtype, the sizes or the

@@ -214,7 +214,7 @@ void AsyncEngine::hand_over(std::shared_ptr<RequestStream> s, RequestOutput outp
     finish_stream(s, std::move(output));
     return;
   }
-  auto kv = engine_->export_kv(id);  // the blocks are free from here on, whatever happened
+  auto kv = engine_->export_kv(id, options_.kv_arena.get());  // the blocks are free from here on, whatever happened
   if (!kv.ok()) {
     output.finish_reason = FinishReason::kError;
     output.error = kv.status();

@@ -61,6 +61,9 @@ struct AsyncEngineOptions {
   double request_timeout = 600.0; // seconds from submission; 0 = none. A late request is aborted.
   // Prefill role: receives each exported sequence (on the loop thread; must not block).
   std::function<void(std::shared_ptr<RequestStream>, KvExport)> on_transfer;
+  // Prefill role: exports go into this arena's device memory where it has room (CUDA IPC to a
+  // decode worker on the same host), else to the host. Kept alive by the options' owner.
+  std::shared_ptr<KvExportArena> kv_arena;
   double adopt_wait = 10.0;       // seconds a received transfer may wait for room in the engine
 };
 

@@ -86,6 +86,11 @@ void ServerMetrics::record_transfer(bool ok) {
   ++transfers_[ok ? 1 : 0];
 }
 
+void ServerMetrics::record_transfer_bytes(bool device_region, uint64_t bytes) {
+  std::lock_guard lock(mu_);
+  transfer_bytes_[device_region ? 1 : 0] += bytes;
+}
+
 void ServerMetrics::record_adoption(bool ok) {
   std::lock_guard lock(mu_);
   ++adoptions_[ok ? 1 : 0];
@@ -171,6 +176,10 @@ std::string ServerMetrics::render() const {
          "Prefill role: exported sequences shipped to a decode worker, by outcome (ok: adopted there).");
   out += fmt::format("tachyon_kv_transfers_total{{outcome=\"ok\"}} {}\ntachyon_kv_transfers_total{{outcome=\"error\"}} {}\n",
                      transfers_[1], transfers_[0]);
+  header(out, "tachyon_kv_transfer_bytes_total", "counter",
+         "Prefill role: K/V bytes shipped, by path (cuda_ipc: device memory the decode worker maps; tcp: via the host).");
+  out += fmt::format("tachyon_kv_transfer_bytes_total{{via=\"tcp\"}} {}\ntachyon_kv_transfer_bytes_total{{via=\"cuda_ipc\"}} {}\n",
+                     transfer_bytes_[0], transfer_bytes_[1]);
   header(out, "tachyon_kv_adoptions_total", "counter", "Decode role: received transfers adopted into the engine, by outcome.");
   out += fmt::format("tachyon_kv_adoptions_total{{outcome=\"ok\"}} {}\ntachyon_kv_adoptions_total{{outcome=\"error\"}} {}\n",
                      adoptions_[1], adoptions_[0]);

@@ -48,6 +48,9 @@ class ServerMetrics {
   // decode worker's adoptions of received ones.
   void record_transfer(bool ok);
   void record_adoption(bool ok);
+  // Prefill role: K/V bytes handed to the sender, by path (device memory a decode worker maps, or
+  // through the host over TCP).
+  void record_transfer_bytes(bool device_region, uint64_t bytes);
 
   EngineStats engine_stats() const;
 
@@ -60,6 +63,7 @@ class ServerMetrics {
   std::array<int64_t, 7> finished_{};  // by FinishReason, then timeouts
   std::array<int64_t, 2> transfers_{};  // failed, ok
   std::array<int64_t, 2> adoptions_{};  // failed, ok
+  std::array<uint64_t, 2> transfer_bytes_{};  // tcp, cuda_ipc
   int64_t rejected_ = 0;
   std::map<int, int64_t> http_responses_;
   Histogram ttft_;

@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include "core/mapped_file.h"
+#include "disagg/kv_staging.h"
 #include "disagg/kv_transfer.h"
 #include "disagg/tcp_transport.h"
 #include "engine/engine.h"
@@ -40,6 +41,7 @@ struct Outcome {
 struct DisaggResult {
   std::vector<Outcome> outcomes;   // in case order
   int num_transferred = 0;
+  int num_in_regions = 0;         // of them, exported into the arena's memory
   int num_adopt_retries = 0;      // adopt() had no room yet
   EngineStats prefill, decode;
 };
@@ -187,17 +189,24 @@ class DisaggTest : public ::testing::Test {
   // engine adopts the imports one per step (retrying those it has no room for yet) and runs
   // until idle. Returns every case's tokens and text, the prefill side's first, then the decode
   // side's.
+  // With `arena`, exports go into its regions where it has room, and `map_region` stands for the
+  // receiver's mapping of them; the exports (and so their regions) live until the decode side
+  // adopted everything, as a sender keeps them until the ack.
   static DisaggResult run_disaggregated(const std::vector<Case>& cases, Engine& prefill, Engine& decode,
-                                        KvTransport& send_end, KvTransport& receive_end) {
+                                        KvTransport& send_end, KvTransport& receive_end,
+                                        KvExportArena* arena = nullptr,
+                                        decltype(KvReceiveOptions::map_region) map_region = {}) {
     DisaggResult result;
     result.outcomes.resize(cases.size());
     std::vector<ReceivedKv> received;
+    std::vector<KvExport> sent_exports;
     Status receive_end_status;
     std::thread receiver([&] {
       KvReceiveOptions o;
       o.wait_timeout = Millis(20000);
       o.timeout = Millis(5000);
       o.expect = kv_model_shape(decode);
+      o.map_region = map_region;
       for (;;) {
         auto r = receive_kv(receive_end, o);
         if (!r.ok()) {
@@ -226,12 +235,14 @@ class DisaggTest : public ::testing::Test {
         EXPECT_TRUE(o.finished) << "a prefill-only request ends at its first token";
         EXPECT_EQ(o.new_token_ids.size(), 1u);
         if (o.finish_reason != FinishReason::kTransfer) continue;  // a stop at the first token
-        auto kv = prefill.export_kv(o.id);
+        auto kv = prefill.export_kv(o.id, arena);
         EXPECT_TRUE(kv.ok()) << kv.status().to_string();
         if (!kv.ok()) continue;
         const Status sent = send_kv(send_end, *kv, i, Millis(5000));
         EXPECT_TRUE(sent.ok()) << sent.to_string();
         ++result.num_transferred;
+        if (kv->device) ++result.num_in_regions;
+        sent_exports.push_back(std::move(kv).value());
       }
     }
     result.prefill = prefill.stats();
@@ -274,6 +285,8 @@ class DisaggTest : public ::testing::Test {
     }
     result.decode = decode.stats();
     expect_no_leaks(decode, "decode side");
+    received.clear();
+    sent_exports.clear();  // the regions go back to the arena
     return result;
   }
 
@@ -388,6 +401,87 @@ TEST_F(DisaggTest, SeededSamplingOverTcpEqualsColocated) {
   const DisaggResult r = run_over_tcp(seeded_, base_options(), base_options());
   expect_same(r.outcomes, seeded_colocated(), "seeded");
   EXPECT_GE(r.num_transferred, 28);
+}
+
+// K/V left in an arena's memory (what --kv-transport cuda-ipc does with GPU memory), named by a
+// region message and read by the decode side through its own mapping: here host memory, and a
+// "mapping" that finds the same bytes by handle, in one process. Outputs equal colocated ones;
+// a full arena sends the rest as host layers; every region comes back.
+TEST_F(DisaggTest, KvInArenaRegionsEqualsColocated) {
+  for (size_t arena_bytes : {size_t{64} << 20, size_t{96} << 10}) {
+    SCOPED_TRACE(arena_bytes);
+    std::vector<uint8_t> memory(arena_bytes);
+    const std::vector<uint8_t> handle = {'t', 'e', 's', 't', 1, 2, 3, 4};
+    bool released = false;
+    {
+      auto arena = std::make_shared<KvStagingPool>(Device::cpu(), memory.data(), memory.size(), handle,
+                                                   [&released] { released = true; });
+      int mapped = 0;
+      const auto map_region = [&](std::span<const uint8_t> h, uint64_t offset, uint64_t bytes) -> Result<KvDeviceRegion> {
+        if (!std::equal(h.begin(), h.end(), handle.begin(), handle.end()) || offset + bytes > memory.size()) {
+          return make_error(ErrorCode::kInvalidArgument, "no such region");
+        }
+        ++mapped;
+        KvDeviceRegion r;
+        r.data = memory.data() + offset;
+        r.device = Device::cpu();
+        r.bytes = static_cast<size_t>(bytes);
+        r.offset = offset;
+        return r;
+      };
+      auto prefill = make(base_options());
+      auto decode = make(base_options());
+      TcpPair tcp = connect_pair();
+      ASSERT_TRUE(prefill && decode && tcp.prefill_end);
+      const DisaggResult r =
+          run_disaggregated(greedy_, *prefill, *decode, *tcp.prefill_end, *tcp.decode_end, arena.get(), map_region);
+      expect_same(r.outcomes, greedy_colocated(), "arena");
+      EXPECT_GE(r.num_transferred, 28);
+      EXPECT_EQ(mapped, r.num_in_regions);
+      if (arena_bytes > (size_t{1} << 20)) {
+        EXPECT_EQ(r.num_in_regions, r.num_transferred);  // all fit
+      } else {
+        EXPECT_GT(r.num_in_regions, 0);                   // some fit, the rest went as host layers
+        EXPECT_LT(r.num_in_regions, r.num_transferred);
+      }
+      EXPECT_EQ(r.decode.prompt_tokens_computed, 0);
+      EXPECT_EQ(arena->free_bytes(), arena->size()) << "every region came back";
+      EXPECT_FALSE(released);
+    }
+    EXPECT_TRUE(released) << "the arena's memory goes with the arena";
+  }
+}
+
+// A receiver that cannot map device memory refuses such a transfer with a clear error.
+TEST_F(DisaggTest, RegionTransferToAReceiverThatCannotMapIsUnsupported) {
+  std::vector<uint8_t> memory(size_t{8} << 20);
+  KvStagingPool arena(Device::cpu(), memory.data(), memory.size(), {1, 2, 3}, nullptr);
+  auto prefill = make(base_options());
+  GenerationParams p = greedy_[7].params;
+  p.prefill_only = true;
+  ASSERT_TRUE(prefill->add_request(greedy_[7].prompt, p).ok());
+  std::optional<KvExport> kv;
+  while (prefill->has_unfinished()) {
+    auto step = prefill->step();
+    ASSERT_TRUE(step.ok());
+    for (const RequestOutput& o : *step) {
+      if (o.finish_reason == FinishReason::kTransfer) kv = std::move(prefill->export_kv(o.id, &arena)).value();
+    }
+  }
+  ASSERT_TRUE(kv && kv->device);
+  EXPECT_TRUE(kv->layers.empty());
+  EXPECT_LT(arena.free_bytes(), arena.size());
+  auto [send_end, receive_end] = make_local_transport_pair();
+  ASSERT_TRUE(send_kv(*send_end, *kv, 42, Millis(1000)).ok());
+  KvReceiveOptions o;
+  o.wait_timeout = Millis(1000);
+  auto r = receive_kv(*receive_end, o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), ErrorCode::kUnsupported);
+  EXPECT_NE(r.status().message().find("--kv-transport tcp"), std::string::npos) << r.status().to_string();
+  kv.reset();
+  EXPECT_EQ(arena.free_bytes(), arena.size());
+  expect_no_leaks(*prefill, "prefill");
 }
 
 TEST_F(DisaggTest, LargerBlocksOnThePrefillSideAndASmallDecodeCache) {

@@ -18,6 +18,7 @@
 #include "core/device_memory.h"
 #include "core/mapped_file.h"
 #include "engine/engine.h"
+#include "disagg/kv_staging.h"
 #include "disagg/kv_transfer.h"
 #include "disagg/kv_transport.h"
 #include "fixture.h"
@@ -871,32 +872,60 @@ TEST(GpuEngine, DisaggregatedPrefillAndDecodeEqualColocated) {
     }
     return tokens;
   };
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    auto cid = (*colocated)->add_request(prompts[i], p);
-    ASSERT_TRUE(cid.ok());
-    const std::vector<int32_t> expected = run(**colocated, *cid);
-    ASSERT_EQ(expected.size(), 24u);
+  // Second round: the K/V stay on the device, exported into shareable memory (cudaMalloc'd with
+  // an IPC handle, as --kv-transport cuda-ipc does) and adopted from it; the "mapping" here is the
+  // exporter's own pointer, since a process cannot open its own IPC handle (the process test
+  // GpuDisagg.CudaIpcBetweenProcessesEqualsColocated opens it for real).
+  auto pool = disagg::KvStagingPool::create(m.model->device(), size_t{16} << 20);
+  ASSERT_TRUE(pool.ok()) << pool.status().to_string();
+  for (const bool in_region : {false, true}) {
+    SCOPED_TRACE(in_region ? "device region" : "host layers");
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      auto cid = (*colocated)->add_request(prompts[i], p);
+      ASSERT_TRUE(cid.ok());
+      const std::vector<int32_t> expected = run(**colocated, *cid);
+      ASSERT_EQ(expected.size(), 24u);
 
-    GenerationParams pp = p;
-    pp.prefill_only = true;
-    auto pid = (*prefill)->add_request(prompts[i], pp);
-    ASSERT_TRUE(pid.ok());
-    std::vector<int32_t> got = run(**prefill, *pid);
-    ASSERT_EQ(got.size(), 1u) << "the prefill side emits the first token only";
-    auto exported = (*prefill)->export_kv(*pid);
-    ASSERT_TRUE(exported.ok()) << exported.status().to_string();
-    ASSERT_OK((*prefill)->check_no_leaks());
-    ASSERT_OK(disagg::send_kv(*to_decode, *exported, i + 1, disagg::Millis(5000)));
-    disagg::KvReceiveOptions ro;
-    ro.expect = disagg::kv_model_shape(**decode);
-    auto received = disagg::receive_kv(*from_prefill, ro);
-    ASSERT_TRUE(received.ok()) << received.status().to_string();
-    auto did = (*decode)->adopt(received->kv, p);
-    ASSERT_TRUE(did.ok()) << did.status().to_string();
-    const std::vector<int32_t> rest = run(**decode, *did);
-    got.insert(got.end(), rest.begin(), rest.end());
-    EXPECT_EQ(got, expected) << "prompt " << i;
+      GenerationParams pp = p;
+      pp.prefill_only = true;
+      auto pid = (*prefill)->add_request(prompts[i], pp);
+      ASSERT_TRUE(pid.ok());
+      std::vector<int32_t> got = run(**prefill, *pid);
+      ASSERT_EQ(got.size(), 1u) << "the prefill side emits the first token only";
+      auto exported = (*prefill)->export_kv(*pid, in_region ? pool->get() : nullptr);
+      ASSERT_TRUE(exported.ok()) << exported.status().to_string();
+      ASSERT_EQ(exported->device.has_value(), in_region);
+      if (in_region) {
+        EXPECT_TRUE(exported->layers.empty());
+        EXPECT_EQ(exported->device->handle.size(), 64u) << "a cudaIpcMemHandle_t";
+        EXPECT_EQ(exported->device->device, m.model->device());
+      }
+      ASSERT_OK((*prefill)->check_no_leaks());
+      ASSERT_OK(disagg::send_kv(*to_decode, *exported, i + 1, disagg::Millis(5000)));
+      disagg::KvReceiveOptions ro;
+      ro.expect = disagg::kv_model_shape(**decode);
+      uint8_t* const base = in_region ? static_cast<uint8_t*>(exported->device->data) - exported->device->offset : nullptr;
+      ro.map_region = [&](std::span<const uint8_t> handle, uint64_t offset, uint64_t bytes) -> Result<KvDeviceRegion> {
+        EXPECT_TRUE(std::equal(handle.begin(), handle.end(), exported->device->handle.begin(),
+                               exported->device->handle.end()));
+        KvDeviceRegion r;
+        r.data = base + offset;
+        r.device = m.model->device();
+        r.bytes = static_cast<size_t>(bytes);
+        return r;
+      };
+      auto received = disagg::receive_kv(*from_prefill, ro);
+      ASSERT_TRUE(received.ok()) << received.status().to_string();
+      EXPECT_EQ(received->kv.device.has_value(), in_region);
+      auto did = (*decode)->adopt(received->kv, p);
+      ASSERT_TRUE(did.ok()) << did.status().to_string();
+      exported->device.reset();  // adopted: the region goes back to the pool
+      const std::vector<int32_t> rest = run(**decode, *did);
+      got.insert(got.end(), rest.begin(), rest.end());
+      EXPECT_EQ(got, expected) << "prompt " << i;
+    }
   }
+  EXPECT_EQ((*pool)->free_bytes(), (*pool)->size());
   ASSERT_OK((*decode)->check_no_leaks());
   ASSERT_OK((*colocated)->check_no_leaks());
 }

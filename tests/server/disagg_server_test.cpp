@@ -106,6 +106,11 @@ TEST(DisaggServer, BadOptionsGiveOneErrorLine) {
   expect_error("router --port 0 --prefill http://127.0.0.1:1 --decode http://127.0.0.1:2 --host nowhere", "nowhere");
   expect_error(serve("--role middle"), "--role");
   expect_error(serve("--role decode --kv-host not-an-address"), "not-an-address");
+  // K/V in GPU memory: the prefill side's choice, and only on a GPU.
+  expect_error(serve("--role decode --kv-transport cuda-ipc"), "prefill role's choice");
+  expect_error(serve("--role prefill --kv-transport cuda-ipc --device cpu"), "needs a GPU");
+  expect_error(serve("--role prefill --kv-transport rdma"), "tcp or cuda-ipc");
+  expect_error(serve("--role prefill --kv-transport cuda-ipc --kv-staging-mem lots"), "--kv-staging-mem");
 }
 
 }  // namespace

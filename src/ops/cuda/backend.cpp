@@ -5,7 +5,9 @@
 // synchronize() or the next copy to the host.
 #include <cuda_runtime.h>
 
+#include <cstring>
 #include <memory>
+#include <string>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
@@ -57,6 +59,7 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
 
   ~CudaBackend() override {
     cudaStreamSynchronize(stream_);
+    for (auto& [key, p] : opened_) cudaIpcCloseMemHandle(p);
     workspace_ = Scratch();
     argmax_workspace_ = Scratch();
     rope_tables_.clear();
@@ -115,6 +118,62 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
     TACHYON_CUDA_RETURN_IF_ERROR(cudaMemPoolTrimTo(pool, 0));
     TACHYON_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
     return Status::Ok();
+  }
+
+  // Legacy CUDA IPC: cudaMalloc'd memory (stream-ordered pool memory cannot be shared this way),
+  // named by a 64-byte cudaIpcMemHandle_t that another process opens.
+  Result<Shared> allocate_shared(Device device, size_t bytes, std::string_view what) override {
+    TACHYON_RETURN_IF_ERROR(check_device(device));
+    Shared out;
+    const cudaError_t e = cudaMalloc(&out.data, bytes);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      return make_error(ErrorCode::kOutOfMemory, "cuda:{}: out of memory allocating {} ({:.2f} MiB, shareable): {}",
+                        device_, what, static_cast<double>(bytes) / (1 << 20), cudaGetErrorString(e));
+    }
+    cudaIpcMemHandle_t handle;
+    const cudaError_t h = cudaIpcGetMemHandle(&handle, out.data);
+    if (h != cudaSuccess) {
+      cudaGetLastError();
+      cudaFree(out.data);
+      return make_error(ErrorCode::kUnsupported, "cuda:{}: {} cannot be shared with other processes: {}", device_, what,
+                        cudaGetErrorString(h));
+    }
+    const auto* raw = reinterpret_cast<const uint8_t*>(&handle);
+    out.handle.assign(raw, raw + sizeof(handle));
+    return out;
+  }
+
+  void deallocate_shared(Device, void* data) override {
+    if (data == nullptr) return;
+    cudaStreamSynchronize(stream_);  // no copy of ours still reads or writes it
+    const cudaError_t e = cudaFree(data);
+    if (e != cudaSuccess) TACHYON_LOG_WARN("cudaFree: {}", cudaGetErrorString(e));
+  }
+
+  Result<void*> open_shared(Device device, std::span<const uint8_t> handle) override {
+    TACHYON_RETURN_IF_ERROR(check_device(device));
+    if (handle.size() != sizeof(cudaIpcMemHandle_t)) {
+      return make_error(ErrorCode::kInvalidArgument, "cuda:{}: an IPC handle of {} bytes (a CUDA one has {})", device_,
+                        handle.size(), sizeof(cudaIpcMemHandle_t));
+    }
+    const std::string key(handle.begin(), handle.end());
+    std::lock_guard lock(shared_mu_);
+    if (auto it = opened_.find(key); it != opened_.end()) return it->second;
+    TACHYON_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));  // a receiver thread's device need not be ours yet
+    cudaIpcMemHandle_t h;
+    std::memcpy(&h, handle.data(), sizeof(h));
+    void* p = nullptr;
+    const cudaError_t e = cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      return make_error(ErrorCode::kUnsupported,
+                        "cuda:{}: cannot map the other process's device memory (CUDA IPC needs both processes on one "
+                        "host, GPUs that can reach each other, and two distinct processes): {}",
+                        device_, cudaGetErrorString(e));
+    }
+    opened_.emplace(key, p);
+    return p;
   }
 
   // ---- ops ---------------------------------------------------------------------------------------
@@ -528,6 +587,8 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
   Scratch argmax_workspace_;  // argmax chunks
   uint64_t epoch_ = 0;        // scratch replacements here (the linear context counts its own)
   std::unordered_map<const float*, RopeUpload> rope_tables_;
+  std::mutex shared_mu_;                             // open_shared() runs on receiver threads
+  std::unordered_map<std::string, void*> opened_;    // IPC handle bytes -> this process's mapping
   int64_t graphs_captured_ = 0;
 };
 
