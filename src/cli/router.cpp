@@ -70,7 +70,9 @@ void add_router(CLI::App& app, std::function<int()>& run) {
   auto a = std::make_shared<RouterArgs>();
   CLI::App* cmd = app.add_subcommand(
       "router", "OpenAI-compatible front for disaggregated workers (tachyon serve --role prefill|decode)");
-  cmd->add_option("--prefill", a->prefill, "a prefill worker's URL, http://HOST:PORT (repeatable)")->required();
+  cmd->add_option("--prefill", a->prefill,
+                  "a prefill worker's URL, http://HOST:PORT (repeatable); none: every request runs whole on a decode "
+                  "worker (a colocated pool behind the same router)");
   cmd->add_option("--decode", a->decode, "a decode worker's URL, http://HOST:PORT (repeatable)")->required();
   cmd->add_option("--host", a->host, "address to listen on (default 127.0.0.1)");
   cmd->add_option("--port", a->port, "TCP port; 0 picks a free one (default 8000)")->check(CLI::Range(0, 65535));

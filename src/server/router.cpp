@@ -41,6 +41,10 @@
 namespace tachyon::server {
 namespace {
 
+// Above any prompt (the workers accept up to 2^30): the decode worker runs the request whole.
+constexpr int64_t kNoDisaggMinPrompt = int64_t{1} << 30;
+
+
 namespace net = boost::asio;
 namespace beast = boost::beast;
 namespace http = beast::http;
@@ -640,7 +644,8 @@ void Router::Impl::generate(ClientConnection& conn, Endpoint endpoint, const std
     // 1. Register with the decode worker (it checks the request first).
     std::vector<std::pair<std::string, std::string>> headers = {
         {kHeaderTransferId, std::to_string(transfer_id)},
-        {kHeaderMinPromptTokens, std::to_string(options.disagg_min_prompt)},
+        // Without prefill workers every request runs whole on its decode worker (a colocated pool).
+        {kHeaderMinPromptTokens, std::to_string(prefill.empty() ? kNoDisaggMinPrompt : options.disagg_min_prompt)},
         {kHeaderResponseId, response_id},
         {kHeaderCreated, created}};
     auto d_client = HttpClient::connect(d_url, connect_timeout);
@@ -887,7 +892,7 @@ void Router::Impl::handle(ClientConnection& conn, http::request<http::string_bod
       for (const Worker& w : prefill) p += w.state.up;
       for (const Worker& w : decode) d += w.state.up;
     }
-    const bool ok = p > 0 && d > 0 && !draining.load();
+    const bool ok = (p > 0 || prefill.empty()) && d > 0 && !draining.load();
     return reply(conn, ok ? 200 : 503,
                  fmt::format(R"({{"status":"{}","prefill_up":{},"decode_up":{}}})",
                              draining.load() ? "draining" : ok ? "ok" : "degraded", p, d),
@@ -1007,8 +1012,8 @@ Router::~Router() {
 int Router::port() const { return impl_->port; }
 
 Result<std::unique_ptr<Router>> Router::create(const RouterOptions& options) {
-  if (options.prefill.empty() || options.decode.empty()) {
-    return make_error(ErrorCode::kInvalidArgument, "the router needs at least one --prefill and one --decode worker");
+  if (options.decode.empty()) {
+    return make_error(ErrorCode::kInvalidArgument, "the router needs at least one --decode worker");
   }
   if (options.port < 0 || options.port > 65535) {
     return make_error(ErrorCode::kInvalidArgument, "port {} must be in [0, 65535]", options.port);

@@ -7,6 +7,9 @@
 #include <string>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "server/http_client.h"
 
 #include "server/tachyon_process.h"
 #include "test_util.h"
@@ -94,6 +97,36 @@ TEST(DisaggServer, RateMatchingHoldsThenRefuses) {
   EXPECT_EQ(d.router->stop(), 0) << d.logs();
 }
 
+// A router without prefill workers fronts a colocated pool: every request runs whole on one of
+// its decode workers (the baseline a disaggregated deployment is measured against).
+TEST(DisaggServer, RouterWithoutPrefillWorkersRunsEveryRequestColocated) {
+  Process a("pool_a", serve("--role decode")), b("pool_b", serve("--role decode"));
+  ASSERT_TRUE(a.started() && b.started()) << a.log() << b.log();
+  Process router("pool_router", "router --port 0 --worker-timeout 20 --decode " + a.url() + " --decode " + b.url());
+  ASSERT_TRUE(router.started()) << router.log();
+  const server::HttpUrl url{"127.0.0.1", static_cast<uint16_t>(router.port())};
+  for (int i = 0; i < 6; ++i) {
+    const std::string body = R"({"model": "tachyon-demo", "prompt": "Once upon a time there was a robot", "max_tokens": )" +
+                             std::to_string(3 + i) + R"(, "temperature": 0, "ignore_eos": true})";
+    auto r = server::http_fetch(url, "POST", "/v1/completions", body, 1 << 20, server::Millis(30000));
+    ASSERT_TRUE(r.ok()) << r.status().to_string() << router.log();
+    ASSERT_EQ(r->first, 200) << r->second;
+    const auto j = nlohmann::json::parse(r->second);
+    EXPECT_EQ(j["usage"]["completion_tokens"], 3 + i);
+  }
+  auto health = server::http_fetch(url, "GET", "/health", "", 1 << 16, server::Millis(5000));
+  ASSERT_TRUE(health.ok());
+  EXPECT_EQ(health->first, 200) << health->second;
+  auto metrics = server::http_fetch(url, "GET", "/metrics", "", 1 << 20, server::Millis(5000));
+  ASSERT_TRUE(metrics.ok());
+  EXPECT_NE(metrics->second.find("tachyon_router_requests_total{mode=\"colocated\"} 6"), std::string::npos)
+      << metrics->second;
+  EXPECT_NE(metrics->second.find("tachyon_router_requests_total{mode=\"disagg\"} 0"), std::string::npos);
+  EXPECT_EQ(router.stop(), 0) << router.log();
+  EXPECT_EQ(a.stop(), 0);
+  EXPECT_EQ(b.stop(), 0);
+}
+
 TEST(DisaggServer, BadOptionsGiveOneErrorLine) {
   const auto expect_error = [](const std::string& args, const std::string& needle) {
     const testing::CommandResult r = testing::run_command(testing::tachyon_binary() + " " + args);
@@ -101,6 +134,7 @@ TEST(DisaggServer, BadOptionsGiveOneErrorLine) {
     EXPECT_NE((r.err + r.out).find(needle), std::string::npos) << args << "\n" << r.err << r.out;
   };
   expect_error("router --port 0 --prefill http://127.0.0.1:1", "--decode");
+  expect_error("router --port 0", "--decode");
   expect_error("router --port 0 --prefill 127.0.0.1:1 --decode http://127.0.0.1:2", "http://");
   expect_error("router --port 0 --prefill http://127.0.0.1:1 --decode http://127.0.0.1:99999", "65535");
   expect_error("router --port 0 --prefill http://127.0.0.1:1 --decode http://127.0.0.1:2 --host nowhere", "nowhere");
