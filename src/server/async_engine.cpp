@@ -165,8 +165,13 @@ void AsyncEngine::adopt_pending(double now) {
                              static_cast<size_t>(a.kv.num_prompt_tokens) == s.prompt_ids_.size() &&
                              a.kv.tokens.size() >= s.prompt_ids_.size() &&
                              std::equal(s.prompt_ids_.begin(), s.prompt_ids_.end(), a.kv.tokens.begin());
+    const auto copy_start = std::chrono::steady_clock::now();
     if (same_prompt) id = engine_->adopt(a.kv, s.params_);
     if (id.ok()) {
+      // adopt() returns once its copies ran: its time is the K/V's way into this cache.
+      metrics_.record_adopted_bytes(a.kv.device.has_value(),
+                                    a.kv.layer_bytes() * static_cast<uint64_t>(std::max(a.kv.num_layers, 0)),
+                                    std::chrono::duration<double>(std::chrono::steady_clock::now() - copy_start).count());
       s.engine_id_ = *id;
       s.imported_tokens_.assign(a.kv.tokens.begin() + a.kv.num_prompt_tokens, a.kv.tokens.end());
       if (options_.request_timeout > 0) s.deadline_ = now + options_.request_timeout;

@@ -91,6 +91,12 @@ void ServerMetrics::record_transfer_bytes(bool device_region, uint64_t bytes) {
   transfer_bytes_[device_region ? 1 : 0] += bytes;
 }
 
+void ServerMetrics::record_adopted_bytes(bool device_region, uint64_t bytes, double seconds) {
+  std::lock_guard lock(mu_);
+  adopted_bytes_[device_region ? 1 : 0] += bytes;
+  adopt_seconds_[device_region ? 1 : 0] += seconds;
+}
+
 void ServerMetrics::record_adoption(bool ok) {
   std::lock_guard lock(mu_);
   ++adoptions_[ok ? 1 : 0];
@@ -180,6 +186,14 @@ std::string ServerMetrics::render() const {
          "Prefill role: K/V bytes shipped, by path (cuda_ipc: device memory the decode worker maps; tcp: via the host).");
   out += fmt::format("tachyon_kv_transfer_bytes_total{{via=\"tcp\"}} {}\ntachyon_kv_transfer_bytes_total{{via=\"cuda_ipc\"}} {}\n",
                      transfer_bytes_[0], transfer_bytes_[1]);
+  header(out, "tachyon_kv_adopted_bytes_total", "counter",
+         "Decode role: K/V bytes copied into the cache by adoptions, by where they came from.");
+  out += fmt::format("tachyon_kv_adopted_bytes_total{{via=\"tcp\"}} {}\ntachyon_kv_adopted_bytes_total{{via=\"cuda_ipc\"}} {}\n",
+                     adopted_bytes_[0], adopted_bytes_[1]);
+  header(out, "tachyon_kv_adopt_copy_seconds_total", "counter",
+         "Decode role: seconds adoptions spent copying K/V into the cache (bytes / seconds: the copy rate).");
+  out += fmt::format("tachyon_kv_adopt_copy_seconds_total{{via=\"tcp\"}} {:.6f}\ntachyon_kv_adopt_copy_seconds_total{{via=\"cuda_ipc\"}} {:.6f}\n",
+                     adopt_seconds_[0], adopt_seconds_[1]);
   header(out, "tachyon_kv_adoptions_total", "counter", "Decode role: received transfers adopted into the engine, by outcome.");
   out += fmt::format("tachyon_kv_adoptions_total{{outcome=\"ok\"}} {}\ntachyon_kv_adoptions_total{{outcome=\"error\"}} {}\n",
                      adoptions_[1], adoptions_[0]);

@@ -102,6 +102,8 @@ TEST(GpuDisagg, CudaIpcBetweenProcessesEqualsColocated) {
   EXPECT_GT(p["tachyon_kv_transfer_bytes_total{via=\"cuda_ipc\"}"], 0);
   EXPECT_EQ(p["tachyon_kv_transfer_bytes_total{via=\"tcp\"}"], 0);
   EXPECT_EQ(d["tachyon_kv_adoptions_total{outcome=\"ok\"}"], requests);
+  EXPECT_EQ(d["tachyon_kv_adopted_bytes_total{via=\"cuda_ipc\"}"], p["tachyon_kv_transfer_bytes_total{via=\"cuda_ipc\"}"]);
+  EXPECT_GT(d["tachyon_kv_adopt_copy_seconds_total{via=\"cuda_ipc\"}"], 0);
   EXPECT_EQ(p["tachyon_kv_cache_blocks_used"], 0);
   EXPECT_EQ(d["tachyon_kv_cache_blocks_used"], 0);
   EXPECT_EQ(router.stop(), 0) << logs();

@@ -139,6 +139,10 @@ class DisaggregatedEqualsColocated(unittest.TestCase):
         self.assertEqual(p['tachyon_kv_transfers_total{outcome="error"}'], 0)
         self.assertEqual(d['tachyon_kv_adoptions_total{outcome="ok"}'], shipped)
         self.assertEqual(p['tachyon_requests_finished_total{finish_reason="transfer"}'], shipped)
+        # Every K/V byte went over TCP here, and the decode side copied in as many as were shipped.
+        self.assertGreater(p['tachyon_kv_transfer_bytes_total{via="tcp"}'], 0)
+        self.assertEqual(p['tachyon_kv_transfer_bytes_total{via="cuda_ipc"}'], 0)
+        self.assertEqual(d['tachyon_kv_adopted_bytes_total{via="tcp"}'], p['tachyon_kv_transfer_bytes_total{via="tcp"}'])
 
     def test_bad_requests_get_the_workers_errors(self):
         for endpoint, kwargs, status in [
