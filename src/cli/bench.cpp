@@ -239,6 +239,59 @@ std::vector<PlannedRequest> plan_throughput(const BenchArgs& a, int vocab, int m
   return plan;
 }
 
+// What both the in-process and the --url runs report the same way.
+json sampling_json(const BenchArgs& a) {
+  return {{"temperature", a.temperature}, {"top_p", a.top_p}, {"top_k", a.top_k}, {"min_p", a.min_p},
+          {"repetition_penalty", a.repetition_penalty}};
+}
+
+json workload_json(const BenchArgs& a, bool latency, size_t measured, int concurrency) {
+  return {{"num_requests", measured},
+          {"prompt_len", latency ? a.prompt_len : a.mean_prompt_len},
+          {"output_len", latency ? a.output_len : a.mean_output_len},
+          {"len_sigma", latency ? 0.0 : a.len_sigma},
+          {"concurrency", concurrency},
+          {"request_rate", a.request_rate},
+          {"shared_prefix", a.shared_prefix},
+          {"seed", a.seed}};
+}
+
+void put_latencies(json& j, const Percentiles& ttft, const Percentiles& tpot, const Percentiles& itl,
+                   const Percentiles& e2e) {
+  j["ttft_ms"] = to_json_ms(ttft);
+  j["tpot_ms"] = to_json_ms(tpot);
+  j["itl_ms"] = to_json_ms(itl);
+  j["e2e_ms"] = to_json_ms(e2e);
+}
+
+// The goodput figures (when targets were given) into j; returns them for the summary line.
+Goodput put_goodput(json& j, const std::vector<RequestLatency>& latencies, const SloTargets& slo, double duration) {
+  const Goodput goodput = compute_goodput(latencies, slo, duration);
+  if (slo.any()) {
+    j["goodput"] = {{"slo_ttft_s", slo.ttft > 0 ? json(slo.ttft) : json(nullptr)},
+                    {"slo_tpot_s", slo.tpot > 0 ? json(slo.tpot) : json(nullptr)},
+                    {"requests", goodput.requests},
+                    {"requests_meeting", goodput.requests_meeting},
+                    {"fraction", goodput.fraction},
+                    {"requests_per_s", goodput.requests_per_s}};
+  }
+  return goodput;
+}
+
+std::string goodput_summary(const Goodput& goodput, const SloTargets& slo) {
+  if (!slo.any()) return {};
+  return fmt::format(" | goodput {:.2f} req/s ({:.0f}% within {})", goodput.requests_per_s, 100.0 * goodput.fraction,
+                     describe_slo(slo));
+}
+
+Status write_json(const std::string& path, const json& j) {
+  if (path.empty()) return Status::Ok();
+  std::ofstream f(path);
+  f << j.dump(2) << "\n";
+  if (!f) return make_error(ErrorCode::kIo, "cannot write {}", path);
+  return Status::Ok();
+}
+
 // --url: the workload through a server's streaming API.
 int run_bench_http(BenchArgs& a, bool latency) {
   auto url = server::parse_http_url(a.url);
@@ -340,18 +393,11 @@ int run_bench_http(BenchArgs& a, bool latency) {
   j["workload"] = latency ? "latency" : "throughput";
   j["url"] = url->to_string();
   j["model"] = model;
-  j["sampling"] = {{"temperature", a.temperature}, {"top_p", a.top_p}, {"top_k", a.top_k}, {"min_p", a.min_p}, {"repetition_penalty", a.repetition_penalty}};
+  j["sampling"] = sampling_json(a);
   j["client_threads"] = options.threads;
-  j["config"] = {{"num_requests", measured},
-                 {"prompt_len", latency ? a.prompt_len : a.mean_prompt_len},
-                 {"output_len", latency ? a.output_len : a.mean_output_len},
-                 {"len_sigma", latency ? 0.0 : a.len_sigma},
-                 {"concurrency", options.concurrency},
-                 {"request_rate", a.request_rate},
-                 {"shared_prefix", a.shared_prefix},
-                 {"seed", a.seed},
-                 {"vocab", vocab},
-                 {"max_model_len", max_model_len}};
+  j["config"] = workload_json(a, latency, measured, options.concurrency);
+  j["config"]["vocab"] = vocab;
+  j["config"]["max_model_len"] = max_model_len;
   j["duration_s"] = duration;
   j["requests_failed"] = failed;
   if (failed > 0) j["first_error"] = first_error;
@@ -361,26 +407,11 @@ int run_bench_http(BenchArgs& a, bool latency) {
   j["usage_mismatches"] = usage_mismatches;  // requests whose usage disagrees with the tokens streamed
   j["output_tokens_per_s"] = static_cast<double>(output_tokens) / duration;
   j["total_tokens_per_s"] = static_cast<double>(output_tokens + prompt_tokens) / duration;
-  j["ttft_ms"] = to_json_ms(p_ttft);
-  j["tpot_ms"] = to_json_ms(p_tpot);
-  j["itl_ms"] = to_json_ms(p_itl);
-  j["e2e_ms"] = to_json_ms(p_e2e);
+  put_latencies(j, p_ttft, p_tpot, p_itl, p_e2e);
   if (!delivery.empty()) j["delivery_ms"] = to_json_ms(p_delivery);
-  const Goodput goodput = compute_goodput(latencies, a.slo, duration);
-  if (a.slo.any()) {
-    j["goodput"] = {{"slo_ttft_s", a.slo.ttft > 0 ? json(a.slo.ttft) : json(nullptr)},
-                    {"slo_tpot_s", a.slo.tpot > 0 ? json(a.slo.tpot) : json(nullptr)},
-                    {"requests", goodput.requests},
-                    {"requests_meeting", goodput.requests_meeting},
-                    {"fraction", goodput.fraction},
-                    {"requests_per_s", goodput.requests_per_s}};
-  }
+  const Goodput goodput = put_goodput(j, latencies, a.slo, duration);
   if (latency) j["decode_tokens_per_s"] = p_tpot.mean > 0 ? 1.0 / p_tpot.mean : 0.0;
-  if (!a.json_path.empty()) {
-    std::ofstream f(a.json_path);
-    f << j.dump(2) << "\n";
-    if (!f) return report(make_error(ErrorCode::kIo, "cannot write {}", a.json_path));
-  }
+  if (Status written = write_json(a.json_path, j); !written.ok()) return report(written);
   const std::string delivered =
       delivery.empty() ? std::string()
                        : fmt::format(" | delivery p50 {:.2f} ms p99 {:.2f} ms max {:.2f} ms", p_delivery.p50 * 1e3,
@@ -397,10 +428,7 @@ int run_bench_http(BenchArgs& a, bool latency) {
                 measured, duration, static_cast<double>(measured - failed) / duration,
                 static_cast<double>(output_tokens) / duration, p_ttft.p50 * 1e3, p_ttft.p99 * 1e3, p_tpot.p50 * 1e3,
                 p_itl.p99 * 1e3, delivered.c_str(),
-                a.slo.any() ? fmt::format(" | goodput {:.2f} req/s ({:.0f}% within {})", goodput.requests_per_s,
-                                          100.0 * goodput.fraction, describe_slo(a.slo))
-                                  .c_str()
-                            : "",
+                goodput_summary(goodput, a.slo).c_str(),
                 failures.c_str());
   }
   return failed == 0 ? 0 : 1;
@@ -540,21 +568,14 @@ int run_bench(BenchArgs& a) {
   json j;
   j["bench"] = "engine";
   j["workload"] = a.workload;
-  j["sampling"] = {{"temperature", a.temperature}, {"top_p", a.top_p}, {"top_k", a.top_k}, {"min_p", a.min_p}, {"repetition_penalty", a.repetition_penalty}};
+  j["sampling"] = sampling_json(a);
   j["model"] = a.common.model;
   j["weights"] = m.weight_dtypes;
   j["weight_format"] = weight_format(*m.model);
   j["device"] = m.model->device().to_string();
   j["threads"] = num_threads();
-  j["config"] = {{"num_requests", measured},
-                 {"prompt_len", latency ? a.prompt_len : a.mean_prompt_len},
-                 {"output_len", latency ? a.output_len : a.mean_output_len},
-                 {"len_sigma", latency ? 0.0 : a.len_sigma},
-                 {"concurrency", a.concurrency},
-                 {"request_rate", a.request_rate},
-                 {"shared_prefix", a.shared_prefix},
-                 {"seed", a.seed},
-                 {"max_batched_tokens", eo->max_batched_tokens},
+  j["config"] = workload_json(a, latency, measured, a.concurrency);
+  j["config"].update({{"max_batched_tokens", eo->max_batched_tokens},
                  {"max_seqs", eo->max_seqs},
                  {"chunked_prefill", eo->chunked_prefill},
                  {"prefix_caching", eo->prefix_caching},
@@ -563,17 +584,14 @@ int run_bench(BenchArgs& a) {
                  {"kv_blocks", after.kv_blocks_total},
                  {"kv_tokens", static_cast<int64_t>(after.kv_blocks_total) * eo->block_size},
                  {"kv_cache_bytes", after.kv_cache_bytes},
-                 {"max_model_len", e.max_model_len()}};
+                 {"max_model_len", e.max_model_len()}});
   j["duration_s"] = duration;
   j["requests_per_s"] = static_cast<double>(measured) / duration;
   j["output_tokens"] = output_tokens;
   j["prompt_tokens"] = prompt_tokens;
   j["output_tokens_per_s"] = static_cast<double>(output_tokens) / duration;
   j["total_tokens_per_s"] = static_cast<double>(output_tokens + prompt_tokens) / duration;
-  j["ttft_ms"] = to_json_ms(p_ttft);
-  j["tpot_ms"] = to_json_ms(p_tpot);
-  j["itl_ms"] = to_json_ms(p_itl);
-  j["e2e_ms"] = to_json_ms(p_e2e);
+  put_latencies(j, p_ttft, p_tpot, p_itl, p_e2e);
   j["kv_peak_blocks"] = after.kv_blocks_used_peak;
   j["kv_peak_fraction"] = after.kv_blocks_total > 0 ? static_cast<double>(after.kv_blocks_used_peak) / after.kv_blocks_total : 0.0;
   j["prefix_hit_rate"] = (after.prefix.query_tokens - before.prefix.query_tokens) > 0
@@ -608,26 +626,14 @@ int run_bench(BenchArgs& a) {
                  {"gated_steps", s1.num_gated_steps - s0.num_gated_steps}};
   }
   if (!a.prompt_text.empty()) j["prompt_text"] = a.prompt_text;
-  const Goodput goodput = compute_goodput(latencies, a.slo, duration);
-  if (a.slo.any()) {
-    j["goodput"] = {{"slo_ttft_s", a.slo.ttft > 0 ? json(a.slo.ttft) : json(nullptr)},
-                    {"slo_tpot_s", a.slo.tpot > 0 ? json(a.slo.tpot) : json(nullptr)},
-                    {"requests", goodput.requests},
-                    {"requests_meeting", goodput.requests_meeting},
-                    {"fraction", goodput.fraction},
-                    {"requests_per_s", goodput.requests_per_s}};
-  }
+  const Goodput goodput = put_goodput(j, latencies, a.slo, duration);
   if (latency) {
     j["decode_tokens_per_s"] = decode_tok_s;
     j["prefill_tokens_per_s"] = p_ttft.mean > 0 ? a.prompt_len / p_ttft.mean : 0.0;
     j["decode_weight_gbps"] = decode_tok_s * weight_bytes / 1e9;
     if (a.bandwidth_gbps > 0) j["decode_fraction_of_roofline"] = decode_tok_s * weight_bytes / 1e9 / a.bandwidth_gbps;
   }
-  if (!a.json_path.empty()) {
-    std::ofstream f(a.json_path);
-    f << j.dump(2) << "\n";
-    if (!f) return report(make_error(ErrorCode::kIo, "cannot write {}", a.json_path));
-  }
+  if (Status written = write_json(a.json_path, j); !written.ok()) return report(written);
   if (latency) {
     std::printf("latency: prompt %d, output %d | TTFT %.1f ms | TPOT %.2f ms (%.2f tok/s, %.2f GB/s of weights%s) | "
                 "e2e %.1f ms\n",
@@ -647,10 +653,7 @@ int run_bench(BenchArgs& a) {
                 static_cast<double>(output_tokens) / duration, p_ttft.p50 * 1e3, p_ttft.p99 * 1e3, p_tpot.p50 * 1e3,
                 p_itl.p99 * 1e3, 100.0 * j["kv_peak_fraction"].get<double>(), 100.0 * j["prefix_hit_rate"].get<double>(),
                 static_cast<long long>(j["preemptions"].get<int64_t>()), 100.0 * j["schedule_fraction"].get<double>(),
-                a.slo.any() ? fmt::format(" | goodput {:.2f} req/s ({:.0f}% within {})", goodput.requests_per_s,
-                                          100.0 * goodput.fraction, describe_slo(a.slo))
-                                  .c_str()
-                            : "");
+                goodput_summary(goodput, a.slo).c_str());
   }
   if (j.contains("spec")) {
     const json& s = j["spec"];

@@ -305,6 +305,32 @@ Result<KvHeader> decode_kv_header(std::span<const uint8_t> message, const KvWire
   return h;
 }
 
+// The common head of the small checksummed messages (ack, region): u32 magic, u16 version, u16
+// flags, u64 transfer id, then the message's own fields, and a crc32c of all before it at the end.
+struct SmallMessage {
+  Reader r;
+  uint32_t magic = 0, crc = 0, stored_crc = 0;
+  uint16_t version = 0;
+  uint64_t id = 0;
+  // Magic, version and checksum all as they must be.
+  bool intact(uint32_t want_magic) const { return magic == want_magic && version == kKvWireVersion && crc == stored_crc; }
+};
+
+Result<SmallMessage> open_small_message(std::span<const uint8_t> m, size_t fixed_bytes, const char* what,
+                                        uint64_t transfer_id) {
+  if (m.size() < fixed_bytes + 4) {
+    return make_error(ErrorCode::kCorruptFile, "kv transfer {}: {} of {} bytes", transfer_id, what, m.size());
+  }
+  SmallMessage out{Reader(m)};
+  out.crc = crc32c(m.first(m.size() - 4));
+  out.stored_crc = Reader(m.subspan(m.size() - 4)).u32();
+  out.magic = out.r.u32();
+  out.version = out.r.u16();
+  out.r.u16();  // flags
+  out.id = out.r.u64();
+  return out;
+}
+
 std::vector<uint8_t> encode_kv_region(const KvDeviceRegion& region, uint64_t transfer_id) {
   Writer w;
   w.u32(kKvRegionMagic);
@@ -320,31 +346,21 @@ std::vector<uint8_t> encode_kv_region(const KvDeviceRegion& region, uint64_t tra
 }
 
 Result<KvRegionMessage> decode_kv_region(std::span<const uint8_t> m, uint64_t transfer_id) {
-  if (m.size() < kRegionFixedBytes + 4) {
-    return make_error(ErrorCode::kCorruptFile, "kv transfer {}: a region message of {} bytes", transfer_id, m.size());
-  }
-  const uint32_t crc = crc32c(m.first(m.size() - 4));
-  const uint32_t stored = Reader(m.subspan(m.size() - 4)).u32();
-  Reader r(m);
-  const uint32_t magic = r.u32();
-  const uint16_t version = r.u16();
-  r.u16();  // flags
+  TACHYON_ASSIGN_OR_RETURN(SmallMessage h, open_small_message(m, kRegionFixedBytes, "a region message", transfer_id));
   KvRegionMessage out;
-  const uint64_t id = r.u64();
-  out.offset = r.u64();
-  out.bytes = r.u64();
-  const uint32_t handle_bytes = r.u32();
-  if (magic != kKvRegionMagic || crc != stored || version != kKvWireVersion || handle_bytes > kMaxRegionHandle ||
-      handle_bytes != m.size() - kRegionFixedBytes - 4) {
+  out.offset = h.r.u64();
+  out.bytes = h.r.u64();
+  const uint32_t handle_bytes = h.r.u32();
+  if (!h.intact(kKvRegionMagic) || handle_bytes > kMaxRegionHandle || handle_bytes != m.size() - kRegionFixedBytes - 4) {
     return make_error(ErrorCode::kCorruptFile,
                       "kv transfer {}: bad region message (magic 0x{:08x}, version {}, checksum 0x{:08x} vs 0x{:08x}, "
                       "{} handle bytes in {})",
-                      transfer_id, magic, version, stored, crc, handle_bytes, m.size());
+                      transfer_id, h.magic, h.version, h.stored_crc, h.crc, handle_bytes, m.size());
   }
-  if (id != transfer_id) {
-    return make_error(ErrorCode::kCorruptFile, "kv transfer {}: the region message is for transfer {}", transfer_id, id);
+  if (h.id != transfer_id) {
+    return make_error(ErrorCode::kCorruptFile, "kv transfer {}: the region message is for transfer {}", transfer_id, h.id);
   }
-  const auto handle = r.bytes(handle_bytes);
+  const auto handle = h.r.bytes(handle_bytes);
   out.handle.assign(handle.begin(), handle.end());
   return out;
 }
@@ -438,26 +454,18 @@ Status receive_kv_ack(KvTransport& transport, uint64_t transfer_id, Millis timeo
   auto message = transport.receive(kAckFixedBytes + kMaxAckMessage + 4, timeout);
   if (!message.ok()) return message.status().with_context(fmt::format("kv transfer {}: ack", transfer_id));
   const std::span<const uint8_t> m = *message;
-  if (m.size() < kAckFixedBytes + 4) {
-    return make_error(ErrorCode::kCorruptFile, "kv transfer {}: an ack of {} bytes", transfer_id, m.size());
-  }
-  const uint32_t crc = crc32c(m.first(m.size() - 4));
-  const uint32_t stored = Reader(m.subspan(m.size() - 4)).u32();
-  Reader r(m);
-  const uint32_t magic = r.u32();
-  const uint16_t version = r.u16();
-  r.u16();  // flags
-  const uint64_t id = r.u64();
+  TACHYON_ASSIGN_OR_RETURN(SmallMessage h, open_small_message(m, kAckFixedBytes, "an ack", transfer_id));
+  Reader& r = h.r;
   const uint32_t code = r.u32();
   const uint32_t length = r.u32();
-  if (magic != kKvAckMagic || crc != stored || version != kKvWireVersion || length != m.size() - kAckFixedBytes - 4) {
+  if (!h.intact(kKvAckMagic) || length != m.size() - kAckFixedBytes - 4) {
     return make_error(ErrorCode::kCorruptFile,
                       "kv transfer {}: bad ack (magic 0x{:08x}, version {}, checksum 0x{:08x} vs 0x{:08x}, {} message "
                       "bytes in {})",
-                      transfer_id, magic, version, stored, crc, length, m.size());
+                      transfer_id, h.magic, h.version, h.stored_crc, h.crc, length, m.size());
   }
-  if (id != transfer_id) {
-    return make_error(ErrorCode::kCorruptFile, "kv transfer {}: the ack is for transfer {}", transfer_id, id);
+  if (h.id != transfer_id) {
+    return make_error(ErrorCode::kCorruptFile, "kv transfer {}: the ack is for transfer {}", transfer_id, h.id);
   }
   if (code == static_cast<uint32_t>(ErrorCode::kOk)) return Status::Ok();
   const auto bytes = r.bytes(length);

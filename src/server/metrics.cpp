@@ -178,25 +178,27 @@ std::string ServerMetrics::render() const {
   for (size_t i = 0; i < finished_.size(); ++i) {
     out += fmt::format("tachyon_requests_finished_total{{finish_reason=\"{}\"}} {}\n", kFinishLabels[i], finished_[i]);
   }
-  header(out, "tachyon_kv_transfers_total", "counter",
-         "Prefill role: exported sequences shipped to a decode worker, by outcome (ok: adopted there).");
-  out += fmt::format("tachyon_kv_transfers_total{{outcome=\"ok\"}} {}\ntachyon_kv_transfers_total{{outcome=\"error\"}} {}\n",
-                     transfers_[1], transfers_[0]);
-  header(out, "tachyon_kv_transfer_bytes_total", "counter",
-         "Prefill role: K/V bytes shipped, by path (cuda_ipc: device memory the decode worker maps; tcp: via the host).");
-  out += fmt::format("tachyon_kv_transfer_bytes_total{{via=\"tcp\"}} {}\ntachyon_kv_transfer_bytes_total{{via=\"cuda_ipc\"}} {}\n",
-                     transfer_bytes_[0], transfer_bytes_[1]);
-  header(out, "tachyon_kv_adopted_bytes_total", "counter",
-         "Decode role: K/V bytes copied into the cache by adoptions, by where they came from.");
-  out += fmt::format("tachyon_kv_adopted_bytes_total{{via=\"tcp\"}} {}\ntachyon_kv_adopted_bytes_total{{via=\"cuda_ipc\"}} {}\n",
-                     adopted_bytes_[0], adopted_bytes_[1]);
-  header(out, "tachyon_kv_adopt_copy_seconds_total", "counter",
-         "Decode role: seconds adoptions spent copying K/V into the cache (bytes / seconds: the copy rate).");
-  out += fmt::format("tachyon_kv_adopt_copy_seconds_total{{via=\"tcp\"}} {:.6f}\ntachyon_kv_adopt_copy_seconds_total{{via=\"cuda_ipc\"}} {:.6f}\n",
-                     adopt_seconds_[0], adopt_seconds_[1]);
-  header(out, "tachyon_kv_adoptions_total", "counter", "Decode role: received transfers adopted into the engine, by outcome.");
-  out += fmt::format("tachyon_kv_adoptions_total{{outcome=\"ok\"}} {}\ntachyon_kv_adoptions_total{{outcome=\"error\"}} {}\n",
-                     adoptions_[1], adoptions_[0]);
+  // A counter of two samples: `label` = each of `values` (the index the arrays are kept by).
+  const auto pair = [&out](const char* name, const char* help, const char* label, const char* const (&values)[2],
+                           const auto& counts) {
+    header(out, name, "counter", help);
+    for (int i = 0; i < 2; ++i) out += fmt::format("{}{{{}=\"{}\"}} {}\n", name, label, values[i], counts[i]);
+  };
+  const char* const kOutcome[2] = {"error", "ok"};
+  const char* const kVia[2] = {"tcp", "cuda_ipc"};
+  pair("tachyon_kv_transfers_total",
+       "Prefill role: exported sequences shipped to a decode worker, by outcome (ok: adopted there).", "outcome", kOutcome,
+       transfers_);
+  pair("tachyon_kv_transfer_bytes_total",
+       "Prefill role: K/V bytes shipped, by path (cuda_ipc: device memory the decode worker maps; tcp: via the host).",
+       "via", kVia, transfer_bytes_);
+  pair("tachyon_kv_adopted_bytes_total", "Decode role: K/V bytes copied into the cache by adoptions, by where they came from.",
+       "via", kVia, adopted_bytes_);
+  pair("tachyon_kv_adopt_copy_seconds_total",
+       "Decode role: seconds adoptions spent copying K/V into the cache (bytes / seconds: the copy rate).", "via", kVia,
+       adopt_seconds_);
+  pair("tachyon_kv_adoptions_total", "Decode role: received transfers adopted into the engine, by outcome.", "outcome",
+       kOutcome, adoptions_);
   header(out, "tachyon_http_responses_total", "counter", "HTTP responses by status code.");
   for (const auto& [status, n] : http_responses_) {
     out += fmt::format("tachyon_http_responses_total{{code=\"{}\"}} {}\n", status, n);
