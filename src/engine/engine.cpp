@@ -68,6 +68,24 @@ Status copy_positions(Tensor& pool, const std::vector<int32_t>& blocks, int begi
   return Status::Ok();
 }
 
+// A GPU engine's K/V to or from host vectors pass through one device buffer: the many small
+// copies (a run of consecutive blocks each) stay on the device, and each layer crosses the bus
+// once, instead of one synchronous host copy per run. Undefined (copies go direct) when the
+// engine is on the host or the buffer does not fit.
+Tensor host_transfer_staging(Device device, size_t bytes) {
+  if (device.is_cpu() || bytes == 0) return {};
+  auto t = empty_on({static_cast<int64_t>(bytes)}, DType::kU8, device, "kv transfer staging");
+  return t.ok() ? std::move(t).value() : Tensor();
+}
+
+// Layer `layer` of the staging buffer (layers of `bytes` each) to or from host memory.
+Status copy_layer(Tensor& staging, size_t layer, size_t bytes, uint8_t* host_bytes, bool to_host) {
+  const int64_t n = static_cast<int64_t>(bytes);
+  Tensor part = staging.slice(0, static_cast<int64_t>(layer) * n, static_cast<int64_t>(layer + 1) * n);
+  Tensor host = Tensor::view_of(host_bytes, {n}, DType::kU8);
+  return to_host ? copy_into(host, part) : copy_into(part, host);
+}
+
 }  // namespace
 
 size_t KvExport::position_bytes() const {
@@ -713,11 +731,18 @@ Result<KvExport> Engine::export_kv(RequestId id, KvExportArena* arena) {
   if (arena != nullptr && arena->device() == device && layer_bytes > 0) {
     kv.device = arena->take(layer_bytes * static_cast<size_t>(cc.num_layers));
   }
-  if (!kv.device) kv.layers.resize(static_cast<size_t>(cc.num_layers));
+  Tensor staging;
+  if (!kv.device) {
+    kv.layers.resize(static_cast<size_t>(cc.num_layers));
+    staging = host_transfer_staging(device, layer_bytes * static_cast<size_t>(cc.num_layers));
+  }
   for (int l = 0; l < cc.num_layers && st.ok(); ++l) {
     uint8_t* at = nullptr;
     if (kv.device) {
       at = static_cast<uint8_t*>(kv.device->data) + static_cast<size_t>(l) * layer_bytes;
+    } else if (staging.defined()) {
+      kv.layers[static_cast<size_t>(l)].resize(layer_bytes);
+      at = staging.data<uint8_t>() + static_cast<size_t>(l) * layer_bytes;
     } else {
       std::vector<uint8_t>& bytes = kv.layers[static_cast<size_t>(l)];
       bytes.resize(layer_bytes);
@@ -728,8 +753,11 @@ Result<KvExport> Engine::export_kv(RequestId id, KvExportArena* arena) {
     for (Tensor* pool : cache_.pools(l)) {
       if (!st.ok()) break;
       st = copy_positions(*pool, seq.block_table().blocks(), 0, kv.num_computed, at, KvCopy::kCacheToHost,
-                          kv.device ? kv.device->device : Device::cpu());
+                          kv.device ? kv.device->device : staging.defined() ? device : Device::cpu());
       at += static_cast<size_t>(kv.num_computed) * pool_row_bytes(*pool);
+    }
+    if (st.ok() && staging.defined()) {
+      st = copy_layer(staging, static_cast<size_t>(l), layer_bytes, kv.layers[static_cast<size_t>(l)].data(), true);
     }
   }
   // Copies within a device run in the device's order: another process reads the region only after
@@ -823,21 +851,33 @@ Result<RequestId> Engine::adopt(const KvImport& kv, const GenerationParams& para
   TACHYON_ASSIGN_OR_RETURN(const int cached, scheduler_.reserve_adopted(&req->seq, kv.num_computed));
   // Positions [0, cached) came from the prefix cache; the rest are written from the import.
   Status st = Status::Ok();
+  Tensor staging = kv.device ? Tensor() : host_transfer_staging(model_.device(), layer_bytes * static_cast<size_t>(cc.num_layers));
+  const Device source = kv.device ? kv.device->device : staging.defined() ? model_.device() : Device::cpu();
   for (int l = 0; l < cc.num_layers && st.ok(); ++l) {
     // Only read: the import is the copies' source.
-    uint8_t* at = kv.device ? static_cast<uint8_t*>(kv.device->data) + static_cast<size_t>(l) * layer_bytes
-                            : const_cast<uint8_t*>(kv.layers[static_cast<size_t>(l)].data());
+    uint8_t* at = nullptr;
+    if (kv.device) {
+      at = static_cast<uint8_t*>(kv.device->data) + static_cast<size_t>(l) * layer_bytes;
+    } else if (staging.defined()) {
+      // Only read: the host view is the copy's source.
+      st = copy_layer(staging, static_cast<size_t>(l), layer_bytes,
+                      const_cast<uint8_t*>(kv.layers[static_cast<size_t>(l)].data()), false);
+      at = staging.data<uint8_t>() + static_cast<size_t>(l) * layer_bytes;
+    } else {
+      at = const_cast<uint8_t*>(kv.layers[static_cast<size_t>(l)].data());
+    }
     const std::vector<int32_t>& blocks = req->seq.block_table().blocks();
     for (Tensor* pool : cache_.pools(l)) {
       if (!st.ok()) break;
       const size_t row_bytes = pool_row_bytes(*pool);
       st = copy_positions(*pool, blocks, cached, kv.num_computed, at + static_cast<size_t>(cached) * row_bytes,
-                          KvCopy::kHostToCache, kv.device ? kv.device->device : Device::cpu());
+                          KvCopy::kHostToCache, source);
       at += static_cast<size_t>(kv.num_computed) * row_bytes;
     }
   }
-  // The region is the exporter's: it may be reused as soon as this returns.
-  if (st.ok() && kv.device && !kv.device->device.is_cpu()) st = ops::synchronize(kv.device->device);
+  // The region is the exporter's (and the staging buffer goes when this returns): copies out of
+  // either have finished before it does.
+  if (st.ok() && !source.is_cpu()) st = ops::synchronize(source);
   if (!st.ok()) {
     scheduler_.finish(&req->seq);
     return st.with_context("kv import");
