@@ -219,7 +219,12 @@ void AsyncEngine::hand_over(std::shared_ptr<RequestStream> s, RequestOutput outp
     finish_stream(s, std::move(output));
     return;
   }
+  const auto copy_start = std::chrono::steady_clock::now();
   auto kv = engine_->export_kv(id, options_.kv_arena.get());  // the blocks are free from here on, whatever happened
+  if (kv.ok()) {
+    metrics_.record_exported(kv->device.has_value(), kv->layer_bytes() * static_cast<uint64_t>(std::max(kv->num_layers, 0)),
+                             std::chrono::duration<double>(std::chrono::steady_clock::now() - copy_start).count());
+  }
   if (!kv.ok()) {
     output.finish_reason = FinishReason::kError;
     output.error = kv.status();

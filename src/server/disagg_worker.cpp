@@ -14,7 +14,6 @@ PrefillWorker::PrefillWorker(ServerMetrics& metrics, disagg::KvSenderOptions opt
 std::function<void(std::shared_ptr<RequestStream>, KvExport)> PrefillWorker::on_transfer() {
   return [this](std::shared_ptr<RequestStream> stream, KvExport kv) {
     const TransferTarget& target = *stream->transfer_target();
-    metrics_.record_transfer_bytes(kv.device.has_value(), kv.layer_bytes() * static_cast<uint64_t>(kv.num_layers));
     sender_.send(target.to, target.transfer_id, std::move(kv), [this, stream](const Status& outcome) {
       metrics_.record_transfer(outcome.ok());
       stream->finish_handoff(outcome);

@@ -86,9 +86,10 @@ void ServerMetrics::record_transfer(bool ok) {
   ++transfers_[ok ? 1 : 0];
 }
 
-void ServerMetrics::record_transfer_bytes(bool device_region, uint64_t bytes) {
+void ServerMetrics::record_exported(bool device_region, uint64_t bytes, double seconds) {
   std::lock_guard lock(mu_);
   transfer_bytes_[device_region ? 1 : 0] += bytes;
+  export_seconds_[device_region ? 1 : 0] += seconds;
 }
 
 void ServerMetrics::record_adopted_bytes(bool device_region, uint64_t bytes, double seconds) {
@@ -192,6 +193,9 @@ std::string ServerMetrics::render() const {
   pair("tachyon_kv_transfer_bytes_total",
        "Prefill role: K/V bytes shipped, by path (cuda_ipc: device memory the decode worker maps; tcp: via the host).",
        "via", kVia, transfer_bytes_);
+  pair("tachyon_kv_export_copy_seconds_total",
+       "Prefill role: seconds exports spent copying K/V out of the cache (to the host or the staging memory).", "via",
+       kVia, export_seconds_);
   pair("tachyon_kv_adopted_bytes_total", "Decode role: K/V bytes copied into the cache by adoptions, by where they came from.",
        "via", kVia, adopted_bytes_);
   pair("tachyon_kv_adopt_copy_seconds_total",

@@ -48,9 +48,9 @@ class ServerMetrics {
   // decode worker's adoptions of received ones.
   void record_transfer(bool ok);
   void record_adoption(bool ok);
-  // Prefill role: K/V bytes handed to the sender, by path (device memory a decode worker maps, or
-  // through the host over TCP).
-  void record_transfer_bytes(bool device_region, uint64_t bytes);
+  // Prefill role: K/V bytes exported for the sender and the seconds export_kv() took to copy them
+  // out, by path (device memory a decode worker maps, or through the host over TCP).
+  void record_exported(bool device_region, uint64_t bytes, double seconds);
   // Decode role: K/V bytes adopted into the cache and the seconds adopt() took to copy them in, by
   // where they came from (a mapped device region, or host memory received over TCP).
   void record_adopted_bytes(bool device_region, uint64_t bytes, double seconds);
@@ -67,6 +67,7 @@ class ServerMetrics {
   std::array<int64_t, 2> transfers_{};  // failed, ok
   std::array<int64_t, 2> adoptions_{};  // failed, ok
   std::array<uint64_t, 2> transfer_bytes_{};  // tcp, cuda_ipc
+  std::array<double, 2> export_seconds_{};
   std::array<uint64_t, 2> adopted_bytes_{};   // tcp, cuda_ipc
   std::array<double, 2> adopt_seconds_{};
   int64_t rejected_ = 0;
