@@ -1,5 +1,8 @@
 #include "disagg/kv_staging.h"
 
+#include <algorithm>
+#include <iterator>
+
 #include <fmt/format.h>
 
 #include "core/device_memory.h"
