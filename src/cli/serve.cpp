@@ -86,6 +86,16 @@ int run_serve(ServeArgs& a) {
   if (a.transfer_wait <= 0 || a.adopt_wait <= 0) {
     return report(make_error(ErrorCode::kInvalidArgument, "--transfer-wait and --adopt-wait must be positive"));
   }
+  // Checked before the model loads: a typo costs no load time.
+  if (a.kv_transport != "tcp" && a.kv_transport != "cuda-ipc") {
+    return report(make_error(ErrorCode::kInvalidArgument, "--kv-transport '{}': tcp or cuda-ipc", a.kv_transport));
+  }
+  if (a.kv_transport == "cuda-ipc" && *role != server::WorkerRole::kPrefill) {
+    return report(make_error(ErrorCode::kInvalidArgument,
+                             "--kv-transport is the prefill role's choice (a decode worker takes either)"));
+  }
+  auto staging_bytes = parse_bytes(a.kv_staging_mem);
+  if (!staging_bytes.ok()) return report(staging_bytes.status().with_context("--kv-staging-mem"));
   auto eo = engine_options(a.engine);
   if (!eo.ok()) return report(eo.status());
   auto loaded = load(a.common, *dtype);
@@ -126,16 +136,7 @@ int run_serve(ServeArgs& a) {
   server::DisaggContext disagg;
   disagg.role = *role;
   disagg.transfer_wait = a.transfer_wait;
-  if (a.kv_transport != "tcp" && a.kv_transport != "cuda-ipc") {
-    return report(make_error(ErrorCode::kInvalidArgument, "--kv-transport '{}': tcp or cuda-ipc", a.kv_transport));
-  }
-  if (a.kv_transport == "cuda-ipc" && *role != server::WorkerRole::kPrefill) {
-    return report(make_error(ErrorCode::kInvalidArgument,
-                             "--kv-transport is the prefill role's choice (a decode worker takes either)"));
-  }
   if (*role == server::WorkerRole::kPrefill && a.kv_transport == "cuda-ipc") {
-    auto staging_bytes = parse_bytes(a.kv_staging_mem);
-    if (!staging_bytes.ok()) return report(staging_bytes.status().with_context("--kv-staging-mem"));
     auto pool = disagg::KvStagingPool::create(m.model->device(), *staging_bytes);
     if (!pool.ok()) return report(pool.status().with_context("--kv-transport cuda-ipc"));
     ao.kv_arena = std::move(pool).value();

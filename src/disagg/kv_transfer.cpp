@@ -171,7 +171,7 @@ Result<std::vector<uint8_t>> encode_kv_header(const KvExport& kv, uint64_t trans
   const size_t want = kv.layer_bytes();
   const size_t layers = static_cast<size_t>(kv.num_layers);
   if (kv.device) {
-    if (!kv.layers.empty() || kv.device->bytes != want * layers || kv.device->handle.empty() ||
+    if (!kv.layers.empty() || kv.device->bytes != kv.total_bytes() || kv.device->handle.empty() ||
         kv.device->handle.size() > kMaxRegionHandle) {
       return make_error(ErrorCode::kInvalidArgument,
                         "kv transfer: a device region of {} bytes (handle of {} bytes) and {} host layers for {} "

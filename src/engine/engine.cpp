@@ -94,6 +94,8 @@ size_t KvExport::position_bytes() const {
 
 size_t KvExport::layer_bytes() const { return static_cast<size_t>(std::max(num_computed, 0)) * position_bytes(); }
 
+size_t KvExport::total_bytes() const { return static_cast<size_t>(std::max(num_layers, 0)) * layer_bytes(); }
+
 const char* finish_reason_name(FinishReason reason) {
   switch (reason) {
     case FinishReason::kStop: return "stop";
@@ -729,12 +731,12 @@ Result<KvExport> Engine::export_kv(RequestId id, KvExportArena* arena) {
   const size_t layer_bytes = kv.layer_bytes();
   const Device device = model_.device();
   if (arena != nullptr && arena->device() == device && layer_bytes > 0) {
-    kv.device = arena->take(layer_bytes * static_cast<size_t>(cc.num_layers));
+    kv.device = arena->take(kv.total_bytes());
   }
   Tensor staging;
   if (!kv.device) {
     kv.layers.resize(static_cast<size_t>(cc.num_layers));
-    staging = host_transfer_staging(device, layer_bytes * static_cast<size_t>(cc.num_layers));
+    staging = host_transfer_staging(device, kv.total_bytes());
   }
   for (int l = 0; l < cc.num_layers && st.ok(); ++l) {
     uint8_t* at = nullptr;
@@ -793,7 +795,7 @@ Result<RequestId> Engine::adopt(const KvImport& kv, const GenerationParams& para
   const size_t layer_bytes = kv.layer_bytes();
   if (kv.device) {
     if (!kv.layers.empty() || kv.device->data == nullptr ||
-        kv.device->bytes != layer_bytes * static_cast<size_t>(cc.num_layers)) {
+        kv.device->bytes != kv.total_bytes()) {
       return make_error(ErrorCode::kInvalidArgument,
                         "kv import: a device region of {} bytes (and {} host layers) for {} layers of {} bytes",
                         kv.device->bytes, kv.layers.size(), cc.num_layers, layer_bytes);
@@ -851,7 +853,7 @@ Result<RequestId> Engine::adopt(const KvImport& kv, const GenerationParams& para
   TACHYON_ASSIGN_OR_RETURN(const int cached, scheduler_.reserve_adopted(&req->seq, kv.num_computed));
   // Positions [0, cached) came from the prefix cache; the rest are written from the import.
   Status st = Status::Ok();
-  Tensor staging = kv.device ? Tensor() : host_transfer_staging(model_.device(), layer_bytes * static_cast<size_t>(cc.num_layers));
+  Tensor staging = kv.device ? Tensor() : host_transfer_staging(model_.device(), kv.total_bytes());
   const Device source = kv.device ? kv.device->device : staging.defined() ? model_.device() : Device::cpu();
   for (int l = 0; l < cc.num_layers && st.ok(); ++l) {
     // Only read: the import is the copies' source.

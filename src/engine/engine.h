@@ -111,6 +111,8 @@ struct KvExport {
   size_t position_bytes() const;
   // Bytes of one layer: num_computed * position_bytes().
   size_t layer_bytes() const;
+  // Bytes of every layer: num_layers * layer_bytes() (what `device` holds).
+  size_t total_bytes() const;
 };
 using KvImport = KvExport;
 

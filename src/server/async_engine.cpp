@@ -170,7 +170,7 @@ void AsyncEngine::adopt_pending(double now) {
     if (id.ok()) {
       // adopt() returns once its copies ran: its time is the K/V's way into this cache.
       metrics_.record_adopted_bytes(a.kv.device.has_value(),
-                                    a.kv.layer_bytes() * static_cast<uint64_t>(std::max(a.kv.num_layers, 0)),
+                                    a.kv.total_bytes(),
                                     std::chrono::duration<double>(std::chrono::steady_clock::now() - copy_start).count());
       s.engine_id_ = *id;
       s.imported_tokens_.assign(a.kv.tokens.begin() + a.kv.num_prompt_tokens, a.kv.tokens.end());
@@ -222,7 +222,7 @@ void AsyncEngine::hand_over(std::shared_ptr<RequestStream> s, RequestOutput outp
   const auto copy_start = std::chrono::steady_clock::now();
   auto kv = engine_->export_kv(id, options_.kv_arena.get());  // the blocks are free from here on, whatever happened
   if (kv.ok()) {
-    metrics_.record_exported(kv->device.has_value(), kv->layer_bytes() * static_cast<uint64_t>(std::max(kv->num_layers, 0)),
+    metrics_.record_exported(kv->device.has_value(), kv->total_bytes(),
                              std::chrono::duration<double>(std::chrono::steady_clock::now() - copy_start).count());
   }
   if (!kv.ok()) {

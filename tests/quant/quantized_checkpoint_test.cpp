@@ -480,6 +480,12 @@ TEST(QuantizedCheckpoint, RtnInt4CheckpointIsLoadTimeInt4BitExact) {
   // The config is AutoAWQ's.
 }
 
+// The quantization_config of a checkpoint directory's config.json.
+json quantization_config(const std::string& dir) {
+  std::ifstream f(dir + "/config.json");
+  return json::parse(f).at("quantization_config");
+}
+
 TEST(QuantizedCheckpoint, Int8CheckpointIsLoadTimeInt8BitExact) {
   expect_checkpoint_matches_load_time("int8", QuantSpec{QuantFormat::kInt8Channel, 0}, "");
 }
@@ -489,8 +495,7 @@ TEST(QuantizedCheckpoint, Int8CheckpointIsLoadTimeInt8BitExact) {
 TEST(QuantizedCheckpoint, W8A8CheckpointIsLoadTimeW8A8BitExact) {
   std::string out;
   expect_checkpoint_matches_load_time("w8a8", QuantSpec{QuantFormat::kW8A8, 0}, "--smooth-alpha 0", &out);
-  std::ifstream f(out + "/config.json");
-  const json qc = json::parse(f).at("quantization_config");
+  const json qc = quantization_config(out);
   EXPECT_EQ(qc.at("quant_method"), "compressed-tensors");
   const json& group = qc.at("config_groups").at("group_0");
   EXPECT_EQ(group.at("weights").at("strategy"), "channel");
@@ -504,8 +509,7 @@ TEST(QuantizedCheckpoint, W8A8CheckpointIsLoadTimeW8A8BitExact) {
 TEST(QuantizedCheckpoint, Fp8CheckpointIsLoadTimeFp8BitExact) {
   std::string out;
   expect_checkpoint_matches_load_time("fp8", QuantSpec{QuantFormat::kFp8Channel, 0}, "", &out);
-  std::ifstream f(out + "/config.json");
-  const json qc = json::parse(f).at("quantization_config");
+  const json qc = quantization_config(out);
   EXPECT_EQ(qc.at("format"), "float-quantized");
   EXPECT_EQ(qc.at("config_groups").at("group_0").at("weights").at("type"), "float");
   auto source = SafetensorsWeightSource::open_file(out + "/model.safetensors");
@@ -545,8 +549,7 @@ TEST(QuantizedCheckpoint, Fp8PerTensorScaleAndBadTensors) {
 TEST(QuantizedCheckpoint, TernaryCheckpointIsLoadTimeTernaryBitExact) {
   std::string out;
   expect_checkpoint_matches_load_time("ternary", QuantSpec{QuantFormat::kTernary, 64}, "--group 64", &out);
-  std::ifstream f(out + "/config.json");
-  const json qc = json::parse(f).at("quantization_config");
+  const json qc = quantization_config(out);
   EXPECT_EQ(qc.at("quant_method"), "tachyon");
   EXPECT_EQ(qc.at("format"), "ternary");
   EXPECT_EQ(qc.at("bits"), 2);
