@@ -1,6 +1,6 @@
 // The epilogues of the GEMV and tensor-core GEMM kernels (linear_gemv.cu, linear_int4.cu): y (with
 // the per-row scale and the bias) or, with K split over the grid, the slice's partial sums for
-// the reduction kernel.
+// the reduction kernel or for the last block of the row range (finish_split_k).
 #pragma once
 
 #include "ops/cuda/device_math.cuh"
@@ -68,6 +68,32 @@ __device__ __forceinline__ void store_mma_tile(const float (&acc)[NT][4], int64_
       }
     }
   }
+}
+
+// Split-K without a second kernel: every block of a row range (one per slice, the same
+// blockIdx.x) has stored its partial sums; the last of them to arrive at `counter` adds the slices
+// up in split order, as the reduction kernel does (so the same bits), and sets the counter back to
+// zero for the next launch. Every thread of the block calls it (it synchronises the block).
+__device__ __forceinline__ void finish_split_k(const float* partial, int splits, int64_t n, int64_t out,
+                                               int64_t row_begin, int64_t rows, const void* bias, DType bias_dtype,
+                                               const float* scales, float* y, int64_t y_stride, unsigned* counter) {
+  __shared__ bool last;
+  __threadfence();  // this thread's partial sums, visible before the count says they are there
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == static_cast<unsigned>(splits - 1);
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  for (int64_t i = threadIdx.x; i < rows * n; i += blockDim.x) {
+    const int64_t t = i / rows, o = row_begin + i % rows;
+    float sum = 0.0f;
+#pragma unroll 8
+    for (int s = 0; s < splits; ++s) sum += __ldcg(partial + (s * n + t) * out + o);  // past L1: other SMs wrote it
+    if (scales != nullptr) sum *= scales[o];
+    if (bias != nullptr) sum += load_as_f32(bias, bias_dtype, o);
+    y[t * y_stride + o] = sum;
+  }
+  if (threadIdx.x == 0) *counter = 0u;
 }
 
 }  // namespace tachyon::ops::cuda::detail

@@ -86,12 +86,23 @@ bool gemv_int4_supported(const LinearArgs& a);
 GemvShape plan_gemv_int4(const LinearArgs& a, int sm_count);
 cudaError_t launch_gemv_int4(const LinearArgs& a, const GemvShape& shape, float* partial, Stream stream);
 // The int4 tensor-core GEMM (linear_int4.cu): group 128 only, 1..kGemmMmaMaxTokensInt4 tokens, x16
-// the activations rounded to bf16; same split-K contract. Needs sm_80+.
+// the activations rounded to bf16, or null to read a.x (f32) and round it in the kernel where
+// gemm_mma_int4_stages_x (up to kGemmMmaInt4StageMaxTokens tokens, 16-byte aligned rows, a K slice
+// that fits shared memory). Same split-K contract, except that there, given `counters` (kSplitKCounters zeros, one
+// per block column; left zero), the kernel adds the slices up itself. Needs sm_80+.
 constexpr int kGemmMmaMaxTokensInt4 = 32;
+// Staging the activations pays at 1-2 tokens; from 4 the block's staging loop costs more than the
+// conversion pass (H200, docs/perf.md 2026-12-02).
+constexpr int kGemmMmaInt4StageMaxTokens = 2;
 bool gemm_mma_int4_supported(const LinearArgs& a, int64_t x_stride);
 GemvShape plan_gemm_mma_int4(const LinearArgs& a, int sm_count);
+bool gemm_mma_int4_stages_x(const LinearArgs& a, const GemvShape& shape);
+// Block columns of the int4 GEMM's grid (what `counters` must cover).
+int64_t gemm_mma_int4_row_blocks(const LinearArgs& a);
 cudaError_t launch_gemm_mma_int4(const LinearArgs& a, const uint16_t* x16, int64_t x_stride, const GemvShape& shape,
-                                 float* partial, Stream stream);
+                                 float* partial, unsigned* counters, Stream stream);
+// Split-K arrival counters a LinearContext keeps (zeroed once; every kernel leaves them zero).
+constexpr int64_t kSplitKCounters = 1 << 16;
 
 // The GGUF block weights (linear_gguf.cu): LinearArgs with gguf set (Q8_0, Q4_K, Q6_K), 16-byte
 // aligned packed rows. The GEMV takes 1..kGemvGgufMaxTokens tokens, with the same split-K contract

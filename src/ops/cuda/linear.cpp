@@ -86,6 +86,7 @@ struct LinearContext::Impl {
   DeviceBuffer activations;  // x converted to 16 bits for cuBLASLt
   DeviceBuffer dequantized;  // an int8 weight expanded to bf16 for cuBLASLt
   DeviceBuffer partial;      // GEMV split-K partial sums
+  DeviceBuffer split_counters;  // kSplitKCounters arrival counts for kernels that finish split-K themselves
   // (n, in, out, x ld, w ld, y ld, dtype, bias epilogue, alignments) -> algorithm
   using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, bool, int, int, int>;
   std::map<Key, cublasLtMatmulAlgo_t> algos;
@@ -197,6 +198,9 @@ Result<std::unique_ptr<LinearContext>> LinearContext::create() {
   TACHYON_ASSIGN_OR_RETURN(impl->workspace, DeviceBuffer::allocate(kWorkspaceBytes, "cuBLASLt workspace"));
   TACHYON_ASSIGN_OR_RETURN(impl->sm_count, current_sm_count());
   TACHYON_ASSIGN_OR_RETURN(impl->compute_capability, current_compute_capability());
+  TACHYON_ASSIGN_OR_RETURN(impl->split_counters,
+                           DeviceBuffer::allocate(detail::kSplitKCounters * sizeof(unsigned), "split-K counters"));
+  TACHYON_CUDA_RETURN_IF_ERROR(cudaMemset(impl->split_counters.data(), 0, impl->split_counters.bytes()));
   return std::unique_ptr<LinearContext>(new LinearContext(std::move(impl)));
 }
 
@@ -530,18 +534,25 @@ Status linear(LinearContext& context, const LinearArgs& a, Stream stream, Linear
                          "sm_80+ (got {} x {} -> {}, {}, sm_{})",
                          detail::kGemmMmaMaxTokensInt4, detail::kGemmMmaMaxTokens, a.n, a.in, a.out,
                          dtype_name(a.w_dtype), ctx.compute_capability);
-    TACHYON_RETURN_IF_ERROR(ctx.grow(ctx.activations, static_cast<size_t>(a.n * ld) * 2, "activations"));
     const DType x16 = a.w_dtype == DType::kI8 || int4 ? DType::kBF16 : a.w_dtype;
-    TACHYON_CUDA_RETURN_IF_ERROR(detail::launch_convert_rows(a.x, a.x_stride, a.n, a.in, ctx.activations.data(), x16,
-                                                             ld, stream));
     const detail::GemvShape shape =
         int4 ? detail::plan_gemm_mma_int4(a, ctx.sm_count) : detail::plan_gemm_mma(a, ctx.sm_count);
+    // The int4 GEMM at decode sizes rounds f32 activations itself: no conversion pass.
+    const bool x32 = int4 && detail::gemm_mma_int4_stages_x(a, shape);
+    if (!x32) {
+      TACHYON_RETURN_IF_ERROR(ctx.grow(ctx.activations, static_cast<size_t>(a.n * ld) * 2, "activations"));
+      TACHYON_CUDA_RETURN_IF_ERROR(detail::launch_convert_rows(a.x, a.x_stride, a.n, a.in, ctx.activations.data(),
+                                                               x16, ld, stream));
+    }
     TACHYON_ASSIGN_OR_RETURN(float* partial, split_partials(ctx, a, shape));
     log_path_once("cuda linear: tensor-core GEMM {} weights x {} -> f32 (activations rounded to {})",
                   int4 ? "int4" : dtype_name(a.w_dtype), dtype_name(x16), dtype_name(x16));
     if (int4) {
-      TACHYON_CUDA_RETURN_IF_ERROR(
-          detail::launch_gemm_mma_int4(a, ctx.activations.as<uint16_t>(), ld, shape, partial, stream));
+      unsigned* counters = detail::gemm_mma_int4_row_blocks(a) <= detail::kSplitKCounters
+                               ? ctx.split_counters.as<unsigned>()
+                               : nullptr;
+      TACHYON_CUDA_RETURN_IF_ERROR(detail::launch_gemm_mma_int4(
+          a, x32 ? nullptr : ctx.activations.as<uint16_t>(), ld, shape, partial, counters, stream));
     } else {
       TACHYON_CUDA_RETURN_IF_ERROR(
           detail::launch_gemm_mma(a, ctx.activations.data(), ld, shape, partial, stream));
