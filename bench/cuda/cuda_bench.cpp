@@ -60,6 +60,8 @@ struct Options {
   bool prefill_only = false;  // the matmul (the prefill table's yardstick) and prefill attention only
   bool quant_only = false;    // the copy (the packed table's yardstick) and the packed weights only
   bool cublaslt_candidates = false;  // the cuBLASLt algorithm candidates table only
+  bool int4_only = false;  // the copy, the 16-bit linears (the yardstick) and the int4 linears only
+  bool read_patterns = false;  // the copy and the weight read patterns only
 };
 
 #define BENCH_CUDA(expr) TACHYON_CUDA_RETURN_IF_ERROR(expr)
@@ -877,6 +879,56 @@ Status bench_sample(nlohmann::json& out) {
   return Status::Ok();
 }
 
+// ---- weight read patterns ----------------------------------------------------------------------
+
+}  // namespace
+namespace tachyon::bench {
+cudaError_t launch_read_pattern(int p, const uint8_t* w, int64_t rows, int64_t row_bytes, int64_t slice_bytes,
+                                unsigned* sink, cudaStream_t stream);
+}  // namespace tachyon::bench
+namespace {
+
+// read_patterns.cu's probe on int4 Llama-3-8B shapes (half a byte per weight), slices as the
+// tensor-core GEMM plans them at one token: bytes per second by the contiguous bytes per row of one
+// warp instruction.
+Status bench_read_patterns(double copy_gbps, nlohmann::json& out, const Options& opt) {
+  struct ReadShape {
+    const char* name;
+    int64_t rows, row_bytes, slice_bytes;
+  };
+  const std::vector<ReadShape> shapes = {{"q/o 4096x4096 int4", 4096, 2048, 512},
+                                         {"gate+up 4096->28672 int4", 28672, 2048, 1024},
+                                         {"down 14336->4096 int4", 4096, 7168, 512}};
+  const size_t rotate_bytes = opt.quick ? kGiB / 2 : 2 * kGiB;
+  TACHYON_ASSIGN_OR_RETURN(auto sink, cu::DeviceBuffer::allocate(256, "read sink"));
+  nlohmann::json list = nlohmann::json::array();
+  for (const ReadShape& s : shapes) {
+    const size_t bytes = static_cast<size_t>(s.rows * s.row_bytes);
+    const int copies = static_cast<int>(std::max<size_t>(1, (rotate_bytes + bytes - 1) / bytes));
+    TACHYON_ASSIGN_OR_RETURN(auto w, cu::DeviceBuffer::allocate(bytes * copies, "read pattern weights"));
+    TACHYON_RETURN_IF_ERROR(cu::fill_random(w.data(), DType::kF32, static_cast<int64_t>(bytes * copies / 4), 5, -1.f,
+                                            1.f, nullptr));
+    for (int p : {64, 128, 256, 512}) {
+      TACHYON_ASSIGN_OR_RETURN(
+          const double ms, time_graph_ms(
+                               [&](int i, cu::Stream st) -> Status {
+                                 BENCH_CUDA(tachyon::bench::launch_read_pattern(
+                                     p, static_cast<const uint8_t*>(w.data()) + (i % copies) * bytes, s.rows,
+                                     s.row_bytes, s.slice_bytes, sink.as<unsigned>(), static_cast<cudaStream_t>(st)));
+                                 return Status::Ok();
+                               },
+                               copies, std::max(copies, 40), 5));
+      const double gbps = static_cast<double>(bytes) / (ms * 1e-3) / 1e9;
+      list.push_back({{"shape", s.name}, {"bytes_per_row_per_load", p}, {"us", ms * 1e3}, {"gbps", gbps},
+                      {"fraction_of_copy", gbps / copy_gbps}});
+      std::printf("read %-26s %3d B/row/load: %8.2f us %8.1f GB/s (%3.0f%% of copy)\n", s.name, p, ms * 1e3, gbps,
+                  100.0 * gbps / copy_gbps);
+    }
+  }
+  out["read_patterns"] = list;
+  return Status::Ok();
+}
+
 int fail(const Status& s) {
   std::fprintf(stderr, "tachyon_cuda_bench: %s\n", s.to_string().c_str());
   return 1;
@@ -898,8 +950,14 @@ int main(int argc, char** argv) {
       opt.quant_only = true;
     } else if (a == "--cublaslt-candidates") {
       opt.cublaslt_candidates = true;
+    } else if (a == "--int4-only") {
+      opt.int4_only = true;
+    } else if (a == "--read-patterns") {
+      opt.read_patterns = true;
     } else {
-      std::fprintf(stderr, "usage: tachyon_cuda_bench [--json FILE] [--quick] [--prefill-only | --quant-only | --cublaslt-candidates]\n");
+      std::fprintf(stderr,
+                   "usage: tachyon_cuda_bench [--json FILE] [--quick] [--prefill-only | --quant-only | --int4-only | "
+                   "--read-patterns | --cublaslt-candidates]\n");
       return 2;
     }
   }
@@ -948,9 +1006,21 @@ int main(int argc, char** argv) {
     print_packed_table(packed_rows, *copy);
     return 0;
   }
+  if (opt.read_patterns) {
+    if (Status s = bench_read_patterns(*copy, out, opt); !s.ok()) return fail(s);
+    if (Status s = write_json(out, opt); !s.ok()) return fail(s);
+    return 0;
+  }
+  std::vector<GemvRow> gemv_rows;
+  if (opt.int4_only) {
+    if (Status s = bench_gemv(**ctx, *copy, out, gemv_rows, opt); !s.ok()) return fail(s);
+    if (Status s = bench_int4_gemv(**ctx, *copy, gemv_rows, out, opt); !s.ok()) return fail(s);
+    if (Status s = write_json(out, opt); !s.ok()) return fail(s);
+    std::printf("\n== %s ==\ncopy D2D (read+write)      %8.1f GB/s\n", props->to_string().c_str(), *copy);
+    return 0;
+  }
   auto tflops = bench_matmul(**ctx, out, opt);
   if (!tflops.ok()) return fail(tflops.status());
-  std::vector<GemvRow> gemv_rows;
   if (Status s = bench_gemv(**ctx, *copy, out, gemv_rows, opt); !s.ok()) return fail(s);
   if (Status s = bench_int8_gemv(**ctx, *copy, gemv_rows, out, opt); !s.ok()) return fail(s);
   if (Status s = bench_int4_gemv(**ctx, *copy, gemv_rows, out, opt); !s.ok()) return fail(s);
