@@ -233,25 +233,24 @@ int int4_rows_per_warp(int64_t n) {
 
 // ---- tensor cores, group 128 -----------------------------------------------------------------------
 // y^T[out, n] = W[out, in] · x^T with mma.m16n8k16 (bf16 in, f32 accumulators), as the int8 GEMM of
-// linear_gemv.cu: a warp owns 16 rows and up to 8 * NT tokens. A chunk of 128 columns is one
-// group: lane t of a quad loads block t of it (16 bytes, 32 weights) for rows g and g + 8. Two
-// nibbles become a bf16 pair 128 + q by masking them into the mantissas of 128.0 (one shift and one
-// mask per pair), and subtracting 128 + zero leaves q - zero exactly. Inside the lane's block the K
-// order is permuted identically for weights and activations (step (i, h) takes columns
-// 16h + 4i + {0, 2} and {1, 3}), so the sum is unchanged. Each chunk's eight mma steps go to fresh
-// accumulators, which the rows' group scales then add into the sums.
+// linear_gemv.cu: a warp owns 16 rows and up to 8 * NT tokens (x already rounded to bf16). A chunk
+// of 128 columns is one group: lane t of a quad loads block t of it (16 bytes, 32 weights) for
+// rows g and g + 8. Two nibbles become a bf16 pair 128 + q by masking them into the mantissas of
+// 128.0 (one shift and one mask per pair), and subtracting 128 + zero leaves q - zero exactly.
+// Inside the lane's block the K order is permuted identically for weights and activations (step
+// (i, h) takes columns 16h + 4i + {0, 2} and {1, 3}), so the sum is unchanged. Each chunk's
+// eight mma steps go to fresh accumulators, which the rows' group scales then add into the sums.
 //
-// Decode (XS, up to kGemmMmaInt4StageMaxTokens tokens): each block rounds its K slice of the f32 activations to bf16 (the
-// bits the conversion pass would write) into shared memory, already in the operands' order (word
-// pairs (c, c + 2), (c + 1, c + 3) for every 4 columns c), while its first weights are in flight:
-// the linear is one kernel, and a lane's operands for 16 columns are two 16-byte shared loads.
-// With K split, the last block of a row range to finish adds the slices up in split order
-// (finish_split_k), unless no counters were given.
+// Decode (gemm_mma_i4_staged_kernel, up to kGemmMmaInt4StageMaxTokens tokens): each block rounds
+// its K slice of the f32 activations to bf16 (the bits the conversion pass would write) into shared
+// memory, already in the operands' order (word pairs (c, c + 2), (c + 1, c + 3) for every 4
+// columns c), while its first weights are in flight: the linear is one kernel, and a lane's
+// operands for 16 columns are two 16-byte shared loads. With K split, the last block of a row
+// range to finish adds the slices up in split order (finish_split_k).
 constexpr int kMmaI4Warps = 4;
 
 struct MmaGemmI4Params {
-  const uint16_t* x;  // [n, x_stride] bf16 (or, XS, x32 [n, x_stride] f32)
-  const float* x32;
+  const uint16_t* x;  // [n, x_stride] bf16
   int64_t x_stride;
   const uint8_t* w;  // [out, in / 2], rows w_stride bytes apart
   int64_t w_stride;
@@ -262,10 +261,16 @@ struct MmaGemmI4Params {
   float* y;
   int64_t y_stride;
   float* partial;  // [splits, n, out] when splits > 1
-  unsigned* counters;  // one per block column, zero between launches; null: the reduction kernel finishes
   int64_t n, in, out;
   int64_t chunk;  // multiple of 128
   int splits;
+};
+
+// The staged kernel's: f32 activations instead of x, and its split-K arrival counts, one per block
+// column, zero between launches (null: the reduction kernel finishes).
+struct MmaGemmI4StagedParams : MmaGemmI4Params {
+  const float* x32;  // [n, x_stride] f32
+  unsigned* counters;
 };
 
 // (q - zero) of the nibbles at bits s and s + 16 of `word`, as a bf16 pair (exact: |q - zero| <= 15).
@@ -275,15 +280,98 @@ __device__ __forceinline__ uint32_t nibble_pair_bf16(uint32_t word, int s, __nv_
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
-// Words per token row of the staged activations: a bf16 pair per two columns, plus 16 bytes.
-__host__ __device__ constexpr int64_t mma_i4_stage_stride(int64_t chunk) { return chunk / 2 + 4; }
-
-template <int NT, int U, bool XS>
+template <int NT, int U>
 __global__ void __launch_bounds__(kMmaI4Warps * 32) gemm_mma_i4_kernel(const MmaGemmI4Params p) {
 #if TACHYON_MMA_ENABLED
   using M = MmaType<DType::kBF16>;
-  static_assert(!XS || NT == 1, "staged activations: one token tile");
-  extern __shared__ uint4 x_stage[];  // XS: n rows of mma_i4_stage_stride(chunk) words
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kMmaI4Warps + warp) * 16;
+  if (row0 >= p.out) return;  // no block-wide synchronisation
+  const int split = blockIdx.y;
+  const int64_t k_begin = split * p.chunk;
+  const int64_t k_end = min64(p.in, k_begin + p.chunk);
+  const int64_t groups = p.in / 128;
+  const int64_t ra = min64(row0 + g, p.out - 1), rb = min64(row0 + g + 8, p.out - 1);  // past out: never stored
+  const uint8_t* w0 = p.w + ra * p.w_stride + 16 * t;
+  const uint8_t* w1 = p.w + rb * p.w_stride + 16 * t;
+  const uint16_t* xr[NT];
+#pragma unroll
+  for (int j = 0; j < NT; ++j) xr[j] = p.x + min64(8 * j + g, p.n - 1) * p.x_stride + 32 * t;  // past n: never stored
+
+  float acc[NT][4];
+#pragma unroll
+  for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+
+  const auto chunk128 = [&](const uint4& wa, const uint4& wb, int64_t k) {
+    const int64_t grp = k / 128;
+    const float sa = __ldg(p.scales + ra * groups + grp), sb = __ldg(p.scales + rb * groups + grp);
+    const __nv_bfloat162 za = __float2bfloat162_rn(128.0f + __ldg(p.zeros + ra * groups + grp));
+    const __nv_bfloat162 zb = __float2bfloat162_rn(128.0f + __ldg(p.zeros + rb * groups + grp));
+    const uint32_t wa_words[4] = {wa.x, wa.y, wa.z, wa.w}, wb_words[4] = {wb.x, wb.y, wb.z, wb.w};
+    float part[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) part[j][0] = part[j][1] = part[j][2] = part[j][3] = 0.0f;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {  // columns 32t + 16h .. + 15 of the chunk
+      uint4 xv[NT][2];
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        xv[j][0] = __ldg(reinterpret_cast<const uint4*>(xr[j] + k + 16 * h));
+        xv[j][1] = __ldg(reinterpret_cast<const uint4*>(xr[j] + k + 16 * h + 8));
+      }
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {  // word i: columns 16h + 4i .. + 3
+        // Low nibbles of a word are columns 4i + {0..3}, high nibbles 16 + 4i + {0..3}.
+        const int lo_shift = h == 0 ? 0 : 4;
+        const uint32_t a[4] = {nibble_pair_bf16(wa_words[i], lo_shift, za), nibble_pair_bf16(wb_words[i], lo_shift, zb),
+                               nibble_pair_bf16(wa_words[i], lo_shift + 8, za),
+                               nibble_pair_bf16(wb_words[i], lo_shift + 8, zb)};
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+          const uint4& q = xv[j][i / 2];
+          const uint32_t u0 = (i & 1) ? q.z : q.x, u1 = (i & 1) ? q.w : q.y;  // x columns c, c+1 | c+2, c+3
+          M::mma(part[j], a, __byte_perm(u0, u1, 0x5410u), __byte_perm(u0, u1, 0x7632u));
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      acc[j][0] = fmaf(sa, part[j][0], acc[j][0]);
+      acc[j][1] = fmaf(sa, part[j][1], acc[j][1]);
+      acc[j][2] = fmaf(sb, part[j][2], acc[j][2]);
+      acc[j][3] = fmaf(sb, part[j][3], acc[j][3]);
+    }
+  };
+  int64_t k = k_begin;
+  for (; k + 128 * U <= k_end; k += 128 * U) {
+    uint4 wa[U], wb[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      wa[u] = load_stream_16(w0 + (k + 128 * u) / 2);
+      wb[u] = load_stream_16(w1 + (k + 128 * u) / 2);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) chunk128(wa[u], wb[u], k + 128 * u);
+  }
+  for (; k < k_end; k += 128) chunk128(load_stream_16(w0 + k / 2), load_stream_16(w1 + k / 2), k);
+  store_mma_tile<NT>(acc, row0, g, t, split, p.n, p.out, p.splits, p.bias, p.bias_dtype, nullptr, p.y, p.y_stride,
+                     p.partial);
+#else
+  __trap();
+#endif
+}
+
+// Words per token row of the staged activations: a bf16 pair per two columns, plus 16 bytes.
+__host__ __device__ constexpr int64_t mma_i4_stage_stride(int64_t chunk) { return chunk / 2 + 4; }
+
+// The decode form (1..kGemmMmaInt4StageMaxTokens tokens, one token tile): gemm_mma_i4_kernel's
+// arithmetic with the activations staged in shared memory, U chunks per round of loads.
+template <int U>
+__global__ void __launch_bounds__(kMmaI4Warps * 32) gemm_mma_i4_staged_kernel(const MmaGemmI4StagedParams p) {
+#if TACHYON_MMA_ENABLED
+  using M = MmaType<DType::kBF16>;
+  extern __shared__ uint4 x_stage[];  // n rows of mma_i4_stage_stride(chunk) words
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kMmaI4Warps + warp) * 16;
@@ -299,85 +387,55 @@ __global__ void __launch_bounds__(kMmaI4Warps * 32) gemm_mma_i4_kernel(const Mma
   const uint8_t* w1 = p.w + rb * p.w_stride + 16 * t;
   const float *sc0 = p.scales + ra * groups, *sc1 = p.scales + rb * groups;
   const float *z0 = p.zeros + ra * groups, *z1 = p.zeros + rb * groups;
-  const uint16_t* xr[NT];
-  const uint32_t* xs = nullptr;
-  if constexpr (XS) {
-    // Rows past n: never stored.
-    xs = reinterpret_cast<const uint32_t*>(x_stage) + min64(g, p.n - 1) * mma_i4_stage_stride(p.chunk) + 8 * t;
-  } else {
-#pragma unroll
-    for (int j = 0; j < NT; ++j) xr[j] = p.x + min64(8 * j + g, p.n - 1) * p.x_stride + 32 * t;
-  }
+  // Lane (g, t) reads token min(g, n - 1)'s operands (rows past n: never stored).
+  const uint32_t* xs =
+      reinterpret_cast<const uint32_t*>(x_stage) + min64(g, p.n - 1) * mma_i4_stage_stride(p.chunk) + 8 * t;
 
-  float acc[NT][4];
-#pragma unroll
-  for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
-
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   const auto chunk128 = [&](const uint4& wa, const uint4& wb, int64_t k) {
     const int64_t grp = k / 128;
     const float sa = __ldg(sc0 + grp), sb = __ldg(sc1 + grp);
     const __nv_bfloat162 za = __float2bfloat162_rn(128.0f + __ldg(z0 + grp));
     const __nv_bfloat162 zb = __float2bfloat162_rn(128.0f + __ldg(z1 + grp));
     const uint32_t wa_words[4] = {wa.x, wa.y, wa.z, wa.w}, wb_words[4] = {wb.x, wb.y, wb.z, wb.w};
-    float part[NT][4];
-#pragma unroll
-    for (int j = 0; j < NT; ++j) part[j][0] = part[j][1] = part[j][2] = part[j][3] = 0.0f;
+    float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
     for (int h = 0; h < 2; ++h) {  // columns 32t + 16h .. + 15 of the chunk
-      uint32_t b0[NT][4], b1[NT][4];  // word i's operands: columns c, c + 2 and c + 1, c + 3 (c = 16h + 4i)
-      if constexpr (XS) {
-        const uint4* q = reinterpret_cast<const uint4*>(xs + (k - k_begin) / 2 + 32 * h);
-        const uint4 q0 = q[0], q1 = q[1];
-        b0[0][0] = q0.x, b1[0][0] = q0.y, b0[0][1] = q0.z, b1[0][1] = q0.w;
-        b0[0][2] = q1.x, b1[0][2] = q1.y, b0[0][3] = q1.z, b1[0][3] = q1.w;
-      } else {
-#pragma unroll
-        for (int j = 0; j < NT; ++j) {
-          const uint4 q0 = __ldg(reinterpret_cast<const uint4*>(xr[j] + k + 16 * h));
-          const uint4 q1 = __ldg(reinterpret_cast<const uint4*>(xr[j] + k + 16 * h + 8));
-          const uint32_t u[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};  // column pairs
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            b0[j][i] = __byte_perm(u[2 * i], u[2 * i + 1], 0x5410u);
-            b1[j][i] = __byte_perm(u[2 * i], u[2 * i + 1], 0x7632u);
-          }
-        }
-      }
+      // Word i's operands, columns c, c + 2 and c + 1, c + 3 (c = 16h + 4i): b[2i], b[2i + 1].
+      const uint4* q = reinterpret_cast<const uint4*>(xs + (k - k_begin) / 2 + 32 * h);
+      const uint4 q0 = q[0], q1 = q[1];
+      const uint32_t b[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
 #pragma unroll
       for (int i = 0; i < 4; ++i) {  // word i: columns 16h + 4i .. + 3
-        // Low nibbles of a word are columns 4i + {0..3}, high nibbles 16 + 4i + {0..3}.
         const int lo_shift = h == 0 ? 0 : 4;
         const uint32_t a[4] = {nibble_pair_bf16(wa_words[i], lo_shift, za), nibble_pair_bf16(wb_words[i], lo_shift, zb),
                                nibble_pair_bf16(wa_words[i], lo_shift + 8, za),
                                nibble_pair_bf16(wb_words[i], lo_shift + 8, zb)};
-#pragma unroll
-        for (int j = 0; j < NT; ++j) M::mma(part[j], a, b0[j][i], b1[j][i]);
+        M::mma(part, a, b[2 * i], b[2 * i + 1]);
       }
     }
-#pragma unroll
-    for (int j = 0; j < NT; ++j) {
-      acc[j][0] = fmaf(sa, part[j][0], acc[j][0]);
-      acc[j][1] = fmaf(sa, part[j][1], acc[j][1]);
-      acc[j][2] = fmaf(sb, part[j][2], acc[j][2]);
-      acc[j][3] = fmaf(sb, part[j][3], acc[j][3]);
-    }
+    acc[0] = fmaf(sa, part[0], acc[0]);
+    acc[1] = fmaf(sa, part[1], acc[1]);
+    acc[2] = fmaf(sb, part[2], acc[2]);
+    acc[3] = fmaf(sb, part[3], acc[3]);
   };
-  const auto load_round = [&](uint4 (&wa)[U], uint4 (&wb)[U], int64_t k) {
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      wa[u] = load_stream_16(w0 + (k + 128 * u) / 2);
-      wb[u] = load_stream_16(w1 + (k + 128 * u) / 2);
-    }
-  };
+
+  // The first round's weights are in flight while the block stages its activations.
   int64_t k = k_begin;
   uint4 wa[U], wb[U];
-  bool loaded = false;
-  if constexpr (XS) {
-    // The first round's weights are in flight while the block stages its activations.
-    if (k + 128 * U <= k_end) {
-      load_round(wa, wb, k);
-      loaded = true;
+  const auto load_round = [&](int64_t at) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      wa[u] = load_stream_16(w0 + (at + 128 * u) / 2);
+      wb[u] = load_stream_16(w1 + (at + 128 * u) / 2);
     }
+  };
+  bool loaded = false;
+  if (k + 128 * U <= k_end) {
+    load_round(k);
+    loaded = true;
+  }
+  {
     const int64_t quads = (slice_end - k_begin) / 4, total = p.n * quads;
     uint2* stage = reinterpret_cast<uint2*>(x_stage);
     constexpr int kBatch = 4;  // loads in flight per thread
@@ -396,7 +454,7 @@ __global__ void __launch_bounds__(kMmaI4Warps * 32) gemm_mma_i4_kernel(const Mma
         if (i < total) {
           // Column quad qd of a 128-column chunk is word i = qd % 4 of lane t = qd % 32 / 8's
           // columns 16h .. 16h + 15 (h = qd % 8 / 4): stored in (h, t, i) order, a quad's four
-          // lanes read 128 consecutive bytes, and rows padded by 16 bytes put eight tokens in
+          // lanes read 128 consecutive bytes, and rows padded by 16 bytes put the tokens in
           // different banks.
           const int64_t tok = i / quads, qd = i % quads;
           const int64_t at = (qd / 32) * 32 + ((qd % 8) / 4) * 16 + ((qd % 32) / 8) * 4 + qd % 4;
@@ -405,18 +463,19 @@ __global__ void __launch_bounds__(kMmaI4Warps * 32) gemm_mma_i4_kernel(const Mma
         }
       }
     }
-    __syncthreads();
   }
+  __syncthreads();
   for (; k + 128 * U <= k_end; k += 128 * U) {
-    if (!loaded) load_round(wa, wb, k);
+    if (!loaded) load_round(k);
     loaded = false;
 #pragma unroll
     for (int u = 0; u < U; ++u) chunk128(wa[u], wb[u], k + 128 * u);
   }
   for (; k < k_end; k += 128) chunk128(load_stream_16(w0 + k / 2), load_stream_16(w1 + k / 2), k);
+  const float tile[1][4] = {{acc[0], acc[1], acc[2], acc[3]}};
   if (active) {
-    store_mma_tile<NT>(acc, row0, g, t, split, p.n, p.out, p.splits, p.bias, p.bias_dtype, nullptr, p.y, p.y_stride,
-                       p.partial);
+    store_mma_tile<1>(tile, row0, g, t, split, p.n, p.out, p.splits, p.bias, p.bias_dtype, nullptr, p.y, p.y_stride,
+                      p.partial);
   }
   if (p.splits > 1 && p.counters != nullptr) {
     const int64_t block_row0 = static_cast<int64_t>(blockIdx.x) * kMmaI4Warps * 16;
@@ -435,12 +494,23 @@ constexpr int mma_i4_unroll(int64_t n) { return n <= 8 ? 4 : 2; }
 constexpr int64_t kMmaI4StageBytes = 48 * 1024;
 int64_t mma_i4_stage_bytes(int64_t n, int64_t chunk) { return n * mma_i4_stage_stride(chunk) * 4; }
 
-template <int NT, int U, bool XS>
+template <int NT>
 cudaError_t launch_gemm_mma_i4_nt(const MmaGemmI4Params& p, Stream stream) {
+  constexpr int U = mma_i4_unroll(8 * NT);  // 16-byte weight loads in flight per row and lane
   const int64_t row_tiles = (p.out + 15) / 16;
   const dim3 grid(static_cast<unsigned>((row_tiles + kMmaI4Warps - 1) / kMmaI4Warps), static_cast<unsigned>(p.splits));
-  const size_t smem = XS ? static_cast<size_t>(mma_i4_stage_bytes(p.n, p.chunk)) : 0;
-  gemm_mma_i4_kernel<NT, U, XS><<<grid, kMmaI4Warps * 32, smem, stream>>>(p);
+  gemm_mma_i4_kernel<NT, U><<<grid, kMmaI4Warps * 32, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_gemm_mma_i4_staged(const MmaGemmI4StagedParams& p, Stream stream) {
+  // Two chunks per round: fewer registers held across the staging than a round of four, more
+  // blocks resident (faster on the H200 at one token, docs/perf.md 2026-12-02).
+  constexpr int U = 2;
+  const int64_t row_tiles = (p.out + 15) / 16;
+  const dim3 grid(static_cast<unsigned>((row_tiles + kMmaI4Warps - 1) / kMmaI4Warps), static_cast<unsigned>(p.splits));
+  const size_t smem = static_cast<size_t>(mma_i4_stage_bytes(p.n, p.chunk));
+  gemm_mma_i4_staged_kernel<U><<<grid, kMmaI4Warps * 32, smem, stream>>>(p);
   return cudaGetLastError();
 }
 
@@ -489,9 +559,11 @@ GemvShape plan_gemm_mma_int4(const LinearArgs& a, int sm_count) {
   const int64_t round = 128 * mma_i4_unroll(a.n);
   const int64_t max_splits = std::max<int64_t>(1, std::min<int64_t>(a.in / round, 32));
   const int64_t want = std::max<int64_t>(1, std::min<int64_t>(target_warps / std::max<int64_t>(row_warps, 1), max_splits));
-  // Whole rounds per slice (a short last round costs a load latency of its own).
   int64_t chunk = (a.in + want - 1) / want;
-  chunk = a.in >= round ? (chunk + round - 1) / round * round : (chunk + 127) / 128 * 128;
+  // Where the staged kernel may run, whole rounds per slice (a short last round costs a load
+  // latency of its own); elsewhere whole chunks.
+  const int64_t unit = a.n <= kGemmMmaInt4StageMaxTokens && a.in >= round ? round : 128;
+  chunk = (chunk + unit - 1) / unit * unit;
   s.chunk = std::max<int64_t>(chunk, 128);
   s.splits = static_cast<int>((a.in + s.chunk - 1) / s.chunk);
   return s;
@@ -499,29 +571,23 @@ GemvShape plan_gemm_mma_int4(const LinearArgs& a, int sm_count) {
 
 cudaError_t launch_gemm_mma_int4(const LinearArgs& a, const uint16_t* x16, int64_t x_stride, const GemvShape& shape,
                                  float* partial, unsigned* counters, Stream stream) {
-  MmaGemmI4Params q;
-  const bool x32 = x16 == nullptr;
+  MmaGemmI4StagedParams q;
+  const bool staged = x16 == nullptr;
   q.x = x16;
   q.x32 = a.x;
-  q.x_stride = x32 ? a.x_stride : x_stride;
+  q.x_stride = staged ? a.x_stride : x_stride;
   q.w = static_cast<const uint8_t*>(a.w);
   fill_common(q, a, shape, partial);
   q.scales = a.w_scales;
   q.zeros = a.w_zeros;
   // The kernel finishes split-K itself when it stages the activations (a block adds up at most 64
   // rows of 2 tokens); more tokens are faster through the reduction kernel's whole grid.
-  q.counters = x32 ? counters : nullptr;
-  if (x32 && !gemm_mma_int4_stages_x(a, shape)) return cudaErrorInvalidValue;
-  cudaError_t e;
-  if (x32) {
-    // Two chunks per round: fewer registers held across the staging than a round of four, more
-    // blocks resident (faster on the H200 at one token, docs/perf.md 2026-12-02).
-    e = launch_gemm_mma_i4_nt<1, 2, true>(q, stream);
-  } else {
-    e = q.n <= 8    ? launch_gemm_mma_i4_nt<1, 4, false>(q, stream)
-        : q.n <= 16 ? launch_gemm_mma_i4_nt<2, 2, false>(q, stream)
-                    : launch_gemm_mma_i4_nt<4, 2, false>(q, stream);
-  }
+  q.counters = staged ? counters : nullptr;
+  if (staged && !gemm_mma_int4_stages_x(a, shape)) return cudaErrorInvalidValue;
+  const cudaError_t e = staged      ? launch_gemm_mma_i4_staged(q, stream)
+                        : q.n <= 8  ? launch_gemm_mma_i4_nt<1>(q, stream)
+                        : q.n <= 16 ? launch_gemm_mma_i4_nt<2>(q, stream)
+                                    : launch_gemm_mma_i4_nt<4>(q, stream);
   if (e != cudaSuccess || shape.splits == 1 || q.counters != nullptr) return e;
   return launch_gemv_reduce(partial, shape.splits, a.n, a.out, a.bias, a.bias_dtype, nullptr, a.y, a.y_stride, stream);
 }
