@@ -8,16 +8,12 @@
 
 #include <cuda_runtime.h>
 
+#include "ops/cuda/device_math.cuh"  // load_stream_16
+
 namespace tachyon::bench {
 namespace {
 
-__device__ __forceinline__ uint4 stream_16(const void* p) {
-  uint4 r;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-               : "l"(p));
-  return r;
-}
+using ops::cuda::detail::load_stream_16;
 
 template <int P>
 __global__ void __launch_bounds__(128) read_pattern_kernel(const uint8_t* w, int64_t rows, int64_t row_bytes,
@@ -37,7 +33,7 @@ __global__ void __launch_bounds__(128) read_pattern_kernel(const uint8_t* w, int
       const int64_t idx = base + j < loads ? base + j : loads - 1;
       const int64_t row = row0 + (idx % kGroups) * kRowsPerLoad + sub_row;
       const int64_t col = k0 + (idx / kGroups) * P + sub_col;
-      v[j] = stream_16(w + (row < rows ? row : rows - 1) * row_bytes + col);
+      v[j] = load_stream_16(w + (row < rows ? row : rows - 1) * row_bytes + col);
     }
 #pragma unroll
     for (int j = 0; j < 8; ++j) fold ^= v[j].x ^ v[j].y ^ v[j].z ^ v[j].w;
