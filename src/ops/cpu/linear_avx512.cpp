@@ -3,13 +3,7 @@
 // vcvtph2ps. GEMV blocks 4 rows x 4 tokens, GEMM tiles are 8 tokens x 32 outputs.
 #if defined(__x86_64__)
 
-// GCC 12 warns about the self-initialised "undefined" vectors inside its own AVX-512 headers
-// (a false positive of the header's idiom, not of this file).
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
+#include "ops/cpu/avx512_intrin.h"
 
 #include "ops/cpu/linear_isa.h"
 #include "ops/cpu/linear_kernels.h"

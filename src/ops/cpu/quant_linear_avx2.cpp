@@ -24,6 +24,7 @@
 #include "core/ggml_blocks.h"
 #include "core/thread_pool.h"
 #include "ops/cpu/isa.h"
+#include "ops/cpu/quant_rows.h"
 #include "quant/quantize.h"
 
 namespace tachyon::ops::cpu {
@@ -363,30 +364,6 @@ void fp8_tile(const QuantLinearArgs& a, int64_t o, int64_t tok0) {
   }
 }
 
-// Rows [o_begin, o_end) for all tokens: tiles of TMax tokens, then one smaller tile. `tile` is
-// called as tile(std::integral_constant<int, T>{}, o, tok0) for a tile of T tokens at row o.
-template <int TMax, typename Tile>
-void run_rows(const QuantLinearArgs& a, int64_t o_begin, int64_t o_end, const Tile& tile) {
-  static_assert(TMax <= 4, "extend the remainder tiles below");
-  for (int64_t r0 = o_begin; r0 < o_end; r0 += kRowBlock) {
-    const int64_t r1 = std::min(o_end, r0 + kRowBlock);
-    int64_t t = 0;
-    for (; t + TMax <= a.n; t += TMax) {
-      for (int64_t o = r0; o < r1; ++o) tile(std::integral_constant<int, TMax>{}, o, t);
-    }
-    const int64_t rest = a.n - t;
-    for (int64_t o = r0; o < r1; ++o) {
-      if (rest == 1) tile(std::integral_constant<int, 1>{}, o, t);
-      if constexpr (TMax > 2) {
-        if (rest == 2) tile(std::integral_constant<int, 2>{}, o, t);
-      }
-      if constexpr (TMax > 3) {
-        if (rest == 3) tile(std::integral_constant<int, 3>{}, o, t);
-      }
-    }
-  }
-}
-
 }  // namespace
 
 void quant_linear(const QuantLinearArgs& args) {
@@ -397,6 +374,8 @@ void quant_linear(const QuantLinearArgs& args) {
   std::vector<int8_t> qx;
   std::vector<float> qx_scales;
   const bool vnni = q.format == QuantFormat::kW8A8 && active_isa() == Isa::kAvx512 && cpu_has_avx512_vnni();
+  const bool int4_avx512 = q.format == QuantFormat::kInt4Group && active_isa() == Isa::kAvx512;
+  if (q.format == QuantFormat::kInt4Group) log_path_once("linear: {} int4", int4_avx512 ? "avx512" : "avx2");
   if (q.format == QuantFormat::kW8A8) {
     // Each token's codes once per call, padded with zero codes for the 64-byte VNNI loads.
     a.qx_stride = (q.in_features + 63) / 64 * 64;
@@ -424,20 +403,26 @@ void quant_linear(const QuantLinearArgs& args) {
   parallel_for(blocks, grain, [&](int64_t b_begin, int64_t b_end) {
     const int64_t o_begin = b_begin * kRowBlock, o_end = std::min(out, b_end * kRowBlock);
     switch (q.format) {
-      case QuantFormat::kInt8Channel: run_rows<kInt8Tokens>(a, o_begin, o_end, TILE(int8_tile)); break;
-      case QuantFormat::kInt4Group: run_rows<kInt4Tokens>(a, o_begin, o_end, TILE(int4_tile)); break;
-      case QuantFormat::kTernary: run_rows<kInt4Tokens>(a, o_begin, o_end, TILE(ternary_tile)); break;
-      case QuantFormat::kFp8Channel: run_rows<kInt8Tokens>(a, o_begin, o_end, TILE(fp8_tile)); break;
+      case QuantFormat::kInt8Channel: run_rows<kInt8Tokens>(a, o_begin, o_end, kRowBlock, TILE(int8_tile)); break;
+      case QuantFormat::kInt4Group:
+        if (int4_avx512) {
+          int4_rows_avx512(a, o_begin, o_end);
+        } else {
+          run_rows<kInt4Tokens>(a, o_begin, o_end, kRowBlock, TILE(int4_tile));
+        }
+        break;
+      case QuantFormat::kTernary: run_rows<kInt4Tokens>(a, o_begin, o_end, kRowBlock, TILE(ternary_tile)); break;
+      case QuantFormat::kFp8Channel: run_rows<kInt8Tokens>(a, o_begin, o_end, kRowBlock, TILE(fp8_tile)); break;
       case QuantFormat::kW8A8:
         if (vnni) {
           w8a8_rows_vnni(a, o_begin, o_end);
         } else {
-          run_rows<kInt8Tokens>(a, o_begin, o_end, TILE(w8a8_tile));
+          run_rows<kInt8Tokens>(a, o_begin, o_end, kRowBlock, TILE(w8a8_tile));
         }
         break;
-      case QuantFormat::kGgufQ8_0: run_rows<kGgufTokens>(a, o_begin, o_end, TILE(q8_0_tile)); break;
-      case QuantFormat::kGgufQ4_K: run_rows<kGgufTokens>(a, o_begin, o_end, TILE(q4_k_tile)); break;
-      case QuantFormat::kGgufQ6_K: run_rows<kGgufTokens>(a, o_begin, o_end, TILE(q6_k_tile)); break;
+      case QuantFormat::kGgufQ8_0: run_rows<kGgufTokens>(a, o_begin, o_end, kRowBlock, TILE(q8_0_tile)); break;
+      case QuantFormat::kGgufQ4_K: run_rows<kGgufTokens>(a, o_begin, o_end, kRowBlock, TILE(q4_k_tile)); break;
+      case QuantFormat::kGgufQ6_K: run_rows<kGgufTokens>(a, o_begin, o_end, kRowBlock, TILE(q6_k_tile)); break;
       default: TACHYON_CHECK(false, "quant_linear: no kernel for {}", quant_format_name(q.format));
     }
   });
@@ -454,6 +439,9 @@ void quant_linear(const QuantLinearArgs&) {
 }
 void w8a8_rows_vnni(const QuantLinearArgs&, int64_t, int64_t) {
   TACHYON_CHECK(false, "w8a8_rows_vnni: no SIMD kernel in this build");
+}
+void int4_rows_avx512(const QuantLinearArgs&, int64_t, int64_t) {
+  TACHYON_CHECK(false, "int4_rows_avx512: no SIMD kernel in this build");
 }
 }  // namespace tachyon::ops::cpu
 

@@ -9,10 +9,10 @@
 
 #if defined(__x86_64__)
 
-#include <immintrin.h>
-
-#include <algorithm>
 #include <cmath>
+
+#include "ops/cpu/avx512_intrin.h"
+#include "ops/cpu/quant_rows.h"
 
 namespace tachyon::ops::cpu {
 namespace {
@@ -62,19 +62,8 @@ void w8a8_tile(const QuantLinearArgs& a, int64_t o, int64_t tok0) {
 }  // namespace
 
 void w8a8_rows_vnni(const QuantLinearArgs& a, int64_t o_begin, int64_t o_end) {
-  for (int64_t r0 = o_begin; r0 < o_end; r0 += kRowBlock) {
-    const int64_t r1 = std::min(o_end, r0 + kRowBlock);
-    int64_t t = 0;
-    for (; t + kTokens <= a.n; t += kTokens) {
-      for (int64_t o = r0; o < r1; ++o) w8a8_tile<kTokens>(a, o, t);
-    }
-    const int64_t rest = a.n - t;
-    for (int64_t o = r0; o < r1; ++o) {
-      if (rest == 1) w8a8_tile<1>(a, o, t);
-      if (rest == 2) w8a8_tile<2>(a, o, t);
-      if (rest == 3) w8a8_tile<3>(a, o, t);
-    }
-  }
+  run_rows<kTokens>(a, o_begin, o_end, kRowBlock,
+                    [&a](auto tokens, int64_t o, int64_t tok0) { w8a8_tile<decltype(tokens)::value>(a, o, tok0); });
 }
 
 }  // namespace tachyon::ops::cpu
