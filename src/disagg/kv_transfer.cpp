@@ -179,16 +179,7 @@ Result<std::vector<uint8_t>> encode_kv_header(const KvExport& kv, uint64_t trans
                         kv.device->bytes, kv.device->handle.size(), kv.layers.size(), kv.num_layers, want);
     }
   } else {
-    if (kv.layers.size() != layers) {
-      return make_error(ErrorCode::kInvalidArgument, "kv transfer: {} layers of data for {} layers", kv.layers.size(),
-                        kv.num_layers);
-    }
-    for (size_t l = 0; l < kv.layers.size(); ++l) {
-      if (kv.layers[l].size() != want) {
-        return make_error(ErrorCode::kInvalidArgument, "kv transfer: layer {} holds {} bytes, {} positions take {}", l,
-                          kv.layers[l].size(), kv.num_computed, want);
-      }
-    }
+    TACHYON_RETURN_IF_ERROR(kv.check_host_layers(kv.num_layers).with_context("kv transfer"));
   }
   Writer w;
   w.u32(kKvHeaderMagic);

@@ -96,6 +96,20 @@ size_t KvExport::layer_bytes() const { return static_cast<size_t>(std::max(num_c
 
 size_t KvExport::total_bytes() const { return static_cast<size_t>(std::max(num_layers, 0)) * layer_bytes(); }
 
+Status KvExport::check_host_layers(int expected_layers) const {
+  if (layers.size() != static_cast<size_t>(std::max(expected_layers, 0))) {
+    return make_error(ErrorCode::kInvalidArgument, "{} layers of K/V for a model of {}", layers.size(), expected_layers);
+  }
+  const size_t want = layer_bytes();
+  for (size_t l = 0; l < layers.size(); ++l) {
+    if (layers[l].size() != want) {
+      return make_error(ErrorCode::kInvalidArgument, "layer {} has {} bytes; {} positions take {}", l, layers[l].size(),
+                        num_computed, want);
+    }
+  }
+  return Status::Ok();
+}
+
 const char* finish_reason_name(FinishReason reason) {
   switch (reason) {
     case FinishReason::kStop: return "stop";
@@ -805,16 +819,7 @@ Result<RequestId> Engine::adopt(const KvImport& kv, const GenerationParams& para
                         kv.device->device.to_string(), model_.device().to_string());
     }
   } else {
-    if (kv.layers.size() != static_cast<size_t>(cc.num_layers)) {
-      return make_error(ErrorCode::kInvalidArgument, "kv import: {} layers of K/V for a model of {}", kv.layers.size(),
-                        cc.num_layers);
-    }
-    for (size_t l = 0; l < kv.layers.size(); ++l) {
-      if (kv.layers[l].size() != layer_bytes) {
-        return make_error(ErrorCode::kInvalidArgument, "kv import: layer {} has {} bytes; {} positions take {}", l,
-                          kv.layers[l].size(), kv.num_computed, layer_bytes);
-      }
-    }
+    TACHYON_RETURN_IF_ERROR(kv.check_host_layers(cc.num_layers).with_context("kv import"));
   }
   const int num_generated = static_cast<int>(num_tokens) - kv.num_prompt_tokens;
   if (num_tokens >= max_model_len_) {

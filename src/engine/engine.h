@@ -113,6 +113,8 @@ struct KvExport {
   size_t layer_bytes() const;
   // Bytes of every layer: num_layers * layer_bytes() (what `device` holds).
   size_t total_bytes() const;
+  // kInvalidArgument unless `layers` holds `expected_layers` host layers of layer_bytes() each.
+  Status check_host_layers(int expected_layers) const;
 };
 using KvImport = KvExport;
 
