@@ -304,7 +304,8 @@ Result<std::unique_ptr<Engine::Request>> Engine::make_request(std::vector<int32_
   return req;
 }
 
-Result<RequestId> Engine::add_request(std::vector<int32_t> prompt_ids, const GenerationParams& params) {
+Result<RequestId> Engine::add_request(std::vector<int32_t> prompt_ids, const GenerationParams& params,
+                                      std::optional<double> arrival) {
   if (prompt_ids.empty()) return make_error(ErrorCode::kInvalidArgument, "the prompt is empty (no tokens)");
   TACHYON_RETURN_IF_ERROR(validate_token_ids(prompt_ids, "prompt"));
   if (static_cast<int64_t>(prompt_ids.size()) >= max_model_len_) {
@@ -313,6 +314,7 @@ Result<RequestId> Engine::add_request(std::vector<int32_t> prompt_ids, const Gen
                       prompt_ids.size(), max_model_len_);
   }
   TACHYON_ASSIGN_OR_RETURN(std::unique_ptr<Request> req, make_request(std::move(prompt_ids), params));
+  if (arrival) req->timing.arrival = std::min(*arrival, req->timing.arrival);
   const RequestId id = req->seq.id();
   TACHYON_RETURN_IF_ERROR(scheduler_.add(&req->seq));
   requests_.emplace(id, std::move(req));

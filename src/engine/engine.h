@@ -152,7 +152,11 @@ class Engine {
   Engine& operator=(const Engine&) = delete;
 
   Result<RequestId> add_request(std::string_view prompt, const GenerationParams& params);
-  Result<RequestId> add_request(std::vector<int32_t> prompt_ids, const GenerationParams& params);
+  // `arrival`: when the request reached the caller, on this engine's clock (now() less the time it
+  // waited before this call), where it queued first (a server's hand-over to its engine loop);
+  // unset: now. Its TTFT, queue time and end-to-end latency count from there.
+  Result<RequestId> add_request(std::vector<int32_t> prompt_ids, const GenerationParams& params,
+                                std::optional<double> arrival = std::nullopt);
   // Runs one step; returns the news of every request that got a token, finished or was aborted.
   Result<std::vector<RequestOutput>> step();
   // Ends a request now, freeing its blocks; the next step() reports it finished with kAbort.

@@ -37,6 +37,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -76,8 +77,9 @@ struct TransferTarget {
 // One request's outputs, from the loop thread to one consumer.
 class RequestStream {
  public:
+  // Made when the request has been read (and tokenized): its arrival, for the engine's timings.
   RequestStream(std::vector<int32_t> prompt_ids, GenerationParams params)
-      : prompt_ids_(std::move(prompt_ids)), params_(std::move(params)) {}
+      : prompt_ids_(std::move(prompt_ids)), params_(std::move(params)), created_(std::chrono::steady_clock::now()) {}
 
   // Called when outputs arrive and none were waiting (by notify(): on the loop thread, or where
   // set_notify_ready() sends it); must not block. Set it before submit(); it does
@@ -127,6 +129,7 @@ class RequestStream {
   // Set before submit(), then the loop thread's alone.
   std::vector<int32_t> prompt_ids_;
   GenerationParams params_;
+  std::chrono::steady_clock::time_point created_;  // when the request was read
   int num_prompt_tokens_ = static_cast<int>(prompt_ids_.size());
   std::shared_ptr<RequestStream> leader_;
   RequestId engine_id_ = 0;  // 0 until added to the engine

@@ -1,5 +1,6 @@
 // AsyncEngine without the network: many submitters, outputs on each request's stream, aborts that
 // free KV blocks at the next step, the bounded waiting queue, deadlines and the drain.
+#include <chrono>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
@@ -101,6 +102,22 @@ TEST_F(AsyncEngineTest, OneStepsReadyStreamsAreHandedOverTogether) {
   // Eight requests submitted together decode in the same steps.
   EXPECT_GE(largest, 2u);
   EXPECT_GE(handed, static_cast<size_t>(kStreams));
+}
+
+// A request's timings count from when the server read it (its stream was made), not from when
+// the engine loop got to it: a wait before the loop admits it is part of its TTFT and queue time.
+TEST_F(AsyncEngineTest, TimingsCountFromWhenTheRequestWasRead) {
+  auto engine = make({});
+  auto s = stream(4);
+  Collector c;
+  c.attach(s);
+  std::this_thread::sleep_for(std::chrono::milliseconds(60));
+  ASSERT_EQ(engine->submit({s}), SubmitError::kNone);
+  ASSERT_TRUE(c.wait_finished());
+  const RequestTiming& t = c.outputs.back().timing;
+  EXPECT_GE(t.first_scheduled - t.arrival, 0.05);
+  EXPECT_GE(t.first_token - t.arrival, 0.05);
+  EXPECT_GE(t.finished, t.first_token);
 }
 
 TEST_F(AsyncEngineTest, ManySubmittersEachGetTheirTokens) {

@@ -55,7 +55,7 @@ TEST(Server, OpenAiClientCompletionsAndChat) {
 
 TEST(Server, ManyConcurrentStreamsAllComplete) {
   SKIP_WITHOUT_VENV();
-  ServerProcess server("--io-threads 2 --stream-timestamps");
+  ServerProcess server("--io-threads 3 --stream-timestamps");
   ASSERT_TRUE(server.started()) << server.log();
   expect_script_passes(server, "load_test.py", "TACHYON_LOAD_CONCURRENCY=256 TACHYON_EXPECT_TIMESTAMPS=1");
   EXPECT_EQ(server.stop(), 0) << server.log();
