@@ -974,6 +974,9 @@ int main(int argc, char** argv) {
                    {"multiprocessors", props->multiprocessors},
                    {"memory_bytes", props->total_memory},
                    {"l2_bytes", props->l2_cache_bytes}};
+  // Kernels chained in a graph overlap their neighbours' ends when this is on (TACHYON_PDL=0: off).
+  out["programmatic_launch"] = cu::programmatic_launch() && props->compute_major >= 9;
+  std::fprintf(stderr, "programmatic dependent launch: %s\n", out["programmatic_launch"].get<bool>() ? "on" : "off");
 
   auto ctx = cu::LinearContext::create();
   if (!ctx.ok()) return fail(ctx.status());

@@ -491,15 +491,7 @@ Status LlamaModel::run_layers(const ForwardBatch& batch, KvCache& cache, Tensor&
       q_heads = qn;
       k_heads = kn;
     }
-    if (fused_qkv && !c.qk_norm) {
-      // q's and k's heads are adjacent columns of the fused output: one rotation for both.
-      Tensor qk_heads = qkv.slice(1, 0, c.q_dim() + c.kv_dim()).split_last(c.num_heads + c.num_kv_heads);
-      ops::rope(qk_heads, b->positions, rope_);
-    } else {
-      ops::rope(q_heads, b->positions, rope_);
-      ops::rope(k_heads, b->positions, rope_);
-    }
-    ops::store_kv(k_heads, v_heads, b->attention.slot_mapping, cache.layer(layer));
+    ops::rope_store_kv(q_heads, k_heads, v_heads, b->positions, rope_, b->attention.slot_mapping, cache.layer(layer));
     Tensor attn_heads = attn.reshape({n, c.num_heads, c.head_dim});
     ops::paged_attention(q_heads, cache.layer(layer), b->attention, params, attn_heads);
     ops::linear(attn, w.o_proj, w.o_bias.defined() ? &w.o_bias : nullptr, out, mode);

@@ -27,6 +27,13 @@ class Backend {
   virtual void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) = 0;
   virtual void embedding(const Tensor& table, const Tensor& ids, Tensor& out) = 0;
   virtual void store_kv(const Tensor& k, const Tensor& v, const Tensor& slot_mapping, KvLayer& cache) = 0;
+  // rope(q), rope(k), store_kv(k, v); a backend may do them in one launch.
+  virtual void rope_store_kv(Tensor& q, Tensor& k, const Tensor& v, const Tensor& positions, const RopeTable& table,
+                             const Tensor& slot_mapping, KvLayer& cache) {
+    rope(q, positions, table);
+    rope(k, positions, table);
+    store_kv(k, v, slot_mapping, cache);
+  }
   virtual void paged_attention(const Tensor& q, const KvLayer& cache, const AttentionMetadata& meta,
                                const AttentionParams& params, Tensor& out) = 0;
   virtual void argmax(const Tensor& x, Tensor& ids, Tensor* logprobs) = 0;

@@ -427,6 +427,14 @@ void store_kv(const Tensor& k, const Tensor& v, const Tensor& slot_mapping, KvLa
   cpu::store_kv(k.data<float>(), k.stride(0), k.stride(1), v.data<float>(), v.stride(0), v.stride(1), n, slots, cache);
 }
 
+void rope_store_kv(Tensor& q, Tensor& k, const Tensor& v, const Tensor& positions, const RopeTable& table,
+                   const Tensor& slot_mapping, KvLayer& cache) {
+  if (Backend* b = device_backend("rope_store_kv", q)) return b->rope_store_kv(q, k, v, positions, table, slot_mapping, cache);
+  rope(q, positions, table);
+  rope(k, positions, table);
+  store_kv(k, v, slot_mapping, cache);
+}
+
 void paged_attention(const Tensor& q, const KvLayer& kv, const AttentionMetadata& meta, const AttentionParams& params,
                      Tensor& out) {
   constexpr const char* op = "paged_attention";

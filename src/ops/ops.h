@@ -205,6 +205,11 @@ void check_kv_layer(const char* op, const KvLayer& cache);
 // nothing.
 void store_kv(const Tensor& k, const Tensor& v, const Tensor& slot_mapping, KvLayer& cache);
 
+// rope(q), rope(k) (both in place), then store_kv(k, v): what an attention block does between its
+// projections and attention, in one launch where the backend has one (CUDA, 16/32-bit caches).
+void rope_store_kv(Tensor& q, Tensor& k, const Tensor& v, const Tensor& positions, const RopeTable& table,
+                   const Tensor& slot_mapping, KvLayer& cache);
+
 // out[n, num_heads, head_dim] = causal attention of q[n, num_heads, head_dim] over the paged
 // cache, through block tables (GQA: query head h reads kv head h / (num_heads / num_kv_heads)).
 // The query at position p sees keys [p - sliding_window + 1, p] (all of [0, p] without a window);

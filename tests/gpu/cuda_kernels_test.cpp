@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -451,6 +452,20 @@ TEST(CudaEmbedding, MatchesReferenceBitwise) {
 
 // ---- store_kv ------------------------------------------------------------------------------------------
 
+// A f32/f16/bf16 cache layer on the device (k, v [num_blocks, block_size, kv_heads, head_dim]).
+cu::KvCacheView float_cache_view(const Mirror& k, const Mirror& v, DType dtype, int64_t num_blocks, int64_t block_size,
+                                 int64_t kv_heads, int64_t head_dim) {
+  cu::KvCacheView cache;
+  cache.k = k.ptr<void>();
+  cache.v = v.ptr<void>();
+  cache.dtype = dtype;
+  cache.num_blocks = num_blocks;
+  cache.block_size = block_size;
+  cache.num_kv_heads = kv_heads;
+  cache.head_dim = head_dim;
+  return cache;
+}
+
 TEST(CudaStoreKv, MatchesReferenceBitwise) {
   TACHYON_SKIP_WITHOUT_GPU();
   const uint32_t seed = testing::fresh_seed();
@@ -471,14 +486,7 @@ TEST(CudaStoreKv, MatchesReferenceBitwise) {
     Tensor k_ref = testing::nan_tensor({num_blocks, block_size, kv_heads, head_dim}, dtype);
     Tensor v_ref = k_ref.contiguous();
     Mirror dslots(slot_mapping), dk(k_ref), dv(v_ref);
-    cu::KvCacheView cache;
-    cache.k = dk.ptr<void>();
-    cache.v = dv.ptr<void>();
-    cache.dtype = dtype;
-    cache.num_blocks = num_blocks;
-    cache.block_size = block_size;
-    cache.num_kv_heads = kv_heads;
-    cache.head_dim = head_dim;
+    const cu::KvCacheView cache = float_cache_view(dk, dv, dtype, num_blocks, block_size, kv_heads, head_dim);
     ASSERT_OK(cu::store_kv(dqkv.ptr<float>(k), k.stride(0), k.stride(1), dqkv.ptr<float>(v), v.stride(0), v.stride(1), n,
                            dslots.ptr<int32_t>(), cache, nullptr));
     ASSERT_OK(cu::synchronize(nullptr));
@@ -490,6 +498,92 @@ TEST(CudaStoreKv, MatchesReferenceBitwise) {
     ops::reference::store_kv(k.contiguous(), v.contiguous(), slot_mapping, ref);
     ASSERT_TRUE(testing::bitwise_equal(dk.host(), k_ref, fmt::format("k {}", dtype_name(dtype))));
     ASSERT_TRUE(testing::bitwise_equal(dv.host(), v_ref, fmt::format("v {}", dtype_name(dtype))));
+  }
+}
+
+// The fused rope + store of an attention block equals rope(q), rope(k) and store_kv(k, v) bit for
+// bit: q, k and the cache (poisoned, so an unwritten or extra element shows), with q and k as views
+// of one fused q/k/v output, padding slots, partial rotary dims, odd head counts, both styles.
+TEST(CudaRopeStoreKv, EqualsTheSeparateOpsBitwise) {
+  TACHYON_SKIP_WITHOUT_GPU();
+  const uint32_t seed = testing::fresh_seed();
+  SCOPED_TRACE(fmt::format("seed {}", seed));
+  std::mt19937 rng(seed);
+  struct Shape {
+    int64_t heads, kv_heads, head_dim;
+    int rotary_dim;
+  };
+  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+    for (RopeStyle style : {RopeStyle::kNeox, RopeStyle::kInterleaved}) {
+      for (const Shape& sh : {Shape{32, 8, 128, 128}, Shape{5, 1, 64, 64}, Shape{9, 3, 80, 20}, Shape{4, 4, 6, 6},
+                              Shape{14, 2, 128, 64}}) {
+        RopeConfig config;
+        config.theta = 500000.0f;
+        config.rotary_dim = sh.rotary_dim;
+        config.style = style;
+        const RopeTable table = make_rope_table(config);
+        Mirror dfreq(Tensor::view_of(const_cast<float*>(table.inv_freq.data()),
+                                     {static_cast<int64_t>(table.inv_freq.size())}, DType::kF32));
+        for (int64_t n : {1, 3, 29}) {
+          const std::string what = fmt::format("{} {} heads {}/{} head_dim {} rotary {} n {}", dtype_name(dtype),
+                                               style == RopeStyle::kNeox ? "neox" : "interleaved", sh.heads,
+                                               sh.kv_heads, sh.head_dim, sh.rotary_dim, n);
+          const int64_t block_size = 16, num_blocks = (n + block_size - 1) / block_size + 2;
+          const Tensor qkv = testing::random_tensor({n, sh.heads + 2 * sh.kv_heads, sh.head_dim}, rng, -3.0f, 3.0f);
+          const Tensor positions = testing::random_i32({n}, rng, 0, 100000);
+          std::vector<int32_t> all_slots(static_cast<size_t>(num_blocks * block_size));
+          std::iota(all_slots.begin(), all_slots.end(), 0);
+          std::shuffle(all_slots.begin(), all_slots.end(), rng);
+          std::vector<int32_t> slots(all_slots.begin(), all_slots.begin() + n);
+          if (n > 2) slots[1] = -1;  // a padding token stores nothing
+          const Tensor poison = testing::nan_tensor({num_blocks, block_size, sh.kv_heads, sh.head_dim}, dtype);
+          Mirror fused_qkv(qkv), apart_qkv(qkv), dpos(positions), dslots(testing::i32_tensor(slots));
+          Mirror fused_k(poison), fused_v(poison), apart_k(poison), apart_v(poison);
+          const auto cache_of = [&](const Mirror& k, const Mirror& v) {
+            return float_cache_view(k, v, dtype, num_blocks, block_size, sh.kv_heads, sh.head_dim);
+          };
+          const auto parts = [&](Mirror& m) {
+            return std::array<Tensor, 3>{m.host().slice(1, 0, sh.heads),
+                                         m.host().slice(1, sh.heads, sh.heads + sh.kv_heads),
+                                         m.host().slice(1, sh.heads + sh.kv_heads, sh.heads + 2 * sh.kv_heads)};
+          };
+          const auto [fq, fk, fv] = parts(fused_qkv);
+          cu::RopeStoreArgs a;
+          a.q = fused_qkv.ptr<float>(fq);
+          a.q_heads = sh.heads;
+          a.q_token_stride = fq.stride(0);
+          a.q_head_stride = fq.stride(1);
+          a.k = fused_qkv.ptr<float>(fk);
+          a.k_token_stride = fk.stride(0);
+          a.k_head_stride = fk.stride(1);
+          a.v = fused_qkv.ptr<float>(fv);
+          a.v_token_stride = fv.stride(0);
+          a.v_head_stride = fv.stride(1);
+          a.n = n;
+          a.positions = dpos.ptr<int32_t>();
+          a.inv_freq = dfreq.ptr<float>();
+          a.rotary_dim = table.rotary_dim;
+          a.interleaved = style == RopeStyle::kInterleaved;
+          a.attention_scale = table.attention_scale;
+          a.slot_mapping = dslots.ptr<int32_t>();
+          ASSERT_OK(cu::rope_store_kv(a, cache_of(fused_k, fused_v), nullptr));
+          const auto [q, k, v] = parts(apart_qkv);
+          for (const Tensor* x : {&q, &k}) {
+            ASSERT_OK(cu::rope(apart_qkv.ptr<float>(*x), n, x->size(1), sh.head_dim, x->stride(0), x->stride(1),
+                               dpos.ptr<int32_t>(), dfreq.ptr<float>(), table.rotary_dim, table.style,
+                               table.attention_scale, nullptr));
+          }
+          ASSERT_OK(cu::store_kv(apart_qkv.ptr<float>(k), k.stride(0), k.stride(1), apart_qkv.ptr<float>(v),
+                                 v.stride(0), v.stride(1), n, dslots.ptr<int32_t>(), cache_of(apart_k, apart_v),
+                                 nullptr));
+          ASSERT_OK(cu::synchronize(nullptr));
+          for (Mirror* m : {&fused_qkv, &apart_qkv, &fused_k, &fused_v, &apart_k, &apart_v}) ASSERT_OK(m->download());
+          ASSERT_TRUE(testing::bitwise_equal(fused_qkv.host(), apart_qkv.host(), what + ": q, k (rotated), v"));
+          ASSERT_TRUE(testing::bitwise_equal(fused_k.host(), apart_k.host(), what + ": k cache"));
+          ASSERT_TRUE(testing::bitwise_equal(fused_v.host(), apart_v.host(), what + ": v cache"));
+        }
+      }
+    }
   }
 }
 

@@ -19,6 +19,7 @@
 
 #include "ops/cuda/device_math.cuh"
 #include "ops/cuda/launch.h"
+#include "ops/cuda/pdl.cuh"
 #include "ops/cuda/mma.cuh"
 
 namespace tachyon::ops::cuda::detail {
@@ -222,6 +223,8 @@ template <DType D, int GMAX>
 __global__ void __launch_bounds__(kThreads, 4) decode_kernel(const DecodeParams p) {
   constexpr int kChunks = 2;
   extern __shared__ float smem_raw[];
+  pdl_wait();
+  pdl_trigger();
   const int split = blockIdx.x;
   const int64_t kvh = blockIdx.y;
   const int s = blockIdx.z;
@@ -408,6 +411,8 @@ __global__ void __launch_bounds__(kThreads, 4) decode_kernel(const DecodeParams 
 
 // out[row, h, :] = sum_j 2^(m_j - M) acc_j / sum_j 2^(m_j - M) l_j, slices in order.
 __global__ void decode_combine_kernel(const DecodeParams p) {
+  pdl_wait();
+  pdl_trigger();
   const int64_t h = blockIdx.x;
   const int s = blockIdx.y;
   const int q_begin = p.batch.query_start[s];
@@ -440,8 +445,7 @@ cudaError_t launch_decode(const DecodeParams& p, size_t shared, Stream stream) {
   if (e != cudaSuccess) return e;
   const dim3 grid(static_cast<unsigned>(p.splits), static_cast<unsigned>(p.cache.num_kv_heads),
                   static_cast<unsigned>(p.batch.num_seqs));
-  kernel<<<grid, kThreads, shared, stream>>>(p);
-  return cudaGetLastError();
+  return launch_pdl(kernel, grid, kThreads, shared, stream, p);
 }
 
 template <DType D>
@@ -482,6 +486,8 @@ constexpr size_t decode_mma_shared_bytes() {
 
 template <DType D, int HD>
 __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const DecodeParams p) {
+  pdl_wait();
+  pdl_trigger();
 #if TACHYON_MMA_ENABLED
   constexpr bool kQuantized = is_quantized_kv(D);
   using M = MmaType<kQuantized ? DType::kBF16 : D>;
@@ -657,8 +663,7 @@ cudaError_t launch_decode_mma(const DecodeParams& p, Stream stream) {
   if (e != cudaSuccess) return e;
   const dim3 grid(static_cast<unsigned>(p.splits), static_cast<unsigned>(p.cache.num_kv_heads),
                   static_cast<unsigned>(p.batch.num_seqs));
-  kernel<<<grid, kThreads, shared, stream>>>(p);
-  return cudaGetLastError();
+  return launch_pdl(kernel, grid, kThreads, shared, stream, p);
 }
 
 template <DType D>
@@ -707,8 +712,7 @@ cudaError_t launch_attention_decode(const AttentionQuery& query, const KvCacheVi
     }
     if (e != cudaSuccess || splits == 1) return e;
     const dim3 grid(static_cast<unsigned>(query.num_heads), static_cast<unsigned>(batch.num_seqs));
-    decode_combine_kernel<<<grid, 128, 0, stream>>>(p);
-    return cudaGetLastError();
+    return launch_pdl(decode_combine_kernel, grid, 128, 0, stream, p);
   }
   const size_t shared = decode_shared_bytes(p.group, cache.head_dim);
   switch (cache.dtype) {
@@ -721,8 +725,7 @@ cudaError_t launch_attention_decode(const AttentionQuery& query, const KvCacheVi
   }
   if (e != cudaSuccess || splits == 1) return e;
   const dim3 grid(static_cast<unsigned>(query.num_heads), static_cast<unsigned>(batch.num_seqs));
-  decode_combine_kernel<<<grid, 128, 0, stream>>>(p);
-  return cudaGetLastError();
+  return launch_pdl(decode_combine_kernel, grid, 128, 0, stream, p);
 }
 
 }  // namespace tachyon::ops::cuda::detail

@@ -364,6 +364,46 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
                               k.size(0), slot_mapping.data<int32_t>(), cache, stream_));
   }
 
+  void rope_store_kv(Tensor& q, Tensor& k, const Tensor& v, const Tensor& positions, const RopeTable& table,
+                     const Tensor& slot_mapping, KvLayer& layer) override {
+    const KvCacheView cache = cache_view("rope_store_kv", layer);
+    if (!is_float(cache.dtype)) return Backend::rope_store_kv(q, k, v, positions, table, slot_mapping, layer);
+    on_device("rope_store_kv", {&q, &k, &v, &positions, &slot_mapping});
+    TACHYON_CHECK(q.dim() == 3 && k.dim() == 3 && k.shape() == v.shape() && q.size(0) == k.size(0) &&
+                      q.size(2) == cache.head_dim && k.size(1) == cache.num_kv_heads && k.size(2) == cache.head_dim &&
+                      q.stride(2) == 1 && k.stride(2) == 1 && v.stride(2) == 1 && q.dtype() == DType::kF32 &&
+                      k.dtype() == DType::kF32 && v.dtype() == DType::kF32,
+                  "rope_store_kv: q {} k {} v {} cache {}", q.shape_string(), k.shape_string(), v.shape_string(),
+                  layer.k.shape_string());
+    TACHYON_CHECK(positions.dtype() == DType::kI32 && positions.dim() == 1 && positions.size(0) == q.size(0) &&
+                      positions.is_contiguous() && slot_mapping.dtype() == DType::kI32 && slot_mapping.dim() == 1 &&
+                      slot_mapping.size(0) == q.size(0) && slot_mapping.is_contiguous(),
+                  "rope_store_kv: positions {} slots {} for {} tokens", positions.shape_string(),
+                  slot_mapping.shape_string(), q.size(0));
+    TACHYON_CHECK(table.rotary_dim > 0 && table.rotary_dim % 2 == 0 && table.rotary_dim <= q.size(2) &&
+                      table.inv_freq.size() == static_cast<size_t>(table.rotary_dim / 2),
+                  "rope_store_kv: table with rotary_dim {} for q {}", table.rotary_dim, q.shape_string());
+    RopeStoreArgs a;
+    a.q = q.data<float>();
+    a.q_heads = q.size(1);
+    a.q_token_stride = q.stride(0);
+    a.q_head_stride = q.stride(1);
+    a.k = k.data<float>();
+    a.k_token_stride = k.stride(0);
+    a.k_head_stride = k.stride(1);
+    a.v = v.data<float>();
+    a.v_token_stride = v.stride(0);
+    a.v_head_stride = v.stride(1);
+    a.n = q.size(0);
+    a.positions = positions.data<int32_t>();
+    a.inv_freq = inv_freq_on_device(table);
+    a.rotary_dim = table.rotary_dim;
+    a.interleaved = table.style == RopeStyle::kInterleaved;
+    a.attention_scale = table.attention_scale;
+    a.slot_mapping = slot_mapping.data<int32_t>();
+    require_ok(cuda::rope_store_kv(a, cache, stream_));
+  }
+
   void paged_attention(const Tensor& q, const KvLayer& layer, const AttentionMetadata& meta,
                        const AttentionParams& params, Tensor& out) override {
     const KvCacheView cache = cache_view("paged_attention", layer);

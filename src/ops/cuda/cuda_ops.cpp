@@ -120,6 +120,21 @@ Status store_kv(const float* k, int64_t k_token_stride, int64_t k_head_stride, c
   return Status::Ok();
 }
 
+Status rope_store_kv(const RopeStoreArgs& a, const KvCacheView& cache, Stream stream) {
+  TACHYON_RETURN_IF_ERROR(check_cache("rope_store_kv", cache));
+  TACHYON_CUDA_REQUIRE(is_float(cache.dtype), "rope_store_kv: a {} cache takes rope and store_kv apart",
+                       dtype_name(cache.dtype));
+  TACHYON_CUDA_REQUIRE(a.n >= 0 && a.q_heads >= 0, "rope_store_kv: n={} q_heads={}", a.n, a.q_heads);
+  TACHYON_CUDA_REQUIRE(a.rotary_dim > 0 && a.rotary_dim % 2 == 0 && a.rotary_dim <= cache.head_dim,
+                       "rope_store_kv: rotary_dim {} for head_dim {}", a.rotary_dim, cache.head_dim);
+  TACHYON_CUDA_REQUIRE(a.n == 0 || (a.q != nullptr && a.k != nullptr && a.v != nullptr && a.positions != nullptr &&
+                                    a.inv_freq != nullptr && a.slot_mapping != nullptr),
+                       "rope_store_kv: null pointer");
+  log_path_once("cuda rope_store_kv: {}, one launch", a.interleaved ? "interleaved" : "neox");
+  TACHYON_CUDA_RETURN_IF_ERROR(detail::launch_rope_store_kv(a, cache, stream));
+  return Status::Ok();
+}
+
 std::string AttentionPlan::describe() const {
   switch (algo) {
     case AttentionAlgo::kDecode:

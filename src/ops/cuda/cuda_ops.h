@@ -63,6 +63,11 @@ Status set_device(int device);
 Result<int> current_sm_count();
 // The current device's compute capability as major * 10 + minor (90 for sm_90).
 Result<int> current_compute_capability();
+// Programmatic dependent launch of the kernels that support it (sm_90+: a kernel's blocks are
+// scheduled while the kernel before it finishes). On by default; TACHYON_PDL=0 in the environment
+// starts with it off. Results are the same either way; this is for comparisons and tests.
+void set_programmatic_launch(bool enabled);
+bool programmatic_launch();
 
 // ---- memory ------------------------------------------------------------------------------------
 
@@ -253,6 +258,10 @@ Status embedding(const void* table, DType table_dtype, int64_t table_stride, int
 Status store_kv(const float* k, int64_t k_token_stride, int64_t k_head_stride, const float* v, int64_t v_token_stride,
                 int64_t v_head_stride, int64_t n, const int32_t* slot_mapping, const KvCacheView& cache,
                 Stream stream);
+
+// rope (as above) on q and k, then store_kv of k and v, in one launch: the same bits as rope(q),
+// rope(k), store_kv(k, v). f32/f16/bf16 caches only (a quantized one: the separate ops).
+Status rope_store_kv(const RopeStoreArgs& args, const KvCacheView& cache, Stream stream);
 
 enum class AttentionAlgo : uint8_t {
   kAuto,     // decode when every sequence has at most one query row, prefill otherwise

@@ -103,6 +103,26 @@ struct KvCacheView {
   int64_t num_blocks = 0, block_size = 0, num_kv_heads = 0, head_dim = 0;
 };
 
+// rope_store_kv: q [n, q_heads, head_dim] and k [n, cache.num_kv_heads, head_dim] rotated in place
+// (f32; x[t, h, :] at x + t * token_stride + h * head_stride), then k and v stored into the cache
+// at slot_mapping (< 0: skip). positions, inv_freq ([rotary_dim / 2]) and slot_mapping on the
+// device.
+struct RopeStoreArgs {
+  float* q = nullptr;
+  int64_t q_heads = 0, q_token_stride = 0, q_head_stride = 0;
+  float* k = nullptr;
+  int64_t k_token_stride = 0, k_head_stride = 0;
+  const float* v = nullptr;
+  int64_t v_token_stride = 0, v_head_stride = 0;
+  int64_t n = 0;
+  const int32_t* positions = nullptr;
+  const float* inv_freq = nullptr;
+  int rotary_dim = 0;
+  bool interleaved = false;
+  float attention_scale = 1.0f;
+  const int32_t* slot_mapping = nullptr;
+};
+
 // One step's batch as attention reads it (ops.h AttentionMetadata): the arrays on the device,
 // the maxima on the host (they size the launch grids).
 struct AttentionBatch {

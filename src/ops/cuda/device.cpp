@@ -4,8 +4,10 @@
 
 #include <array>
 #include <atomic>
+#include <cstdlib>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <unordered_set>
 
 #include "ops/cuda/cuda_ops.h"
@@ -99,6 +101,31 @@ Result<int> current_compute_capability() {
   if (device >= 0 && device < static_cast<int>(known.size())) known[static_cast<size_t>(device)].store(cc);
   return cc;
 }
+
+namespace {
+
+std::atomic<bool>& programmatic_launch_flag() {
+  static std::atomic<bool> flag = [] {
+    const char* env = std::getenv("TACHYON_PDL");
+    return env == nullptr || std::string_view(env) != "0";
+  }();
+  return flag;
+}
+
+}  // namespace
+
+void set_programmatic_launch(bool enabled) { programmatic_launch_flag().store(enabled); }
+bool programmatic_launch() { return programmatic_launch_flag().load(); }
+
+namespace detail {
+
+bool pdl_enabled() {
+  if (!programmatic_launch_flag().load(std::memory_order_relaxed)) return false;
+  const Result<int> cc = current_compute_capability();
+  return cc.ok() && *cc >= 90;
+}
+
+}  // namespace detail
 
 Result<void*> device_malloc(size_t bytes, std::string_view what) {
   void* ptr = nullptr;

@@ -5,6 +5,7 @@
 
 #include "ops/cuda/device_math.cuh"
 #include "ops/cuda/launch.h"
+#include "ops/cuda/pdl.cuh"
 
 namespace tachyon::ops::cuda::detail {
 namespace {
@@ -13,6 +14,8 @@ namespace {
 // thread, and rows whose pointers and strides allow it move 4 columns per thread as float4.
 __global__ void silu_mul_kernel(const float* __restrict__ gate, const Rows gate_rows, const float* __restrict__ up,
                                 const Rows up_rows, float* __restrict__ out, const Rows out_rows, bool vec) {
+  pdl_wait();
+  pdl_trigger();
   const int64_t cols = gate_rows.cols;
   for (int64_t r = blockIdx.y; r < gate_rows.rows; r += gridDim.y) {
     const float* g = gate + gate_rows.offset(r);
@@ -44,6 +47,8 @@ __global__ void silu_mul_kernel(const float* __restrict__ gate, const Rows gate_
 __global__ void embedding_kernel(const void* table, DType table_dtype, int64_t table_stride, int64_t vocab,
                                  int64_t d, const int32_t* __restrict__ ids, float* __restrict__ out,
                                  int64_t out_stride) {
+  pdl_wait();
+  pdl_trigger();
   const int64_t t = blockIdx.x;
   const int32_t id = ids[t];
   float* o = out + t * out_stride;
@@ -79,8 +84,7 @@ cudaError_t launch_silu_mul(const float* gate, const Rows& gate_rows, const floa
   const int64_t per_block = threads * (vec ? 4 : 1);
   const dim3 grid(static_cast<unsigned>((gate_rows.cols + per_block - 1) / per_block),
                   static_cast<unsigned>(std::min<int64_t>(gate_rows.rows, 65535)));
-  silu_mul_kernel<<<grid, threads, 0, stream>>>(gate, gate_rows, up, up_rows, out, out_rows, vec);
-  return cudaGetLastError();
+  return launch_pdl(silu_mul_kernel, grid, threads, 0, stream, gate, gate_rows, up, up_rows, out, out_rows, vec);
 }
 
 cudaError_t launch_embedding(const void* table, DType table_dtype, int64_t table_stride, int64_t vocab, int64_t d,
@@ -88,9 +92,8 @@ cudaError_t launch_embedding(const void* table, DType table_dtype, int64_t table
   if (n == 0) return cudaSuccess;
   if (n > 0x7fffffff) return cudaErrorInvalidValue;
   const int threads = static_cast<int>(std::clamp<int64_t>((d + 31) / 32 * 32, 32, 256));
-  embedding_kernel<<<static_cast<unsigned>(n), threads, 0, stream>>>(table, table_dtype, table_stride, vocab, d, ids,
-                                                                    out, out_stride);
-  return cudaGetLastError();
+  return launch_pdl(embedding_kernel, static_cast<unsigned>(n), threads, 0, stream, table, table_dtype, table_stride,
+                    vocab, d, ids, out, out_stride);
 }
 
 cudaError_t launch_fill_random(void* data, DType dtype, int64_t count, uint64_t seed, float lo, float hi,

@@ -10,6 +10,7 @@
 
 #include "ops/cuda/device_math.cuh"
 #include "ops/cuda/launch.h"
+#include "ops/cuda/pdl.cuh"
 
 namespace tachyon::ops::cuda::detail {
 namespace {
@@ -17,6 +18,8 @@ namespace {
 __global__ void store_kv_kernel(const float* __restrict__ k, int64_t k_token_stride, int64_t k_head_stride,
                                 const float* __restrict__ v, int64_t v_token_stride, int64_t v_head_stride, int64_t n,
                                 const int32_t* __restrict__ slot_mapping, const KvCacheView cache) {
+  pdl_wait();
+  pdl_trigger();
   const int64_t per_token = cache.num_kv_heads * cache.head_dim;
   const int64_t total = n * per_token;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
@@ -71,6 +74,8 @@ __global__ void __launch_bounds__(kQuantThreads) store_kv_quantized_kernel(
     const float* __restrict__ k, int64_t k_token_stride, int64_t k_head_stride, const float* __restrict__ v,
     int64_t v_token_stride, int64_t v_head_stride, int64_t n, const int32_t* __restrict__ slot_mapping,
     const KvCacheView cache, float q_max) {
+  pdl_wait();
+  pdl_trigger();
   const int lane = threadIdx.x & 31;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (kQuantThreads / 32);
   const int64_t rows = n * cache.num_kv_heads;
@@ -99,19 +104,16 @@ cudaError_t launch_store_kv(const float* k, int64_t k_token_stride, int64_t k_he
     const unsigned blocks = grid_for(rows, kQuantThreads / 32);
     // Q of ops.h KvLayer: the scale maps the row's max |x| to the largest code.
     if (cache.dtype == DType::kI8) {
-      store_kv_quantized_kernel<DType::kI8><<<blocks, kQuantThreads, 0, stream>>>(
-          k, k_token_stride, k_head_stride, v, v_token_stride, v_head_stride, n, slot_mapping, cache, 127.0f);
-    } else {
-      store_kv_quantized_kernel<DType::kF8E4M3><<<blocks, kQuantThreads, 0, stream>>>(
-          k, k_token_stride, k_head_stride, v, v_token_stride, v_head_stride, n, slot_mapping, cache, kF8E4M3Max);
+      return launch_pdl(store_kv_quantized_kernel<DType::kI8>, blocks, kQuantThreads, 0, stream, k, k_token_stride,
+                        k_head_stride, v, v_token_stride, v_head_stride, n, slot_mapping, cache, 127.0f);
     }
-    return cudaGetLastError();
+    return launch_pdl(store_kv_quantized_kernel<DType::kF8E4M3>, blocks, kQuantThreads, 0, stream, k, k_token_stride,
+                      k_head_stride, v, v_token_stride, v_head_stride, n, slot_mapping, cache, kF8E4M3Max);
   }
   const int threads = 256;
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((total + threads - 1) / threads, 65535));
-  store_kv_kernel<<<blocks, threads, 0, stream>>>(k, k_token_stride, k_head_stride, v, v_token_stride, v_head_stride,
-                                                  n, slot_mapping, cache);
-  return cudaGetLastError();
+  return launch_pdl(store_kv_kernel, blocks, threads, 0, stream, k, k_token_stride, k_head_stride, v, v_token_stride,
+                    v_head_stride, n, slot_mapping, cache);
 }
 
 }  // namespace tachyon::ops::cuda::detail

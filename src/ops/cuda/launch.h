@@ -11,6 +11,10 @@
 
 namespace tachyon::ops::cuda::detail {
 
+// Whether launch_pdl() (pdl.cuh) asks for programmatic dependent launch: the current device is
+// sm_90+ and set_programmatic_launch (cuda_ops.h) has not turned it off.
+bool pdl_enabled();
+
 // ---- linear (linear_gemv.cu) -------------------------------------------------------------------
 
 constexpr int kGemvMaxTokens = 16;
@@ -47,14 +51,15 @@ inline void fill_common(P& p, const LinearArgs& a, const GemvShape& shape, Parti
   p.splits = shape.splits;
 }
 
-// The K split the streaming GEMVs share: enough warps for ~32 per SM given `row_warps` warps of
-// rows, at most 32 slices, each at least `min_chunk` columns (one full unrolled iteration) and a
-// multiple of `step` (so every slice starts on a vector boundary). Callers pass the one-token
-// tile's row_warps and min_chunk whatever n is: the same slices, so the same summation order for
-// a token alone or in any batch (LinearMode::kBatchInvariant relies on it). Sets chunk, splits.
+// The K split the streaming GEMVs share: enough warps for ~warps_per_sm per SM given `row_warps`
+// warps of rows, at most 32 slices, each at least `min_chunk` columns (one full unrolled
+// iteration) and a multiple of `step` (so every slice starts on a vector boundary). Callers pass
+// the one-token tile's row_warps and min_chunk whatever n is: the same slices, so the same
+// summation order for a token alone or in any batch (LinearMode::kBatchInvariant relies on it).
+// Sets chunk, splits.
 inline void plan_k_splits(GemvShape& s, int64_t in, int64_t row_warps, int64_t min_chunk, int64_t step,
-                          int sm_count) {
-  const int64_t target_warps = static_cast<int64_t>(sm_count > 1 ? sm_count : 1) * 32;
+                          int sm_count, int64_t warps_per_sm = 32) {
+  const int64_t target_warps = static_cast<int64_t>(sm_count > 1 ? sm_count : 1) * warps_per_sm;
   int64_t max_splits = in / min_chunk;
   max_splits = max_splits < 1 ? 1 : (max_splits > 32 ? 32 : max_splits);
   int64_t want = target_warps / (row_warps > 1 ? row_warps : 1);
@@ -208,6 +213,9 @@ cudaError_t launch_adjust_logits(float* x, int64_t x_stride, int64_t n, int64_t 
 cudaError_t launch_rope(float* x, int64_t n, int64_t heads, int64_t token_stride, int64_t head_stride,
                         const int32_t* positions, const float* inv_freq, int rotary_dim, bool interleaved,
                         float attention_scale, Stream stream);
+// rope on q and k and store_kv of k and v in one launch (f32/f16/bf16 caches): the same bits as
+// launch_rope twice, then launch_store_kv.
+cudaError_t launch_rope_store_kv(const RopeStoreArgs& a, const KvCacheView& cache, Stream stream);
 
 // ---- paged KV cache and attention (kv_cache.cu, attention_decode.cu, attention_prefill.cu) -------
 

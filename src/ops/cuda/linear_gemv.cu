@@ -11,6 +11,7 @@
 #include "ops/cuda/gemv_store.cuh"
 #include "ops/cuda/launch.h"
 #include "ops/cuda/mma.cuh"
+#include "ops/cuda/pdl.cuh"
 
 namespace tachyon::ops::cuda::detail {
 namespace {
@@ -95,6 +96,8 @@ __global__ void __launch_bounds__(kGemvThreads, GemvTile<NT>::kMinBlocks) gemv_k
   constexpr int STEP = 32 * V;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * ROWS;
+  pdl_wait();
+  pdl_trigger();
   if (row0 >= p.out) return;  // no block-wide synchronisation below
   const int split = blockIdx.y;
   const int64_t k_begin = split * p.chunk;
@@ -160,6 +163,8 @@ __global__ void __launch_bounds__(kGemvThreads, GemvTile<NT>::kMinBlocks) gemv_k
 __global__ void gemv_reduce_kernel(const float* __restrict__ partial, int splits, int64_t n, int64_t out,
                                    const void* bias, DType bias_dtype, const float* scales, float* __restrict__ y,
                                    int64_t y_stride) {
+  pdl_wait();
+  pdl_trigger();
   const int64_t total = n * out;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -177,8 +182,7 @@ cudaError_t launch_bucket(const GemvParams& p, const GemvShape& shape, Stream st
   const int64_t rows_per_block = static_cast<int64_t>(kWarps) * GemvTile<NT>::kRows;
   const dim3 grid(static_cast<unsigned>((p.out + rows_per_block - 1) / rows_per_block),
                   static_cast<unsigned>(shape.splits));
-  gemv_kernel<WD, NT><<<grid, kGemvThreads, 0, stream>>>(p);
-  return cudaGetLastError();
+  return launch_pdl(gemv_kernel<WD, NT>, grid, kGemvThreads, 0, stream, p);
 }
 
 template <DType WD>
@@ -202,6 +206,8 @@ int rows_per_warp(int64_t n) {
 // bytes out) when the rows allow it.
 __global__ void convert_rows_kernel(const float* __restrict__ x, int64_t x_stride, int64_t n, int64_t in, void* dst,
                                     DType dst_dtype, int64_t dst_stride, bool vec) {
+  pdl_wait();
+  pdl_trigger();
   for (int64_t t = blockIdx.y; t < n; t += gridDim.y) {
     const float* xr = x + t * x_stride;
     if (vec) {
@@ -448,8 +454,12 @@ GemvShape plan_gemv(const LinearArgs& a, int sm_count) {
   const auto aligned16 = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; };
   s.vector_loads = aligned16(a.w) && (a.w_stride * static_cast<int64_t>(esize)) % 16 == 0 && aligned16(a.x) &&
                    a.x_stride % 4 == 0;
+  // 16-bit and f32 weights: 8 warps per SM, each lane with 16 loads of 16 bytes in flight, keep
+  // the H200's copy rate; splitting further to 32 cost more in the split-K reduction than it won
+  // (Llama-3-8B's q/o 12.6 -> 9.9 us, down 31.0 -> 28.5 us at one token; docs/perf.md 2026-12-02).
+  const bool wide = a.w_dtype == DType::kBF16 || a.w_dtype == DType::kF16 || a.w_dtype == DType::kF32;
   plan_k_splits(s, a.in, (a.out + GemvTile<1>::kRows - 1) / GemvTile<1>::kRows, s.step * GemvTile<1>::kSteps, s.step,
-                sm_count);
+                sm_count, wide ? 8 : 32);
   return s;
 }
 
@@ -472,17 +482,15 @@ cudaError_t launch_gemv(const LinearArgs& a, const GemvShape& shape, float* part
   }
   if (e != cudaSuccess || shape.splits == 1) return e;
   const int threads = 256;
-  gemv_reduce_kernel<<<grid_for(a.n * a.out, threads), threads, 0, stream>>>(
-      partial, shape.splits, a.n, a.out, a.bias, a.bias_dtype, p.scales, a.y, a.y_stride);
-  return cudaGetLastError();
+  return launch_pdl(gemv_reduce_kernel, grid_for(a.n * a.out, threads), threads, 0, stream,
+                    partial, shape.splits, a.n, a.out, a.bias, a.bias_dtype, p.scales, a.y, a.y_stride);
 }
 
 cudaError_t launch_gemv_reduce(const float* partial, int splits, int64_t n, int64_t out, const void* bias,
                                DType bias_dtype, const float* scales, float* y, int64_t y_stride, Stream stream) {
   const int threads = 256;
-  gemv_reduce_kernel<<<grid_for(n * out, threads), threads, 0, stream>>>(partial, splits, n, out, bias, bias_dtype,
-                                                                         scales, y, y_stride);
-  return cudaGetLastError();
+  return launch_pdl(gemv_reduce_kernel, grid_for(n * out, threads), threads, 0, stream,
+                    partial, splits, n, out, bias, bias_dtype, scales, y, y_stride);
 }
 
 bool gemm_mma_supported(const LinearArgs& a, int64_t x_stride) {
@@ -530,9 +538,8 @@ cudaError_t launch_gemm_mma(const LinearArgs& a, const void* x16, int64_t x_stri
                                 : launch_gemm_mma_i8_nt<8>(q, stream);
     if (e != cudaSuccess || shape.splits == 1) return e;
     const int threads = 256;
-    gemv_reduce_kernel<<<grid_for(a.n * a.out, threads), threads, 0, stream>>>(
-        partial, shape.splits, a.n, a.out, a.bias, a.bias_dtype, a.w_scales, a.y, a.y_stride);
-    return cudaGetLastError();
+    return launch_pdl(gemv_reduce_kernel, grid_for(a.n * a.out, threads), threads, 0, stream,
+                      partial, shape.splits, a.n, a.out, a.bias, a.bias_dtype, a.w_scales, a.y, a.y_stride);
   }
   MmaGemmParams p;
   p.x = static_cast<const uint16_t*>(x16);
@@ -543,9 +550,8 @@ cudaError_t launch_gemm_mma(const LinearArgs& a, const void* x16, int64_t x_stri
                                              : launch_gemm_mma_dtype<DType::kF16>(p, stream);
   if (e != cudaSuccess || shape.splits == 1) return e;
   const int threads = 256;
-  gemv_reduce_kernel<<<grid_for(a.n * a.out, threads), threads, 0, stream>>>(
-      partial, shape.splits, a.n, a.out, a.bias, a.bias_dtype, nullptr, a.y, a.y_stride);
-  return cudaGetLastError();
+  return launch_pdl(gemv_reduce_kernel, grid_for(a.n * a.out, threads), threads, 0, stream,
+                    partial, shape.splits, a.n, a.out, a.bias, a.bias_dtype, nullptr, a.y, a.y_stride);
 }
 
 cudaError_t launch_convert_rows(const float* x, int64_t x_stride, int64_t n, int64_t in, void* dst, DType dst_dtype,
@@ -558,8 +564,8 @@ cudaError_t launch_convert_rows(const float* x, int64_t x_stride, int64_t n, int
   const int64_t per_block = threads * (vec ? 4 : 1);
   const dim3 grid(static_cast<unsigned>((in + per_block - 1) / per_block),
                   static_cast<unsigned>(std::min<int64_t>(n, 65535)));
-  convert_rows_kernel<<<grid, threads, 0, stream>>>(x, x_stride, n, in, dst, dst_dtype, dst_stride, vec);
-  return cudaGetLastError();
+  return launch_pdl(convert_rows_kernel, grid, threads, 0, stream, x, x_stride, n, in, dst, dst_dtype, dst_stride,
+                    vec);
 }
 
 cudaError_t launch_add_bias(float* y, int64_t y_stride, int64_t n, int64_t out, const void* bias, DType bias_dtype,

@@ -19,6 +19,7 @@
 #include "ops/cuda/gemv_store.cuh"  // store_mma_tile
 #include "ops/cuda/launch.h"
 #include "ops/cuda/mma.cuh"
+#include "ops/cuda/pdl.cuh"
 
 namespace tachyon::ops::cuda::detail {
 namespace {
@@ -142,6 +143,8 @@ __device__ __forceinline__ void int4_block(const Int4GemvParams& p, const uint4 
 
 template <int NT>
 __global__ void __launch_bounds__(kGemvThreads) gemv_int4_kernel(const Int4GemvParams p) {
+  pdl_wait();
+  pdl_trigger();
   constexpr int ROWS = Int4Tile<NT>::kRows;
   constexpr int U = Int4Tile<NT>::kSteps;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -220,8 +223,7 @@ cudaError_t launch_int4_bucket(const Int4GemvParams& p, Stream stream) {
   const int64_t rows_per_block = static_cast<int64_t>(kWarps) * Int4Tile<NT>::kRows;
   const dim3 grid(static_cast<unsigned>((p.out + rows_per_block - 1) / rows_per_block),
                   static_cast<unsigned>(p.splits));
-  gemv_int4_kernel<NT><<<grid, kGemvThreads, 0, stream>>>(p);
-  return cudaGetLastError();
+  return launch_pdl(gemv_int4_kernel<NT>, grid, kGemvThreads, 0, stream, p);
 }
 
 int int4_rows_per_warp(int64_t n) {
@@ -282,6 +284,8 @@ __device__ __forceinline__ uint32_t nibble_pair_bf16(uint32_t word, int s, __nv_
 
 template <int NT, int U>
 __global__ void __launch_bounds__(kMmaI4Warps * 32) gemm_mma_i4_kernel(const MmaGemmI4Params p) {
+  pdl_wait();
+  pdl_trigger();
 #if TACHYON_MMA_ENABLED
   using M = MmaType<DType::kBF16>;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -369,6 +373,8 @@ __host__ __device__ constexpr int64_t mma_i4_stage_stride(int64_t chunk) { retur
 // arithmetic with the activations staged in shared memory, U chunks per round of loads.
 template <int U>
 __global__ void __launch_bounds__(kMmaI4Warps * 32) gemm_mma_i4_staged_kernel(const MmaGemmI4StagedParams p) {
+  pdl_wait();
+  pdl_trigger();
 #if TACHYON_MMA_ENABLED
   using M = MmaType<DType::kBF16>;
   extern __shared__ uint4 x_stage[];  // n rows of mma_i4_stage_stride(chunk) words
@@ -499,8 +505,7 @@ cudaError_t launch_gemm_mma_i4_nt(const MmaGemmI4Params& p, Stream stream) {
   constexpr int U = mma_i4_unroll(8 * NT);  // 16-byte weight loads in flight per row and lane
   const int64_t row_tiles = (p.out + 15) / 16;
   const dim3 grid(static_cast<unsigned>((row_tiles + kMmaI4Warps - 1) / kMmaI4Warps), static_cast<unsigned>(p.splits));
-  gemm_mma_i4_kernel<NT, U><<<grid, kMmaI4Warps * 32, 0, stream>>>(p);
-  return cudaGetLastError();
+  return launch_pdl(gemm_mma_i4_kernel<NT, U>, grid, kMmaI4Warps * 32, 0, stream, p);
 }
 
 cudaError_t launch_gemm_mma_i4_staged(const MmaGemmI4StagedParams& p, Stream stream) {
@@ -510,8 +515,7 @@ cudaError_t launch_gemm_mma_i4_staged(const MmaGemmI4StagedParams& p, Stream str
   const int64_t row_tiles = (p.out + 15) / 16;
   const dim3 grid(static_cast<unsigned>((row_tiles + kMmaI4Warps - 1) / kMmaI4Warps), static_cast<unsigned>(p.splits));
   const size_t smem = static_cast<size_t>(mma_i4_stage_bytes(p.n, p.chunk));
-  gemm_mma_i4_staged_kernel<U><<<grid, kMmaI4Warps * 32, smem, stream>>>(p);
-  return cudaGetLastError();
+  return launch_pdl(gemm_mma_i4_staged_kernel<U>, grid, kMmaI4Warps * 32, smem, stream, p);
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 
 #include "ops/cuda/device_math.cuh"
 #include "ops/cuda/launch.h"
+#include "ops/cuda/pdl.cuh"
 
 namespace tachyon::ops::cuda::detail {
 namespace {
@@ -25,6 +26,8 @@ struct NormParams {
 template <bool kAdd>
 __global__ void rms_norm_kernel(const NormParams p) {
   __shared__ float scratch[32];
+  pdl_wait();
+  pdl_trigger();
   const int64_t row = blockIdx.x;
   const int64_t d = p.x_rows.cols;
   const float* x = p.x + p.x_rows.offset(row);
@@ -89,8 +92,7 @@ cudaError_t launch(const NormParams& p, Stream stream) {
   if (p.x_rows.rows == 0) return cudaSuccess;
   if (p.x_rows.rows > 0x7fffffff) return cudaErrorInvalidValue;
   const int threads = threads_for(p.x_rows.cols, p.vec4);
-  rms_norm_kernel<kAdd><<<static_cast<unsigned>(p.x_rows.rows), threads, 0, stream>>>(p);
-  return cudaGetLastError();
+  return launch_pdl(rms_norm_kernel<kAdd>, static_cast<unsigned>(p.x_rows.rows), threads, 0, stream, p);
 }
 
 }  // namespace

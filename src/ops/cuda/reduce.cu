@@ -6,6 +6,7 @@
 
 #include "ops/cuda/device_math.cuh"
 #include "ops/cuda/launch.h"
+#include "ops/cuda/pdl.cuh"
 
 namespace tachyon::ops::cuda::detail {
 namespace {
@@ -40,6 +41,8 @@ __device__ __forceinline__ float finite_or_neg_inf(float x) { return isfinite(x)
 // (cache hits) for sum(exp(x - max)), so that log_softmax(x)[argmax] = -log(sum). Rows 16-byte
 // aligned with d % 4 == 0 read float4s.
 __global__ void argmax_kernel(const float* x, int64_t x_stride, int64_t d, int32_t* ids, float* logprobs) {
+  pdl_wait();
+  pdl_trigger();
   const float* row = x + static_cast<int64_t>(blockIdx.x) * x_stride;
   const bool vec = (reinterpret_cast<uintptr_t>(row) & 15u) == 0 && d % 4 == 0;
   Best b{-INFINITY, 0x7fffffff};
@@ -113,6 +116,8 @@ struct ArgmaxPart {
 
 __global__ void argmax_chunk_kernel(const float* x, int64_t x_stride, int64_t d, int64_t chunk, ArgmaxPart* parts,
                                     bool want_sum) {
+  pdl_wait();
+  pdl_trigger();
   const float* row = x + static_cast<int64_t>(blockIdx.y) * x_stride;
   const int64_t begin = static_cast<int64_t>(blockIdx.x) * chunk;
   const int64_t end = min64(d, begin + chunk);
@@ -149,6 +154,8 @@ __global__ void argmax_chunk_kernel(const float* x, int64_t x_stride, int64_t d,
 // One warp per row: the first chunk holding the row's maximum gives the index (chunks are in
 // column order, each reports its first maximum); the sums are rescaled to the row's maximum.
 __global__ void argmax_merge_kernel(const ArgmaxPart* parts, int chunks, int32_t* ids, float* logprobs) {
+  pdl_wait();
+  pdl_trigger();
   const ArgmaxPart* p = parts + static_cast<int64_t>(blockIdx.x) * chunks;
   Best b{-INFINITY, 0x7fffffff};
   for (int c = threadIdx.x; c < chunks; c += 32) keep_better(b.v, b.i, p[c].m, p[c].i);
@@ -200,14 +207,13 @@ cudaError_t launch_argmax(const float* x, int64_t x_stride, int64_t n, int64_t d
   if (chunks > 1 && workspace != nullptr && workspace_bytes >= argmax_workspace_bytes(n, d)) {
     const int64_t chunk = (d + chunks - 1) / chunks;
     auto* parts = static_cast<ArgmaxPart*>(workspace);
-    argmax_chunk_kernel<<<dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(n)), 256, 0, stream>>>(
-        x, x_stride, d, chunk, parts, logprobs != nullptr);
-    argmax_merge_kernel<<<static_cast<unsigned>(n), 32, 0, stream>>>(parts, chunks, ids, logprobs);
-    return cudaGetLastError();
+    const cudaError_t e = launch_pdl(argmax_chunk_kernel, dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(n)),
+                                     256, 0, stream, x, x_stride, d, chunk, parts, logprobs != nullptr);
+    if (e != cudaSuccess) return e;
+    return launch_pdl(argmax_merge_kernel, static_cast<unsigned>(n), 32, 0, stream, parts, chunks, ids, logprobs);
   }
   const int threads = d >= kArgmaxThreads ? kArgmaxThreads : static_cast<int>((d + 31) / 32 * 32);
-  argmax_kernel<<<static_cast<unsigned>(n), threads, 0, stream>>>(x, x_stride, d, ids, logprobs);
-  return cudaGetLastError();
+  return launch_pdl(argmax_kernel, static_cast<unsigned>(n), threads, 0, stream, x, x_stride, d, ids, logprobs);
 }
 
 cudaError_t launch_fill_uniform(void* data, DType dtype, int64_t count, uint64_t base, float bound, float offset,
