@@ -461,21 +461,38 @@ Status LlamaModel::run_layers(const ForwardBatch& batch, KvCache& cache, Tensor&
   params.sliding_window = c.sliding_window;
 
   ops::embedding(weights_.embed_tokens, b->token_ids, x);
+  // Each sublayer reads norm(x) and adds its output into x. linear_fused lets a backend run the
+  // norm inside the first linear's kernel and the add inside the last one's; where it cannot add
+  // there, the output waits in `out` (pending) and the next norm adds it (add_rms_norm).
+  ops::LinearFusion residual;  // x += the linear's result, or deferred into `out`
+  residual.add_to_output = true;
+  residual.may_defer_add = true;
+  residual.scratch_y = &out;
+  bool pending = false;
+  const auto norm_into_h = [&](const Tensor& weight) {
+    if (pending) {
+      ops::add_rms_norm(x, out, weight, c.rms_norm_eps, h);
+    } else {
+      ops::rms_norm(x, weight, c.rms_norm_eps, h);
+    }
+    pending = false;
+  };
   for (int layer = 0; layer < c.num_layers; ++layer) {
     const LayerWeights& w = weights_.layers[static_cast<size_t>(layer)];
-    // Attention block: x += previous MLP output (fused with the norm), h = norm(x).
-    if (layer == 0) {
-      ops::rms_norm(x, w.attn_norm, c.rms_norm_eps, h);
-    } else {
-      ops::add_rms_norm(x, out, w.attn_norm, c.rms_norm_eps, h);
-    }
     Tensor q_heads, k_heads, v_heads;
     if (fused_qkv) {  // one matrix; q, k, v are column ranges of its output
-      ops::linear(h, w.qkv_proj, w.qkv_bias.defined() ? &w.qkv_bias : nullptr, qkv, mode);
+      ops::LinearFusion attn_in;  // attn_norm(x)
+      attn_in.norm_weight = &w.attn_norm;
+      attn_in.norm_eps = c.rms_norm_eps;
+      attn_in.pending_add = pending ? &out : nullptr;
+      attn_in.scratch_x = &h;
+      (void)ops::linear_fused(x, w.qkv_proj, w.qkv_bias.defined() ? &w.qkv_bias : nullptr, attn_in, qkv, mode);
+      pending = false;
       q_heads = qkv.slice(1, 0, c.q_dim()).split_last(c.num_heads);
       k_heads = qkv.slice(1, c.q_dim(), c.q_dim() + c.kv_dim()).split_last(c.num_kv_heads);
       v_heads = qkv.slice(1, c.q_dim() + c.kv_dim(), c.q_dim() + 2 * c.kv_dim()).split_last(c.num_kv_heads);
     } else {
+      norm_into_h(w.attn_norm);
       ops::linear(h, w.q_proj, w.q_bias.defined() ? &w.q_bias : nullptr, q, mode);
       ops::linear(h, w.k_proj, w.k_bias.defined() ? &w.k_bias : nullptr, k, mode);
       ops::linear(h, w.v_proj, w.v_bias.defined() ? &w.v_bias : nullptr, v, mode);
@@ -494,24 +511,30 @@ Status LlamaModel::run_layers(const ForwardBatch& batch, KvCache& cache, Tensor&
     ops::rope_store_kv(q_heads, k_heads, v_heads, b->positions, rope_, b->attention.slot_mapping, cache.layer(layer));
     Tensor attn_heads = attn.reshape({n, c.num_heads, c.head_dim});
     ops::paged_attention(q_heads, cache.layer(layer), b->attention, params, attn_heads);
-    ops::linear(attn, w.o_proj, w.o_bias.defined() ? &w.o_bias : nullptr, out, mode);
-    // MLP block: x += attention output; h = norm(x).
-    ops::add_rms_norm(x, out, w.ffn_norm, c.rms_norm_eps, h);
+    pending = ops::linear_fused(attn, w.o_proj, w.o_bias.defined() ? &w.o_bias : nullptr, residual, x, mode);
+    // MLP block: x += down(silu(gate) * up) of ffn_norm(x).
     if (fused_gate_up) {  // one matrix; gate and up are halves of its output
-      ops::linear(h, w.gate_up_proj, nullptr, gate_up, mode);
-      Tensor g = gate_up.slice(1, 0, c.intermediate_size);
-      ops::silu_mul(g, gate_up.slice(1, c.intermediate_size, 2 * c.intermediate_size), g);
-      ops::linear(g, w.down_proj, nullptr, out, mode);  // added into x by the next norm
+      ops::LinearFusion mlp_in;
+      mlp_in.norm_weight = &w.ffn_norm;
+      mlp_in.norm_eps = c.rms_norm_eps;
+      mlp_in.pending_add = pending ? &out : nullptr;
+      mlp_in.swiglu = true;
+      mlp_in.scratch_x = &h;
+      mlp_in.scratch_y = &gate_up;
+      Tensor g = gate_up.slice(1, 0, c.intermediate_size);  // the activation, over the gate half
+      (void)ops::linear_fused(x, w.gate_up_proj, nullptr, mlp_in, g, mode);
+      pending = ops::linear_fused(g, w.down_proj, nullptr, residual, x, mode);
     } else {
+      norm_into_h(w.ffn_norm);
       ops::linear(h, w.gate_proj, nullptr, gate, mode);
       ops::linear(h, w.up_proj, nullptr, up, mode);
       ops::silu_mul(gate, up, gate);
-      ops::linear(gate, w.down_proj, nullptr, out, mode);  // added into x by the next norm
+      pending = ops::linear_fused(gate, w.down_proj, nullptr, residual, x, mode);
     }
   }
 
-  // Last residual add and final norm (every row: cheap), then the LM head over the wanted rows only.
-  ops::add_rms_norm(x, out, weights_.final_norm, c.rms_norm_eps, h);
+  // Final norm (every row: cheap), then the LM head over the wanted rows only.
+  norm_into_h(weights_.final_norm);
   if (n_logits > 0) ops::embedding(h, b->logits_rows, normed);  // gathers the rows
   if (!logits.defined() || !(logits.device() == dev) || logits.dtype() != DType::kF32 || logits.dim() != 2 ||
       logits.size(0) != n_logits || logits.size(1) != c.vocab_size) {

@@ -21,6 +21,15 @@ class Backend {
   virtual std::string describe() const = 0;  // "cuda:0 NVIDIA H200 (sm_90, 132 SMs, 139.8 GiB)"
 
   virtual void linear(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& y, LinearMode mode) = 0;
+  // linear_fused() in as few launches as the backend can: true when it ran the whole op, false
+  // when it did nothing (ops::linear_fused then runs the separate ops). Never asked with a
+  // pending_add, nor to defer an add (a false return lets the caller defer it).
+  virtual bool try_linear_fused(const Tensor& x, const Weight& w, const Tensor* bias, const LinearFusion& fusion,
+                                Tensor& y, LinearMode mode) {
+    (void)x, (void)w, (void)bias, (void)fusion, (void)y, (void)mode;
+    return false;
+  }
+  virtual void add(Tensor& y, const Tensor& x) = 0;
   virtual void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& y) = 0;
   virtual void add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& weight, float eps, Tensor& y) = 0;
   virtual void rope(Tensor& x, const Tensor& positions, const RopeTable& table) = 0;

@@ -339,6 +339,72 @@ void rope(Tensor& x, const Tensor& positions, const RopeTable& table) {
   cpu::rope(x.data<float>(), x.size(0), x.size(1), x.stride(0), x.stride(1), positions.data<int32_t>(), table);
 }
 
+bool linear_fused(Tensor& x, const Weight& w, const Tensor* bias, const LinearFusion& f, Tensor& y, LinearMode mode) {
+  constexpr const char* op = "linear_fused";
+  TACHYON_CHECK(!(f.add_to_output && f.swiglu), "linear_fused: add_to_output and swiglu together");
+  TACHYON_CHECK(f.pending_add == nullptr || f.norm_weight != nullptr, "linear_fused: a pending add without a norm");
+  TACHYON_CHECK(x.dim() == 2 && y.dim() == 2 && y.size(0) == x.size(0), "linear_fused: x {} y {}", x.shape_string(),
+                y.shape_string());
+  TACHYON_CHECK(f.norm_weight == nullptr || (f.scratch_x != nullptr && f.scratch_x->shape() == x.shape()),
+                "linear_fused: a norm needs scratch_x of x's shape {} (got {})", x.shape_string(),
+                f.scratch_x != nullptr ? f.scratch_x->shape_string() : "none");
+  const int64_t out = y.size(1) * (f.swiglu ? 2 : 1);
+  TACHYON_CHECK(!(f.add_to_output || f.swiglu) ||
+                    (f.scratch_y != nullptr && f.scratch_y->dim() == 2 && f.scratch_y->size(0) == x.size(0) &&
+                     f.scratch_y->size(1) == out),
+                "linear_fused: the epilogue needs scratch_y [{}, {}] (got {})", x.size(0), out,
+                f.scratch_y != nullptr ? f.scratch_y->shape_string() : "none");
+  Backend* b = device_backend(op, x);
+  if (b != nullptr && f.pending_add == nullptr && b->try_linear_fused(x, w, bias, f, y, mode)) return false;
+  // The separate ops (each dispatches to x's device), the epilogue still fused where it can be.
+  const Tensor* in = &x;
+  if (f.norm_weight != nullptr) {
+    if (f.pending_add != nullptr) {
+      add_rms_norm(x, *f.pending_add, *f.norm_weight, f.norm_eps, *f.scratch_x);
+    } else {
+      rms_norm(x, *f.norm_weight, f.norm_eps, *f.scratch_x);
+    }
+    in = f.scratch_x;
+    if (b != nullptr && (f.add_to_output || f.swiglu)) {
+      LinearFusion epilogue = f;
+      epilogue.norm_weight = nullptr;
+      epilogue.pending_add = nullptr;
+      if (b->try_linear_fused(*in, w, bias, epilogue, y, mode)) return false;
+    }
+  }
+  if (!f.add_to_output && !f.swiglu) {
+    linear(*in, w, bias, y, mode);
+    return false;
+  }
+  linear(*in, w, bias, *f.scratch_y, mode);
+  if (f.swiglu) {
+    silu_mul(f.scratch_y->slice(1, 0, y.size(1)), f.scratch_y->slice(1, y.size(1), out), y);
+    return false;
+  }
+  if (f.may_defer_add) return true;
+  add(y, *f.scratch_y);
+  return false;
+}
+
+void add(Tensor& y, const Tensor& x) {
+  constexpr const char* op = "add";
+  if (Backend* b = device_backend(op, y)) return b->add(y, x);
+  require_cpu(op, "y", y);
+  require_cpu(op, "x", x);
+  require_dtype(op, "y", y, DType::kF32);
+  require_dtype(op, "x", x, DType::kF32);
+  require_rank(op, "y", y, 2);
+  require_same_shape(op, "y", y, "x", x);
+  require_last_dim_contiguous(op, "y", y);
+  require_last_dim_contiguous(op, "x", x);
+  const int64_t n = y.size(0), d = y.size(1);
+  for (int64_t t = 0; t < n; ++t) {
+    float* yr = y.data<float>() + t * y.stride(0);
+    const float* xr = x.data<float>() + t * x.stride(0);
+    for (int64_t i = 0; i < d; ++i) yr[i] += xr[i];
+  }
+}
+
 void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) {
   constexpr const char* op = "silu_mul";
   if (Backend* b = device_backend(op, gate)) return b->silu_mul(gate, up, out);

@@ -119,6 +119,42 @@ enum class LinearMode : uint8_t {
 // f32/f16/bf16 (quantized formats come with quant/); bias f32/f16/bf16. Accumulates in f32.
 void linear(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& y, LinearMode mode = LinearMode::kFastest);
 
+// What a pre-norm block does on either side of a linear, which a backend may run inside the
+// linear's own kernel instead of as separate ops (CUDA: the residual add and SwiGLU in the GEMV
+// of a few tokens). The result is
+// bit for bit that of the separate ops, wherever they run.
+struct LinearFusion {
+  // Before: the linear reads rms_norm(x, *norm_weight, norm_eps) instead of x. With pending_add
+  // (a result an earlier linear_fused deferred), x is the residual stream and first becomes
+  // x + *pending_add, written back (add_rms_norm); otherwise x is not changed.
+  const Tensor* norm_weight = nullptr;
+  float norm_eps = 0.0f;
+  const Tensor* pending_add = nullptr;
+  // After (at most one of the two):
+  bool add_to_output = false;  // y += the linear's result (a residual add)
+  bool swiglu = false;         // W stacks gate rows over up rows [2f, in]: y[n, f] = silu(gate) * up
+  // With add_to_output: where the backend cannot add inside the linear's kernel, the result is
+  // left in scratch_y and not added (linear_fused returns true), for the caller to add with the
+  // next norm (pending_add, add_rms_norm): one pass less than adding it here.
+  bool may_defer_add = false;
+  // Where the parts run apart: scratch_x [n, in] f32 receives rms_norm(x) (needed with
+  // norm_weight), scratch_y [n, W.out] f32 the linear's result (needed with add_to_output or
+  // swiglu). Their contents afterwards are unspecified (but for a deferred add's result).
+  Tensor* scratch_x = nullptr;
+  Tensor* scratch_y = nullptr;
+};
+
+// linear(x, w, bias) with the prologue and epilogue of `fusion`; y must not overlap x or the
+// scratch tensors, except that a SwiGLU's y may be the gate half of scratch_y (the separate ops
+// then run silu_mul in place). Without norm_weight, add_to_output or swiglu it is linear().
+// Returns true when it deferred the residual add (may_defer_add): y is unchanged and the result
+// is in scratch_y.
+[[nodiscard]] bool linear_fused(Tensor& x, const Weight& w, const Tensor* bias, const LinearFusion& fusion, Tensor& y,
+                                LinearMode mode = LinearMode::kFastest);
+
+// y[n, d] += x[n, d] (f32, packed last dims).
+void add(Tensor& y, const Tensor& x);
+
 // y[..., d] = x / rms(x) * weight[d], over the last dim of x (rank 1..4; e.g. [n, d], or
 // [n, heads, head_dim] for per-head q/k norms). weight f32/f16/bf16. y may be x.
 void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& y);

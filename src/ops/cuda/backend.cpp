@@ -5,9 +5,11 @@
 // synchronize() or the next copy to the host.
 #include <cuda_runtime.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
@@ -180,7 +182,9 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
 
   std::string describe() const override { return fmt::format("cuda:{} {}", device_, props_.to_string()); }
 
-  void linear(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& y, ops::LinearMode mode) override {
+  // The arguments of cuda::linear for linear(x, w, bias) into y (swiglu: y holds half the
+  // weight's rows), checked.
+  LinearArgs linear_args(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& y, bool swiglu) {
     const QuantFormat format = w.quant ? w.quant->format : QuantFormat::kInt8Channel;
     TACHYON_CHECK(w.defined() && (!w.quant || format == QuantFormat::kInt8Channel || format == QuantFormat::kW8A8 ||
                                   format == QuantFormat::kFp8Channel || format == QuantFormat::kInt4Group ||
@@ -277,8 +281,13 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
     a.n = x.size(0);
     a.in = x.size(1);
     a.out = wd.size(0);
-    TACHYON_CHECK(in_features == a.in && y.size(0) == a.n && y.size(1) == a.out, "linear: x {} w {} y {}",
-                  x.shape_string(), wd.shape_string(), y.shape_string());
+    TACHYON_CHECK(in_features == a.in && y.size(0) == a.n && y.size(1) * (swiglu ? 2 : 1) == a.out,
+                  "linear: x {} w {} y {}", x.shape_string(), wd.shape_string(), y.shape_string());
+    return a;
+  }
+
+  void linear(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& y, ops::LinearMode mode) override {
+    const LinearArgs a = linear_args(x, w, bias, y, false);
     if (a.n == 0) return;
     if (mode == ops::LinearMode::kBatchInvariant) {
       // Every token through the GEMV, whose per-output summation order does not depend on n: a
@@ -298,6 +307,35 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
       return;
     }
     require_ok(cuda::linear(*linear_, a, stream_, LinearAlgo::kAuto));
+  }
+
+  bool try_linear_fused(const Tensor& x, const Weight& w, const Tensor* bias, const ops::LinearFusion& f, Tensor& y,
+                        ops::LinearMode mode) override {
+    // TACHYON_FUSED_LINEAR=0: always the separate ops (the same bits; for measuring the fusion).
+    static const bool enabled = [] {
+      const char* env = std::getenv("TACHYON_FUSED_LINEAR");
+      return env == nullptr || std::string_view(env) != "0";
+    }();
+    // A norm inside the GEMV (each block normalizing x into shared memory before its K loop) cost
+    // more than the norm kernel it saved: the norm runs apart (docs/perf.md, 2026-12-02).
+    if (!enabled || mode != ops::LinearMode::kFastest || f.norm_weight != nullptr) return false;
+    const LinearArgs a = linear_args(x, w, bias, y, f.swiglu);
+    detail::GemvFusion g;
+    g.epilogue = f.swiglu ? detail::GemvEpilogue::kSwiGLU
+                 : f.add_to_output ? detail::GemvEpilogue::kAdd
+                                   : detail::GemvEpilogue::kStore;
+    const Status s = cuda::linear_fused(*linear_, a, g, stream_);
+    if (s.code() == ErrorCode::kUnsupported) return false;
+    require_ok(s);
+    return true;
+  }
+
+  void add(Tensor& y, const Tensor& x) override {
+    on_device("add", {&y, &x});
+    TACHYON_CHECK(y.dim() == 2 && y.shape() == x.shape() && y.dtype() == DType::kF32 && x.dtype() == DType::kF32 &&
+                      y.stride(1) == 1 && x.stride(1) == 1,
+                  "add: y {} x {}", y.shape_string(), x.shape_string());
+    require_ok(cuda::add(y.data<float>(), rows_of(y), x.data<float>(), rows_of(x), stream_));
   }
 
   void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& y) override {

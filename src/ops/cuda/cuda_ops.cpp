@@ -99,6 +99,13 @@ Status silu_mul(const float* gate, const Rows& gate_rows, const float* up, const
   return Status::Ok();
 }
 
+Status add(float* y, const Rows& y_rows, const float* x, const Rows& x_rows, Stream stream) {
+  TACHYON_RETURN_IF_ERROR(check_rows("add", "y", y, y_rows, y_rows));
+  TACHYON_RETURN_IF_ERROR(check_rows("add", "x", x, x_rows, y_rows));
+  TACHYON_CUDA_RETURN_IF_ERROR(detail::launch_add(y, y_rows, x, x_rows, stream));
+  return Status::Ok();
+}
+
 Status embedding(const void* table, DType table_dtype, int64_t table_stride, int64_t vocab, int64_t d,
                  const int32_t* ids, int64_t n, float* out, int64_t out_stride, Stream stream) {
   TACHYON_CUDA_REQUIRE(is_float(table_dtype), "embedding: table dtype {}", dtype_name(table_dtype));

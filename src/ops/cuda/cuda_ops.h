@@ -218,6 +218,16 @@ class LinearContext {
 
 Status linear(LinearContext& context, const LinearArgs& args, Stream stream, LinearAlgo algo = LinearAlgo::kAuto);
 
+// linear() with linear_fused's residual-add or SwiGLU epilogue inside the GEMV (launch.h
+// detail::GemvFusion), where kAuto would run the plain GEMV (16-bit, f32, per-channel int8 and fp8
+// weights at their GEMV token counts); otherwise kUnsupported, having done nothing (the caller
+// runs the separate ops). SwiGLU: args.out is the weight's rows (gate then up), y holds out / 2
+// columns.
+namespace detail {
+struct GemvFusion;
+}
+Status linear_fused(LinearContext& context, const LinearArgs& args, const detail::GemvFusion& fusion, Stream stream);
+
 // y[n, out] (f32, rows y_stride apart) = x[n, in] · w[out, in]^T with x and w bf16 (rows
 // x_stride / w_stride apart), f32 accumulation, through cuBLASLt; bias f32 [out] or null.
 Status gemm_bf16(LinearContext& context, const uint16_t* x, int64_t x_stride, const uint16_t* w, int64_t w_stride,
@@ -241,6 +251,9 @@ Status rope(float* x, int64_t n, int64_t heads, int64_t head_dim, int64_t token_
 // out = silu(gate) * up, row by row.
 Status silu_mul(const float* gate, const Rows& gate_rows, const float* up, const Rows& up_rows, float* out,
                 const Rows& out_rows, Stream stream);
+
+// y[r] += x[r], row by row.
+Status add(float* y, const Rows& y_rows, const float* x, const Rows& x_rows, Stream stream);
 
 // out[n, d] f32 (rows out_stride apart) = table[ids[n], :] (table [vocab, d] f32/f16/bf16, rows
 // table_stride apart). ids [n] i32 on the device, checked by the caller; an id outside the table

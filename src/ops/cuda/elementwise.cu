@@ -1,4 +1,4 @@
-// Element-wise kernels: silu_mul (the MLP's gate), embedding rows, and a counter-based random
+// Element-wise kernels: silu_mul (the MLP's gate), add (a residual add), embedding rows, and a counter-based random
 // fill (synthetic weights and benchmark inputs made on the device, reproducible from a seed).
 // Grid-stride loops; nothing here keeps state between calls.
 #include <algorithm>
@@ -69,7 +69,50 @@ __global__ void fill_random_kernel(void* data, DType dtype, int64_t count, uint6
   }
 }
 
+// y[r, :] += x[r, :], grid as silu_mul's.
+__global__ void add_kernel(float* __restrict__ y, const Rows y_rows, const float* __restrict__ x, const Rows x_rows,
+                           bool vec) {
+  pdl_wait();
+  pdl_trigger();
+  const int64_t cols = y_rows.cols;
+  for (int64_t r = blockIdx.y; r < y_rows.rows; r += gridDim.y) {
+    float* yr = y + y_rows.offset(r);
+    const float* xr = x + x_rows.offset(r);
+    if (vec) {
+      for (int64_t c = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) * 4; c < cols;
+           c += static_cast<int64_t>(gridDim.x) * blockDim.x * 4) {
+        float4 a = *reinterpret_cast<const float4*>(yr + c);
+        const float4 b = *reinterpret_cast<const float4*>(xr + c);
+        a.x += b.x;
+        a.y += b.y;
+        a.z += b.z;
+        a.w += b.w;
+        *reinterpret_cast<float4*>(yr + c) = a;
+      }
+    } else {
+      for (int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; c < cols;
+           c += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+        yr[c] += xr[c];
+      }
+    }
+  }
+}
+
+bool rows_aligned(const float* p, const Rows& r) {
+  return (reinterpret_cast<uintptr_t>(p) & 15u) == 0 && r.stride0 % 4 == 0 && r.stride1 % 4 == 0 && r.stride2 % 4 == 0;
+}
+
 }  // namespace
+
+cudaError_t launch_add(float* y, const Rows& y_rows, const float* x, const Rows& x_rows, Stream stream) {
+  if (y_rows.rows * y_rows.cols == 0) return cudaSuccess;
+  const bool vec = y_rows.cols % 4 == 0 && rows_aligned(y, y_rows) && rows_aligned(x, x_rows);
+  const int threads = 256;
+  const int64_t per_block = threads * (vec ? 4 : 1);
+  const dim3 grid(static_cast<unsigned>((y_rows.cols + per_block - 1) / per_block),
+                  static_cast<unsigned>(std::min<int64_t>(y_rows.rows, 65535)));
+  return launch_pdl(add_kernel, grid, threads, 0, stream, y, y_rows, x, x_rows, vec);
+}
 
 cudaError_t launch_silu_mul(const float* gate, const Rows& gate_rows, const float* up, const Rows& up_rows, float* out,
                             const Rows& out_rows, Stream stream) {

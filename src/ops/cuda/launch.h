@@ -70,6 +70,21 @@ inline void plan_k_splits(GemvShape& s, int64_t in, int64_t row_warps, int64_t m
 }
 cudaError_t launch_gemv(const LinearArgs& a, const GemvShape& shape, float* partial, Stream stream);
 
+// The GEMV with linear_fused's epilogue (ops.h LinearFusion): the same plan, K split and per-row
+// summation order as launch_gemv, so the same bits as the separate ops. SwiGLU pairs each warp's
+// gate rows with their up rows.
+enum class GemvEpilogue : uint8_t {
+  kStore,   // y = the result
+  kAdd,     // y += the result
+  kSwiGLU,  // w's rows are gate then up (out even): y[:, j] = silu(gate_j) * up_j, j < out / 2
+};
+struct GemvFusion {
+  GemvEpilogue epilogue = GemvEpilogue::kStore;
+};
+bool gemv_fused_supported(const LinearArgs& a, const GemvFusion& fusion);
+cudaError_t launch_gemv_fused(const LinearArgs& a, const GemvFusion& fusion, const GemvShape& shape, float* partial,
+                              Stream stream);
+
 // The tensor-core skinny GEMM: y = x16 · w^T for 1..kGemmMmaMaxTokens tokens, x16 the activations
 // already rounded to the weight's 16-bit type ([n, x_stride], 16-byte aligned rows); same split-K
 // contract as the GEMV (partial [splits, n, out] when shape.splits > 1). Needs sm_80+.
@@ -162,6 +177,7 @@ cudaError_t launch_rms_norm(const float* x, const Rows& x_rows, const void* weig
 cudaError_t launch_add_rms_norm(float* residual, const Rows& residual_rows, const float* x, const Rows& x_rows,
                                 const void* weight, DType weight_dtype, float eps, float* y, const Rows& y_rows,
                                 Stream stream);
+cudaError_t launch_add(float* y, const Rows& y_rows, const float* x, const Rows& x_rows, Stream stream);
 cudaError_t launch_silu_mul(const float* gate, const Rows& gate_rows, const float* up, const Rows& up_rows, float* out,
                             const Rows& out_rows, Stream stream);
 cudaError_t launch_embedding(const void* table, DType table_dtype, int64_t table_stride, int64_t vocab, int64_t d,

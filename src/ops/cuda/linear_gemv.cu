@@ -33,6 +33,7 @@ struct GemvParams {
   int64_t chunk;
   int splits;
   bool vector_loads;
+  GemvEpilogue epilogue = GemvEpilogue::kStore;  // linear_fused's (launch_gemv_fused)
 };
 
 // Rows per warp, 16-byte steps per iteration and the register budget (minimum resident blocks),
@@ -86,6 +87,56 @@ __device__ __forceinline__ void gemv_step(const float (&wf)[ROWS][V], const floa
   }
 }
 
+// linear_fused's epilogue for a warp's sums: the residual add, or SwiGLU of the warp's gate rows
+// (values 0 .. kValues/2 - 1, rows j0 ..) with its up rows (the second half, rows half + j0 ..),
+// which meet in one lane through a shuffle. With K split, the partial sums of the weight rows
+// (the reduction applies the epilogue).
+template <int ROWS, int NT>
+__device__ __forceinline__ void store_gemv_fused(const float (&acc)[ROWS][NT], const GemvParams& p, int64_t first,
+                                                 int split) {
+  constexpr int kValues = ROWS * NT;
+  static_assert(kValues <= 32 && ROWS % 2 == 0, "one value per lane; gate and up rows in pairs");
+  const int lane = threadIdx.x & 31;
+  float part[kValues];
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r) {
+#pragma unroll
+    for (int t = 0; t < NT; ++t) part[r * NT + t] = acc[r][t];
+  }
+  const float sum = warp_transpose_sum<kValues>(part);  // value `lane` (r = lane / NT, t = lane % NT)
+  const int r = lane / NT;
+  const int64_t t = lane % NT;
+  const bool swiglu = p.epilogue == GemvEpilogue::kSwiGLU;
+  const int64_t half = p.out / 2;
+  // The weight row of this lane's value and whether the output it feeds exists.
+  int64_t row;
+  bool valid;
+  if (swiglu) {
+    const int64_t j = first + (r % (ROWS / 2));
+    row = r < ROWS / 2 ? j : half + j;
+    valid = lane < kValues && j < half && t < p.n;
+  } else {
+    row = first + r;
+    valid = lane < kValues && row < p.out && t < p.n;
+  }
+  if (p.splits > 1) {
+    if (valid) p.partial[(static_cast<int64_t>(split) * p.n + t) * p.out + row] = sum;
+    return;
+  }
+  float v = 0.0f;
+  if (valid) {
+    const float b = p.bias != nullptr ? load_as_f32(p.bias, p.bias_dtype, row) : 0.0f;
+    v = (p.scales != nullptr ? sum * p.scales[row] : sum) + b;
+  }
+  if (swiglu) {
+    const float up = __shfl_down_sync(kFullMask, v, kValues / 2);
+    if (valid && lane < kValues / 2) p.y[t * p.y_stride + row] = v / (1.0f + expf(-v)) * up;
+  } else if (valid) {
+    float* y = p.y + t * p.y_stride + row;
+    *y = p.epilogue == GemvEpilogue::kAdd ? *y + v : v;
+  }
+}
+
 template <DType WD, int NT>
 __global__ void __launch_bounds__(kGemvThreads, GemvTile<NT>::kMinBlocks) gemv_kernel(const GemvParams p) {
   using E = Elem<WD>;
@@ -95,10 +146,15 @@ __global__ void __launch_bounds__(kGemvThreads, GemvTile<NT>::kMinBlocks) gemv_k
   constexpr int V = E::kVec;
   constexpr int STEP = 32 * V;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * ROWS;
+  const int64_t group = static_cast<int64_t>(blockIdx.x) * kWarps + warp;
+  // The warp's rows: ROWS consecutive rows from `first`, or (SwiGLU) ROWS / 2 gate rows from
+  // `first` and the up rows half + first ... that pair with them.
+  const bool swiglu = p.epilogue == GemvEpilogue::kSwiGLU;
+  const int64_t half = p.out / 2;
+  const int64_t first = swiglu ? group * (ROWS / 2) : group * ROWS;
   pdl_wait();
   pdl_trigger();
-  if (row0 >= p.out) return;  // no block-wide synchronisation below
+  if (first >= (swiglu ? half : p.out)) return;  // no block-wide synchronisation below
   const int split = blockIdx.y;
   const int64_t k_begin = split * p.chunk;
   const int64_t k_end = min64(p.in, k_begin + p.chunk);
@@ -107,7 +163,13 @@ __global__ void __launch_bounds__(kGemvThreads, GemvTile<NT>::kMinBlocks) gemv_k
   const T* w = static_cast<const T*>(p.w);
   const T* wr[ROWS];
 #pragma unroll
-  for (int r = 0; r < ROWS; ++r) wr[r] = w + min64(row0 + r, p.out - 1) * p.w_stride;  // clamped: rows past out are not stored
+  for (int r = 0; r < ROWS; ++r) {
+    // Clamped: rows past the matrix are read again, never stored.
+    const int64_t row = !swiglu       ? min64(first + r, p.out - 1)
+                        : r < ROWS / 2 ? min64(first + r, half - 1)
+                                       : half + min64(first + r - ROWS / 2, half - 1);
+    wr[r] = w + row * p.w_stride;
+  }
 
   float acc[ROWS][NT];
 #pragma unroll
@@ -155,8 +217,12 @@ __global__ void __launch_bounds__(kGemvThreads, GemvTile<NT>::kMinBlocks) gemv_k
     }
   }
 
-  store_gemv_sums<ROWS, NT>(acc, row0, split, p.n, p.out, p.splits, p.bias, p.bias_dtype, p.scales, p.y, p.y_stride,
-                           p.partial);
+  if (p.epilogue == GemvEpilogue::kStore) {
+    store_gemv_sums<ROWS, NT>(acc, first, split, p.n, p.out, p.splits, p.bias, p.bias_dtype, p.scales, p.y,
+                             p.y_stride, p.partial);
+  } else {
+    store_gemv_fused<ROWS, NT>(acc, p, first, split);
+  }
 }
 
 // y[t, o] = sum over splits of partial[s, t, o] (in split order) (* scales[o]) + bias[o].
@@ -177,10 +243,45 @@ __global__ void gemv_reduce_kernel(const float* __restrict__ partial, int splits
   }
 }
 
+// gemv_reduce_kernel with linear_fused's epilogue: the slices' sums of row o (and, for SwiGLU,
+// of its up row half + o) finished exactly as gemv_reduce_kernel finishes them.
+__device__ __forceinline__ float reduce_row(const float* __restrict__ partial, int splits, int64_t n, int64_t out,
+                                            int64_t t, int64_t o, const void* bias, DType bias_dtype,
+                                            const float* scales) {
+  float sum = 0.0f;
+  for (int s = 0; s < splits; ++s) sum += partial[(s * n + t) * out + o];
+  if (scales != nullptr) sum *= scales[o];
+  if (bias != nullptr) sum += load_as_f32(bias, bias_dtype, o);
+  return sum;
+}
+
+__global__ void gemv_reduce_fused_kernel(const float* __restrict__ partial, int splits, int64_t n, int64_t out,
+                                         const void* bias, DType bias_dtype, const float* scales, float* y,
+                                         int64_t y_stride, GemvEpilogue epilogue) {
+  pdl_wait();
+  pdl_trigger();
+  const int64_t cols = epilogue == GemvEpilogue::kSwiGLU ? out / 2 : out;
+  const int64_t total = n * cols;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t t = i / cols, o = i % cols;
+    const float v = reduce_row(partial, splits, n, out, t, o, bias, bias_dtype, scales);
+    float* yo = y + t * y_stride + o;
+    if (epilogue == GemvEpilogue::kSwiGLU) {
+      const float up = reduce_row(partial, splits, n, out, t, cols + o, bias, bias_dtype, scales);
+      *yo = v / (1.0f + expf(-v)) * up;
+    } else {
+      *yo = epilogue == GemvEpilogue::kAdd ? *yo + v : v;
+    }
+  }
+}
+
 template <DType WD, int NT>
 cudaError_t launch_bucket(const GemvParams& p, const GemvShape& shape, Stream stream) {
-  const int64_t rows_per_block = static_cast<int64_t>(kWarps) * GemvTile<NT>::kRows;
-  const dim3 grid(static_cast<unsigned>((p.out + rows_per_block - 1) / rows_per_block),
+  const bool swiglu = p.epilogue == GemvEpilogue::kSwiGLU;
+  const int64_t rows_per_block = static_cast<int64_t>(kWarps) * GemvTile<NT>::kRows / (swiglu ? 2 : 1);
+  const int64_t rows = swiglu ? p.out / 2 : p.out;
+  const dim3 grid(static_cast<unsigned>((rows + rows_per_block - 1) / rows_per_block),
                   static_cast<unsigned>(shape.splits));
   return launch_pdl(gemv_kernel<WD, NT>, grid, kGemvThreads, 0, stream, p);
 }
@@ -464,6 +565,17 @@ GemvShape plan_gemv(const LinearArgs& a, int sm_count) {
 }
 
 cudaError_t launch_gemv(const LinearArgs& a, const GemvShape& shape, float* partial, Stream stream) {
+  return launch_gemv_fused(a, GemvFusion{}, shape, partial, stream);
+}
+
+bool gemv_fused_supported(const LinearArgs& a, const GemvFusion& f) {
+  const bool dtype_ok = a.w_dtype == DType::kBF16 || a.w_dtype == DType::kF16 || a.w_dtype == DType::kF32 ||
+                        a.w_dtype == DType::kI8 || a.w_dtype == DType::kF8E4M3;
+  return dtype_ok && a.n >= 1 && a.n <= kGemvMaxTokens && (f.epilogue != GemvEpilogue::kSwiGLU || a.out % 2 == 0);
+}
+
+cudaError_t launch_gemv_fused(const LinearArgs& a, const GemvFusion& f, const GemvShape& shape, float* partial,
+                              Stream stream) {
   GemvParams p;
   p.x = a.x;
   p.x_stride = a.x_stride;
@@ -471,6 +583,7 @@ cudaError_t launch_gemv(const LinearArgs& a, const GemvShape& shape, float* part
   fill_common(p, a, shape, partial);
   p.scales = a.w_dtype == DType::kI8 || a.w_dtype == DType::kF8E4M3 ? a.w_scales : nullptr;
   p.vector_loads = shape.vector_loads;
+  p.epilogue = f.epilogue;
   cudaError_t e = cudaSuccess;
   switch (a.w_dtype) {
     case DType::kBF16: e = launch_dtype<DType::kBF16>(p, shape, stream); break;
@@ -482,8 +595,13 @@ cudaError_t launch_gemv(const LinearArgs& a, const GemvShape& shape, float* part
   }
   if (e != cudaSuccess || shape.splits == 1) return e;
   const int threads = 256;
-  return launch_pdl(gemv_reduce_kernel, grid_for(a.n * a.out, threads), threads, 0, stream,
-                    partial, shape.splits, a.n, a.out, a.bias, a.bias_dtype, p.scales, a.y, a.y_stride);
+  if (f.epilogue == GemvEpilogue::kStore) {
+    return launch_pdl(gemv_reduce_kernel, grid_for(a.n * a.out, threads), threads, 0, stream, partial, shape.splits,
+                      a.n, a.out, a.bias, a.bias_dtype, p.scales, a.y, a.y_stride);
+  }
+  const int64_t cols = f.epilogue == GemvEpilogue::kSwiGLU ? a.out / 2 : a.out;
+  return launch_pdl(gemv_reduce_fused_kernel, grid_for(a.n * cols, threads), threads, 0, stream, partial,
+                    shape.splits, a.n, a.out, a.bias, a.bias_dtype, p.scales, a.y, a.y_stride, f.epilogue);
 }
 
 cudaError_t launch_gemv_reduce(const float* partial, int splits, int64_t n, int64_t out, const void* bias,
