@@ -121,8 +121,7 @@ void linear(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& y, Lin
 
 // What a pre-norm block does on either side of a linear, which a backend may run inside the
 // linear's own kernel instead of as separate ops (CUDA: the residual add and SwiGLU in the GEMV
-// of a few tokens). The result is
-// bit for bit that of the separate ops, wherever they run.
+// of one token). The result is bit for bit that of the separate ops, wherever they run.
 struct LinearFusion {
   // Before: the linear reads rms_norm(x, *norm_weight, norm_eps) instead of x. With pending_add
   // (a result an earlier linear_fused deferred), x is the residual stream and first becomes

@@ -152,7 +152,7 @@ TEST(CudaLinearFused, DefersTheAddOnlyWhereTheGemvCannotTakeIt) {
   const Weight& o = moved->layers[0].o_proj;
   const Weight& gate_up = moved->layers[0].down_proj;  // any slot copy_weights_to leaves as it is
   const Tensor norm_w = on(testing::convert(testing::random_tensor({d}, rng, 0.5f, 1.5f), DType::kBF16), gpu);
-  for (int64_t n : {1, 3, 4, 5, 17}) {
+  for (int64_t n : {1, 2, 3, 5, 17}) {
     const std::string what = fmt::format("n {}", n);
     Tensor a = on(testing::random_tensor({n, d}, rng), gpu);
     const Tensor x0 = testing::random_tensor({n, d}, rng);
@@ -171,7 +171,7 @@ TEST(CudaLinearFused, DefersTheAddOnlyWhereTheGemvCannotTakeIt) {
     residual.may_defer_add = true;
     residual.scratch_y = &out;
     const bool deferred = ops::linear_fused(a, o, nullptr, residual, x);
-    EXPECT_EQ(deferred, n > cu::kLinearAutoGemvMaxTokens) << what;
+    EXPECT_EQ(deferred, n > cu::kLinearFusedMaxTokens) << what;
     ops::LinearFusion mlp;
     mlp.norm_weight = &norm_w;
     mlp.norm_eps = 1e-5f;

@@ -220,9 +220,10 @@ Status linear(LinearContext& context, const LinearArgs& args, Stream stream, Lin
 
 // linear() with linear_fused's residual-add or SwiGLU epilogue inside the GEMV (launch.h
 // detail::GemvFusion), where kAuto would run the plain GEMV (16-bit, f32, per-channel int8 and fp8
-// weights at their GEMV token counts); otherwise kUnsupported, having done nothing (the caller
+// weights) and for at most kLinearFusedMaxTokens tokens; otherwise kUnsupported, having done nothing (the caller
 // runs the separate ops). SwiGLU: args.out is the weight's rows (gate then up), y holds out / 2
 // columns.
+constexpr int kLinearFusedMaxTokens = 1;
 namespace detail {
 struct GemvFusion;
 }

@@ -490,6 +490,9 @@ Status linear_fused(LinearContext& context, const LinearArgs& a, const detail::G
     case DType::kF8E4M3: max_tokens = a.w_scales != nullptr ? kLinearAutoGemvMaxTokensFp8 : 0; break;
     default: break;
   }
+  // One token only: at 2 and 4 the fused GEMV decoded 2 % slower than the GEMV and silu_mul
+  // apart (batch 4: 692-697 against 708-709 output tok/s, docs/perf.md 2026-12-02).
+  max_tokens = std::min<int64_t>(max_tokens, kLinearFusedMaxTokens);
   if (a.n > max_tokens) return unsupported();
   TACHYON_CUDA_REQUIRE(a.w_stride >= a.in, "linear_fused: weight row stride {} for in={}", a.w_stride, a.in);
   TACHYON_CUDA_REQUIRE(a.bias == nullptr || a.bias_dtype == DType::kF32 || a.bias_dtype == DType::kF16 ||
