@@ -219,10 +219,10 @@ class LinearContext {
 Status linear(LinearContext& context, const LinearArgs& args, Stream stream, LinearAlgo algo = LinearAlgo::kAuto);
 
 // linear() with linear_fused's residual-add or SwiGLU epilogue inside the GEMV (launch.h
-// detail::GemvFusion), where kAuto would run the plain GEMV (16-bit, f32, per-channel int8 and fp8
-// weights) and for at most kLinearFusedMaxTokens tokens; otherwise kUnsupported, having done nothing (the caller
-// runs the separate ops). SwiGLU: args.out is the weight's rows (gate then up), y holds out / 2
-// columns.
+// detail::GemvFusion) for 16-bit, f32, per-channel int8 and fp8 weights at up to
+// kLinearFusedMaxTokens tokens (where kAuto runs the plain GEMV); otherwise kUnsupported, having
+// done nothing (the caller runs the separate ops). SwiGLU: args.out is the weight's rows (gate
+// then up), y holds out / 2 columns.
 constexpr int kLinearFusedMaxTokens = 1;
 namespace detail {
 struct GemvFusion;

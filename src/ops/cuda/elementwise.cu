@@ -1,5 +1,6 @@
-// Element-wise kernels: silu_mul (the MLP's gate), add (a residual add), embedding rows, and a counter-based random
-// fill (synthetic weights and benchmark inputs made on the device, reproducible from a seed).
+// Element-wise kernels: silu_mul (the MLP's gate), add (a residual add), embedding rows, and a
+// counter-based random fill (synthetic weights and benchmark inputs made on the device,
+// reproducible from a seed).
 // Grid-stride loops; nothing here keeps state between calls.
 #include <algorithm>
 
@@ -98,6 +99,7 @@ __global__ void add_kernel(float* __restrict__ y, const Rows y_rows, const float
   }
 }
 
+// 16-byte aligned rows: float4 accesses along every row.
 bool rows_aligned(const float* p, const Rows& r) {
   return (reinterpret_cast<uintptr_t>(p) & 15u) == 0 && r.stride0 % 4 == 0 && r.stride1 % 4 == 0 && r.stride2 % 4 == 0;
 }
@@ -118,11 +120,8 @@ cudaError_t launch_silu_mul(const float* gate, const Rows& gate_rows, const floa
                             const Rows& out_rows, Stream stream) {
   const int64_t total = gate_rows.rows * gate_rows.cols;
   if (total == 0) return cudaSuccess;
-  const auto aligned = [](const float* p, const Rows& r) {
-    return (reinterpret_cast<uintptr_t>(p) & 15u) == 0 && r.stride0 % 4 == 0 && r.stride1 % 4 == 0 &&
-           r.stride2 % 4 == 0;
-  };
-  const bool vec = gate_rows.cols % 4 == 0 && aligned(gate, gate_rows) && aligned(up, up_rows) && aligned(out, out_rows);
+  const bool vec = gate_rows.cols % 4 == 0 && rows_aligned(gate, gate_rows) && rows_aligned(up, up_rows) &&
+                   rows_aligned(out, out_rows);
   const int threads = 256;
   const int64_t per_block = threads * (vec ? 4 : 1);
   const dim3 grid(static_cast<unsigned>((gate_rows.cols + per_block - 1) / per_block),

@@ -480,30 +480,25 @@ Status linear_fused(LinearContext& context, const LinearArgs& a, const detail::G
                        static_cast<void*>(a.y));
   TACHYON_CUDA_REQUIRE(a.n >= 0 && a.in > 0 && a.out > 0, "linear_fused: n={} in={} out={}", a.n, a.in, a.out);
   const auto unsupported = [] { return make_error(ErrorCode::kUnsupported, "linear_fused: not the GEMV's case"); };
-  if (a.n == 0 || a.gguf != GgufFormat::kNone || a.scheme != QuantScheme::kNone) return unsupported();
-  int64_t max_tokens = 0;
-  switch (a.w_dtype) {
-    case DType::kBF16:
-    case DType::kF16:
-    case DType::kF32: max_tokens = kLinearAutoGemvMaxTokens; break;
-    case DType::kI8: max_tokens = a.w_scales != nullptr ? kLinearAutoGemvMaxTokensInt8 : 0; break;
-    case DType::kF8E4M3: max_tokens = a.w_scales != nullptr ? kLinearAutoGemvMaxTokensFp8 : 0; break;
-    default: break;
-  }
   // One token only: at 2 and 4 the fused GEMV decoded 2 % slower than the GEMV and silu_mul
-  // apart (batch 4: 692-697 against 708-709 output tok/s, docs/perf.md 2026-12-02).
-  max_tokens = std::min<int64_t>(max_tokens, kLinearFusedMaxTokens);
-  if (a.n > max_tokens) return unsupported();
+  // apart (batch 4: 692-697 against 708-709 output tok/s, docs/perf.md 2026-12-02). kAuto runs
+  // the GEMV at that count for every weight the fused GEMV takes (gemv_fused_supported).
+  static_assert(kLinearFusedMaxTokens <= kLinearAutoGemvMaxTokensInt8 &&
+                kLinearFusedMaxTokens <= kLinearAutoGemvMaxTokensFp8 &&
+                kLinearFusedMaxTokens <= kLinearAutoGemvMaxTokens);
+  if (a.n == 0 || a.n > kLinearFusedMaxTokens || a.gguf != GgufFormat::kNone || a.scheme != QuantScheme::kNone ||
+      ((a.w_dtype == DType::kI8 || a.w_dtype == DType::kF8E4M3) && a.w_scales == nullptr) ||
+      !detail::gemv_fused_supported(a, f)) {
+    return unsupported();
+  }
   TACHYON_CUDA_REQUIRE(a.w_stride >= a.in, "linear_fused: weight row stride {} for in={}", a.w_stride, a.in);
   TACHYON_CUDA_REQUIRE(a.bias == nullptr || a.bias_dtype == DType::kF32 || a.bias_dtype == DType::kF16 ||
                            a.bias_dtype == DType::kBF16,
-                       "linear_fused: bias dtype {}",
-                       dtype_name(a.bias_dtype));
+                       "linear_fused: bias dtype {}", dtype_name(a.bias_dtype));
   const int64_t y_cols = f.epilogue == detail::GemvEpilogue::kSwiGLU ? a.out / 2 : a.out;
   TACHYON_CUDA_REQUIRE(a.x_stride >= a.in && a.y_stride >= y_cols, "linear_fused: strides x {} y {} for in={} out={}",
                        a.x_stride, a.y_stride, a.in, y_cols);
   LinearContext::Impl& ctx = context.impl();
-  if (!detail::gemv_fused_supported(a, f)) return unsupported();
   const detail::GemvShape shape = detail::plan_gemv(a, ctx.sm_count);
   TACHYON_ASSIGN_OR_RETURN(float* partial, split_partials(ctx, a, shape));
   log_path_once("cuda linear: gemv {} with {}", dtype_name(a.w_dtype),
