@@ -1,6 +1,7 @@
 // tachyon_cuda_bench: the CUDA backend against the device's own ceilings, on random data.
 //
-//   tachyon_cuda_bench [--json FILE] [--quick] [--prefill-only | --quant-only | --cublaslt-candidates]
+//   tachyon_cuda_bench [--json FILE] [--quick] [--prefill-only | --quant-only | --int4-only | --read-patterns |
+//                      --decode-probe | --cublaslt-candidates]
 //
 //   copy       cudaMemcpy device-to-device of 1 GiB; GB/s counts bytes read + bytes written
 //   matmul     cuBLASLt bf16 x bf16 -> f32, 8192^3; TFLOP/s
@@ -17,6 +18,9 @@
 //   cublaslt   (--cublaslt-candidates, alone) bf16 x bf16 -> f32 on Llama-3-8B's linear shapes at
 //              16..256 tokens: cuBLASLt's first heuristic against the fastest of its top 8, each
 //              timed; what an algorithm search at load time could gain
+//   probe      (--decode-probe, alone) the pieces of a batch-1 decode step: the one-token GEMV
+//              with other tiles, decode attention at 128..2048 keys by slice count, a chain of
+//              one-row norms
 //   prefill    causal prefill attention of one sequence (same heads, bf16 and i8 caches) at 512 to
 //              8k tokens: TFLOP/s, and as a fraction of the matmul's (--prefill-only: the matmul
 //              and this alone)
@@ -35,6 +39,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <random>
@@ -62,6 +67,7 @@ struct Options {
   bool cublaslt_candidates = false;  // the cuBLASLt algorithm candidates table only
   bool int4_only = false;  // the copy, the 16-bit linears (the yardstick) and the int4 linears only
   bool read_patterns = false;  // the copy and the weight read patterns only
+  bool decode_probe = false;   // the copy and the pieces of a one-token decode step only
 };
 
 #define BENCH_CUDA(expr) TACHYON_CUDA_RETURN_IF_ERROR(expr)
@@ -625,96 +631,114 @@ struct PrefillRow {
   double us, tflops;
 };
 
+// One step's decode attention over a paged cache of Llama-3-8B's heads: `layers` caches of shuffled
+// blocks (a paged cache after a while) rotated past L2, random keys and values (an i8 cache's
+// codes are random bytes, its scales random), every sequence at `context` tokens.
+struct DecodeAttentionCase {
+  static constexpr int64_t kHeads = 32, kKvHeads = 8, kHeadDim = 128, kBlockSize = 16;
+  int batch = 0, layers = 0;
+  int64_t blocks_per_seq = 0;
+  size_t kv_bytes = 0;  // K + V read per call (an i8 cache's scales included)
+  cu::DeviceBuffer k, v, k_scales, v_scales, tables, query_start, context_lens, q, o;
+  cu::KvCacheView cache;
+  cu::AttentionBatch b;
+  tachyon::AttentionParams params;
+
+  // paged_attention of layer i % layers.
+  Status run(const cu::AttentionPlan& plan, const cu::DeviceBuffer& ws, int i, cu::Stream st) const {
+    cu::AttentionBatch bl = b;
+    bl.block_tables = tables.as<int32_t>() + static_cast<int64_t>(i % layers) * batch * blocks_per_seq;
+    return cu::paged_attention(plan, q.as<float>(), kHeads * kHeadDim, kHeadDim, kHeads, cache, bl, params,
+                               o.as<float>(), kHeads * kHeadDim, kHeadDim, ws.data(), ws.bytes(), st);
+  }
+};
+
+Result<std::unique_ptr<DecodeAttentionCase>> make_decode_attention(DType cache_dtype, int batch, int context,
+                                                                   size_t rotate_bytes, std::mt19937& rng) {
+  using C = DecodeAttentionCase;
+  auto c = std::make_unique<C>();
+  const bool quantized = cache_dtype == DType::kI8;
+  const size_t elem_bytes = tachyon::dtype_size(cache_dtype);
+  const size_t block_bytes = static_cast<size_t>(C::kBlockSize * C::kKvHeads * C::kHeadDim) * elem_bytes;  // K or V
+  // One (token, kv head) row of K or of V as attention reads it: its codes, and its f32 scale.
+  const size_t row_bytes = static_cast<size_t>(C::kHeadDim) * elem_bytes + (quantized ? sizeof(float) : 0);
+  c->batch = batch;
+  c->blocks_per_seq = (context + C::kBlockSize - 1) / C::kBlockSize;
+  c->kv_bytes = static_cast<size_t>(batch) * context * C::kKvHeads * row_bytes * 2;
+  c->layers = static_cast<int>(std::clamp<size_t>((rotate_bytes + c->kv_bytes - 1) / c->kv_bytes, 1, 64));
+  const int64_t num_blocks = c->layers * batch * c->blocks_per_seq;
+  TACHYON_ASSIGN_OR_RETURN(c->k, cu::DeviceBuffer::allocate(num_blocks * block_bytes, "k cache"));
+  TACHYON_ASSIGN_OR_RETURN(c->v, cu::DeviceBuffer::allocate(num_blocks * block_bytes, "v cache"));
+  TACHYON_RETURN_IF_ERROR(cu::fill_random(c->k.data(), DType::kBF16, num_blocks * block_bytes / 2, 21, -1.f, 1.f, nullptr));
+  TACHYON_RETURN_IF_ERROR(cu::fill_random(c->v.data(), DType::kBF16, num_blocks * block_bytes / 2, 22, -1.f, 1.f, nullptr));
+  // i8: scales [num_blocks, block_size, kv_heads] f32 (a DeviceBuffer of 16 bytes otherwise).
+  const int64_t scale_count = quantized ? num_blocks * C::kBlockSize * C::kKvHeads : 4;
+  TACHYON_ASSIGN_OR_RETURN(c->k_scales, cu::DeviceBuffer::allocate(scale_count * sizeof(float), "k scales"));
+  TACHYON_ASSIGN_OR_RETURN(c->v_scales, cu::DeviceBuffer::allocate(scale_count * sizeof(float), "v scales"));
+  TACHYON_RETURN_IF_ERROR(cu::fill_random(c->k_scales.data(), DType::kF32, scale_count, 24, 1.f / 508, 1.f / 127, nullptr));
+  TACHYON_RETURN_IF_ERROR(cu::fill_random(c->v_scales.data(), DType::kF32, scale_count, 25, 1.f / 508, 1.f / 127, nullptr));
+  std::vector<int32_t> ids(static_cast<size_t>(num_blocks));
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  std::vector<int32_t> query_start(batch + 1), context_lens(batch, context);
+  for (int s = 0; s <= batch; ++s) query_start[s] = s;
+  TACHYON_ASSIGN_OR_RETURN(c->tables, cu::DeviceBuffer::allocate(ids.size() * 4, "block tables"));
+  TACHYON_ASSIGN_OR_RETURN(c->query_start, cu::DeviceBuffer::allocate(query_start.size() * 4, "query_start"));
+  TACHYON_ASSIGN_OR_RETURN(c->context_lens, cu::DeviceBuffer::allocate(context_lens.size() * 4, "context_lens"));
+  TACHYON_RETURN_IF_ERROR(cu::copy_to_device(c->tables.data(), ids.data(), ids.size() * 4));
+  TACHYON_RETURN_IF_ERROR(cu::copy_to_device(c->query_start.data(), query_start.data(), query_start.size() * 4));
+  TACHYON_RETURN_IF_ERROR(cu::copy_to_device(c->context_lens.data(), context_lens.data(), context_lens.size() * 4));
+  const int64_t q_floats = batch * C::kHeads * C::kHeadDim;
+  TACHYON_ASSIGN_OR_RETURN(c->q, cu::DeviceBuffer::allocate(q_floats * 4, "q"));
+  TACHYON_ASSIGN_OR_RETURN(c->o, cu::DeviceBuffer::allocate(q_floats * 4, "out"));
+  TACHYON_RETURN_IF_ERROR(cu::fill_random(c->q.data(), DType::kF32, q_floats, 23, -1.f, 1.f, nullptr));
+  c->cache.k = c->k.data();
+  c->cache.v = c->v.data();
+  if (quantized) {
+    c->cache.k_scales = c->k_scales.as<float>();
+    c->cache.v_scales = c->v_scales.as<float>();
+  }
+  c->cache.dtype = cache_dtype;
+  c->cache.num_blocks = num_blocks;
+  c->cache.block_size = C::kBlockSize;
+  c->cache.num_kv_heads = C::kKvHeads;
+  c->cache.head_dim = C::kHeadDim;
+  c->b.num_seqs = batch;
+  c->b.query_start = c->query_start.as<int32_t>();
+  c->b.context_lens = c->context_lens.as<int32_t>();
+  c->b.max_blocks_per_seq = c->blocks_per_seq;
+  c->b.max_query_len = 1;
+  c->b.max_context_len = context;
+  c->params.scale = 1.0f / std::sqrt(static_cast<float>(C::kHeadDim));
+  return c;
+}
+
 Status bench_attention(double copy_gbps, nlohmann::json& out, std::vector<AttentionRow>& rows, const Options& opt) {
-  const int64_t heads = 32, kv_heads = 8, head_dim = 128, block_size = 16;
+  using C = DecodeAttentionCase;
   const size_t rotate_bytes = opt.quick ? kGiB / 2 : 2 * kGiB;
   TACHYON_ASSIGN_OR_RETURN(int sms, cu::current_sm_count());
   nlohmann::json list = nlohmann::json::array();
   std::mt19937 rng(11);
   for (DType cache_dtype : {DType::kBF16, DType::kI8}) {
-    const bool quantized = cache_dtype == DType::kI8;
-    const size_t elem_bytes = tachyon::dtype_size(cache_dtype);
-    const size_t block_bytes = static_cast<size_t>(block_size * kv_heads * head_dim) * elem_bytes;  // one of K or V
-    // One (token, kv head) row of K or of V as attention reads it: its codes, and its f32 scale.
-    const size_t row_bytes = static_cast<size_t>(head_dim) * elem_bytes + (quantized ? sizeof(float) : 0);
     for (int batch : {1, 32}) {
       for (int context : {1024, 4096, 16384}) {
-        const int64_t blocks_per_seq = (context + block_size - 1) / block_size;
-        const size_t kv_bytes = static_cast<size_t>(batch) * context * kv_heads * row_bytes * 2;  // K + V read
-        const int layers = static_cast<int>(std::clamp<size_t>((rotate_bytes + kv_bytes - 1) / kv_bytes, 1, 64));
-        const int64_t num_blocks = layers * batch * blocks_per_seq;
-        TACHYON_ASSIGN_OR_RETURN(auto k, cu::DeviceBuffer::allocate(num_blocks * block_bytes, "k cache"));
-        TACHYON_ASSIGN_OR_RETURN(auto v, cu::DeviceBuffer::allocate(num_blocks * block_bytes, "v cache"));
-        // Random bf16 bits (as i8 codes: random bytes, any of which is a code).
-        TACHYON_RETURN_IF_ERROR(
-            cu::fill_random(k.data(), DType::kBF16, num_blocks * block_bytes / 2, 21, -1.f, 1.f, nullptr));
-        TACHYON_RETURN_IF_ERROR(
-            cu::fill_random(v.data(), DType::kBF16, num_blocks * block_bytes / 2, 22, -1.f, 1.f, nullptr));
-        // i8: scales [num_blocks, block_size, kv_heads] f32 (a DeviceBuffer of 16 bytes otherwise).
-        const int64_t scale_count = quantized ? num_blocks * block_size * kv_heads : 4;
-        TACHYON_ASSIGN_OR_RETURN(auto k_scales, cu::DeviceBuffer::allocate(scale_count * sizeof(float), "k scales"));
-        TACHYON_ASSIGN_OR_RETURN(auto v_scales, cu::DeviceBuffer::allocate(scale_count * sizeof(float), "v scales"));
-        TACHYON_RETURN_IF_ERROR(
-            cu::fill_random(k_scales.data(), DType::kF32, scale_count, 24, 1.f / 508, 1.f / 127, nullptr));
-        TACHYON_RETURN_IF_ERROR(
-            cu::fill_random(v_scales.data(), DType::kF32, scale_count, 25, 1.f / 508, 1.f / 127, nullptr));
-        // Each "layer" owns a shuffled set of blocks, as a paged cache does after a while.
-        std::vector<int32_t> ids(static_cast<size_t>(num_blocks));
-        std::iota(ids.begin(), ids.end(), 0);
-        std::shuffle(ids.begin(), ids.end(), rng);
-        std::vector<int32_t> query_start(batch + 1), context_lens(batch, context);
-        for (int s = 0; s <= batch; ++s) query_start[s] = s;
-        TACHYON_ASSIGN_OR_RETURN(auto d_tables, cu::DeviceBuffer::allocate(ids.size() * 4, "block tables"));
-        TACHYON_ASSIGN_OR_RETURN(auto d_qs, cu::DeviceBuffer::allocate(query_start.size() * 4, "query_start"));
-        TACHYON_ASSIGN_OR_RETURN(auto d_ctx, cu::DeviceBuffer::allocate(context_lens.size() * 4, "context_lens"));
-        TACHYON_RETURN_IF_ERROR(cu::copy_to_device(d_tables.data(), ids.data(), ids.size() * 4));
-        TACHYON_RETURN_IF_ERROR(cu::copy_to_device(d_qs.data(), query_start.data(), query_start.size() * 4));
-        TACHYON_RETURN_IF_ERROR(cu::copy_to_device(d_ctx.data(), context_lens.data(), context_lens.size() * 4));
-        TACHYON_ASSIGN_OR_RETURN(auto q, cu::DeviceBuffer::allocate(batch * heads * head_dim * 4, "q"));
-        TACHYON_ASSIGN_OR_RETURN(auto o, cu::DeviceBuffer::allocate(batch * heads * head_dim * 4, "out"));
-        TACHYON_RETURN_IF_ERROR(cu::fill_random(q.data(), DType::kF32, batch * heads * head_dim, 23, -1.f, 1.f, nullptr));
-        cu::KvCacheView cache;
-        cache.k = k.data();
-        cache.v = v.data();
-        if (quantized) {
-          cache.k_scales = k_scales.as<float>();
-          cache.v_scales = v_scales.as<float>();
-        }
-        cache.dtype = cache_dtype;
-        cache.num_blocks = num_blocks;
-        cache.block_size = block_size;
-        cache.num_kv_heads = kv_heads;
-        cache.head_dim = head_dim;
-        cu::AttentionBatch b;
-        b.num_seqs = batch;
-        b.query_start = d_qs.as<int32_t>();
-        b.context_lens = d_ctx.as<int32_t>();
-        b.max_blocks_per_seq = blocks_per_seq;
-        b.max_query_len = 1;
-        b.max_context_len = context;
-        tachyon::AttentionParams params;
-        params.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-        TACHYON_ASSIGN_OR_RETURN(auto planned, cu::plan_paged_attention(b, heads, cache, params, sms));
+        TACHYON_ASSIGN_OR_RETURN(auto c, make_decode_attention(cache_dtype, batch, context, rotate_bytes, rng));
+        TACHYON_ASSIGN_OR_RETURN(auto planned, cu::plan_paged_attention(c->b, C::kHeads, c->cache, c->params, sms));
         TACHYON_ASSIGN_OR_RETURN(auto ws, cu::DeviceBuffer::allocate(std::max<size_t>(planned.workspace_bytes, 16), "ws"));
         // The planner's kernel, and the CUDA-core kernel beside it when the planner chose tensor cores.
         for (bool tensor_cores : {true, false}) {
           if (tensor_cores && !planned.tensor_cores) continue;
           cu::AttentionPlan plan = planned;
           plan.tensor_cores = tensor_cores;
-          auto body = [&](int i, cu::Stream st) {
-            cu::AttentionBatch bl = b;
-            bl.block_tables = d_tables.as<int32_t>() + static_cast<int64_t>(i % layers) * batch * blocks_per_seq;
-            return cu::paged_attention(plan, q.as<float>(), heads * head_dim, head_dim, heads, cache, bl, params,
-                                       o.as<float>(), heads * head_dim, head_dim, ws.data(), ws.bytes(), st);
-          };
-          TACHYON_ASSIGN_OR_RETURN(double ms, time_graph_ms(body, layers, std::max(layers, 40), 5));
+          auto body = [&](int i, cu::Stream st) { return c->run(plan, ws, i, st); };
+          TACHYON_ASSIGN_OR_RETURN(double ms, time_graph_ms(body, c->layers, std::max(c->layers, 40), 5));
           AttentionRow r{cache_dtype, batch, context, plan.num_splits, tensor_cores, ms * 1e3,
-                         kv_bytes / (ms * 1e-3) / 1e9};
+                         c->kv_bytes / (ms * 1e-3) / 1e9};
           rows.push_back(r);
-          list.push_back({{"batch", batch}, {"context", context}, {"heads", heads}, {"kv_heads", kv_heads},
-                          {"head_dim", head_dim}, {"cache", tachyon::dtype_name(cache_dtype)}, {"splits", plan.num_splits},
-                          {"tensor_cores", tensor_cores}, {"kv_bytes", kv_bytes}, {"us", r.us}, {"gbps", r.gbps},
-                          {"fraction_of_copy", r.gbps / copy_gbps}});
+          list.push_back({{"batch", batch}, {"context", context}, {"heads", C::kHeads}, {"kv_heads", C::kKvHeads},
+                          {"head_dim", C::kHeadDim}, {"cache", tachyon::dtype_name(cache_dtype)},
+                          {"splits", plan.num_splits}, {"tensor_cores", tensor_cores}, {"kv_bytes", c->kv_bytes},
+                          {"us", r.us}, {"gbps", r.gbps}, {"fraction_of_copy", r.gbps / copy_gbps}});
           std::fprintf(stderr,
                        "attention decode %s batch %2d ctx %5d (%d splits, %s): %8.2f us %7.1f GB/s (%.0f%% of copy)\n",
                        tachyon::dtype_name(cache_dtype), batch, context, plan.num_splits,
@@ -929,6 +953,96 @@ Status bench_read_patterns(double copy_gbps, nlohmann::json& out, const Options&
   return Status::Ok();
 }
 
+// ---- the pieces of a one-token decode step ---------------------------------------------------------
+
+// What a batch-1 decode step of Llama-3-8B spends outside its weights' bytes: the one-token bf16
+// GEMV with other tiles (launch_gemv_probe), decode attention at short contexts by its number of
+// slices (1: no combine kernel), and a chain of the smallest kernel (rms_norm of one 4096 row).
+Status bench_decode_probe(double copy_gbps, nlohmann::json& out, const Options& opt) {
+  const size_t rotate_bytes = opt.quick ? kGiB / 2 : 2 * kGiB;
+  nlohmann::json gemv = nlohmann::json::array();
+  const std::vector<Shape> shapes = {{"q/o 4096x4096", 4096, 4096},
+                                     {"qkv 4096->6144", 4096, 6144},
+                                     {"gate+up 4096->28672", 4096, 28672},
+                                     {"down 14336->4096", 14336, 4096}};
+  for (const Shape& s : shapes) {
+    const size_t weight_bytes = static_cast<size_t>(s.in * s.out) * 2;
+    const int copies = static_cast<int>(std::max<size_t>(1, (rotate_bytes + weight_bytes - 1) / weight_bytes));
+    TACHYON_ASSIGN_OR_RETURN(auto weights, cu::DeviceBuffer::allocate(weight_bytes * copies, "probe weights"));
+    TACHYON_RETURN_IF_ERROR(
+        cu::fill_random(weights.data(), DType::kBF16, s.in * s.out * copies, 7, -0.05f, 0.05f, nullptr));
+    TACHYON_ASSIGN_OR_RETURN(auto x, cu::DeviceBuffer::allocate(s.in * 4, "probe x"));
+    TACHYON_ASSIGN_OR_RETURN(auto y, cu::DeviceBuffer::allocate(s.out * 4, "probe y"));
+    TACHYON_RETURN_IF_ERROR(cu::fill_random(x.data(), DType::kF32, s.in, 8, -1.f, 1.f, nullptr));
+    for (int v = 0; v < cu::detail::gemv_probe_variants(); ++v) {
+      auto body = [&](int i, cu::Stream st) -> Status {
+        cu::LinearArgs a;
+        a.x = x.as<float>();
+        a.x_stride = s.in;
+        a.w = static_cast<const char*>(weights.data()) + static_cast<size_t>(i % copies) * weight_bytes;
+        a.w_dtype = DType::kBF16;
+        a.w_stride = s.in;
+        a.y = y.as<float>();
+        a.y_stride = s.out;
+        a.n = 1;
+        a.in = s.in;
+        a.out = s.out;
+        BENCH_CUDA(cu::detail::launch_gemv_probe(a, v, st));
+        return Status::Ok();
+      };
+      TACHYON_ASSIGN_OR_RETURN(const double ms, time_graph_ms(body, copies, std::max(copies, 40), 5));
+      const double gbps = weight_bytes / (ms * 1e-3) / 1e9;
+      gemv.push_back({{"shape", s.name}, {"tile", cu::detail::gemv_probe_name(v)}, {"us", ms * 1e3}, {"gbps", gbps},
+                      {"fraction_of_copy", gbps / copy_gbps}});
+      std::printf("probe gemv %-22s %-30s %8.2f us %3.0f%% of copy\n", s.name, cu::detail::gemv_probe_name(v),
+                  ms * 1e3, 100.0 * gbps / copy_gbps);
+    }
+  }
+  out["probe_gemv"] = gemv;
+
+  using C = DecodeAttentionCase;
+  TACHYON_ASSIGN_OR_RETURN(int sms, cu::current_sm_count());
+  std::mt19937 rng(13);
+  nlohmann::json attention = nlohmann::json::array();
+  constexpr int kMaxSplits = 16;
+  for (int context : {128, 256, 384, 512, 1024, 2048}) {
+    TACHYON_ASSIGN_OR_RETURN(auto c, make_decode_attention(DType::kBF16, 1, context, rotate_bytes, rng));
+    TACHYON_ASSIGN_OR_RETURN(auto planned, cu::plan_paged_attention(c->b, C::kHeads, c->cache, c->params, sms));
+    const size_t ws_bytes = cu::detail::decode_workspace_floats(1, C::kHeads, C::kHeadDim, 64) * sizeof(float);
+    TACHYON_ASSIGN_OR_RETURN(auto ws, cu::DeviceBuffer::allocate(ws_bytes, "ws"));
+    for (int splits : {planned.num_splits, 1, 2, 3, 4, 6, 8, 12, kMaxSplits}) {
+      if (splits * 64 > context && splits != planned.num_splits && splits != 1) continue;
+      cu::AttentionPlan plan = planned;
+      plan.num_splits = splits;
+      plan.workspace_bytes = cu::detail::decode_workspace_floats(1, C::kHeads, C::kHeadDim, splits) * sizeof(float);
+      auto body = [&](int i, cu::Stream st) { return c->run(plan, ws, i, st); };
+      TACHYON_ASSIGN_OR_RETURN(const double ms, time_graph_ms(body, c->layers, std::max(c->layers, 40), 5));
+      attention.push_back({{"context", context}, {"splits", splits}, {"planned", splits == planned.num_splits},
+                           {"tensor_cores", plan.tensor_cores}, {"us", ms * 1e3}});
+      std::printf("probe attention batch 1 ctx %5d splits %2d%s: %6.2f us\n", context, splits,
+                  splits == planned.num_splits ? " (planned)" : "", ms * 1e3);
+    }
+  }
+  out["probe_attention"] = attention;
+
+  TACHYON_ASSIGN_OR_RETURN(auto nx, cu::DeviceBuffer::allocate(4096 * 4, "norm x"));
+  TACHYON_ASSIGN_OR_RETURN(auto ny, cu::DeviceBuffer::allocate(4096 * 4, "norm y"));
+  TACHYON_ASSIGN_OR_RETURN(auto nw, cu::DeviceBuffer::allocate(4096 * 2, "norm weight"));
+  TACHYON_RETURN_IF_ERROR(cu::fill_random(nx.data(), DType::kF32, 4096, 9, -1.f, 1.f, nullptr));
+  TACHYON_RETURN_IF_ERROR(cu::fill_random(nw.data(), DType::kBF16, 4096, 10, 0.5f, 1.5f, nullptr));
+  const cu::Rows rows = cu::Rows::packed(1, 4096, 4096);
+  auto norm = [&](int i, cu::Stream st) {
+    // Alternating directions: each norm reads the previous one's output, as a step's chain does.
+    const bool even = i % 2 == 0;
+    return cu::rms_norm(even ? nx.as<float>() : ny.as<float>(), rows, nw.data(), DType::kBF16, 1e-5f,
+                        even ? ny.as<float>() : nx.as<float>(), rows, st);
+  };
+  TACHYON_ASSIGN_OR_RETURN(const double norm_ms, time_graph_ms(norm, 2, 64, 5));
+  out["probe_rms_norm_chain_us"] = norm_ms * 1e3;
+  std::printf("probe rms_norm 1x4096, chained: %6.2f us per kernel\n", norm_ms * 1e3);
+  return Status::Ok();
+}
+
 int fail(const Status& s) {
   std::fprintf(stderr, "tachyon_cuda_bench: %s\n", s.to_string().c_str());
   return 1;
@@ -954,10 +1068,12 @@ int main(int argc, char** argv) {
       opt.int4_only = true;
     } else if (a == "--read-patterns") {
       opt.read_patterns = true;
+    } else if (a == "--decode-probe") {
+      opt.decode_probe = true;
     } else {
       std::fprintf(stderr,
                    "usage: tachyon_cuda_bench [--json FILE] [--quick] [--prefill-only | --quant-only | --int4-only | "
-                   "--read-patterns | --cublaslt-candidates]\n");
+                   "--read-patterns | --decode-probe | --cublaslt-candidates]\n");
       return 2;
     }
   }
@@ -1007,6 +1123,11 @@ int main(int argc, char** argv) {
     std::printf("\n== %s ==\n", props->to_string().c_str());
     std::printf("copy D2D (read+write)      %8.1f GB/s\n", *copy);
     print_packed_table(packed_rows, *copy);
+    return 0;
+  }
+  if (opt.decode_probe) {
+    if (Status s = bench_decode_probe(*copy, out, opt); !s.ok()) return fail(s);
+    if (Status s = write_json(out, opt); !s.ok()) return fail(s);
     return 0;
   }
   if (opt.read_patterns) {

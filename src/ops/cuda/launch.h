@@ -94,6 +94,12 @@ GemvShape plan_gemm_mma(const LinearArgs& a, int sm_count);
 cudaError_t launch_gemm_mma(const LinearArgs& a, const void* x16, int64_t x_stride, const GemvShape& shape,
                             float* partial, Stream stream);
 
+// For tachyon_cuda_bench only: the one-token bf16 GEMV (no K split, plain store) with another
+// tile (rows per warp, loads in flight, warps per block), to compare against the one it keeps.
+int gemv_probe_variants();
+const char* gemv_probe_name(int variant);
+cudaError_t launch_gemv_probe(const LinearArgs& a, int variant, Stream stream);
+
 // y[t, o] = sum over splits of partial[s, t, o] (in split order) (* scales[o]) + bias[o].
 cudaError_t launch_gemv_reduce(const float* partial, int splits, int64_t n, int64_t out, const void* bias,
                                DType bias_dtype, const float* scales, float* y, int64_t y_stride, Stream stream);

@@ -39,28 +39,34 @@ struct GemvParams {
 // Rows per warp, 16-byte steps per iteration and the register budget (minimum resident blocks),
 // by token bucket: more rows reuse each x load more; more steps put more loads in flight; more
 // tokens hold more accumulators and x values, so fewer rows and steps fit without spilling.
+// (Also warps per block; launch_gemv_probe tries other tiles at one token.)
+template <int R, int U, int MIN_BLOCKS, int WARPS = kWarps>
+struct GemvTileOf {
+  static constexpr int kRows = R, kSteps = U, kMinBlocks = MIN_BLOCKS, kBlockWarps = WARPS;
+};
 template <int NT>
 struct GemvTile;
 template <>
-struct GemvTile<1> {
-  static constexpr int kRows = 4, kSteps = 4, kMinBlocks = 1;
-};
+struct GemvTile<1> : GemvTileOf<4, 4, 1> {};
 template <>
-struct GemvTile<2> {
-  static constexpr int kRows = 4, kSteps = 4, kMinBlocks = 1;
-};
+struct GemvTile<2> : GemvTileOf<4, 4, 1> {};
 template <>
-struct GemvTile<4> {
-  static constexpr int kRows = 4, kSteps = 2, kMinBlocks = 1;
-};
+struct GemvTile<4> : GemvTileOf<4, 2, 1> {};
 template <>
-struct GemvTile<8> {
-  static constexpr int kRows = 4, kSteps = 1, kMinBlocks = 3;
-};
+struct GemvTile<8> : GemvTileOf<4, 1, 3> {};
 template <>
-struct GemvTile<16> {
-  static constexpr int kRows = 2, kSteps = 1, kMinBlocks = 3;
-};
+struct GemvTile<16> : GemvTileOf<2, 1, 3> {};
+// By weight type: 16-bit and f32 weights take 2 rows at one token (4 rows: Llama-3-8B's q/o 12.2
+// us against 9.7, down 37.6 against 27.9; int8 kept 4, at 2 it decoded 0.87x as fast; docs/perf.md
+// 2026-12-02).
+template <DType WD, int NT>
+struct GemvTileFor : GemvTile<NT> {};
+template <>
+struct GemvTileFor<DType::kBF16, 1> : GemvTileOf<2, 4, 1> {};
+template <>
+struct GemvTileFor<DType::kF16, 1> : GemvTileOf<2, 4, 1> {};
+template <>
+struct GemvTileFor<DType::kF32, 1> : GemvTileOf<2, 4, 1> {};
 
 // acc[r][t] += w_r · x_t over V elements at column k (x rows 16-byte aligned). Tokens past n
 // re-read row n - 1; their sums are never stored.
@@ -137,16 +143,16 @@ __device__ __forceinline__ void store_gemv_fused(const float (&acc)[ROWS][NT], c
   }
 }
 
-template <DType WD, int NT>
-__global__ void __launch_bounds__(kGemvThreads, GemvTile<NT>::kMinBlocks) gemv_kernel(const GemvParams p) {
+template <DType WD, int NT, typename Tile = GemvTileFor<WD, NT>>
+__global__ void __launch_bounds__(Tile::kBlockWarps * 32, Tile::kMinBlocks) gemv_kernel(const GemvParams p) {
   using E = Elem<WD>;
   using T = typename E::T;
-  constexpr int ROWS = GemvTile<NT>::kRows;
-  constexpr int U = GemvTile<NT>::kSteps;
+  constexpr int ROWS = Tile::kRows;
+  constexpr int U = Tile::kSteps;
   constexpr int V = E::kVec;
   constexpr int STEP = 32 * V;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t group = static_cast<int64_t>(blockIdx.x) * kWarps + warp;
+  const int64_t group = static_cast<int64_t>(blockIdx.x) * Tile::kBlockWarps + warp;
   // The warp's rows: ROWS consecutive rows from `first`, or (SwiGLU) ROWS / 2 gate rows from
   // `first` and the up rows half + first ... that pair with them.
   const bool swiglu = p.epilogue == GemvEpilogue::kSwiGLU;
@@ -276,14 +282,14 @@ __global__ void gemv_reduce_fused_kernel(const float* __restrict__ partial, int 
   }
 }
 
-template <DType WD, int NT>
+template <DType WD, int NT, typename Tile = GemvTileFor<WD, NT>>
 cudaError_t launch_bucket(const GemvParams& p, const GemvShape& shape, Stream stream) {
   const bool swiglu = p.epilogue == GemvEpilogue::kSwiGLU;
-  const int64_t rows_per_block = static_cast<int64_t>(kWarps) * GemvTile<NT>::kRows / (swiglu ? 2 : 1);
+  const int64_t rows_per_block = static_cast<int64_t>(Tile::kBlockWarps) * Tile::kRows / (swiglu ? 2 : 1);
   const int64_t rows = swiglu ? p.out / 2 : p.out;
   const dim3 grid(static_cast<unsigned>((rows + rows_per_block - 1) / rows_per_block),
                   static_cast<unsigned>(shape.splits));
-  return launch_pdl(gemv_kernel<WD, NT>, grid, kGemvThreads, 0, stream, p);
+  return launch_pdl(gemv_kernel<WD, NT, Tile>, grid, Tile::kBlockWarps * 32, 0, stream, p);
 }
 
 template <DType WD>
@@ -295,8 +301,8 @@ cudaError_t launch_dtype(const GemvParams& p, const GemvShape& shape, Stream str
   return launch_bucket<WD, 16>(p, shape, stream);
 }
 
-int rows_per_warp(int64_t n) {
-  if (n <= 1) return GemvTile<1>::kRows;
+int rows_per_warp(bool wide, int64_t n) {
+  if (n <= 1) return wide ? GemvTileFor<DType::kBF16, 1>::kRows : GemvTile<1>::kRows;
   if (n <= 2) return GemvTile<2>::kRows;
   if (n <= 4) return GemvTile<4>::kRows;
   if (n <= 8) return GemvTile<8>::kRows;
@@ -551,16 +557,17 @@ GemvShape plan_gemv(const LinearArgs& a, int sm_count) {
   const size_t esize = dtype_size(a.w_dtype);
   const int vec = static_cast<int>(16 / esize);
   s.step = 32 * vec;
-  s.rows_per_warp = rows_per_warp(a.n);
+  const bool wide = a.w_dtype == DType::kBF16 || a.w_dtype == DType::kF16 || a.w_dtype == DType::kF32;
+  s.rows_per_warp = rows_per_warp(wide, a.n);
   const auto aligned16 = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; };
   s.vector_loads = aligned16(a.w) && (a.w_stride * static_cast<int64_t>(esize)) % 16 == 0 && aligned16(a.x) &&
                    a.x_stride % 4 == 0;
-  // 16-bit and f32 weights: 8 warps per SM, each lane with 16 loads of 16 bytes in flight, keep
+  // 16-bit and f32 weights: 8 warps per SM, each lane with 8 loads of 16 bytes in flight, keep
   // the H200's copy rate; splitting further to 32 cost more in the split-K reduction than it won
   // (Llama-3-8B's q/o 12.6 -> 9.9 us, down 31.0 -> 28.5 us at one token; docs/perf.md 2026-12-02).
-  const bool wide = a.w_dtype == DType::kBF16 || a.w_dtype == DType::kF16 || a.w_dtype == DType::kF32;
-  plan_k_splits(s, a.in, (a.out + GemvTile<1>::kRows - 1) / GemvTile<1>::kRows, s.step * GemvTile<1>::kSteps, s.step,
-                sm_count, wide ? 8 : 32);
+  const int one_rows = rows_per_warp(wide, 1);
+  plan_k_splits(s, a.in, (a.out + one_rows - 1) / one_rows, s.step * GemvTile<1>::kSteps, s.step, sm_count,
+                wide ? 8 : 32);
   return s;
 }
 
@@ -602,6 +609,43 @@ cudaError_t launch_gemv_fused(const LinearArgs& a, const GemvFusion& f, const Ge
   const int64_t cols = f.epilogue == GemvEpilogue::kSwiGLU ? a.out / 2 : a.out;
   return launch_pdl(gemv_reduce_fused_kernel, grid_for(a.n * cols, threads), threads, 0, stream, partial,
                     shape.splits, a.n, a.out, a.bias, a.bias_dtype, p.scales, a.y, a.y_stride, f.epilogue);
+}
+
+namespace {
+struct ProbeVariant {
+  const char* name;
+  cudaError_t (*launch)(const GemvParams&, const GemvShape&, Stream);
+};
+template <int R, int U, int W>
+constexpr ProbeVariant probe_variant(const char* name) {
+  return {name, &launch_bucket<DType::kBF16, 1, GemvTileOf<R, U, 1, W>>};
+}
+constexpr ProbeVariant kProbeVariants[] = {
+    {"the one-token tile (kept)", &launch_bucket<DType::kBF16, 1>}, probe_variant<4, 4, 4>("rows 4, steps 4, warps 4"),
+    probe_variant<2, 8, 4>("rows 2, steps 8, warps 4"),             probe_variant<4, 2, 4>("rows 4, steps 2, warps 4"),
+    probe_variant<8, 2, 4>("rows 8, steps 2, warps 4"),             probe_variant<2, 2, 4>("rows 2, steps 2, warps 4"),
+    probe_variant<4, 4, 8>("rows 4, steps 4, warps 8"),             probe_variant<2, 4, 2>("rows 2, steps 4, warps 2"),
+    probe_variant<2, 4, 8>("rows 2, steps 4, warps 8"),             probe_variant<4, 8, 4>("rows 4, steps 8, warps 4"),
+};
+}  // namespace
+
+int gemv_probe_variants() { return static_cast<int>(sizeof(kProbeVariants) / sizeof(kProbeVariants[0])); }
+const char* gemv_probe_name(int variant) { return kProbeVariants[variant].name; }
+
+cudaError_t launch_gemv_probe(const LinearArgs& a, int variant, Stream stream) {
+  if (variant < 0 || variant >= gemv_probe_variants() || a.w_dtype != DType::kBF16 || a.n != 1) {
+    return cudaErrorInvalidValue;
+  }
+  GemvShape shape = plan_gemv(a, 1);  // one SM: no K split
+  if (shape.splits != 1 || !shape.vector_loads) return cudaErrorInvalidValue;
+  GemvParams p;
+  p.x = a.x;
+  p.x_stride = a.x_stride;
+  p.w = a.w;
+  fill_common(p, a, shape, static_cast<float*>(nullptr));
+  p.scales = nullptr;
+  p.vector_loads = true;
+  return kProbeVariants[variant].launch(p, shape, stream);
 }
 
 cudaError_t launch_gemv_reduce(const float* partial, int splits, int64_t n, int64_t out, const void* bias,
