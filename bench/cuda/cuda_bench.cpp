@@ -172,6 +172,44 @@ struct GemvRow {
   double mma_us = 0.0, mma_gbps = 0.0;  // the tensor-core GEMM (0: not run)
 };
 
+// A bf16 weight of `s`'s shape in copies that together exceed `rotate_bytes` (call i reads copy
+// i % copies, from device memory), with random activations for up to `max_n` tokens.
+struct Bf16LinearCase {
+  Shape s;
+  size_t weight_bytes = 0;
+  int copies = 1;
+  cu::DeviceBuffer weights, x, y;
+
+  cu::LinearArgs args(int i, int64_t n) const {
+    cu::LinearArgs a;
+    a.x = x.as<float>();
+    a.x_stride = s.in;
+    a.w = static_cast<const char*>(weights.data()) + static_cast<size_t>(i % copies) * weight_bytes;
+    a.w_dtype = DType::kBF16;
+    a.w_stride = s.in;
+    a.y = y.as<float>();
+    a.y_stride = s.out;
+    a.n = n;
+    a.in = s.in;
+    a.out = s.out;
+    return a;
+  }
+};
+
+Result<Bf16LinearCase> make_bf16_linear(const Shape& s, size_t rotate_bytes, int64_t max_n) {
+  Bf16LinearCase c;
+  c.s = s;
+  c.weight_bytes = static_cast<size_t>(s.in * s.out) * 2;
+  c.copies = static_cast<int>(std::max<size_t>(1, (rotate_bytes + c.weight_bytes - 1) / c.weight_bytes));
+  TACHYON_ASSIGN_OR_RETURN(c.weights, cu::DeviceBuffer::allocate(c.weight_bytes * c.copies, "bf16 weights"));
+  TACHYON_RETURN_IF_ERROR(
+      cu::fill_random(c.weights.data(), DType::kBF16, s.in * s.out * c.copies, 7, -0.05f, 0.05f, nullptr));
+  TACHYON_ASSIGN_OR_RETURN(c.x, cu::DeviceBuffer::allocate(max_n * s.in * 4, "x"));
+  TACHYON_ASSIGN_OR_RETURN(c.y, cu::DeviceBuffer::allocate(max_n * s.out * 4, "y"));
+  TACHYON_RETURN_IF_ERROR(cu::fill_random(c.x.data(), DType::kF32, max_n * s.in, 8, -1.f, 1.f, nullptr));
+  return c;
+}
+
 Status bench_gemv(cu::LinearContext& ctx, double copy_gbps, nlohmann::json& out, std::vector<GemvRow>& rows,
                   const Options& opt) {
   const std::vector<Shape> shapes = {{"q/o 4096x4096", 4096, 4096},
@@ -186,30 +224,12 @@ Status bench_gemv(cu::LinearContext& ctx, double copy_gbps, nlohmann::json& out,
   TACHYON_RETURN_IF_ERROR(ctx.reserve(64, 14336, 128256));
   nlohmann::json list = nlohmann::json::array();
   for (const Shape& s : shapes) {
-    const size_t weight_bytes = static_cast<size_t>(s.in * s.out) * 2;
-    const int copies = static_cast<int>(std::max<size_t>(1, (rotate_bytes + weight_bytes - 1) / weight_bytes));
-    TACHYON_ASSIGN_OR_RETURN(auto weights, cu::DeviceBuffer::allocate(weight_bytes * copies, "gemv weights"));
-    TACHYON_RETURN_IF_ERROR(
-        cu::fill_random(weights.data(), DType::kBF16, s.in * s.out * copies, 7, -0.05f, 0.05f, nullptr));
-    TACHYON_ASSIGN_OR_RETURN(auto x, cu::DeviceBuffer::allocate(64 * s.in * 4, "gemv x"));
-    TACHYON_ASSIGN_OR_RETURN(auto y, cu::DeviceBuffer::allocate(64 * s.out * 4, "gemv y"));
-    TACHYON_RETURN_IF_ERROR(cu::fill_random(x.data(), DType::kF32, 64 * s.in, 8, -1.f, 1.f, nullptr));
+    TACHYON_ASSIGN_OR_RETURN(Bf16LinearCase c, make_bf16_linear(s, rotate_bytes, 64));
+    const size_t weight_bytes = c.weight_bytes;
+    const int copies = c.copies;
     for (int64_t n : {1, 2, 4, 8, 16, 32, 64}) {
       auto run = [&](cu::LinearAlgo algo) {
-        return [&, algo](int i, cu::Stream st) {
-          cu::LinearArgs a;
-          a.x = x.as<float>();
-          a.x_stride = s.in;
-          a.w = static_cast<const char*>(weights.data()) + static_cast<size_t>(i % copies) * weight_bytes;
-          a.w_dtype = DType::kBF16;
-          a.w_stride = s.in;
-          a.y = y.as<float>();
-          a.y_stride = s.out;
-          a.n = n;
-          a.in = s.in;
-          a.out = s.out;
-          return cu::linear(ctx, a, st, algo);
-        };
+        return [&, algo](int i, cu::Stream st) { return cu::linear(ctx, c.args(i, n), st, algo); };
       };
       const int iters = std::max(copies, 40);
       double gemv_ms = 0.0, mma_ms = 0.0;
@@ -966,28 +986,12 @@ Status bench_decode_probe(double copy_gbps, nlohmann::json& out, const Options& 
                                      {"gate+up 4096->28672", 4096, 28672},
                                      {"down 14336->4096", 14336, 4096}};
   for (const Shape& s : shapes) {
-    const size_t weight_bytes = static_cast<size_t>(s.in * s.out) * 2;
-    const int copies = static_cast<int>(std::max<size_t>(1, (rotate_bytes + weight_bytes - 1) / weight_bytes));
-    TACHYON_ASSIGN_OR_RETURN(auto weights, cu::DeviceBuffer::allocate(weight_bytes * copies, "probe weights"));
-    TACHYON_RETURN_IF_ERROR(
-        cu::fill_random(weights.data(), DType::kBF16, s.in * s.out * copies, 7, -0.05f, 0.05f, nullptr));
-    TACHYON_ASSIGN_OR_RETURN(auto x, cu::DeviceBuffer::allocate(s.in * 4, "probe x"));
-    TACHYON_ASSIGN_OR_RETURN(auto y, cu::DeviceBuffer::allocate(s.out * 4, "probe y"));
-    TACHYON_RETURN_IF_ERROR(cu::fill_random(x.data(), DType::kF32, s.in, 8, -1.f, 1.f, nullptr));
+    TACHYON_ASSIGN_OR_RETURN(Bf16LinearCase c, make_bf16_linear(s, rotate_bytes, 1));
+    const size_t weight_bytes = c.weight_bytes;
+    const int copies = c.copies;
     for (int v = 0; v < cu::detail::gemv_probe_variants(); ++v) {
       auto body = [&](int i, cu::Stream st) -> Status {
-        cu::LinearArgs a;
-        a.x = x.as<float>();
-        a.x_stride = s.in;
-        a.w = static_cast<const char*>(weights.data()) + static_cast<size_t>(i % copies) * weight_bytes;
-        a.w_dtype = DType::kBF16;
-        a.w_stride = s.in;
-        a.y = y.as<float>();
-        a.y_stride = s.out;
-        a.n = 1;
-        a.in = s.in;
-        a.out = s.out;
-        BENCH_CUDA(cu::detail::launch_gemv_probe(a, v, st));
+        BENCH_CUDA(cu::detail::launch_gemv_probe(c.args(i, 1), v, st));
         return Status::Ok();
       };
       TACHYON_ASSIGN_OR_RETURN(const double ms, time_graph_ms(body, copies, std::max(copies, 40), 5));
