@@ -7,6 +7,16 @@
 
 namespace tachyon::ops::cuda::detail {
 
+// A lane's partial sums acc[r][t] as one array, value r * NT + t.
+template <int ROWS, int NT>
+__device__ __forceinline__ void flatten_sums(const float (&acc)[ROWS][NT], float (&flat)[ROWS * NT]) {
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r) {
+#pragma unroll
+    for (int t = 0; t < NT; ++t) flat[r * NT + t] = acc[r][t];
+  }
+}
+
 // GEMV: each lane holds partial sums acc[r][t] for the warp's ROWS rows and NT tokens; the warp
 // adds them up.
 template <int ROWS, int NT>
@@ -18,11 +28,7 @@ __device__ __forceinline__ void store_gemv_sums(const float (&acc)[ROWS][NT], in
   constexpr int kGroup = kValues < 32 ? kValues : 32;
   const int lane = threadIdx.x & 31;
   float flat[kValues];
-#pragma unroll
-  for (int r = 0; r < ROWS; ++r) {
-#pragma unroll
-    for (int t = 0; t < NT; ++t) flat[r * NT + t] = acc[r][t];
-  }
+  flatten_sums<ROWS, NT>(acc, flat);
 #pragma unroll
   for (int g = 0; g < kValues / kGroup; ++g) {
     float part[kGroup];

@@ -104,11 +104,7 @@ __device__ __forceinline__ void store_gemv_fused(const float (&acc)[ROWS][NT], c
   static_assert(kValues <= 32 && ROWS % 2 == 0, "one value per lane; gate and up rows in pairs");
   const int lane = threadIdx.x & 31;
   float part[kValues];
-#pragma unroll
-  for (int r = 0; r < ROWS; ++r) {
-#pragma unroll
-    for (int t = 0; t < NT; ++t) part[r * NT + t] = acc[r][t];
-  }
+  flatten_sums<ROWS, NT>(acc, part);
   const float sum = warp_transpose_sum<kValues>(part);  // value `lane` (r = lane / NT, t = lane % NT)
   const int r = lane / NT;
   const int64_t t = lane % NT;
