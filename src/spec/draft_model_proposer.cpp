@@ -100,7 +100,7 @@ Status DraftModelProposer::propose(std::span<const DraftRequest> requests, std::
     // level, and the runners-up become side branches, ranked by the probability of their path.
     bool tree = false;
     double path_prob = 1.0;
-    std::vector<Alternative> alternatives;
+    std::vector<Alternative> alternatives{};
   };
   std::vector<Active> active;
   active.reserve(requests.size());
