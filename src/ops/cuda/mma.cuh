@@ -56,7 +56,7 @@ __device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, int sr
 
 __device__ __forceinline__ void cp_async_commit() {
 #if TACHYON_MMA_ENABLED
-  asm volatile("cp.async.commit_group;\n" ::);
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
 #endif
 }
 
@@ -64,7 +64,7 @@ __device__ __forceinline__ void cp_async_commit() {
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
 #if TACHYON_MMA_ENABLED
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 #endif
 }
 
