@@ -298,6 +298,17 @@ LlamaModel::LlamaModel(ModelConfig config, ModelWeights weights)
                   config_.rope_freq_divisors.size(), rope_.inv_freq.size());
     for (size_t i = 0; i < rope_.inv_freq.size(); ++i) rope_.inv_freq[i] /= config_.rope_freq_divisors[i];
   }
+  // Once the device holds them (whatever wrote them has finished), nothing writes the weights
+  // again: kernels may read them ahead of the work queued before them (Weight::constant).
+  if (device().is_cpu() || ops::synchronize(device()).ok()) {
+    for (LayerWeights& l : weights_.layers) {
+      for (Weight* w : {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj, &l.up_proj, &l.down_proj,
+                        &l.qkv_proj, &l.gate_up_proj}) {
+        w->constant = true;
+      }
+    }
+    weights_.lm_head.constant = true;
+  }
 }
 
 Status LlamaModel::forward(const ForwardBatch& batch, KvCache& cache, Tensor& logits, const ForwardOptions& options) const {

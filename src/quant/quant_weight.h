@@ -39,6 +39,10 @@ struct QuantWeight {
 struct Weight {
   Tensor dense;
   std::shared_ptr<const QuantWeight> quant;
+  // Set on a loaded model's weights once the device holds them (LlamaModel): nothing writes them
+  // afterwards, so a kernel may start reading them before the work queued ahead of it ends (CUDA:
+  // before pdl_wait). Never set on a Weight that wraps an activation.
+  bool constant = false;
 
   bool defined() const { return dense.defined() || quant != nullptr; }
   int64_t out_features() const { return quant ? quant->out_features : dense.size(0); }

@@ -331,6 +331,100 @@ TEST(CudaLinearQuant, TernaryMatchesTheDequantizedWeight) {
   }
 }
 
+// The int4 decode GEMM (group 128, 1-2 tokens: the activations staged and rounded in the kernel,
+// its first weights requested before or after pdl_wait()) on K slices of every length the planner
+// might pick: one chunk to a whole row, a ragged last slice, row counts that leave warps and
+// blocks idle, split K finished by the kernel itself (arrival counters, which it leaves zero) or
+// by the reduction kernel. Against the reference on x rounded to bf16.
+TEST(CudaLinearQuant, Int4DecodeGemmOnEverySlicing) {
+  TACHYON_SKIP_WITHOUT_GPU();
+  auto cc = cu::current_compute_capability();
+  ASSERT_TRUE(cc.ok()) << cc.status().to_string();
+  if (*cc < 80) GTEST_SKIP() << "the int4 tensor-core GEMM needs sm_80+";
+  SEEDED_RNG(rng);
+  for (auto [in, out] : std::vector<std::pair<int64_t, int64_t>>{{1536, 200}, {3072, 1031}}) {
+    auto w = make_weight(QuantFormat::kInt4Group, in, out, rng, 128);
+    ASSERT_TRUE(w != nullptr);
+    const Mirror zeros(w->q.zeros);
+    for (int64_t n = 1; n <= cu::detail::kGemmMmaInt4StageMaxTokens; ++n) {
+      Mirror dx(testing::random_tensor({n, in + 8}, rng));  // rows 16-byte aligned
+      const Tensor x = dx.host().slice(1, 0, in);
+      const Tensor bias = testing::random_tensor({out}, rng);
+      const Mirror db(bias);
+      const Reference ref = reference(w->dense, rounded_to_bf16(x), n == 1 ? bias : Tensor());
+      for (int64_t want : {1, 2, 3, 5, 12}) {
+        cu::detail::GemvShape shape;
+        shape.vector_loads = true;
+        shape.rows_per_warp = 16;
+        shape.step = 128;
+        shape.chunk = (in / 128 + want - 1) / want * 128;
+        shape.splits = static_cast<int>((in + shape.chunk - 1) / shape.chunk);
+        for (bool kernel_finishes : {true, false}) {
+          if (shape.splits == 1 && !kernel_finishes) continue;
+          const bool constant = want % 2 == 1;  // the first loads before pdl_wait() (LinearArgs::w_constant)
+          const std::string what = fmt::format("int4 g128 [{}, {}] n={} chunk={} splits={} {}{}", out, in, n, shape.chunk,
+                                               shape.splits, kernel_finishes ? "counters" : "reduction kernel",
+                                               constant ? ", constant weight" : "");
+          cu::LinearArgs a = w->args();
+          a.w_constant = constant;
+          a.w_zeros = zeros.ptr<float>();
+          a.w_group = 128;
+          a.x = dx.ptr<float>(x);
+          a.x_stride = x.stride(0);
+          a.bias = n == 1 ? db.ptr<void>() : nullptr;
+          a.n = n;
+          ASSERT_TRUE(cu::detail::gemm_mma_int4_supported(a, a.x_stride)) << what;
+          ASSERT_TRUE(cu::detail::gemm_mma_int4_stages_x(a, shape)) << what;
+          Mirror dy(testing::nan_tensor({n, out}));
+          Mirror partial(testing::nan_tensor({shape.splits, n, out}));
+          Mirror counters(Tensor::zeros({cu::detail::gemm_mma_int4_row_blocks(a)}, DType::kI32));
+          a.y = dy.ptr<float>();
+          a.y_stride = out;
+          ASSERT_EQ(cu::detail::launch_gemm_mma_int4(a, nullptr, 0, shape, partial.ptr<float>(),
+                                                     kernel_finishes ? counters.ptr<unsigned>() : nullptr, nullptr),
+                    cudaSuccess)
+              << what;
+          ASSERT_TRUE(cu::synchronize(nullptr).ok()) << what;
+          ASSERT_TRUE(dy.download().ok() && counters.download().ok()) << what;
+          ASSERT_TRUE(within(dy.host(), ref, 2e-5, what));
+          for (int64_t b = 0; b < counters.host().numel(); ++b) {
+            ASSERT_EQ(counters.host().data<int32_t>()[b], 0) << what << ": block column " << b << "'s counter";
+          }
+        }
+      }
+    }
+  }
+}
+
+// The planner's K slices for the decode GEMM, on Llama shapes and odd ones: whole groups, every
+// column covered, at most 32 splits, and always a slicing the staged kernel takes.
+TEST(CudaLinearQuant, Int4DecodePlanFitsTheStagedKernel) {
+  TACHYON_SKIP_WITHOUT_GPU();
+  auto sms = cu::current_sm_count();
+  ASSERT_TRUE(sms.ok()) << sms.status().to_string();
+  for (auto [in, out] : std::vector<std::pair<int64_t, int64_t>>{
+           {4096, 4096}, {4096, 1024}, {4096, 6144}, {4096, 28672}, {14336, 4096}, {4096, 128256}, {128, 7}, {1536, 200}}) {
+    for (int64_t n = 1; n <= cu::detail::kGemmMmaInt4StageMaxTokens; ++n) {
+      Mirror dx(Tensor::zeros({n, in}, DType::kF32));
+      cu::LinearArgs a;
+      a.x = dx.ptr<float>();
+      a.x_stride = in;
+      a.w_dtype = DType::kU8;
+      a.w_group = 128;
+      a.n = n;
+      a.in = in;
+      a.out = out;
+      const cu::detail::GemvShape shape = cu::detail::plan_gemm_mma_int4(a, *sms);
+      const std::string what = fmt::format("[{}, {}] n={}: chunk {} splits {}", out, in, n, shape.chunk, shape.splits);
+      EXPECT_EQ(shape.chunk % 128, 0) << what;
+      EXPECT_GE(shape.chunk, 128) << what;
+      EXPECT_EQ(shape.splits, (in + shape.chunk - 1) / shape.chunk) << what;
+      EXPECT_LE(shape.splits, 32) << what;
+      EXPECT_TRUE(cu::detail::gemm_mma_int4_stages_x(a, shape)) << what;
+    }
+  }
+}
+
 // What linear() refuses for these weights, with a Status rather than a launch.
 TEST(CudaLinearQuant, RefusesWhatNoKernelTakes) {
   TACHYON_SKIP_WITHOUT_GPU();

@@ -206,6 +206,13 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
     a.w = wd.raw_data();
     a.w_dtype = wd.dtype();
     a.w_stride = wd.stride(0);
+    // TACHYON_EARLY_WEIGHTS=0: kernels never read weights before waiting for the kernel before
+    // them (the same bits; for measuring what the early reads gain).
+    static const bool early_weights = [] {
+      const char* env = std::getenv("TACHYON_EARLY_WEIGHTS");
+      return env == nullptr || std::string_view(env) != "0";
+    }();
+    a.w_constant = w.constant && early_weights;
     int64_t in_features = wd.size(1);
     if (w.quant && w.quant->format == QuantFormat::kInt4Group) {
       const QuantWeight& q = *w.quant;

@@ -66,6 +66,9 @@ struct LinearArgs {
   const void* w = nullptr;  // [out, in] f32 / f16 / bf16 / i8 (w_dtype), rows w_stride apart
   DType w_dtype = DType::kBF16;
   int64_t w_stride = 0;
+  // No kernel that may still run on the stream writes w (or its scales): Weight::constant. The
+  // int4 decode GEMM then requests its first weights before waiting for the kernel before.
+  bool w_constant = false;
   // i8 weights (kInt8Channel): w_scales [out] f32, w = packed * scale. u8 weights: group-wise int4
   // (kInt4Group, quant/quantize.h's layout): w [out, in / 2] bytes (w_stride in bytes), w_scales
   // and w_zeros [out, in / w_group] f32, contiguous; w = (q - zero) * scale.

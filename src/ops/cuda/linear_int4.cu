@@ -273,6 +273,7 @@ struct MmaGemmI4Params {
 struct MmaGemmI4StagedParams : MmaGemmI4Params {
   const float* x32;  // [n, x_stride] f32
   unsigned* counters;
+  bool w_constant;  // LinearArgs::w_constant: the first round of loads before pdl_wait()
 };
 
 // (q - zero) of the nibbles at bits s and s + 16 of `word`, as a bf16 pair (exact: |q - zero| <= 15).
@@ -370,11 +371,11 @@ __global__ void __launch_bounds__(kMmaI4Warps * 32) gemm_mma_i4_kernel(const Mma
 __host__ __device__ constexpr int64_t mma_i4_stage_stride(int64_t chunk) { return chunk / 2 + 4; }
 
 // The decode form (1..kGemmMmaInt4StageMaxTokens tokens, one token tile): gemm_mma_i4_kernel's
-// arithmetic with the activations staged in shared memory, U chunks per round of loads.
+// arithmetic with the activations staged in shared memory, U chunks per round of loads. Constant
+// weights (LinearArgs::w_constant): the first round is requested before pdl_wait(), so that its
+// latency passes while the kernel before ends.
 template <int U>
 __global__ void __launch_bounds__(kMmaI4Warps * 32) gemm_mma_i4_staged_kernel(const MmaGemmI4StagedParams p) {
-  pdl_wait();
-  pdl_trigger();
 #if TACHYON_MMA_ENABLED
   using M = MmaType<DType::kBF16>;
   extern __shared__ uint4 x_stage[];  // n rows of mma_i4_stage_stride(chunk) words
@@ -426,7 +427,8 @@ __global__ void __launch_bounds__(kMmaI4Warps * 32) gemm_mma_i4_staged_kernel(co
     acc[3] = fmaf(sb, part[3], acc[3]);
   };
 
-  // The first round's weights are in flight while the block stages its activations.
+  // The first round's weights are in flight while the block stages its activations (and, constant,
+  // while the kernel before ends).
   int64_t k = k_begin;
   uint4 wa[U], wb[U];
   const auto load_round = [&](int64_t at) {
@@ -436,8 +438,15 @@ __global__ void __launch_bounds__(kMmaI4Warps * 32) gemm_mma_i4_staged_kernel(co
       wb[u] = load_stream_16(w1 + (at + 128 * u) / 2);
     }
   };
+  const bool whole_round = k + 128 * U <= k_end;
   bool loaded = false;
-  if (k + 128 * U <= k_end) {
+  if (p.w_constant && whole_round) {
+    load_round(k);
+    loaded = true;
+  }
+  pdl_wait();
+  pdl_trigger();
+  if (!loaded && whole_round) {
     load_round(k);
     loaded = true;
   }
@@ -489,6 +498,7 @@ __global__ void __launch_bounds__(kMmaI4Warps * 32) gemm_mma_i4_staged_kernel(co
                    p.bias, p.bias_dtype, nullptr, p.y, p.y_stride, p.counters + blockIdx.x);
   }
 #else
+  pdl_wait();
   __trap();
 #endif
 }
@@ -587,6 +597,7 @@ cudaError_t launch_gemm_mma_int4(const LinearArgs& a, const uint16_t* x16, int64
   // The kernel finishes split-K itself when it stages the activations (a block adds up at most 64
   // rows of 2 tokens); more tokens are faster through the reduction kernel's whole grid.
   q.counters = staged ? counters : nullptr;
+  q.w_constant = a.w_constant;
   if (staged && !gemm_mma_int4_stages_x(a, shape)) return cudaErrorInvalidValue;
   const cudaError_t e = staged      ? launch_gemm_mma_i4_staged(q, stream)
                         : q.n <= 8  ? launch_gemm_mma_i4_nt<1>(q, stream)

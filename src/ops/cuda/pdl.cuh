@@ -6,6 +6,8 @@
 // The contract, for every kernel launched this way:
 //   - every thread calls pdl_wait() before it reads anything an earlier kernel of the stream wrote
 //     and before its first global write (the kernel before may still be reading what it writes);
+//     only what no kernel that may still run writes (LinearArgs::w_constant: a loaded model's
+//     weights) may be read before it;
 //   - every thread calls pdl_wait() before it exits, so that this grid's completion implies the
 //     completion of all the work before it (the next kernel waits on this grid alone);
 //   - pdl_trigger() (after pdl_wait()) lets the next kernel be scheduled early; without it the next
