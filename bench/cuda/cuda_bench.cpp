@@ -1,7 +1,7 @@
 // tachyon_cuda_bench: the CUDA backend against the device's own ceilings, on random data.
 //
 //   tachyon_cuda_bench [--json FILE] [--quick] [--prefill-only | --quant-only | --int4-only | --read-patterns |
-//                      --decode-probe | --cublaslt-candidates]
+//                      --decode-probe | --int4-slices | --cublaslt-candidates]
 //
 //   copy       cudaMemcpy device-to-device of 1 GiB; GB/s counts bytes read + bytes written
 //   matmul     cuBLASLt bf16 x bf16 -> f32, 8192^3; TFLOP/s
@@ -21,6 +21,8 @@
 //   probe      (--decode-probe, alone) the pieces of a batch-1 decode step: the one-token GEMV
 //              with other tiles, decode attention at 128..2048 keys by slice count, a chain of
 //              one-row norms
+//   slices     (--int4-slices, alone) the int4 decode GEMM (1-2 tokens) on the same shapes at every
+//              K slicing, the planner's choice marked
 //   prefill    causal prefill attention of one sequence (same heads, bf16 and i8 caches) at 512 to
 //              8k tokens: TFLOP/s, and as a fraction of the matmul's (--prefill-only: the matmul
 //              and this alone)
@@ -68,6 +70,7 @@ struct Options {
   bool int4_only = false;  // the copy, the 16-bit linears (the yardstick) and the int4 linears only
   bool read_patterns = false;  // the copy and the weight read patterns only
   bool decode_probe = false;   // the copy and the pieces of a one-token decode step only
+  bool int4_slices = false;    // the copy and the int4 decode GEMM at every K slicing only
 };
 
 #define BENCH_CUDA(expr) TACHYON_CUDA_RETURN_IF_ERROR(expr)
@@ -174,6 +177,19 @@ struct GemvRow {
 
 // A bf16 weight of `s`'s shape in copies that together exceed `rotate_bytes` (call i reads copy
 // i % copies, from device memory), with random activations for up to `max_n` tokens.
+// A linear's activations and outputs: x [n, s.in] and y [n, s.out], packed rows.
+cu::LinearArgs io_args(const cu::DeviceBuffer& x, const cu::DeviceBuffer& y, const Shape& s, int64_t n) {
+  cu::LinearArgs a;
+  a.x = x.as<float>();
+  a.x_stride = s.in;
+  a.y = y.as<float>();
+  a.y_stride = s.out;
+  a.n = n;
+  a.in = s.in;
+  a.out = s.out;
+  return a;
+}
+
 struct Bf16LinearCase {
   Shape s;
   size_t weight_bytes = 0;
@@ -181,17 +197,10 @@ struct Bf16LinearCase {
   cu::DeviceBuffer weights, x, y;
 
   cu::LinearArgs args(int i, int64_t n) const {
-    cu::LinearArgs a;
-    a.x = x.as<float>();
-    a.x_stride = s.in;
+    cu::LinearArgs a = io_args(x, y, s, n);
     a.w = static_cast<const char*>(weights.data()) + static_cast<size_t>(i % copies) * weight_bytes;
     a.w_dtype = DType::kBF16;
     a.w_stride = s.in;
-    a.y = y.as<float>();
-    a.y_stride = s.out;
-    a.n = n;
-    a.in = s.in;
-    a.out = s.out;
     return a;
   }
 };
@@ -333,57 +342,78 @@ Status bench_int8_gemv(cu::LinearContext& ctx, double copy_gbps, const std::vect
 
 // ---- int4 weights ------------------------------------------------------------------------------------
 
-// Group-wise int4 weights (group 128) on the decode shapes: the int4 GEMV (to 8 tokens), the
-// tensor-core GEMM (to 32) and kAuto's pick, against the fastest bf16 path at the same token count. Bytes read: half a byte per weight plus a scale and a zero (f32) per group.
+// Llama-3-8B's decode linears, as the int4 tables run them.
+const std::vector<Shape>& int4_shapes() {
+  static const std::vector<Shape> shapes = {{"q/o 4096x4096", 4096, 4096},
+                                            {"k/v 4096->1024", 4096, 1024},
+                                            {"qkv 4096->6144", 4096, 6144},
+                                            {"gate+up 4096->28672", 4096, 28672},
+                                            {"down 14336->4096", 14336, 4096}};
+  return shapes;
+}
+
+// One random bf16 weight quantized to group-128 int4, in enough copies to rotate past L2, with
+// activations for up to 64 tokens and their outputs. Bytes read per pass: half a byte per weight
+// plus a scale and a zero (f32) per group.
+struct Int4Weights {
+  static constexpr int kGroup = 128;
+  Shape shape{};
+  size_t packed_bytes = 0, group_count = 0, bytes = 0;
+  int copies = 1;
+  cu::DeviceBuffer packed, scales, zeros, x, y;
+
+  // Copy c's linear over n tokens.
+  cu::LinearArgs args(int c, int64_t n) const {
+    cu::LinearArgs a = io_args(x, y, shape, n);
+    a.w = static_cast<const char*>(packed.data()) + static_cast<size_t>(c) * packed_bytes;
+    a.w_dtype = DType::kU8;
+    a.w_stride = shape.in / 2;
+    a.w_constant = true;  // as a loaded model's weights
+    a.w_scales = scales.as<float>() + c * group_count;
+    a.w_zeros = zeros.as<float>() + c * group_count;
+    a.w_group = kGroup;
+    return a;
+  }
+};
+
+Result<Int4Weights> make_int4_weights(const Shape& s, const Options& opt) {
+  Int4Weights w;
+  w.shape = s;
+  const size_t rotate_bytes = opt.quick ? kGiB / 2 : 2 * kGiB;
+  w.packed_bytes = static_cast<size_t>(s.in * s.out) / 2;
+  w.group_count = static_cast<size_t>(s.out * (s.in / Int4Weights::kGroup));
+  w.bytes = w.packed_bytes + w.group_count * 8;
+  w.copies = static_cast<int>(std::max<size_t>(1, (rotate_bytes + w.bytes - 1) / w.bytes));
+  TACHYON_ASSIGN_OR_RETURN(auto dense, cu::DeviceBuffer::allocate(static_cast<size_t>(s.in * s.out) * 2, "bf16 weight"));
+  TACHYON_RETURN_IF_ERROR(cu::fill_random(dense.data(), DType::kBF16, s.in * s.out, 9, -0.05f, 0.05f, nullptr));
+  TACHYON_ASSIGN_OR_RETURN(w.packed, cu::DeviceBuffer::allocate(w.packed_bytes * w.copies, "int4 weights"));
+  TACHYON_ASSIGN_OR_RETURN(w.scales, cu::DeviceBuffer::allocate(w.group_count * 4 * w.copies, "int4 scales"));
+  TACHYON_ASSIGN_OR_RETURN(w.zeros, cu::DeviceBuffer::allocate(w.group_count * 4 * w.copies, "int4 zeros"));
+  for (int c = 0; c < w.copies; ++c) {
+    TACHYON_RETURN_IF_ERROR(cu::quantize_int4_groups(
+        dense.data(), DType::kBF16, s.in, s.out, s.in, Int4Weights::kGroup, /*f16_scales=*/true,
+        static_cast<uint8_t*>(w.packed.data()) + c * w.packed_bytes, w.scales.as<float>() + c * w.group_count,
+        w.zeros.as<float>() + c * w.group_count, nullptr));
+  }
+  TACHYON_ASSIGN_OR_RETURN(w.x, cu::DeviceBuffer::allocate(64 * s.in * 4, "gemv x"));
+  TACHYON_ASSIGN_OR_RETURN(w.y, cu::DeviceBuffer::allocate(64 * s.out * 4, "gemv y"));
+  TACHYON_RETURN_IF_ERROR(cu::fill_random(w.x.data(), DType::kF32, 64 * s.in, 8, -1.f, 1.f, nullptr));
+  return w;
+}
+
+// The int4 GEMV (to 8 tokens), the tensor-core GEMM (to 32) and kAuto's pick on the decode
+// shapes, against the fastest bf16 path at the same token count.
 Status bench_int4_gemv(cu::LinearContext& ctx, double copy_gbps, const std::vector<GemvRow>& bf16_rows,
                        nlohmann::json& out, const Options& opt) {
-  const std::vector<Shape> shapes = {{"q/o 4096x4096", 4096, 4096},
-                                     {"k/v 4096->1024", 4096, 1024},
-                                     {"qkv 4096->6144", 4096, 6144},
-                                     {"gate+up 4096->28672", 4096, 28672},
-                                     {"down 14336->4096", 14336, 4096}};
-  constexpr int kGroup = 128;
-  const size_t rotate_bytes = opt.quick ? kGiB / 2 : 2 * kGiB;
+  constexpr int kGroup = Int4Weights::kGroup;
   nlohmann::json list = nlohmann::json::array();
-  for (const Shape& s : shapes) {
-    const size_t packed_bytes = static_cast<size_t>(s.in * s.out) / 2;
-    const size_t group_count = static_cast<size_t>(s.out * (s.in / kGroup));
-    const size_t bytes = packed_bytes + group_count * 8;  // what one pass reads
-    const int copies = static_cast<int>(std::max<size_t>(1, (rotate_bytes + bytes - 1) / bytes));
-    TACHYON_ASSIGN_OR_RETURN(auto dense, cu::DeviceBuffer::allocate(static_cast<size_t>(s.in * s.out) * 2, "bf16 weight"));
-    TACHYON_RETURN_IF_ERROR(cu::fill_random(dense.data(), DType::kBF16, s.in * s.out, 9, -0.05f, 0.05f, nullptr));
-    TACHYON_ASSIGN_OR_RETURN(auto packed, cu::DeviceBuffer::allocate(packed_bytes * copies, "int4 weights"));
-    TACHYON_ASSIGN_OR_RETURN(auto scales, cu::DeviceBuffer::allocate(group_count * 4 * copies, "int4 scales"));
-    TACHYON_ASSIGN_OR_RETURN(auto zeros, cu::DeviceBuffer::allocate(group_count * 4 * copies, "int4 zeros"));
-    for (int c = 0; c < copies; ++c) {
-      TACHYON_RETURN_IF_ERROR(cu::quantize_int4_groups(
-          dense.data(), DType::kBF16, s.in, s.out, s.in, kGroup, /*f16_scales=*/true,
-          static_cast<uint8_t*>(packed.data()) + c * packed_bytes,
-          scales.as<float>() + c * group_count, zeros.as<float>() + c * group_count, nullptr));
-    }
-    TACHYON_ASSIGN_OR_RETURN(auto x, cu::DeviceBuffer::allocate(64 * s.in * 4, "gemv x"));
-    TACHYON_ASSIGN_OR_RETURN(auto y, cu::DeviceBuffer::allocate(64 * s.out * 4, "gemv y"));
-    TACHYON_RETURN_IF_ERROR(cu::fill_random(x.data(), DType::kF32, 64 * s.in, 8, -1.f, 1.f, nullptr));
+  for (const Shape& s : int4_shapes()) {
+    TACHYON_ASSIGN_OR_RETURN(const Int4Weights w, make_int4_weights(s, opt));
+    const int copies = w.copies;
+    const size_t bytes = w.bytes;
     for (int64_t n : {1, 2, 4, 8, 16, 32, 64}) {
       const auto body = [&, n](cu::LinearAlgo algo) {
-        return [&, n, algo](int i, cu::Stream st) {
-        const int c = i % copies;
-        cu::LinearArgs a;
-        a.x = x.as<float>();
-        a.x_stride = s.in;
-        a.w = static_cast<const char*>(packed.data()) + static_cast<size_t>(c) * packed_bytes;
-        a.w_dtype = DType::kU8;
-        a.w_stride = s.in / 2;
-        a.w_scales = scales.as<float>() + c * group_count;
-        a.w_zeros = zeros.as<float>() + c * group_count;
-        a.w_group = kGroup;
-        a.y = y.as<float>();
-        a.y_stride = s.out;
-        a.n = n;
-        a.in = s.in;
-        a.out = s.out;
-        return cu::linear(ctx, a, st, algo);
-        };
+        return [&, n, algo](int i, cu::Stream st) { return cu::linear(ctx, w.args(i % copies, n), st, algo); };
       };
       // Each path where it runs, then kAuto's pick.
       double gemv_ms = 0.0, mma_ms = 0.0;
@@ -411,6 +441,48 @@ Status bench_int4_gemv(cu::LinearContext& ctx, double copy_gbps, const std::vect
     }
   }
   out["int4_gemv"] = list;
+  return Status::Ok();
+}
+
+// The int4 decode GEMM (1-2 tokens, activations staged in the kernel) at every K slicing of each
+// shape, the planner's marked: what its cost model is checked against.
+Status bench_int4_slices(double copy_gbps, nlohmann::json& out, const Options& opt) {
+  TACHYON_ASSIGN_OR_RETURN(const int sm_count, cu::current_sm_count());
+  nlohmann::json list = nlohmann::json::array();
+  for (const Shape& s : int4_shapes()) {
+    TACHYON_ASSIGN_OR_RETURN(const Int4Weights w, make_int4_weights(s, opt));
+    const int64_t chunks = s.in / Int4Weights::kGroup;
+    TACHYON_ASSIGN_OR_RETURN(auto partial, cu::DeviceBuffer::allocate(32 * 2 * s.out * 4, "split-K partials"));
+    for (int64_t n = 1; n <= cu::detail::kGemmMmaInt4StageMaxTokens; ++n) {
+      const cu::LinearArgs a0 = w.args(0, n);
+      const cu::detail::GemvShape planned = cu::detail::plan_gemm_mma_int4(a0, sm_count);
+      const int64_t row_blocks = cu::detail::gemm_mma_int4_row_blocks(a0);
+      TACHYON_ASSIGN_OR_RETURN(auto counters, cu::DeviceBuffer::allocate(row_blocks * 4, "split-K counters"));
+      BENCH_CUDA(cudaMemset(counters.data(), 0, row_blocks * 4));
+      for (int64_t splits = 1; splits <= std::min<int64_t>(chunks, 32); ++splits) {
+        cu::detail::GemvShape shape = planned;
+        shape.chunk = (chunks + splits - 1) / splits * Int4Weights::kGroup;
+        if ((s.in + shape.chunk - 1) / shape.chunk != splits) continue;  // the slicing of fewer splits
+        shape.splits = static_cast<int>(splits);
+        if (!cu::detail::gemm_mma_int4_stages_x(a0, shape)) continue;
+        const auto body = [&](int i, cu::Stream st) -> Status {
+          BENCH_CUDA(cu::detail::launch_gemm_mma_int4(w.args(i % w.copies, n), nullptr, 0, shape, partial.as<float>(),
+                                                      counters.as<unsigned>(), st));
+          return Status::Ok();
+        };
+        TACHYON_ASSIGN_OR_RETURN(const double ms, time_graph_ms(body, w.copies, std::max(w.copies, 40), 5));
+        const bool is_planned = shape.chunk == planned.chunk;
+        const double fraction = static_cast<double>(w.bytes) / (ms * 1e-3) / 1e9 / copy_gbps;
+        list.push_back({{"shape", s.name}, {"n", n}, {"splits", splits}, {"slice_chunks", shape.chunk / 128},
+                        {"planned", is_planned}, {"us", ms * 1e3}, {"fraction_of_copy", fraction}});
+        std::printf("int4 slices %-22s n=%lld splits %2lld (%2lld chunks)%s: %7.2f us (%3.0f%% of copy)\n", s.name,
+                    static_cast<long long>(n), static_cast<long long>(splits),
+                    static_cast<long long>(shape.chunk / 128), is_planned ? " planned" : "        ", ms * 1e3,
+                    100.0 * fraction);
+      }
+    }
+  }
+  out["int4_slices"] = list;
   return Status::Ok();
 }
 
@@ -1074,10 +1146,12 @@ int main(int argc, char** argv) {
       opt.read_patterns = true;
     } else if (a == "--decode-probe") {
       opt.decode_probe = true;
+    } else if (a == "--int4-slices") {
+      opt.int4_slices = true;
     } else {
       std::fprintf(stderr,
                    "usage: tachyon_cuda_bench [--json FILE] [--quick] [--prefill-only | --quant-only | --int4-only | "
-                   "--read-patterns | --decode-probe | --cublaslt-candidates]\n");
+                   "--read-patterns | --decode-probe | --int4-slices | --cublaslt-candidates]\n");
       return 2;
     }
   }
@@ -1131,6 +1205,11 @@ int main(int argc, char** argv) {
   }
   if (opt.decode_probe) {
     if (Status s = bench_decode_probe(*copy, out, opt); !s.ok()) return fail(s);
+    if (Status s = write_json(out, opt); !s.ok()) return fail(s);
+    return 0;
+  }
+  if (opt.int4_slices) {
+    if (Status s = bench_int4_slices(*copy, out, opt); !s.ok()) return fail(s);
     if (Status s = write_json(out, opt); !s.ok()) return fail(s);
     return 0;
   }
