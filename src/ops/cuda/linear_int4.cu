@@ -12,11 +12,12 @@
 // GEMV's reduction kernel), so results never depend on timing.
 //
 // Also the tensor-core form for group 128 (1..kGemmMmaMaxTokensInt4 tokens, sm_80+): see
-// gemm_mma_i4_kernel below.
+// gemm_mma_i4_kernel below; on sm_90 at 1-2 tokens, linear_int4_stream.cu's kernel.
 #include <algorithm>
 
 #include "ops/cuda/device_math.cuh"
 #include "ops/cuda/gemv_store.cuh"  // store_mma_tile
+#include "ops/cuda/int4_mma.cuh"
 #include "ops/cuda/launch.h"
 #include "ops/cuda/mma.cuh"
 #include "ops/cuda/pdl.cuh"
@@ -235,12 +236,8 @@ int int4_rows_per_warp(int64_t n) {
 
 // ---- tensor cores, group 128 -----------------------------------------------------------------------
 // y^T[out, n] = W[out, in] · x^T with mma.m16n8k16 (bf16 in, f32 accumulators), as the int8 GEMM of
-// linear_gemv.cu: a warp owns 16 rows and up to 8 * NT tokens (x already rounded to bf16). A chunk
-// of 128 columns is one group: lane t of a quad loads block t of it (16 bytes, 32 weights) for
-// rows g and g + 8. Two nibbles become a bf16 pair 128 + q by masking them into the mantissas of
-// 128.0 (one shift and one mask per pair), and subtracting 128 + zero leaves q - zero exactly.
-// Inside the lane's block the K order is permuted identically for weights and activations (step
-// (i, h) takes columns 16h + 4i + {0, 2} and {1, 3}), so the sum is unchanged. Each chunk's
+// linear_gemv.cu: a warp owns 16 rows and up to 8 * NT tokens (x already rounded to bf16), with
+// int4_mma.cuh's chunk of 128 columns (one group), nibble decoding and K order. Each chunk's
 // eight mma steps go to fresh accumulators, which the rows' group scales then add into the sums.
 //
 // Decode (gemm_mma_i4_staged_kernel, up to kGemmMmaInt4StageMaxTokens tokens): each block rounds
@@ -276,13 +273,6 @@ struct MmaGemmI4StagedParams : MmaGemmI4Params {
   bool w_constant;  // LinearArgs::w_constant: the first round of loads before pdl_wait()
 };
 
-// (q - zero) of the nibbles at bits s and s + 16 of `word`, as a bf16 pair (exact: |q - zero| <= 15).
-__device__ __forceinline__ uint32_t nibble_pair_bf16(uint32_t word, int s, __nv_bfloat162 zero_pair) {
-  const uint32_t biased = ((word >> s) & 0x000f000fu) | 0x43004300u;  // bf16 128 + q in each half
-  const __nv_bfloat162 v = __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&biased), zero_pair);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-
 template <int NT, int U>
 __global__ void __launch_bounds__(kMmaI4Warps * 32) gemm_mma_i4_kernel(const MmaGemmI4Params p) {
   pdl_wait();
@@ -311,8 +301,8 @@ __global__ void __launch_bounds__(kMmaI4Warps * 32) gemm_mma_i4_kernel(const Mma
   const auto chunk128 = [&](const uint4& wa, const uint4& wb, int64_t k) {
     const int64_t grp = k / 128;
     const float sa = __ldg(p.scales + ra * groups + grp), sb = __ldg(p.scales + rb * groups + grp);
-    const __nv_bfloat162 za = __float2bfloat162_rn(128.0f + __ldg(p.zeros + ra * groups + grp));
-    const __nv_bfloat162 zb = __float2bfloat162_rn(128.0f + __ldg(p.zeros + rb * groups + grp));
+    const __nv_bfloat162 za = biased_zero_pair(__ldg(p.zeros + ra * groups + grp));
+    const __nv_bfloat162 zb = biased_zero_pair(__ldg(p.zeros + rb * groups + grp));
     const uint32_t wa_words[4] = {wa.x, wa.y, wa.z, wa.w}, wb_words[4] = {wb.x, wb.y, wb.z, wb.w};
     float part[NT][4];
 #pragma unroll
@@ -367,9 +357,6 @@ __global__ void __launch_bounds__(kMmaI4Warps * 32) gemm_mma_i4_kernel(const Mma
 #endif
 }
 
-// Words per token row of the staged activations: a bf16 pair per two columns, plus 16 bytes.
-__host__ __device__ constexpr int64_t mma_i4_stage_stride(int64_t chunk) { return chunk / 2 + 4; }
-
 // The decode form (1..kGemmMmaInt4StageMaxTokens tokens, one token tile): gemm_mma_i4_kernel's
 // arithmetic with the activations staged in shared memory, U chunks per round of loads. Constant
 // weights (LinearArgs::w_constant): the first round is requested before pdl_wait(), so that its
@@ -377,7 +364,6 @@ __host__ __device__ constexpr int64_t mma_i4_stage_stride(int64_t chunk) { retur
 template <int U>
 __global__ void __launch_bounds__(kMmaI4Warps * 32) gemm_mma_i4_staged_kernel(const MmaGemmI4StagedParams p) {
 #if TACHYON_MMA_ENABLED
-  using M = MmaType<DType::kBF16>;
   extern __shared__ uint4 x_stage[];  // n rows of mma_i4_stage_stride(chunk) words
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -402,24 +388,14 @@ __global__ void __launch_bounds__(kMmaI4Warps * 32) gemm_mma_i4_staged_kernel(co
   const auto chunk128 = [&](const uint4& wa, const uint4& wb, int64_t k) {
     const int64_t grp = k / 128;
     const float sa = __ldg(sc0 + grp), sb = __ldg(sc1 + grp);
-    const __nv_bfloat162 za = __float2bfloat162_rn(128.0f + __ldg(z0 + grp));
-    const __nv_bfloat162 zb = __float2bfloat162_rn(128.0f + __ldg(z1 + grp));
-    const uint32_t wa_words[4] = {wa.x, wa.y, wa.z, wa.w}, wb_words[4] = {wb.x, wb.y, wb.z, wb.w};
+    const __nv_bfloat162 za = biased_zero_pair(__ldg(z0 + grp));
+    const __nv_bfloat162 zb = biased_zero_pair(__ldg(z1 + grp));
     float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
     for (int h = 0; h < 2; ++h) {  // columns 32t + 16h .. + 15 of the chunk
-      // Word i's operands, columns c, c + 2 and c + 1, c + 3 (c = 16h + 4i): b[2i], b[2i + 1].
-      const uint4* q = reinterpret_cast<const uint4*>(xs + (k - k_begin) / 2 + 32 * h);
-      const uint4 q0 = q[0], q1 = q[1];
-      const uint32_t b[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {  // word i: columns 16h + 4i .. + 3
-        const int lo_shift = h == 0 ? 0 : 4;
-        const uint32_t a[4] = {nibble_pair_bf16(wa_words[i], lo_shift, za), nibble_pair_bf16(wb_words[i], lo_shift, zb),
-                               nibble_pair_bf16(wa_words[i], lo_shift + 8, za),
-                               nibble_pair_bf16(wb_words[i], lo_shift + 8, zb)};
-        M::mma(part, a, b[2 * i], b[2 * i + 1]);
-      }
+      uint32_t b[8];
+      load_int4_operands(xs + (k - k_begin) / 2, h, b);
+      int4_half_chunk_mma(wa, wb, h, za, zb, b, part);
     }
     acc[0] = fmaf(sa, part[0], acc[0]);
     acc[1] = fmaf(sa, part[1], acc[1]);
@@ -450,35 +426,8 @@ __global__ void __launch_bounds__(kMmaI4Warps * 32) gemm_mma_i4_staged_kernel(co
     load_round(k);
     loaded = true;
   }
-  {
-    const int64_t quads = (slice_end - k_begin) / 4, total = p.n * quads;
-    uint2* stage = reinterpret_cast<uint2*>(x_stage);
-    constexpr int kBatch = 4;  // loads in flight per thread
-    for (int64_t i0 = threadIdx.x; i0 < total; i0 += kBatch * blockDim.x) {
-      float4 f[kBatch];
-#pragma unroll
-      for (int b = 0; b < kBatch; ++b) {
-        const int64_t i = i0 + b * blockDim.x;
-        if (i < total) {
-          f[b] = __ldg(reinterpret_cast<const float4*>(p.x32 + (i / quads) * p.x_stride + k_begin + 4 * (i % quads)));
-        }
-      }
-#pragma unroll
-      for (int b = 0; b < kBatch; ++b) {
-        const int64_t i = i0 + b * blockDim.x;
-        if (i < total) {
-          // Column quad qd of a 128-column chunk is word i = qd % 4 of lane t = qd % 32 / 8's
-          // columns 16h .. 16h + 15 (h = qd % 8 / 4): stored in (h, t, i) order, a quad's four
-          // lanes read 128 consecutive bytes, and rows padded by 16 bytes put the tokens in
-          // different banks.
-          const int64_t tok = i / quads, qd = i % quads;
-          const int64_t at = (qd / 32) * 32 + ((qd % 8) / 4) * 16 + ((qd % 32) / 8) * 4 + qd % 4;
-          stage[tok * (mma_i4_stage_stride(p.chunk) / 2) + at] =
-              make_uint2(M::pack(f[b].x, f[b].z), M::pack(f[b].y, f[b].w));
-        }
-      }
-    }
-  }
+  stage_int4_operands(p.x32, p.x_stride, p.n, k_begin, slice_end - k_begin, reinterpret_cast<uint32_t*>(x_stage),
+                      mma_i4_stage_stride(p.chunk), threadIdx.x, blockDim.x);
   __syncthreads();
   for (; k + 128 * U <= k_end; k += 128 * U) {
     if (!loaded) load_round(k);
