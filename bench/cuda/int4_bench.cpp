@@ -73,11 +73,12 @@ Result<Int4Weights> make_int4_weights(const Shape& s, const Options& opt) {
 
 }  // namespace
 
-// The int4 GEMV (to 8 tokens), the tensor-core GEMM (to 32) and kAuto's pick on the decode
-// shapes, against the fastest bf16 path at the same token count.
+// The int4 GEMV (to 8 tokens), the tensor-core GEMM (to 32), the streamed GEMM (sm_90, to 2) and
+// kAuto's pick on the decode shapes, against the fastest bf16 path at the same token count.
 Status bench_int4_gemv(cu::LinearContext& ctx, double copy_gbps, const std::vector<GemvRow>& bf16_rows,
                        nlohmann::json& out, const Options& opt) {
   constexpr int kGroup = Int4Weights::kGroup;
+  TACHYON_ASSIGN_OR_RETURN(const int cc, cu::current_compute_capability());
   nlohmann::json list = nlohmann::json::array();
   for (const Shape& s : int4_shapes()) {
     TACHYON_ASSIGN_OR_RETURN(const Int4Weights w, make_int4_weights(s, opt));
@@ -88,12 +89,16 @@ Status bench_int4_gemv(cu::LinearContext& ctx, double copy_gbps, const std::vect
         return [&, n, algo](int i, cu::Stream st) { return cu::linear(ctx, w.args(i % copies, n), st, algo); };
       };
       // Each path where it runs, then kAuto's pick.
-      double gemv_ms = 0.0, mma_ms = 0.0;
+      double gemv_ms = 0.0, mma_ms = 0.0, stream_ms = 0.0;
       if (n <= cu::detail::kGemvInt4MaxTokens) {
         TACHYON_ASSIGN_OR_RETURN(gemv_ms, time_graph_ms(body(cu::LinearAlgo::kGemv), copies, std::max(copies, 40), 5));
       }
       if (n <= cu::detail::kGemmMmaMaxTokensInt4) {
         TACHYON_ASSIGN_OR_RETURN(mma_ms, time_graph_ms(body(cu::LinearAlgo::kMma), copies, std::max(copies, 40), 5));
+      }
+      if (cu::detail::gemm_int4_stream_supported(w.args(0, n), cc)) {
+        TACHYON_ASSIGN_OR_RETURN(stream_ms,
+                                 time_graph_ms(body(cu::LinearAlgo::kStream), copies, std::max(copies, 40), 5));
       }
       TACHYON_ASSIGN_OR_RETURN(const double ms, time_graph_ms(body(cu::LinearAlgo::kAuto), copies, std::max(copies, 40), 5));
       const auto gbps = [&](double t) { return t > 0.0 ? bytes / (t * 1e-3) / 1e9 : 0.0; };
@@ -102,13 +107,15 @@ Status bench_int4_gemv(cu::LinearContext& ctx, double copy_gbps, const std::vect
         if (r.name == s.name && r.n == n) bf16_us = r.gemv_us > 0.0 ? std::min(r.gemv_us, r.cublas_us) : r.cublas_us;
       }
       list.push_back({{"shape", s.name}, {"n", n}, {"bytes", bytes}, {"gemv_us", gemv_ms * 1e3},
-                      {"mma_us", mma_ms * 1e3}, {"auto_us", ms * 1e3}, {"auto_gbps", gbps(ms)},
+                      {"mma_us", mma_ms * 1e3}, {"stream_us", stream_ms * 1e3}, {"auto_us", ms * 1e3},
+                      {"auto_gbps", gbps(ms)},
                       {"auto_fraction_of_copy", gbps(ms) / copy_gbps}, {"bf16_best_us", bf16_us}});
       std::fprintf(stderr,
-                   "int4 g%d %-22s n=%2lld: gemv %8.2f us (%3.0f%%) | mma %8.2f us (%3.0f%%) | auto %8.2f us (%3.0f%% "
-                   "of copy) | bf16 best %8.2f us: %.2fx\n",
+                   "int4 g%d %-22s n=%2lld: gemv %8.2f us (%3.0f%%) | mma %8.2f us (%3.0f%%) | stream %8.2f us "
+                   "(%3.0f%%) | auto %8.2f us (%3.0f%% of copy) | bf16 best %8.2f us: %.2fx\n",
                    kGroup, s.name, static_cast<long long>(n), gemv_ms * 1e3, 100.0 * gbps(gemv_ms) / copy_gbps,
-                   mma_ms * 1e3, 100.0 * gbps(mma_ms) / copy_gbps, ms * 1e3, 100.0 * gbps(ms) / copy_gbps, bf16_us,
+                   mma_ms * 1e3, 100.0 * gbps(mma_ms) / copy_gbps, stream_ms * 1e3, 100.0 * gbps(stream_ms) / copy_gbps,
+                   ms * 1e3, 100.0 * gbps(ms) / copy_gbps, bf16_us,
                    ms > 0 ? bf16_us / (ms * 1e3) : 0.0);
     }
   }
@@ -155,6 +162,51 @@ Status bench_int4_slices(double copy_gbps, nlohmann::json& out, const Options& o
     }
   }
   out["int4_slices"] = list;
+  return Status::Ok();
+}
+
+// The streamed int4 GEMM (sm_90, 1-2 tokens) with 3, 4, 6 and 8 stages and one or two blocks per
+// SM (where two fit in shared memory), at the planner's K split: what its stage count and grid are
+// checked against.
+Status bench_int4_stream_probe(double copy_gbps, nlohmann::json& out, const Options& opt) {
+  TACHYON_ASSIGN_OR_RETURN(const int sm_count, cu::current_sm_count());
+  TACHYON_ASSIGN_OR_RETURN(const int cc, cu::current_compute_capability());
+  nlohmann::json list = nlohmann::json::array();
+  for (const Shape& s : int4_shapes()) {
+    TACHYON_ASSIGN_OR_RETURN(const Int4Weights w, make_int4_weights(s, opt));
+    const int64_t tiles = (s.out + 15) / 16;
+    TACHYON_ASSIGN_OR_RETURN(auto partial, cu::DeviceBuffer::allocate(4 * 2 * s.out * 4, "split-K partials"));
+    TACHYON_ASSIGN_OR_RETURN(auto counters, cu::DeviceBuffer::allocate(tiles * 4, "split-K counters"));
+    BENCH_CUDA(cudaMemset(counters.data(), 0, tiles * 4));
+    for (int64_t n = 1; n <= cu::detail::kGemmInt4StreamMaxTokens; ++n) {
+      const cu::LinearArgs a0 = w.args(0, n);
+      if (!cu::detail::gemm_int4_stream_supported(a0, cc)) continue;
+      const cu::detail::Int4StreamPlan planned = cu::detail::plan_gemm_int4_stream(a0, sm_count);
+      for (int stages : {3, 4, 6, 8}) {
+        for (int per_sm : {1, 2}) {
+          // Two blocks of a persistent grid per SM only where both are resident at once.
+          const size_t shared = cu::detail::gemm_int4_stream_shared_bytes(n, s.in, stages);
+          if (shared > cu::detail::kGemmInt4StreamMaxShared || (per_sm == 2 && 2 * (shared + 1024) > 228 * 1024)) {
+            continue;
+          }
+          cu::detail::Int4StreamPlan plan = planned;
+          plan.blocks = static_cast<int>(std::min<int64_t>(plan.items, int64_t{per_sm} * sm_count));
+          const auto body = [&](int i, cu::Stream st) -> Status {
+            BENCH_CUDA(cu::detail::launch_gemm_int4_stream_probe(w.args(i % w.copies, n), plan, stages,
+                                                                 partial.as<float>(), counters.as<unsigned>(), st));
+            return Status::Ok();
+          };
+          TACHYON_ASSIGN_OR_RETURN(const double ms, time_graph_ms(body, w.copies, std::max(w.copies, 40), 5));
+          const double fraction = static_cast<double>(w.bytes) / (ms * 1e-3) / 1e9 / copy_gbps;
+          list.push_back({{"shape", s.name}, {"n", n}, {"stages", stages}, {"blocks_per_sm", per_sm},
+                          {"splits", plan.splits}, {"us", ms * 1e3}, {"fraction_of_copy", fraction}});
+          std::printf("int4 stream %-22s n=%lld stages %d x%d per SM (splits %d): %7.2f us (%3.0f%% of copy)\n",
+                      s.name, static_cast<long long>(n), stages, per_sm, plan.splits, ms * 1e3, 100.0 * fraction);
+        }
+      }
+    }
+  }
+  out["int4_stream_probe"] = list;
   return Status::Ok();
 }
 

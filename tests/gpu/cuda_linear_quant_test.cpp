@@ -396,6 +396,108 @@ TEST(CudaLinearQuant, Int4DecodeGemmOnEverySlicing) {
   }
 }
 
+// The streamed int4 GEMM (sm_90) against the reference on the bf16-rounded activations: shapes
+// with a partial row tile and a half stage at the end of K, one and two tokens, its own plan and
+// hand-made ones (K split 1-4 ways, as few as one block so that every item of the grid passes
+// through one ring of stages), constant weights or not. y's row padding must stay NaN and the
+// split-K counters zero; through linear() too.
+TEST(CudaLinearQuant, Int4StreamedGemmOnEveryPlan) {
+  TACHYON_SKIP_WITHOUT_GPU();
+  auto cc = cu::current_compute_capability();
+  ASSERT_TRUE(cc.ok()) << cc.status().to_string();
+  if (*cc / 10 != 9) GTEST_SKIP() << "the streamed int4 GEMM needs sm_90";
+  auto sms = cu::current_sm_count();
+  ASSERT_TRUE(sms.ok()) << sms.status().to_string();
+  auto ctx = cu::LinearContext::create();
+  ASSERT_TRUE(ctx.ok()) << ctx.status().to_string();
+  SEEDED_RNG(rng);
+  for (auto [in, out] : std::vector<std::pair<int64_t, int64_t>>{{512, 7}, {1536, 200}, {3584, 1031}, {4096, 48}}) {
+    auto w = make_weight(QuantFormat::kInt4Group, in, out, rng, 128);
+    ASSERT_TRUE(w != nullptr);
+    const Mirror zeros(w->q.zeros);
+    const int64_t tiles = (out + 15) / 16, stages = (in + 1023) / 1024;
+    for (int64_t n = 1; n <= cu::detail::kGemmInt4StreamMaxTokens; ++n) {
+      Mirror dx(testing::random_tensor({n, in + 4}, rng));  // rows 16-byte aligned, strided
+      const Tensor x = dx.host().slice(1, 0, in);
+      const Tensor bias = testing::random_tensor({out}, rng);
+      const Mirror db(bias);
+      const bool with_bias = n == 1;
+      const Reference ref = reference(w->dense, rounded_to_bf16(x), with_bias ? bias : Tensor());
+      cu::LinearArgs a = w->args();
+      a.w_zeros = zeros.ptr<float>();
+      a.w_group = 128;
+      a.x = dx.ptr<float>(x);
+      a.x_stride = x.stride(0);
+      a.bias = with_bias ? db.ptr<void>() : nullptr;
+      a.n = n;
+      a.y_stride = out + 3;
+      ASSERT_TRUE(cu::detail::gemm_int4_stream_supported(a, *cc)) << in << " " << out;
+      std::vector<cu::detail::Int4StreamPlan> plans = {cu::detail::plan_gemm_int4_stream(a, *sms)};
+      for (int64_t want : {1, 2, 4}) {
+        for (int64_t blocks : {int64_t{1}, int64_t{5}, int64_t{*sms}}) {
+          cu::detail::Int4StreamPlan plan;
+          plan.chunk = (stages + want - 1) / want * 1024;
+          plan.splits = static_cast<int>((in + plan.chunk - 1) / plan.chunk);
+          plan.items = tiles * plan.splits;
+          plan.blocks = static_cast<int>(std::min(blocks, plan.items));
+          plans.push_back(plan);
+        }
+      }
+      for (size_t i = 0; i < plans.size(); ++i) {
+        const cu::detail::Int4StreamPlan& plan = plans[i];
+        const bool constant = i % 2 == 0;
+        const std::string what = fmt::format("int4 g128 [{}, {}] n={} chunk={} splits={} blocks={}{}{}", out, in, n,
+                                             plan.chunk, plan.splits, plan.blocks, i == 0 ? " (planned)" : "",
+                                             constant ? ", constant weight" : "");
+        a.w_constant = constant;
+        Mirror dy(testing::nan_tensor({n, out + 3}));
+        Mirror partial(testing::nan_tensor({plan.splits, n, out}));
+        Mirror counters(Tensor::zeros({tiles}, DType::kI32));
+        a.y = dy.ptr<float>();
+        ASSERT_EQ(cu::detail::launch_gemm_int4_stream(a, plan, partial.ptr<float>(), counters.ptr<unsigned>(), nullptr),
+                  cudaSuccess)
+            << what;
+        ASSERT_TRUE(cu::synchronize(nullptr).ok()) << what;
+        ASSERT_TRUE(dy.download().ok() && counters.download().ok()) << what;
+        ASSERT_TRUE(within(dy.host().slice(1, 0, out), ref, 2e-5, what));
+        ASSERT_TRUE(testing::all_nan(dy.host().slice(1, out, out + 3), "y padding")) << what;
+        for (int64_t b = 0; b < tiles; ++b) {
+          ASSERT_EQ(counters.host().data<int32_t>()[b], 0) << what << ": tile " << b << "'s counter";
+        }
+      }
+      // Through linear(): kStream with the context's partials and counters, and kAuto (the streamed
+      // GEMM where kInt4StreamByDefault or TACHYON_INT4_STREAM=1 enables it).
+      Mirror dy(testing::nan_tensor({n, out + 3}));
+      a.y = dy.ptr<float>();
+      for (cu::LinearAlgo algo : {cu::LinearAlgo::kStream, cu::LinearAlgo::kAuto}) {
+        ASSERT_TRUE(cu::linear(**ctx, a, nullptr, algo).ok());
+        ASSERT_TRUE(cu::synchronize(nullptr).ok());
+        ASSERT_TRUE(dy.download().ok());
+        ASSERT_TRUE(within(dy.host().slice(1, 0, out), ref, 2e-5, fmt::format("linear() [{}, {}] n={}", out, in, n)));
+      }
+    }
+  }
+  // What it does not take: 3 tokens, in % 512 != 0, another group.
+  auto w = make_weight(QuantFormat::kInt4Group, 640, 32, rng, 128);
+  ASSERT_TRUE(w != nullptr);
+  const Mirror zeros(w->q.zeros);
+  Mirror dx(testing::random_tensor({3, 640}, rng));
+  Mirror dy(testing::nan_tensor({3, 32}));
+  cu::LinearArgs a = w->args();
+  a.w_zeros = zeros.ptr<float>();
+  a.w_group = 128;
+  a.x = dx.ptr<float>();
+  a.x_stride = 640;
+  a.y = dy.ptr<float>();
+  a.y_stride = 32;
+  a.n = 3;
+  EXPECT_FALSE(cu::detail::gemm_int4_stream_supported(a, *cc));
+  EXPECT_FALSE(cu::linear(**ctx, a, nullptr, cu::LinearAlgo::kStream).ok());
+  a.n = 1;
+  EXPECT_FALSE(cu::detail::gemm_int4_stream_supported(a, *cc));  // 640 % 512 != 0
+  EXPECT_TRUE(cu::linear(**ctx, a, nullptr, cu::LinearAlgo::kAuto).ok());  // the register-path GEMM instead
+}
+
 // The planner's K slices for the decode GEMM, on Llama shapes and odd ones: whole groups, every
 // column covered, at most 32 splits, and always a slicing the staged kernel takes.
 TEST(CudaLinearQuant, Int4DecodePlanFitsTheStagedKernel) {

@@ -160,7 +160,8 @@ constexpr int kLinearAutoGemvMaxTokens = 4;
 // bf16 in registers) up to kGemmMmaMaxTokens, and beyond that expands the weight to bf16 in memory
 // for cuBLASLt (docs/perf.md).
 constexpr int kLinearAutoGemvMaxTokensInt8 = 2;
-// For int4 weights (kInt4Group) kAuto runs the tensor-core GEMM (group 128) up to its limit
+// For int4 weights (kInt4Group) kAuto runs the streamed GEMM (LinearAlgo::kStream) where it applies
+// and is enabled (kInt4StreamByDefault), else the tensor-core GEMM (group 128) up to its limit
 // (detail::kGemmMmaMaxTokensInt4), except on matrices of at most kLinearAutoGemvMaxRowsInt4 rows at
 // up to kLinearAutoGemvMaxTokensInt4Small tokens, where the int4 GEMV is faster; the GEMV up to
 // kLinearAutoGemvMaxTokensInt4 tokens where the GEMM does not apply (other group sizes); beyond
@@ -190,7 +191,13 @@ enum class LinearAlgo : uint8_t {
               // activations converted to the weight's dtype). Not chosen by kAuto: on the H200 it
               // streams weights at 30-68 % of copy against cuBLASLt's 51-105 % (docs/perf.md)
   kCublasLt,  // cuBLASLt (activations converted to the weight's dtype; f32 weights: plain f32)
+  kStream,    // int4 group-128 weights at 1..2 tokens on sm_90: the weight streamed through shared
+              // memory by bulk copies (launch.h detail::gemm_int4_stream_supported); kAuto's pick
+              // where it applies when kInt4StreamByDefault or TACHYON_INT4_STREAM=1
 };
+// Off until the streamed int4 GEMM has been checked and timed on a GPU (it has not yet been run on
+// one); TACHYON_INT4_STREAM=1 turns it on for kAuto.
+constexpr bool kInt4StreamByDefault = false;
 
 // What linear() needs across calls: the cuBLASLt handle, its workspace, scratch for converted
 // activations and split-K partial sums (grown on demand, each growth logged), and the cuBLASLt

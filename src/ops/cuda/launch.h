@@ -129,6 +129,30 @@ cudaError_t launch_gemm_mma_int4(const LinearArgs& a, const uint16_t* x16, int64
                                  float* partial, unsigned* counters, Stream stream);
 // Split-K arrival counters a LinearContext keeps (zeroed once; every kernel leaves them zero).
 constexpr int64_t kSplitKCounters = 1 << 16;
+// The int4 decode GEMM streamed through shared memory (linear_int4_stream.cu): group-128 weights
+// with in % 512 == 0, 1..kGemmInt4StreamMaxTokens tokens, 16-byte aligned weight rows, scales,
+// zeros and f32 activations (x_stride % 4 == 0), on sm_90 (bulk copies and mbarriers), its
+// shared memory (every token's activations over the whole K) within kGemmInt4StreamMaxShared.
+// A persistent grid of plan.blocks blocks takes plan.items items of 16 rows x one K slice; with
+// plan.splits > 1 it needs partial [splits, n, out] and `counters` (one per 16-row tile, zero,
+// left zero) and adds the slices up itself.
+constexpr int kGemmInt4StreamMaxTokens = 2;
+constexpr size_t kGemmInt4StreamMaxShared = 227 * 1024;
+struct Int4StreamPlan {
+  int64_t chunk = 0;  // K slice of an item, whole stages of 1024 columns
+  int splits = 1;
+  int64_t items = 0;  // 16-row tiles x splits
+  int blocks = 0;     // min(items, SMs): one block per SM
+};
+bool gemm_int4_stream_supported(const LinearArgs& a, int compute_capability);
+Int4StreamPlan plan_gemm_int4_stream(const LinearArgs& a, int sm_count);
+cudaError_t launch_gemm_int4_stream(const LinearArgs& a, const Int4StreamPlan& plan, float* partial,
+                                    unsigned* counters, Stream stream);
+// For tachyon_cuda_bench only: the same kernel with 3, 4, 6 or 8 stages (and plan.blocks as given,
+// e.g. two per SM where shared memory allows).
+cudaError_t launch_gemm_int4_stream_probe(const LinearArgs& a, const Int4StreamPlan& plan, int stages, float* partial,
+                                          unsigned* counters, Stream stream);
+size_t gemm_int4_stream_shared_bytes(int64_t n, int64_t in, int stages);
 
 // The GGUF block weights (linear_gguf.cu): LinearArgs with gguf set (Q8_0, Q4_K, Q6_K), 16-byte
 // aligned packed rows. The GEMV takes 1..kGemvGgufMaxTokens tokens, with the same split-K contract

@@ -9,7 +9,9 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <map>
+#include <string_view>
 #include <tuple>
 
 #include "ops/cuda/cuda_ops.h"
@@ -325,8 +327,8 @@ Status linear_gguf(LinearContext::Impl& ctx, const LinearArgs& a, Stream stream,
   TACHYON_RETURN_IF_ERROR(check_bias_and_strides(a));
   if (a.n == 0) return Status::Ok();
   if (algo == LinearAlgo::kAuto) algo = a.n <= detail::kGemvGgufMaxTokens ? LinearAlgo::kGemv : LinearAlgo::kCublasLt;
-  TACHYON_CUDA_REQUIRE(algo != LinearAlgo::kMma, "linear: no tensor-core GEMM reads {} weights (GEMV or cuBLASLt)",
-                       name);
+  TACHYON_CUDA_REQUIRE(algo != LinearAlgo::kMma && algo != LinearAlgo::kStream,
+                       "linear: no tensor-core GEMM reads {} weights (GEMV or cuBLASLt)", name);
   if (algo == LinearAlgo::kGemv) {
     TACHYON_CUDA_REQUIRE(detail::gemv_gguf_supported(a), "linear: the {} GEMV takes 1..{} tokens (got {})", name,
                          detail::kGemvGgufMaxTokens, a.n);
@@ -372,7 +374,8 @@ Status linear_w8a8(LinearContext::Impl& ctx, const LinearArgs& a, Stream stream,
   TACHYON_RETURN_IF_ERROR(check_bias_and_strides(a));
   if (a.n == 0) return Status::Ok();
   if (algo == LinearAlgo::kAuto) algo = a.n <= kLinearAutoGemvMaxTokensW8A8 ? LinearAlgo::kGemv : LinearAlgo::kCublasLt;
-  TACHYON_CUDA_REQUIRE(algo != LinearAlgo::kMma, "linear: W8A8 runs the GEMV or cuBLASLt's int8 GEMM");
+  TACHYON_CUDA_REQUIRE(algo != LinearAlgo::kMma && algo != LinearAlgo::kStream,
+                       "linear: W8A8 runs the GEMV or cuBLASLt's int8 GEMM");
   TACHYON_CUDA_REQUIRE(algo != LinearAlgo::kGemv || a.n <= detail::kGemvW8A8MaxTokens,
                        "linear: the W8A8 GEMV takes 1..{} tokens (got {})", detail::kGemvW8A8MaxTokens, a.n);
   TACHYON_ASSIGN_OR_RETURN(QuantizedActivations q, quantize_activations(ctx, a, DType::kI8, stream));
@@ -419,7 +422,8 @@ Status linear_fp8(LinearContext::Impl& ctx, const LinearArgs& a, Stream stream, 
   if (a.n == 0) return Status::Ok();
   const bool fp8_cores = ctx.compute_capability >= 89 && a.in % 16 == 0 && a.w_stride % 16 == 0;
   if (algo == LinearAlgo::kAuto) algo = a.n <= kLinearAutoGemvMaxTokensFp8 ? LinearAlgo::kGemv : LinearAlgo::kCublasLt;
-  TACHYON_CUDA_REQUIRE(algo != LinearAlgo::kMma, "linear: fp8 weights run the GEMV or cuBLASLt");
+  TACHYON_CUDA_REQUIRE(algo != LinearAlgo::kMma && algo != LinearAlgo::kStream,
+                       "linear: fp8 weights run the GEMV or cuBLASLt");
   if (algo == LinearAlgo::kGemv) {
     TACHYON_CUDA_REQUIRE(a.n <= detail::kGemvMaxTokens, "linear: the GEMV takes at most {} tokens, got {}",
                          detail::kGemvMaxTokens, a.n);
@@ -458,7 +462,8 @@ Status linear_ternary(LinearContext::Impl& ctx, const LinearArgs& a, Stream stre
     algo = a.n <= kLinearAutoGemvMaxTokensTernary && detail::gemv_ternary_supported(a) ? LinearAlgo::kGemv
                                                                                         : LinearAlgo::kCublasLt;
   }
-  TACHYON_CUDA_REQUIRE(algo != LinearAlgo::kMma, "linear: no tensor-core GEMM reads ternary weights");
+  TACHYON_CUDA_REQUIRE(algo != LinearAlgo::kMma && algo != LinearAlgo::kStream,
+                       "linear: no tensor-core GEMM reads ternary weights");
   if (algo == LinearAlgo::kGemv) {
     TACHYON_CUDA_REQUIRE(detail::gemv_ternary_supported(a),
                          "linear: the ternary GEMV takes 1..{} tokens with 16-byte aligned activation rows (got {})",
@@ -509,6 +514,17 @@ Status linear_fused(LinearContext& context, const LinearArgs& a, const detail::G
   return Status::Ok();
 }
 
+// Whether kAuto runs the streamed int4 GEMM where it applies: kInt4StreamByDefault, or
+// TACHYON_INT4_STREAM=1 / =0 (to measure what it gains against the register-path GEMM).
+static bool int4_stream_enabled() {
+  static const bool enabled = [] {
+    const char* env = std::getenv("TACHYON_INT4_STREAM");
+    if (env == nullptr || *env == '\0') return kInt4StreamByDefault;
+    return std::string_view(env) != "0";
+  }();
+  return enabled;
+}
+
 Status linear(LinearContext& context, const LinearArgs& a, Stream stream, LinearAlgo algo) {
   TACHYON_CUDA_REQUIRE(a.x != nullptr && a.w != nullptr && a.y != nullptr, "linear: null pointer (x {}, w {}, y {})",
                        static_cast<const void*>(a.x), a.w, static_cast<void*>(a.y));
@@ -534,12 +550,16 @@ Status linear(LinearContext& context, const LinearArgs& a, Stream stream, Linear
   const int64_t ld = (a.in + 7) / 8 * 8;  // 16-byte aligned rows for activations converted to 16 bits
   const bool mma_fits = ctx.compute_capability >= 80 && (int4 ? detail::gemm_mma_int4_supported(a, ld)
                                                                 : detail::gemm_mma_supported(a, ld));
+  const bool stream_fits = int4 && detail::gemm_int4_stream_supported(a, ctx.compute_capability);
   if (algo == LinearAlgo::kAuto) {
     if (int4) {
-      // int4: the tensor-core GEMM where it applies (group 128), else the GEMV while it holds the
-      // tokens, then the weight expanded to bf16 for cuBLASLt.
+      // int4: the streamed GEMM at decode sizes on sm_90, the tensor-core GEMM where it applies
+      // (group 128), else the GEMV while it holds the tokens, then the weight expanded to bf16 for
+      // cuBLASLt.
       const bool small = a.n <= kLinearAutoGemvMaxTokensInt4Small && a.out <= kLinearAutoGemvMaxRowsInt4;
-      if (mma_fits && !(small && detail::gemv_int4_supported(a))) {
+      if (stream_fits && int4_stream_enabled()) {
+        algo = LinearAlgo::kStream;
+      } else if (mma_fits && !(small && detail::gemv_int4_supported(a))) {
         algo = LinearAlgo::kMma;
       } else if (a.n <= kLinearAutoGemvMaxTokensInt4 && detail::gemv_int4_supported(a)) {
         algo = LinearAlgo::kGemv;
@@ -562,6 +582,24 @@ Status linear(LinearContext& context, const LinearArgs& a, Stream stream, Linear
       algo = LinearAlgo::kCublasLt;
     }
   }
+  if (algo == LinearAlgo::kStream) {
+    TACHYON_CUDA_REQUIRE(stream_fits,
+                         "linear: the streamed int4 GEMM takes group-128 int4 weights with in % 512 == 0 at 1..{} "
+                         "tokens, 16-byte aligned weight rows, scales, zeros and activations, on sm_90 (got {} x {} "
+                         "-> {}, {}, group {}, sm_{})",
+                         detail::kGemmInt4StreamMaxTokens, a.n, a.in, a.out, dtype_name(a.w_dtype), a.w_group,
+                         ctx.compute_capability);
+    const detail::Int4StreamPlan plan = detail::plan_gemm_int4_stream(a, ctx.sm_count);
+    detail::GemvShape shape;  // what split_partials sizes
+    shape.splits = plan.splits;
+    shape.chunk = plan.chunk;
+    TACHYON_ASSIGN_OR_RETURN(float* partial, split_partials(ctx, a, shape));
+    log_path_once("cuda linear: int4 decode GEMM, weights streamed through shared memory (bulk copies)");
+    TACHYON_CUDA_RETURN_IF_ERROR(
+        detail::launch_gemm_int4_stream(a, plan, partial, ctx.split_counters.as<unsigned>(), stream));
+    return Status::Ok();
+  }
+
   if (algo == LinearAlgo::kMma) {
     TACHYON_CUDA_REQUIRE(mma_fits,
                          "linear: the tensor-core GEMM takes f16/bf16 weights with in % 32 == 0 (int8: in % 64 == "
