@@ -271,23 +271,16 @@ cudaError_t launch_stream_stages(const StreamParams& p, int blocks, Stream strea
 
 StreamParams stream_params(const LinearArgs& a, const Int4StreamPlan& plan, float* partial, unsigned* counters) {
   StreamParams p;
+  GemvShape shape;  // the K split, as fill_common reads it
+  shape.splits = plan.splits;
+  shape.chunk = plan.chunk;
+  fill_common(p, a, shape, partial);
   p.x = a.x;
   p.x_stride = a.x_stride;
   p.w = static_cast<const uint8_t*>(a.w);
-  p.w_stride = a.w_stride;
   p.scales = a.w_scales;
   p.zeros = a.w_zeros;
-  p.bias = a.bias;
-  p.bias_dtype = a.bias_dtype;
-  p.y = a.y;
-  p.y_stride = a.y_stride;
-  p.partial = partial;
   p.counters = counters;
-  p.n = a.n;
-  p.in = a.in;
-  p.out = a.out;
-  p.chunk = plan.chunk;
-  p.splits = plan.splits;
   p.items = plan.items;
   p.w_constant = a.w_constant;
   return p;
@@ -331,8 +324,7 @@ Int4StreamPlan plan_gemm_int4_stream(const LinearArgs& a, int sm_count) {
 
 cudaError_t launch_gemm_int4_stream(const LinearArgs& a, const Int4StreamPlan& plan, float* partial,
                                     unsigned* counters, Stream stream) {
-  if (plan.splits > 1 && (partial == nullptr || counters == nullptr)) return cudaErrorInvalidValue;
-  return launch_stream_stages<kStages>(stream_params(a, plan, partial, counters), plan.blocks, stream);
+  return launch_gemm_int4_stream_probe(a, plan, kStages, partial, counters, stream);
 }
 
 size_t gemm_int4_stream_shared_bytes(int64_t n, int64_t in, int stages) { return stream_shared_bytes(n, in, stages); }
