@@ -22,8 +22,8 @@ class Backend {
 
   virtual void linear(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& y, LinearMode mode) = 0;
   // linear_fused() in as few launches as the backend can: true when it ran the whole op, false
-  // when it did nothing (ops::linear_fused then runs the separate ops). Never asked with a
-  // pending_add, nor to defer an add (a false return lets the caller defer it).
+  // when it did nothing (ops::linear_fused then runs the separate ops). Never asked to defer an
+  // add (a false return lets the caller defer it).
   virtual bool try_linear_fused(const Tensor& x, const Weight& w, const Tensor* bias, const LinearFusion& fusion,
                                 Tensor& y, LinearMode mode) {
     (void)x, (void)w, (void)bias, (void)fusion, (void)y, (void)mode;

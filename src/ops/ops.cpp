@@ -355,7 +355,7 @@ bool linear_fused(Tensor& x, const Weight& w, const Tensor* bias, const LinearFu
                 "linear_fused: the epilogue needs scratch_y [{}, {}] (got {})", x.size(0), out,
                 f.scratch_y != nullptr ? f.scratch_y->shape_string() : "none");
   Backend* b = device_backend(op, x);
-  if (b != nullptr && f.pending_add == nullptr && b->try_linear_fused(x, w, bias, f, y, mode)) return false;
+  if (b != nullptr && b->try_linear_fused(x, w, bias, f, y, mode)) return false;
   // The separate ops (each dispatches to x's device), the epilogue still fused where it can be.
   const Tensor* in = &x;
   if (f.norm_weight != nullptr) {

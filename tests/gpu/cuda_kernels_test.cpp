@@ -357,6 +357,83 @@ TEST(CudaNorm, AddRmsNormMatchesReference) {
   }
 }
 
+// The 16-bit copy a norm or SwiGLU writes beside its f32 output (Rows16, for the linear after it)
+// is that output rounded to nearest even, bit for bit; the f32 output is the one written without
+// a copy; the copy's row padding stays untouched. Vector (d % 4 == 0) and scalar rows, bf16 and f16.
+TEST(CudaNorm, SixteenBitCopyIsTheOutputRounded) {
+  TACHYON_SKIP_WITHOUT_GPU();
+  const uint32_t seed = testing::fresh_seed();
+  SCOPED_TRACE(fmt::format("seed {}", seed));
+  std::mt19937 rng(seed);
+  for (DType copy_dtype : {DType::kBF16, DType::kF16}) {
+    for (int64_t d : {1001, 4096}) {
+      for (int64_t n : {3, 17}) {
+        const int64_t ld = (d + 7) / 8 * 8 + 8;  // padding after every row
+        const Tensor x = testing::random_tensor({n, d}, rng, -3.0f, 3.0f);
+        const Tensor residual = testing::random_tensor({n, d}, rng, -3.0f, 3.0f);
+        const Tensor w = testing::convert(testing::random_tensor({d}, rng, 0.5f, 1.5f), DType::kBF16);
+        Mirror dw(w);
+        for (const char* op : {"rms_norm", "add_rms_norm", "silu_mul"}) {
+          const std::string what = fmt::format("{} copy {} n={} d={}", op, dtype_name(copy_dtype), n, d);
+          // The same inputs twice: without a copy, then with one.
+          std::array<Tensor, 2> outputs;
+          Tensor copy;
+          for (int with_copy = 0; with_copy < 2; ++with_copy) {
+            Mirror dx(x), dres(residual), dy(testing::nan_tensor({n, d})), dc(testing::nan_tensor({n, ld}, copy_dtype));
+            cu::Rows16 c16;
+            if (with_copy == 1) {
+              c16.data = dc.ptr<void>();
+              c16.stride = ld;
+              c16.dtype = copy_dtype;
+            }
+            const std::string op_name(op);
+            if (op_name == "rms_norm") {
+              ASSERT_OK(cu::rms_norm(dx.ptr<float>(), rows_of(x), dw.ptr<void>(), DType::kBF16, 1e-5f,
+                                     dy.ptr<float>(), rows_of(dy.host()), nullptr, c16));
+            } else if (op_name == "add_rms_norm") {
+              ASSERT_OK(cu::add_rms_norm(dres.ptr<float>(), rows_of(residual), dx.ptr<float>(), rows_of(x),
+                                         dw.ptr<void>(), DType::kBF16, 1e-5f, dy.ptr<float>(), rows_of(dy.host()),
+                                         nullptr, c16));
+            } else {
+              ASSERT_OK(cu::silu_mul(dx.ptr<float>(), rows_of(x), dres.ptr<float>(), rows_of(residual),
+                                     dy.ptr<float>(), rows_of(dy.host()), nullptr, c16));
+            }
+            ASSERT_OK(cu::synchronize(nullptr));
+            ASSERT_OK(dy.download());
+            ASSERT_OK(dc.download());
+            outputs[with_copy] = dy.host();
+            copy = dc.host();
+          }
+          ASSERT_TRUE(testing::bitwise_equal(outputs[1], outputs[0], what + ": f32 output"));
+          ASSERT_TRUE(testing::bitwise_equal(copy.slice(1, 0, d).contiguous(), testing::convert(outputs[1], copy_dtype),
+                                             what + ": the copy"));
+          ASSERT_TRUE(testing::all_nan(copy.slice(1, d, ld), what + ": the copy's padding"));
+        }
+      }
+    }
+  }
+}
+
+// A copy that is not 16-bit, or shorter than a row, is an error before any launch.
+TEST(CudaNorm, SixteenBitCopyIsChecked) {
+  TACHYON_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(1);
+  Mirror dx(testing::random_tensor({2, 64}, rng)), dy(testing::nan_tensor({2, 64}));
+  Mirror dw(testing::convert(testing::random_tensor({64}, rng), DType::kBF16));
+  Mirror dc(testing::nan_tensor({2, 64}, DType::kBF16));
+  cu::Rows16 c16;
+  c16.data = dc.ptr<void>();
+  c16.stride = 63;
+  EXPECT_FALSE(cu::rms_norm(dx.ptr<float>(), rows_of(dx.host()), dw.ptr<void>(), DType::kBF16, 1e-5f, dy.ptr<float>(),
+                            rows_of(dy.host()), nullptr, c16)
+                   .ok());
+  c16.stride = 64;
+  c16.dtype = DType::kF32;
+  EXPECT_FALSE(cu::silu_mul(dx.ptr<float>(), rows_of(dx.host()), dx.ptr<float>(), rows_of(dx.host()), dy.ptr<float>(),
+                            rows_of(dy.host()), nullptr, c16)
+                   .ok());
+}
+
 // ---- rope --------------------------------------------------------------------------------------------
 
 TEST(CudaRope, MatchesReference) {

@@ -4,7 +4,9 @@
 // odd sizes and shapes whose K is split over the grid (the reduction then applies the epilogue),
 // where the fused kernel does not take the case (more tokens than the GEMV's) too; it matches the
 // CPU within tolerance; and the residual add is deferred exactly where the GEMV cannot take it.
-// Skips without a device.
+// Past the GEMV's token counts, the norm and SwiGLU stage their 16-bit rounding for the linears
+// after them (LinearContext::stage_activations): read once, only for the rows staged, with the
+// separate ops' bits. Skips without a device.
 #ifdef TACHYON_HAS_CUDA
 
 #include <gtest/gtest.h>
@@ -185,6 +187,168 @@ TEST(CudaLinearFused, DefersTheAddOnlyWhereTheGemvCannotTakeIt) {
     ASSERT_TRUE(testing::bitwise_equal(on(x, cpu), on(ex, cpu), what + ": the residual"));
     ASSERT_TRUE(testing::bitwise_equal(on(gu, cpu).slice(1, 0, ff / 2).contiguous(), on(eg, cpu),
                                        what + ": the activation"));
+  }
+}
+
+// Activations a producer staged (LinearContext::stage_activations) are what linear() multiplies
+// instead of rounding x itself, exactly where linear_activation_dtype says it rounds x: for the
+// next call only, for the rows and rounding they were staged for, and not after forget_staged().
+// Staged zeros make the difference visible: where they are read, y is 0 (no bias).
+TEST(CudaLinearFused, StagedActivationsAreReadOnceForTheirRowsOnly) {
+  TACHYON_SKIP_WITHOUT_GPU();
+  ASSERT_OK(cu::start_backend(0));
+  const Device gpu = Device::cuda(0), cpu = Device::cpu();
+  const uint32_t seed = testing::fresh_seed();
+  SCOPED_TRACE(fmt::format("seed {} (TACHYON_TEST_SEED={} reproduces)", seed, seed));
+  std::mt19937 rng(seed);
+  auto ctx = cu::LinearContext::create();
+  ASSERT_TRUE(ctx.ok()) << ctx.status().to_string();
+  const int64_t in = 1024, out = 200;
+  const Tensor dense = testing::random_tensor({out, in}, rng, -0.2f, 0.2f);
+  for (const char* wname : {"bf16", "f16", "f32", "int8", "int4", "fp8"}) {
+    const std::string kind(wname);
+    // The weight on the device and linear()'s arguments for it.
+    Tensor w, scales, zeros;
+    cu::LinearArgs base;
+    if (kind == "int8" || kind == "int4" || kind == "fp8") {
+      auto q = kind == "int8"   ? quantize_int8_channel(dense)
+               : kind == "int4" ? quantize_int4_group(dense, 128)
+                                : quantize_fp8_channel(dense);
+      ASSERT_TRUE(q.ok()) << q.status().to_string();
+      w = on(q->packed, gpu);
+      scales = on(q->scales, gpu);
+      base.w_scales = scales.data<float>();
+      if (kind == "int4") {
+        zeros = on(q->zeros, gpu);
+        base.w_zeros = zeros.data<float>();
+        base.w_group = 128;
+      }
+    } else {
+      w = on(testing::convert(dense, kind == "bf16" ? DType::kBF16 : kind == "f16" ? DType::kF16 : DType::kF32), gpu);
+    }
+    base.w = w.raw_data();
+    base.w_dtype = w.dtype();
+    base.w_stride = w.stride(0);
+    base.in = in;
+    base.out = out;
+    for (int64_t n : {2, 3, 9, 40}) {
+      const std::string what = fmt::format("{} n {}", wname, n);
+      const Tensor x = on(testing::random_tensor({n, in + 3}, rng, -2.0f, 2.0f), gpu);
+      Tensor y = on(testing::nan_tensor({n, out}), gpu);
+      cu::LinearArgs a = base;
+      a.x = x.data<float>();
+      a.x_stride = x.stride(0);
+      a.y = y.data<float>();
+      a.y_stride = y.stride(0);
+      a.n = n;
+      const auto run = [&]() -> Tensor {
+        const Status s = cu::linear(**ctx, a, nullptr);
+        EXPECT_TRUE(s.ok()) << what << ": " << s.to_string();
+        EXPECT_TRUE(cu::synchronize(nullptr).ok());
+        return on(y, cpu);
+      };
+      // Stages zeros for x's rows (n_staged of them) at `rounding`.
+      const auto stage_zeros = [&](int64_t n_staged, DType rounding) {
+        auto rows = (*ctx)->stage_activations(a.x, a.x_stride, n_staged, in, rounding);
+        ASSERT_TRUE(rows.ok()) << rows.status().to_string();
+        ASSERT_OK(cu::memset_device(rows->data, 0, static_cast<size_t>(n_staged * rows->stride) * 2, nullptr));
+      };
+      const Tensor want = run();
+      const DType rounded = cu::linear_activation_dtype(**ctx, a);
+      EXPECT_TRUE(rounded == DType::kF32 || rounded == (kind == "f16" ? DType::kF16 : DType::kBF16)) << what;
+      if (kind == "f32" || n <= 2) EXPECT_EQ(rounded, DType::kF32) << what;  // plain f32, or a GEMV
+      if ((kind == "bf16" || kind == "f16" || kind == "int8") && n >= 9) EXPECT_NE(rounded, DType::kF32) << what;
+      const DType staged_as = rounded == DType::kF32 ? DType::kBF16 : rounded;
+      stage_zeros(n, staged_as);
+      const Tensor staged = run();
+      if (rounded == DType::kF32) {
+        ASSERT_TRUE(testing::bitwise_equal(staged, want, what + ": staged rows it does not read"));
+      } else {
+        ASSERT_TRUE(testing::bitwise_equal(staged, Tensor::zeros({n, out}, DType::kF32), what + ": staged zeros"));
+      }
+      ASSERT_TRUE(testing::bitwise_equal(run(), want, what + ": the call after"));
+      stage_zeros(n - 1, staged_as);
+      ASSERT_TRUE(testing::bitwise_equal(run(), want, what + ": other rows staged"));
+      stage_zeros(n, staged_as == DType::kBF16 ? DType::kF16 : DType::kBF16);
+      ASSERT_TRUE(testing::bitwise_equal(run(), want, what + ": another rounding staged"));
+      stage_zeros(n, staged_as);
+      (*ctx)->forget_staged();
+      ASSERT_TRUE(testing::bitwise_equal(run(), want, what + ": forgotten"));
+    }
+  }
+}
+
+// A block as the model runs it at a batch where linear() multiplies in 16 bits: the norm (with a
+// pending residual add) and SwiGLU hand their rounding to the gate/up and down linears; the
+// residual, the activation and the down projection's output are those of the separate ops, bit
+// for bit. An op that changes the activation between SwiGLU and the down projection drops the
+// hand-over: the down projection then multiplies the changed values.
+TEST(CudaLinearFused, NormAndSwiGLUHandTheirRoundingToTheLinears) {
+  TACHYON_SKIP_WITHOUT_GPU();
+  ASSERT_OK(cu::start_backend(0));
+  const Device gpu = Device::cuda(0), cpu = Device::cpu();
+  const uint32_t seed = testing::fresh_seed();
+  SCOPED_TRACE(fmt::format("seed {}", seed));
+  std::mt19937 rng(seed);
+  const int64_t d = 1024, f = 704;
+  for (const char* wname : {"bf16", "f16", "int8"}) {
+    const std::string kind(wname);
+    ModelWeights hm;
+    hm.layers.resize(1);
+    const auto make = [&](int64_t rows, int64_t cols) {
+      const Tensor dense = testing::random_tensor({rows, cols}, rng, -0.1f, 0.1f);
+      Weight hw;
+      if (kind == "int8") {
+        auto q = quantize_int8_channel(dense);
+        EXPECT_TRUE(q.ok());
+        hw.quant = std::make_shared<const QuantWeight>(std::move(q).value());
+      } else {
+        hw.dense = testing::convert(dense, kind == "bf16" ? DType::kBF16 : DType::kF16);
+      }
+      return hw;
+    };
+    hm.layers[0].o_proj = make(2 * f, d);  // gate/up (any slot copy_weights_to leaves as it is)
+    hm.layers[0].down_proj = make(d, f);
+    auto moved = copy_weights_to(hm, gpu);
+    ASSERT_TRUE(moved.ok()) << moved.status().to_string();
+    const Weight& gate_up = moved->layers[0].o_proj;
+    const Weight& down = moved->layers[0].down_proj;
+    const Tensor norm_w = on(testing::convert(testing::random_tensor({d}, rng, 0.5f, 1.5f), DType::kBF16), gpu);
+    for (int64_t n : {5, 16, 33}) {
+      for (bool change_between : {false, true}) {
+        const std::string what = fmt::format("{} n {} changed between {}", wname, n, change_between);
+        const Tensor x0 = testing::random_tensor({n, d}, rng);
+        const Tensor pending = on(testing::random_tensor({n, d}, rng), gpu);
+        const Tensor delta = on(testing::random_tensor({n, f}, rng), gpu);
+        // The separate ops.
+        Tensor ex = on(x0, gpu), eh = on(testing::nan_tensor({n, d}), gpu);
+        Tensor egu = on(testing::nan_tensor({n, 2 * f}), gpu), eg = on(testing::nan_tensor({n, f}), gpu);
+        Tensor ey = on(testing::nan_tensor({n, d}), gpu);
+        ops::add_rms_norm(ex, pending, norm_w, 1e-5f, eh);
+        ops::linear(eh, gate_up, nullptr, egu);
+        ops::silu_mul(egu.slice(1, 0, f), egu.slice(1, f, 2 * f), eg);
+        if (change_between) ops::add(eg, delta);
+        ops::linear(eg, down, nullptr, ey);
+        // As the model calls them.
+        Tensor x = on(x0, gpu), h = on(testing::nan_tensor({n, d}), gpu);
+        Tensor gu = on(testing::nan_tensor({n, 2 * f}), gpu), y = on(testing::nan_tensor({n, d}), gpu);
+        ops::LinearFusion mlp;
+        mlp.norm_weight = &norm_w;
+        mlp.norm_eps = 1e-5f;
+        mlp.pending_add = &pending;
+        mlp.swiglu = true;
+        mlp.scratch_x = &h;
+        mlp.scratch_y = &gu;
+        Tensor g = gu.slice(1, 0, f);
+        ASSERT_FALSE(ops::linear_fused(x, gate_up, nullptr, mlp, g)) << what;
+        if (change_between) ops::add(g, delta);
+        ops::linear(g, down, nullptr, y);
+        ASSERT_OK(ops::synchronize(gpu));
+        ASSERT_TRUE(testing::bitwise_equal(on(x, cpu), on(ex, cpu), what + ": the residual"));
+        ASSERT_TRUE(testing::bitwise_equal(on(g, cpu).contiguous(), on(eg, cpu), what + ": the activation"));
+        ASSERT_TRUE(testing::bitwise_equal(on(y, cpu), on(ey, cpu), what + ": the down projection"));
+      }
+    }
   }
 }
 

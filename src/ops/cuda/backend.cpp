@@ -98,6 +98,7 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
   Status copy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) override {
     if (!dst_device.is_cpu()) TACHYON_RETURN_IF_ERROR(check_device(dst_device));
     if (!src_device.is_cpu()) TACHYON_RETURN_IF_ERROR(check_device(src_device));
+    if (!dst_device.is_cpu()) linear_->forget_staged();
     TACHYON_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_));
     // The host side is free (or filled) only once the copy ran.
     if (dst_device.is_cpu() || src_device.is_cpu()) TACHYON_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
@@ -106,6 +107,7 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
 
   Status memset(void* dst, Device device, int byte, size_t bytes) override {
     TACHYON_RETURN_IF_ERROR(check_device(device));
+    linear_->forget_staged();
     TACHYON_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(dst, byte, bytes, stream_));
     return Status::Ok();
   }
@@ -325,7 +327,8 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
     }();
     // A norm inside the GEMV (each block normalizing x into shared memory before its K loop) cost
     // more than the norm kernel it saved: the norm runs apart (docs/perf.md, 2026-12-02).
-    if (!enabled || mode != ops::LinearMode::kFastest || f.norm_weight != nullptr) return false;
+    if (!enabled || mode != ops::LinearMode::kFastest) return false;
+    if (f.norm_weight != nullptr) return norm_then_linear(x, w, bias, f, y);
     const LinearArgs a = linear_args(x, w, bias, y, f.swiglu);
     detail::GemvFusion g;
     g.epilogue = f.swiglu ? detail::GemvEpilogue::kSwiGLU
@@ -347,20 +350,12 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
 
   void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& y) override {
     on_device("rms_norm", {&x, &weight, &y});
-    TACHYON_CHECK(weight.dim() == 1 && weight.size(0) == x.size(-1) && weight.is_contiguous() && x.shape() == y.shape(),
-                  "rms_norm: x {} weight {} y {}", x.shape_string(), weight.shape_string(), y.shape_string());
-    require_ok(cuda::rms_norm(x.data<float>(), rows_of(x), weight.raw_data(), weight.dtype(), eps, y.data<float>(),
-                              rows_of(y), stream_));
+    norm(nullptr, x, weight, eps, y, Rows16{});
   }
 
   void add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& weight, float eps, Tensor& y) override {
     on_device("add_rms_norm", {&residual, &x, &weight, &y});
-    TACHYON_CHECK(weight.dim() == 1 && weight.size(0) == x.size(-1) && weight.is_contiguous() &&
-                      x.shape() == y.shape() && x.shape() == residual.shape(),
-                  "add_rms_norm: residual {} x {} weight {} y {}", residual.shape_string(), x.shape_string(),
-                  weight.shape_string(), y.shape_string());
-    require_ok(cuda::add_rms_norm(residual.data<float>(), rows_of(residual), x.data<float>(), rows_of(x),
-                                  weight.raw_data(), weight.dtype(), eps, y.data<float>(), rows_of(y), stream_));
+    norm(&residual, x, weight, eps, y, Rows16{});
   }
 
   void rope(Tensor& x, const Tensor& positions, const RopeTable& table) override {
@@ -378,10 +373,7 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
 
   void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) override {
     on_device("silu_mul", {&gate, &up, &out});
-    TACHYON_CHECK(gate.shape() == up.shape() && gate.shape() == out.shape(), "silu_mul: gate {} up {} out {}",
-                  gate.shape_string(), up.shape_string(), out.shape_string());
-    require_ok(cuda::silu_mul(gate.data<float>(), rows_of(gate), up.data<float>(), rows_of(up), out.data<float>(),
-                              rows_of(out), stream_));
+    silu_mul_rows(gate, up, out, Rows16{});
   }
 
   void embedding(const Tensor& table, const Tensor& ids, Tensor& out) override {
@@ -587,13 +579,77 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
  private:
   CudaBackend(int device, DeviceProperties props) : device_(device), props_(std::move(props)) {}
 
+  // rms_norm (residual null) or add_rms_norm on checked tensors; copy16: y again in 16 bits.
+  void norm(Tensor* residual, const Tensor& x, const Tensor& weight, float eps, Tensor& y, const Rows16& copy16) {
+    const char* op = residual != nullptr ? "add_rms_norm" : "rms_norm";
+    TACHYON_CHECK(weight.dim() == 1 && weight.size(0) == x.size(-1) && weight.is_contiguous() &&
+                      x.shape() == y.shape() && (residual == nullptr || x.shape() == residual->shape()),
+                  "{}: x {} weight {} y {}{}", op, x.shape_string(), weight.shape_string(), y.shape_string(),
+                  residual != nullptr ? " residual " + residual->shape_string() : std::string());
+    if (residual != nullptr) {
+      require_ok(cuda::add_rms_norm(residual->data<float>(), rows_of(*residual), x.data<float>(), rows_of(x),
+                                    weight.raw_data(), weight.dtype(), eps, y.data<float>(), rows_of(y), stream_,
+                                    copy16));
+    } else {
+      require_ok(cuda::rms_norm(x.data<float>(), rows_of(x), weight.raw_data(), weight.dtype(), eps, y.data<float>(),
+                                rows_of(y), stream_, copy16));
+    }
+  }
+
+  void silu_mul_rows(const Tensor& gate, const Tensor& up, Tensor& out, const Rows16& copy16) {
+    TACHYON_CHECK(gate.shape() == up.shape() && gate.shape() == out.shape(), "silu_mul: gate {} up {} out {}",
+                  gate.shape_string(), up.shape_string(), out.shape_string());
+    require_ok(cuda::silu_mul(gate.data<float>(), rows_of(gate), up.data<float>(), rows_of(up), out.data<float>(),
+                              rows_of(out), stream_, copy16));
+  }
+
+  // linear_fused with a norm before the linear, where linear() multiplies in 16 bits (cuBLASLt,
+  // the tensor-core GEMM: linear_activation_dtype): the norm (with its pending residual add) and
+  // SwiGLU run as the separate ops would, but each also writes its rows rounded to 16 bits
+  // (LinearContext::stage_activations), so that neither this linear nor the next one (SwiGLU's
+  // down projection) runs a conversion pass. The same bits as the separate ops. False, having done
+  // nothing, elsewhere and with a residual add after the linear.
+  bool norm_then_linear(const Tensor& x, const Weight& w, const Tensor* bias, const ops::LinearFusion& f, Tensor& y) {
+    if (f.add_to_output || f.scratch_x == nullptr || (f.swiglu && f.scratch_y == nullptr)) return false;
+    Tensor& normed = *f.scratch_x;
+    Tensor& product = f.swiglu ? *f.scratch_y : y;
+    if (x.dim() != 2 || x.size(0) <= kLinearAutoGemvMaxTokens) return false;
+    const LinearArgs a = linear_args(normed, w, bias, product, false);
+    const DType rounded = cuda::linear_activation_dtype(*linear_, a);
+    if (rounded == DType::kF32) return false;
+    on_device("linear_fused", {&x, f.norm_weight, &normed, f.pending_add, &y});
+    // x is the residual stream when an add is pending (it becomes x + pending_add).
+    Tensor residual = x;
+    auto copy = linear_->stage_activations(a.x, a.x_stride, a.n, a.in, rounded);
+    require_ok(copy.status());
+    if (f.pending_add != nullptr) {
+      norm(&residual, *f.pending_add, *f.norm_weight, f.norm_eps, normed, *copy);
+    } else {
+      norm(nullptr, x, *f.norm_weight, f.norm_eps, normed, *copy);
+    }
+    require_ok(cuda::linear(*linear_, a, stream_, LinearAlgo::kAuto));
+    if (f.swiglu) {
+      const int64_t half = y.size(1);
+      const Tensor gate = product.slice(1, 0, half), up = product.slice(1, half, 2 * half);
+      TACHYON_CHECK(y.stride(1) == 1, "linear_fused: y {} is not packed along its rows", y.shape_string());
+      // For the down projection, at this linear's rounding.
+      auto next = linear_->stage_activations(y.data<float>(), y.stride(0), y.size(0), half, rounded);
+      require_ok(next.status());
+      silu_mul_rows(gate, up, y, *next);
+    }
+    return true;
+  }
+
   Status check_device(Device device) const {
     if (device.type == DeviceType::kCuda && device.index == device_) return Status::Ok();
     return make_error(ErrorCode::kInvalidArgument, "{} requested, but the CUDA backend runs cuda:{}",
                       device.to_string(), device_);
   }
 
+  // Also the point where every op but linear() passes: activations staged for the next linear
+  // (LinearContext::stage_activations) are forgotten, since the op may write their f32 rows.
   void on_device(const char* op, std::initializer_list<const Tensor*> tensors) const {
+    if (std::string_view(op) != "linear") linear_->forget_staged();
     for (const Tensor* t : tensors) {
       if (t == nullptr) continue;
       TACHYON_CHECK(t->defined(), "{}: an argument is undefined", op);

@@ -21,6 +21,16 @@ Status check_rows(const char* op, const char* name, const void* data, const Rows
   return Status::Ok();
 }
 
+// A 16-bit copy of `like`'s rows (cuda_types.h Rows16), or none.
+Status check_copy16(const char* op, const Rows16& copy, const Rows& like) {
+  if (copy.data == nullptr) return Status::Ok();
+  TACHYON_CUDA_REQUIRE((copy.dtype == DType::kBF16 || copy.dtype == DType::kF16) && copy.stride >= like.cols &&
+                           (reinterpret_cast<uintptr_t>(copy.data) & 1u) == 0,
+                       "{}: a 16-bit copy is f16/bf16 rows of at least {} elements (got {}, stride {})", op, like.cols,
+                       dtype_name(copy.dtype), copy.stride);
+  return Status::Ok();
+}
+
 bool is_quantized(DType d) { return d == DType::kI8 || d == DType::kF8E4M3; }
 
 Status check_cache(const char* op, const KvCacheView& cache) {
@@ -53,24 +63,28 @@ bool mma_supported(AttentionAlgo algo, const KvCacheView& cache) {
 }  // namespace
 
 Status rms_norm(const float* x, const Rows& x_rows, const void* weight, DType weight_dtype, float eps, float* y,
-                const Rows& y_rows, Stream stream) {
+                const Rows& y_rows, Stream stream, const Rows16& copy16) {
   TACHYON_RETURN_IF_ERROR(check_rows("rms_norm", "x", x, x_rows, x_rows));
   TACHYON_RETURN_IF_ERROR(check_rows("rms_norm", "y", y, y_rows, x_rows));
   TACHYON_CUDA_REQUIRE(weight != nullptr && is_float(weight_dtype), "rms_norm: weight {} ({})", weight,
                        dtype_name(weight_dtype));
-  TACHYON_CUDA_RETURN_IF_ERROR(detail::launch_rms_norm(x, x_rows, weight, weight_dtype, eps, y, y_rows, stream));
+  TACHYON_RETURN_IF_ERROR(check_copy16("rms_norm", copy16, x_rows));
+  TACHYON_CUDA_RETURN_IF_ERROR(
+      detail::launch_rms_norm(x, x_rows, weight, weight_dtype, eps, y, y_rows, copy16, stream));
   return Status::Ok();
 }
 
 Status add_rms_norm(float* residual, const Rows& residual_rows, const float* x, const Rows& x_rows,
-                    const void* weight, DType weight_dtype, float eps, float* y, const Rows& y_rows, Stream stream) {
+                    const void* weight, DType weight_dtype, float eps, float* y, const Rows& y_rows, Stream stream,
+                    const Rows16& copy16) {
   TACHYON_RETURN_IF_ERROR(check_rows("add_rms_norm", "residual", residual, residual_rows, residual_rows));
   TACHYON_RETURN_IF_ERROR(check_rows("add_rms_norm", "x", x, x_rows, residual_rows));
   TACHYON_RETURN_IF_ERROR(check_rows("add_rms_norm", "y", y, y_rows, residual_rows));
   TACHYON_CUDA_REQUIRE(weight != nullptr && is_float(weight_dtype), "add_rms_norm: weight {} ({})", weight,
                        dtype_name(weight_dtype));
+  TACHYON_RETURN_IF_ERROR(check_copy16("add_rms_norm", copy16, residual_rows));
   TACHYON_CUDA_RETURN_IF_ERROR(detail::launch_add_rms_norm(residual, residual_rows, x, x_rows, weight, weight_dtype,
-                                                           eps, y, y_rows, stream));
+                                                           eps, y, y_rows, copy16, stream));
   return Status::Ok();
 }
 
@@ -91,11 +105,12 @@ Status rope(float* x, int64_t n, int64_t heads, int64_t head_dim, int64_t token_
 }
 
 Status silu_mul(const float* gate, const Rows& gate_rows, const float* up, const Rows& up_rows, float* out,
-                const Rows& out_rows, Stream stream) {
+                const Rows& out_rows, Stream stream, const Rows16& copy16) {
   TACHYON_RETURN_IF_ERROR(check_rows("silu_mul", "gate", gate, gate_rows, gate_rows));
   TACHYON_RETURN_IF_ERROR(check_rows("silu_mul", "up", up, up_rows, gate_rows));
   TACHYON_RETURN_IF_ERROR(check_rows("silu_mul", "out", out, out_rows, gate_rows));
-  TACHYON_CUDA_RETURN_IF_ERROR(detail::launch_silu_mul(gate, gate_rows, up, up_rows, out, out_rows, stream));
+  TACHYON_RETURN_IF_ERROR(check_copy16("silu_mul", copy16, gate_rows));
+  TACHYON_CUDA_RETURN_IF_ERROR(detail::launch_silu_mul(gate, gate_rows, up, up_rows, out, out_rows, copy16, stream));
   return Status::Ok();
 }
 

@@ -215,6 +215,16 @@ class LinearContext {
   // Counts the scratch reallocations so far (graphs captured before one point at freed memory).
   uint64_t generation() const;
 
+  // The cuBLASLt and tensor-core paths of linear() multiply activations rounded to 16 bits, which
+  // takes a pass over x of its own. A kernel that writes x (rms_norm, add_rms_norm, silu_mul) can
+  // write that rounding as well (its copy16 argument): stage_activations() returns where to, for
+  // x [n, in] f32 (rows x_stride apart) rounded to `dtype` (linear_activation_dtype), and notes it.
+  // The next linear() call, and only that one, then reads the copy instead of converting x, if its
+  // x, n, in and rounding are those noted (the same bits either way). Whoever changes x between
+  // the producer and that call must forget_staged(); the CUDA backend forgets it on every op.
+  Result<Rows16> stage_activations(const float* x, int64_t x_stride, int64_t n, int64_t in, DType dtype);
+  void forget_staged();
+
   struct Impl;
   Impl& impl() { return *impl_; }
 
@@ -224,6 +234,11 @@ class LinearContext {
 };
 
 Status linear(LinearContext& context, const LinearArgs& args, Stream stream, LinearAlgo algo = LinearAlgo::kAuto);
+
+// The 16-bit type (kBF16 / kF16) linear(kAuto) rounds args.x to before multiplying (cuBLASLt or
+// the tensor-core GEMM), or kF32 where its kernel reads the f32 activations itself (the GEMVs,
+// the streamed and decode int4 GEMMs, W8A8's and fp8's per-token quantization).
+DType linear_activation_dtype(LinearContext& context, const LinearArgs& args);
 
 // linear() with linear_fused's residual-add or SwiGLU epilogue inside the GEMV (launch.h
 // detail::GemvFusion) for 16-bit, f32, per-channel int8 and fp8 weights at up to
@@ -243,12 +258,16 @@ Status gemm_bf16(LinearContext& context, const uint16_t* x, int64_t x_stride, co
 
 // ---- norms, rope, activations, embedding -----------------------------------------------------------
 
-// y[r] = x[r] / rms(x[r]) * weight (weight [cols] f32/f16/bf16, packed). y may be x.
+// y[r] = x[r] / rms(x[r]) * weight (weight [cols] f32/f16/bf16, packed). y may be x. copy16
+// (rms_norm, add_rms_norm, silu_mul): y's rows also written rounded to 16 bits (LinearContext::
+// stage_activations); none by default.
 Status rms_norm(const float* x, const Rows& x_rows, const void* weight, DType weight_dtype, float eps, float* y,
-                const Rows& y_rows, Stream stream);
+                const Rows& y_rows, Stream stream,
+                const Rows16& copy16 = {});
 // residual[r] += x[r]; y[r] = rms_norm(residual[r]).
 Status add_rms_norm(float* residual, const Rows& residual_rows, const float* x, const Rows& x_rows,
-                    const void* weight, DType weight_dtype, float eps, float* y, const Rows& y_rows, Stream stream);
+                    const void* weight, DType weight_dtype, float eps, float* y, const Rows& y_rows, Stream stream,
+                const Rows16& copy16 = {});
 
 // In place on x[n, heads, head_dim] (x[t, h, :] at x + t * token_stride + h * head_stride);
 // positions [n] i32 and inv_freq [rotary_dim / 2] f32 on the device; the rest of RopeTable here.
@@ -258,7 +277,8 @@ Status rope(float* x, int64_t n, int64_t heads, int64_t head_dim, int64_t token_
 
 // out = silu(gate) * up, row by row.
 Status silu_mul(const float* gate, const Rows& gate_rows, const float* up, const Rows& up_rows, float* out,
-                const Rows& out_rows, Stream stream);
+                const Rows& out_rows, Stream stream,
+                const Rows16& copy16 = {});
 
 // y[r] += x[r], row by row.
 Status add(float* y, const Rows& y_rows, const float* x, const Rows& x_rows, Stream stream);

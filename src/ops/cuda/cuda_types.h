@@ -49,6 +49,15 @@ struct Rows {
   }
 };
 
+// A 16-bit copy of an op's f32 output rows: row r at data + r * stride, each value rounded to
+// nearest even (the rounding linear() applies to activations before multiplying them in 16 bits),
+// written by the same kernel as the f32 rows. null data: no copy.
+struct Rows16 {
+  void* data = nullptr;
+  int64_t stride = 0;  // in elements
+  DType dtype = DType::kBF16;  // kBF16 or kF16
+};
+
 // The GGUF block formats the kernels read (quant/quantize.h's kGgufQ8_0 / kGgufQ4_K / kGgufQ6_K
 // layouts); kNone for every other weight.
 enum class GgufFormat : uint8_t { kNone, kQ8_0, kQ4_K, kQ6_K };

@@ -66,6 +66,19 @@ __device__ __forceinline__ void store_from_f32(void* base, DType dtype, int64_t 
   }
 }
 
+// A 16-bit copy's element (cuda_types.h Rows16): f16 or bf16 bits, rounded to nearest even.
+__device__ __forceinline__ uint16_t f32_to_16_bits(float value, DType dtype) {
+  return dtype == DType::kF16 ? f32_to_f16_bits(value) : f32_to_bf16_bits(value);
+}
+
+// Four consecutive values of a 16-bit copy in one 8-byte store (base + i 8-byte aligned).
+__device__ __forceinline__ void store4_16(void* base, DType dtype, int64_t i, float4 v) {
+  uint2 packed;
+  packed.x = static_cast<uint32_t>(f32_to_16_bits(v.x, dtype)) | static_cast<uint32_t>(f32_to_16_bits(v.y, dtype)) << 16;
+  packed.y = static_cast<uint32_t>(f32_to_16_bits(v.z, dtype)) | static_cast<uint32_t>(f32_to_16_bits(v.w, dtype)) << 16;
+  *reinterpret_cast<uint2*>(static_cast<uint16_t*>(base) + i) = packed;
+}
+
 // Compile-time element traits: storage type, elements per 16-byte vector, unpacking.
 template <DType D>
 struct Elem;

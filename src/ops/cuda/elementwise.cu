@@ -14,7 +14,8 @@ namespace {
 // Grid (column blocks, rows with a grid-stride over rows): each row's offsets are computed once per
 // thread, and rows whose pointers and strides allow it move 4 columns per thread as float4.
 __global__ void silu_mul_kernel(const float* __restrict__ gate, const Rows gate_rows, const float* __restrict__ up,
-                                const Rows up_rows, float* __restrict__ out, const Rows out_rows, bool vec) {
+                                const Rows up_rows, float* __restrict__ out, const Rows out_rows, const Rows16 copy,
+                                bool vec) {
   pdl_wait();
   pdl_trigger();
   const int64_t cols = gate_rows.cols;
@@ -22,6 +23,7 @@ __global__ void silu_mul_kernel(const float* __restrict__ gate, const Rows gate_
     const float* g = gate + gate_rows.offset(r);
     const float* u = up + up_rows.offset(r);
     float* o = out + out_rows.offset(r);
+    uint16_t* c16 = copy.data != nullptr ? static_cast<uint16_t*>(copy.data) + r * copy.stride : nullptr;
     if (vec) {
       for (int64_t c = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) * 4; c < cols;
            c += static_cast<int64_t>(gridDim.x) * blockDim.x * 4) {
@@ -33,12 +35,15 @@ __global__ void silu_mul_kernel(const float* __restrict__ gate, const Rows gate_
         ov.z = gv.z / (1.0f + expf(-gv.z)) * uv.z;
         ov.w = gv.w / (1.0f + expf(-gv.w)) * uv.w;
         *reinterpret_cast<float4*>(o + c) = ov;
+        if (c16 != nullptr) store4_16(c16, copy.dtype, c, ov);
       }
     } else {
       for (int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; c < cols;
            c += static_cast<int64_t>(gridDim.x) * blockDim.x) {
         const float gv = g[c];
-        o[c] = gv / (1.0f + expf(-gv)) * u[c];
+        const float ov = gv / (1.0f + expf(-gv)) * u[c];
+        o[c] = ov;
+        if (c16 != nullptr) c16[c] = f32_to_16_bits(ov, copy.dtype);
       }
     }
   }
@@ -117,16 +122,19 @@ cudaError_t launch_add(float* y, const Rows& y_rows, const float* x, const Rows&
 }
 
 cudaError_t launch_silu_mul(const float* gate, const Rows& gate_rows, const float* up, const Rows& up_rows, float* out,
-                            const Rows& out_rows, Stream stream) {
+                            const Rows& out_rows, const Rows16& copy16, Stream stream) {
   const int64_t total = gate_rows.rows * gate_rows.cols;
   if (total == 0) return cudaSuccess;
+  const bool copy_aligned =
+      copy16.data == nullptr || ((reinterpret_cast<uintptr_t>(copy16.data) & 7u) == 0 && copy16.stride % 4 == 0);
   const bool vec = gate_rows.cols % 4 == 0 && rows_aligned(gate, gate_rows) && rows_aligned(up, up_rows) &&
-                   rows_aligned(out, out_rows);
+                   rows_aligned(out, out_rows) && copy_aligned;
   const int threads = 256;
   const int64_t per_block = threads * (vec ? 4 : 1);
   const dim3 grid(static_cast<unsigned>((gate_rows.cols + per_block - 1) / per_block),
                   static_cast<unsigned>(std::min<int64_t>(gate_rows.rows, 65535)));
-  return launch_pdl(silu_mul_kernel, grid, threads, 0, stream, gate, gate_rows, up, up_rows, out, out_rows, vec);
+  return launch_pdl(silu_mul_kernel, grid, threads, 0, stream, gate, gate_rows, up, up_rows, out, out_rows, copy16,
+                    vec);
 }
 
 cudaError_t launch_embedding(const void* table, DType table_dtype, int64_t table_stride, int64_t vocab, int64_t d,

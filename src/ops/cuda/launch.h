@@ -202,14 +202,16 @@ cudaError_t launch_add_bias(float* y, int64_t y_stride, int64_t n, int64_t out, 
 
 // ---- row-wise ops (norm.cu, elementwise.cu) ------------------------------------------------------
 
+// copy16 (rms_norm, add_rms_norm, silu_mul): y's rows also written rounded to 16 bits (cuda_types.h
+// Rows16); null data: none.
 cudaError_t launch_rms_norm(const float* x, const Rows& x_rows, const void* weight, DType weight_dtype, float eps,
-                            float* y, const Rows& y_rows, Stream stream);
+                            float* y, const Rows& y_rows, const Rows16& copy16, Stream stream);
 cudaError_t launch_add_rms_norm(float* residual, const Rows& residual_rows, const float* x, const Rows& x_rows,
                                 const void* weight, DType weight_dtype, float eps, float* y, const Rows& y_rows,
-                                Stream stream);
+                                const Rows16& copy16, Stream stream);
 cudaError_t launch_add(float* y, const Rows& y_rows, const float* x, const Rows& x_rows, Stream stream);
 cudaError_t launch_silu_mul(const float* gate, const Rows& gate_rows, const float* up, const Rows& up_rows, float* out,
-                            const Rows& out_rows, Stream stream);
+                            const Rows& out_rows, const Rows16& copy16, Stream stream);
 cudaError_t launch_embedding(const void* table, DType table_dtype, int64_t table_stride, int64_t vocab, int64_t d,
                              const int32_t* ids, int64_t n, float* out, int64_t out_stride, Stream stream);
 cudaError_t launch_fill_random(void* data, DType dtype, int64_t count, uint64_t seed, float lo, float hi,

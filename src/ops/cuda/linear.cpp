@@ -13,6 +13,7 @@
 #include <map>
 #include <string_view>
 #include <tuple>
+#include <utility>
 
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/host_util.h"
@@ -89,6 +90,19 @@ struct LinearContext::Impl {
   DeviceBuffer dequantized;  // an int8 weight expanded to bf16 for cuBLASLt
   DeviceBuffer partial;      // GEMV split-K partial sums
   DeviceBuffer split_counters;  // kSplitKCounters arrival counts for kernels that finish split-K themselves
+  // Activations a producer kernel wrote in 16 bits for the next linear (stage_activations): which
+  // f32 rows they mirror, at what rounding. `staged_for` is what the last stage_activations() set;
+  // linear() moves it to `usable` for the call (so only that one call may read it).
+  struct Staged {
+    const float* x = nullptr;
+    int64_t x_stride = 0, n = 0, in = 0;
+    DType dtype = DType::kF32;
+    bool matches(const LinearArgs& a, DType d) const {
+      return x != nullptr && x == a.x && x_stride == a.x_stride && n == a.n && in == a.in && dtype == d;
+    }
+  };
+  DeviceBuffer staged;
+  Staged staged_for, usable;
   // (n, in, out, x ld, w ld, y ld, dtype, bias epilogue, alignments) -> algorithm
   using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, bool, int, int, int>;
   std::map<Key, cublasLtMatmulAlgo_t> algos;
@@ -211,6 +225,8 @@ uint64_t LinearContext::generation() const { return impl_->generation; }
 Status LinearContext::reserve(int64_t max_tokens, int64_t max_in, int64_t max_out) {
   const int64_t ld = (max_in + 7) / 8 * 8;
   TACHYON_RETURN_IF_ERROR(impl_->grow(impl_->activations, static_cast<size_t>(max_tokens * ld) * 2, "activations"));
+  TACHYON_RETURN_IF_ERROR(
+      impl_->grow(impl_->staged, static_cast<size_t>(max_tokens * ld) * 2, "staged activations"));
   // Split-K only runs on matrices with few rows (it fills the SMs with K slices instead).
   const int64_t split_rows = std::min<int64_t>(max_out, 32768);
   TACHYON_RETURN_IF_ERROR(impl_->grow(impl_->partial,
@@ -219,6 +235,23 @@ Status LinearContext::reserve(int64_t max_tokens, int64_t max_in, int64_t max_ou
                                       "split-K partial sums"));
   return Status::Ok();
 }
+
+Result<Rows16> LinearContext::stage_activations(const float* x, int64_t x_stride, int64_t n, int64_t in, DType dtype) {
+  TACHYON_CUDA_REQUIRE(x != nullptr && n > 0 && in > 0 && x_stride >= in && (dtype == DType::kBF16 || dtype == DType::kF16),
+                       "stage_activations: x {} [{}, {}] rows {} apart, {}", static_cast<const void*>(x), n, in,
+                       x_stride, dtype_name(dtype));
+  const int64_t ld = (in + 7) / 8 * 8;  // the rows linear() would convert x into
+  impl_->staged_for = {};
+  TACHYON_RETURN_IF_ERROR(impl_->grow(impl_->staged, static_cast<size_t>(n * ld) * 2, "staged activations"));
+  impl_->staged_for = Impl::Staged{x, x_stride, n, in, dtype};
+  Rows16 rows;
+  rows.data = impl_->staged.data();
+  rows.stride = ld;
+  rows.dtype = dtype;
+  return rows;
+}
+
+void LinearContext::forget_staged() { impl_->staged_for = {}; }
 
 Status gemm_bf16(LinearContext& context, const uint16_t* x, int64_t x_stride, const uint16_t* w, int64_t w_stride,
                  const float* bias, float* y, int64_t y_stride, int64_t n, int64_t in, int64_t out, Stream stream) {
@@ -238,6 +271,22 @@ const char* gguf_format_name(GgufFormat format) {
     case GgufFormat::kQ6_K: return "q6_k";
     default: return "none";
   }
+}
+
+// x rounded to `dtype` in rows `ld` apart: the copy a producer staged for this call when it is of
+// these rows at this rounding, else converted now into the activation scratch.
+Result<const void*> rounded_activations(LinearContext::Impl& ctx, const LinearArgs& a, DType dtype, int64_t ld,
+                                        Stream stream) {
+  const bool staged = ctx.usable.matches(a, dtype) && ld == (a.in + 7) / 8 * 8;
+  ctx.usable = {};
+  if (staged) {
+    log_path_once("cuda linear: activations rounded to 16 bits by the kernel that wrote them");
+    return static_cast<const void*>(ctx.staged.data());
+  }
+  TACHYON_RETURN_IF_ERROR(ctx.grow(ctx.activations, static_cast<size_t>(a.n * ld) * 2, "activations"));
+  TACHYON_CUDA_RETURN_IF_ERROR(
+      detail::launch_convert_rows(a.x, a.x_stride, a.n, a.in, ctx.activations.data(), dtype, ld, stream));
+  return static_cast<const void*>(ctx.activations.data());
 }
 
 // The cuBLASLt path of linear(): f32 weights in plain f32, 16-bit weights against activations
@@ -264,24 +313,20 @@ Status linear_cublaslt(LinearContext::Impl& ctx, const LinearArgs& a, int64_t ld
                                                           a.w_zeros, a.w_group, a.out, a.in, expanded, ld, stream)
                   : detail::launch_dequantize_rows(a.w, a.w_dtype, a.w_stride, a.w_scales, a.out, a.in, expanded, ld,
                                                    stream));
-    TACHYON_RETURN_IF_ERROR(ctx.grow(ctx.activations, static_cast<size_t>(a.n * ld) * 2, "activations"));
-    TACHYON_CUDA_RETURN_IF_ERROR(detail::launch_convert_rows(a.x, a.x_stride, a.n, a.in, ctx.activations.data(),
-                                                             DType::kBF16, ld, stream));
+    TACHYON_ASSIGN_OR_RETURN(const void* x16, rounded_activations(ctx, a, DType::kBF16, ld, stream));
     log_path_once("cuda linear: {} weight expanded to bf16, cuBLASLt bf16 x bf16 -> f32",
                   gguf ? gguf_format_name(a.gguf) : ternary ? "ternary" : int4 ? "int4" : dtype_name(a.w_dtype));
-    TACHYON_RETURN_IF_ERROR(ctx.matmul(ctx.activations.data(), ld, expanded, ld, DType::kBF16, bias, a.y,
-                                       a.y_stride, a.n, a.in, a.out, stream));
+    TACHYON_RETURN_IF_ERROR(
+        ctx.matmul(x16, ld, expanded, ld, DType::kBF16, bias, a.y, a.y_stride, a.n, a.in, a.out, stream));
   } else if (a.w_dtype == DType::kF32) {
     log_path_once("cuda linear: cuBLASLt f32 x f32 -> f32");
     TACHYON_RETURN_IF_ERROR(ctx.matmul(a.x, a.x_stride, a.w, a.w_stride, DType::kF32, bias, a.y, a.y_stride, a.n,
                                        a.in, a.out, stream));
   } else {
-    TACHYON_RETURN_IF_ERROR(ctx.grow(ctx.activations, static_cast<size_t>(a.n * ld) * 2, "activations"));
-    TACHYON_CUDA_RETURN_IF_ERROR(detail::launch_convert_rows(a.x, a.x_stride, a.n, a.in, ctx.activations.data(),
-                                                             a.w_dtype, ld, stream));
+    TACHYON_ASSIGN_OR_RETURN(const void* x16, rounded_activations(ctx, a, a.w_dtype, ld, stream));
     log_path_once("cuda linear: cuBLASLt {0} x {0} -> f32 (activations rounded to {0})", dtype_name(a.w_dtype));
-    TACHYON_RETURN_IF_ERROR(ctx.matmul(ctx.activations.data(), ld, a.w, a.w_stride, a.w_dtype, bias, a.y, a.y_stride,
-                                       a.n, a.in, a.out, stream));
+    TACHYON_RETURN_IF_ERROR(
+        ctx.matmul(x16, ld, a.w, a.w_stride, a.w_dtype, bias, a.y, a.y_stride, a.n, a.in, a.out, stream));
   }
   if (a.bias != nullptr && !epilogue_bias) {
     log_path_once("cuda linear: {} bias added by a separate kernel", dtype_name(a.bias_dtype));
@@ -504,6 +549,7 @@ Status linear_fused(LinearContext& context, const LinearArgs& a, const detail::G
   TACHYON_CUDA_REQUIRE(a.x_stride >= a.in && a.y_stride >= y_cols, "linear_fused: strides x {} y {} for in={} out={}",
                        a.x_stride, a.y_stride, a.in, y_cols);
   LinearContext::Impl& ctx = context.impl();
+  ctx.staged_for = {};  // y may be the rows it mirrors
   const detail::GemvShape shape = detail::plan_gemv(a, ctx.sm_count);
   TACHYON_ASSIGN_OR_RETURN(float* partial, split_partials(ctx, a, shape));
   log_path_once("cuda linear: gemv {} with {}", dtype_name(a.w_dtype),
@@ -525,10 +571,69 @@ static bool int4_stream_enabled() {
   return enabled;
 }
 
+namespace {
+
+// kAuto's pick for dense f16/bf16/f32, per-channel int8 and group-wise int4 weights (the other
+// formats pick in their own functions above).
+LinearAlgo auto_algo_dense(const LinearArgs& a, bool mma_fits, bool stream_fits) {
+  if (a.w_dtype == DType::kU8) {
+    // int4: the streamed GEMM at decode sizes on sm_90, the tensor-core GEMM where it applies
+    // (group 128), else the GEMV while it holds the tokens, then the weight expanded to bf16 for
+    // cuBLASLt.
+    const bool small = a.n <= kLinearAutoGemvMaxTokensInt4Small && a.out <= kLinearAutoGemvMaxRowsInt4;
+    if (stream_fits && int4_stream_enabled()) return LinearAlgo::kStream;
+    if (mma_fits && !(small && detail::gemv_int4_supported(a))) return LinearAlgo::kMma;
+    if (a.n <= kLinearAutoGemvMaxTokensInt4 && detail::gemv_int4_supported(a)) return LinearAlgo::kGemv;
+    return LinearAlgo::kCublasLt;
+  }
+  if (a.w_dtype == DType::kI8) {
+    // int8: the GEMV at the fewest tokens, the tensor-core GEMM up to its limit, then the weight
+    // expanded to bf16 for cuBLASLt (prefill).
+    if (a.n <= kLinearAutoGemvMaxTokensInt8 || (!mma_fits && a.n <= 8)) return LinearAlgo::kGemv;
+    return mma_fits ? LinearAlgo::kMma : LinearAlgo::kCublasLt;
+  }
+  return a.n <= kLinearAutoGemvMaxTokens ? LinearAlgo::kGemv : LinearAlgo::kCublasLt;
+}
+
+bool mma_fits_dense(const LinearContext::Impl& ctx, const LinearArgs& a, int64_t ld) {
+  return ctx.compute_capability >= 80 &&
+         (a.w_dtype == DType::kU8 ? detail::gemm_mma_int4_supported(a, ld) : detail::gemm_mma_supported(a, ld));
+}
+
+}  // namespace
+
+DType linear_activation_dtype(LinearContext& context, const LinearArgs& a) {
+  const LinearContext::Impl& ctx = context.impl();
+  if (a.n <= 0 || a.in <= 0) return DType::kF32;
+  if (a.gguf != GgufFormat::kNone) return a.n <= detail::kGemvGgufMaxTokens ? DType::kF32 : DType::kBF16;
+  if (a.scheme == QuantScheme::kW8A8) return DType::kF32;  // quantized to int8 per token
+  if (a.scheme == QuantScheme::kTernary) {
+    return a.n <= kLinearAutoGemvMaxTokensTernary && detail::gemv_ternary_supported(a) ? DType::kF32 : DType::kBF16;
+  }
+  if (a.w_dtype == DType::kF8E4M3) {
+    const bool fp8_cores = ctx.compute_capability >= 89 && a.in % 16 == 0 && a.w_stride % 16 == 0;
+    return a.n <= kLinearAutoGemvMaxTokensFp8 || fp8_cores ? DType::kF32 : DType::kBF16;
+  }
+  if (a.w_dtype == DType::kF32) return DType::kF32;
+  const bool int4 = a.w_dtype == DType::kU8;
+  const int64_t ld = (a.in + 7) / 8 * 8;
+  const bool stream_fits = int4 && detail::gemm_int4_stream_supported(a, ctx.compute_capability);
+  const DType rounded = int4 || a.w_dtype == DType::kI8 ? DType::kBF16 : a.w_dtype;
+  switch (auto_algo_dense(a, mma_fits_dense(ctx, a, ld), stream_fits)) {
+    case LinearAlgo::kMma:
+      return int4 && detail::gemm_mma_int4_stages_x(a, detail::plan_gemm_mma_int4(a, ctx.sm_count)) ? DType::kF32
+                                                                                                      : rounded;
+    case LinearAlgo::kCublasLt: return rounded;
+    default: return DType::kF32;
+  }
+}
+
 Status linear(LinearContext& context, const LinearArgs& a, Stream stream, LinearAlgo algo) {
   TACHYON_CUDA_REQUIRE(a.x != nullptr && a.w != nullptr && a.y != nullptr, "linear: null pointer (x {}, w {}, y {})",
                        static_cast<const void*>(a.x), a.w, static_cast<void*>(a.y));
   TACHYON_CUDA_REQUIRE(a.n >= 0 && a.in > 0 && a.out > 0, "linear: n={} in={} out={}", a.n, a.in, a.out);
+  // A staged copy is for this call only (rounded_activations reads it).
+  context.impl().usable = std::exchange(context.impl().staged_for, {});
   if (a.gguf != GgufFormat::kNone) return linear_gguf(context.impl(), a, stream, algo);
   if (a.scheme == QuantScheme::kW8A8) return linear_w8a8(context.impl(), a, stream, algo);
   if (a.scheme == QuantScheme::kTernary) return linear_ternary(context.impl(), a, stream, algo);
@@ -548,40 +653,9 @@ Status linear(LinearContext& context, const LinearArgs& a, Stream stream, Linear
   if (a.n == 0) return Status::Ok();
   LinearContext::Impl& ctx = context.impl();
   const int64_t ld = (a.in + 7) / 8 * 8;  // 16-byte aligned rows for activations converted to 16 bits
-  const bool mma_fits = ctx.compute_capability >= 80 && (int4 ? detail::gemm_mma_int4_supported(a, ld)
-                                                                : detail::gemm_mma_supported(a, ld));
+  const bool mma_fits = mma_fits_dense(ctx, a, ld);
   const bool stream_fits = int4 && detail::gemm_int4_stream_supported(a, ctx.compute_capability);
-  if (algo == LinearAlgo::kAuto) {
-    if (int4) {
-      // int4: the streamed GEMM at decode sizes on sm_90, the tensor-core GEMM where it applies
-      // (group 128), else the GEMV while it holds the tokens, then the weight expanded to bf16 for
-      // cuBLASLt.
-      const bool small = a.n <= kLinearAutoGemvMaxTokensInt4Small && a.out <= kLinearAutoGemvMaxRowsInt4;
-      if (stream_fits && int4_stream_enabled()) {
-        algo = LinearAlgo::kStream;
-      } else if (mma_fits && !(small && detail::gemv_int4_supported(a))) {
-        algo = LinearAlgo::kMma;
-      } else if (a.n <= kLinearAutoGemvMaxTokensInt4 && detail::gemv_int4_supported(a)) {
-        algo = LinearAlgo::kGemv;
-      } else {
-        algo = LinearAlgo::kCublasLt;
-      }
-    } else if (a.w_dtype == DType::kI8) {
-      // int8: the GEMV at the fewest tokens, the tensor-core GEMM up to its limit, then the weight
-      // expanded to bf16 for cuBLASLt (prefill).
-      if (a.n <= kLinearAutoGemvMaxTokensInt8 || (!mma_fits && a.n <= 8)) {
-        algo = LinearAlgo::kGemv;
-      } else if (mma_fits) {
-        algo = LinearAlgo::kMma;
-      } else {
-        algo = LinearAlgo::kCublasLt;
-      }
-    } else if (a.n <= kLinearAutoGemvMaxTokens) {
-      algo = LinearAlgo::kGemv;
-    } else {
-      algo = LinearAlgo::kCublasLt;
-    }
-  }
+  if (algo == LinearAlgo::kAuto) algo = auto_algo_dense(a, mma_fits, stream_fits);
   if (algo == LinearAlgo::kStream) {
     TACHYON_CUDA_REQUIRE(stream_fits,
                          "linear: the streamed int4 GEMM takes group-128 int4 weights with in % 512 == 0 at 1..{} "
@@ -612,10 +686,9 @@ Status linear(LinearContext& context, const LinearArgs& a, Stream stream, Linear
         int4 ? detail::plan_gemm_mma_int4(a, ctx.sm_count) : detail::plan_gemm_mma(a, ctx.sm_count);
     // The int4 GEMM at decode sizes rounds f32 activations itself: no conversion pass.
     const bool x32 = int4 && detail::gemm_mma_int4_stages_x(a, shape);
+    const void* rounded = nullptr;
     if (!x32) {
-      TACHYON_RETURN_IF_ERROR(ctx.grow(ctx.activations, static_cast<size_t>(a.n * ld) * 2, "activations"));
-      TACHYON_CUDA_RETURN_IF_ERROR(detail::launch_convert_rows(a.x, a.x_stride, a.n, a.in, ctx.activations.data(),
-                                                               x16, ld, stream));
+      TACHYON_ASSIGN_OR_RETURN(rounded, rounded_activations(ctx, a, x16, ld, stream));
     }
     TACHYON_ASSIGN_OR_RETURN(float* partial, split_partials(ctx, a, shape));
     log_path_once("cuda linear: tensor-core GEMM {} weights x {} -> f32 (activations rounded to {})",
@@ -624,11 +697,10 @@ Status linear(LinearContext& context, const LinearArgs& a, Stream stream, Linear
       unsigned* counters = detail::gemm_mma_int4_row_blocks(a) <= detail::kSplitKCounters
                                ? ctx.split_counters.as<unsigned>()
                                : nullptr;
-      TACHYON_CUDA_RETURN_IF_ERROR(detail::launch_gemm_mma_int4(
-          a, x32 ? nullptr : ctx.activations.as<uint16_t>(), ld, shape, partial, counters, stream));
+      TACHYON_CUDA_RETURN_IF_ERROR(detail::launch_gemm_mma_int4(a, static_cast<const uint16_t*>(rounded), ld, shape,
+                                                                partial, counters, stream));
     } else {
-      TACHYON_CUDA_RETURN_IF_ERROR(
-          detail::launch_gemm_mma(a, ctx.activations.data(), ld, shape, partial, stream));
+      TACHYON_CUDA_RETURN_IF_ERROR(detail::launch_gemm_mma(a, rounded, ld, shape, partial, stream));
     }
     return Status::Ok();
   }

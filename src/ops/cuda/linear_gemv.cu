@@ -317,21 +317,7 @@ __global__ void convert_rows_kernel(const float* __restrict__ x, int64_t x_strid
       uint16_t* d = static_cast<uint16_t*>(dst) + t * dst_stride;
       for (int64_t k = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) * 4; k < in;
            k += static_cast<int64_t>(gridDim.x) * blockDim.x * 4) {
-        const float4 v = *reinterpret_cast<const float4*>(xr + k);
-        uint16_t h[4];
-        if (dst_dtype == DType::kBF16) {
-          h[0] = f32_to_bf16_bits(v.x);
-          h[1] = f32_to_bf16_bits(v.y);
-          h[2] = f32_to_bf16_bits(v.z);
-          h[3] = f32_to_bf16_bits(v.w);
-        } else {
-          h[0] = f32_to_f16_bits(v.x);
-          h[1] = f32_to_f16_bits(v.y);
-          h[2] = f32_to_f16_bits(v.z);
-          h[3] = f32_to_f16_bits(v.w);
-        }
-        *reinterpret_cast<uint2*>(d + k) = make_uint2(h[0] | (static_cast<uint32_t>(h[1]) << 16),
-                                                      h[2] | (static_cast<uint32_t>(h[3]) << 16));
+        store4_16(d, dst_dtype, k, *reinterpret_cast<const float4*>(xr + k));
       }
     } else {
       for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < in;

@@ -1,5 +1,6 @@
 // rms_norm and add_rms_norm: one block per row, two passes over the row (sum of squares, then
-// scale), 16-byte accesses when every row is 16-byte aligned. Each element is read and written by
+// scale), 16-byte accesses when every row is 16-byte aligned. The output rows may also be written
+// rounded to 16 bits (Rows16), for the linear that reads them next. Each element is read and written by
 // the same thread in both passes, so y may alias x (and residual) element for element.
 #include <algorithm>
 
@@ -20,6 +21,7 @@ struct NormParams {
   float eps;
   float* y;
   Rows y_rows;
+  Rows16 copy;  // y's rows again in 16 bits, or none
   bool vec4;
 };
 
@@ -33,6 +35,7 @@ __global__ void rms_norm_kernel(const NormParams p) {
   const float* x = p.x + p.x_rows.offset(row);
   float* y = p.y + p.y_rows.offset(row);
   float* res = kAdd ? p.residual + p.residual_rows.offset(row) : nullptr;
+  uint16_t* copy = p.copy.data != nullptr ? static_cast<uint16_t*>(p.copy.data) + row * p.copy.stride : nullptr;
   float ss = 0.0f;
   if (p.vec4) {
     for (int64_t i = threadIdx.x * 4; i < d; i += blockDim.x * 4) {
@@ -69,10 +72,20 @@ __global__ void rms_norm_kernel(const NormParams p) {
       o.z = v.z * inv * load_as_f32(p.weight, p.weight_dtype, i + 2);
       o.w = v.w * inv * load_as_f32(p.weight, p.weight_dtype, i + 3);
       *reinterpret_cast<float4*>(y + i) = o;
+      if (copy != nullptr) store4_16(copy, p.copy.dtype, i, o);
     }
   } else {
-    for (int64_t i = threadIdx.x; i < d; i += blockDim.x) y[i] = src[i] * inv * load_as_f32(p.weight, p.weight_dtype, i);
+    for (int64_t i = threadIdx.x; i < d; i += blockDim.x) {
+      const float o = src[i] * inv * load_as_f32(p.weight, p.weight_dtype, i);
+      y[i] = o;
+      if (copy != nullptr) copy[i] = f32_to_16_bits(o, p.copy.dtype);
+    }
   }
+}
+
+// 8-byte aligned rows of a 16-bit copy (four values per store), or no copy.
+bool copy_aligned8(const Rows16& c) {
+  return c.data == nullptr || ((reinterpret_cast<uintptr_t>(c.data) & 7u) == 0 && c.stride % 4 == 0);
 }
 
 bool rows_aligned16(const float* base, const Rows& r) {
@@ -98,7 +111,7 @@ cudaError_t launch(const NormParams& p, Stream stream) {
 }  // namespace
 
 cudaError_t launch_rms_norm(const float* x, const Rows& x_rows, const void* weight, DType weight_dtype, float eps,
-                            float* y, const Rows& y_rows, Stream stream) {
+                            float* y, const Rows& y_rows, const Rows16& copy16, Stream stream) {
   NormParams p{};
   p.x = x;
   p.x_rows = x_rows;
@@ -107,13 +120,14 @@ cudaError_t launch_rms_norm(const float* x, const Rows& x_rows, const void* weig
   p.eps = eps;
   p.y = y;
   p.y_rows = y_rows;
-  p.vec4 = rows_aligned16(x, x_rows) && rows_aligned16(y, y_rows);
+  p.copy = copy16;
+  p.vec4 = rows_aligned16(x, x_rows) && rows_aligned16(y, y_rows) && copy_aligned8(copy16);
   return launch<false>(p, stream);
 }
 
 cudaError_t launch_add_rms_norm(float* residual, const Rows& residual_rows, const float* x, const Rows& x_rows,
                                 const void* weight, DType weight_dtype, float eps, float* y, const Rows& y_rows,
-                                Stream stream) {
+                                const Rows16& copy16, Stream stream) {
   NormParams p{};
   p.residual = residual;
   p.residual_rows = residual_rows;
@@ -124,7 +138,9 @@ cudaError_t launch_add_rms_norm(float* residual, const Rows& residual_rows, cons
   p.eps = eps;
   p.y = y;
   p.y_rows = y_rows;
-  p.vec4 = rows_aligned16(residual, residual_rows) && rows_aligned16(x, x_rows) && rows_aligned16(y, y_rows);
+  p.copy = copy16;
+  p.vec4 = rows_aligned16(residual, residual_rows) && rows_aligned16(x, x_rows) && rows_aligned16(y, y_rows) &&
+           copy_aligned8(copy16);
   return launch<true>(p, stream);
 }
 
