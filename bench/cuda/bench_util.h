@@ -26,6 +26,7 @@ struct Options {
   bool prefill_only = false;  // the matmul (the prefill table's yardstick) and prefill attention only
   bool quant_only = false;    // the copy (the packed table's yardstick) and the packed weights only
   bool cublaslt_candidates = false;  // the cuBLASLt algorithm candidates table only
+  bool cublaslt_splitk = false;      // ... with each candidate's K split 1..16 ways
   bool int4_only = false;  // the copy, the 16-bit linears (the yardstick) and the int4 linears only
   bool read_patterns = false;  // the copy and the weight read patterns only
   bool decode_probe = false;   // the copy and the pieces of a one-token decode step only

@@ -1,7 +1,8 @@
 // tachyon_cuda_bench: the CUDA backend against the device's own ceilings, on random data.
 //
 //   tachyon_cuda_bench [--json FILE] [--quick] [--prefill-only | --quant-only | --int4-only | --read-patterns |
-//                      --decode-probe | --int4-slices | --int4-stream-probe | --cublaslt-candidates]
+//                      --decode-probe | --int4-slices | --int4-stream-probe | --cublaslt-candidates |
+//                      --cublaslt-splitk]
 //
 //   copy       cudaMemcpy device-to-device of 1 GiB; GB/s counts bytes read + bytes written
 //   matmul     cuBLASLt bf16 x bf16 -> f32, 8192^3; TFLOP/s
@@ -17,7 +18,8 @@
 //              (an i8 cache's scales included)
 //   cublaslt   (--cublaslt-candidates, alone) bf16 x bf16 -> f32 on Llama-3-8B's linear shapes at
 //              16..256 tokens: cuBLASLt's first heuristic against the fastest of its top 8, each
-//              timed; what an algorithm search at load time could gain
+//              timed; what an algorithm search at load time could gain. --cublaslt-splitk: at
+//              8..64 tokens, every candidate again with its K split 1..16 ways
 //   probe      (--decode-probe, alone) the pieces of a batch-1 decode step: the one-token GEMV
 //              with other tiles, decode attention at 128..2048 keys by slice count, a chain of
 //              one-row norms
@@ -480,7 +482,7 @@ Status bench_cublaslt_candidates(nlohmann::json& out, const Options& opt) {
     TACHYON_ASSIGN_OR_RETURN(auto x, cu::DeviceBuffer::allocate(256 * s.in * 2, "x"));
     TACHYON_RETURN_IF_ERROR(cu::fill_random(x.data(), DType::kBF16, 256 * s.in, 8, -1.f, 1.f, nullptr));
     TACHYON_ASSIGN_OR_RETURN(auto y, cu::DeviceBuffer::allocate(256 * s.out * 4, "y"));
-    for (int64_t n : {16, 32, 64, 128, 256}) {
+    for (int64_t n : opt.cublaslt_splitk ? std::vector<int64_t>{8, 16, 32, 64} : std::vector<int64_t>{16, 32, 64, 128, 256}) {
       cublasLtMatmulDesc_t op = nullptr;
       cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
       cublasLtMatmulPreference_t pref = nullptr;
@@ -497,19 +499,57 @@ Status bench_cublaslt_candidates(nlohmann::json& out, const Options& opt) {
       cublasLtMatmulHeuristicResult_t results[8] = {};
       int found = 0;
       cublasLtMatmulAlgoGetHeuristic(handle, op, a, b, c, c, pref, 8, results, &found);
-      std::vector<double> us;
-      for (int k = 0; k < found; ++k) {
-        const auto body = [&, k](int i, cu::Stream st) -> Status {
+      const auto time_algo = [&](const cublasLtMatmulAlgo_t& algo) -> double {
+        const auto body = [&](int i, cu::Stream st) -> Status {
           const float alpha = 1.0f, beta = 0.0f;
           const char* wi = static_cast<const char*>(w.data()) + static_cast<size_t>(i % copies) * wbytes;
-          if (cublasLtMatmul(handle, op, &alpha, wi, a, x.data(), b, &beta, y.data(), c, y.data(), c, &results[k].algo,
+          if (cublasLtMatmul(handle, op, &alpha, wi, a, x.data(), b, &beta, y.data(), c, y.data(), c, &algo,
                              workspace.data(), kWorkspace, st) != CUBLAS_STATUS_SUCCESS) {
-            return tachyon::make_error(tachyon::ErrorCode::kUnsupported, "candidate {} fails", k);
+            return tachyon::make_error(tachyon::ErrorCode::kUnsupported, "the algorithm fails");
           }
           return Status::Ok();
         };
         auto ms = time_ms(body, nullptr, copies, std::max(copies, 20), 5);
-        us.push_back(ms.ok() ? *ms * 1e3 : INFINITY);
+        return ms.ok() ? *ms * 1e3 : INFINITY;
+      };
+      std::vector<double> us;
+      for (int k = 0; k < found; ++k) us.push_back(time_algo(results[k].algo));
+      // --cublaslt-splitk: every candidate again with its K split 1..16 ways (each reduction scheme
+      // cuBLASLt accepts for it): do the small matrices gain what their few output tiles lose?
+      if (opt.cublaslt_splitk && found > 0) {
+        double best_us = INFINITY;
+        int best_k = -1, best_split = 0;
+        unsigned best_scheme = 0;
+        for (int k = 0; k < found; ++k) {
+          int32_t own_split = 1;
+          size_t written = 0;
+          cublasLtMatmulAlgoConfigGetAttribute(&results[k].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &own_split,
+                                               sizeof(own_split), &written);
+          for (int32_t split : {1, 2, 3, 4, 6, 8, 12, 16}) {
+            for (uint32_t scheme : {CUBLASLT_REDUCTION_SCHEME_NONE, CUBLASLT_REDUCTION_SCHEME_INPLACE,
+                                    CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE, CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE}) {
+              if ((split == 1) != (scheme == CUBLASLT_REDUCTION_SCHEME_NONE)) continue;
+              cublasLtMatmulAlgo_t algo = results[k].algo;
+              cublasLtMatmulHeuristicResult_t checked{};
+              if (cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split, sizeof(split)) !=
+                      CUBLAS_STATUS_SUCCESS ||
+                  cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme,
+                                                       sizeof(scheme)) != CUBLAS_STATUS_SUCCESS ||
+                  cublasLtMatmulAlgoCheck(handle, op, a, b, c, c, &algo, &checked) != CUBLAS_STATUS_SUCCESS ||
+                  checked.workspaceSize > kWorkspace) {
+                continue;
+              }
+              const double t = time_algo(algo);
+              if (t < best_us) best_us = t, best_k = k, best_split = split, best_scheme = scheme;
+            }
+          }
+          std::printf("  candidate #%d: its own split %d, %8.2f us\n", k, own_split, us[static_cast<size_t>(k)]);
+        }
+        list.push_back({{"shape", s.name}, {"n", n}, {"splitk_best_us", best_us}, {"splitk_best_index", best_k},
+                        {"splitk", best_split}, {"reduction_scheme", best_scheme}, {"first_us", us[0]}});
+        std::printf("%-22s n=%3lld: first %8.2f us, best split-K %8.2f us (%5.0f GB/s; #%d split %d scheme %u), %.2fx\n",
+                    s.name, static_cast<long long>(n), us[0], best_us, wbytes / best_us / 1e3, best_k, best_split,
+                    best_scheme, us[0] / best_us);
       }
       cublasLtMatmulPreferenceDestroy(pref);
       cublasLtMatrixLayoutDestroy(c);
@@ -963,6 +1003,9 @@ int run(int argc, char** argv) {
       opt.quant_only = true;
     } else if (a == "--cublaslt-candidates") {
       opt.cublaslt_candidates = true;
+    } else if (a == "--cublaslt-splitk") {
+      opt.cublaslt_candidates = true;
+      opt.cublaslt_splitk = true;
     } else if (a == "--int4-only") {
       opt.int4_only = true;
     } else if (a == "--read-patterns") {
@@ -976,7 +1019,8 @@ int run(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: tachyon_cuda_bench [--json FILE] [--quick] [--prefill-only | --quant-only | --int4-only | "
-                   "--read-patterns | --decode-probe | --int4-slices | --int4-stream-probe | --cublaslt-candidates]\n");
+                   "--read-patterns | --decode-probe | --int4-slices | --int4-stream-probe | --cublaslt-candidates | "
+                   "--cublaslt-splitk]\n");
       return 2;
     }
   }
