@@ -283,7 +283,7 @@ TEST(CudaNorm, RmsNormMatchesReference) {
   SCOPED_TRACE(fmt::format("seed {}", seed));
   std::mt19937 rng(seed);
   for (DType w_dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
-    for (int64_t d : {1, 7, 64, 67, 896, 4096, 4099}) {
+    for (int64_t d : {1, 7, 64, 67, 896, 4096, 4099, 8192, 16388}) {  // 16388: past the register path
       for (int64_t n : {1, 5, 33}) {
         const std::string what = fmt::format("w={} n={} d={}", dtype_name(w_dtype), n, d);
         const Tensor x = testing::random_tensor({n, d}, rng, -3.0f, 3.0f);
@@ -332,7 +332,7 @@ TEST(CudaNorm, AddRmsNormMatchesReference) {
   SCOPED_TRACE(fmt::format("seed {}", seed));
   std::mt19937 rng(seed);
   for (DType w_dtype : {DType::kF32, DType::kBF16}) {
-    for (int64_t d : {3, 64, 1000, 4096, 5003}) {
+    for (int64_t d : {3, 64, 1000, 4096, 5003, 16388}) {
       for (int64_t n : {1, 9}) {
         const std::string what = fmt::format("w={} n={} d={}", dtype_name(w_dtype), n, d);
         const Tensor residual = testing::random_tensor({n, d}, rng, -3.0f, 3.0f);
