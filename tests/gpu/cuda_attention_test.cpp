@@ -7,7 +7,8 @@
 // the f32 tolerances; the tensor-core kernels, decode and prefill, have bf16's), block sizes 16
 // and 5, shuffled block tables. Cache slots a query must not
 // read (unowned blocks, keys before a window) hold NaN (quantized: NaN scales), and released
-// blocks are -1 in the table, so reading them shows up. The last test runs store_kv and
+// blocks are -1 in the table, so reading them shows up. The decode kernels' 16-bit copy of
+// their output (for the o_proj linear) is that output rounded. The last tests run store_kv and
 // paged_attention through ops.h on device tensors (the CUDA backend).
 #ifdef TACHYON_HAS_CUDA
 
@@ -19,6 +20,7 @@
 #include <random>
 
 #include "core/device_memory.h"
+#include "core/dtype.h"
 #include "gpu_test_util.h"
 #include "ops/cpu/reference.h"
 #include "ops/ops.h"
@@ -550,6 +552,121 @@ Tensor to_device(const Tensor& t, Device device) {
   auto r = copy_to(t, device);
   EXPECT_TRUE(r.ok()) << r.status().to_string();
   return r.ok() ? std::move(r).value() : Tensor();
+}
+
+// Asked for (AttentionQuery::out16), the decode kernels also write each output row rounded to 16
+// bits, in rows of their own stride: the f32 output rounded to nearest even, bit for bit, every
+// element of the rows written and nothing past them. Tensor cores and CUDA cores, one slice (the
+// kernel writes the rows) and several (the combine kernel does), bf16 and f16 copies.
+TEST(CudaPagedAttention, DecodeKernelsWriteTheirRowsRoundedTo16Bits) {
+  TACHYON_SKIP_WITHOUT_GPU();
+  const uint32_t seed = testing::fresh_seed();
+  SCOPED_TRACE(fmt::format("seed {}", seed));
+  std::mt19937 rng(seed);
+  for (const auto& [cache_dtype, head_dim] :
+       std::vector<std::pair<DType, int>>{{DType::kBF16, 128}, {DType::kF16, 64}, {DType::kF32, 48}}) {
+    Scenario sc;
+    sc.num_heads = 8;
+    sc.num_kv_heads = 2;
+    sc.head_dim = head_dim;
+    sc.cache_dtype = cache_dtype;
+    sc.seqs = {{300, 1}, {17, 1}, {1, 1}, {90, 1}, {45, 1}};
+    const Batch b = build(sc, rng);
+    const DeviceBatch d(b);
+    auto planned = cu::plan_paged_attention(d.batch, sc.num_heads, d.cache, b.params, sm_count());
+    ASSERT_TRUE(planned.ok()) << planned.status().to_string();
+    const int64_t n = b.q.size(0), width = sc.num_heads * head_dim, stride = width + 8;
+    int round = 0;
+    for (cu::AttentionPlan plan : both_kernels(*planned)) {
+      for (int splits : {1, 3}) {
+        plan.num_splits = splits;
+        plan.workspace_bytes = static_cast<size_t>(b.meta.num_seqs) * splits * sc.num_heads * (head_dim + 2) * 4;
+        const DType copy_dtype = round++ % 2 == 0 ? DType::kBF16 : DType::kF16;
+        const std::string what = fmt::format("{} splits {} {} copy {}", plan.describe(), splits, sc.describe(),
+                                             dtype_name(copy_dtype));
+        Tensor poison = Tensor::empty({n, stride}, copy_dtype);
+        std::fill(poison.data<uint16_t>(), poison.data<uint16_t>() + poison.numel(), uint16_t{0x7fff});
+        Mirror dq(b.q), dout(testing::nan_tensor({n, sc.num_heads, head_dim})), dcopy(poison);
+        auto ws = cu::DeviceBuffer::allocate(plan.workspace_bytes, "attention workspace");
+        ASSERT_TRUE(ws.ok()) << ws.status().to_string();
+        cu::Rows16 out16;
+        out16.data = dcopy.ptr<uint16_t>();
+        out16.stride = stride;
+        out16.dtype = copy_dtype;
+        ASSERT_OK(cu::paged_attention(plan, dq.ptr<float>(), width, head_dim, sc.num_heads, d.cache, d.batch, b.params,
+                                      dout.ptr<float>(), width, head_dim, ws->data(), ws->bytes(), nullptr, out16));
+        ASSERT_OK(cu::synchronize(nullptr));
+        ASSERT_OK(dout.download());
+        ASSERT_OK(dcopy.download());
+        ASSERT_TRUE(all_close(dout.host(), reference(b), tolerance(plan, cache_dtype, 5e-5), what));
+        const float* out = dout.host().data<float>();
+        const uint16_t* copy = dcopy.host().data<uint16_t>();
+        for (int64_t t = 0; t < n; ++t) {
+          for (int64_t i = 0; i < stride; ++i) {
+            const uint16_t want = i >= width                      ? uint16_t{0x7fff}
+                                  : copy_dtype == DType::kBF16 ? f32_to_bf16(out[t * width + i])
+                                                                  : f32_to_f16(out[t * width + i]);
+            ASSERT_EQ(copy[t * stride + i], want) << what << ": row " << t << " element " << i;
+          }
+        }
+      }
+    }
+  }
+}
+
+// Through the backend, past the GEMV's token counts, a decode step's attention also rounds its
+// output for the o_proj linear after it (at the rounding the block's norm last staged): the
+// linear's result is the one it gives on the same rows written by anything else, bit for bit.
+TEST(CudaPagedAttention, TheOProjectionReadsTheAttentionsRoundingThroughTheBackend) {
+  TACHYON_SKIP_WITHOUT_GPU();
+  ASSERT_OK(cu::start_backend(0));
+  const Device gpu = Device::cuda(0), cpu = Device::cpu();
+  const uint32_t seed = testing::fresh_seed();
+  SCOPED_TRACE(fmt::format("seed {}", seed));
+  std::mt19937 rng(seed);
+  Scenario sc;
+  sc.num_heads = 8;
+  sc.num_kv_heads = 2;
+  sc.head_dim = 128;
+  sc.cache_dtype = DType::kBF16;
+  for (int s = 0; s < 40; ++s) sc.seqs.push_back({std::uniform_int_distribution<int>(1, 200)(rng), 1});
+  const Batch b = build(sc, rng);
+  const int64_t n = b.q.size(0), width = sc.num_heads * sc.head_dim;
+  for (DType w_dtype : {DType::kBF16, DType::kF16}) {
+    const std::string what = dtype_name(w_dtype);
+    Weight w;  // the linears before and after: [width, width]
+    w.dense = to_device(testing::convert(testing::random_tensor({width, width}, rng, -0.05f, 0.05f), w_dtype), gpu);
+    // A norm, then a linear at this weight's rounding: what a block runs before attention.
+    const Tensor norm_w = to_device(testing::random_tensor({width}, rng, 0.5f, 1.5f), gpu);
+    Tensor x = to_device(testing::random_tensor({n, width}, rng), gpu);
+    Tensor h = to_device(testing::nan_tensor({n, width}), gpu), qkv = to_device(testing::nan_tensor({n, width}), gpu);
+    ops::LinearFusion f;
+    f.norm_weight = &norm_w;
+    f.norm_eps = 1e-5f;
+    f.scratch_x = &h;
+    ASSERT_FALSE(ops::linear_fused(x, w, nullptr, f, qkv));
+
+    KvLayer layer;
+    layer.k = to_device(b.cache.k, gpu);
+    layer.v = to_device(b.cache.v, gpu);
+    AttentionMetadata meta = b.meta;
+    meta.query_start = to_device(b.meta.query_start, gpu);
+    meta.context_lens = to_device(b.meta.context_lens, gpu);
+    meta.block_tables = to_device(b.meta.block_tables, gpu);
+    const Tensor dq = to_device(b.q, gpu);
+    Tensor attn = to_device(testing::nan_tensor(b.q.shape()), gpu);
+    ops::paged_attention(dq, layer, meta, b.params, attn);
+    const Tensor rows = attn.reshape({n, width});
+    Tensor y = to_device(testing::nan_tensor({n, width}), gpu);
+    ops::linear(rows, w, nullptr, y);
+    // The same rows, copied (nothing staged for the copy), through the same linear.
+    Tensor again = to_device(testing::nan_tensor({n, width}), gpu), y_again = to_device(testing::nan_tensor({n, width}), gpu);
+    ASSERT_OK(copy_into(again, rows));
+    ops::linear(again, w, nullptr, y_again);
+    ASSERT_OK(ops::synchronize(gpu));
+    ASSERT_TRUE(all_close(to_device(attn, cpu), reference(b), 5e-2, what + ": attention"));
+    ASSERT_TRUE(testing::bitwise_equal(to_device(y, cpu), to_device(y_again, cpu), what + ": o_proj"));
+  }
 }
 
 // store_kv and paged_attention through ops.h on device tensors, i.e. through the CUDA backend

@@ -12,6 +12,8 @@
 // On sm_80+ with a 16-bit or quantized cache and head_dim 64 or 128, decode_mma_kernel does the
 // same work with 16-bit tiles behind a cp.async double buffer and the group's heads as rows of
 // mma tiles (a quantized cache's codes staged, then expanded to bf16 in shared memory).
+// Where the caller asks (AttentionQuery::out16), the kernel that writes an output row also writes
+// it rounded to 16 bits, for the o_proj linear after it (no conversion pass there).
 // Invariants: keys outside [window start, context) are never loaded; a block never writes
 // another block's output; results do not depend on timing.
 #include <algorithm>
@@ -395,10 +397,15 @@ __global__ void __launch_bounds__(kThreads, 4) decode_kernel(const DecodeParams 
     if (p.splits == 1) {
       const float inv = 1.0f / sm.l[g];
       float* out = orow + (kvh * group + g) * p.query.out_head_stride + d;
-      out[0] = o.x * inv;
-      out[1] = o.y * inv;
-      out[2] = o.z * inv;
-      out[3] = o.w * inv;
+      const float4 v = make_float4(o.x * inv, o.y * inv, o.z * inv, o.w * inv);
+      out[0] = v.x;
+      out[1] = v.y;
+      out[2] = v.z;
+      out[3] = v.w;
+      if (p.query.out16.data != nullptr) {
+        store4_16(p.query.out16.data, p.query.out16.dtype,
+                  static_cast<int64_t>(q_begin) * p.query.out16.stride + (kvh * group + g) * hd + d, v);
+      }
     } else {
       *reinterpret_cast<float4*>(p.part_acc + (base + kvh * group + g) * hd + d) = o;
     }
@@ -435,6 +442,10 @@ __global__ void decode_combine_kernel(const DecodeParams p) {
       if (m != -INFINITY) sum += exp2f(m - m_max) * p.part_acc[(base + j * num_heads) * hd + d];
     }
     o[d] = sum * inv;
+    if (p.query.out16.data != nullptr) {
+      static_cast<uint16_t*>(p.query.out16.data)[static_cast<int64_t>(q_begin) * p.query.out16.stride + h * hd + d] =
+          f32_to_16_bits(sum * inv, p.query.out16.dtype);
+    }
   }
 }
 
@@ -642,6 +653,10 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const DecodeParams
     }
     if (p.splits == 1) {
       orow[(kvh * group + r) * p.query.out_head_stride + d] = acc / sum;
+      if (p.query.out16.data != nullptr) {
+        static_cast<uint16_t*>(p.query.out16.data)[static_cast<int64_t>(q_begin) * p.query.out16.stride +
+                                                   (kvh * group + r) * HD + d] = f32_to_16_bits(acc / sum, p.query.out16.dtype);
+      }
     } else {
       p.part_acc[(base + kvh * group + r) * HD + d] = acc;
       if (d == 0) {

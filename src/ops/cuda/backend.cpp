@@ -472,9 +472,21 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
     auto plan = plan_paged_attention(batch, q.size(1), cache, params, props_.multiprocessors);
     require_ok(plan.status());
     grow_scratch(workspace_, plan->workspace_bytes, "attention workspace");
+    // Past the GEMV's token counts the o_proj linear after a decode step's attention multiplies
+    // in 16 bits, as the block's other linears do (norm_then_linear records their rounding): the
+    // attention kernels write that rounding of their rows too, and the linear converts nothing.
+    // Where the linear turns out not to read them, they are only a copy written.
+    Rows16 out16;
+    if (plan->algo == cuda::AttentionAlgo::kDecode && q.size(0) > kLinearAutoGemvMaxTokens &&
+        activation_rounding_ != DType::kF32 && out.stride(1) == out.size(2)) {
+      auto staged = linear_->stage_activations(out.data<float>(), out.stride(0), out.size(0), out.size(1) * out.size(2),
+                                               activation_rounding_);
+      require_ok(staged.status());
+      out16 = *staged;
+    }
     require_ok(cuda::paged_attention(*plan, q.data<float>(), q.stride(0), q.stride(1), q.size(1), cache, batch, params,
                                      out.data<float>(), out.stride(0), out.stride(1), workspace_.data.get(),
-                                     workspace_.bytes, stream_));
+                                     workspace_.bytes, stream_, out16));
   }
 
   void argmax(const Tensor& x, Tensor& ids, Tensor* logprobs) override {
@@ -617,6 +629,7 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
     const LinearArgs a = linear_args(normed, w, bias, product, false);
     const DType rounded = cuda::linear_activation_dtype(*linear_, a);
     if (rounded == DType::kF32) return false;
+    activation_rounding_ = rounded;
     on_device("linear_fused", {&x, f.norm_weight, &normed, f.pending_add, &y});
     // x is the residual stream when an add is pending (it becomes x + pending_add).
     Tensor residual = x;
@@ -731,6 +744,9 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
   std::mutex shared_mu_;                             // open_shared() runs on receiver threads
   std::unordered_map<std::string, void*> opened_;    // IPC handle bytes -> this process's mapping
   int64_t graphs_captured_ = 0;
+  // The 16-bit rounding the last norm_then_linear staged for its linear (kF32: none yet), which a
+  // decode step's attention also writes for the o_proj linear after it.
+  DType activation_rounding_ = DType::kF32;
 };
 
 std::mutex g_mutex;

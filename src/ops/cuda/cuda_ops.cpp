@@ -225,8 +225,17 @@ Result<AttentionPlan> plan_paged_attention(const AttentionBatch& batch, int64_t 
 Status paged_attention(const AttentionPlan& plan, const float* q, int64_t q_token_stride, int64_t q_head_stride,
                        int64_t num_heads, const KvCacheView& cache, const AttentionBatch& batch,
                        const AttentionParams& params, float* out, int64_t out_token_stride, int64_t out_head_stride,
-                       void* workspace, size_t workspace_bytes, Stream stream) {
+                       void* workspace, size_t workspace_bytes, Stream stream, const Rows16& out16) {
   TACHYON_RETURN_IF_ERROR(check_cache("paged_attention", cache));
+  TACHYON_CUDA_REQUIRE(out16.data == nullptr ||
+                           (plan.algo == AttentionAlgo::kDecode && out_head_stride == cache.head_dim &&
+                            out16.stride >= num_heads * cache.head_dim && out16.stride % 4 == 0 &&
+                            (reinterpret_cast<uintptr_t>(out16.data) & 7u) == 0 &&
+                            (out16.dtype == DType::kBF16 || out16.dtype == DType::kF16)),
+                       "paged_attention: a 16-bit copy of the output (rows {} apart, {}) needs a decode plan, heads "
+                       "packed in out's rows (head stride {} for head_dim {}) and 8-byte aligned rows of {} values",
+                       out16.stride, dtype_name(out16.dtype), out_head_stride, cache.head_dim,
+                       num_heads * cache.head_dim);
   TACHYON_CUDA_REQUIRE(num_heads > 0 && num_heads % cache.num_kv_heads == 0,
                        "paged_attention: {} heads is not a multiple of {} kv heads", num_heads, cache.num_kv_heads);
   TACHYON_CUDA_REQUIRE(cache.head_dim % 4 == 0 && cache.head_dim <= detail::kPrefillMaxHeadDim,
@@ -258,6 +267,7 @@ Status paged_attention(const AttentionPlan& plan, const float* q, int64_t q_toke
   query.num_heads = num_heads;
   query.scale = params.scale;
   query.sliding_window = params.sliding_window;
+  query.out16 = out16;
   if (plan.algo == AttentionAlgo::kDecode) {
     TACHYON_CUDA_REQUIRE(batch.max_query_len <= 1, "paged_attention: a decode plan for a batch with {}-row queries",
                          batch.max_query_len);

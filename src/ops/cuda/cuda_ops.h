@@ -329,9 +329,11 @@ Result<AttentionPlan> plan_paged_attention(const AttentionBatch& batch, int64_t 
 // out[n, num_heads, head_dim] = attention of q[n, num_heads, head_dim] (f32, device, any token
 // and head strides) over the paged cache, with ops.h's semantics (AttentionMetadata, causal
 // within the chunk, sliding window, GQA). `workspace` holds at least plan.workspace_bytes.
+// out16 (decode plans, heads packed in out's rows): out again, each row num_heads * head_dim
+// values rounded to 16 bits, out16.stride apart (LinearContext::stage_activations's rows).
 Status paged_attention(const AttentionPlan& plan, const float* q, int64_t q_token_stride, int64_t q_head_stride,
                        int64_t num_heads, const KvCacheView& cache, const AttentionBatch& batch,
                        const AttentionParams& params, float* out, int64_t out_token_stride, int64_t out_head_stride,
-                       void* workspace, size_t workspace_bytes, Stream stream);
+                       void* workspace, size_t workspace_bytes, Stream stream, const Rows16& out16 = {});
 
 }  // namespace tachyon::ops::cuda

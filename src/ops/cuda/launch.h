@@ -282,6 +282,9 @@ struct AttentionQuery {
   int64_t num_heads = 0;
   float scale = 1.0f;
   int sliding_window = 0;
+  // The decode kernels only: out's rows again in 16 bits (token t's head h at
+  // t * stride + h * head_dim), for the linear that reads them next; none when data is null.
+  Rows16 out16;
 };
 
 // Decode (every sequence has at most one query row): grid (splits, kv heads, sequences); each
