@@ -236,8 +236,9 @@ int int4_rows_per_warp(int64_t n) {
 
 // ---- tensor cores, group 128 -----------------------------------------------------------------------
 // y^T[out, n] = W[out, in] · x^T with mma.m16n8k16 (bf16 in, f32 accumulators), as the int8 GEMM of
-// linear_gemv.cu: a warp owns 16 rows and up to 8 * NT tokens (x already rounded to bf16), with
-// int4_mma.cuh's chunk of 128 columns (one group), nibble decoding and K order. Each chunk's
+// linear_gemv.cu: a warp owns 16 rows (32 past 8 tokens: mma_i4_row_tiles) and up to 8 * NT tokens
+// (x already rounded to bf16), with int4_mma.cuh's chunk of 128 columns (one group), nibble
+// decoding and K order. Each chunk's
 // eight mma steps go to fresh accumulators, which the rows' group scales then add into the sums.
 //
 // Decode (gemm_mma_i4_staged_kernel, up to kGemmMmaInt4StageMaxTokens tokens): each block rounds
@@ -273,7 +274,7 @@ struct MmaGemmI4StagedParams : MmaGemmI4Params {
   bool w_constant;  // LinearArgs::w_constant: the first round of loads before pdl_wait()
 };
 
-template <int NT, int U>
+template <int NT, int U, int R>
 __global__ void __launch_bounds__(kMmaI4Warps * 32) gemm_mma_i4_kernel(const MmaGemmI4Params p) {
   pdl_wait();
   pdl_trigger();
@@ -281,32 +282,51 @@ __global__ void __launch_bounds__(kMmaI4Warps * 32) gemm_mma_i4_kernel(const Mma
   using M = MmaType<DType::kBF16>;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
-  const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kMmaI4Warps + warp) * 16;
+  const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kMmaI4Warps + warp) * 16 * R;
   if (row0 >= p.out) return;  // no block-wide synchronisation
   const int split = blockIdx.y;
   const int64_t k_begin = split * p.chunk;
   const int64_t k_end = min64(p.in, k_begin + p.chunk);
   const int64_t groups = p.in / 128;
-  const int64_t ra = min64(row0 + g, p.out - 1), rb = min64(row0 + g + 8, p.out - 1);  // past out: never stored
-  const uint8_t* w0 = p.w + ra * p.w_stride + 16 * t;
-  const uint8_t* w1 = p.w + rb * p.w_stride + 16 * t;
+  int64_t ra[R], rb[R];  // past out: never stored
+  const uint8_t* w0[R];
+  const uint8_t* w1[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    ra[r] = min64(row0 + 16 * r + g, p.out - 1);
+    rb[r] = min64(row0 + 16 * r + g + 8, p.out - 1);
+    w0[r] = p.w + ra[r] * p.w_stride + 16 * t;
+    w1[r] = p.w + rb[r] * p.w_stride + 16 * t;
+  }
   const uint16_t* xr[NT];
 #pragma unroll
   for (int j = 0; j < NT; ++j) xr[j] = p.x + min64(8 * j + g, p.n - 1) * p.x_stride + 32 * t;  // past n: never stored
 
-  float acc[NT][4];
+  float acc[R][NT][4];
 #pragma unroll
-  for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+  for (int r = 0; r < R; ++r) {
+#pragma unroll
+    for (int j = 0; j < NT; ++j) acc[r][j][0] = acc[r][j][1] = acc[r][j][2] = acc[r][j][3] = 0.0f;
+  }
 
-  const auto chunk128 = [&](const uint4& wa, const uint4& wb, int64_t k) {
+  // wa / wb: R row tiles' 16-byte loads (rows g and g + 8 of each tile) at column k.
+  const auto chunk128 = [&](const uint4* wa, const uint4* wb, int64_t k) {
     const int64_t grp = k / 128;
-    const float sa = __ldg(p.scales + ra * groups + grp), sb = __ldg(p.scales + rb * groups + grp);
-    const __nv_bfloat162 za = biased_zero_pair(__ldg(p.zeros + ra * groups + grp));
-    const __nv_bfloat162 zb = biased_zero_pair(__ldg(p.zeros + rb * groups + grp));
-    const uint32_t wa_words[4] = {wa.x, wa.y, wa.z, wa.w}, wb_words[4] = {wb.x, wb.y, wb.z, wb.w};
-    float part[NT][4];
+    float sa[R], sb[R];
+    __nv_bfloat162 za[R], zb[R];
 #pragma unroll
-    for (int j = 0; j < NT; ++j) part[j][0] = part[j][1] = part[j][2] = part[j][3] = 0.0f;
+    for (int r = 0; r < R; ++r) {
+      sa[r] = __ldg(p.scales + ra[r] * groups + grp);
+      sb[r] = __ldg(p.scales + rb[r] * groups + grp);
+      za[r] = biased_zero_pair(__ldg(p.zeros + ra[r] * groups + grp));
+      zb[r] = biased_zero_pair(__ldg(p.zeros + rb[r] * groups + grp));
+    }
+    float part[R][NT][4];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+#pragma unroll
+      for (int j = 0; j < NT; ++j) part[r][j][0] = part[r][j][1] = part[r][j][2] = part[r][j][3] = 0.0f;
+    }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {  // columns 32t + 16h .. + 15 of the chunk
       uint4 xv[NT][2];
@@ -319,39 +339,61 @@ __global__ void __launch_bounds__(kMmaI4Warps * 32) gemm_mma_i4_kernel(const Mma
       for (int i = 0; i < 4; ++i) {  // word i: columns 16h + 4i .. + 3
         // Low nibbles of a word are columns 4i + {0..3}, high nibbles 16 + 4i + {0..3}.
         const int lo_shift = h == 0 ? 0 : 4;
-        const uint32_t a[4] = {nibble_pair_bf16(wa_words[i], lo_shift, za), nibble_pair_bf16(wb_words[i], lo_shift, zb),
-                               nibble_pair_bf16(wa_words[i], lo_shift + 8, za),
-                               nibble_pair_bf16(wb_words[i], lo_shift + 8, zb)};
 #pragma unroll
-        for (int j = 0; j < NT; ++j) {
-          const uint4& q = xv[j][i / 2];
-          const uint32_t u0 = (i & 1) ? q.z : q.x, u1 = (i & 1) ? q.w : q.y;  // x columns c, c+1 | c+2, c+3
-          M::mma(part[j], a, __byte_perm(u0, u1, 0x5410u), __byte_perm(u0, u1, 0x7632u));
+        for (int r = 0; r < R; ++r) {  // the activations' operands serve every row tile
+          const uint32_t wa_word = i == 0 ? wa[r].x : i == 1 ? wa[r].y : i == 2 ? wa[r].z : wa[r].w;
+          const uint32_t wb_word = i == 0 ? wb[r].x : i == 1 ? wb[r].y : i == 2 ? wb[r].z : wb[r].w;
+          const uint32_t a[4] = {nibble_pair_bf16(wa_word, lo_shift, za[r]), nibble_pair_bf16(wb_word, lo_shift, zb[r]),
+                                 nibble_pair_bf16(wa_word, lo_shift + 8, za[r]),
+                                 nibble_pair_bf16(wb_word, lo_shift + 8, zb[r])};
+#pragma unroll
+          for (int j = 0; j < NT; ++j) {
+            const uint4& q = xv[j][i / 2];
+            const uint32_t u0 = (i & 1) ? q.z : q.x, u1 = (i & 1) ? q.w : q.y;  // x columns c, c+1 | c+2, c+3
+            M::mma(part[r][j], a, __byte_perm(u0, u1, 0x5410u), __byte_perm(u0, u1, 0x7632u));
+          }
         }
       }
     }
 #pragma unroll
-    for (int j = 0; j < NT; ++j) {
-      acc[j][0] = fmaf(sa, part[j][0], acc[j][0]);
-      acc[j][1] = fmaf(sa, part[j][1], acc[j][1]);
-      acc[j][2] = fmaf(sb, part[j][2], acc[j][2]);
-      acc[j][3] = fmaf(sb, part[j][3], acc[j][3]);
+    for (int r = 0; r < R; ++r) {
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        acc[r][j][0] = fmaf(sa[r], part[r][j][0], acc[r][j][0]);
+        acc[r][j][1] = fmaf(sa[r], part[r][j][1], acc[r][j][1]);
+        acc[r][j][2] = fmaf(sb[r], part[r][j][2], acc[r][j][2]);
+        acc[r][j][3] = fmaf(sb[r], part[r][j][3], acc[r][j][3]);
+      }
     }
   };
   int64_t k = k_begin;
   for (; k + 128 * U <= k_end; k += 128 * U) {
-    uint4 wa[U], wb[U];
+    uint4 wa[U][R], wb[U][R];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      wa[u] = load_stream_16(w0 + (k + 128 * u) / 2);
-      wb[u] = load_stream_16(w1 + (k + 128 * u) / 2);
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        wa[u][r] = load_stream_16(w0[r] + (k + 128 * u) / 2);
+        wb[u][r] = load_stream_16(w1[r] + (k + 128 * u) / 2);
+      }
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) chunk128(wa[u], wb[u], k + 128 * u);
   }
-  for (; k < k_end; k += 128) chunk128(load_stream_16(w0 + k / 2), load_stream_16(w1 + k / 2), k);
-  store_mma_tile<NT>(acc, row0, g, t, split, p.n, p.out, p.splits, p.bias, p.bias_dtype, nullptr, p.y, p.y_stride,
-                     p.partial);
+  for (; k < k_end; k += 128) {
+    uint4 wa[R], wb[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      wa[r] = load_stream_16(w0[r] + k / 2);
+      wb[r] = load_stream_16(w1[r] + k / 2);
+    }
+    chunk128(wa, wb, k);
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    store_mma_tile<NT>(acc[r], row0 + 16 * r, g, t, split, p.n, p.out, p.splits, p.bias, p.bias_dtype, nullptr, p.y,
+                       p.y_stride, p.partial);
+  }
 #else
   __trap();
 #endif
@@ -455,6 +497,11 @@ __global__ void __launch_bounds__(kMmaI4Warps * 32) gemm_mma_i4_staged_kernel(co
 // Chunks per round of loads; slices are planned to hold whole rounds.
 constexpr int mma_i4_unroll(int64_t n) { return n <= 8 ? 4 : 2; }
 
+// Row tiles of 16 per warp in gemm_mma_i4_kernel. Past 8 tokens a warp's activation operands for
+// a chunk (n x 128 bf16: 4-8 KB) outweigh its 16 rows of weights (1 KB), and every warp of every
+// block reads them again: two row tiles per warp halve those reads per weight byte.
+constexpr int mma_i4_row_tiles(int64_t n) { return n <= 8 ? 1 : 2; }
+
 // Shared memory the staged kernel takes: the block's K slice of every token as bf16.
 constexpr int64_t kMmaI4StageBytes = 48 * 1024;
 int64_t mma_i4_stage_bytes(int64_t n, int64_t chunk) { return n * mma_i4_stage_stride(chunk) * 4; }
@@ -462,9 +509,10 @@ int64_t mma_i4_stage_bytes(int64_t n, int64_t chunk) { return n * mma_i4_stage_s
 template <int NT>
 cudaError_t launch_gemm_mma_i4_nt(const MmaGemmI4Params& p, Stream stream) {
   constexpr int U = mma_i4_unroll(8 * NT);  // 16-byte weight loads in flight per row and lane
-  const int64_t row_tiles = (p.out + 15) / 16;
-  const dim3 grid(static_cast<unsigned>((row_tiles + kMmaI4Warps - 1) / kMmaI4Warps), static_cast<unsigned>(p.splits));
-  return launch_pdl(gemm_mma_i4_kernel<NT, U>, grid, kMmaI4Warps * 32, 0, stream, p);
+  constexpr int R = mma_i4_row_tiles(8 * NT);
+  const int64_t row_warps = (p.out + 16 * R - 1) / (16 * R);
+  const dim3 grid(static_cast<unsigned>((row_warps + kMmaI4Warps - 1) / kMmaI4Warps), static_cast<unsigned>(p.splits));
+  return launch_pdl(gemm_mma_i4_kernel<NT, U, R>, grid, kMmaI4Warps * 32, 0, stream, p);
 }
 
 cudaError_t launch_gemm_mma_i4_staged(const MmaGemmI4StagedParams& p, Stream stream) {
@@ -504,7 +552,8 @@ bool gemm_mma_int4_supported(const LinearArgs& a, int64_t x_stride) {
 }
 
 int64_t gemm_mma_int4_row_blocks(const LinearArgs& a) {
-  return ((a.out + 15) / 16 + kMmaI4Warps - 1) / kMmaI4Warps;
+  const int64_t rows_per_warp = 16 * mma_i4_row_tiles(a.n);
+  return ((a.out + rows_per_warp - 1) / rows_per_warp + kMmaI4Warps - 1) / kMmaI4Warps;
 }
 
 bool gemm_mma_int4_stages_x(const LinearArgs& a, const GemvShape& shape) {
@@ -517,7 +566,8 @@ GemvShape plan_gemm_mma_int4(const LinearArgs& a, int sm_count) {
   s.vector_loads = true;
   s.rows_per_warp = 16;
   s.step = 128;
-  const int64_t row_warps = (a.out + 15) / 16;
+  const int64_t rows_per_warp = 16 * mma_i4_row_tiles(a.n);
+  const int64_t row_warps = (a.out + rows_per_warp - 1) / rows_per_warp;
   const int64_t target_warps = static_cast<int64_t>(std::max(sm_count, 1)) * 32;
   const int64_t round = 128 * mma_i4_unroll(a.n);
   const int64_t max_splits = std::max<int64_t>(1, std::min<int64_t>(a.in / round, 32));
