@@ -120,6 +120,8 @@ class Session : public std::enable_shared_from_this<Session> {
     net::post(socket_.get_executor(), [self = shared_from_this()] {
       error_code ec;
       self->socket_.set_option(tcp::no_delay(true), ec);
+      // For write_more's immediate send: a synchronous write that would block returns at once.
+      self->socket_.non_blocking(true, ec);
       self->read_request();
     });
   }
@@ -553,6 +555,21 @@ class Session : public std::enable_shared_from_this<Session> {
       if (state_ == State::kResponding) response_written();
       return;
     }
+    // A streamed token's chunk almost always fits the socket's send buffer: send it at once, with
+    // no write timer and no completion handler. Only what the socket does not take waits for an
+    // asynchronous write (and its timeout).
+    error_code ec;
+    const size_t sent = socket_.write_some(net::buffer(pending_), ec);
+    if (ec && ec != net::error::would_block && ec != net::error::try_again) {
+      close();
+      return;
+    }
+    if (sent == pending_.size()) {
+      pending_.clear();
+      if (state_ == State::kResponding) response_written();
+      return;
+    }
+    pending_.erase(0, sent);
     out_.swap(pending_);
     pending_.clear();
     writing_ = true;
