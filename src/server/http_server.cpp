@@ -551,25 +551,22 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void write_more() {
     if (writing_ || state_ == State::kClosed) return;
+    // A streamed token's chunk almost always fits the socket's send buffer: send it at once, with
+    // no write timer and no completion handler. Only what the socket does not take waits for an
+    // asynchronous write (and its timeout).
+    if (!pending_.empty()) {
+      error_code ec;
+      const size_t sent = socket_.write_some(net::buffer(pending_), ec);
+      if (ec && ec != net::error::would_block && ec != net::error::try_again) {
+        close();
+        return;
+      }
+      pending_.erase(0, sent);
+    }
     if (pending_.empty()) {
       if (state_ == State::kResponding) response_written();
       return;
     }
-    // A streamed token's chunk almost always fits the socket's send buffer: send it at once, with
-    // no write timer and no completion handler. Only what the socket does not take waits for an
-    // asynchronous write (and its timeout).
-    error_code ec;
-    const size_t sent = socket_.write_some(net::buffer(pending_), ec);
-    if (ec && ec != net::error::would_block && ec != net::error::try_again) {
-      close();
-      return;
-    }
-    if (sent == pending_.size()) {
-      pending_.clear();
-      if (state_ == State::kResponding) response_written();
-      return;
-    }
-    pending_.erase(0, sent);
     out_.swap(pending_);
     pending_.clear();
     writing_ = true;
