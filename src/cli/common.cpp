@@ -36,6 +36,10 @@ void add_common_options(CLI::App& cmd, CommonOptions& options) {
   cmd.add_option("--quant-policy", options.quant_policy,
                  "per-module formats: lines 'PATTERN FORMAT' (glob over names like model.layers.3.mlp.gate_proj, "
                  "or lm_head; FORMAT a --quant name, int4:gN, or dense); modules no rule matches get --quant");
+  cmd.add_option("--quant-lm-head", options.quant_lm_head,
+                 "also quantize the LM head when loading: int8 (per channel; on a GPU quantized there). Off by "
+                 "default: the head is the module most sensitive to rounding, and a tied head gets a copy of its own")
+      ->check(CLI::IsMember({"int8"}));
   cmd.add_option("--quant-group", options.quant_group,
                  "inputs per scale of --quant int4 (32, 64 or 128) or ternary (also 256); default 128")
       ->check(CLI::IsMember({32, 64, 128, 256}));
@@ -76,13 +80,22 @@ Result<LoadedModel> load(const CommonOptions& options, DType synthetic_dtype) {
   if (!options.quant_policy.empty()) {
     TACHYON_ASSIGN_OR_RETURN(policy, QuantPolicy::read_file(options.quant_policy));
   }
+  std::optional<QuantSpec> head_spec;
+  if (!options.quant_lm_head.empty()) {
+    TACHYON_ASSIGN_OR_RETURN(head_spec, parse_quant_spec(options.quant_lm_head, options.quant_group));
+  }
   TACHYON_ASSIGN_OR_RETURN(LoadedModel loaded, load_model(lo));
-  if (options.quant.empty() && !policy) return loaded;
-  const std::string what = policy ? "--quant-policy " + options.quant_policy : "--quant " + options.quant;
+  if (options.quant.empty() && !policy && !head_spec) return loaded;
+  std::string what = policy ? "--quant-policy " + options.quant_policy
+                     : options.quant.empty() ? std::string()
+                                             : "--quant " + options.quant;
+  if (head_spec) what += (what.empty() ? "" : " ") + std::string("--quant-lm-head ") + options.quant_lm_head;
   Timer timer;
   ModelWeights weights = loaded.model->weights();
   std::string format;
-  if (policy) {
+  if (!policy && options.quant.empty()) {
+    format = "as stored";
+  } else if (policy) {
     auto counts = quantize_linear_weights(weights, *policy,
                                           options.quant.empty() ? std::nullopt : std::optional<QuantSpec>(quant));
     if (!counts.ok()) return make_error(counts.status().code(), "{}: {}: {}", loaded.path, what, counts.status().message());
@@ -95,6 +108,12 @@ Result<LoadedModel> load(const CommonOptions& options, DType synthetic_dtype) {
     format = quant.format == QuantFormat::kInt4Group || quant.format == QuantFormat::kTernary
                  ? fmt::format("{} g{}", quant_format_name(quant.format), quant.group_size)
                  : std::string(quant_format_name(quant.format));
+  }
+  if (head_spec) {
+    if (Status s = quantize_lm_head(weights, *head_spec); !s.ok()) {
+      return make_error(s.code(), "{}: {}: {}", loaded.path, what, s.message());
+    }
+    format += fmt::format(", the LM head {}", quant_format_name(head_spec->format));
   }
   TACHYON_LOG_INFO("quantized the linear weights to {} in {:.2f} s", format, timer.seconds());
   // The model as stored stays alive until the quantized one passes the finite-logits check (its

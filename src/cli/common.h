@@ -23,6 +23,8 @@ struct CommonOptions {
   std::string quant;
   int quant_group = 128;
   std::string quant_policy;
+  // The LM head's format ("" keeps it as stored; int8: per channel), apart from --quant.
+  std::string quant_lm_head;
 };
 
 void add_common_options(CLI::App& cmd, CommonOptions& options);

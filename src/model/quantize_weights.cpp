@@ -221,6 +221,24 @@ Status quantize_linear_weights(ModelWeights& weights, const QuantSpec& spec) {
                           /*lm_head=*/false, &counts);
 }
 
+Status quantize_lm_head(ModelWeights& weights, const QuantSpec& spec) {
+  const Weight& head = weights.lm_head;
+  if (head.quant || !head.dense.defined() || head.dense.dim() != 2) {
+    return make_error(ErrorCode::kInvalidArgument, "lm_head: expected a dense [vocab, hidden] weight{}",
+                      head.quant ? fmt::format(" (it is already {})", quant_format_name(head.quant->format)) : "");
+  }
+  if (!head.dense.device().is_cpu()) {
+    TACHYON_ASSIGN_OR_RETURN(weights.lm_head, quantize_on_device(head, spec, "lm_head", weights.layers.size()));
+    return Status::Ok();
+  }
+  QuantSpec host_spec = spec;
+  k_quant_fallback(host_spec, head.in_features());
+  auto q = quantize_weight(head, host_spec);
+  if (!q.ok()) return make_error(q.status().code(), "lm_head: {}", q.status().message());
+  weights.lm_head = std::move(q).value();
+  return Status::Ok();
+}
+
 Result<std::map<std::string, int>> quantize_linear_weights(ModelWeights& weights, const QuantPolicy& policy,
                                                            const std::optional<QuantSpec>& fallback) {
   if (weights.embed_tokens.defined() && !weights.embed_tokens.device().is_cpu()) {

@@ -1,7 +1,8 @@
 // Load-time quantization of a model's linear layers (`--quant FORMAT`, `--quant-policy FILE`): every layer's
 // q/k/v/o/gate/up/down projection becomes a packed QuantWeight; the embedding and the LM head
 // stay in their 16-bit form (they are the layers most sensitive to rounding, and a tied LM head
-// is the embedding table itself).
+// is the embedding table itself) unless the head is asked for by name (quantize_lm_head, a
+// policy rule for `lm_head`).
 #pragma once
 
 #include <map>
@@ -28,5 +29,11 @@ Status quantize_linear_weights(ModelWeights& weights, const QuantSpec& spec);
 // ("int4-g64", "int8", "dense", ...). Fails, changing nothing, as the uniform form does.
 Result<std::map<std::string, int>> quantize_linear_weights(ModelWeights& weights, const QuantPolicy& policy,
                                                            const std::optional<QuantSpec>& fallback);
+
+// In place: the LM head in `spec`'s format (`--quant-lm-head`), on the device that holds it
+// (int8 and int4 quantized there, other formats through the host). A head tied to the embedding
+// gets a packed copy of its own; the embedding table stays as stored. Fails, changing nothing,
+// when the head is already quantized or a row holds a non-finite weight.
+Status quantize_lm_head(ModelWeights& weights, const QuantSpec& spec);
 
 }  // namespace tachyon
