@@ -138,11 +138,21 @@ Status bench_int4_slices(double copy_gbps, nlohmann::json& out, const Options& o
       const int64_t row_blocks = cu::detail::gemm_mma_int4_row_blocks(a0);
       TACHYON_ASSIGN_OR_RETURN(auto counters, cu::DeviceBuffer::allocate(row_blocks * 4, "split-K counters"));
       BENCH_CUDA(cudaMemset(counters.data(), 0, row_blocks * 4));
+      // Every slicing into equal slices of whole chunks, and the planner's where it is not one of
+      // them (its slices hold whole rounds of the kernel, so the last one may be shorter).
+      std::vector<cu::detail::GemvShape> shapes;
       for (int64_t splits = 1; splits <= std::min<int64_t>(chunks, 32); ++splits) {
         cu::detail::GemvShape shape = planned;
         shape.chunk = (chunks + splits - 1) / splits * Int4Weights::kGroup;
         if ((s.in + shape.chunk - 1) / shape.chunk != splits) continue;  // the slicing of fewer splits
         shape.splits = static_cast<int>(splits);
+        shapes.push_back(shape);
+      }
+      if (std::none_of(shapes.begin(), shapes.end(), [&](const auto& x) { return x.chunk == planned.chunk; })) {
+        shapes.push_back(planned);
+      }
+      for (const cu::detail::GemvShape& shape : shapes) {
+        const int64_t splits = shape.splits;
         if (!cu::detail::gemm_mma_int4_stages_x(a0, shape)) continue;
         const auto body = [&](int i, cu::Stream st) -> Status {
           BENCH_CUDA(cu::detail::launch_gemm_mma_int4(w.args(i % w.copies, n), nullptr, 0, shape, partial.as<float>(),

@@ -561,11 +561,67 @@ bool gemm_mma_int4_stages_x(const LinearArgs& a, const GemvShape& shape) {
          mma_i4_stage_bytes(a.n, shape.chunk) <= kMmaI4StageBytes;
 }
 
+namespace {
+
+// Blocks of the staged kernel resident per SM (the occupancy calculator, asked once; its registers
+// bound it, so a typical slice's shared memory stands for all), 0 if the question fails.
+int staged_resident_blocks() {
+  static const int resident = [] {
+    int blocks = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, gemm_mma_i4_staged_kernel<2>, kMmaI4Warps * 32,
+                                                      16 * 1024) != cudaSuccess) {
+      cudaGetLastError();
+      blocks = 0;
+    }
+    return blocks;
+  }();
+  return resident;
+}
+
+// The staged kernel's K slicing (1..kGemmMmaInt4StageMaxTokens tokens): the grid runs in waves of
+// SMs x resident blocks, and a wave that is partly empty costs as much as a full one (the decode
+// GEMMs are one or two waves: a Llama-3-8B down projection in 14 slices is 896 blocks, 1.13 waves
+// of an H100's 792, and took 20.9 us against 16.2 us in 12 slices, 768 blocks; docs/perf.md
+// 2026-12-06). So each slicing is costed as waves x (chunks per slice + kBlockOverheadChunks) and
+// the cheapest taken, fewer slices on a tie. Slices hold whole rounds of the kernel (2 chunks) and
+// fit its shared memory. 0 chunk: nothing fits (or the occupancy is unknown).
+constexpr int64_t kBlockOverheadChunks = 2;  // a block's staging, sums and split-K finish, fitted on an H100
+int64_t plan_staged_slice(const LinearArgs& a, int sm_count) {
+  const int resident = staged_resident_blocks();
+  if (resident <= 0) return 0;
+  const int64_t chunks = a.in / 128;
+  const int64_t row_blocks = ((a.out + 15) / 16 + kMmaI4Warps - 1) / kMmaI4Warps;
+  const int64_t wave = static_cast<int64_t>(std::max(sm_count, 1)) * resident;
+  int64_t best = 0, best_cost = 0;
+  for (int64_t want = 1; want <= std::min<int64_t>(chunks, 32); ++want) {
+    int64_t slice = (chunks + want - 1) / want;
+    if (slice < chunks) slice = (slice + 1) / 2 * 2;
+    if ((chunks + slice - 1) / slice != want) continue;  // the slicing of fewer splits
+    if (mma_i4_stage_bytes(a.n, slice * 128) > kMmaI4StageBytes) continue;
+    const int64_t waves = (row_blocks * want + wave - 1) / wave;
+    const int64_t cost = waves * (slice + kBlockOverheadChunks);
+    if (best == 0 || cost < best_cost) {
+      best = slice;
+      best_cost = cost;
+    }
+  }
+  return best * 128;
+}
+
+}  // namespace
+
 GemvShape plan_gemm_mma_int4(const LinearArgs& a, int sm_count) {
   GemvShape s;
   s.vector_loads = true;
   s.rows_per_warp = 16;
   s.step = 128;
+  if (a.n <= kGemmMmaInt4StageMaxTokens && a.in % 128 == 0) {
+    if (const int64_t chunk = plan_staged_slice(a, sm_count); chunk > 0) {
+      s.chunk = chunk;
+      s.splits = static_cast<int>((a.in + chunk - 1) / chunk);
+      return s;
+    }
+  }
   const int64_t rows_per_warp = 16 * mma_i4_row_tiles(a.n);
   const int64_t row_warps = (a.out + rows_per_warp - 1) / rows_per_warp;
   const int64_t target_warps = static_cast<int64_t>(std::max(sm_count, 1)) * 32;
