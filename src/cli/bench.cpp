@@ -11,8 +11,10 @@
 // Prompts are random token ids (no tokenizer needed, so synthetic models work), or with
 // --prompt-text FILE slices of that text at seeded offsets (speculative decoding needs text that
 // means something); EOS is ignored, so every request generates exactly its drawn length.
-// With --spec-ngram or --draft-model the engine decodes speculatively; the acceptance figures
-// follow the summary line and go to the JSON under "spec". With --slo-ttft and/or --slo-tpot the
+// With --spec-ngram or --draft-model the engine decodes speculatively; the acceptance figures, the
+// draft's and the verify forward's shares of step time and the speed-up against the same requests
+// decoded plainly first in the same process (--no-spec-baseline: not run) follow the summary line
+// and go to the JSON under "spec". With --slo-ttft and/or --slo-tpot the
 // throughput workload also reports goodput: the requests that finished within those targets, their
 // share and their rate (JSON "goodput", cli/goodput.h). stdout gets one summary line, --json FILE
 // everything; a progress bar goes to stderr when stderr is a terminal or --progress is given.
@@ -109,6 +111,9 @@ struct BenchArgs {
   double request_timeout = 600.0;
   std::string json_path;
   bool progress = false;
+  // With speculative decoding: also run the workload plainly in this process first (the speed-up's
+  // denominator); --no-spec-baseline skips it.
+  bool spec_baseline = true;
 };
 
 struct Percentiles {
@@ -434,6 +439,89 @@ int run_bench_http(BenchArgs& a, bool latency) {
   return failed == 0 ? 0 : 1;
 }
 
+// One pass of a planned workload through an engine: the measured requests' latencies and the
+// engine's stats around them (the latency workload's first request warms up and is not counted).
+struct Measured {
+  std::vector<double> ttft, tpot, itl, e2e;
+  std::vector<RequestLatency> latencies;  // per measured request, for goodput
+  int64_t output_tokens = 0, prompt_tokens = 0;
+  double duration = 0.0;
+  EngineStats before{}, after{};
+  size_t measured = 0;
+  // What a speed-up compares: decode tok/s (latency: 1 / mean TPOT) or output tok/s (throughput).
+  double speed(bool latency) const {
+    if (!latency) return duration > 0 ? static_cast<double>(output_tokens) / duration : 0.0;
+    double sum = 0.0;
+    for (double t : tpot) sum += t;
+    return sum > 0 ? static_cast<double>(tpot.size()) / sum : 0.0;
+  }
+};
+
+Status run_plan(Engine& e, const std::vector<PlannedRequest>& plan, const BenchArgs& a, bool latency,
+                Progress& progress, Measured& out) {
+  out = Measured{};
+  size_t next = 0, done = 0, in_flight = 0;
+  const size_t measured_from = latency ? 1 : 0;  // the latency workload's first request warms up
+  const size_t limit = latency ? 1 : (a.concurrency > 0 ? static_cast<size_t>(a.concurrency) : plan.size());
+  double start = e.now();
+  Timer wall;
+  while (done < plan.size()) {
+    const double now = e.now() - start;
+    while (next < plan.size() && in_flight < limit && plan[next].arrival <= now) {
+      GenerationParams gp;
+      gp.sampling.temperature = a.temperature;
+      gp.sampling.top_p = a.top_p;
+      gp.sampling.top_k = a.top_k;
+      gp.sampling.min_p = a.min_p;
+      gp.sampling.repetition_penalty = a.repetition_penalty;
+      gp.sampling.seed = a.seed + next;
+      gp.max_tokens = plan[next].output_len;
+      gp.ignore_eos = true;
+      gp.detokenize = false;
+      TACHYON_RETURN_IF_ERROR(e.add_request(plan[next].prompt, gp).status());
+      ++next;
+      ++in_flight;
+    }
+    if (!e.has_unfinished()) {
+      if (next < plan.size()) {
+        std::this_thread::sleep_for(std::chrono::duration<double>(std::max(0.0, plan[next].arrival - now)));
+      }
+      continue;
+    }
+    TACHYON_ASSIGN_OR_RETURN(const std::vector<RequestOutput> outputs, e.step());
+    for (const RequestOutput& o : outputs) {
+      if (!o.finished) continue;
+      --in_flight;
+      if (o.finish_reason == FinishReason::kError) return o.error;
+      const size_t index = done++;
+      if (latency && index == 0) {  // warm-up done: measure from here
+        out.before = e.stats();
+        start = e.now();
+        wall.reset();
+        continue;
+      }
+      const RequestTiming& t = o.timing;
+      RequestLatency& r = out.latencies.emplace_back();
+      r.ttft = t.first_token - t.arrival;
+      r.output_tokens = static_cast<int64_t>(t.token_times.size());
+      out.ttft.push_back(r.ttft);
+      out.e2e.push_back(t.finished - t.arrival);
+      if (t.token_times.size() > 1) {
+        r.tpot = (t.token_times.back() - t.token_times.front()) / static_cast<double>(t.token_times.size() - 1);
+        out.tpot.push_back(r.tpot);
+        for (size_t i = 1; i < t.token_times.size(); ++i) out.itl.push_back(t.token_times[i] - t.token_times[i - 1]);
+      }
+      out.output_tokens += o.num_generated_tokens;
+      out.prompt_tokens += o.num_prompt_tokens;
+    }
+    progress.update(done - std::min(done, measured_from), out.output_tokens, wall.seconds());
+  }
+  out.duration = wall.seconds();
+  out.after = e.stats();
+  out.measured = plan.size() - measured_from;
+  return Status::Ok();
+}
+
 int run_bench(BenchArgs& a) {
   if (a.workload != "latency" && a.workload != "throughput") {
     return report(make_error(ErrorCode::kInvalidArgument, "--workload '{}': latency or throughput", a.workload));
@@ -478,82 +566,39 @@ int run_bench(BenchArgs& a) {
   }
   auto engine = Engine::create(*m.model, nullptr, {}, *eo);
   if (!engine.ok()) return report(engine.status());
-  Engine& e = **engine;
   const int vocab = m.model->config().vocab_size;
   const bool latency = a.workload == "latency";
-  if (latency && a.prompt_len + a.output_len > e.max_model_len()) {
+  const int max_model_len = (*engine)->max_model_len();
+  if (latency && a.prompt_len + a.output_len > max_model_len) {
     return report(make_error(ErrorCode::kInvalidArgument, "prompt {} + output {} tokens exceed max_model_len {}",
-                             a.prompt_len, a.output_len, e.max_model_len()));
+                             a.prompt_len, a.output_len, max_model_len));
   }
   std::vector<PlannedRequest> plan =
-      latency ? plan_latency(a, vocab, text) : plan_throughput(a, vocab, e.max_model_len(), text);
-
-  std::vector<double> ttft, tpot, itl, e2e;
-  std::vector<RequestLatency> latencies;  // per measured request, for goodput
-  int64_t output_tokens = 0, prompt_tokens = 0;
-  size_t next = 0, done = 0, in_flight = 0;
-  const size_t measured_from = latency ? 1 : 0;  // the latency workload's first request warms up
-  const size_t limit = latency ? 1 : (a.concurrency > 0 ? static_cast<size_t>(a.concurrency) : plan.size());
-  Progress progress(a.progress || isatty(STDERR_FILENO) != 0, plan.size() - measured_from);
-  EngineStats before{};
-  double start = e.now();
-  Timer wall;
-  while (done < plan.size()) {
-    const double now = e.now() - start;
-    while (next < plan.size() && in_flight < limit && plan[next].arrival <= now) {
-      GenerationParams gp;
-      gp.sampling.temperature = a.temperature;
-      gp.sampling.top_p = a.top_p;
-      gp.sampling.top_k = a.top_k;
-      gp.sampling.min_p = a.min_p;
-      gp.sampling.repetition_penalty = a.repetition_penalty;
-      gp.sampling.seed = a.seed + next;
-      gp.max_tokens = plan[next].output_len;
-      gp.ignore_eos = true;
-      gp.detokenize = false;
-      auto id = e.add_request(plan[next].prompt, gp);
-      if (!id.ok()) return report(id.status());
-      ++next;
-      ++in_flight;
-    }
-    if (!e.has_unfinished()) {
-      if (next < plan.size()) {
-        std::this_thread::sleep_for(std::chrono::duration<double>(std::max(0.0, plan[next].arrival - now)));
-      }
-      continue;
-    }
-    auto outputs = e.step();
-    if (!outputs.ok()) return report(outputs.status());
-    for (const RequestOutput& o : *outputs) {
-      if (!o.finished) continue;
-      --in_flight;
-      if (o.finish_reason == FinishReason::kError) return report(o.error);
-      const size_t index = done++;
-      if (latency && index == 0) {  // warm-up done: measure from here
-        before = e.stats();
-        start = e.now();
-        wall.reset();
-        continue;
-      }
-      const RequestTiming& t = o.timing;
-      RequestLatency& r = latencies.emplace_back();
-      r.ttft = t.first_token - t.arrival;
-      r.output_tokens = static_cast<int64_t>(t.token_times.size());
-      ttft.push_back(r.ttft);
-      e2e.push_back(t.finished - t.arrival);
-      if (t.token_times.size() > 1) {
-        r.tpot = (t.token_times.back() - t.token_times.front()) / static_cast<double>(t.token_times.size() - 1);
-        tpot.push_back(r.tpot);
-        for (size_t i = 1; i < t.token_times.size(); ++i) itl.push_back(t.token_times[i] - t.token_times[i - 1]);
-      }
-      output_tokens += o.num_generated_tokens;
-      prompt_tokens += o.num_prompt_tokens;
-    }
-    progress.update(done - std::min(done, measured_from), output_tokens, wall.seconds());
+      latency ? plan_latency(a, vocab, text) : plan_throughput(a, vocab, max_model_len, text);
+  Measured plain;  // the same requests decoded plainly, where speculative decoding is measured
+  if (eo->spec.method != SpecMethod::kNone && a.spec_baseline) {
+    // By an engine of its own, while the speculative one is gone (each takes its share of memory).
+    engine->reset();
+    EngineOptions plain_options = *eo;
+    plain_options.spec = SpecDecodeOptions{};
+    auto plain_engine = Engine::create(*m.model, nullptr, {}, plain_options);
+    if (!plain_engine.ok()) return report(plain_engine.status());
+    Progress quiet(false, 0);
+    if (Status s = run_plan(**plain_engine, plan, a, latency, quiet, plain); !s.ok()) return report(s);
+    plain_engine->reset();
+    engine = Engine::create(*m.model, nullptr, {}, *eo);
+    if (!engine.ok()) return report(engine.status());
   }
-  const double duration = wall.seconds();
-  const EngineStats after = e.stats();
-  const size_t measured = plan.size() - measured_from;
+  Engine& e = **engine;
+  Progress progress(a.progress || isatty(STDERR_FILENO) != 0, plan.size() - (latency ? 1 : 0));
+  Measured run;
+  if (Status s = run_plan(e, plan, a, latency, progress, run); !s.ok()) return report(s);
+  const std::vector<double>&ttft = run.ttft, &tpot = run.tpot, &itl = run.itl, &e2e = run.e2e;
+  const std::vector<RequestLatency>& latencies = run.latencies;
+  const int64_t output_tokens = run.output_tokens, prompt_tokens = run.prompt_tokens;
+  const double duration = run.duration;
+  const EngineStats &before = run.before, &after = run.after;
+  const size_t measured = run.measured;
 
   const Percentiles p_ttft = percentiles(ttft), p_tpot = percentiles(tpot), p_itl = percentiles(itl),
                     p_e2e = percentiles(e2e);
@@ -624,6 +669,17 @@ int run_bench(BenchArgs& a) {
                  {"propose_seconds", s1.propose_seconds - s0.propose_seconds},
                  {"tree_steps", s1.num_tree_steps - s0.num_tree_steps},
                  {"gated_steps", s1.num_gated_steps - s0.num_gated_steps}};
+    // Where a step's time goes: the draft (proposing) and the target's verifying forward, as
+    // shares of proposing + scheduling + forward + sampling.
+    const double propose = s1.propose_seconds - s0.propose_seconds, spec_total = step_total + propose;
+    j["spec"]["draft_time_fraction"] = spec_total > 0 ? propose / spec_total : 0.0;
+    j["spec"]["verify_time_fraction"] = spec_total > 0 ? fwd / spec_total : 0.0;
+    if (a.spec_baseline) {
+      const double plain_speed = plain.speed(latency), spec_speed = run.speed(latency);
+      j["spec"]["plain"] = {{latency ? "decode_tokens_per_s" : "output_tokens_per_s", plain_speed},
+                            {"tpot_ms_mean", percentiles(plain.tpot).mean * 1e3}};
+      j["spec"]["speedup"] = plain_speed > 0 ? spec_speed / plain_speed : 0.0;
+    }
   }
   if (!a.prompt_text.empty()) j["prompt_text"] = a.prompt_text;
   const Goodput goodput = put_goodput(j, latencies, a.slo, duration);
@@ -660,12 +716,19 @@ int run_bench(BenchArgs& a) {
     std::string k = eo->spec.k > 0 ? fmt::format("K {}", eo->spec.k) : fmt::format("K dynamic <= {}", eo->spec.k_max);
     if (eo->spec.tree_nodes > 0) k += fmt::format(", trees <= {} nodes", eo->spec.tree_nodes);
     const int64_t gated = s["gated_steps"].get<int64_t>();
+    std::string versus;
+    if (s.contains("speedup")) {
+      versus = fmt::format(" | plain decode in this process {:.2f} {}: {:.2f}x",
+                           s["plain"].begin().value().get<double>(), latency ? "tok/s" : "output tok/s",
+                           s["speedup"].get<double>());
+    }
     std::printf("speculative (%s, %s): %lld proposed, %lld accepted (%.1f%%), %.2f accepted per verify step, "
-                "%.2f s proposing%s\n",
+                "%.2f s proposing (draft %.0f%%, verify %.0f%% of step time)%s%s\n",
                 s["proposer"].get<std::string>().c_str(), k.c_str(), static_cast<long long>(s["proposed"].get<int64_t>()),
                 static_cast<long long>(s["accepted"].get<int64_t>()), 100.0 * s["acceptance_rate"].get<double>(),
                 s["mean_accepted_length"].get<double>(), s["propose_seconds"].get<double>(),
-                gated > 0 ? fmt::format(", {} steps held plain (measured slower)", gated).c_str() : "");
+                100.0 * s["draft_time_fraction"].get<double>(), 100.0 * s["verify_time_fraction"].get<double>(),
+                gated > 0 ? fmt::format(", {} steps held plain (measured slower)", gated).c_str() : "", versus.c_str());
   }
   return 0;
 }
@@ -710,6 +773,9 @@ void add_bench(CLI::App& app, std::function<int()>& run) {
                   "(default 600)");
   cmd->add_option("--json", a->json_path, "write every figure to FILE as JSON");
   cmd->add_flag("--progress", a->progress, "progress bar on stderr even when it is not a terminal");
+  cmd->add_flag("!--no-spec-baseline", a->spec_baseline,
+                "with speculative decoding, skip the plain run of the same requests that the speed-up is measured "
+                "against");
   cmd->callback([a, &run]() { run = [a]() { return run_bench(*a); }; });
 }
 

@@ -155,5 +155,34 @@ TEST(Cli, BenchWritesJsonAndOneSummaryLine) {
   expect_clean_error(run_command(tachyon_binary() + " bench -m synthetic:tiny --kv-cache-mem lots"), "size");
 }
 
+// Speculative decoding in bench: the acceptance, the draft's and the verify forward's shares of a
+// step, and the speed against the same requests decoded plainly in the same process (not run with
+// --no-spec-baseline).
+TEST(Cli, BenchReportsSpeculationAgainstPlainDecodeInTheSameProcess) {
+  const std::string dir = testing::scratch_dir("bench-spec");
+  const std::string demo = testing::source_dir() + "/models/tachyon-demo";
+  const std::string base = tachyon_binary() + " bench -m " + demo + " --draft-model " + demo +
+                           "-draft --spec-k 3 --workload latency --prompt-len 24 --output-len 24 --iters 2 "
+                           "--prompt-text " + testing::source_dir() + "/tests/data/eval/prose.txt";
+  auto r = run_command(base + " --json " + dir + "/s.json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("plain decode in this process"), std::string::npos) << r.out;
+  std::ifstream f(dir + "/s.json");
+  const auto s = nlohmann::json::parse(f).at("spec");
+  EXPECT_GT(s.at("verify_steps").get<int>(), 0);
+  EXPECT_GT(s.at("mean_accepted_length").get<double>(), 0.0);
+  const double draft = s.at("draft_time_fraction").get<double>(), verify = s.at("verify_time_fraction").get<double>();
+  EXPECT_GT(draft, 0.0);
+  EXPECT_GT(verify, 0.0);
+  EXPECT_LE(draft + verify, 1.0);
+  EXPECT_GT(s.at("plain").at("decode_tokens_per_s").get<double>(), 0.0);
+  EXPECT_GT(s.at("speedup").get<double>(), 0.0);
+  auto n = run_command(base + " --no-spec-baseline --json " + dir + "/n.json");
+  ASSERT_EQ(n.exit_code, 0) << n.err;
+  EXPECT_EQ(n.out.find("plain decode in this process"), std::string::npos) << n.out;
+  std::ifstream nf(dir + "/n.json");
+  EXPECT_FALSE(nlohmann::json::parse(nf).at("spec").contains("speedup"));
+}
+
 }  // namespace
 }  // namespace tachyon
