@@ -1,5 +1,7 @@
 #include "test_util.h"
 
+#include "ops/cpu/isa.h"
+
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -169,5 +171,8 @@ double upper_incomplete_gamma(double a, double x) {
 double chi_square_p_value(double statistic, int degrees_of_freedom) {
   return upper_incomplete_gamma(0.5 * degrees_of_freedom, 0.5 * statistic);
 }
+
+ExactQuantizedLinears::ExactQuantizedLinears() { ops::cpu::set_int8_dot(false); }
+ExactQuantizedLinears::~ExactQuantizedLinears() { ops::cpu::clear_int8_dot_override(); }
 
 }  // namespace tachyon::testing

@@ -322,6 +322,7 @@ TEST(GpuOps, Int8WeightsQuantizeAndMultiplyLikeTheHost) {
 // bytes, so greedy decoding agrees (token for token but for near-ties late in the run).
 TEST(GpuModel, Int8GreedyEqualsTheCpuInt8Path) {
   TACHYON_START_GPU();
+  const testing::ExactQuantizedLinears exact;  // the CPU side in f32 activations, as before
   LoadedModel cpu = load(testing::source_dir() + "/models/tachyon-demo", Device::cpu());
   LoadedModel gpu = load(testing::source_dir() + "/models/tachyon-demo", kGpu);
   QuantSpec spec;
@@ -449,6 +450,7 @@ TEST(GpuOps, Int4WeightsQuantizeAndMultiplyLikeTheHost) {
 // the host (fused projections as one matrix), and greedy decoding agrees with the CPU int4 path.
 TEST(GpuModel, Int4GreedyEqualsTheCpuInt4Path) {
   TACHYON_START_GPU();
+  const testing::ExactQuantizedLinears exact;  // the CPU side in f32 activations, as before
   LoadedModel cpu = load(testing::source_dir() + "/models/tachyon-demo", Device::cpu());
   LoadedModel gpu = load(testing::source_dir() + "/models/tachyon-demo", kGpu);
   QuantSpec spec;
@@ -494,6 +496,7 @@ TEST(GpuModel, Int4GreedyEqualsTheCpuInt4Path) {
 // printed).
 TEST(GpuModel, PackedWeightsMatchTheCpuPath) {
   TACHYON_START_GPU();
+  const testing::ExactQuantizedLinears exact;  // the CPU side in f32 activations, as before
   LoadedModel cpu = load(testing::source_dir() + "/models/tachyon-demo", Device::cpu());
   const int64_t vocab = cpu.model->config().vocab_size;
   for (const char* name : {"q4_k", "q6_k", "q8_0", "w8a8", "fp8", "ternary"}) {
@@ -541,6 +544,7 @@ TEST(GpuModel, PackedWeightsMatchTheCpuPath) {
 // with the same checkpoint on the CPU.
 TEST(GpuModel, AwqCheckpointRunsPackedAndAgreesWithTheCpu) {
   TACHYON_START_GPU();
+  const testing::ExactQuantizedLinears exact;  // the CPU side in f32 activations, as before
   LoadedModel original = load(testing::source_dir() + "/models/tachyon-demo", Device::cpu());
   std::vector<int32_t> calib = original.tokenizer->encode(
       "Once upon a time there was a little girl who lived in a village near the forest. Whenever she went out, "

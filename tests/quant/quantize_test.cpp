@@ -177,7 +177,9 @@ TEST(QuantizeGguf, Q4_0BlocksAreInt4Group32) {
   Tensor fast = Tensor::empty({3, out}, DType::kF32), ref = Tensor::empty({3, out}, DType::kF32);
   Weight packed;
   packed.quant = std::make_shared<QuantWeight>(*q);
+  ops::cpu::set_int8_dot(false);  // the exact kernels (the integer ones have their own tests below)
   ops::linear(x, packed, nullptr, fast);
+  ops::cpu::clear_int8_dot_override();
   ops::cpu::quant_linear_reference(x, *q, nullptr, ref);
   EXPECT_TRUE(testing::all_close(fast, ref, 1e-5, "q4_0 as int4 g32"));
   // Wrong sizes and a non-finite scale are errors, not reads past the end.
@@ -218,7 +220,11 @@ TEST(Quantize, BadInputsAreErrors) {
 }
 
 // x [n, in] and y [n, out] are views with row strides larger than their widths, y starts as NaN
-// (an output the kernel forgets stays NaN) and the columns past `out` must stay untouched.
+// (an output the kernel forgets stays NaN) and the columns past `out` must stay untouched. The exact
+// f32 kernels are held to the reference; where the integer dot products run (Q8_0, int8, int4),
+// they are held as tightly to the reference on the activations as they quantize them (each block
+// of 32 by quantize_activation_row), and to the exact reference within the activations' rounding:
+// half a step (max |x| / 127 of the block) times sum |w| over each block.
 void expect_kernel_matches_reference(const QuantWeight& q, int64_t n, bool with_bias, std::mt19937& rng) {
   const int64_t in = q.in_features, out = q.out_features;
   const Tensor x_storage = testing::random_tensor({n, in + 5}, rng);
@@ -227,34 +233,104 @@ void expect_kernel_matches_reference(const QuantWeight& q, int64_t n, bool with_
   Tensor expected = Tensor::empty({n, out}, DType::kF32);
   ops::cpu::quant_linear_reference(x, q, with_bias ? &bias : nullptr, expected);
   const Tensor dense = dequantize(q);
+  // The activations as the integer kernels see them: per token, blocks of 32 rounded to int8.
+  std::vector<double> xq(static_cast<size_t>(n * in)), half_step(static_cast<size_t>(n * in));
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t b0 = 0; b0 < in; b0 += 32) {
+      const int64_t len = std::min<int64_t>(32, in - b0);
+      int8_t codes[32];
+      const float d = quantize_activation_row(x.data<float>() + t * x.stride(0) + b0, len, codes);
+      for (int64_t i = 0; i < len; ++i) {
+        xq[static_cast<size_t>(t * in + b0 + i)] = static_cast<double>(d) * codes[i];
+        half_step[static_cast<size_t>(t * in + b0 + i)] = 0.5 * d;
+      }
+    }
+  }
   Weight w;
   w.quant = std::make_shared<const QuantWeight>(q);
+  const bool dot = ops::cpu::dot_linear_supported(q);
   for (Isa isa : {Isa::kAvx2, Isa::kAvx512}) {
     if (!ops::cpu::isa_supported(isa)) continue;
     ops::cpu::set_isa(isa);
-    for (ops::LinearMode mode : {ops::LinearMode::kFastest, ops::LinearMode::kBatchInvariant}) {
-      Tensor y_storage = Tensor::empty({n, out + 3}, DType::kF32);
-      for (int64_t i = 0; i < y_storage.numel(); ++i) y_storage.data<float>()[i] = std::nanf("");
-      Tensor y = y_storage.slice(1, 0, out);
-      ops::linear(x, w, with_bias ? &bias : nullptr, y, mode);
-      for (int64_t t = 0; t < n; ++t) {
-        for (int64_t o = 0; o < out; ++o) {
-          // f32 accumulation against the reference's double: at most ~in roundings of the
-          // running sum, each within 2^-24 of sum |w x|.
-          double abs_sum = with_bias ? std::fabs(bias.data<float>()[o]) : 0.0;
-          for (int64_t i = 0; i < in; ++i) {
-            abs_sum += std::fabs(static_cast<double>(dense.data<float>()[o * in + i]) * x.data<float>()[t * x.stride(0) + i]);
+    for (bool int8_dot : {false, true}) {
+      if (int8_dot && !dot) continue;
+      ops::cpu::set_int8_dot(int8_dot);
+      for (ops::LinearMode mode : {ops::LinearMode::kFastest, ops::LinearMode::kBatchInvariant}) {
+        Tensor y_storage = Tensor::empty({n, out + 3}, DType::kF32);
+        for (int64_t i = 0; i < y_storage.numel(); ++i) y_storage.data<float>()[i] = std::nanf("");
+        Tensor y = y_storage.slice(1, 0, out);
+        ops::linear(x, w, with_bias ? &bias : nullptr, y, mode);
+        for (int64_t t = 0; t < n; ++t) {
+          for (int64_t o = 0; o < out; ++o) {
+            // f32 accumulation against a double sum: at most ~in roundings of the running sum, each
+            // within 2^-24 of sum |w x|.
+            double abs_sum = with_bias ? std::fabs(bias.data<float>()[o]) : 0.0;
+            double quantized = with_bias ? bias.data<float>()[o] : 0.0, rounding = 0.0;
+            for (int64_t i = 0; i < in; ++i) {
+              const double wi = dense.data<float>()[o * in + i];
+              const size_t ti = static_cast<size_t>(t * in + i);
+              abs_sum += std::fabs(wi * (int8_dot ? xq[ti] : x.data<float>()[t * x.stride(0) + i]));
+              quantized += wi * xq[ti];
+              rounding += std::fabs(wi) * half_step[ti];
+            }
+            const float got = y.data<float>()[t * y.stride(0) + o];
+            const double f32_error = 1.2e-7 * static_cast<double>(in + 8) * abs_sum + 1e-6;
+            const std::string what = fmt::format("{} {} {} n={} token {} row {}", quant_format_name(q.format),
+                                                 ops::cpu::isa_name(isa), int8_dot ? "int8 dot" : "exact", n, t, o);
+            ASSERT_TRUE(std::isfinite(got)) << what;
+            if (int8_dot) {
+              ASSERT_NEAR(got, quantized, f32_error) << what;
+              ASSERT_NEAR(got, expected.data<float>()[t * out + o], rounding + f32_error) << what;
+            } else {
+              ASSERT_NEAR(got, expected.data<float>()[t * out + o], f32_error) << what;
+            }
           }
-          const float got = y.data<float>()[t * y.stride(0) + o];
-          ASSERT_TRUE(std::isfinite(got)) << "token " << t << " row " << o;
-          ASSERT_NEAR(got, expected.data<float>()[t * out + o], 1.2e-7 * static_cast<double>(in + 8) * abs_sum + 1e-6)
-              << quant_format_name(q.format) << " " << ops::cpu::isa_name(isa) << " n=" << n << " token " << t
-              << " row " << o;
+          for (int64_t c = out; c < out + 3; ++c) ASSERT_TRUE(std::isnan(y_storage.data<float>()[t * (out + 3) + c]));
         }
-        for (int64_t c = out; c < out + 3; ++c) ASSERT_TRUE(std::isnan(y_storage.data<float>()[t * (out + 3) + c]));
       }
     }
+    ops::cpu::clear_int8_dot_override();
     ops::cpu::clear_isa_override();
+  }
+}
+
+// The integer kernels' activation blocks are quantize_activation_row's on each block of 32, bit
+// for bit: random rows of odd widths, an all-zero block, a block with a NaN and one with an
+// infinity (NaN scale), the codes past `in` zero, dsum = d * the block's code sum.
+TEST(QuantLinear, ActivationBlocksAreTheRowQuantizerPerBlock) {
+  std::mt19937 rng(testing::fresh_seed());
+  for (int64_t in : {7, 32, 96, 131, 896}) {
+    const int64_t n = 3, stride = (in + 63) / 64 * 64, blocks = stride / 32;
+    Tensor x = testing::random_tensor({n, in + 3}, rng, -4.0f, 4.0f);
+    float* xd = x.data<float>();
+    if (in >= 96) {
+      for (int i = 32; i < 64; ++i) xd[i] = 0.0f;  // token 0, block 1
+      xd[(in + 3) + 70] = std::nanf("");           // token 1, block 2
+      xd[2 * (in + 3) + 5] = INFINITY;             // token 2, block 0
+    }
+    std::vector<int8_t> codes(static_cast<size_t>(n * stride), 99);
+    std::vector<float> d(static_cast<size_t>(n * blocks)), dsum(d.size());
+    ops::cpu::quantize_activation_blocks(xd, in + 3, n, in, codes.data(), stride, d.data(), dsum.data());
+    for (int64_t t = 0; t < n; ++t) {
+      for (int64_t b = 0; b < blocks; ++b) {
+        const int64_t len = std::max<int64_t>(0, std::min<int64_t>(32, in - 32 * b));
+        int8_t want[32] = {};
+        const float want_d = len > 0 ? quantize_activation_row(xd + t * (in + 3) + 32 * b, len, want) : 0.0f;
+        const size_t at = static_cast<size_t>(t * blocks + b);
+        const std::string what = fmt::format("in {} token {} block {}", in, t, b);
+        ASSERT_EQ(f32_bits(d[at]), f32_bits(want_d)) << what;
+        int32_t sum = 0;
+        for (int i = 0; i < 32; ++i) {
+          ASSERT_EQ(codes[static_cast<size_t>(t * stride + 32 * b + i)], i < len ? want[i] : 0) << what << " code " << i;
+          sum += want[i];
+        }
+        if (std::isfinite(want_d)) {
+          ASSERT_EQ(dsum[at], want_d * static_cast<float>(sum)) << what;
+        } else {
+          ASSERT_TRUE(std::isnan(dsum[at])) << what;
+        }
+      }
+    }
   }
 }
 

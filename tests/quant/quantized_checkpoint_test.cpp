@@ -229,6 +229,7 @@ const Weight& module_weight(const LayerWeights& l, size_t m) {
 // Every value of every module decodes to the known one, and the model run on the packed
 // kernels agrees with the same model stored dense (the scalar path's oracle).
 void expect_decodes(Layout layout, const json& config, int group, const std::string& dtypes) {
+  const testing::ExactQuantizedLinears exact;  // held to the values' f32 function
   const std::string dir = write_model("qckpt", tiny_config(config), tiny_tensors(layout, group));
   auto m = load(dir);
   ASSERT_TRUE(m.ok()) << m.status().to_string();

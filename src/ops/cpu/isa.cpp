@@ -126,4 +126,22 @@ void log_path_once(std::string_view path) {
   TACHYON_LOG_INFO("{}", key);
 }
 
+namespace {
+// -1: no override; 0 / 1: off / on.
+std::atomic<int> g_int8_dot_override{-1};
+}  // namespace
+
+bool int8_dot_enabled() {
+  const int o = g_int8_dot_override.load(std::memory_order_relaxed);
+  if (o >= 0) return o == 1;
+  static const bool from_env = [] {
+    const char* env = std::getenv("TACHYON_INT8_DOT");
+    return env == nullptr || std::string_view(env) != "0";
+  }();
+  return from_env;
+}
+
+void set_int8_dot(bool enabled) { g_int8_dot_override.store(enabled ? 1 : 0, std::memory_order_relaxed); }
+void clear_int8_dot_override() { g_int8_dot_override.store(-1, std::memory_order_relaxed); }
+
 }  // namespace tachyon::ops::cpu

@@ -3,8 +3,10 @@
 // - quant_linear_reference: dequantize (quant/quantize.h), then the scalar reference linear. The
 //   oracle of the kernel tests and what runs under TACHYON_ISA=scalar.
 // - quant_linear: AVX2 + FMA (the x86-64 baseline; it also runs when AVX-512 is active, except
-//   that int4 takes AVX-512 there and W8A8 AVX-512 VNNI when the CPU has it). Weights
-//   are decoded in registers, 8 at a time, and multiplied into f32 accumulators; each thread owns
+//   that int4 takes AVX-512 there and W8A8 AVX-512 VNNI when the CPU has it). Q8_0, int8 and
+//   int4 multiply int8 codes of the activations by integer dot products (dot_linear_supported);
+//   the other formats' weights are decoded in registers, 8 at a time, and multiplied into f32
+//   accumulators (as Q8_0, int8 and int4 are where int8_dot_enabled() is off); each thread owns
 //   a range of output rows and streams every packed byte from memory once per call. Every token
 //   is accumulated in the same order whatever the batch, so outputs are batch-invariant.
 // Both take checked arguments (ops::linear checks them).
@@ -31,9 +33,28 @@ struct QuantLinearArgs {
   const int8_t* qx = nullptr;
   int64_t qx_stride = 0;
   const float* qx_scales = nullptr;
+  // The integer dot-product kernels (dot_linear_supported), filled by quant_linear: the
+  // activations quantized in blocks of 32 (quantize_activation_blocks), codes [n, qx_stride]
+  // (qx_stride a multiple of 64, zero codes from in on), and per block its scale qx_d and its
+  // scale times the sum of its codes qx_dsum [n, qx_stride / 32].
+  const float* qx_d = nullptr;
+  const float* qx_dsum = nullptr;
 };
 
 void quant_linear(const QuantLinearArgs& args);
+
+// Q8_0, per-channel int8 and group-wise int4 (group a multiple of 32) run as integer dot products
+// against activations quantized to int8 in blocks of 32 (quant_linear_dot_avx2.cpp): the
+// activations' rounding (half a step of max|x| / 127 per block of 32) is the difference from the
+// exact f32 kernels, which TACHYON_INT8_DOT=0 or set_int8_dot(false) selects (isa.h; docs/quant.md).
+bool dot_linear_supported(const QuantWeight& w);
+// Per token, blocks of 32 of x [n, in] (rows x_stride apart): codes [n, stride] (stride a multiple
+// of 32, >= in; zero past in), d [n, stride / 32] and dsum = d * sum of the block's codes. A block
+// is quantize_activation_row's (quant/quantize.h) bit for bit: a NaN scale where it holds a
+// non-finite value, zero codes and scale where it is all zero.
+void quantize_activation_blocks(const float* x, int64_t x_stride, int64_t n, int64_t in, int8_t* codes,
+                                int64_t stride, float* d, float* dsum);
+void dot_rows_avx2(const QuantLinearArgs& args, int64_t o_begin, int64_t o_end);
 
 // W8A8 rows [o_begin, o_end) for every token with AVX-512 VNNI (quant_linear_w8a8_vnni.cpp; only
 // called when cpu_has_avx512_vnni()). The integer sums are exact, so it equals the AVX2 path bit

@@ -373,6 +373,24 @@ void quant_linear(const QuantLinearArgs& args) {
   QuantLinearArgs a = args;
   std::vector<int8_t> qx;
   std::vector<float> qx_scales;
+  // Q8_0, int8 and int4 through the exact f32 kernels below only where int8_dot_enabled() is off.
+  if (dot_linear_supported(q) && int8_dot_enabled()) {
+    // Each token's blocks once per call, padded with zero codes to a multiple of 64 columns.
+    a.qx_stride = (q.in_features + 63) / 64 * 64;
+    qx.assign(static_cast<size_t>(a.n * a.qx_stride), 0);
+    std::vector<float> d(static_cast<size_t>(a.n * a.qx_stride / 32)), dsum(d.size());
+    quantize_activation_blocks(a.x, a.x_stride, a.n, q.in_features, qx.data(), a.qx_stride, d.data(), dsum.data());
+    a.qx = qx.data();
+    a.qx_d = d.data();
+    a.qx_dsum = dsum.data();
+    log_path_once("linear: avx2 {} x int8 activations (integer dot products)", quant_format_name(q.format));
+    // Blocks of 8 rows, at least ~32 KiB of packed weight per chunk, as below.
+    const int64_t blocks = (out + 7) / 8;
+    const int64_t grain = std::max<int64_t>(1, (int64_t{32} << 10) / (8 * q.in_features * a.n));
+    parallel_for(blocks, grain,
+                 [&](int64_t b_begin, int64_t b_end) { dot_rows_avx2(a, b_begin * 8, std::min(out, b_end * 8)); });
+    return;
+  }
   const bool vnni = q.format == QuantFormat::kW8A8 && active_isa() == Isa::kAvx512 && cpu_has_avx512_vnni();
   const bool int4_avx512 = q.format == QuantFormat::kInt4Group && active_isa() == Isa::kAvx512;
   if (q.format == QuantFormat::kInt4Group) log_path_once("linear: {} int4", int4_avx512 ? "avx512" : "avx2");

@@ -1,0 +1,274 @@
+// The integer dot-product linears (quant_linear.h), AVX2: Q8_0, per-channel int8 and group-wise
+// int4 weights against activations quantized to int8 in blocks of 32 (quantize_activation_blocks:
+// a scale per block, rounded to nearest), so that each 32 weights cost one maddubs and one madd
+// per token instead of 32 conversions and FMAs. Per block of 32 columns and token:
+//   Q8_0:  y += (d_w * d_x) * sum_i code_w * code_x
+//   int8:  y += d_x * sum_i code_w * code_x, times the row's scale at the end
+//   int4:  y += (s_g * d_x) * sum_i q * code_x - s_g * z_g * (d_x * sum_i code_x)
+// The integer sums are exact; maddubs multiplies unsigned by signed bytes, so signed weights go in
+// as |w| with x taking w's sign (|w| <= 128, |x| <= 127: a pair's sum fits int16), int4's
+// unsigned nibbles as they are. Each token's chain is the same for any batch (batch-invariant).
+#include "ops/cpu/quant_linear.h"
+
+#include "core/status.h"
+
+#if defined(__x86_64__)
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "core/ggml_blocks.h"
+#include "ops/cpu/quant_rows.h"
+#include "quant/quantize.h"
+
+namespace tachyon::ops::cpu {
+namespace {
+
+constexpr int kTokens = 4;
+constexpr int64_t kBlock = 32;
+// How far ahead of its reads a row's weight stream is prefetched. The hardware prefetcher alone
+// left the int4 kernel at 48 % of the read bandwidth on a 4864 x 896 matrix, 77 % with this (a
+// Xeon with AVX-512, one thread; 1024: 72 %, 4096: 79 %; docs/perf.md 2026-12-06).
+constexpr int kPrefetchBytes = 4096;
+
+inline float reduce_add(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// The 8 int32 sums of 4 products of |w| (unsigned) by x with w's sign.
+inline __m256i dot_signed(__m256i w_abs, __m256i w, __m256i x) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(w_abs, _mm256_sign_epi8(x, w)), _mm256_set1_epi16(1));
+}
+
+template <int T>
+struct TokenBlocks {
+  const int8_t* codes[T];  // [stride]
+  const float* d[T];       // [stride / 32]
+  const float* dsum[T];
+  TokenBlocks(const QuantLinearArgs& a, int64_t tok0) {
+    const int64_t blocks = a.qx_stride / kBlock;
+    for (int t = 0; t < T; ++t) {
+      codes[t] = a.qx + (tok0 + t) * a.qx_stride;
+      d[t] = a.qx_d + (tok0 + t) * blocks;
+      dsum[t] = a.qx_dsum + (tok0 + t) * blocks;
+    }
+  }
+};
+
+inline void store(const QuantLinearArgs& a, int64_t o, int64_t t, float sum) {
+  a.y[t * a.y_stride + o] = a.bias != nullptr ? sum + a.bias[o] : sum;
+}
+
+// Each tile keeps two accumulators per token, for even and odd blocks (two dependency chains);
+// the blocks run in pairs so that every register array is indexed by constants only (a runtime
+// index put them on the stack).
+
+template <int T>
+void q8_0_tile(const QuantLinearArgs& a, int64_t o, int64_t tok0) {
+  const QuantWeight& q = *a.w;
+  const int64_t blocks = q.in_features / kBlock;
+  const int8_t* w = q.packed.data<int8_t>() + o * q.in_features;  // [in] i8
+  const uint16_t* dw = q.scales.data<uint16_t>() + o * blocks;    // [in / 32] f16
+  const TokenBlocks<T> x(a, tok0);
+  __m256 even[T], odd[T];
+  for (int t = 0; t < T; ++t) even[t] = odd[t] = _mm256_setzero_ps();
+  _mm_prefetch(reinterpret_cast<const char*>(dw + 8 * blocks), _MM_HINT_T0);  // the row 8 ahead's scales
+  const auto block = [&](int64_t b, __m256 (&acc)[T]) {
+    _mm_prefetch(reinterpret_cast<const char*>(w + b * kBlock) + kPrefetchBytes, _MM_HINT_T0);
+    const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + b * kBlock));
+    const __m256i w_abs = _mm256_abs_epi8(wv);
+    const float d = _cvtsh_ss(dw[b]);
+#pragma GCC unroll 4
+    for (int t = 0; t < T; ++t) {
+      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.codes[t] + b * kBlock));
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_signed(w_abs, wv, xv)), _mm256_set1_ps(d * x.d[t][b]), acc[t]);
+    }
+  };
+  int64_t b = 0;
+  for (; b + 2 <= blocks; b += 2) {
+    block(b, even);
+    block(b + 1, odd);
+  }
+  if (b < blocks) block(b, even);
+  for (int t = 0; t < T; ++t) store(a, o, tok0 + t, reduce_add(_mm256_add_ps(even[t], odd[t])));
+}
+
+template <int T>
+void int8_tile(const QuantLinearArgs& a, int64_t o, int64_t tok0) {
+  const QuantWeight& q = *a.w;
+  const int64_t in = q.in_features, whole = in / kBlock, blocks = (in + kBlock - 1) / kBlock;
+  const int8_t* w = q.packed.data<int8_t>() + o * in;  // [in] i8
+  const TokenBlocks<T> x(a, tok0);
+  alignas(32) int8_t tail[kBlock] = {};  // a short last block, zero-padded (the codes past in are zero too)
+  if (whole < blocks) std::memcpy(tail, w + whole * kBlock, static_cast<size_t>(in - whole * kBlock));
+  __m256 even[T], odd[T];
+  for (int t = 0; t < T; ++t) even[t] = odd[t] = _mm256_setzero_ps();
+  const auto block = [&](int64_t b, __m256 (&acc)[T]) {
+    _mm_prefetch(reinterpret_cast<const char*>(w + b * kBlock) + kPrefetchBytes, _MM_HINT_T0);
+    const int8_t* wb = b < whole ? w + b * kBlock : tail;
+    const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb));
+    const __m256i w_abs = _mm256_abs_epi8(wv);
+#pragma GCC unroll 4
+    for (int t = 0; t < T; ++t) {
+      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.codes[t] + b * kBlock));
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_signed(w_abs, wv, xv)), _mm256_set1_ps(x.d[t][b]), acc[t]);
+    }
+  };
+  int64_t b = 0;
+  for (; b + 2 <= blocks; b += 2) {
+    block(b, even);
+    block(b + 1, odd);
+  }
+  if (b < blocks) block(b, even);
+  const float scale = q.scales.data<float>()[o];
+  for (int t = 0; t < T; ++t) store(a, o, tok0 + t, reduce_add(_mm256_add_ps(even[t], odd[t])) * scale);
+}
+
+template <int T>
+void int4_tile(const QuantLinearArgs& a, int64_t o, int64_t tok0) {
+  const QuantWeight& q = *a.w;
+  const int64_t in = q.in_features, blocks = in / kBlock, groups = in / q.group_size;
+  const int64_t shift = q.group_size == 32 ? 0 : q.group_size == 64 ? 1 : q.group_size == 128 ? 2 : -1;
+  const int64_t per_group = q.group_size / kBlock;
+  const uint8_t* w = q.packed.data<uint8_t>() + o * (in / 2);  // [in / 2] u8, 16 bytes per 32 weights
+  const float* scales = q.scales.data<float>() + o * groups;   // [groups] f32
+  const float* zeros = q.zeros.data<float>() + o * groups;     // [groups] f32
+  const TokenBlocks<T> x(a, tok0);
+  // The scales and zeros of the row 8 ahead (the weights are prefetched as they stream, below).
+  _mm_prefetch(reinterpret_cast<const char*>(scales + 8 * groups), _MM_HINT_T0);
+  _mm_prefetch(reinterpret_cast<const char*>(zeros + 8 * groups), _MM_HINT_T0);
+  const __m128i low_nibbles = _mm_set1_epi8(0x0f);
+  const __m256i ones = _mm256_set1_epi16(1);
+  // Per token and chain: y's vector acc += s * (d_x * sums), and the zero points' share
+  // correction += (s * z) * dsum, subtracted at the end.
+  __m256 even[T], odd[T];
+  float even_correction[T], odd_correction[T];
+  for (int t = 0; t < T; ++t) {
+    even[t] = odd[t] = _mm256_setzero_ps();
+    even_correction[t] = odd_correction[t] = 0.0f;
+  }
+  const auto block = [&](int64_t b, __m256 (&acc)[T], float (&correction)[T]) {
+    const int64_t g = shift >= 0 ? b >> shift : b / per_group;
+    const float s = scales[g], sz = s * zeros[g];
+    _mm_prefetch(reinterpret_cast<const char*>(w + b * (kBlock / 2)) + kPrefetchBytes, _MM_HINT_T0);
+    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + b * (kBlock / 2)));
+    const __m256i wv = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(packed, 4), low_nibbles),  // weights 16..31
+                                        _mm_and_si128(packed, low_nibbles));                    // weights 0..15
+#pragma GCC unroll 4
+    for (int t = 0; t < T; ++t) {
+      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.codes[t] + b * kBlock));
+      const __m256i sums = _mm256_madd_epi16(_mm256_maddubs_epi16(wv, xv), ones);
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_set1_ps(s * x.d[t][b]), acc[t]);
+      correction[t] = std::fma(sz, x.dsum[t][b], correction[t]);
+    }
+  };
+  int64_t b = 0;
+  for (; b + 2 <= blocks; b += 2) {
+    block(b, even, even_correction);
+    block(b + 1, odd, odd_correction);
+  }
+  if (b < blocks) block(b, even, even_correction);
+  for (int t = 0; t < T; ++t) {
+    store(a, o, tok0 + t,
+          reduce_add(_mm256_add_ps(even[t], odd[t])) - (even_correction[t] + odd_correction[t]));
+  }
+}
+
+}  // namespace
+
+void quantize_activation_blocks(const float* x, int64_t x_stride, int64_t n, int64_t in, int8_t* codes,
+                                int64_t stride, float* d, float* dsum) {
+  const int64_t blocks = stride / kBlock, whole = in / kBlock;
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  for (int64_t t = 0; t < n; ++t) {
+    const float* xt = x + t * x_stride;
+    int8_t* ct = codes + t * stride;
+    for (int64_t b = 0; b < blocks; ++b) {
+      float& db = d[t * blocks + b];
+      float& sb = dsum[t * blocks + b];
+      if (b >= whole) {  // the short last block and the padding: the scalar definition
+        const int64_t len = std::max<int64_t>(0, std::min<int64_t>(kBlock, in - b * kBlock));
+        std::memset(ct + b * kBlock, 0, kBlock);
+        db = len > 0 ? quantize_activation_row(xt + b * kBlock, len, ct + b * kBlock) : 0.0f;
+        int32_t sum = 0;
+        for (int64_t i = 0; i < len; ++i) sum += ct[b * kBlock + i];
+        sb = db * static_cast<float>(sum);
+        continue;
+      }
+      __m256 v[4];
+      __m256 amax = _mm256_setzero_ps(), all = _mm256_setzero_ps();
+      for (int i = 0; i < 4; ++i) {
+        v[i] = _mm256_loadu_ps(xt + b * kBlock + 8 * i);
+        amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[i]));
+        all = _mm256_add_ps(all, _mm256_mul_ps(v[i], _mm256_setzero_ps()));  // NaN if any lane is not finite
+      }
+      __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+      m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+      m = _mm_max_ss(m, _mm_movehdup_ps(m));
+      const float block_max = _mm_cvtss_f32(m);
+      if (!std::isfinite(reduce_add(all)) || block_max == 0.0f) {  // NaN scale / zero block, as the scalar row
+        db = quantize_activation_row(xt + b * kBlock, kBlock, ct + b * kBlock);
+        sb = 0.0f;
+        if (!std::isfinite(db)) sb = db;
+        continue;
+      }
+      const __m256 inv = _mm256_set1_ps(127.0f / block_max);
+      __m256i q[4];
+      for (int i = 0; i < 4; ++i) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inv));  // nearest even
+      // int32 -> int8 in column order: the packs interleave 128-bit lanes, the permute undoes it.
+      const __m256i p16a = _mm256_packs_epi32(q[0], q[1]), p16b = _mm256_packs_epi32(q[2], q[3]);
+      const __m256i p8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p16a, p16b),
+                                                     _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(ct + b * kBlock), p8);
+      const __m256i s32 = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+      __m128i s = _mm_add_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
+      s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+      s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+      db = block_max / 127.0f;
+      sb = db * static_cast<float>(_mm_cvtsi128_si32(s));
+    }
+  }
+}
+
+bool dot_linear_supported(const QuantWeight& w) {
+  switch (w.format) {
+    case QuantFormat::kGgufQ8_0:
+    case QuantFormat::kInt8Channel: return true;
+    case QuantFormat::kInt4Group: return w.group_size > 0 && w.group_size % kBlock == 0;
+    default: return false;
+  }
+}
+
+void dot_rows_avx2(const QuantLinearArgs& a, int64_t o_begin, int64_t o_end) {
+  constexpr int64_t kRowBlock = 8;
+#define TILE(f) [&a](auto tokens, int64_t o, int64_t tok0) { f<decltype(tokens)::value>(a, o, tok0); }
+  switch (a.w->format) {
+    case QuantFormat::kGgufQ8_0: run_rows<kTokens>(a, o_begin, o_end, kRowBlock, TILE(q8_0_tile)); break;
+    case QuantFormat::kInt8Channel: run_rows<kTokens>(a, o_begin, o_end, kRowBlock, TILE(int8_tile)); break;
+    case QuantFormat::kInt4Group: run_rows<kTokens>(a, o_begin, o_end, kRowBlock, TILE(int4_tile)); break;
+    default: break;
+  }
+#undef TILE
+}
+
+}  // namespace tachyon::ops::cpu
+
+#else  // no x86-64: the scalar ISA runs (quant_linear_reference)
+
+namespace tachyon::ops::cpu {
+bool dot_linear_supported(const QuantWeight&) { return false; }
+void quantize_activation_blocks(const float*, int64_t, int64_t, int64_t, int8_t*, int64_t, float*, float*) {
+  TACHYON_CHECK(false, "quantize_activation_blocks: no SIMD kernel in this build");
+}
+void dot_rows_avx2(const QuantLinearArgs&, int64_t, int64_t) {
+  TACHYON_CHECK(false, "dot_rows_avx2: no SIMD kernel in this build");
+}
+}  // namespace tachyon::ops::cpu
+
+#endif  // __x86_64__
