@@ -1,7 +1,7 @@
 // tachyon_bench: measures this machine's memory bandwidth and the CPU linear kernels against it.
 //
 //   tachyon_bench bandwidth [--size-mib 1024] [--repeats 5]
-//   tachyon_bench gemv --rows R --cols C [--dtype bf16] [--tokens 1] [--algo auto|gemv|gemm]
+//   tachyon_bench gemv --rows R --cols C [--dtype bf16 | --quant FORMAT [--group G]] [--tokens 1] [--algo auto|gemv|gemm]
 //                      [--repeats 7] [--hot] [--read-gbps X]
 //   tachyon_bench suite            # bandwidth, then batch-1 bf16 GEMV on Qwen2.5-0.5B's shapes
 //   common: [--threads N] [--isa scalar|avx2|avx512] [--json FILE]
@@ -33,6 +33,8 @@
 #include "core/timer.h"
 #include "ops/cpu/isa.h"
 #include "ops/cpu/kernels.h"
+#include "ops/cpu/quant_linear.h"
+#include "quant/quantize.h"
 
 namespace tachyon::bench {
 namespace {
@@ -59,7 +61,8 @@ struct Options {
   std::fprintf(stderr,
                "tachyon_bench: %s\n"
                "usage: tachyon_bench bandwidth [--size-mib 1024] [--repeats 5]\n"
-               "       tachyon_bench gemv --rows R --cols C [--dtype bf16] [--tokens 1] [--algo auto|gemv|gemm]\n"
+               "       tachyon_bench gemv --rows R --cols C [--dtype bf16 | --quant q8_0|int8|int4|q4_k|q6_k [--group 128]]\n"
+               "                          [--tokens 1] [--algo auto|gemv|gemm]\n"
                "                          [--repeats 7] [--hot] [--read-gbps X]\n"
                "       tachyon_bench suite\n"
                "       common: [--threads N] [--isa scalar|avx2|avx512] [--json FILE]\n",
@@ -241,18 +244,63 @@ json bandwidth_json(const Bandwidth& bw, size_t bytes, int repeats) {
 struct GemvSpec {
   int64_t rows = 0, cols = 0, tokens = 1;
   DType dtype = DType::kBF16;
+  std::string quant;  // a --quant format (quant/quantize.h parse_quant_spec); empty: dense `dtype`
+  int group = 128;
   ops::cpu::LinearAlgo algo = ops::cpu::LinearAlgo::kAuto;
   int repeats = 7;
   bool hot = false;
 };
 
+// Copies of one random weight quantized to `spec.quant`, enough of them to pass the last-level
+// cache (cold) or one (hot); bytes per call counts everything a call reads of the weight.
+struct QuantCopies {
+  std::vector<QuantWeight> weights;
+  size_t bytes = 0;
+};
+
+QuantCopies quantized_copies(const GemvSpec& spec) {
+  auto qspec = parse_quant_spec(spec.quant, spec.group);
+  if (!qspec.ok()) usage(qspec.status().message());
+  Weight dense;
+  dense.dense = Tensor::empty({spec.rows, spec.cols}, DType::kF32);
+  float* w = dense.dense.data<float>();
+  uint64_t state = 0x9e3779b97f4a7c15ull;
+  for (int64_t i = 0; i < spec.rows * spec.cols; ++i) {  // uniform in [-0.05, 0.05)
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    w[i] = (static_cast<float>(state >> 40) / static_cast<float>(1 << 24) - 0.5f) * 0.1f;
+  }
+  auto q = quantize_weight(dense, *qspec);
+  if (!q.ok()) usage(q.status().message());
+  QuantCopies c;
+  for (const Tensor* t : {&q->quant->packed, &q->quant->scales, &q->quant->zeros}) c.bytes += t->defined() ? t->nbytes() : 0;
+  const size_t cold_target = size_t{1024} << 20;
+  const int copies = spec.hot ? 1 : static_cast<int>(std::max<size_t>(1, (cold_target + c.bytes - 1) / c.bytes));
+  for (int i = 0; i < copies; ++i) {
+    QuantWeight copy = *q->quant;
+    for (Tensor* t : {&copy.packed, &copy.scales, &copy.zeros}) {  // a buffer of its own
+      if (!t->defined()) continue;
+      Tensor fresh = Tensor::empty(t->shape(), t->dtype());
+      std::memcpy(fresh.raw_data(), t->contiguous().raw_data(), t->nbytes());
+      *t = fresh;
+    }
+    c.weights.push_back(std::move(copy));
+  }
+  return c;
+}
+
 json run_gemv(const GemvSpec& spec, double read_gbps) {
-  const size_t weight_bytes = static_cast<size_t>(spec.rows * spec.cols) * dtype_size(spec.dtype);
+  QuantCopies quant;
+  if (!spec.quant.empty()) quant = quantized_copies(spec);
+  const size_t weight_bytes =
+      spec.quant.empty() ? static_cast<size_t>(spec.rows * spec.cols) * dtype_size(spec.dtype) : quant.bytes;
   const size_t cold_target = size_t{512} << 20;
-  const int copies =
-      spec.hot ? 1 : static_cast<int>(std::max<size_t>(1, (cold_target + weight_bytes - 1) / weight_bytes));
+  const int copies = !spec.quant.empty() ? static_cast<int>(quant.weights.size())
+                     : spec.hot ? 1
+                                : static_cast<int>(std::max<size_t>(1, (cold_target + weight_bytes - 1) / weight_bytes));
   std::vector<Bytes> weights;
-  for (int c = 0; c < copies; ++c) weights.push_back(alloc_touched(weight_bytes, static_cast<uint8_t>(c)));
+  if (spec.quant.empty()) {
+    for (int c = 0; c < copies; ++c) weights.push_back(alloc_touched(weight_bytes, static_cast<uint8_t>(c)));
+  }
   const Bytes x_bytes = alloc_touched(static_cast<size_t>(spec.tokens * spec.cols) * 4, 7);
   // x as small floats: reinterpret the pattern's bits is fine for timing, but keep it finite.
   float* x = reinterpret_cast<float*>(x_bytes.get());
@@ -271,10 +319,21 @@ json run_gemv(const GemvSpec& spec, double read_gbps) {
   a.out = spec.rows;
 
   // One pass = one call on each copy; a repeat is enough passes for >= 0.2 s.
+  ops::cpu::QuantLinearArgs qa;
+  qa.x = x;
+  qa.x_stride = spec.cols;
+  qa.y = y.data();
+  qa.y_stride = spec.rows;
+  qa.n = spec.tokens;
   auto pass = [&]() {
     for (int c = 0; c < copies; ++c) {
-      a.w = weights[static_cast<size_t>(c)].get();
-      ops::cpu::linear(a, spec.algo);
+      if (spec.quant.empty()) {
+        a.w = weights[static_cast<size_t>(c)].get();
+        ops::cpu::linear(a, spec.algo);
+      } else {
+        qa.w = &quant.weights[static_cast<size_t>(c)];
+        ops::cpu::quant_linear(qa);
+      }
     }
   };
   pass();  // warm-up (also faults in nothing new: memory is touched)
@@ -297,7 +356,8 @@ json run_gemv(const GemvSpec& spec, double read_gbps) {
          {"rows", spec.rows},
          {"cols", spec.cols},
          {"tokens", spec.tokens},
-         {"dtype", dtype_name(spec.dtype)},
+         {"dtype", spec.quant.empty() ? std::string(dtype_name(spec.dtype))
+                                       : spec.quant + (spec.quant == "int4" ? fmt::format("-g{}", spec.group) : "")},
          {"algo", spec.algo == ops::cpu::LinearAlgo::kGemm   ? "gemm"
                   : spec.algo == ops::cpu::LinearAlgo::kGemv ? "gemv"
                                                              : "auto"},
@@ -354,6 +414,8 @@ GemvSpec gemv_spec(const Options& o) {
     usage("--dtype must be f32, f16 or bf16");
   }
   s.dtype = *dtype;
+  s.quant = o.get("quant", "");
+  s.group = static_cast<int>(o.get_int("group", 128));
   const std::string algo = o.get("algo", "auto");
   if (algo == "gemv") {
     s.algo = ops::cpu::LinearAlgo::kGemv;
