@@ -56,6 +56,24 @@ double mean_nll(const Tensor& logits, std::span<const int32_t> tokens) {
   return total / static_cast<double>(tokens.size() - 1);
 }
 
+// Over positions: max |got - ref| over the vocabulary / max |ref| (infinite where got is not
+// finite).
+double max_relative_logit_error(const Tensor& got, const Tensor& ref) {
+  const int64_t positions = ref.size(0), vocab = ref.size(1);
+  double worst = 0.0;
+  for (int64_t i = 0; i < positions; ++i) {
+    double max_diff = 0.0, max_ref = 0.0;
+    for (int64_t v = 0; v < vocab; ++v) {
+      const double r = ref.data<float>()[i * vocab + v], g = got.data<float>()[i * vocab + v];
+      if (!std::isfinite(g)) return INFINITY;
+      max_diff = std::max(max_diff, std::fabs(g - r));
+      max_ref = std::max(max_ref, std::fabs(r));
+    }
+    worst = std::max(worst, max_diff / max_ref);
+  }
+  return worst;
+}
+
 struct Scores {
   double nll = 0.0;             // mean over all windows
   double max_rel_error = 0.0;   // of a position's logits: max |a - b| / max |b|
@@ -79,20 +97,10 @@ TEST(QuantizedModel, DemoInt8AndInt4AgainstSixteenBit) {
     const std::span<const int32_t> window(ids.data() + w * kWindow, kWindow);
     const Tensor ref = prompt_logits(*m.model, window);
     dense.nll += mean_nll(ref, window) / kWindows;
-    const int64_t vocab = ref.size(1);
     for (auto [model, scores] : {std::pair{int8.get(), &s8}, std::pair{int4.get(), &s4}}) {
       const Tensor got = prompt_logits(*model, window);
       scores->nll += mean_nll(got, window) / kWindows;
-      for (int i = 0; i < kWindow; ++i) {
-        double max_diff = 0.0, max_ref = 0.0;
-        for (int64_t v = 0; v < vocab; ++v) {
-          const double r = ref.data<float>()[i * vocab + v], g = got.data<float>()[i * vocab + v];
-          ASSERT_TRUE(std::isfinite(g));
-          max_diff = std::max(max_diff, std::fabs(g - r));
-          max_ref = std::max(max_ref, std::fabs(r));
-        }
-        scores->max_rel_error = std::max(scores->max_rel_error, max_diff / max_ref);
-      }
+      scores->max_rel_error = std::max(scores->max_rel_error, max_relative_logit_error(got, ref));
     }
   }
   std::printf("mean NLL over %d tokens of prose.txt: 16-bit %.4f, int8 %.4f, int4-g128 %.4f\n", kWindow * kWindows,
@@ -197,18 +205,7 @@ TEST(QuantizedModel, DemoInt8LmHeadAgainstSixteenBit) {
 
   const Tensor ref = prompt_logits(*m.model, window);
   const Tensor got = prompt_logits(*head8, window);
-  const int64_t vocab = ref.size(1);
-  double max_rel_error = 0.0;
-  for (int i = 0; i < kWindow; ++i) {
-    double max_diff = 0.0, max_ref = 0.0;
-    for (int64_t v = 0; v < vocab; ++v) {
-      const double r = ref.data<float>()[i * vocab + v], g = got.data<float>()[i * vocab + v];
-      ASSERT_TRUE(std::isfinite(g));
-      max_diff = std::max(max_diff, std::fabs(g - r));
-      max_ref = std::max(max_ref, std::fabs(r));
-    }
-    max_rel_error = std::max(max_rel_error, max_diff / max_ref);
-  }
+  const double max_rel_error = max_relative_logit_error(got, ref);
   const double nll_dense = mean_nll(ref, window), nll_head8 = mean_nll(got, window);
   std::printf("LM head int8: mean NLL %.4f against 16-bit %.4f; max relative logit error %.4f\n", nll_head8,
               nll_dense, max_rel_error);
