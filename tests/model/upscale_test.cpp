@@ -90,6 +90,12 @@ Comparison compare(const Tensor& big, const Tensor& small, bool shift) {
   return c;
 }
 
+// compare() of the two models' logits over 48 tokens of held-out prose.
+Comparison compare_on_prose(const LoadedModel& big, const LoadedModel& small, bool shift) {
+  const std::vector<int32_t> ids = prose_tokens(small, 48);
+  return compare(testing::prompt_logits(*big.model, ids), testing::prompt_logits(*small.model, ids), shift);
+}
+
 TEST(Upscale, F32TargetWithAnUntiedPaddedHeadGivesTheSameLogits) {
   const auto python = python_with_numpy();
   if (!python) GTEST_SKIP() << "no python3 with numpy (scripts/setup installs python3-numpy)";
@@ -102,9 +108,7 @@ TEST(Upscale, F32TargetWithAnUntiedPaddedHeadGivesTheSameLogits) {
   ASSERT_EQ(big.model->config().hidden_size, 512);
   ASSERT_EQ(big.model->config().num_layers, 12);
   ASSERT_EQ(big.model->config().vocab_size, 8256);
-  const std::vector<int32_t> ids = prose_tokens(small, 48);
-  const Comparison c = compare(testing::prompt_logits(*big.model, ids), testing::prompt_logits(*small.model, ids),
-                               /*shift=*/false);
+  const Comparison c = compare_on_prose(big, small, /*shift=*/false);
   std::printf("f32, untied: max relative logit error %.3g, padded tokens at most %.1f from the best\n",
               c.max_rel_error, c.max_padded);
   // Measured (2026-12-06): 1.31e-06, padded tokens 1.2e6 below the best. The same function; only
@@ -122,9 +126,7 @@ TEST(Upscale, TiedHeadShiftsEveryRealLogitAlike) {
   ASSERT_FALSE(dir.empty());
   const LoadedModel small = load(testing::source_dir() + "/models/tachyon-demo-draft");
   const LoadedModel big = load(dir);
-  const std::vector<int32_t> ids = prose_tokens(small, 48);
-  const Comparison c = compare(testing::prompt_logits(*big.model, ids), testing::prompt_logits(*small.model, ids),
-                               /*shift=*/true);
+  const Comparison c = compare_on_prose(big, small, /*shift=*/true);
   std::printf("f32, tied: max relative logit error after the shift %.3g, padded tokens at most %.1f from the best\n",
               c.max_rel_error, c.max_padded);
   EXPECT_LT(c.max_rel_error, 1e-5);
@@ -140,9 +142,7 @@ TEST(Upscale, Bf16TargetAgreesUpToRoundingAndInGreedy) {
   ASSERT_FALSE(dir.empty());
   const LoadedModel small = load(testing::source_dir() + "/models/tachyon-demo");
   const LoadedModel big = load(dir);
-  const std::vector<int32_t> ids = prose_tokens(small, 48);
-  const Comparison c = compare(testing::prompt_logits(*big.model, ids), testing::prompt_logits(*small.model, ids),
-                               /*shift=*/false);
+  const Comparison c = compare_on_prose(big, small, /*shift=*/false);
   int same = 0, total = 0;
   for (const char* prompt : {"Once upon a time", "func (b *Buffer) Len() int {", "The king said to his people"}) {
     const std::vector<int32_t> p = small.tokenizer->encode(prompt);
