@@ -449,13 +449,14 @@ struct Measured {
   EngineStats before{}, after{};
   size_t measured = 0;
   // What a speed-up compares: decode tok/s (latency: 1 / mean TPOT) or output tok/s (throughput).
-  double speed(bool latency) const {
-    if (!latency) return duration > 0 ? static_cast<double>(output_tokens) / duration : 0.0;
-    double sum = 0.0;
-    for (double t : tpot) sum += t;
-    return sum > 0 ? static_cast<double>(tpot.size()) / sum : 0.0;
-  }
+  double speed(bool latency) const;
 };
+
+double Measured::speed(bool latency) const {
+  if (!latency) return duration > 0 ? static_cast<double>(output_tokens) / duration : 0.0;
+  const double mean_tpot = percentiles(tpot).mean;
+  return mean_tpot > 0 ? 1.0 / mean_tpot : 0.0;
+}
 
 Status run_plan(Engine& e, const std::vector<PlannedRequest>& plan, const BenchArgs& a, bool latency,
                 Progress& progress, Measured& out) {
