@@ -214,8 +214,7 @@ void quantize_activation_blocks(const float* x, int64_t x_stride, int64_t n, int
       const float block_max = _mm_cvtss_f32(m);
       if (!std::isfinite(reduce_add(all)) || block_max == 0.0f) {  // NaN scale / zero block, as the scalar row
         db = quantize_activation_row(xt + b * kBlock, kBlock, ct + b * kBlock);
-        sb = 0.0f;
-        if (!std::isfinite(db)) sb = db;
+        sb = std::isfinite(db) ? 0.0f : db;
         continue;
       }
       const __m256 inv = _mm256_set1_ps(127.0f / block_max);
