@@ -31,6 +31,7 @@ struct Options {
   bool read_patterns = false;  // the copy and the weight read patterns only
   bool decode_probe = false;   // the copy and the pieces of a one-token decode step only
   bool int4_slices = false;    // the copy and the int4 decode GEMM at every K slicing only
+  bool int4_sol = false;       // the copy and the int4 decode GEMM in its probe modes only
   bool int4_stream_probe = false;  // the copy and the streamed int4 GEMM's stages and blocks per SM only
 };
 
@@ -63,6 +64,7 @@ Status bench_int4_gemv(cu::LinearContext& ctx, double copy_gbps, const std::vect
                        nlohmann::json& out, const Options& opt);
 // ... and the decode GEMM (1-2 tokens) at every K slicing, the planner's pick marked.
 Status bench_int4_slices(double copy_gbps, nlohmann::json& out, const Options& opt);
+Status bench_int4_sol(double copy_gbps, nlohmann::json& out, const Options& opt);
 Status bench_int4_stream_probe(double copy_gbps, nlohmann::json& out, const Options& opt);
 
 }  // namespace tachyon::bench

@@ -1,7 +1,7 @@
 // tachyon_cuda_bench: the CUDA backend against the device's own ceilings, on random data.
 //
 //   tachyon_cuda_bench [--json FILE] [--quick] [--prefill-only | --quant-only | --int4-only | --read-patterns |
-//                      --decode-probe | --int4-slices | --int4-stream-probe | --cublaslt-candidates |
+//                      --decode-probe | --int4-slices | --int4-sol | --int4-stream-probe | --cublaslt-candidates |
 //                      --cublaslt-splitk]
 //
 //   copy       cudaMemcpy device-to-device of 1 GiB; GB/s counts bytes read + bytes written
@@ -25,6 +25,9 @@
 //              one-row norms
 //   slices     (--int4-slices, alone) the int4 decode GEMM (1-2 tokens) on the same shapes at every
 //              K slicing, the planner's choice marked
+//   sol        (--int4-sol, alone) the int4 decode GEMM at one token and the planner's slicing with
+//              parts of it left out (no decoding or mma, no staging, weights read tile-major): what
+//              its time is made of
 //   stream     (--int4-stream-probe, alone) the streamed int4 GEMM (sm_90, 1-2 tokens) on the same
 //              shapes with 3..8 stages and one or two blocks per SM, the planner's K split
 //   prefill    causal prefill attention of one sequence (same heads, bf16 and i8 caches) at 512 to
@@ -1014,13 +1017,15 @@ int run(int argc, char** argv) {
       opt.decode_probe = true;
     } else if (a == "--int4-slices") {
       opt.int4_slices = true;
+    } else if (a == "--int4-sol") {
+      opt.int4_sol = true;
     } else if (a == "--int4-stream-probe") {
       opt.int4_stream_probe = true;
     } else {
       std::fprintf(stderr,
                    "usage: tachyon_cuda_bench [--json FILE] [--quick] [--prefill-only | --quant-only | --int4-only | "
-                   "--read-patterns | --decode-probe | --int4-slices | --int4-stream-probe | --cublaslt-candidates | "
-                   "--cublaslt-splitk]\n");
+                   "--read-patterns | --decode-probe | --int4-slices | --int4-sol | --int4-stream-probe | "
+                   "--cublaslt-candidates | --cublaslt-splitk]\n");
       return 2;
     }
   }
@@ -1079,6 +1084,11 @@ int run(int argc, char** argv) {
   }
   if (opt.int4_slices) {
     if (Status s = bench_int4_slices(*copy, out, opt); !s.ok()) return fail(s);
+    if (Status s = write_json(out, opt); !s.ok()) return fail(s);
+    return 0;
+  }
+  if (opt.int4_sol) {
+    if (Status s = bench_int4_sol(*copy, out, opt); !s.ok()) return fail(s);
     if (Status s = write_json(out, opt); !s.ok()) return fail(s);
     return 0;
   }

@@ -175,6 +175,38 @@ Status bench_int4_slices(double copy_gbps, nlohmann::json& out, const Options& o
   return Status::Ok();
 }
 
+// The int4 decode GEMM at one token and the planner's slicing in each probe mode
+// (launch_gemm_mma_int4_probe): the whole kernel, then with parts left out.
+Status bench_int4_sol(double copy_gbps, nlohmann::json& out, const Options& opt) {
+  TACHYON_ASSIGN_OR_RETURN(const int sm_count, cu::current_sm_count());
+  nlohmann::json list = nlohmann::json::array();
+  for (const Shape& s : int4_shapes()) {
+    TACHYON_ASSIGN_OR_RETURN(const Int4Weights w, make_int4_weights(s, opt));
+    TACHYON_ASSIGN_OR_RETURN(auto partial, cu::DeviceBuffer::allocate(32 * 2 * s.out * 4, "split-K partials"));
+    const cu::LinearArgs a0 = w.args(0, 1);
+    const cu::detail::GemvShape shape = cu::detail::plan_gemm_mma_int4(a0, sm_count);
+    const int64_t row_blocks = cu::detail::gemm_mma_int4_row_blocks(a0);
+    TACHYON_ASSIGN_OR_RETURN(auto counters, cu::DeviceBuffer::allocate(row_blocks * 4, "split-K counters"));
+    BENCH_CUDA(cudaMemset(counters.data(), 0, row_blocks * 4));
+    for (int mode = 0; mode < cu::detail::gemm_mma_int4_probe_modes(); ++mode) {
+      const auto body = [&](int i, cu::Stream st) -> Status {
+        BENCH_CUDA(cu::detail::launch_gemm_mma_int4_probe(w.args(i % w.copies, 1), shape, mode, partial.as<float>(),
+                                                          counters.as<unsigned>(), st));
+        return Status::Ok();
+      };
+      TACHYON_ASSIGN_OR_RETURN(const double ms, time_graph_ms(body, w.copies, std::max(w.copies, 40), 5));
+      const double fraction = static_cast<double>(w.bytes) / (ms * 1e-3) / 1e9 / copy_gbps;
+      list.push_back({{"shape", s.name}, {"splits", shape.splits}, {"slice_chunks", shape.chunk / 128},
+                      {"mode", cu::detail::gemm_mma_int4_probe_name(mode)}, {"us", ms * 1e3},
+                      {"fraction_of_copy", fraction}});
+      std::printf("int4 sol %-22s splits %2d: %-32s %7.2f us (%3.0f%% of copy)\n", s.name, shape.splits,
+                  cu::detail::gemm_mma_int4_probe_name(mode), ms * 1e3, 100.0 * fraction);
+    }
+  }
+  out["int4_sol"] = list;
+  return Status::Ok();
+}
+
 // The streamed int4 GEMM (sm_90, 1-2 tokens) with 3, 4, 6 and 8 stages and one or two blocks per
 // SM (where two fit in shared memory), at the planner's K split: what its stage count and grid are
 // checked against.

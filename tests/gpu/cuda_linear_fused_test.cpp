@@ -137,6 +137,89 @@ TEST(CudaLinearFused, EqualsTheSeparateOpsBitwise) {
   }
 }
 
+// Group-128 int4 gate/up weights at 1-2 tokens: SwiGLU in the staged tensor-core GEMM's epilogue
+// (with the K split finished by the last block, or a single slice) writes the bits of the linear
+// followed by silu_mul; beyond 2 tokens the separate ops run. Half widths that are not a multiple
+// of a warp's 8 outputs, with and without a bias and a norm before; also against the CPU.
+TEST(CudaLinearFused, Int4SwiGLUEqualsTheSeparateOpsBitwise) {
+  TACHYON_SKIP_WITHOUT_GPU();
+  ASSERT_OK(cu::start_backend(0));
+  const Device gpu = Device::cuda(0), cpu = Device::cpu();
+  const uint32_t seed = testing::fresh_seed();
+  SCOPED_TRACE(fmt::format("seed {} (TACHYON_TEST_SEED={} reproduces)", seed, seed));
+  std::mt19937 rng(seed);
+  const testing::ExactQuantizedLinears exact;  // the CPU's int4 linear in f32
+  struct Shape {
+    int64_t in, half;
+  };
+  for (const Shape& sh : {Shape{256, 37}, Shape{1536, 203}, Shape{7168, 1031}, Shape{4096, 1024}}) {
+    const int64_t out = 2 * sh.half;
+    Weight dense_w;
+    dense_w.dense = testing::random_tensor({out, sh.in}, rng, -0.2f, 0.2f);
+    QuantSpec spec;
+    spec.format = QuantFormat::kInt4Group;
+    spec.group_size = 128;
+    auto q = quantize_weight(dense_w, spec);
+    ASSERT_TRUE(q.ok()) << q.status().to_string();
+    const Weight host_w = std::move(*q);
+    ModelWeights hm;
+    hm.layers.resize(1);
+    hm.layers[0].q_proj = host_w;
+    auto moved = copy_weights_to(hm, gpu);
+    ASSERT_TRUE(moved.ok()) << moved.status().to_string();
+    const Weight& w = moved->layers[0].q_proj;
+    const Tensor bias = testing::random_tensor({out}, rng);
+    const Tensor norm_w = testing::convert(testing::random_tensor({sh.in}, rng, 0.5f, 1.5f), DType::kBF16);
+    const Tensor dbias = on(bias, gpu), dnorm = on(norm_w, gpu);
+    for (bool norm : {false, true}) {
+      for (int64_t n : {1, 2, 3}) {
+        for (bool with_bias : {false, true}) {
+          const std::string what =
+              fmt::format("int4 g128 {}->2x{} norm {} n {} bias {}", sh.in, sh.half, norm, n, with_bias);
+          const Tensor x = testing::random_tensor({n, sh.in}, rng, -2.0f, 2.0f);
+          Tensor dx = on(x, gpu);
+          const Tensor* b = with_bias ? &dbias : nullptr;
+          Tensor sx = on(testing::nan_tensor({n, sh.in}), gpu), sy = on(testing::nan_tensor({n, out}), gpu);
+          ops::LinearFusion f;
+          if (norm) {
+            f.norm_weight = &dnorm;
+            f.norm_eps = 1e-5f;
+            f.scratch_x = &sx;
+          }
+          f.swiglu = true;
+          f.scratch_y = &sy;
+          Tensor fused_y = on(testing::nan_tensor({n, sh.half}), gpu);
+          ASSERT_FALSE(ops::linear_fused(dx, w, b, f, fused_y)) << what;
+
+          Tensor apart_y = on(testing::nan_tensor({n, sh.half}), gpu);
+          Tensor h = on(testing::nan_tensor({n, sh.in}), gpu), lin = on(testing::nan_tensor({n, out}), gpu);
+          const Tensor* in = &dx;
+          if (norm) {
+            ops::rms_norm(dx, dnorm, 1e-5f, h);
+            in = &h;
+          }
+          ops::linear(*in, w, b, lin);
+          ops::silu_mul(lin.slice(1, 0, sh.half), lin.slice(1, sh.half, out), apart_y);
+          ASSERT_OK(ops::synchronize(gpu));
+          const Tensor got = on(fused_y, cpu), want = on(apart_y, cpu);
+          ASSERT_TRUE(testing::bitwise_equal(got, want, what));
+
+          Tensor csx = testing::nan_tensor({n, sh.in}), csy = testing::nan_tensor({n, out});
+          ops::LinearFusion cf = f;
+          cf.norm_weight = norm ? &norm_w : nullptr;
+          cf.scratch_x = &csx;
+          cf.scratch_y = &csy;
+          Tensor cy = testing::nan_tensor({n, sh.half});
+          Tensor cx = x.contiguous();
+          ASSERT_FALSE(ops::linear_fused(cx, host_w, with_bias ? &bias : nullptr, cf, cy)) << what;
+          // The tensor-core GEMM multiplies activations rounded to bf16.
+          ASSERT_TRUE(all_close(got, cy, 2e-2, what + " vs the CPU"));
+        }
+      }
+    }
+  }
+}
+
 // The residual add runs inside the GEMV where it can (not deferred) and is deferred where it
 // cannot (more tokens than the GEMV takes); the pending add of the next norm is add_rms_norm's,
 // bit for bit, whether the epilogue after it fuses or not.

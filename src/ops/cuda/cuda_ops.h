@@ -242,9 +242,10 @@ DType linear_activation_dtype(LinearContext& context, const LinearArgs& args);
 
 // linear() with linear_fused's residual-add or SwiGLU epilogue inside the GEMV (launch.h
 // detail::GemvFusion) for 16-bit, f32, per-channel int8 and fp8 weights at up to
-// kLinearFusedMaxTokens tokens (where kAuto runs the plain GEMV); otherwise kUnsupported, having
-// done nothing (the caller runs the separate ops). SwiGLU: args.out is the weight's rows (gate
-// then up), y holds out / 2 columns.
+// kLinearFusedMaxTokens tokens (where kAuto runs the plain GEMV), and SwiGLU inside the staged
+// tensor-core GEMM for group-128 int4 weights at 1..2 tokens (where kAuto runs that GEMM);
+// otherwise kUnsupported, having done nothing (the caller runs the separate ops). SwiGLU: args.out
+// is the weight's rows (gate then up), y holds out / 2 columns.
 constexpr int kLinearFusedMaxTokens = 1;
 namespace detail {
 struct GemvFusion;

@@ -125,8 +125,18 @@ GemvShape plan_gemm_mma_int4(const LinearArgs& a, int sm_count);
 bool gemm_mma_int4_stages_x(const LinearArgs& a, const GemvShape& shape);
 // Block columns of the int4 GEMM's grid (what `counters` must cover).
 int64_t gemm_mma_int4_row_blocks(const LinearArgs& a);
+// swiglu: the staged kernel only (x16 null), with counters where K splits: a.out = 2 * half rows
+// (gate, then up) and y [n, half] gets silu(gate) * up (+ each row's bias first), the bits of this
+// linear followed by silu_mul.
 cudaError_t launch_gemm_mma_int4(const LinearArgs& a, const uint16_t* x16, int64_t x_stride, const GemvShape& shape,
-                                 float* partial, unsigned* counters, Stream stream);
+                                 float* partial, unsigned* counters, Stream stream, bool swiglu = false);
+// The staged decode GEMM (1-2 tokens) in probe modes that leave parts out (see linear_int4.cu;
+// wrong results, for tachyon_cuda_bench's --int4-sol); mode 0 is the kernel linear() runs. Needs
+// out % 16 == 0 and counters.
+int gemm_mma_int4_probe_modes();
+const char* gemm_mma_int4_probe_name(int mode);
+cudaError_t launch_gemm_mma_int4_probe(const LinearArgs& a, const GemvShape& shape, int mode, float* partial,
+                                       unsigned* counters, Stream stream);
 // Split-K arrival counters a LinearContext keeps (zeroed once; every kernel leaves them zero).
 constexpr int64_t kSplitKCounters = 1 << 16;
 // The int4 decode GEMM streamed through shared memory (linear_int4_stream.cu): group-128 weights

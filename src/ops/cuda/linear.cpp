@@ -522,6 +522,8 @@ Status linear_ternary(LinearContext::Impl& ctx, const LinearArgs& a, Stream stre
   return linear_cublaslt(ctx, a, (a.in + 7) / 8 * 8, stream);
 }
 
+Status linear_int4_swiglu(LinearContext& context, const LinearArgs& a, Stream stream);
+
 }  // namespace
 
 Status linear_fused(LinearContext& context, const LinearArgs& a, const detail::GemvFusion& f, Stream stream) {
@@ -536,6 +538,10 @@ Status linear_fused(LinearContext& context, const LinearArgs& a, const detail::G
   static_assert(kLinearFusedMaxTokens <= kLinearAutoGemvMaxTokensInt8 &&
                 kLinearFusedMaxTokens <= kLinearAutoGemvMaxTokensFp8 &&
                 kLinearFusedMaxTokens <= kLinearAutoGemvMaxTokens);
+  if (f.epilogue == detail::GemvEpilogue::kSwiGLU && a.w_dtype == DType::kU8 && a.gguf == GgufFormat::kNone &&
+      a.scheme == QuantScheme::kNone) {
+    return linear_int4_swiglu(context, a, stream);
+  }
   if (a.n == 0 || a.n > kLinearFusedMaxTokens || a.gguf != GgufFormat::kNone || a.scheme != QuantScheme::kNone ||
       ((a.w_dtype == DType::kI8 || a.w_dtype == DType::kF8E4M3) && a.w_scales == nullptr) ||
       !detail::gemv_fused_supported(a, f)) {
@@ -598,6 +604,36 @@ LinearAlgo auto_algo_dense(const LinearArgs& a, bool mma_fits, bool stream_fits)
 bool mma_fits_dense(const LinearContext::Impl& ctx, const LinearArgs& a, int64_t ld) {
   return ctx.compute_capability >= 80 &&
          (a.w_dtype == DType::kU8 ? detail::gemm_mma_int4_supported(a, ld) : detail::gemm_mma_supported(a, ld));
+}
+
+// linear_fused's SwiGLU for group-128 int4 weights at 1..kGemmMmaInt4StageMaxTokens tokens: the
+// staged tensor-core GEMM (what linear() runs there) with silu(gate) * up in its epilogue, so no
+// silu_mul kernel and no [n, 2 * half] product. Unsupported wherever linear() would not stage.
+Status linear_int4_swiglu(LinearContext& context, const LinearArgs& a, Stream stream) {
+  LinearContext::Impl& ctx = context.impl();
+  const auto unsupported = [] { return make_error(ErrorCode::kUnsupported, "linear_fused: not the int4 GEMM's case"); };
+  const int64_t ld = (a.in + 7) / 8 * 8;
+  const bool bias_ok = a.bias == nullptr || a.bias_dtype == DType::kF32 || a.bias_dtype == DType::kF16 ||
+                       a.bias_dtype == DType::kBF16;
+  if (a.n < 1 || a.n > detail::kGemmMmaInt4StageMaxTokens || a.out % 2 != 0 || !mma_fits_dense(ctx, a, ld) ||
+      a.x_stride < a.in || a.y_stride < a.out / 2 || !bias_ok) {
+    return unsupported();
+  }
+  const bool small = a.n <= kLinearAutoGemvMaxTokensInt4Small && a.out <= kLinearAutoGemvMaxRowsInt4;
+  if ((small && detail::gemv_int4_supported(a)) ||
+      (detail::gemm_int4_stream_supported(a, ctx.compute_capability) && int4_stream_enabled())) {
+    return unsupported();  // kAuto runs another kernel there
+  }
+  const detail::GemvShape shape = detail::plan_gemm_mma_int4(a, ctx.sm_count);
+  unsigned* counters =
+      detail::gemm_mma_int4_row_blocks(a) <= detail::kSplitKCounters ? ctx.split_counters.as<unsigned>() : nullptr;
+  if (!detail::gemm_mma_int4_stages_x(a, shape) || (shape.splits > 1 && counters == nullptr)) return unsupported();
+  ctx.usable = {};
+  ctx.staged_for = {};
+  TACHYON_ASSIGN_OR_RETURN(float* partial, split_partials(ctx, a, shape));
+  log_path_once("cuda linear: tensor-core GEMM int4 weights with swiglu");
+  TACHYON_CUDA_RETURN_IF_ERROR(detail::launch_gemm_mma_int4(a, nullptr, 0, shape, partial, counters, stream, true));
+  return Status::Ok();
 }
 
 }  // namespace

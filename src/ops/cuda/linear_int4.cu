@@ -272,7 +272,46 @@ struct MmaGemmI4StagedParams : MmaGemmI4Params {
   const float* x32;  // [n, x_stride] f32
   unsigned* counters;
   bool w_constant;  // LinearArgs::w_constant: the first round of loads before pdl_wait()
+  // SwiGLU in the epilogue (the kI4SwiGLU kernel): out = 2 * half rows, gate rows [0, half) and up
+  // rows [half, out); y gets silu(gate) * up, [n, half]. A warp takes 8 outputs: gate rows j0 + g,
+  // up rows half + j0 + g.
+  bool swiglu;
 };
+
+// silu(gate) * up, as silu_mul (elementwise.cu) and the fused GEMV compute it.
+__device__ __forceinline__ float swiglu_of(float gate, float up) { return gate / (1.0f + expf(-gate)) * up; }
+
+// finish_split_k (gemv_store.cuh) for the SwiGLU epilogue: the last block of outputs [j_begin,
+// j_begin + count) adds each gate and up row's slices in split order (the bits finish_split_k
+// would write for them), then writes silu(gate) * up.
+__device__ __forceinline__ void finish_split_k_swiglu(const float* partial, int splits, int64_t n, int64_t out,
+                                                      int64_t j_begin, int64_t count, const void* bias,
+                                                      DType bias_dtype, float* y, int64_t y_stride,
+                                                      unsigned* counter) {
+  __shared__ bool last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == static_cast<unsigned>(splits - 1);
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  const int64_t half = out / 2;
+  for (int64_t i = threadIdx.x; i < count * n; i += blockDim.x) {
+    const int64_t t = i / count, j = j_begin + i % count;
+    float gate = 0.0f, up = 0.0f;
+#pragma unroll 8
+    for (int s = 0; s < splits; ++s) {
+      gate += __ldcg(partial + (s * n + t) * out + j);
+      up += __ldcg(partial + (s * n + t) * out + half + j);
+    }
+    if (bias != nullptr) {
+      gate += load_as_f32(bias, bias_dtype, j);
+      up += load_as_f32(bias, bias_dtype, half + j);
+    }
+    y[t * y_stride + j] = swiglu_of(gate, up);
+  }
+  if (threadIdx.x == 0) *counter = 0u;
+}
 
 template <int NT, int U, int R>
 __global__ void __launch_bounds__(kMmaI4Warps * 32) gemm_mma_i4_kernel(const MmaGemmI4Params p) {
@@ -403,21 +442,43 @@ __global__ void __launch_bounds__(kMmaI4Warps * 32) gemm_mma_i4_kernel(const Mma
 // arithmetic with the activations staged in shared memory, U chunks per round of loads. Constant
 // weights (LinearArgs::w_constant): the first round is requested before pdl_wait(), so that its
 // latency passes while the kernel before ends.
-template <int U>
-__global__ void __launch_bounds__(kMmaI4Warps * 32) gemm_mma_i4_staged_kernel(const MmaGemmI4StagedParams p) {
+// Probe modes (launch_gemm_mma_int4_probe, for tachyon_cuda_bench's --int4-sol only; linear() runs
+// kI4Full): what the kernel's time is made of. Flags: no decoding or mma (the weights, scales and
+// zeros still loaded and folded into the sums), no staging of the activations, and the weights read
+// tile-major (each warp's 16 rows x 128 columns of a chunk as 1 KB in a row, as a repacked layout
+// would hold them: the same bytes, wrong results).
+constexpr int kI4Full = 0, kI4NoMath = 1, kI4NoStaging = 2, kI4TileMajor = 4;
+// Not a probe: the SwiGLU epilogue (MmaGemmI4StagedParams::swiglu), a kernel of its own so that the
+// plain one keeps its registers (and so its resident blocks).
+constexpr int kI4SwiGLU = 8;
+// Probe: two sets of registers for the weights, the next round's loads issued before the current
+// round is multiplied (twice the bytes in flight per warp while it computes).
+constexpr int kI4DoubleBuffer = 16;
+
+// The SwiGLU kernel is held to the plain one's registers (6 blocks per SM): its epilogue would
+// otherwise cost it a resident block.
+template <int U, int MODE = kI4Full>
+__global__ void __launch_bounds__(kMmaI4Warps * 32, (MODE & kI4SwiGLU) != 0 ? 6 : 0)
+    gemm_mma_i4_staged_kernel(const MmaGemmI4StagedParams p) {
+  constexpr bool kSwiGLU = (MODE & kI4SwiGLU) != 0;
 #if TACHYON_MMA_ENABLED
   extern __shared__ uint4 x_stage[];  // n rows of mma_i4_stage_stride(chunk) words
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
-  const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kMmaI4Warps + warp) * 16;
+  const int64_t tile = static_cast<int64_t>(blockIdx.x) * kMmaI4Warps + warp;
+  const int64_t row0 = tile * 16;
+  // SwiGLU: the warp's outputs j0 .. j0 + 7 (gate rows j0 + g, up rows half + j0 + g).
+  const int64_t half = p.out / 2, j0 = tile * 8;
   // Warps past the last row still take part in staging and in the split-K finish (no early return).
-  const bool active = row0 < p.out;
+  const bool active = kSwiGLU ? j0 < half : row0 < p.out;
   const int split = blockIdx.y;
   const int64_t k_begin = split * p.chunk;
   const int64_t slice_end = min64(p.in, k_begin + p.chunk);
   const int64_t k_end = active ? slice_end : k_begin;
   const int64_t groups = p.in / 128;
-  const int64_t ra = min64(row0 + g, p.out - 1), rb = min64(row0 + g + 8, p.out - 1);  // past out: never stored
+  // Rows past the matrix (or past the gate half) are clamped: read again, never stored.
+  const int64_t ra = kSwiGLU ? min64(j0 + g, half - 1) : min64(row0 + g, p.out - 1);
+  const int64_t rb = kSwiGLU ? half + ra : min64(row0 + g + 8, p.out - 1);
   const uint8_t* w0 = p.w + ra * p.w_stride + 16 * t;
   const uint8_t* w1 = p.w + rb * p.w_stride + 16 * t;
   const float *sc0 = p.scales + ra * groups, *sc1 = p.scales + rb * groups;
@@ -426,9 +487,20 @@ __global__ void __launch_bounds__(kMmaI4Warps * 32) gemm_mma_i4_staged_kernel(co
   const uint32_t* xs =
       reinterpret_cast<const uint32_t*>(x_stage) + min64(g, p.n - 1) * mma_i4_stage_stride(p.chunk) + 8 * t;
 
+  // kI4TileMajor: the warp's chunk c at (tile * groups + c) KB, lane L's rows g / g + 8 at 16 L / 512 + 16 L.
+  const uint8_t* wt = p.w + (row0 / 16) * groups * 1024 + 16 * lane;
+  const auto addr_a = [&](int64_t k) { return (MODE & kI4TileMajor) ? wt + (k / 128) * 1024 : w0 + k / 2; };
+  const auto addr_b = [&](int64_t k) { return (MODE & kI4TileMajor) ? wt + (k / 128) * 1024 + 512 : w1 + k / 2; };
+
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   const auto chunk128 = [&](const uint4& wa, const uint4& wb, int64_t k) {
     const int64_t grp = k / 128;
+    if constexpr ((MODE & kI4NoMath) != 0) {
+      const float s = __ldg(sc0 + grp) + __ldg(sc1 + grp) + __ldg(z0 + grp) + __ldg(z1 + grp);
+      const uint32_t bits = wa.x ^ wa.y ^ wa.z ^ wa.w ^ wb.x ^ wb.y ^ wb.z ^ wb.w;
+      acc[0] += s * __uint_as_float((bits & 0x007fffffu) | 0x3f800000u);
+      return;
+    }
     const float sa = __ldg(sc0 + grp), sb = __ldg(sc1 + grp);
     const __nv_bfloat162 za = biased_zero_pair(__ldg(z0 + grp));
     const __nv_bfloat162 zb = biased_zero_pair(__ldg(z1 + grp));
@@ -452,8 +524,8 @@ __global__ void __launch_bounds__(kMmaI4Warps * 32) gemm_mma_i4_staged_kernel(co
   const auto load_round = [&](int64_t at) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      wa[u] = load_stream_16(w0 + (at + 128 * u) / 2);
-      wb[u] = load_stream_16(w1 + (at + 128 * u) / 2);
+      wa[u] = load_stream_16(addr_a(at + 128 * u));
+      wb[u] = load_stream_16(addr_b(at + 128 * u));
     }
   };
   const bool whole_round = k + 128 * U <= k_end;
@@ -468,19 +540,74 @@ __global__ void __launch_bounds__(kMmaI4Warps * 32) gemm_mma_i4_staged_kernel(co
     load_round(k);
     loaded = true;
   }
-  stage_int4_operands(p.x32, p.x_stride, p.n, k_begin, slice_end - k_begin, reinterpret_cast<uint32_t*>(x_stage),
-                      mma_i4_stage_stride(p.chunk), threadIdx.x, blockDim.x);
-  __syncthreads();
-  for (; k + 128 * U <= k_end; k += 128 * U) {
-    if (!loaded) load_round(k);
-    loaded = false;
-#pragma unroll
-    for (int u = 0; u < U; ++u) chunk128(wa[u], wb[u], k + 128 * u);
+  if constexpr ((MODE & kI4NoStaging) == 0) {
+    stage_int4_operands(p.x32, p.x_stride, p.n, k_begin, slice_end - k_begin, reinterpret_cast<uint32_t*>(x_stage),
+                        mma_i4_stage_stride(p.chunk), threadIdx.x, blockDim.x);
+    __syncthreads();
   }
-  for (; k < k_end; k += 128) chunk128(load_stream_16(w0 + k / 2), load_stream_16(w1 + k / 2), k);
-  const float tile[1][4] = {{acc[0], acc[1], acc[2], acc[3]}};
+  if constexpr ((MODE & kI4DoubleBuffer) != 0) {
+    // Round k is in (wa, wb) when whole_round; rounds alternate between the two sets, each loaded
+    // one round ahead of its multiplication.
+    uint4 wa2[U], wb2[U];
+    const auto load_round2 = [&](int64_t at) {
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        wa2[u] = load_stream_16(addr_a(at + 128 * u));
+        wb2[u] = load_stream_16(addr_b(at + 128 * u));
+      }
+    };
+    while (k + 128 * U <= k_end) {
+      const bool next = k + 256 * U <= k_end;
+      if (next) load_round2(k + 128 * U);
+#pragma unroll
+      for (int u = 0; u < U; ++u) chunk128(wa[u], wb[u], k + 128 * u);
+      k += 128 * U;
+      if (!next) break;
+      const bool next2 = k + 256 * U <= k_end;
+      if (next2) load_round(k + 128 * U);
+#pragma unroll
+      for (int u = 0; u < U; ++u) chunk128(wa2[u], wb2[u], k + 128 * u);
+      k += 128 * U;
+      if (!next2) break;
+    }
+  } else {
+    for (; k + 128 * U <= k_end; k += 128 * U) {
+      if (!loaded) load_round(k);
+      loaded = false;
+#pragma unroll
+      for (int u = 0; u < U; ++u) chunk128(wa[u], wb[u], k + 128 * u);
+    }
+  }
+  for (; k < k_end; k += 128) chunk128(load_stream_16(addr_a(k)), load_stream_16(addr_b(k)), k);
+  if constexpr (kSwiGLU) {
+    // acc[e], acc[2 + e]: the gate and up sums of output j = j0 + g for token 2t + e (j, half
+    // computed again here rather than held through the loop).
+    const int64_t j =
+        (static_cast<int64_t>(blockIdx.x) * kMmaI4Warps + (threadIdx.x >> 5)) * 8 + ((threadIdx.x & 31) >> 2);
+    const int64_t hf = p.out / 2;
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int64_t tok = 2 * (threadIdx.x & 3) + e;
+      if (j >= hf || tok >= p.n) continue;
+      if (p.splits == 1) {
+        const float bg = p.bias != nullptr ? load_as_f32(p.bias, p.bias_dtype, j) : 0.0f;
+        const float bu = p.bias != nullptr ? load_as_f32(p.bias, p.bias_dtype, hf + j) : 0.0f;
+        p.y[tok * p.y_stride + j] = swiglu_of(acc[e] + bg, acc[2 + e] + bu);
+      } else {
+        p.partial[(static_cast<int64_t>(blockIdx.y) * p.n + tok) * p.out + j] = acc[e];
+        p.partial[(static_cast<int64_t>(blockIdx.y) * p.n + tok) * p.out + hf + j] = acc[2 + e];
+      }
+    }
+    if (p.splits > 1) {
+      const int64_t j_begin = static_cast<int64_t>(blockIdx.x) * kMmaI4Warps * 8;
+      finish_split_k_swiglu(p.partial, p.splits, p.n, p.out, j_begin, min64(half - j_begin, kMmaI4Warps * 8), p.bias,
+                            p.bias_dtype, p.y, p.y_stride, p.counters + blockIdx.x);
+    }
+    return;
+  }
+  const float tile4[1][4] = {{acc[0], acc[1], acc[2], acc[3]}};
   if (active) {
-    store_mma_tile<1>(tile, row0, g, t, split, p.n, p.out, p.splits, p.bias, p.bias_dtype, nullptr, p.y, p.y_stride,
+    store_mma_tile<1>(tile4, row0, g, t, split, p.n, p.out, p.splits, p.bias, p.bias_dtype, nullptr, p.y, p.y_stride,
                       p.partial);
   }
   if (p.splits > 1 && p.counters != nullptr) {
@@ -515,15 +642,36 @@ cudaError_t launch_gemm_mma_i4_nt(const MmaGemmI4Params& p, Stream stream) {
   return launch_pdl(gemm_mma_i4_kernel<NT, U, R>, grid, kMmaI4Warps * 32, 0, stream, p);
 }
 
+template <int MODE = kI4Full, int U = 2>
 cudaError_t launch_gemm_mma_i4_staged(const MmaGemmI4StagedParams& p, Stream stream) {
   // Two chunks per round: fewer registers held across the staging than a round of four, more
   // blocks resident (faster on the H200 at one token, docs/perf.md 2026-12-02).
-  constexpr int U = 2;
-  const int64_t row_tiles = (p.out + 15) / 16;
+  const int64_t row_tiles = p.swiglu ? (p.out / 2 + 7) / 8 : (p.out + 15) / 16;
   const dim3 grid(static_cast<unsigned>((row_tiles + kMmaI4Warps - 1) / kMmaI4Warps), static_cast<unsigned>(p.splits));
   const size_t smem = static_cast<size_t>(mma_i4_stage_bytes(p.n, p.chunk));
-  return launch_pdl(gemm_mma_i4_staged_kernel<U>, grid, kMmaI4Warps * 32, smem, stream, p);
+  if constexpr (MODE == kI4Full && U == 2) {
+    if (p.swiglu) return launch_pdl(gemm_mma_i4_staged_kernel<U, kI4SwiGLU>, grid, kMmaI4Warps * 32, smem, stream, p);
+  }
+  return launch_pdl(gemm_mma_i4_staged_kernel<U, MODE>, grid, kMmaI4Warps * 32, smem, stream, p);
 }
+
+struct I4ProbeMode {
+  const char* name;
+  cudaError_t (*launch)(const MmaGemmI4StagedParams&, Stream);
+};
+constexpr I4ProbeMode kI4ProbeModes[] = {
+    {"as linear() runs it", &launch_gemm_mma_i4_staged<kI4Full>},
+    {"no decoding or mma", &launch_gemm_mma_i4_staged<kI4NoMath>},
+    {"no staging", &launch_gemm_mma_i4_staged<kI4NoStaging>},
+    {"tile-major weights", &launch_gemm_mma_i4_staged<kI4TileMajor>},
+    {"tile-major, no decoding or mma", &launch_gemm_mma_i4_staged<kI4TileMajor | kI4NoMath>},
+    {"no staging, no decoding or mma", &launch_gemm_mma_i4_staged<kI4NoStaging | kI4NoMath>},
+    {"rounds of 4 chunks", &launch_gemm_mma_i4_staged<kI4Full, 4>},
+    {"double-buffered", &launch_gemm_mma_i4_staged<kI4DoubleBuffer>},
+    {"double-buffered, no decoding or mma", &launch_gemm_mma_i4_staged<kI4DoubleBuffer | kI4NoMath>},
+    {"rounds of 4, double-buffered", &launch_gemm_mma_i4_staged<kI4DoubleBuffer, 4>},
+    {"rounds of 4, double-buffered, no mma", &launch_gemm_mma_i4_staged<kI4DoubleBuffer | kI4NoMath, 4>},
+};
 
 }  // namespace
 
@@ -639,7 +787,7 @@ GemvShape plan_gemm_mma_int4(const LinearArgs& a, int sm_count) {
 }
 
 cudaError_t launch_gemm_mma_int4(const LinearArgs& a, const uint16_t* x16, int64_t x_stride, const GemvShape& shape,
-                                 float* partial, unsigned* counters, Stream stream) {
+                                 float* partial, unsigned* counters, Stream stream, bool swiglu) {
   MmaGemmI4StagedParams q;
   const bool staged = x16 == nullptr;
   q.x = x16;
@@ -653,13 +801,37 @@ cudaError_t launch_gemm_mma_int4(const LinearArgs& a, const uint16_t* x16, int64
   // rows of 2 tokens); more tokens are faster through the reduction kernel's whole grid.
   q.counters = staged ? counters : nullptr;
   q.w_constant = a.w_constant;
+  q.swiglu = swiglu;
   if (staged && !gemm_mma_int4_stages_x(a, shape)) return cudaErrorInvalidValue;
+  if (swiglu && (!staged || a.out % 2 != 0 || (shape.splits > 1 && counters == nullptr))) return cudaErrorInvalidValue;
   const cudaError_t e = staged      ? launch_gemm_mma_i4_staged(q, stream)
                         : q.n <= 8  ? launch_gemm_mma_i4_nt<1>(q, stream)
                         : q.n <= 16 ? launch_gemm_mma_i4_nt<2>(q, stream)
                                     : launch_gemm_mma_i4_nt<4>(q, stream);
   if (e != cudaSuccess || shape.splits == 1 || q.counters != nullptr) return e;
   return launch_gemv_reduce(partial, shape.splits, a.n, a.out, a.bias, a.bias_dtype, nullptr, a.y, a.y_stride, stream);
+}
+
+int gemm_mma_int4_probe_modes() { return static_cast<int>(sizeof(kI4ProbeModes) / sizeof(kI4ProbeModes[0])); }
+const char* gemm_mma_int4_probe_name(int mode) { return kI4ProbeModes[mode].name; }
+
+cudaError_t launch_gemm_mma_int4_probe(const LinearArgs& a, const GemvShape& shape, int mode, float* partial,
+                                       unsigned* counters, Stream stream) {
+  if (mode < 0 || mode >= gemm_mma_int4_probe_modes() || a.out % 16 != 0 || !gemm_mma_int4_stages_x(a, shape)) {
+    return cudaErrorInvalidValue;
+  }
+  MmaGemmI4StagedParams q;
+  q.x = nullptr;
+  q.x32 = a.x;
+  q.x_stride = a.x_stride;
+  q.w = static_cast<const uint8_t*>(a.w);
+  fill_common(q, a, shape, partial);
+  q.scales = a.w_scales;
+  q.zeros = a.w_zeros;
+  q.counters = counters;
+  q.w_constant = a.w_constant;
+  q.swiglu = false;
+  return kI4ProbeModes[mode].launch(q, stream);
 }
 
 cudaError_t launch_gemv_int4(const LinearArgs& a, const GemvShape& shape, float* partial, Stream stream) {
