@@ -57,7 +57,9 @@ void DraftLengthController::update(int proposed, int accepted) {
 }
 
 SpeculationGate::SpeculationGate(const SpeculationGateOptions& options) : options_(options) {
-  TACHYON_CHECK(options.min_samples > 0 && options.refresh_interval > 1 && options.ema_weight > 0 &&
+  TACHYON_CHECK(options.min_samples > 0 && options.early_samples > 0 && options.early_loss >= 0 &&
+                    options.early_loss <= 1 && options.refresh_interval > 1 &&
+                    options.max_refresh_interval >= options.refresh_interval && options.ema_weight > 0 &&
                     options.ema_weight <= 1 && options.min_batch >= 1,
                 "speculation gate: bad options");
 }
@@ -66,19 +68,47 @@ size_t SpeculationGate::class_of(int batch_sequences) {
   return std::min<size_t>(std::bit_width(static_cast<unsigned>(std::max(batch_sequences, 1))), 31);
 }
 
+bool SpeculationGate::smaller_class_loses(size_t cls) const {
+  for (size_t i = class_of(options_.min_batch); i < cls; ++i) {
+    const Class& s = classes_[i];
+    if (s.measured && s.count[1] > 0 && rate_of(s, 1) < rate_of(s, 0)) return true;
+  }
+  return false;
+}
+
 bool SpeculationGate::allow(int batch_sequences) {
   if (batch_sequences < options_.min_batch) return true;
-  Class& c = classes_[class_of(batch_sequences)];
+  const size_t cls = class_of(batch_sequences);
+  Class& c = classes_[cls];
   ++c.steps;
-  if (c.count[1] < options_.min_samples) return true;   // measure speculation first
-  if (c.count[0] < options_.min_samples) return false;  // then plain decoding
-  const bool pays = rate_of(c, 1) >= rate_of(c, 0);
-  if (c.remeasure > 0) {
-    --c.remeasure;
-    return !pays;
+  if (!c.measured) {
+    if (c.count[0] == 0 && c.count[1] == 0 && smaller_class_loses(cls)) {
+      c.measured = true;  // plain until the first refresh measures speculation here
+    } else if (c.count[0] < options_.min_samples) {
+      return false;  // plain first
+    } else if (c.count[1] < options_.min_samples &&
+               !(c.count[1] >= options_.early_samples && rate_of(c, 1) < options_.early_loss * rate_of(c, 0))) {
+      return true;
+    } else {
+      c.measured = true;
+    }
+    c.interval = options_.refresh_interval;
+    c.next_refresh = c.steps + c.interval;
   }
-  if (c.steps % options_.refresh_interval == 0) {
+  const bool pays = c.count[1] > 0 && rate_of(c, 1) >= rate_of(c, 0);
+  if (c.remeasure > 0) {
+    if (--c.remeasure == 0) {
+      // The re-measurement is over: the same loser again backs off, a change starts over.
+      c.interval = pays == c.remeasured_pays ? std::min<int64_t>(2 * c.interval, options_.max_refresh_interval)
+                                             : options_.refresh_interval;
+      c.next_refresh = c.steps + c.interval;
+    }
+    return !c.remeasured_pays;
+  }
+  if (c.steps >= c.next_refresh) {
+    c.remeasured_pays = pays;
     c.remeasure = options_.min_samples - 1;
+    if (c.remeasure == 0) c.next_refresh = c.steps + c.interval;
     return !pays;
   }
   return pays;

@@ -47,19 +47,29 @@ class DraftLengthController {
 // Whether speculation pays at a batch size, measured rather than modelled. The controllers above
 // price a verify pass from a fixed guess of where the target turns compute-bound; what a step
 // really costs also depends on the device (a plain decode step may replay a CUDA graph, a verify
-// step runs eagerly with K + 1 rows per sequence). The engine reports every decode-only step:
-// tokens emitted, seconds, and whether it verified drafts. Per batch-size class (1, 2-3, 4-7, ...)
-// the gate keeps exponentially weighted sums of tokens and of seconds for speculating and for
-// plain steps, and lets a step speculate while the speculating rate (tokens over seconds, so that
-// the many one-token verify steps weigh what they cost) is at least the plain one. It measures the
-// side it lacks (speculating first, then plain), and every `refresh_interval` steps of the class
-// runs the losing side for `min_samples` steps again, so that a changed workload is noticed.
+// step runs eagerly with K + 1 rows per sequence, and the draft's own steps cost launches). The
+// engine reports every decode-only step: tokens emitted, seconds, and whether it verified drafts.
+// Per batch-size class (1, 2-3, 4-7, ...) the gate keeps exponentially weighted sums of tokens and
+// of seconds for speculating and for plain steps, and lets a step speculate while the speculating
+// rate (tokens over seconds, so that the many one-token verify steps weigh what they cost) is at
+// least the plain one. Measuring costs where speculation loses, so:
+//  - plain steps are measured first (they cost nothing extra), then speculating ones, and the
+//    speculating measurement stops after `early_samples` steps that are clearly slower (below
+//    `early_loss` of the plain rate);
+//  - a class not measured yet starts plain when a smaller class has been measured losing (a larger
+//    batch gains less from speculating), its speculation measured only at its first refresh;
+//  - every refresh interval of a class's steps the losing side runs `min_samples` steps again, so
+//    that a changed workload is noticed; the interval doubles (up to `max_refresh_interval`) each
+//    time the re-measurement confirms the loser, and falls back when it does not.
 // Batches below `min_batch` sequences are left to the controllers: one request's acceptance comes
 // in bursts (copied spans, then new text) that a per-class rate would lag behind, while its own
 // controller follows them step by step.
 struct SpeculationGateOptions {
   int min_samples = 8;         // steps of each kind before the rates decide; also a re-measurement's length
-  int refresh_interval = 128;  // steps of a class between re-measurements of the losing side
+  int early_samples = 2;       // speculating steps after which a clear loss ends the measurement
+  double early_loss = 0.75;    // "clear": the speculating rate below this share of the plain one
+  int refresh_interval = 128;  // steps of a class between re-measurements of the losing side, at first
+  int max_refresh_interval = 2048;
   double ema_weight = 0.1;     // weight of the newest step in the sums
   int min_batch = 2;           // smaller batches always may speculate
 };
@@ -81,10 +91,16 @@ class SpeculationGate {
     double seconds[2] = {0.0, 0.0};
     int count[2] = {0, 0};
     int64_t steps = 0;
-    int remeasure = 0;  // steps of the losing side still to run
+    bool measured = false;     // the first measurement of both sides is over (or skipped)
+    int remeasure = 0;         // steps of the losing side still to run
+    bool remeasured_pays = false;  // what the rates said when the running re-measurement began
+    int64_t next_refresh = 0;  // the step count of the next re-measurement
+    int64_t interval = 0;      // the current refresh interval (0: not started)
   };
   static double rate_of(const Class& c, int kind) { return c.seconds[kind] > 0.0 ? c.tokens[kind] / c.seconds[kind] : 0.0; }
   static size_t class_of(int batch_sequences);
+  // Whether a smaller class (at least min_batch) has been measured with speculation losing.
+  bool smaller_class_loses(size_t cls) const;
   SpeculationGateOptions options_;
   std::array<Class, 32> classes_{};
 };

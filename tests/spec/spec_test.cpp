@@ -404,9 +404,10 @@ TEST(DraftLength, FollowsAcceptanceAndBatchSize) {
   }
 }
 
-// The measured gate: speculation first, then plain steps to compare; it keeps whichever is
-// faster at that batch size, re-measures the other for min_samples steps every
-// `refresh_interval`, follows a change of the measured rates, and keeps batch-size classes apart.
+// The measured gate: plain steps first, then speculating ones to compare; it keeps whichever is
+// faster at that batch size, re-measures the other for min_samples steps every refresh interval
+// (doubling while the loser stays the loser), follows a change of the measured rates, and keeps
+// batch-size classes apart.
 TEST(SpeculationGate, KeepsSpeculatingOnlyWhereItIsMeasuredFaster) {
   SpeculationGateOptions o;
   o.min_samples = 2;
@@ -414,24 +415,51 @@ TEST(SpeculationGate, KeepsSpeculatingOnlyWhereItIsMeasuredFaster) {
   o.ema_weight = 1.0;  // the newest step decides
   SpeculationGate g(o);
   // Batch 32: speculating steps emit 96 tokens in 16 ms, plain ones 32 tokens in 6 ms.
-  const auto step = [&](int batch, double spec_rate, double plain_rate) {
-    const bool spec = g.allow(batch);
-    g.record(batch, spec, 100, 100.0 / (spec ? spec_rate : plain_rate));
+  const auto step = [&](SpeculationGate& gate, int batch, double spec_rate, double plain_rate) {
+    const bool spec = gate.allow(batch);
+    gate.record(batch, spec, 100, 100.0 / (spec ? spec_rate : plain_rate));
     return spec;
   };
-  EXPECT_TRUE(step(32, 6000.0, 5333.0));
-  EXPECT_TRUE(step(32, 6000.0, 5333.0));
-  EXPECT_FALSE(step(32, 6000.0, 5333.0));  // now plain, to measure it
-  EXPECT_FALSE(step(32, 6000.0, 5333.0));
-  EXPECT_TRUE(step(32, 6000.0, 5333.0));   // speculation measured faster: it stays on
+  EXPECT_FALSE(step(g, 32, 6000.0, 5333.0));  // plain first
+  EXPECT_FALSE(step(g, 32, 6000.0, 5333.0));
+  EXPECT_TRUE(step(g, 32, 6000.0, 5333.0));   // then speculation, to measure it
+  EXPECT_TRUE(step(g, 32, 6000.0, 5333.0));
+  EXPECT_TRUE(step(g, 32, 6000.0, 5333.0));   // speculation measured faster: it stays on
   EXPECT_DOUBLE_EQ(g.rate(32, true), 6000.0);
   EXPECT_DOUBLE_EQ(g.rate(40, false), 5333.0);  // 32..63 is one class
   int spec_steps = 0, steps = 0;
-  for (; steps < 32; ++steps) spec_steps += step(32, 3000.0, 5333.0);  // it turns slower
-  // Speculation now loses: it runs only in re-measurements, min_samples steps every
-  // refresh_interval (plus the step that saw the change).
-  EXPECT_LE(spec_steps, 1 + o.min_samples * (32 / o.refresh_interval) + 1);
-  EXPECT_GE(spec_steps, o.min_samples * (32 / o.refresh_interval) - 1);
+  for (; steps < 32; ++steps) spec_steps += step(g, 32, 3000.0, 5333.0);  // it turns slower
+  // Speculation now loses: it runs only in re-measurements, min_samples steps at growing
+  // intervals (plus the step that saw the change).
+  EXPECT_LE(spec_steps, 1 + o.min_samples * 3);
+  EXPECT_GE(spec_steps, o.min_samples);
+  // Over a long run the re-measurements back off to max_refresh_interval.
+  SpeculationGateOptions lo = o;
+  lo.max_refresh_interval = 64;
+  SpeculationGate slow(lo);
+  int long_spec = 0;
+  for (int i = 0; i < 1000; ++i) long_spec += step(slow, 32, 3000.0, 5333.0);
+  EXPECT_LE(long_spec, 2 + o.min_samples * (4 + 1000 / 64));  // against ~250 at a fixed interval of 8
+  EXPECT_GE(long_spec, o.min_samples * (1000 / 64) / 2);
+  // And come back to the first interval when speculation wins again.
+  int after = 0;
+  for (int i = 0; i < 200; ++i) after += step(slow, 32, 9000.0, 5333.0);
+  EXPECT_GE(after, 200 - 64 - 2 * o.min_samples - 8);
+  // A clear loss ends the first measurement of speculation early: 2 speculating steps, not 8.
+  SpeculationGateOptions eo;
+  eo.min_samples = 8;
+  eo.ema_weight = 1.0;
+  SpeculationGate early(eo);
+  int first = 0;
+  for (int i = 0; i < 40; ++i) first += step(early, 8, 2000.0, 5333.0);
+  EXPECT_EQ(first, eo.early_samples);
+  // A larger class then starts plain (batch 8 lost), speculating only at its first refresh.
+  int larger = 0;
+  for (int i = 0; i < eo.refresh_interval; ++i) larger += step(early, 32, 2000.0, 5333.0);
+  EXPECT_EQ(larger, 0);
+  EXPECT_EQ(early.rate(32, true), 0.0);
+  for (int i = 0; i < eo.min_samples; ++i) larger += step(early, 32, 2000.0, 5333.0);
+  EXPECT_EQ(larger, eo.min_samples);
   // Rates are tokens over seconds of the weighted sums: a one-token step weighs what it costs.
   SpeculationGateOptions w;
   w.ema_weight = 0.5;
@@ -439,8 +467,8 @@ TEST(SpeculationGate, KeepsSpeculatingOnlyWhereItIsMeasuredFaster) {
   h.record(8, true, 1, 0.004);
   h.record(8, true, 9, 0.006);
   EXPECT_NEAR(h.rate(8, true), (0.5 * 1 + 9) / (0.5 * 0.004 + 0.006), 1e-9);
-  // Batch 4 is its own class and starts over.
-  EXPECT_TRUE(g.allow(4));
+  // Batch 4 is its own class and starts over, plain first (only a smaller class's loss carries).
+  EXPECT_FALSE(g.allow(4));
   EXPECT_EQ(g.rate(4, true), 0.0);
   // Batch 1 is below min_batch: always allowed, never measured.
   for (int i = 0; i < 20; ++i) {
