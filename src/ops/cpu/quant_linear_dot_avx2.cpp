@@ -1,8 +1,13 @@
-// The integer dot-product linears (quant_linear.h), AVX2: Q8_0, per-channel int8 and group-wise
-// int4 weights against activations quantized to int8 in blocks of 32 (quantize_activation_blocks:
-// a scale per block, rounded to nearest), so that each 32 weights cost one maddubs and one madd
-// per token instead of 32 conversions and FMAs. Per block of 32 columns and token:
+// The integer dot-product linears (quant_linear.h), AVX2: Q8_0, Q4_K, Q6_K, per-channel int8 and
+// group-wise int4 weights against activations quantized to int8 in blocks of 32
+// (quantize_activation_blocks: a scale per block, rounded to nearest), so that each 32 weights cost
+// one maddubs and one madd per token instead of 32 conversions and FMAs. Per block of 32 columns
+// and token (core/ggml_blocks.h has the K-quants' layouts):
 //   Q8_0:  y += (d_w * d_x) * sum_i code_w * code_x
+//   Q4_K:  y += (d * sc_s * d_x) * sum_i q * code_x - dmin * m_s * (d_x * sum_i code_x)
+//          (sub-block s of a 256-weight block is one block of the activations)
+//   Q6_K:  y += (d * scale_j * d_x) * sum_i (q - 32) * code_x over each half j of 16 weights,
+//          the 32 taken off as maddubs(32, code_x)
 //   int8:  y += d_x * sum_i code_w * code_x, times the row's scale at the end
 //   int4:  y += (s_g * d_x) * sum_i q * code_x - s_g * z_g * (d_x * sum_i code_x)
 // The integer sums are exact; maddubs multiplies unsigned by signed bytes, so signed weights go in
@@ -180,6 +185,118 @@ void int4_tile(const QuantLinearArgs& a, int64_t o, int64_t tok0) {
   }
 }
 
+template <int T>
+void q4_k_tile(const QuantLinearArgs& a, int64_t o, int64_t tok0) {
+  const QuantWeight& q = *a.w;
+  const int64_t blocks = q.in_features / kGgmlBlockK;
+  const uint8_t* row = q.packed.data<uint8_t>() + o * blocks * kQ4_KBytes;
+  const TokenBlocks<T> x(a, tok0);
+  const __m256i low_nibbles = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+  // Per token: even and odd sub-blocks' chains, and the mins' share, 8 sub-blocks a vector
+  // (subtracted at the end).
+  __m256 acc[T][2], correction[T];
+  for (int t = 0; t < T; ++t) acc[t][0] = acc[t][1] = correction[t] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* block = row + b * kQ4_KBytes;
+    _mm_prefetch(reinterpret_cast<const char*>(block) + kPrefetchBytes, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(block) + kPrefetchBytes + 64, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(block) + kPrefetchBytes + 128, _MM_HINT_T0);
+    uint16_t d_bits, dmin_bits;
+    std::memcpy(&d_bits, block, 2);
+    std::memcpy(&dmin_bits, block + 2, 2);
+    // The 8 six-bit scales and mins (q4_k_scale_min), four at a time in 32-bit words: sub-blocks
+    // 0-3 take the low 6 bits of bytes 0-3 (scales) and 4-7 (mins); sub-blocks 4-7 take the
+    // nibbles of bytes 8-11 with the top 2 bits of bytes 0-3 (scales) and 4-7 (mins) above them.
+    uint32_t w[3];
+    std::memcpy(w, block + 4, 12);
+    constexpr uint32_t kLow6 = 0x3f3f3f3f, kLow4 = 0x0f0f0f0f, kLow2 = 0x03030303;
+    const uint32_t sc_m[4] = {w[0] & kLow6, (w[2] & kLow4) | (((w[0] >> 6) & kLow2) << 4), w[1] & kLow6,
+                              ((w[2] >> 4) & kLow4) | (((w[1] >> 6) & kLow2) << 4)};
+    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(sc_m));  // 8 scales, then 8 mins
+    // d * sc and dmin * m (exact), times each activation block's d.
+    const __m256 scale_v =
+        _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(d_bits)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes)));
+    const __m256 min_v = _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(dmin_bits)),
+                                       _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(bytes, 8))));
+    alignas(32) float sdx[T][8];
+    for (int t = 0; t < T; ++t) {
+      _mm256_store_ps(sdx[t], _mm256_mul_ps(scale_v, _mm256_loadu_ps(x.d[t] + 8 * b)));
+      correction[t] = _mm256_fmadd_ps(min_v, _mm256_loadu_ps(x.dsum[t] + 8 * b), correction[t]);
+    }
+    const uint8_t* qs = block + 16;
+    for (int c = 0; c < 4; ++c) {  // sub-blocks 2c (low nibbles) and 2c + 1 (high nibbles)
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * c));
+      const __m256i lo = _mm256_and_si256(v, low_nibbles);
+      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low_nibbles);
+      const int64_t xb = 8 * b + 2 * c;  // the activations' block of sub-block 2c
+#pragma GCC unroll 4
+      for (int t = 0; t < T; ++t) {
+        const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.codes[t] + xb * kBlock));
+        const __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.codes[t] + (xb + 1) * kBlock));
+        const __m256i s0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, x0), ones);
+        const __m256i s1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, x1), ones);
+        acc[t][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_set1_ps(sdx[t][2 * c]), acc[t][0]);
+        acc[t][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), _mm256_set1_ps(sdx[t][2 * c + 1]), acc[t][1]);
+      }
+    }
+  }
+  for (int t = 0; t < T; ++t) {
+    store(a, o, tok0 + t, reduce_add(_mm256_add_ps(acc[t][0], acc[t][1])) - reduce_add(correction[t]));
+  }
+}
+
+template <int T>
+void q6_k_tile(const QuantLinearArgs& a, int64_t o, int64_t tok0) {
+  const QuantWeight& q = *a.w;
+  const int64_t blocks = q.in_features / kGgmlBlockK;
+  const uint8_t* row = q.packed.data<uint8_t>() + o * blocks * kQ6_KD;  // blocks less their d
+  const uint16_t* dq = q.scales.data<uint16_t>() + o * blocks;          // [in / 256] f16
+  const TokenBlocks<T> x(a, tok0);
+  const __m256i low4 = _mm256_set1_epi8(0x0f), bits01 = _mm256_set1_epi8(0x03), bits45 = _mm256_set1_epi8(0x30);
+  const __m256i bias = _mm256_set1_epi8(32), ones = _mm256_set1_epi16(1);
+  __m256 acc[T][2];
+  for (int t = 0; t < T; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* block = row + b * kQ6_KD;
+    for (int p = 0; p < 4; ++p) {
+      _mm_prefetch(reinterpret_cast<const char*>(block) + kPrefetchBytes + 64 * p, _MM_HINT_T0);
+    }
+    const auto* scales = reinterpret_cast<const int8_t*>(block + kQ6_KScales);
+    const float db = _cvtsh_ss(dq[b]);
+    for (int h = 0; h < 2; ++h) {
+      const uint8_t* L = block + 64 * h;
+      const uint8_t* H = block + kQ6_KQh + 32 * h;
+      const __m256i l0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(L));
+      const __m256i l1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(L + 32));
+      const __m256i hv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(H));
+      // The 6-bit codes of weights 128h + 32k + l, l = 0..31, one byte each (16-bit shifts, then
+      // masks that drop what crossed from the neighbouring byte).
+      const __m256i codes[4] = {
+          _mm256_or_si256(_mm256_and_si256(l0, low4), _mm256_slli_epi16(_mm256_and_si256(hv, bits01), 4)),
+          _mm256_or_si256(_mm256_and_si256(l1, low4), _mm256_and_si256(_mm256_slli_epi16(hv, 2), bits45)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low4), _mm256_and_si256(hv, bits45)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
+                          _mm256_and_si256(_mm256_srli_epi16(hv, 2), bits45))};
+      for (int k = 0; k < 4; ++k) {
+        const int j = 8 * h + 2 * k;  // the scales of weights 16j .. 16j + 31 of the block
+        // Lanes 0-3 sum weights 0..15 of the 32, lanes 4-7 weights 16..31.
+        const __m256 sv = _mm256_set_m128(_mm_set1_ps(db * static_cast<float>(scales[j + 1])),
+                                          _mm_set1_ps(db * static_cast<float>(scales[j])));
+        const int64_t xb = 8 * b + 4 * h + k;
+#pragma GCC unroll 4
+        for (int t = 0; t < T; ++t) {
+          const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.codes[t] + xb * kBlock));
+          const __m256i pairs = _mm256_sub_epi16(_mm256_maddubs_epi16(codes[k], xv), _mm256_maddubs_epi16(bias, xv));
+          const __m256i sums = _mm256_madd_epi16(pairs, ones);
+          acc[t][k % 2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(sv, _mm256_set1_ps(x.d[t][xb])),
+                                          acc[t][k % 2]);
+        }
+      }
+    }
+  }
+  for (int t = 0; t < T; ++t) store(a, o, tok0 + t, reduce_add(_mm256_add_ps(acc[t][0], acc[t][1])));
+}
+
 }  // namespace
 
 void quantize_activation_blocks(const float* x, int64_t x_stride, int64_t n, int64_t in, int8_t* codes,
@@ -238,6 +355,8 @@ void quantize_activation_blocks(const float* x, int64_t x_stride, int64_t n, int
 bool dot_linear_supported(const QuantWeight& w) {
   switch (w.format) {
     case QuantFormat::kGgufQ8_0:
+    case QuantFormat::kGgufQ4_K:
+    case QuantFormat::kGgufQ6_K:
     case QuantFormat::kInt8Channel: return true;
     case QuantFormat::kInt4Group: return w.group_size > 0 && w.group_size % kBlock == 0;
     default: return false;
@@ -249,6 +368,8 @@ void dot_rows_avx2(const QuantLinearArgs& a, int64_t o_begin, int64_t o_end) {
 #define TILE(f) [&a](auto tokens, int64_t o, int64_t tok0) { f<decltype(tokens)::value>(a, o, tok0); }
   switch (a.w->format) {
     case QuantFormat::kGgufQ8_0: run_rows<kTokens>(a, o_begin, o_end, kRowBlock, TILE(q8_0_tile)); break;
+    case QuantFormat::kGgufQ4_K: run_rows<kTokens>(a, o_begin, o_end, kRowBlock, TILE(q4_k_tile)); break;
+    case QuantFormat::kGgufQ6_K: run_rows<kTokens>(a, o_begin, o_end, kRowBlock, TILE(q6_k_tile)); break;
     case QuantFormat::kInt8Channel: run_rows<kTokens>(a, o_begin, o_end, kRowBlock, TILE(int8_tile)); break;
     case QuantFormat::kInt4Group: run_rows<kTokens>(a, o_begin, o_end, kRowBlock, TILE(int4_tile)); break;
     default: break;
