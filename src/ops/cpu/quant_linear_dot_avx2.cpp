@@ -218,9 +218,11 @@ void q4_k_tile(const QuantLinearArgs& a, int64_t o, int64_t tok0) {
         _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(d_bits)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes)));
     const __m256 min_v = _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(dmin_bits)),
                                        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(bytes, 8))));
-    alignas(32) float sdx[T][8];
+    // Kept in registers and broadcast by lane (a broadcast load from a vector just stored waits on
+    // store forwarding: 146.4 against 135.7 us on an L3-resident 896 x 4864 matrix, one thread).
+    __m256 sdx[T];
     for (int t = 0; t < T; ++t) {
-      _mm256_store_ps(sdx[t], _mm256_mul_ps(scale_v, _mm256_loadu_ps(x.d[t] + 8 * b)));
+      sdx[t] = _mm256_mul_ps(scale_v, _mm256_loadu_ps(x.d[t] + 8 * b));
       correction[t] = _mm256_fmadd_ps(min_v, _mm256_loadu_ps(x.dsum[t] + 8 * b), correction[t]);
     }
     const uint8_t* qs = block + 16;
@@ -229,14 +231,15 @@ void q4_k_tile(const QuantLinearArgs& a, int64_t o, int64_t tok0) {
       const __m256i lo = _mm256_and_si256(v, low_nibbles);
       const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low_nibbles);
       const int64_t xb = 8 * b + 2 * c;  // the activations' block of sub-block 2c
+      const __m256i lane0 = _mm256_set1_epi32(2 * c), lane1 = _mm256_set1_epi32(2 * c + 1);
 #pragma GCC unroll 4
       for (int t = 0; t < T; ++t) {
         const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.codes[t] + xb * kBlock));
         const __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.codes[t] + (xb + 1) * kBlock));
         const __m256i s0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, x0), ones);
         const __m256i s1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, x1), ones);
-        acc[t][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_set1_ps(sdx[t][2 * c]), acc[t][0]);
-        acc[t][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), _mm256_set1_ps(sdx[t][2 * c + 1]), acc[t][1]);
+        acc[t][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_permutevar8x32_ps(sdx[t], lane0), acc[t][0]);
+        acc[t][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), _mm256_permutevar8x32_ps(sdx[t], lane1), acc[t][1]);
       }
     }
   }
