@@ -42,6 +42,10 @@ int run_info(const CommonOptions& options) {
   std::printf("context:        %d tokens\n", c.max_position_embeddings);
   std::printf("embeddings:     %s\n", c.tie_word_embeddings ? "tied" : "separate LM head");
   std::printf("weight dtypes:  %s\n", m.weight_dtypes.c_str());
+  // Per type the file stores: packed (its kernels read the blocks) or expanded at load.
+  for (size_t i = 0; i < m.tensor_types.size(); ++i) {
+    std::printf("%s%s\n", i == 0 ? "tensor types:   " : "                ", m.tensor_types[i].c_str());
+  }
   std::printf("weights:        %s (%s read per decoded token)\n", human_bytes(static_cast<double>(w.total_bytes())).c_str(),
               human_bytes(static_cast<double>(w.decode_bytes_per_token())).c_str());
   std::printf("kv cache:       %s per token (f32), %s for the full context\n",

@@ -1,7 +1,9 @@
 #include "model/model_loader.h"
 
 #include <filesystem>
+#include <cctype>
 #include <functional>
+#include <map>
 #include <optional>
 #include <set>
 
@@ -83,6 +85,9 @@ class WeightReader {
                         what_, name, dtype_name(t.dtype()));
     }
     dtypes_.insert(dtype_name(t.dtype()));
+    const std::string stored = lowercase(meta->stored_type);
+    tally(*meta, stored.empty() || stored == dtype_name(t.dtype()) ? "as stored"
+                                                                   : fmt::format("expanded to {} at load", dtype_name(t.dtype())));
     return t;
   }
   Result<Weight> linear(const std::string& name, int64_t out, int64_t in) const {
@@ -93,6 +98,7 @@ class WeightReader {
       if (!packed.ok()) return packed.status().with_context(what_);
       if (*packed) {
         dtypes_.insert(quant_.describe());
+        if (const TensorMeta* meta = source_.find(name)) tally(*meta, "packed as " + quant_.describe());
         return std::move(**packed);
       }
     }
@@ -103,6 +109,12 @@ class WeightReader {
         const QuantWeight& q = *packed->value().quant;
         dtypes_.insert(q.group_size > 0 ? fmt::format("{}-g{} (packed)", quant_format_name(q.format), q.group_size)
                                         : fmt::format("{} (packed)", quant_format_name(q.format)));
+        if (const TensorMeta* meta = source_.find(name)) {
+          // A GGUF block format's group is its block; int4 (Q4_0 as int4 g32) names its own.
+          tally(*meta, q.format == QuantFormat::kInt4Group
+                           ? fmt::format("packed as {} g{}", quant_format_name(q.format), q.group_size)
+                           : fmt::format("packed as {}", quant_format_name(q.format)));
+        }
         return std::move(**packed);
       }
     }
@@ -122,13 +134,34 @@ class WeightReader {
   }
   bool has(const std::string& name) const { return source_.has(name); }
   std::string dtypes() const { return fmt::format("{}", fmt::join(dtypes_, ", ")); }
+  // LoadedModel::tensor_types: each stored type with its tensors counted by how they are held.
+  std::vector<std::string> tensor_types() const {
+    std::vector<std::string> lines;
+    for (const auto& [type, ways] : types_) {
+      int total = 0;
+      std::vector<std::string> parts;
+      for (const auto& [how, count] : ways) total += count;
+      for (const auto& [how, count] : ways) parts.push_back(ways.size() > 1 ? fmt::format("{} {}", count, how) : how);
+      lines.push_back(fmt::format("{}: {} tensor{}, {}", type, total, total == 1 ? "" : "s", fmt::join(parts, ", ")));
+    }
+    return lines;
+  }
 
  private:
+  static std::string lowercase(std::string s) {
+    for (char& ch : s) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    return s;
+  }
+  void tally(const TensorMeta& meta, const std::string& how) const {
+    ++types_[meta.stored_type.empty() ? std::string("?") : meta.stored_type][how];
+  }
+
   const WeightSource& source_;
   std::string what_;
   CheckpointQuantization quant_;
   PackedLinearReader packed_;
   mutable std::set<std::string> dtypes_;
+  mutable std::map<std::string, std::map<std::string, int>> types_;  // stored type -> how held -> tensors
 };
 
 Result<ModelWeights> read_weights(const WeightReader& r, const ModelConfig& c, const TensorNames& names) {
@@ -205,6 +238,7 @@ Status load_hf(const std::string& path, LoadedModel& out) {
                       dir.weights_path(), kHfNames.lm_head);
   }
   out.weight_dtypes = reader.dtypes();
+  out.tensor_types = reader.tensor_types();
   if (!dir.tokenizer_json_path().empty()) {
     TACHYON_ASSIGN_OR_RETURN(out.tokenizer,
                              Tokenizer::from_hf_json(dir.tokenizer_json_path(), dir.tokenizer_config_path()));
@@ -261,6 +295,7 @@ Status load_gguf(const std::string& path, LoadedModel& out) {
   WeightReader reader(*source, path, {}, packed);
   TACHYON_ASSIGN_OR_RETURN(ModelWeights weights, read_weights(reader, config, kGgufNames));
   out.weight_dtypes = reader.dtypes();
+  out.tensor_types = reader.tensor_types();
   if (gguf.has("tokenizer.ggml.model")) {
     TACHYON_ASSIGN_OR_RETURN(out.tokenizer, Tokenizer::from_gguf(gguf));
   }
@@ -296,6 +331,7 @@ Status load_llama2c(const std::string& path, LoadedModel& out) {
   WeightReader reader(*ckpt, path);
   TACHYON_ASSIGN_OR_RETURN(ModelWeights weights, read_weights(reader, c, kHfNames));
   out.weight_dtypes = reader.dtypes();
+  out.tensor_types = reader.tensor_types();
   auto tok_path = find_llama2c_tokenizer(path, c.vocab_size);
   if (tok_path.ok()) {
     TACHYON_ASSIGN_OR_RETURN(out.tokenizer, Tokenizer::from_llama2c(*tok_path, c.vocab_size));

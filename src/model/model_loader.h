@@ -33,6 +33,9 @@ struct LoadedModel {
   std::vector<int32_t> eos_token_ids;    // config + generation_config + tokenizer, merged
   int32_t bos_token_id = -1;
   std::string weight_dtypes;             // e.g. "bf16" or "f32, f16"
+  // Per type the container stores (its own names: "Q4_K", "BF16"), how the loaded model holds those
+  // tensors: e.g. "Q4_K: 154 tensors, packed as q4_k", "Q5_0: 24 tensors, expanded to f32 at load".
+  std::vector<std::string> tensor_types;
   double load_seconds = 0.0;
 };
 

@@ -255,6 +255,12 @@ TEST(Conformance, GgufKQuantLinearWeightsRunPacked) {
   ASSERT_TRUE(w.write(path).ok());
 
   LoadedModel packed = load(path);
+  // `tachyon info`'s account of the file: per stored type, packed or expanded (the embedding is
+  // read densely, as f32).
+  const std::vector<std::string> types = {"F32: 5 tensors, as stored",
+                                          "Q4_K: 9 tensors, 1 expanded to f32 at load, 8 packed as q4_k",
+                                          "Q6_K: 6 tensors, packed as q6_k", "Q8_0: 1 tensor, packed as q8_0"};
+  EXPECT_EQ(packed.tensor_types, types) << fmt::format("{}", fmt::join(packed.tensor_types, " | "));
   ModelWeights expanded = packed.model->weights();
   const QuantFormat want[7] = {QuantFormat::kGgufQ4_K, QuantFormat::kGgufQ4_K, QuantFormat::kGgufQ6_K,
                                QuantFormat::kGgufQ4_K, QuantFormat::kGgufQ4_K, QuantFormat::kGgufQ6_K,
@@ -341,6 +347,11 @@ TEST(Conformance, GgufDecodedBlockFormatsLoadDense) {
   ASSERT_TRUE(w.write(path).ok());
 
   LoadedModel m = load(path);
+  // `tachyon info` says so: every block type of the file but F32 expanded at load.
+  for (const std::string& line : m.tensor_types) {
+    if (!line.starts_with("F32:")) EXPECT_TRUE(line.ends_with(", expanded to f32 at load")) << line;
+  }
+  EXPECT_GE(m.tensor_types.size(), 2u);
   const LayerWeights& l = m.model->weights().layers[0];
   const Weight* lws[7] = {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj, &l.up_proj, &l.down_proj};
   for (int k = 0; k < 7; ++k) {
