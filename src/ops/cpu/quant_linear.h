@@ -39,6 +39,9 @@ struct QuantLinearArgs {
   // scale times the sum of its codes qx_dsum [n, qx_stride / 32].
   const float* qx_d = nullptr;
   const float* qx_dsum = nullptr;
+  // Q6_K only: per half block of 16 codes, 32 * its block's d * the sum of its codes
+  // [n, qx_stride / 16] (the codes' share of Q6_K's offset of 32).
+  const float* qx_dhalf = nullptr;
 };
 
 void quant_linear(const QuantLinearArgs& args);

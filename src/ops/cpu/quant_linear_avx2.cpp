@@ -383,6 +383,21 @@ void quant_linear(const QuantLinearArgs& args) {
     a.qx = qx.data();
     a.qx_d = d.data();
     a.qx_dsum = dsum.data();
+    std::vector<float> dhalf;
+    if (q.format == QuantFormat::kGgufQ6_K) {
+      const int64_t halves = a.qx_stride / 16;
+      dhalf.resize(static_cast<size_t>(a.n * halves));
+      for (int64_t t = 0; t < a.n; ++t) {
+        const int8_t* codes = qx.data() + t * a.qx_stride;
+        for (int64_t h = 0; h < halves; ++h) {
+          int32_t sum = 0;
+          for (int i = 0; i < 16; ++i) sum += codes[16 * h + i];
+          dhalf[static_cast<size_t>(t * halves + h)] = 32.0f * d[static_cast<size_t>(t * (halves / 2) + h / 2)] *
+                                                       static_cast<float>(sum);
+        }
+      }
+      a.qx_dhalf = dhalf.data();
+    }
     log_path_once("linear: avx2 {} x int8 activations (integer dot products)", quant_format_name(q.format));
     // Blocks of 8 rows, at least ~32 KiB of packed weight per chunk, as below.
     const int64_t blocks = (out + 7) / 8;

@@ -6,8 +6,8 @@
 //   Q8_0:  y += (d_w * d_x) * sum_i code_w * code_x
 //   Q4_K:  y += (d * sc_s * d_x) * sum_i q * code_x - dmin * m_s * (d_x * sum_i code_x)
 //          (sub-block s of a 256-weight block is one block of the activations)
-//   Q6_K:  y += (d * scale_j * d_x) * sum_i (q - 32) * code_x over each half j of 16 weights,
-//          the 32 taken off as maddubs(32, code_x)
+//   Q6_K:  y += (d * scale_j * d_x) * sum_i q * code_x - (d * scale_j) * (32 * d_x * sum_i code_x)
+//          over each half j of 16 weights (the second factor per call: QuantLinearArgs::qx_dhalf)
 //   int8:  y += d_x * sum_i code_w * code_x, times the row's scale at the end
 //   int4:  y += (s_g * d_x) * sum_i q * code_x - s_g * z_g * (d_x * sum_i code_x)
 // The integer sums are exact; maddubs multiplies unsigned by signed bytes, so signed weights go in
@@ -255,10 +255,13 @@ void q6_k_tile(const QuantLinearArgs& a, int64_t o, int64_t tok0) {
   const uint8_t* row = q.packed.data<uint8_t>() + o * blocks * kQ6_KD;  // blocks less their d
   const uint16_t* dq = q.scales.data<uint16_t>() + o * blocks;          // [in / 256] f16
   const TokenBlocks<T> x(a, tok0);
+  const float* dhalf[T];  // [qx_stride / 16]
+  for (int t = 0; t < T; ++t) dhalf[t] = a.qx_dhalf + (tok0 + t) * (a.qx_stride / 16);
   const __m256i low4 = _mm256_set1_epi8(0x0f), bits01 = _mm256_set1_epi8(0x03), bits45 = _mm256_set1_epi8(0x30);
-  const __m256i bias = _mm256_set1_epi8(32), ones = _mm256_set1_epi16(1);
-  __m256 acc[T][2];
-  for (int t = 0; t < T; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+  const __m256i ones = _mm256_set1_epi16(1);
+  // Per token: even and odd chains of the code sums, and the offset's share, 8 halves a vector.
+  __m256 acc[T][2], correction[T];
+  for (int t = 0; t < T; ++t) acc[t][0] = acc[t][1] = correction[t] = _mm256_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* block = row + b * kQ6_KD;
     for (int p = 0; p < 4; ++p) {
@@ -266,6 +269,15 @@ void q6_k_tile(const QuantLinearArgs& a, int64_t o, int64_t tok0) {
     }
     const auto* scales = reinterpret_cast<const int8_t*>(block + kQ6_KScales);
     const float db = _cvtsh_ss(dq[b]);
+    // d * scale_j (exact) for the block's 16 halves, against each half's 32 * d_x * sum of codes.
+    const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(scales));
+    const __m256 dscale_lo = _mm256_mul_ps(_mm256_set1_ps(db), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)));
+    const __m256 dscale_hi =
+        _mm256_mul_ps(_mm256_set1_ps(db), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc, 8))));
+    for (int t = 0; t < T; ++t) {
+      correction[t] = _mm256_fmadd_ps(dscale_lo, _mm256_loadu_ps(dhalf[t] + 16 * b), correction[t]);
+      correction[t] = _mm256_fmadd_ps(dscale_hi, _mm256_loadu_ps(dhalf[t] + 16 * b + 8), correction[t]);
+    }
     for (int h = 0; h < 2; ++h) {
       const uint8_t* L = block + 64 * h;
       const uint8_t* H = block + kQ6_KQh + 32 * h;
@@ -289,15 +301,16 @@ void q6_k_tile(const QuantLinearArgs& a, int64_t o, int64_t tok0) {
 #pragma GCC unroll 4
         for (int t = 0; t < T; ++t) {
           const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.codes[t] + xb * kBlock));
-          const __m256i pairs = _mm256_sub_epi16(_mm256_maddubs_epi16(codes[k], xv), _mm256_maddubs_epi16(bias, xv));
-          const __m256i sums = _mm256_madd_epi16(pairs, ones);
+          const __m256i sums = _mm256_madd_epi16(_mm256_maddubs_epi16(codes[k], xv), ones);
           acc[t][k % 2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(sv, _mm256_set1_ps(x.d[t][xb])),
                                           acc[t][k % 2]);
         }
       }
     }
   }
-  for (int t = 0; t < T; ++t) store(a, o, tok0 + t, reduce_add(_mm256_add_ps(acc[t][0], acc[t][1])));
+  for (int t = 0; t < T; ++t) {
+    store(a, o, tok0 + t, reduce_add(_mm256_add_ps(acc[t][0], acc[t][1])) - reduce_add(correction[t]));
+  }
 }
 
 }  // namespace
