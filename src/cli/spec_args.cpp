@@ -1,5 +1,7 @@
 #include "cli/spec_args.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 namespace tachyon::cli {
@@ -40,14 +42,18 @@ Status apply_spec_options(const SpecArgs& a, const LoadedModel& target, std::uni
     if (!loaded.ok()) return loaded.status().with_context("--draft-model");
     draft = std::make_unique<LoadedModel>(std::move(loaded).value());
     const int tv = target.model->config().vocab_size, dv = draft->model->config().vocab_size;
-    if (tv != dv) {
+    // A draft may lack the target's last rows when no token of the tokenizer is among them (the
+    // matrices of one family are padded to different sizes: Qwen2.5-0.5B 151,936, 7B 152,064).
+    const int real = target.tokenizer ? target.tokenizer->vocab_size() : tv;
+    if (dv > tv || dv < std::min(tv, real)) {
       return make_error(ErrorCode::kInvalidArgument,
-                        "--draft-model {}: its vocabulary has {} tokens, the target's {}; a draft must share the "
+                        "--draft-model {}: its vocabulary has {} tokens, the target's {}{}; a draft must share the "
                         "target's tokenizer",
-                        a.draft_model, dv, tv);
+                        a.draft_model, dv, tv,
+                        dv < tv ? fmt::format(" (of which its tokenizer uses {})", std::min(tv, real)) : "");
     }
     if (target.tokenizer && draft->tokenizer) {
-      for (int32_t id = 0; id < tv; ++id) {
+      for (int32_t id = 0; id < std::min({tv, dv, draft->tokenizer->vocab_size(), real}); ++id) {
         if (target.tokenizer->token_to_piece(id) != draft->tokenizer->token_to_piece(id)) {
           return make_error(ErrorCode::kInvalidArgument,
                             "--draft-model {}: token {} is '{}' for the draft, '{}' for the target; a draft must "

@@ -58,6 +58,10 @@ Result<std::unique_ptr<DraftModelProposer>> DraftModelProposer::create(const Lla
     return make_error(ErrorCode::kInvalidArgument, "draft kv cache: {} blocks of {} tokens", options.num_kv_blocks,
                       options.block_size);
   }
+  if (options.target_vocab != 0 && options.target_vocab < c.vocab_size) {
+    return make_error(ErrorCode::kInvalidArgument, "draft model: its vocabulary of {} tokens exceeds the target's {}",
+                      c.vocab_size, options.target_vocab);
+  }
   if (options.max_model_len < 1 || options.max_model_len > c.max_position_embeddings) {
     return make_error(ErrorCode::kInvalidArgument, "draft model: max_model_len {} must be in [1, {}] (its context)",
                       options.max_model_len, c.max_position_embeddings);
@@ -123,6 +127,12 @@ Status DraftModelProposer::propose(std::span<const DraftRequest> requests, std::
         st.tokens.begin());
     blocks_.truncate(st.table, static_cast<int>(keep));
     st.tokens.resize(keep);
+    // A token past the draft's vocabulary (one of the target's padding rows) has no embedding here:
+    // no draft for this sequence (the tokens before it stay cached).
+    if (std::any_of(r.tokens.begin() + static_cast<ptrdiff_t>(keep), r.tokens.end(),
+                    [vocab](int32_t t) { return t < 0 || t >= vocab; })) {
+      continue;
+    }
     if (!blocks_.grow_to(st.table, len + k - 1).ok()) {
       blocks_.truncate(st.table, static_cast<int>(keep));
       continue;  // the draft cache is full: no draft for this request this step
@@ -202,6 +212,7 @@ Status DraftModelProposer::propose(std::span<const DraftRequest> requests, std::
       } else {
         token = draw(q, a.state->rng.next_double());
         d.probs.insert(d.probs.end(), q.begin(), q.end());
+        if (options_.target_vocab > vocab) d.probs.resize(d.probs.size() + (options_.target_vocab - vocab), 0.0f);
       }
       d.tokens.push_back(token);
       a.history.add_output(token);

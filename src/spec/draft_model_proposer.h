@@ -32,6 +32,10 @@ struct DraftModelOptions {
   DType kv_dtype = DType::kF32;
   int max_model_len = 0;  // positions the draft may write, at most its context
   ops::LinearMode linear_mode = ops::LinearMode::kFastest;
+  // The target's vocabulary, when it is larger than the draft's (padding rows, as Qwen2.5-7B's
+  // 152,064 against 0.5B's 151,936): q is returned with zeros for the tokens the draft lacks, and a
+  // sequence holding such a token gets no draft. 0: the draft's own.
+  int target_vocab = 0;
 };
 
 class DraftModelProposer final : public Proposer {

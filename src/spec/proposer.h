@@ -33,7 +33,7 @@ struct DraftRequest {
 
 struct Draft {
   std::vector<int32_t> tokens;  // [<= k] the guessed continuation (empty: no guess); a tree: its nodes
-  std::vector<float> probs;     // [tokens.size(), vocab] q of each position, or empty: one-hot guesses
+  std::vector<float> probs;     // [tokens.size(), target vocab] q of each position, or empty: one-hot guesses
   // A tree: parents[i] is the index of node i's parent (< i), or -1 for a child of the sequence's
   // last token; empty for a chain. Trees carry no probs (every node a one-hot guess), and the
   // first branch (nodes 0, 1, ... each the child of the one before) should be the likeliest:

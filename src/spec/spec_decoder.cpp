@@ -44,7 +44,8 @@ Status SpecDecodeOptions::validate(const ModelConfig& target) const {
       return make_error(ErrorCode::kInvalidArgument, "speculative decoding with a draft model: no draft model given");
     }
     const ModelConfig& d = draft_model->config();
-    if (d.vocab_size != target.vocab_size) {
+    // A draft may lack the target's last rows (padding), never have more.
+    if (d.vocab_size > target.vocab_size) {
       return make_error(ErrorCode::kInvalidArgument,
                         "the draft model's vocabulary has {} tokens, the target's {}: a draft must share the "
                         "target's tokenizer",
@@ -68,6 +69,7 @@ Result<std::unique_ptr<SpecDecoder>> SpecDecoder::create(const SpecDecodeOptions
       o.kv_dtype = geometry.kv_dtype;
       o.max_model_len = std::min(geometry.max_model_len, options.draft_model->config().max_position_embeddings);
       o.linear_mode = geometry.linear_mode;
+      o.target_vocab = target.vocab_size;
       TACHYON_ASSIGN_OR_RETURN(proposer, DraftModelProposer::create(*options.draft_model, o));
       break;
     }

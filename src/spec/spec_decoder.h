@@ -52,7 +52,8 @@ struct SpecDecodeOptions {
   static constexpr int kLargestK = 32;
   // kInvalidArgument naming the bad value: k_max outside [1, kLargestK], k outside [0, k_max],
   // tree_nodes outside [0, kMaxTreeTokens - 1] or set for a sliding-window target, a draft model
-  // missing, or with a vocabulary other than the target's.
+  // missing, or with a larger vocabulary than the target's (a smaller one lacks padding rows: see
+  // DraftModelOptions::target_vocab).
   Status validate(const ModelConfig& target) const;
 };
 

@@ -22,6 +22,7 @@
 #include "engine/engine.h"
 #include "model/forward_batch.h"
 #include "model/model_loader.h"
+#include "model/synthetic.h"
 #include "server/metrics.h"
 #include "spec/draft_model_proposer.h"
 #include "test_util.h"
@@ -198,6 +199,37 @@ TEST_F(SpecEngineTest, GreedyWithTheDraftModelEqualsPlainForEveryK) {
     EXPECT_GT(s.num_accepted, 0) << "K " << k;                // the pair was trained to agree
     EXPECT_LT(s.num_accepted, s.num_proposed) << "K " << k;   // and rejections happen
     EXPECT_LE(s.num_emitted, s.num_accepted + s.num_verify_steps);
+  }
+}
+
+// The bundled draft without its last rows, as a draft whose matrices are padded to a smaller
+// vocabulary than the target's: `rows` tokens (its LM head is the tied embedding).
+std::unique_ptr<LlamaModel> truncated_draft(const LlamaModel& draft, int rows) {
+  ModelConfig c = draft.config();
+  EXPECT_TRUE(c.tie_word_embeddings);
+  c.vocab_size = rows;
+  ModelWeights w = draft.weights();
+  w.embed_tokens = w.embed_tokens.slice(0, 0, rows).contiguous();
+  w.lm_head.dense = w.embed_tokens;
+  return std::make_unique<LlamaModel>(c, std::move(w));
+}
+
+// Prompts and outputs that reach past the draft's rows get no draft from there on and stay exact;
+// the others speculate as with the whole draft.
+TEST_F(SpecEngineTest, GreedyWithADraftLackingTheTargetsLastRowsEqualsPlain) {
+  constexpr int kRows = 6000;  // the prompts' largest ids: 4901 to 7507
+  const std::unique_ptr<LlamaModel> small = truncated_draft(*draft_->model, kRows);
+  int beyond = 0;  // prompts holding a token the small draft lacks
+  for (const Case& c : *cases_) beyond += std::any_of(c.prompt.begin(), c.prompt.end(), [](int32_t t) { return t >= kRows; });
+  EXPECT_GT(beyond, 0);
+  EXPECT_LT(beyond, static_cast<int>(cases_->size()));
+  for (int k : {0, 4}) {
+    EngineOptions o = small_options();
+    o.spec = spec_options(SpecMethod::kDraftModel, small.get(), k);
+    auto e = make_engine(*target_, o);
+    ASSERT_NE(e, nullptr);
+    expect_same(run_all(*e, *cases_), *plain_, fmt::format("draft of {} rows, K {}", kRows, k));
+    EXPECT_GT(e->stats().spec.num_accepted, 0) << "K " << k;
   }
 }
 
@@ -510,16 +542,27 @@ TEST_F(SpecEngineTest, SampledOutputKeepsTheTargetDistribution) {
   double total = 0.0;
   for (const auto& [o, pr] : law) total += pr;
   ASSERT_NEAR(total, 1.0, 1e-4);
-  for (auto [method, tree_nodes] : std::vector<std::pair<SpecMethod, int>>{
-           {SpecMethod::kDraftModel, 0}, {SpecMethod::kNgram, 0}, {SpecMethod::kDraftModel, 4}, {SpecMethod::kNgram, 6}}) {
-    SCOPED_TRACE(fmt::format("{} tree {}", spec_method_name(method), tree_nodes));
+  // The last case: a draft without the target's last rows, whose q the verifier sees padded with zeros.
+  const std::unique_ptr<LlamaModel> small = truncated_draft(*draft_->model, 7900);
+  struct Run {
+    SpecMethod method;
+    int tree_nodes;
+    const LlamaModel* draft;
+  };
+  for (auto [method, tree_nodes, draft] : std::vector<Run>{{SpecMethod::kDraftModel, 0, draft_->model.get()},
+                                                           {SpecMethod::kNgram, 0, nullptr},
+                                                           {SpecMethod::kDraftModel, 4, draft_->model.get()},
+                                                           {SpecMethod::kNgram, 6, nullptr},
+                                                           {SpecMethod::kDraftModel, 0, small.get()}}) {
+    SCOPED_TRACE(fmt::format("{} tree {}{}", spec_method_name(method), tree_nodes,
+                             draft == small.get() ? ", a draft of 7900 rows" : ""));
     EngineOptions o = small_options(64);
     o.max_model_len = 64;
     o.num_kv_blocks = 5 * 64;
     o.max_batched_tokens = 2048;
     o.batch_invariant = false;  // not needed for a law, and faster
     // K fixed: the controller would turn speculation off for a batch this large.
-    o.spec = spec_options(method, draft_->model.get(), 2);
+    o.spec = spec_options(method, draft, 2);
     o.spec.tree_nodes = tree_nodes;
     auto e = make_engine(*target_, o);
     ASSERT_NE(e, nullptr);
@@ -587,9 +630,16 @@ TEST_F(SpecEngineTest, BadOptionsAreClearErrors) {
   s = spec_options(SpecMethod::kNgram, nullptr, 2);
   s.tree_nodes = 64;
   EXPECT_NE(error_of(s).find("--spec-tree 64"), std::string::npos) << error_of(s);
-  LoadedModel other = load_or_die("synthetic:tiny");
-  s = spec_options(SpecMethod::kDraftModel, other.model.get(), 2);
-  EXPECT_NE(error_of(s).find("vocabulary has 512 tokens, the target's 8192"), std::string::npos) << error_of(s);
+  // A draft may lack the target's last rows (truncated_draft below), not have more.
+  ModelConfig wide = *synthetic_config("tiny");
+  wide.vocab_size = 9000;
+  SyntheticOptions so;
+  so.weight_dtype = DType::kF32;
+  auto wide_weights = make_synthetic_weights(wide, so);
+  ASSERT_TRUE(wide_weights.ok()) << wide_weights.status().to_string();
+  const LlamaModel other(wide, std::move(wide_weights).value());
+  s = spec_options(SpecMethod::kDraftModel, &other, 2);
+  EXPECT_NE(error_of(s).find("vocabulary has 9000 tokens, the target's 8192"), std::string::npos) << error_of(s);
 }
 
 // A memory budget pays for the target's cache and the draft's (as many blocks each).
