@@ -38,6 +38,10 @@ constexpr int64_t kBlock = 32;
 // left the int4 kernel at 48 % of the read bandwidth on a 4864 x 896 matrix, 77 % with this (a
 // Xeon with AVX-512, one thread; 1024: 72 %, 4096: 79 %; docs/perf.md 2026-12-06).
 constexpr int kPrefetchBytes = 4096;
+// Q4_K's own distance: 884-955 us on a 4096 x 4096 matrix at 2048 bytes against 954-1,010 at 4096
+// (one thread; 1024: 957-1,045, 8192: 1,015-1,021); synthetic:llama3.2-1b at two threads 23.4-23.7
+// against 18.9-20.1 tok/s (docs/perf.md 2026-12-06).
+constexpr int kPrefetchBytesQ4_K = 2048;
 
 inline float reduce_add(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -198,9 +202,9 @@ void q4_k_tile(const QuantLinearArgs& a, int64_t o, int64_t tok0) {
   for (int t = 0; t < T; ++t) acc[t][0] = acc[t][1] = correction[t] = _mm256_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* block = row + b * kQ4_KBytes;
-    _mm_prefetch(reinterpret_cast<const char*>(block) + kPrefetchBytes, _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(block) + kPrefetchBytes + 64, _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(block) + kPrefetchBytes + 128, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(block) + kPrefetchBytesQ4_K, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(block) + kPrefetchBytesQ4_K + 64, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(block) + kPrefetchBytesQ4_K + 128, _MM_HINT_T0);
     uint16_t d_bits, dmin_bits;
     std::memcpy(&d_bits, block, 2);
     std::memcpy(&dmin_bits, block + 2, 2);
