@@ -175,4 +175,13 @@ double chi_square_p_value(double statistic, int degrees_of_freedom) {
 ExactQuantizedLinears::ExactQuantizedLinears() { ops::cpu::set_int8_dot(false); }
 ExactQuantizedLinears::~ExactQuantizedLinears() { ops::cpu::clear_int8_dot_override(); }
 
+LoadedModel load_model_or_fail(const std::string& path, Device device) {
+  LoadOptions o;
+  o.path = path;
+  o.device = device;
+  auto m = load_model(o);
+  EXPECT_TRUE(m.ok()) << path << ": " << m.status().to_string();
+  return std::move(m).value();
+}
+
 }  // namespace tachyon::testing

@@ -9,6 +9,7 @@
 
 #include "core/tensor.h"
 #include "engine/engine.h"
+#include "model/model_loader.h"
 
 namespace tachyon::testing {
 
@@ -48,6 +49,9 @@ CommandResult run_command(const std::string& command);
 // Regularized upper incomplete gamma Q(a, x), and the p-value of Pearson's chi-square statistic.
 double upper_incomplete_gamma(double a, double x);
 double chi_square_p_value(double statistic, int degrees_of_freedom);
+
+// load_model on `path` (on `device`); a failure is a test failure naming the path and the error.
+LoadedModel load_model_or_fail(const std::string& path, Device device = Device::cpu());
 
 // Greedy continuation of `prompt` (ids) by one request through the Engine, EOS ignored.
 // Small default engine options: a KV cache just large enough for the request, on the model's

@@ -49,15 +49,6 @@ const Device kGpu = Device::cuda(0);
     ASSERT_OK(::tachyon::ops::cuda::start_backend(0));            \
   } while (0)
 
-LoadedModel load(const std::string& path, Device device) {
-  LoadOptions o;
-  o.path = path;
-  o.device = device;
-  auto m = load_model(o);
-  EXPECT_TRUE(m.ok()) << path << ": " << m.status().to_string();
-  return std::move(m).value();
-}
-
 // Steps the engine until it is idle, appending each request's tokens to got[id]; every block is
 // back at the end.
 void drain(Engine& engine, std::map<RequestId, std::vector<int32_t>>& got) {
@@ -323,8 +314,8 @@ TEST(GpuOps, Int8WeightsQuantizeAndMultiplyLikeTheHost) {
 TEST(GpuModel, Int8GreedyEqualsTheCpuInt8Path) {
   TACHYON_START_GPU();
   const testing::ExactQuantizedLinears exact;  // the CPU side in f32 activations, as before
-  LoadedModel cpu = load(testing::source_dir() + "/models/tachyon-demo", Device::cpu());
-  LoadedModel gpu = load(testing::source_dir() + "/models/tachyon-demo", kGpu);
+  LoadedModel cpu = testing::load_model_or_fail(testing::source_dir() + "/models/tachyon-demo", Device::cpu());
+  LoadedModel gpu = testing::load_model_or_fail(testing::source_dir() + "/models/tachyon-demo", kGpu);
   QuantSpec spec;
   spec.format = QuantFormat::kInt8Channel;
   ModelWeights cw = cpu.model->weights(), gw = gpu.model->weights();
@@ -451,8 +442,8 @@ TEST(GpuOps, Int4WeightsQuantizeAndMultiplyLikeTheHost) {
 TEST(GpuModel, Int4GreedyEqualsTheCpuInt4Path) {
   TACHYON_START_GPU();
   const testing::ExactQuantizedLinears exact;  // the CPU side in f32 activations, as before
-  LoadedModel cpu = load(testing::source_dir() + "/models/tachyon-demo", Device::cpu());
-  LoadedModel gpu = load(testing::source_dir() + "/models/tachyon-demo", kGpu);
+  LoadedModel cpu = testing::load_model_or_fail(testing::source_dir() + "/models/tachyon-demo", Device::cpu());
+  LoadedModel gpu = testing::load_model_or_fail(testing::source_dir() + "/models/tachyon-demo", kGpu);
   QuantSpec spec;
   spec.format = QuantFormat::kInt4Group;
   spec.group_size = 64;
@@ -497,7 +488,7 @@ TEST(GpuModel, Int4GreedyEqualsTheCpuInt4Path) {
 TEST(GpuModel, PackedWeightsMatchTheCpuPath) {
   TACHYON_START_GPU();
   const testing::ExactQuantizedLinears exact;  // the CPU side in f32 activations, as before
-  LoadedModel cpu = load(testing::source_dir() + "/models/tachyon-demo", Device::cpu());
+  LoadedModel cpu = testing::load_model_or_fail(testing::source_dir() + "/models/tachyon-demo", Device::cpu());
   const int64_t vocab = cpu.model->config().vocab_size;
   for (const char* name : {"q4_k", "q6_k", "q8_0", "w8a8", "fp8", "ternary"}) {
     auto spec = parse_quant_spec(name, 128);
@@ -545,7 +536,7 @@ TEST(GpuModel, PackedWeightsMatchTheCpuPath) {
 TEST(GpuModel, AwqCheckpointRunsPackedAndAgreesWithTheCpu) {
   TACHYON_START_GPU();
   const testing::ExactQuantizedLinears exact;  // the CPU side in f32 activations, as before
-  LoadedModel original = load(testing::source_dir() + "/models/tachyon-demo", Device::cpu());
+  LoadedModel original = testing::load_model_or_fail(testing::source_dir() + "/models/tachyon-demo", Device::cpu());
   std::vector<int32_t> calib = original.tokenizer->encode(
       "Once upon a time there was a little girl who lived in a village near the forest. Whenever she went out, "
       "the little girl wore a red riding cloak, so everyone in the village called her Little Red Riding Hood.");
@@ -560,8 +551,8 @@ TEST(GpuModel, AwqCheckpointRunsPackedAndAgreesWithTheCpu) {
   auto saved = save_quantized_checkpoint({original.path, out, CheckpointQuantMethod::kAwqGemm},
                                          original.model->config(), q->weights);
   ASSERT_TRUE(saved.ok()) << saved.status().to_string();
-  LoadedModel cpu = load(out, Device::cpu());
-  LoadedModel gpu = load(out, kGpu);
+  LoadedModel cpu = testing::load_model_or_fail(out, Device::cpu());
+  LoadedModel gpu = testing::load_model_or_fail(out, kGpu);
   const Weight& gate = gpu.model->weights().layers[0].gate_proj;
   ASSERT_TRUE(gate.quant != nullptr && gate.quant->format == QuantFormat::kInt4Group && gate.quant->group_size == 128);
   EXPECT_EQ(gate.quant->packed.device(), kGpu);
@@ -580,8 +571,8 @@ TEST(GpuModel, AwqCheckpointRunsPackedAndAgreesWithTheCpu) {
 
 TEST(GpuModel, SyntheticWeightsAreMadeOnTheDeviceAndEqualTheCpuOnes) {
   TACHYON_START_GPU();
-  LoadedModel cpu = load("synthetic:tiny", Device::cpu());
-  LoadedModel gpu = load("synthetic:tiny", kGpu);
+  LoadedModel cpu = testing::load_model_or_fail("synthetic:tiny", Device::cpu());
+  LoadedModel gpu = testing::load_model_or_fail("synthetic:tiny", kGpu);
   EXPECT_EQ(gpu.model->device(), kGpu);
   EXPECT_TRUE(testing::bitwise_equal(to_host(gpu.model->weights().layers[2].gate_proj.dense),
                                      cpu.model->weights().layers[2].gate_proj.dense, "gate_proj"));
@@ -596,7 +587,7 @@ class GpuConformance : public ::testing::TestWithParam<std::string> {};
 TEST_P(GpuConformance, LogitsMatchTransformers) {
   TACHYON_START_GPU();
   const testing::ModelFixture f = testing::read_model_fixture(GetParam());
-  LoadedModel m = load(f.dir, kGpu);
+  LoadedModel m = testing::load_model_or_fail(f.dir, kGpu);
   const Tensor& ref_prompt = f.arrays.at("prompt_logits");
   const Tensor& ref_decode = f.arrays.at("decode_logits");
   const int64_t vocab = ref_prompt.size(1);
@@ -645,8 +636,8 @@ INSTANTIATE_TEST_SUITE_P(Models, GpuConformance,
 TEST(GpuModel, Stories260KGreedyEqualsTheCpuPath) {
   TACHYON_START_GPU();
   TACHYON_SKIP_WITHOUT_SHARED(shared);
-  LoadedModel cpu = load(shared + "/models/stories260K", Device::cpu());
-  LoadedModel gpu = load(shared + "/models/stories260K", kGpu);
+  LoadedModel cpu = testing::load_model_or_fail(shared + "/models/stories260K", Device::cpu());
+  LoadedModel gpu = testing::load_model_or_fail(shared + "/models/stories260K", kGpu);
   const std::vector<int32_t> prompt = cpu.tokenizer->encode("Once upon a time");
   const int n = 64;
   const auto expected = testing::greedy_ids(*cpu.model, prompt, n);
@@ -669,8 +660,8 @@ TEST(GpuModel, Stories260KGreedyEqualsTheCpuPath) {
 TEST(GpuModel, QuantizedKvGreedyEqualsTheCpuPath) {
   TACHYON_START_GPU();
   TACHYON_SKIP_WITHOUT_SHARED(shared);
-  LoadedModel cpu = load(shared + "/models/stories260K", Device::cpu());
-  LoadedModel gpu = load(shared + "/models/stories260K", kGpu);
+  LoadedModel cpu = testing::load_model_or_fail(shared + "/models/stories260K", Device::cpu());
+  LoadedModel gpu = testing::load_model_or_fail(shared + "/models/stories260K", kGpu);
   const std::vector<int32_t> prompt = cpu.tokenizer->encode("Once upon a time");
   const int n = 64;
   const auto f32 = testing::greedy_ids(*cpu.model, prompt, n, DType::kF32);
@@ -692,7 +683,7 @@ TEST(GpuModel, QuantizedKvGreedyEqualsTheCpuPath) {
 // logits within bf16 tolerance; tokens equal until a step whose top-2 margin is within it.
 TEST(GpuModel, BatchedEqualsAloneWithinTolerance) {
   TACHYON_START_GPU();
-  LoadedModel m = load(testing::source_dir() + "/models/tachyon-demo", kGpu);
+  LoadedModel m = testing::load_model_or_fail(testing::source_dir() + "/models/tachyon-demo", kGpu);
   const int64_t vocab = m.model->config().vocab_size;
   const uint32_t seed = testing::fresh_seed();
   std::mt19937 rng(seed);
@@ -772,7 +763,7 @@ TEST(GpuModel, BatchedEqualsAloneWithinTolerance) {
 // that crosses block-table widths (new graphs) and with batches of several sizes.
 TEST(GpuModel, GraphReplayEqualsEagerBitForBit) {
   TACHYON_START_GPU();
-  LoadedModel m = load(testing::source_dir() + "/models/tachyon-demo", kGpu);
+  LoadedModel m = testing::load_model_or_fail(testing::source_dir() + "/models/tachyon-demo", kGpu);
   const int64_t vocab = m.model->config().vocab_size;
   for (int num : {1, 3}) {
     Sessions graphs = Sessions::make(*m.model, num, 400, DType::kBF16);
@@ -799,7 +790,7 @@ TEST(GpuModel, GraphReplayEqualsEagerBitForBit) {
 // over a growing context. Below sm_90 the switch changes nothing and the test still holds.
 TEST(GpuModel, ProgrammaticLaunchEqualsSerialBitForBit) {
   TACHYON_START_GPU();
-  LoadedModel m = load(testing::source_dir() + "/models/tachyon-demo", kGpu);
+  LoadedModel m = testing::load_model_or_fail(testing::source_dir() + "/models/tachyon-demo", kGpu);
   ModelWeights w4 = m.model->weights();
   QuantSpec spec;
   spec.format = QuantFormat::kInt4Group;
@@ -836,8 +827,8 @@ TEST(GpuModel, ProgrammaticLaunchEqualsSerialBitForBit) {
 
 TEST(GpuEngine, ServesRequestsWithPrefixCachingAndReturnsEveryBlock) {
   TACHYON_START_GPU();
-  LoadedModel gpu = load(testing::source_dir() + "/models/tachyon-demo", kGpu);
-  LoadedModel cpu = load(testing::source_dir() + "/models/tachyon-demo", Device::cpu());
+  LoadedModel gpu = testing::load_model_or_fail(testing::source_dir() + "/models/tachyon-demo", kGpu);
+  LoadedModel cpu = testing::load_model_or_fail(testing::source_dir() + "/models/tachyon-demo", Device::cpu());
   EngineOptions eo;
   eo.num_kv_blocks = 64;
   eo.max_model_len = 256;
@@ -885,7 +876,7 @@ TEST(GpuEngine, ServesRequestsWithPrefixCachingAndReturnsEveryBlock) {
 // the colocated engine, so every kernel sees the same shapes and the tokens must equal exactly.
 TEST(GpuEngine, DisaggregatedPrefillAndDecodeEqualColocated) {
   TACHYON_START_GPU();
-  LoadedModel m = load(testing::source_dir() + "/models/tachyon-demo", kGpu);
+  LoadedModel m = testing::load_model_or_fail(testing::source_dir() + "/models/tachyon-demo", kGpu);
   EngineOptions eo;
   eo.num_kv_blocks = 96;
   eo.max_model_len = 512;
@@ -981,7 +972,7 @@ TEST(GpuEngine, DisaggregatedPrefillAndDecodeEqualColocated) {
 // logits to the host Sampler instead. Same seeds, same draws: the same tokens either way.
 TEST(GpuEngine, SamplingOnTheDeviceEqualsTheHostSampler) {
   TACHYON_START_GPU();
-  LoadedModel m = load(testing::source_dir() + "/models/tachyon-demo", kGpu);
+  LoadedModel m = testing::load_model_or_fail(testing::source_dir() + "/models/tachyon-demo", kGpu);
   const std::vector<std::string> prompts = {"Once upon a time", "Tom had a red ball.", "The sun was hot and",
                                             "Lily and her mom went to the park.", "One day, a little dog",
                                             "The cat sat"};
@@ -1030,8 +1021,8 @@ TEST(GpuEngine, SamplingOnTheDeviceEqualsTheHostSampler) {
 // that the decode and prefill kernels' different summation orders cannot flip a greedy choice.
 TEST(GpuEngine, SpeculativeTreesAndChainsEqualPlainGreedy) {
   TACHYON_START_GPU();
-  LoadedModel target = load(testing::source_dir() + "/models/tachyon-demo", kGpu);
-  LoadedModel draft = load(testing::source_dir() + "/models/tachyon-demo-draft", kGpu);
+  LoadedModel target = testing::load_model_or_fail(testing::source_dir() + "/models/tachyon-demo", kGpu);
+  LoadedModel draft = testing::load_model_or_fail(testing::source_dir() + "/models/tachyon-demo-draft", kGpu);
   auto code = read_text_file(testing::source_dir() + "/tests/data/eval/code.txt");
   ASSERT_TRUE(code.ok());
   std::vector<std::vector<int32_t>> prompts;
@@ -1116,8 +1107,8 @@ TEST(GpuKvCache, CopyBlocksOnTheDevice) {
 TEST(GpuModel, ClearErrors) {
   TACHYON_START_GPU();
   // A model on the GPU with its cache on the host.
-  LoadedModel gpu = load("synthetic:tiny", kGpu);
-  LoadedModel cpu = load("synthetic:tiny", Device::cpu());
+  LoadedModel gpu = testing::load_model_or_fail("synthetic:tiny", kGpu);
+  LoadedModel cpu = testing::load_model_or_fail("synthetic:tiny", Device::cpu());
   Sessions host = Sessions::make(*cpu.model, 1, 8, DType::kF32);
   BlockTable table(16);
   ASSERT_TRUE(host.blocks.grow_to(table, 2).ok());

@@ -63,14 +63,6 @@ struct Session {
   }
 };
 
-LoadedModel load(const std::string& path) {
-  LoadOptions o;
-  o.path = path;
-  auto m = load_model(o);
-  EXPECT_TRUE(m.ok()) << path << ": " << m.status().to_string();
-  return std::move(m).value();
-}
-
 // Prompt logits (in one forward, and again in chunks of 5 through the paged cache) and 16
 // greedy decode steps, against the reference arrays.
 void check_against_fixture(const LlamaModel& model, const ModelFixture& f, const std::string& prompt_key,
@@ -113,13 +105,13 @@ class Conformance : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(Conformance, HfDirectoryMatchesTransformers) {
   const ModelFixture f = testing::read_model_fixture(GetParam());
-  LoadedModel m = load(f.dir);
+  LoadedModel m = testing::load_model_or_fail(f.dir);
   check_against_fixture(*m.model, f, "prompt_logits", true, kTolerance);
 }
 
 TEST_P(Conformance, GgufMatchesTransformers) {
   const ModelFixture f = testing::read_model_fixture(GetParam());
-  LoadedModel m = load(f.dir + "/model.gguf");
+  LoadedModel m = testing::load_model_or_fail(f.dir + "/model.gguf");
   EXPECT_EQ(m.format, "gguf");
   check_against_fixture(*m.model, f, "prompt_logits", true, kTolerance);
 }
@@ -136,10 +128,10 @@ INSTANTIATE_TEST_SUITE_P(Models, Conformance,
 // dequantized weights.
 TEST(Conformance, GgufF16AndQ8_0) {
   const ModelFixture f = testing::read_model_fixture("llama");
-  LoadedModel f16 = load(f.dir + "/model-f16.gguf");
+  LoadedModel f16 = testing::load_model_or_fail(f.dir + "/model-f16.gguf");
   EXPECT_EQ(f16.weight_dtypes.find("f16") != std::string::npos, true) << f16.weight_dtypes;
   check_against_fixture(*f16.model, f, "gguf_f16_prompt_logits", false, kTolerance);
-  LoadedModel q8 = load(f.dir + "/model-q8_0.gguf");
+  LoadedModel q8 = testing::load_model_or_fail(f.dir + "/model-q8_0.gguf");
   {
     const testing::ExactQuantizedLinears exact;  // the weights' f32 function
     check_against_fixture(*q8.model, f, "gguf_q8_0_prompt_logits", false, kTolerance);
@@ -183,7 +175,7 @@ TEST(Conformance, GgufQ4_0LinearWeightsRunPacked) {
   const std::string path = testing::scratch_dir("gguf_q4_0") + "/model-q4_0.gguf";
   ASSERT_TRUE(w.write(path).ok());
 
-  LoadedModel packed = load(path);
+  LoadedModel packed = testing::load_model_or_fail(path);
   EXPECT_NE(packed.weight_dtypes.find("int4-g32 (packed)"), std::string::npos) << packed.weight_dtypes;
   ModelWeights expanded = packed.model->weights();
   for (LayerWeights& l : expanded.layers) {
@@ -254,7 +246,7 @@ TEST(Conformance, GgufKQuantLinearWeightsRunPacked) {
   const std::string path = testing::scratch_dir("gguf_kquants") + "/model-kquants.gguf";
   ASSERT_TRUE(w.write(path).ok());
 
-  LoadedModel packed = load(path);
+  LoadedModel packed = testing::load_model_or_fail(path);
   // `tachyon info`'s account of the file: per stored type, packed or expanded (the embedding is
   // read densely, as f32).
   const std::vector<std::string> types = {"F32: 5 tensors, as stored",
@@ -346,7 +338,7 @@ TEST(Conformance, GgufDecodedBlockFormatsLoadDense) {
   const std::string path = testing::scratch_dir("gguf_decoded") + "/model-decoded.gguf";
   ASSERT_TRUE(w.write(path).ok());
 
-  LoadedModel m = load(path);
+  LoadedModel m = testing::load_model_or_fail(path);
   // `tachyon info` says so: every block type of the file but F32 expanded at load.
   for (const std::string& line : m.tensor_types) {
     if (!line.starts_with("F32:")) EXPECT_TRUE(line.ends_with(", expanded to f32 at load")) << line;
@@ -374,7 +366,7 @@ TEST(Conformance, GgufDecodedBlockFormatsLoadDense) {
 // become views of it, and the fused linear computes what the parts do; parts of different
 // formats stay apart.
 TEST(Conformance, PackedProjectionsFuse) {
-  LoadedModel m = load(testing::source_dir() + "/models/tachyon-demo");
+  LoadedModel m = testing::load_model_or_fail(testing::source_dir() + "/models/tachyon-demo");
   for (const char* name : {"int4", "q6_k", "ternary", "fp8"}) {
     SCOPED_TRACE(name);
     auto spec = parse_quant_spec(name, 64);
@@ -419,7 +411,7 @@ TEST(Conformance, PackedProjectionsFuse) {
 // logits as each run alone.
 TEST(Conformance, BatchedEqualsAlone) {
   const ModelFixture f = testing::read_model_fixture("qwen2");
-  LoadedModel m = load(f.dir);
+  LoadedModel m = testing::load_model_or_fail(f.dir);
   const LlamaModel& model = *m.model;
   const int64_t vocab = model.config().vocab_size;
   const std::vector<int32_t> a(f.prompt_ids.begin(), f.prompt_ids.end());

@@ -15,14 +15,6 @@
 namespace tachyon {
 namespace {
 
-LoadedModel load(const std::string& path) {
-  LoadOptions o;
-  o.path = path;
-  auto m = load_model(o);
-  EXPECT_TRUE(m.ok()) << m.status().to_string();
-  return std::move(m).value();
-}
-
 std::vector<int32_t> greedy(const LoadedModel& m, const std::vector<int32_t>& prompt, int n) {
   return testing::greedy_ids(*m.model, prompt, n);
 }
@@ -35,7 +27,7 @@ TEST(Stories260K, GreedyMatchesIndependentReference) {
   const auto prompt = j.at("prompt_ids").get<std::vector<int32_t>>();
   const auto expected = j.at("greedy_ids").get<std::vector<int32_t>>();
 
-  LoadedModel m = load(shared + "/models/stories260K");  // the directory: finds the .bin and tok512.bin
+  LoadedModel m = testing::load_model_or_fail(shared + "/models/stories260K");  // the directory: finds the .bin and tok512.bin
   EXPECT_EQ(m.format, "llama2c");
   ASSERT_TRUE(m.tokenizer);
   EXPECT_EQ(m.tokenizer->encode("Once upon a time"), prompt);
@@ -53,8 +45,8 @@ TEST(Stories260K, GreedyMatchesIndependentReference) {
 
 TEST(Stories260K, GgufTwinGivesSameLogits) {
   TACHYON_SKIP_WITHOUT_SHARED(shared);
-  LoadedModel bin = load(shared + "/models/stories260K/stories260K.bin");
-  LoadedModel gguf = load(shared + "/models/stories260K-gguf/stories260K.gguf");
+  LoadedModel bin = testing::load_model_or_fail(shared + "/models/stories260K/stories260K.bin");
+  LoadedModel gguf = testing::load_model_or_fail(shared + "/models/stories260K-gguf/stories260K.gguf");
   const std::vector<int32_t> prompt = {1, 403, 407, 261, 378};
   EXPECT_EQ(greedy(bin, prompt, 40), greedy(gguf, prompt, 40));
   ASSERT_TRUE(gguf.tokenizer);

@@ -44,14 +44,6 @@ std::string upscale(const std::string& python, const std::string& src, const std
   return out;
 }
 
-LoadedModel load(const std::string& path) {
-  LoadOptions o;
-  o.path = path;
-  auto m = load_model(o);
-  EXPECT_TRUE(m.ok()) << path << ": " << m.status().to_string();
-  return std::move(m).value();
-}
-
 std::vector<int32_t> prose_tokens(const LoadedModel& m, size_t n) {
   auto text = read_text_file(testing::source_dir() + "/tests/data/eval/prose.txt");
   EXPECT_TRUE(text.ok());
@@ -103,8 +95,8 @@ TEST(Upscale, F32TargetWithAnUntiedPaddedHeadGivesTheSameLogits) {
                                   "--hidden 512 --layers 12 --heads 8 --kv-heads 4 --head-dim 128 --intermediate 1024 "
                                   "--vocab 8256 --tie no --dtype f32");
   ASSERT_FALSE(dir.empty());
-  const LoadedModel small = load(testing::source_dir() + "/models/tachyon-demo");
-  const LoadedModel big = load(dir);
+  const LoadedModel small = testing::load_model_or_fail(testing::source_dir() + "/models/tachyon-demo");
+  const LoadedModel big = testing::load_model_or_fail(dir);
   ASSERT_EQ(big.model->config().hidden_size, 512);
   ASSERT_EQ(big.model->config().num_layers, 12);
   ASSERT_EQ(big.model->config().vocab_size, 8256);
@@ -124,8 +116,8 @@ TEST(Upscale, TiedHeadShiftsEveryRealLogitAlike) {
                                   "--hidden 256 --layers 9 --heads 8 --kv-heads 4 --head-dim 64 --intermediate 768 "
                                   "--vocab 8256 --tie yes --dtype f32");
   ASSERT_FALSE(dir.empty());
-  const LoadedModel small = load(testing::source_dir() + "/models/tachyon-demo-draft");
-  const LoadedModel big = load(dir);
+  const LoadedModel small = testing::load_model_or_fail(testing::source_dir() + "/models/tachyon-demo-draft");
+  const LoadedModel big = testing::load_model_or_fail(dir);
   const Comparison c = compare_on_prose(big, small, /*shift=*/true);
   std::printf("f32, tied: max relative logit error after the shift %.3g, padded tokens at most %.1f from the best\n",
               c.max_rel_error, c.max_padded);
@@ -140,8 +132,8 @@ TEST(Upscale, Bf16TargetAgreesUpToRoundingAndInGreedy) {
                                   "--hidden 512 --layers 12 --heads 8 --kv-heads 4 --head-dim 128 --intermediate 1024 "
                                   "--vocab 8256 --tie no");
   ASSERT_FALSE(dir.empty());
-  const LoadedModel small = load(testing::source_dir() + "/models/tachyon-demo");
-  const LoadedModel big = load(dir);
+  const LoadedModel small = testing::load_model_or_fail(testing::source_dir() + "/models/tachyon-demo");
+  const LoadedModel big = testing::load_model_or_fail(dir);
   const Comparison c = compare_on_prose(big, small, /*shift=*/false);
   int same = 0, total = 0;
   for (const char* prompt : {"Once upon a time", "func (b *Buffer) Len() int {", "The king said to his people"}) {

@@ -42,14 +42,6 @@ struct Outcome {
   FinishReason reason = FinishReason::kLength;
 };
 
-LoadedModel load_or_die(const std::string& path) {
-  LoadOptions o;
-  o.path = path;
-  auto m = load_model(o);
-  EXPECT_TRUE(m.ok()) << path << ": " << m.status().to_string();
-  return std::move(m).value();
-}
-
 EngineOptions small_options(int max_seqs = 8) {
   EngineOptions o;
   o.max_model_len = 512;
@@ -136,8 +128,8 @@ void expect_same(const std::vector<Outcome>& got, const std::vector<Outcome>& wa
 class SpecEngineTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    target_ = new LoadedModel(load_or_die(testing::source_dir() + "/models/tachyon-demo"));
-    draft_ = new LoadedModel(load_or_die(testing::source_dir() + "/models/tachyon-demo-draft"));
+    target_ = new LoadedModel(testing::load_model_or_fail(testing::source_dir() + "/models/tachyon-demo"));
+    draft_ = new LoadedModel(testing::load_model_or_fail(testing::source_dir() + "/models/tachyon-demo-draft"));
     auto code = read_text_file(testing::source_dir() + "/tests/data/eval/code.txt");
     auto prose = read_text_file(testing::source_dir() + "/tests/data/eval/prose.txt");
     ASSERT_TRUE(code.ok() && prose.ok());
@@ -688,7 +680,7 @@ TEST_F(SpecEngineTest, MetricsExportTheAcceptanceFigures) {
 // greedy output equals plain greedy for K = 1..8.
 TEST(SpecEngineStories, GreedyEqualsPlainWithSelfDraftAndNgram) {
   TACHYON_SKIP_WITHOUT_SHARED(shared);
-  LoadedModel m = load_or_die(shared + "/models/stories260K");
+  LoadedModel m = testing::load_model_or_fail(shared + "/models/stories260K");
   std::vector<Case> cases;
   for (const char* text : {"Once upon a time", "Lily and Ben went to the park. Lily and Ben", "The sun"}) {
     Case c;
@@ -728,7 +720,7 @@ namespace {
 // n-gram proposer (whose drafts are often rejected) and the model as its own draft, K 1..8.
 TEST(SpecEngineFixtures, GreedyEqualsPlainOnEveryFamily) {
   for (const char* name : {"llama", "llama3-scaled", "llama-tied", "qwen2", "qwen3", "mistral"}) {
-    LoadedModel m = load_or_die(testing::source_dir() + "/tests/fixtures/models/" + name);
+    LoadedModel m = testing::load_model_or_fail(testing::source_dir() + "/tests/fixtures/models/" + name);
     const int vocab = m.model->config().vocab_size;
     std::vector<Case> cases;
     for (int variant = 0; variant < 2; ++variant) {
