@@ -61,7 +61,9 @@ struct Options {
   std::fprintf(stderr,
                "tachyon_bench: %s\n"
                "usage: tachyon_bench bandwidth [--size-mib 1024] [--repeats 5]\n"
-               "       tachyon_bench gemv --rows R --cols C [--dtype bf16 | --quant q8_0|int8|int4|q4_k|q6_k [--group 128]]\n"
+               "       tachyon_bench gemv --rows R --cols C [--dtype bf16 | --quant FORMAT [--group 128]]\n"
+               "                          (FORMAT: int8, int4, w8a8, fp8, ternary, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl,\n"
+               "                          q4_k, q5_k or q6_k)\n"
                "                          [--tokens 1] [--algo auto|gemv|gemm]\n"
                "                          [--repeats 7] [--hot] [--read-gbps X]\n"
                "       tachyon_bench suite\n"

@@ -27,7 +27,7 @@ std::string tachyon_binary();
 Tensor random_tensor(const std::vector<int64_t>& shape, std::mt19937& rng, float lo = -1.0f, float hi = 1.0f);
 uint32_t fresh_seed();
 
-// While alive, Q8_0 / int8 / int4 weights run through the CPU's exact f32 kernels rather than the
+// While alive, GGUF block / int8 / int4 weights run through the CPU's exact f32 kernels rather than the
 // integer dot products on int8 activations (ops/cpu/isa.h set_int8_dot): for tests that hold a
 // quantized model to what its weights compute in f32.
 class ExactQuantizedLinears {

@@ -322,12 +322,13 @@ struct PackedRow {
   double us, gbps, tflops;
 };
 
-// bf16 (the yardstick, dense) and every packed format the backend runs — GGUF Q8_0 / Q4_K / Q6_K,
-// W8A8, per-channel fp8, ternary g128 — on the decode shapes through linear()'s kAuto at 1, 2, 4,
-// 8 tokens (the formats' GEMVs), 32 and 256 (their GEMMs: cuBLASLt int8 for W8A8, fp8 for fp8,
-// the weight expanded to bf16 for the others). Bytes read: the packed rows plus their scales. The
-// weights are a quantized 512-row slab of random values tiled over the rows (the kernels' speed
-// does not depend on the values), rotated through copies that exceed the L2 many times.
+// bf16 (the yardstick, dense) and every packed format the backend runs — GGUF Q8_0 / Q4_1 / Q5_0 /
+// Q5_1 / IQ4_NL / Q4_K / Q5_K / Q6_K, W8A8, per-channel fp8, ternary g128 — on the decode shapes
+// through linear()'s kAuto at 1, 2, 4, 8 tokens (the formats' GEMVs), 32 and 256 (their GEMMs:
+// cuBLASLt int8 for W8A8, fp8 for fp8, the weight expanded to bf16 for the others). Bytes read:
+// the packed rows plus their scales. The weights are a quantized 512-row slab of random values
+// tiled over the rows (the kernels' speed does not depend on the values), rotated through copies
+// that exceed the L2 many times.
 Status bench_packed_gemv(cu::LinearContext& ctx, double copy_gbps, nlohmann::json& out, std::vector<PackedRow>& rows,
                          const Options& opt) {
   using tachyon::QuantFormat;
@@ -341,9 +342,11 @@ Status bench_packed_gemv(cu::LinearContext& ctx, double copy_gbps, nlohmann::jso
     QuantFormat format;
   };
   const Format formats[] = {{"bf16", true, QuantFormat::kInt8Channel},      {"q8_0", false, QuantFormat::kGgufQ8_0},
-                            {"q4_k", false, QuantFormat::kGgufQ4_K},        {"q6_k", false, QuantFormat::kGgufQ6_K},
-                            {"w8a8", false, QuantFormat::kW8A8},            {"fp8", false, QuantFormat::kFp8Channel},
-                            {"ternary", false, QuantFormat::kTernary}};
+                            {"q4_1", false, QuantFormat::kGgufQ4_1},        {"q5_0", false, QuantFormat::kGgufQ5_0},
+                            {"q5_1", false, QuantFormat::kGgufQ5_1},        {"iq4_nl", false, QuantFormat::kGgufIq4Nl},
+                            {"q4_k", false, QuantFormat::kGgufQ4_K},        {"q5_k", false, QuantFormat::kGgufQ5_K},
+                            {"q6_k", false, QuantFormat::kGgufQ6_K},        {"w8a8", false, QuantFormat::kW8A8},
+                            {"fp8", false, QuantFormat::kFp8Channel},       {"ternary", false, QuantFormat::kTernary}};
   const size_t rotate_bytes = opt.quick ? kGiB / 2 : 2 * kGiB;
   constexpr int64_t kSlabRows = 512, kMaxTokens = 256;
   nlohmann::json list = nlohmann::json::array();
@@ -406,7 +409,12 @@ Status bench_packed_gemv(cu::LinearContext& ctx, double copy_gbps, nlohmann::jso
           if (f.dense) a.w_stride = s.in;
           switch (f.format) {
             case QuantFormat::kGgufQ8_0: a.gguf = cu::GgufFormat::kQ8_0; break;
+            case QuantFormat::kGgufQ4_1: a.gguf = cu::GgufFormat::kQ4_1; break;
+            case QuantFormat::kGgufQ5_0: a.gguf = cu::GgufFormat::kQ5_0; break;
+            case QuantFormat::kGgufQ5_1: a.gguf = cu::GgufFormat::kQ5_1; break;
+            case QuantFormat::kGgufIq4Nl: a.gguf = cu::GgufFormat::kIq4Nl; break;
             case QuantFormat::kGgufQ4_K: a.gguf = cu::GgufFormat::kQ4_K; break;
+            case QuantFormat::kGgufQ5_K: a.gguf = cu::GgufFormat::kQ5_K; break;
             case QuantFormat::kGgufQ6_K: a.gguf = cu::GgufFormat::kQ6_K; break;
             case QuantFormat::kW8A8: a.scheme = cu::QuantScheme::kW8A8; break;
             case QuantFormat::kTernary:

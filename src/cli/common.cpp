@@ -30,16 +30,21 @@ void add_common_options(CLI::App& cmd, CommonOptions& options) {
   cmd.add_option("--quant", options.quant,
                  "quantize the layers' linear weights when loading: int8 (per channel), int4 (group-wise, "
                  "asymmetric), w8a8 (int8 weights per channel and activations per token), fp8 (e4m3 per channel), "
-                 "ternary ({-1, 0, +1} x a group absmean scale), or the GGUF block formats q8_0, q4_k, q6_k; on a GPU "
-                 "int8, int4 and w8a8 are quantized there, the others on the host; embedding and LM head stay 16-bit")
-      ->check(CLI::IsMember({"int8", "int4", "w8a8", "fp8", "ternary", "q8_0", "q4_k", "q6_k"}));
+                 "ternary ({-1, 0, +1} x a group absmean scale), or a GGUF block format (q8_0, q4_0, q4_1, q5_0, q5_1, "
+                 "iq4_nl, q4_k, q5_k, q6_k; a K-quant falls back to q5_0, q5_1 or q8_0 where the input width is not a "
+                 "multiple of 256); on a GPU int8, int4 and w8a8 are quantized there, the others on the host; "
+                 "embedding and LM head stay 16-bit")
+      ->check(CLI::IsMember({"int8", "int4", "w8a8", "fp8", "ternary", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl",
+                             "q4_k", "q5_k", "q6_k"}));
   cmd.add_option("--quant-policy", options.quant_policy,
                  "per-module formats: lines 'PATTERN FORMAT' (glob over names like model.layers.3.mlp.gate_proj, "
                  "or lm_head; FORMAT a --quant name, int4:gN, or dense); modules no rule matches get --quant");
   cmd.add_option("--quant-lm-head", options.quant_lm_head,
-                 "also quantize the LM head when loading: int8 (per channel; on a GPU quantized there). Off by "
-                 "default: the head is the module most sensitive to rounding, and a tied head gets a copy of its own")
-      ->check(CLI::IsMember({"int8"}));
+                 "also quantize the LM head when loading: int8 (per channel; on a GPU quantized there), or q8_0 or "
+                 "q6_k (GGUF blocks, as Q4_K_M / Q5_K_M files store it; q6_k falls back to q8_0 where the hidden "
+                 "size is not a multiple of 256). Off by default: the head is the module most sensitive to "
+                 "rounding, and a tied head gets a copy of its own")
+      ->check(CLI::IsMember({"int8", "q8_0", "q6_k"}));
   cmd.add_option("--quant-group", options.quant_group,
                  "inputs per scale of --quant int4 (32, 64 or 128) or ternary (also 256); default 128")
       ->check(CLI::IsMember({32, 64, 128, 256}));

@@ -125,6 +125,18 @@ void dequantize_q5_1(const uint8_t* blocks, int64_t n_blocks, float* out) {
   }
 }
 
+void dequantize_iq4_nl(const uint8_t* blocks, int64_t n_blocks, float* out) {
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    const uint8_t* block = blocks + b * kIq4NlBytes;
+    const float d = load_f16(block);
+    const uint8_t* qs = block + 2;
+    for (int j = 0; j < 16; ++j) {
+      out[b * 32 + j] = d * static_cast<float>(kIq4NlValues[qs[j] & 15]);
+      out[b * 32 + j + 16] = d * static_cast<float>(kIq4NlValues[qs[j] >> 4]);
+    }
+  }
+}
+
 void dequantize_q2_k(const uint8_t* blocks, int64_t n_blocks, float* out) {
   for (int64_t b = 0; b < n_blocks; ++b) {
     const uint8_t* block = blocks + b * kQ2_KBytes;
@@ -326,6 +338,137 @@ void quantize_q6_k(const float* values, int64_t count, std::vector<uint8_t>* out
     std::memcpy(block + kQ6_KScales, scales, 16);
     std::memcpy(block + kQ6_KD, &d_bits, 2);
     out->insert(out->end(), block, block + kQ6_KBytes);
+  }
+}
+
+namespace {
+
+// The largest-magnitude value of x[0, n), sign kept.
+float signed_absmax(const float* x, int n) {
+  float amax = 0.0f, m = 0.0f;
+  for (int j = 0; j < n; ++j) {
+    if (std::fabs(x[j]) > amax) {
+      amax = std::fabs(x[j]);
+      m = x[j];
+    }
+  }
+  return m;
+}
+
+// Q4_1 / Q5_1 (levels 15 or 31): f16 d, f16 m, then for Q5_1 the fifth bits, then the nibbles.
+void quantize_offset_32(const float* values, int64_t count, int levels, std::vector<uint8_t>* out) {
+  for (int64_t b = 0; b < count / 32; ++b) {
+    const float* x = values + b * 32;  // [32] f32
+    float lo = x[0], hi = x[0];
+    for (int j = 1; j < 32; ++j) {
+      lo = std::min(lo, x[j]);
+      hi = std::max(hi, x[j]);
+    }
+    const uint16_t d_bits = f16_at_least((hi - lo) / static_cast<float>(levels)), m_bits = f32_to_f16(lo);
+    const float d = f16_to_f32(d_bits), m = f16_to_f32(m_bits);
+    int q[32];
+    for (int j = 0; j < 32; ++j) q[j] = d > 0.0f ? round_clamp((x[j] - m) / d, 0, levels) : 0;
+    put_f16(out, d_bits);
+    put_f16(out, m_bits);
+    if (levels == 31) {
+      uint32_t qh = 0;
+      for (int j = 0; j < 32; ++j) qh |= static_cast<uint32_t>(q[j] >> 4) << j;
+      for (int k = 0; k < 4; ++k) out->push_back(static_cast<uint8_t>(qh >> (8 * k)));
+    }
+    for (int j = 0; j < 16; ++j) out->push_back(static_cast<uint8_t>((q[j] & 15) | ((q[j + 16] & 15) << 4)));
+  }
+}
+
+}  // namespace
+
+void quantize_q4_1(const float* values, int64_t count, std::vector<uint8_t>* out) {
+  quantize_offset_32(values, count, 15, out);
+}
+
+void quantize_q5_1(const float* values, int64_t count, std::vector<uint8_t>* out) {
+  quantize_offset_32(values, count, 31, out);
+}
+
+void quantize_q5_0(const float* values, int64_t count, std::vector<uint8_t>* out) {
+  for (int64_t b = 0; b < count / 32; ++b) {
+    const float* x = values + b * 32;  // [32] f32
+    // The largest-magnitude value maps to -16 exactly; the other side reaches at most +15.
+    const float d = signed_absmax(x, 32) / -16.0f;
+    const float inv_d = d != 0.0f ? 1.0f / d : 0.0f;
+    int q[32];
+    for (int j = 0; j < 32; ++j) q[j] = std::clamp(static_cast<int>(x[j] * inv_d + 16.5f), 0, 31);
+    put_f16(out, f32_to_f16(d));
+    uint32_t qh = 0;
+    for (int j = 0; j < 32; ++j) qh |= static_cast<uint32_t>(q[j] >> 4) << j;
+    for (int k = 0; k < 4; ++k) out->push_back(static_cast<uint8_t>(qh >> (8 * k)));
+    for (int j = 0; j < 16; ++j) out->push_back(static_cast<uint8_t>((q[j] & 15) | ((q[j + 16] & 15) << 4)));
+  }
+}
+
+void quantize_iq4_nl(const float* values, int64_t count, std::vector<uint8_t>* out) {
+  for (int64_t b = 0; b < count / 32; ++b) {
+    const float* x = values + b * 32;  // [32] f32
+    const uint16_t d_bits = f32_to_f16(signed_absmax(x, 32) / static_cast<float>(kIq4NlValues[0]));
+    const float d = f16_to_f32(d_bits);
+    const float inv_d = d != 0.0f ? 1.0f / d : 0.0f;
+    int q[32];
+    for (int j = 0; j < 32; ++j) {
+      const float v = x[j] * inv_d;
+      int best = 0;
+      for (int k = 1; k < 16; ++k) {
+        if (std::fabs(v - kIq4NlValues[k]) < std::fabs(v - kIq4NlValues[best])) best = k;
+      }
+      q[j] = best;
+    }
+    put_f16(out, d_bits);
+    for (int j = 0; j < 16; ++j) out->push_back(static_cast<uint8_t>(q[j] | (q[j + 16] << 4)));
+  }
+}
+
+void quantize_q5_k(const float* values, int64_t count, std::vector<uint8_t>* out) {
+  for (int64_t b = 0; b < count / kGgmlBlockK; ++b) {
+    const float* x = values + b * kGgmlBlockK;  // [256] f32
+    float step[8], min[8], max_step = 0.0f, max_min = 0.0f;
+    for (int s = 0; s < 8; ++s) {
+      float lo = 0.0f, hi = 0.0f;
+      for (int j = 0; j < 32; ++j) {
+        lo = std::min(lo, x[32 * s + j]);
+        hi = std::max(hi, x[32 * s + j]);
+      }
+      step[s] = (hi - lo) / 31.0f;
+      min[s] = -lo;
+      max_step = std::max(max_step, step[s]);
+      max_min = std::max(max_min, min[s]);
+    }
+    const uint16_t d_bits = f16_at_least(max_step / 63.0f), dmin_bits = f16_at_least(max_min / 63.0f);
+    const float d = f16_to_f32(d_bits), dmin = f16_to_f32(dmin_bits);
+    int sc[8], m[8];
+    for (int s = 0; s < 8; ++s) {
+      sc[s] = d > 0.0f ? std::clamp(static_cast<int>(std::ceil(step[s] / d)), 0, 63) : 0;
+      m[s] = dmin > 0.0f ? round_clamp(min[s] / dmin, 0, 63) : 0;
+    }
+    uint8_t block[kQ5_KBytes] = {};
+    std::memcpy(block, &d_bits, 2);
+    std::memcpy(block + 2, &dmin_bits, 2);
+    uint8_t* scales = block + 4;
+    for (int s = 0; s < 4; ++s) {
+      scales[s] = static_cast<uint8_t>((sc[s] & 63) | ((sc[s + 4] >> 4) << 6));
+      scales[s + 4] = static_cast<uint8_t>((m[s] & 63) | ((m[s + 4] >> 4) << 6));
+      scales[s + 8] = static_cast<uint8_t>((sc[s + 4] & 15) | ((m[s + 4] & 15) << 4));
+    }
+    uint8_t* qh = block + kQ5_KQh;
+    uint8_t* qs = block + kQ5_KQs;
+    for (int c = 0; c < 4; ++c) {
+      const float s0 = d * static_cast<float>(sc[2 * c]), o0 = dmin * static_cast<float>(m[2 * c]);
+      const float s1 = d * static_cast<float>(sc[2 * c + 1]), o1 = dmin * static_cast<float>(m[2 * c + 1]);
+      for (int l = 0; l < 32; ++l) {
+        const int q0 = s0 > 0.0f ? round_clamp((x[64 * c + l] + o0) / s0, 0, 31) : 0;
+        const int q1 = s1 > 0.0f ? round_clamp((x[64 * c + 32 + l] + o1) / s1, 0, 31) : 0;
+        qs[32 * c + l] = static_cast<uint8_t>((q0 & 15) | ((q1 & 15) << 4));
+        qh[l] = static_cast<uint8_t>(qh[l] | ((q0 >> 4) << (2 * c)) | ((q1 >> 4) << (2 * c + 1)));
+      }
+    }
+    out->insert(out->end(), block, block + kQ5_KBytes);
   }
 }
 

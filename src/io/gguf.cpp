@@ -550,6 +550,7 @@ Result<Tensor> GgufFile::tensor(const std::string& name) const {
     case GgmlType::kQ3_K:
     case GgmlType::kQ4_K:
     case GgmlType::kQ5_K:
+    case GgmlType::kIQ4_NL:
     case GgmlType::kQ6_K: {
       auto out = Tensor::try_empty(info->shape, DType::kF32);
       if (!out.ok()) return out.status().with_context(fmt::format("{}: dequantizing {}", path_, what));
@@ -572,6 +573,7 @@ Result<Tensor> GgufFile::tensor(const std::string& name) const {
           case GgmlType::kQ3_K: dequantize_q3_k(src, end - begin, y); break;
           case GgmlType::kQ4_K: dequantize_q4_k(src, end - begin, y); break;
           case GgmlType::kQ5_K: dequantize_q5_k(src, end - begin, y); break;
+          case GgmlType::kIQ4_NL: dequantize_iq4_nl(src, end - begin, y); break;
           default: dequantize_q6_k(src, end - begin, y); break;
         }
       });
@@ -580,7 +582,7 @@ Result<Tensor> GgufFile::tensor(const std::string& name) const {
     default:
       return make_error(ErrorCode::kUnsupported,
                         "{}: {} has ggml type {}, which is not supported (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, "
-                        "Q3_K, Q4_K, Q5_K, Q6_K, I8, I32, I64 are)",
+                        "Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, I8, I32, I64 are)",
                         path_, what, ggml_type_name(info->type));
   }
 }

@@ -127,7 +127,12 @@ Status GgufWriter::add_tensor(const std::string& name, const Tensor& tensor, Ggm
       break;
     case GgmlType::kQ8_0:
     case GgmlType::kQ4_0:
+    case GgmlType::kQ4_1:
+    case GgmlType::kQ5_0:
+    case GgmlType::kQ5_1:
+    case GgmlType::kIQ4_NL:
     case GgmlType::kQ4_K:
+    case GgmlType::kQ5_K:
     case GgmlType::kQ6_K: {
       const int64_t block = ggml_block_size(type);
       if (tensor.dim() == 0 || tensor.size(-1) % block != 0) {
@@ -137,7 +142,12 @@ Status GgufWriter::add_tensor(const std::string& name, const Tensor& tensor, Ggm
       switch (type) {
         case GgmlType::kQ8_0: quantize_q8_0(x, n, &bytes); break;
         case GgmlType::kQ4_0: quantize_q4_0(x, n, &bytes); break;
+        case GgmlType::kQ4_1: quantize_q4_1(x, n, &bytes); break;
+        case GgmlType::kQ5_0: quantize_q5_0(x, n, &bytes); break;
+        case GgmlType::kQ5_1: quantize_q5_1(x, n, &bytes); break;
+        case GgmlType::kIQ4_NL: quantize_iq4_nl(x, n, &bytes); break;
         case GgmlType::kQ4_K: quantize_q4_k(x, n, &bytes); break;
+        case GgmlType::kQ5_K: quantize_q5_k(x, n, &bytes); break;
         default: quantize_q6_k(x, n, &bytes); break;
       }
       break;

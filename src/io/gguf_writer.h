@@ -1,5 +1,5 @@
 // A small GGUF v3 (or v2) writer: metadata of every value type and tensors stored as F32, F16,
-// BF16, Q8_0 or Q4_0 (quantized here from f32 with the reference round-to-nearest rules). Used
+// BF16 or a ggml block format (quantized here from f32 with the reference round-to-nearest rules). Used
 // by the tests and by tools that write converted or quantized models. It holds the encoded
 // tensor bytes in memory until `write`; it never reads GGUF (see gguf.h).
 #pragma once
@@ -43,7 +43,8 @@ class GgufWriter {
   void add(const std::string& key, GgufValue value);
 
   // `tensor` is any float dtype, shape in PyTorch order (outermost first); it is converted to
-  // `type` (F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K; core/ggml_blocks.h encodes the quantized
+  // `type` (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K, Q6_K;
+  // core/ggml_blocks.h encodes the quantized
   // ones). Quantized types need the last dimension to be a multiple of their block (32 or 256). InvalidArgument on a duplicate name or an impossible request.
   Status add_tensor(const std::string& name, const Tensor& tensor, GgmlType type);
   // Stores `bytes` verbatim as a tensor of `type` and `shape` (PyTorch order); the size must

@@ -23,7 +23,7 @@ GgufWeightSource::GgufWeightSource(std::shared_ptr<const GgufFile> file) : file_
     switch (info.type) {
       case GgmlType::kF32: case GgmlType::kQ8_0: case GgmlType::kQ4_0: case GgmlType::kQ4_1: case GgmlType::kQ5_0:
       case GgmlType::kQ5_1: case GgmlType::kQ2_K: case GgmlType::kQ3_K: case GgmlType::kQ4_K: case GgmlType::kQ5_K:
-      case GgmlType::kQ6_K:
+      case GgmlType::kQ6_K: case GgmlType::kIQ4_NL:
         meta.dtype = DType::kF32;  // block formats decode to f32 (those without a packed kernel stay dense)
         break;
       case GgmlType::kF16: meta.dtype = DType::kF16; break;

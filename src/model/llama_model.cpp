@@ -46,7 +46,12 @@ static bool device_runs(QuantFormat f) {
     case QuantFormat::kTernary:
     case QuantFormat::kGgufQ8_0:
     case QuantFormat::kGgufQ4_K:
-    case QuantFormat::kGgufQ6_K: return true;
+    case QuantFormat::kGgufQ6_K:
+    case QuantFormat::kGgufQ4_1:
+    case QuantFormat::kGgufQ5_0:
+    case QuantFormat::kGgufQ5_1:
+    case QuantFormat::kGgufQ5_K:
+    case QuantFormat::kGgufIq4Nl: return true;
   }
   return false;
 }
@@ -60,13 +65,13 @@ Result<ModelWeights> copy_weights_to(const ModelWeights& weights, Device device)
   auto weight = [&](const Weight& w, const char* what) -> Result<Weight> {
     if (w.quant) {
       // The packed formats the device kernels run (ops/cuda: per-channel int8, w8a8 and fp8,
-      // group-wise int4, ternary, the GGUF q8_0 / q4_k / q6_k blocks) move as they are: packed
+      // group-wise int4, ternary, the GGUF blocks) move as they are: packed
       // values, scales and zeros (each tensor the format has; the undefined ones stay undefined).
       // A format added to QuantFormat later is refused here until the device has kernels for it.
       const QuantWeight& q = *w.quant;
       if (!device.is_cpu() && !device_runs(q.format)) {
         return make_error(ErrorCode::kUnsupported,
-                          "{}: {} weights have no kernels on {} (int8, w8a8, fp8, int4, ternary, q8_0, q4_k and q6_k "
+                          "{}: {} weights have no kernels on {} (int8, w8a8, fp8, int4, ternary and the GGUF blocks "
                           "run there)",
                           what, quant_format_name(q.format), device.to_string());
       }

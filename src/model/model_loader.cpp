@@ -270,7 +270,8 @@ Status load_gguf(const std::string& path, LoadedModel& out) {
     config.rope_freq_divisors.assign(f32.data<float>(), f32.data<float>() + f32.numel());
   }
   // Quantized linear weights stay packed: Q4_0 as kInt4Group (group 32: the same nibbles), Q8_0,
-  // Q4_K and Q6_K in their own block formats. Other tensors (the embedding) are read densely.
+  // Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K and Q6_K in their own block formats. Other tensors (the
+  // embedding) and Q2_K / Q3_K linears are read densely.
   const PackedLinearReader packed = [&gguf](const std::string& name, int64_t rows,
                                             int64_t cols) -> Result<std::optional<Weight>> {
     const GgufTensorInfo* info = gguf.find_tensor(name);
@@ -282,6 +283,11 @@ Status load_gguf(const std::string& path, LoadedModel& out) {
       case GgmlType::kQ8_0: format = QuantFormat::kGgufQ8_0; break;
       case GgmlType::kQ4_K: format = QuantFormat::kGgufQ4_K; break;
       case GgmlType::kQ6_K: format = QuantFormat::kGgufQ6_K; break;
+      case GgmlType::kQ4_1: format = QuantFormat::kGgufQ4_1; break;
+      case GgmlType::kQ5_0: format = QuantFormat::kGgufQ5_0; break;
+      case GgmlType::kQ5_1: format = QuantFormat::kGgufQ5_1; break;
+      case GgmlType::kQ5_K: format = QuantFormat::kGgufQ5_K; break;
+      case GgmlType::kIQ4_NL: format = QuantFormat::kGgufIq4Nl; break;
       case GgmlType::kQ4_0: break;
       default: return std::optional<Weight>();
     }

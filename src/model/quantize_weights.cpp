@@ -17,14 +17,18 @@ namespace tachyon {
 namespace {
 
 // The K-quants need in_features in whole super-blocks of 256; a weight that has none (a 640-wide
-// down_proj, Qwen2.5-0.5B's 896-wide inputs) is stored as Q8_0, as llama.cpp's quantizer falls
-// back to a 32-wide block format. Returns whether it fell back.
+// down_proj, Qwen2.5-0.5B's 896-wide inputs) takes the 32-wide block format llama.cpp's quantizer
+// falls back to: Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0. Returns whether it fell back.
 bool k_quant_fallback(QuantSpec& spec, int64_t in_features) {
-  if ((spec.format != QuantFormat::kGgufQ4_K && spec.format != QuantFormat::kGgufQ6_K) ||
-      in_features % kGgmlBlockK == 0) {
-    return false;
+  QuantFormat fallback;
+  switch (spec.format) {
+    case QuantFormat::kGgufQ4_K: fallback = QuantFormat::kGgufQ5_0; break;
+    case QuantFormat::kGgufQ5_K: fallback = QuantFormat::kGgufQ5_1; break;
+    case QuantFormat::kGgufQ6_K: fallback = QuantFormat::kGgufQ8_0; break;
+    default: return false;
   }
-  spec.format = QuantFormat::kGgufQ8_0;
+  if (in_features % kGgmlBlockK == 0) return false;
+  spec.format = fallback;
   spec.group_size = 32;
   return true;
 }
@@ -60,8 +64,9 @@ Result<Weight> quantize_on_device(const Weight& w, const QuantSpec& spec, const 
     return make_error(ErrorCode::kInvalidArgument, "layer {} {}: expected a dense [out, in] weight", layer, name);
   }
   const Tensor& d = w.dense;
-  if (spec.format != QuantFormat::kInt8Channel && spec.format != QuantFormat::kW8A8 &&
-      spec.format != QuantFormat::kInt4Group) {
+  if ((spec.format != QuantFormat::kInt8Channel && spec.format != QuantFormat::kW8A8 &&
+       spec.format != QuantFormat::kInt4Group) ||
+      spec.gguf_q4_0) {
     return quantize_through_host(d, spec, name, layer);
   }
   const int64_t out = d.size(0), in = d.size(1);
@@ -167,20 +172,24 @@ Status quantize_on_host(ModelWeights& weights,
                         bool lm_head, std::map<std::string, int>* counts) {
   std::vector<LayerWeights> layers = weights.layers;
   Weight head = weights.lm_head;
-  int fallbacks = 0;
+  std::map<std::string, int> fallbacks;  // "q4_k -> q5_0": weights
   auto quantize = [&](Weight& w, const std::string& module) -> Status {
     std::optional<QuantSpec> spec = spec_of(module);
     if (!spec) {
       ++(*counts)[w.quant ? quant_format_name(w.quant->format) : "dense"];
       return Status::Ok();
     }
-    if (k_quant_fallback(*spec, w.in_features())) ++fallbacks;
+    const QuantFormat asked = spec->format;
+    if (k_quant_fallback(*spec, w.in_features())) {
+      ++fallbacks[fmt::format("{} as {}", quant_format_name(asked), quant_format_name(spec->format))];
+    }
     auto q = quantize_weight(w, *spec);
     if (!q.ok()) return make_error(q.status().code(), "{}: {}", module, q.status().message());
     w = std::move(q).value();
-    const bool grouped = spec->format == QuantFormat::kInt4Group || spec->format == QuantFormat::kTernary;
+    const bool grouped =
+        (spec->format == QuantFormat::kInt4Group && !spec->gguf_q4_0) || spec->format == QuantFormat::kTernary;
     ++(*counts)[grouped ? fmt::format("{}-g{}", quant_format_name(spec->format), spec->group_size)
-                        : std::string(quant_format_name(spec->format))];
+                        : std::string(spec->gguf_q4_0 ? "q4_0" : quant_format_name(spec->format))];
     return Status::Ok();
   };
   for (size_t i = 0; i < layers.size(); ++i) {
@@ -201,9 +210,8 @@ Status quantize_on_host(ModelWeights& weights,
     }
   }
   if (lm_head) TACHYON_RETURN_IF_ERROR(quantize(head, "lm_head"));
-  if (fallbacks > 0) {
-    TACHYON_LOG_INFO("{} linear weights with in_features not a multiple of {} stored as q8_0 instead of a K-quant",
-                     fallbacks, kGgmlBlockK);
+  for (const auto& [what, n] : fallbacks) {
+    TACHYON_LOG_INFO("{} linear weights with in_features not a multiple of {}: {}", n, kGgmlBlockK, what);
   }
   weights.layers = std::move(layers);
   weights.lm_head = std::move(head);

@@ -9,7 +9,8 @@
 //
 // Modules are named as in Hugging Face checkpoints: model.layers.N.self_attn.{q,k,v,o}_proj,
 // model.layers.N.mlp.{gate,up,down}_proj, and lm_head (an untied LM head only). FORMAT is a
-// `--quant` name (int8, int4, w8a8, fp8, ternary, q8_0, q4_k, q6_k), with `:gN` for the group of
+// `--quant` name (int8, int4, w8a8, fp8, ternary or a GGUF block format: q8_0, q4_0, q4_1, q5_0,
+// q5_1, iq4_nl, q4_k, q5_k, q6_k), with `:gN` for the group of
 // int4 and ternary, or `dense` for the weight as stored. Patterns take `*` (any run of
 // characters, dots included) and `?` (one character). A module no rule matches gets the
 // fallback (the `--quant` format, or dense without one).

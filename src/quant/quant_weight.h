@@ -1,8 +1,8 @@
 // QuantWeight: a linear layer's weight kept in a packed low-bit format (packed data + scales +
 // zeros + group size + format). `ops::linear` dispatches on `format`; a new format touches
 // quant/ and the kernels, never the model. quant/quantize.h defines each layout. GGUF Q4_0 linear
-// weights load as kInt4Group (group 32, zero 8: the same nibbles); GGUF Q8_0, Q4_K and Q6_K keep
-// their own block formats (kGguf*).
+// weights load as kInt4Group (group 32, zero 8: the same nibbles); GGUF Q8_0, Q4_1, Q5_0, Q5_1,
+// IQ4_NL, Q4_K, Q5_K and Q6_K keep their own block formats (kGguf*).
 #pragma once
 
 #include <cstdint>
@@ -16,6 +16,11 @@ enum class QuantFormat : uint8_t {
   kGgufQ8_0,    // blocks of 32: int8 codes and one f16 scale per block
   kGgufQ4_K,    // super-blocks of 256: 4-bit codes, 6-bit scales and mins per 32, f16 d and dmin
   kGgufQ6_K,    // super-blocks of 256: 6-bit codes, int8 scales per 16, f16 d
+  kGgufQ4_1,    // blocks of 32: 4-bit codes, f16 scale and min
+  kGgufQ5_0,    // blocks of 32: 5-bit codes (offset 16), f16 scale
+  kGgufQ5_1,    // blocks of 32: 5-bit codes, f16 scale and min
+  kGgufQ5_K,    // super-blocks of 256: 5-bit codes, 6-bit scales and mins per 32, f16 d and dmin
+  kGgufIq4Nl,   // blocks of 32: 4-bit indexes into a fixed 16-level table, f16 scale
   kW8A8,        // int8 per output channel (kInt8Channel's layout) x int8 activations per token
   kTernary,     // {-1, 0, +1} x a per-group absmean scale, 2 bits per weight
   kFp8Channel,  // fp8 e4m3 per output channel (W8A16 in floating point)

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "core/dtype.h"
@@ -282,6 +283,21 @@ Tensor dequantize(const QuantWeight& q) {
     case QuantFormat::kGgufQ4_K:
       dequantize_q4_k(q.packed.data<uint8_t>(), out * (in / kGgmlBlockK), dst);
       break;
+    case QuantFormat::kGgufQ5_K:
+      dequantize_q5_k(q.packed.data<uint8_t>(), out * (in / kGgmlBlockK), dst);
+      break;
+    case QuantFormat::kGgufQ4_1:
+      dequantize_q4_1(q.packed.data<uint8_t>(), out * (in / kGgmlBlock32), dst);
+      break;
+    case QuantFormat::kGgufQ5_0:
+      dequantize_q5_0(q.packed.data<uint8_t>(), out * (in / kGgmlBlock32), dst);
+      break;
+    case QuantFormat::kGgufQ5_1:
+      dequantize_q5_1(q.packed.data<uint8_t>(), out * (in / kGgmlBlock32), dst);
+      break;
+    case QuantFormat::kGgufIq4Nl:
+      dequantize_iq4_nl(q.packed.data<uint8_t>(), out * (in / kGgmlBlock32), dst);
+      break;
     case QuantFormat::kFp8Channel:
       for (int64_t o = 0; o < out; ++o) {
         const float scale = q.scales.data<float>()[o];
@@ -318,6 +334,16 @@ Tensor dequantize(const QuantWeight& q) {
   return w;
 }
 
+namespace {
+std::optional<QuantFormat> gguf_format_named(const std::string& name) {
+  for (QuantFormat f : {QuantFormat::kGgufQ8_0, QuantFormat::kGgufQ4_1, QuantFormat::kGgufQ5_0, QuantFormat::kGgufQ5_1,
+                        QuantFormat::kGgufIq4Nl, QuantFormat::kGgufQ4_K, QuantFormat::kGgufQ5_K, QuantFormat::kGgufQ6_K}) {
+    if (name == quant_format_name(f)) return f;
+  }
+  return std::nullopt;
+}
+}  // namespace
+
 Result<QuantSpec> parse_quant_spec(const std::string& name, int group) {
   QuantSpec spec;
   if (name == "int8") {
@@ -341,11 +367,17 @@ Result<QuantSpec> parse_quant_spec(const std::string& name, int group) {
   } else if (name == "w8a8") {
     spec.format = QuantFormat::kW8A8;
     spec.group_size = 0;
-  } else if (name == "q8_0" || name == "q4_k" || name == "q6_k") {
-    spec.format = name == "q8_0" ? QuantFormat::kGgufQ8_0 : name == "q4_k" ? QuantFormat::kGgufQ4_K : QuantFormat::kGgufQ6_K;
-    spec.group_size = name == "q8_0" ? 32 : 256;
+  } else if (name == "q4_0") {
+    spec.format = QuantFormat::kInt4Group;
+    spec.group_size = 32;
+    spec.gguf_q4_0 = true;
+  } else if (std::optional<QuantFormat> gguf = gguf_format_named(name)) {
+    spec.format = *gguf;
+    spec.group_size = static_cast<int>(gguf_block_weights(*gguf));
   } else {
-    return make_error(ErrorCode::kInvalidArgument, "--quant '{}': expected int8, int4, w8a8, fp8, ternary, q8_0, q4_k or q6_k", name);
+    return make_error(ErrorCode::kInvalidArgument,
+                      "--quant '{}': expected int8, int4, w8a8, fp8, ternary, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, "
+                      "q4_k, q5_k or q6_k", name);
   }
   return spec;
 }
@@ -355,7 +387,8 @@ Result<Weight> quantize_weight(const Weight& w, const QuantSpec& spec) {
     return make_error(ErrorCode::kInvalidArgument, "the weight is already quantized ({})",
                       quant_format_name(w.quant->format));
   }
-  Result<QuantWeight> q = spec.format == QuantFormat::kInt4Group ? quantize_int4_group(w.dense, spec.group_size, spec.int4_scales)
+  Result<QuantWeight> q = spec.gguf_q4_0                           ? quantize_gguf_q4_0(w.dense)
+                          : spec.format == QuantFormat::kInt4Group ? quantize_int4_group(w.dense, spec.group_size, spec.int4_scales)
                           : spec.format == QuantFormat::kInt8Channel || spec.format == QuantFormat::kW8A8
                               ? quantize_int8_channel(w.dense)
                           : spec.format == QuantFormat::kTernary    ? quantize_ternary(w.dense, spec.group_size)
@@ -667,25 +700,59 @@ Result<QuantWeight> unpack_gguf_q4_0(const Tensor& blocks, int64_t out, int64_t 
   return q;
 }
 
+namespace {
+
+// A block format as GGUF stores it: weights and bytes per block, and the offsets of its f16
+// fields (d, and dmin or m where it has one; -1 where not).
+struct GgufBlockLayout {
+  int64_t weights, bytes;
+  int f16_a, f16_b;
+};
+
+GgufBlockLayout gguf_layout(QuantFormat format) {
+  switch (format) {
+    case QuantFormat::kGgufQ8_0: return {kGgmlBlock32, kQ8_0Bytes, 0, -1};
+    case QuantFormat::kGgufQ4_1: return {kGgmlBlock32, kQ4_1Bytes, 0, 2};
+    case QuantFormat::kGgufQ5_0: return {kGgmlBlock32, kQ5_0Bytes, 0, -1};
+    case QuantFormat::kGgufQ5_1: return {kGgmlBlock32, kQ5_1Bytes, 0, 2};
+    case QuantFormat::kGgufIq4Nl: return {kGgmlBlock32, kIq4NlBytes, 0, -1};
+    case QuantFormat::kGgufQ4_K: return {kGgmlBlockK, kQ4_KBytes, 0, 2};
+    case QuantFormat::kGgufQ5_K: return {kGgmlBlockK, kQ5_KBytes, 0, 2};
+    case QuantFormat::kGgufQ6_K: return {kGgmlBlockK, kQ6_KBytes, static_cast<int>(kQ6_KD), -1};
+    default: TACHYON_CHECK(false, "{} is not a GGUF block format", quant_format_name(format));
+  }
+  return {};
+}
+
+}  // namespace
+
 bool is_gguf_block_format(QuantFormat format) {
-  return format == QuantFormat::kGgufQ8_0 || format == QuantFormat::kGgufQ4_K || format == QuantFormat::kGgufQ6_K;
+  switch (format) {
+    case QuantFormat::kGgufQ8_0:
+    case QuantFormat::kGgufQ4_1:
+    case QuantFormat::kGgufQ5_0:
+    case QuantFormat::kGgufQ5_1:
+    case QuantFormat::kGgufIq4Nl:
+    case QuantFormat::kGgufQ4_K:
+    case QuantFormat::kGgufQ5_K:
+    case QuantFormat::kGgufQ6_K: return true;
+    default: return false;
+  }
 }
 
 int64_t gguf_row_bytes(QuantFormat format, int64_t in) {
-  switch (format) {
-    case QuantFormat::kGgufQ8_0: return in / kGgmlBlock32 * kQ8_0Bytes;
-    case QuantFormat::kGgufQ4_K: return in / kGgmlBlockK * kQ4_KBytes;
-    case QuantFormat::kGgufQ6_K: return in / kGgmlBlockK * kQ6_KBytes;
-    default: TACHYON_CHECK(false, "gguf_row_bytes: {} is not a GGUF block format", quant_format_name(format));
-  }
-  return 0;
+  const GgufBlockLayout l = gguf_layout(format);
+  return in / l.weights * l.bytes;
 }
+
+int64_t gguf_block_weights(QuantFormat format) { return gguf_layout(format).weights; }
 
 Result<QuantWeight> unpack_gguf_blocks(QuantFormat format, const Tensor& blocks, int64_t out, int64_t in) {
   TACHYON_CHECK(is_gguf_block_format(format), "unpack_gguf_blocks: {} is not a GGUF block format",
                 quant_format_name(format));
   const char* name = quant_format_name(format);
-  const int64_t block = format == QuantFormat::kGgufQ8_0 ? kGgmlBlock32 : kGgmlBlockK;
+  const GgufBlockLayout layout = gguf_layout(format);
+  const int64_t block = layout.weights;
   if (out <= 0 || in <= 0 || in % block != 0) {
     return make_error(ErrorCode::kInvalidArgument, "gguf {}: a [{}, {}] weight (in must be a positive multiple of {})",
                       name, out, in, block);
@@ -725,16 +792,7 @@ Result<QuantWeight> unpack_gguf_blocks(QuantFormat format, const Tensor& blocks,
       }
       break;
     }
-    case QuantFormat::kGgufQ4_K: {
-      TACHYON_ASSIGN_OR_RETURN(q.packed, Tensor::try_empty({out, per_row * kQ4_KBytes}, DType::kU8));
-      for (int64_t b = 0; b < n_blocks; ++b) {
-        TACHYON_RETURN_IF_ERROR(finite_f16(src + b * kQ4_KBytes, b, "d"));
-        TACHYON_RETURN_IF_ERROR(finite_f16(src + b * kQ4_KBytes + 2, b, "dmin"));
-      }
-      std::memcpy(q.packed.raw_data(), src, static_cast<size_t>(want));
-      break;
-    }
-    default: {
+    case QuantFormat::kGgufQ6_K: {
       TACHYON_ASSIGN_OR_RETURN(q.packed, Tensor::try_empty({out, per_row * kQ6_KD}, DType::kU8));
       TACHYON_ASSIGN_OR_RETURN(q.scales, Tensor::try_empty({out, per_row}, DType::kF16));
       auto* dst = static_cast<uint8_t*>(q.packed.raw_data());
@@ -747,8 +805,43 @@ Result<QuantWeight> unpack_gguf_blocks(QuantFormat format, const Tensor& blocks,
       }
       break;
     }
+    default: {
+      // The blocks as stored (Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K).
+      const char* second = format == QuantFormat::kGgufQ4_K || format == QuantFormat::kGgufQ5_K ? "dmin" : "m";
+      TACHYON_ASSIGN_OR_RETURN(q.packed, Tensor::try_empty({out, per_row * layout.bytes}, DType::kU8));
+      for (int64_t b = 0; b < n_blocks; ++b) {
+        const uint8_t* blk = src + b * layout.bytes;
+        TACHYON_RETURN_IF_ERROR(finite_f16(blk + layout.f16_a, b, "d"));
+        if (layout.f16_b >= 0) TACHYON_RETURN_IF_ERROR(finite_f16(blk + layout.f16_b, b, second));
+      }
+      std::memcpy(q.packed.raw_data(), src, static_cast<size_t>(want));
+      break;
+    }
   }
   return q;
+}
+Result<QuantWeight> quantize_gguf_q4_0(const Tensor& w_dense) {
+  TACHYON_RETURN_IF_ERROR(check_dense(w_dense, "q4_0 quantization"));
+  const int64_t out = w_dense.size(0), in = w_dense.size(1);
+  if (in % kGgmlBlock32 != 0) {
+    return make_error(ErrorCode::kInvalidArgument, "q4_0 quantization: in_features {} is not a multiple of 32", in);
+  }
+  std::vector<uint8_t> bytes;
+  bytes.reserve(static_cast<size_t>(out * (in / kGgmlBlock32) * kQ4_0Bytes));
+  std::vector<float> row(static_cast<size_t>(in));
+  for (int64_t o = 0; o < out; ++o) {
+    load_row_f32(w_dense, o, row.data());
+    for (int64_t i = 0; i < in; ++i) {
+      if (!std::isfinite(row[i]) || std::fabs(row[i]) > 60000.0f) {
+        return make_error(ErrorCode::kInvalidArgument, "q4_0 quantization: weight [{}, {}] = {} cannot be encoded", o,
+                          i, row[i]);
+      }
+    }
+    quantize_q4_0(row.data(), in, &bytes);
+  }
+  Tensor blocks = Tensor::empty({static_cast<int64_t>(bytes.size())}, DType::kU8);
+  std::memcpy(blocks.raw_data(), bytes.data(), bytes.size());
+  return unpack_gguf_q4_0(blocks, out, in);
 }
 
 Result<QuantWeight> quantize_gguf_blocks(const Tensor& w_dense, QuantFormat format) {
@@ -757,7 +850,7 @@ Result<QuantWeight> quantize_gguf_blocks(const Tensor& w_dense, QuantFormat form
   const char* name = quant_format_name(format);
   TACHYON_RETURN_IF_ERROR(check_dense(w_dense, name));
   const int64_t out = w_dense.size(0), in = w_dense.size(1);
-  const int64_t block = format == QuantFormat::kGgufQ8_0 ? kGgmlBlock32 : kGgmlBlockK;
+  const int64_t block = gguf_layout(format).weights;
   if (in % block != 0) {
     return make_error(ErrorCode::kInvalidArgument, "{} quantization: in_features {} is not a multiple of {}", name, in,
                       block);
@@ -777,7 +870,13 @@ Result<QuantWeight> quantize_gguf_blocks(const Tensor& w_dense, QuantFormat form
     switch (format) {
       case QuantFormat::kGgufQ8_0: quantize_q8_0(row.data(), in, &bytes); break;
       case QuantFormat::kGgufQ4_K: quantize_q4_k(row.data(), in, &bytes); break;
-      default: quantize_q6_k(row.data(), in, &bytes); break;
+      case QuantFormat::kGgufQ6_K: quantize_q6_k(row.data(), in, &bytes); break;
+      case QuantFormat::kGgufQ4_1: quantize_q4_1(row.data(), in, &bytes); break;
+      case QuantFormat::kGgufQ5_0: quantize_q5_0(row.data(), in, &bytes); break;
+      case QuantFormat::kGgufQ5_1: quantize_q5_1(row.data(), in, &bytes); break;
+      case QuantFormat::kGgufQ5_K: quantize_q5_k(row.data(), in, &bytes); break;
+      case QuantFormat::kGgufIq4Nl: quantize_iq4_nl(row.data(), in, &bytes); break;
+      default: TACHYON_CHECK(false, "quantize_gguf_blocks: {}", name);
     }
   }
   Tensor blocks = Tensor::empty({static_cast<int64_t>(bytes.size())}, DType::kU8);

@@ -34,6 +34,10 @@
 //     of whole blocks stays 16-byte aligned); no scales or zeros tensor.
 //   - kGgufQ6_K: packed [out, in / 256 * 208] u8, each Q6_K block less its trailing d (ql[128],
 //     qh[64], scales[16]: 208 bytes, 16-byte aligned), scales [out, in / 256] f16 (the blocks' d).
+//   - kGgufQ4_1, kGgufQ5_0, kGgufQ5_1, kGgufIq4Nl (blocks of 32) and kGgufQ5_K (256): packed
+//     [out, in / block * block bytes] u8, the blocks as stored (20, 22, 24, 18 and 176 bytes: the
+//     32-weight blocks sit 2- or 4-byte aligned, so kernels read them with unaligned loads); no
+//     scales or zeros tensor.
 //   These bytes are exactly the file's (Q6_K's d just moves), so the weight is the file's weight.
 #pragma once
 
@@ -97,9 +101,13 @@ struct QuantSpec {
   // kInt4Group only. f16 by default: `--quant int4` at load time and a `tachyon quantize`
   // checkpoint of the same weights (f16 scales on disk) are then the same weights, bit for bit.
   Int4Scales int4_scales = Int4Scales::kF16;
+  // kInt4Group group 32 encoded by GGUF Q4_0's rule (quantize_q4_0: symmetric, zero 8, f16 d), so
+  // the weight is what a Q4_0 file of it would hold ("q4_0").
+  bool gguf_q4_0 = false;
 };
-// "int8", "int4" (with `group`), "w8a8", "fp8", "ternary" (with `group`), "q8_0", "q4_k" or
-// "q6_k" -> a spec; anything else is an error naming the choices.
+// "int8", "int4" (with `group`), "w8a8", "fp8", "ternary" (with `group`) or a GGUF block format
+// ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "q4_k", "q5_k", "q6_k") -> a spec; anything
+// else is an error naming the choices.
 Result<QuantSpec> parse_quant_spec(const std::string& name, int group);
 
 // A dense weight on the host quantized as `spec`; an already quantized weight is an error.
@@ -176,8 +184,13 @@ Result<QuantWeight> unpack_gguf_blocks(QuantFormat format, const Tensor& blocks,
 // core/ggml_blocks.h's round-to-nearest encoders into a kGguf* format: load-time `--quant q4_k`
 // and test weights.
 Result<QuantWeight> quantize_gguf_blocks(const Tensor& w_dense, QuantFormat format);
+// A dense weight encoded as GGUF Q4_0 blocks (core/ggml_blocks.h) and held as kInt4Group group 32
+// (unpack_gguf_q4_0): load-time `--quant q4_0`.
+Result<QuantWeight> quantize_gguf_q4_0(const Tensor& w_dense);
 // The bytes of one row of a kGguf* weight's stored blocks: what a GGUF file holds per row.
 int64_t gguf_row_bytes(QuantFormat format, int64_t in);
+// The weights per block of a kGguf* format: 32 or 256.
+int64_t gguf_block_weights(QuantFormat format);
 bool is_gguf_block_format(QuantFormat format);
 
 }  // namespace tachyon

@@ -478,19 +478,21 @@ TEST(GpuModel, Int4GreedyEqualsTheCpuInt4Path) {
 }
 
 // The bundled model with its linear weights in each packed format quantized on the host — the
-// GGUF blocks (q4_k and q6_k with their 640-wide down projections q8_0), w8a8, fp8, ternary g128 —
-// moved to the GPU packed. Both devices are fed the CPU's greedy sequence (the prompt, then one
-// token per step: the GPU's prefill of a prompt of more tokens than a format's GEMV takes runs its
-// GEMM — the bf16 expansion, cuBLASLt int8, cuBLASLt fp8 on e4m3 activations — its steps the
-// GEMVs): every step's logits agree within 2e-2 relative (fp8: 1e-1, its prefill's activations
-// rounded to e4m3), and the GPU's argmax differs from the CPU's at no more than 3 of 32 steps (a flip needs the CPU's top two within that error of each other; counted and
-// printed).
+// GGUF blocks (the K-quants' 640-wide down projections in the 32-weight format llama.cpp falls back
+// to: q4_k's q5_0, q5_k's q5_1, q6_k's q8_0), w8a8, fp8, ternary g128 — moved to the GPU packed.
+// Both devices are fed the CPU's greedy sequence (the prompt, then one token per step: the GPU's
+// prefill of a prompt of more tokens than a format's GEMV takes runs its GEMM — the bf16
+// expansion, cuBLASLt int8, cuBLASLt fp8 on e4m3 activations — its steps the GEMVs): every step's
+// logits agree within 2e-2 relative (fp8: 1e-1, its prefill's activations rounded to e4m3), and
+// the GPU's argmax differs from the CPU's at no more than 3 of 32 steps (a flip needs the CPU's
+// top two within that error of each other; counted and printed).
 TEST(GpuModel, PackedWeightsMatchTheCpuPath) {
   TACHYON_START_GPU();
   const testing::ExactQuantizedLinears exact;  // the CPU side in f32 activations, as before
   LoadedModel cpu = testing::load_model_or_fail(testing::source_dir() + "/models/tachyon-demo", Device::cpu());
   const int64_t vocab = cpu.model->config().vocab_size;
-  for (const char* name : {"q4_k", "q6_k", "q8_0", "w8a8", "fp8", "ternary"}) {
+  for (const char* name :
+       {"q4_k", "q5_k", "q6_k", "q8_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "w8a8", "fp8", "ternary"}) {
     auto spec = parse_quant_spec(name, 128);
     ASSERT_TRUE(spec.ok());
     ModelWeights cw = cpu.model->weights();
@@ -500,8 +502,12 @@ TEST(GpuModel, PackedWeightsMatchTheCpuPath) {
     const Weight& gate = gw->layers[0].gate_proj;
     ASSERT_TRUE(gate.quant != nullptr && gate.quant->format == spec->format) << name;
     EXPECT_EQ(gate.quant->packed.device(), kGpu);
-    if (spec->format == QuantFormat::kGgufQ4_K || spec->format == QuantFormat::kGgufQ6_K) {
-      EXPECT_EQ(gw->layers[0].down_proj.quant->format, QuantFormat::kGgufQ8_0) << name << ": 640-wide inputs";
+    if (is_gguf_block_format(spec->format)) {
+      const QuantFormat down = spec->format == QuantFormat::kGgufQ4_K   ? QuantFormat::kGgufQ5_0
+                               : spec->format == QuantFormat::kGgufQ5_K ? QuantFormat::kGgufQ5_1
+                               : spec->format == QuantFormat::kGgufQ6_K ? QuantFormat::kGgufQ8_0
+                                                                        : spec->format;
+      EXPECT_EQ(gw->layers[0].down_proj.quant->format, down) << name << ": 640-wide inputs";
     }
     LlamaModel cm(cpu.model->config(), std::move(cw)), gm(cpu.model->config(), std::move(gw).value());
     // fp8's GEMM rounds the activations to e4m3 (2^-4 relative) where the CPU keeps f32.

@@ -1,6 +1,6 @@
 // Files written by the reference Python implementations (gguf-py, safetensors; see
 // tools/reference/make_io_fixtures.py) read back with the expected values, and Tachyon's
-// Q8_0/Q4_0 quantizer compared byte for byte with gguf-py's blocks.
+// Q8_0/Q4_0/Q5_0 quantizers compared byte for byte with gguf-py's blocks.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -75,14 +75,18 @@ TEST(ReferenceFixtures, QuantizerMatchesGgufPyBlocks) {
   const nlohmann::json e = expected();
   auto g = GgufFile::open(fixture("reference.gguf"));
   ASSERT_TRUE(g.ok()) << g.status().to_string();
-  for (const char* name : {"q8_0", "q4_0"}) {
+  for (const char* name : {"q8_0", "q4_0", "q5_0_rtn"}) {
     SCOPED_TRACE(name);
     const auto source = e["gguf_tensors"][name]["source"].get<std::vector<float>>();
     std::vector<uint8_t> ours;
-    if (std::string(name) == "q8_0") {
-      quantize_q8_0(source.data(), static_cast<int64_t>(source.size()), &ours);
+    const std::string n = name;
+    const int64_t count = static_cast<int64_t>(source.size());
+    if (n == "q8_0") {
+      quantize_q8_0(source.data(), count, &ours);
+    } else if (n == "q4_0") {
+      quantize_q4_0(source.data(), count, &ours);
     } else {
-      quantize_q4_0(source.data(), static_cast<int64_t>(source.size()), &ours);
+      quantize_q5_0(source.data(), count, &ours);
     }
     auto raw = g->raw_tensor(name);
     ASSERT_TRUE(raw.ok());

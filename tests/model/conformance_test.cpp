@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -282,10 +283,117 @@ TEST(Conformance, GgufKQuantLinearWeightsRunPacked) {
   EXPECT_EQ(testing::greedy_ids(*packed.model, prompt, 16), testing::greedy_ids(dense, prompt, 16));
 }
 
-// The block formats with no packed kernel (Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q5_K: what Q5_K_M,
-// Q3_K_M and Q2_K files hold) load their linear weights densely, decoded as core/ggml_blocks.h
-// defines (checked against gguf-py in tests/io): every projection holds exactly the decoded
-// values, and the model runs to finite logits. Blocks are random bytes with small f16 scales.
+// A GGUF file whose linears mix block types as llama.cpp's quantizer writes them, one type per
+// projection (`types`: attn_q, attn_k, attn_v, attn_output, ffn_gate, ffn_up, ffn_down, then the
+// LM head; the embedding is `embd`): every linear loads packed in its own format, none expanded,
+// and the model computes what the same weights dequantized to f32 compute — exactly through the
+// f32 kernels, and within the activations' int8 rounding through the integer dot products.
+void check_mixed_gguf_runs_packed(const std::string& tag, int64_t hidden, int64_t ffn, int64_t head_dim,
+                                  const std::vector<std::vector<GgmlType>>& layer_types, GgmlType head_type,
+                                  GgmlType embd) {
+  const int64_t kVocab = 64, kHeads = hidden / head_dim, kKvHeads = kHeads / 2;
+  const int num_layers = static_cast<int>(layer_types.size());
+  GgufWriter w;
+  add_llama_metadata(w, hidden, ffn, kVocab, kHeads, kKvHeads, head_dim, num_layers);
+  std::mt19937 rng(testing::fresh_seed());
+  auto add = [&](const std::string& name, std::vector<int64_t> shape, GgmlType type, float bound, float offset) {
+    Tensor t = testing::random_tensor(shape, rng, offset - bound, offset + bound);
+    ASSERT_TRUE(w.add_tensor(name, t, type).ok()) << name;
+  };
+  const char* names[7] = {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"};
+  const std::vector<int64_t> shapes[7] = {{kHeads * head_dim, hidden}, {kKvHeads * head_dim, hidden},
+                                          {kKvHeads * head_dim, hidden}, {hidden, kHeads * head_dim},
+                                          {ffn, hidden},                 {ffn, hidden},
+                                          {hidden, ffn}};
+  add("token_embd.weight", {kVocab, hidden}, embd, 1.0f, 0.0f);
+  for (int l = 0; l < num_layers; ++l) {
+    const std::string b = "blk." + std::to_string(l) + ".";
+    add(b + "attn_norm.weight", {hidden}, GgmlType::kF32, 0.2f, 1.0f);
+    add(b + "ffn_norm.weight", {hidden}, GgmlType::kF32, 0.2f, 1.0f);
+    for (int k = 0; k < 7; ++k) add(b + names[k] + ".weight", shapes[k], layer_types[l][k], k == 6 ? 0.08f : 0.12f, 0.0f);
+  }
+  add("output_norm.weight", {hidden}, GgmlType::kF32, 0.2f, 1.0f);
+  add("output.weight", {kVocab, hidden}, head_type, 0.12f, 0.0f);
+  const std::string path = testing::scratch_dir("gguf_mix_" + tag) + "/model.gguf";
+  ASSERT_TRUE(w.write(path).ok());
+
+  LoadedModel packed = testing::load_model_or_fail(path);
+  const std::string embd_type = ggml_type_name(embd);
+  for (const std::string& line : packed.tensor_types) {
+    // Only the embedding (read densely) may be expanded; every linear is packed.
+    if (line.starts_with("F32:")) continue;
+    const bool expanded = line.find("expanded") != std::string::npos;
+    EXPECT_TRUE(!expanded || (line.starts_with(embd_type + ":") && line.find("1 expanded") != std::string::npos))
+        << line;
+  }
+  ModelWeights expanded = packed.model->weights();
+  auto expand = [](Weight& lw, GgmlType stored) {
+    ASSERT_TRUE(lw.quant != nullptr) << ggml_type_name(stored) << " loaded dense";
+    // The stored type's packed format: Q4_0 runs as int4 group 32, the others as their own.
+    std::string want = stored == GgmlType::kQ4_0 ? "int4" : ggml_type_name(stored);
+    for (char& c : want) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    EXPECT_EQ(quant_format_name(lw.quant->format), want);
+    lw.dense = dequantize(*lw.quant);
+    lw.quant = nullptr;
+  };
+  for (int l = 0; l < num_layers; ++l) {
+    LayerWeights& lw = expanded.layers[static_cast<size_t>(l)];
+    Weight* lws[7] = {&lw.q_proj, &lw.k_proj, &lw.v_proj, &lw.o_proj, &lw.gate_proj, &lw.up_proj, &lw.down_proj};
+    for (int k = 0; k < 7; ++k) expand(*lws[k], layer_types[l][k]);
+  }
+  expand(expanded.lm_head, head_type);
+  const LlamaModel dense(packed.model->config(), std::move(expanded));
+  const std::vector<int32_t> prompt = {1, 17, 5, 33, 60, 2, 9, 41, 23, 12};
+  const int P = static_cast<int>(prompt.size());
+  Tensor lb;
+  {
+    Session b = Session::make(dense, P + 4);
+    lb = b.run(prompt);
+  }
+  {
+    const testing::ExactQuantizedLinears exact;
+    Session a = Session::make(*packed.model, P + 4);
+    const Tensor la = a.run(prompt);
+    for (int i = 0; i < P; ++i) {
+      EXPECT_LE(relative_error(la.data<float>() + i * kVocab, lb.data<float>() + i * kVocab, kVocab), kTolerance)
+          << "exact kernels, position " << i;
+    }
+    EXPECT_EQ(testing::greedy_ids(*packed.model, prompt, 16), testing::greedy_ids(dense, prompt, 16));
+  }
+  // The integer dot products (the default on x86-64): each activation rounded to 8 bits per
+  // block of 32 moves the logits by about 1 %; 5 % bounds it with room.
+  Session a = Session::make(*packed.model, P + 4);
+  const Tensor la = a.run(prompt);
+  for (int i = 0; i < P; ++i) {
+    EXPECT_LE(relative_error(la.data<float>() + i * kVocab, lb.data<float>() + i * kVocab, kVocab), 5e-2)
+        << "integer dot products, position " << i;
+  }
+}
+
+// A Q4_K_M file of a model whose width is not a multiple of 256 (Qwen2.5-0.5B's 896, here 160):
+// its 160-wide inputs fall back to Q5_0 (Q4_K's fallback) and Q8_0 (Q6_K's), the 512-wide down
+// projections stay K-quants.
+TEST(Conformance, GgufQ4_K_MMixWithFallbacksRunsPacked) {
+  using G = GgmlType;
+  check_mixed_gguf_runs_packed("q4_k_m", 160, 512, 40,
+                               {{G::kQ5_0, G::kQ5_0, G::kQ8_0, G::kQ5_0, G::kQ5_0, G::kQ5_0, G::kQ6_K},
+                                {G::kQ5_0, G::kQ5_0, G::kQ5_0, G::kQ5_0, G::kQ5_0, G::kQ5_0, G::kQ4_K}},
+                               G::kQ8_0, G::kQ5_0);
+}
+
+// The other packed block types: Q5_K with its Q5_1 fallback (Q5_K_M files), Q4_1, IQ4_NL and Q4_0.
+TEST(Conformance, GgufOtherBlockTypesRunPacked) {
+  using G = GgmlType;
+  check_mixed_gguf_runs_packed("q5_k_m", 256, 512, 64,
+                               {{G::kQ5_K, G::kQ4_1, G::kQ5_1, G::kIQ4_NL, G::kQ5_K, G::kQ4_0, G::kQ5_K},
+                                {G::kIQ4_NL, G::kQ5_1, G::kQ4_1, G::kQ5_K, G::kQ5_1, G::kIQ4_NL, G::kQ5_1}},
+                               G::kIQ4_NL, G::kQ5_K);
+}
+
+// The block formats with no packed kernel (Q2_K, Q3_K: what Q3_K_M and Q2_K files hold) load
+// their linear weights densely, decoded as core/ggml_blocks.h defines (checked against gguf-py
+// in tests/io): every projection holds exactly the decoded values, and the model runs to finite
+// logits. Blocks are random bytes with small f16 scales.
 TEST(Conformance, GgufDecodedBlockFormatsLoadDense) {
   constexpr int64_t kHidden = 256, kFfn = 512, kVocab = 64, kHeads = 4, kKvHeads = 2, kHeadDim = 64;
   GgufWriter w;
@@ -300,13 +408,9 @@ TEST(Conformance, GgufDecodedBlockFormatsLoadDense) {
     int n_d;                         // f16 scales at d_offset (d, then dmin / m)
     void (*decode)(const uint8_t*, int64_t, float*);
   };
-  const Format formats[] = {{GgmlType::kQ4_1, 32, kQ4_1Bytes, 0, 2, dequantize_q4_1},
-                            {GgmlType::kQ5_0, 32, kQ5_0Bytes, 0, 1, dequantize_q5_0},
-                            {GgmlType::kQ5_1, 32, kQ5_1Bytes, 0, 2, dequantize_q5_1},
-                            {GgmlType::kQ2_K, 256, kQ2_KBytes, 80, 2, dequantize_q2_k},
-                            {GgmlType::kQ3_K, 256, kQ3_KBytes, 108, 1, dequantize_q3_k},
-                            {GgmlType::kQ5_K, 256, kQ5_KBytes, 0, 2, dequantize_q5_k},
-                            {GgmlType::kQ5_K, 256, kQ5_KBytes, 0, 2, dequantize_q5_k}};
+  const Format q2_k = {GgmlType::kQ2_K, 256, kQ2_KBytes, 80, 2, dequantize_q2_k};
+  const Format q3_k = {GgmlType::kQ3_K, 256, kQ3_KBytes, 108, 1, dequantize_q3_k};
+  const Format formats[] = {q2_k, q3_k, q2_k, q3_k, q2_k, q3_k, q2_k};
   const char* names[7] = {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"};
   const std::vector<int64_t> shapes[7] = {{kHeads * kHeadDim, kHidden}, {kKvHeads * kHeadDim, kHidden},
                                           {kKvHeads * kHeadDim, kHidden}, {kHidden, kHeads * kHeadDim},

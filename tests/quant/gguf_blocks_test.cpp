@@ -1,4 +1,4 @@
-// The GGUF block formats Q8_0, Q4_K and Q6_K: hand-computed blocks against core/ggml_blocks.h's
+// The GGUF block formats kept packed (Q8_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K, Q6_K): hand-computed blocks against core/ggml_blocks.h's
 // decoding, the kGguf* layouts of quant/ against the stored blocks they come from, the
 // round-to-nearest encoders against their error bounds, and bad blocks. (gguf-py's own decoding
 // of random Q4_K/Q6_K blocks is checked in tests/io/reference_fixtures_test.cpp.)
@@ -87,35 +87,89 @@ TEST(GgufBlocks, HandComputedQ6_K) {
   EXPECT_EQ(w[127], -10.5f);  // scale -1, code 53
 }
 
-// Random stored blocks (random bytes, a finite d) of a [out, in] tensor of `format`.
+TEST(GgufBlocks, HandComputedQ5_0AndIq4Nl) {
+  // Q5_0: d 0.25, qh with bits 0 and 17 set, qs[0] = 0x3f (weight 0 low nibble 15, weight 16 high 3),
+  // qs[1] = 0x21 (weight 1: 1, weight 17: 2).
+  std::vector<uint8_t> q5(kQ5_0Bytes, 0);
+  put_f16(q5.data(), 0.25f);
+  const uint32_t qh = (1u << 0) | (1u << 17);
+  std::memcpy(q5.data() + 2, &qh, 4);
+  q5[6] = 0x3f;
+  q5[7] = 0x21;
+  float w[32];
+  dequantize_q5_0(q5.data(), 1, w);
+  EXPECT_EQ(w[0], 0.25f * ((15 | 16) - 16));  // 3.75
+  EXPECT_EQ(w[16], 0.25f * (3 - 16));         // -3.25
+  EXPECT_EQ(w[1], 0.25f * (1 - 16));
+  EXPECT_EQ(w[17], 0.25f * ((2 | 16) - 16));  // 0.5
+  EXPECT_EQ(w[5], -4.0f);                     // code 0
+  // IQ4_NL: d 0.5, qs[j] = j | (15 - j) << 4: weight j is level j, weight j + 16 level 15 - j.
+  std::vector<uint8_t> nl(kIq4NlBytes, 0);
+  put_f16(nl.data(), 0.5f);
+  for (int j = 0; j < 16; ++j) nl[2 + j] = static_cast<uint8_t>(j | ((15 - j) << 4));
+  dequantize_iq4_nl(nl.data(), 1, w);
+  EXPECT_EQ(w[0], -63.5f);   // level 0: -127
+  EXPECT_EQ(w[8], 0.5f);     // level 8: 1
+  EXPECT_EQ(w[16], 56.5f);   // level 15: 113
+  EXPECT_EQ(w[31], -63.5f);  // level 0
+}
+
+constexpr QuantFormat kFormats[] = {QuantFormat::kGgufQ8_0, QuantFormat::kGgufQ4_1, QuantFormat::kGgufQ5_0,
+                                    QuantFormat::kGgufQ5_1, QuantFormat::kGgufIq4Nl, QuantFormat::kGgufQ4_K,
+                                    QuantFormat::kGgufQ5_K, QuantFormat::kGgufQ6_K};
+
+// The bytes of one stored block, and the offsets of its f16 fields (-1: none).
+int64_t block_bytes(QuantFormat format) { return gguf_row_bytes(format, gguf_block_weights(format)); }
+std::vector<int64_t> f16_fields(QuantFormat format) {
+  switch (format) {
+    case QuantFormat::kGgufQ4_1:
+    case QuantFormat::kGgufQ5_1:
+    case QuantFormat::kGgufQ4_K:
+    case QuantFormat::kGgufQ5_K: return {0, 2};
+    case QuantFormat::kGgufQ6_K: return {kQ6_KD};
+    default: return {0};
+  }
+}
+
+// Random stored blocks (random bytes, finite f16 fields) of a [out, in] tensor of `format`.
 std::vector<uint8_t> random_blocks(QuantFormat format, int64_t out, int64_t in, std::mt19937& rng) {
   std::vector<uint8_t> bytes(static_cast<size_t>(out * gguf_row_bytes(format, in)));
   std::uniform_int_distribution<int> byte(0, 255);
   for (uint8_t& b : bytes) b = static_cast<uint8_t>(byte(rng));
   std::uniform_real_distribution<float> scale(1e-4f, 5e-2f);
-  const int64_t block_bytes = format == QuantFormat::kGgufQ8_0 ? kQ8_0Bytes : format == QuantFormat::kGgufQ4_K ? kQ4_KBytes : kQ6_KBytes;
-  for (size_t b = 0; b < bytes.size(); b += static_cast<size_t>(block_bytes)) {
-    switch (format) {
-      case QuantFormat::kGgufQ8_0: put_f16(&bytes[b], scale(rng)); break;
-      case QuantFormat::kGgufQ4_K:
-        put_f16(&bytes[b], scale(rng));
-        put_f16(&bytes[b + 2], scale(rng));
-        break;
-      default: put_f16(&bytes[b + kQ6_KD], scale(rng)); break;
-    }
+  const size_t step = static_cast<size_t>(block_bytes(format));
+  for (size_t b = 0; b < bytes.size(); b += step) {
+    for (int64_t at : f16_fields(format)) put_f16(&bytes[b + static_cast<size_t>(at)], scale(rng));
   }
   return bytes;
 }
 
 void decode_stored(QuantFormat format, const std::vector<uint8_t>& bytes, float* out) {
+  const int64_t n = static_cast<int64_t>(bytes.size()) / block_bytes(format);
   switch (format) {
-    case QuantFormat::kGgufQ8_0: dequantize_q8_0(bytes.data(), static_cast<int64_t>(bytes.size()) / kQ8_0Bytes, out); break;
-    case QuantFormat::kGgufQ4_K: dequantize_q4_k(bytes.data(), static_cast<int64_t>(bytes.size()) / kQ4_KBytes, out); break;
-    default: dequantize_q6_k(bytes.data(), static_cast<int64_t>(bytes.size()) / kQ6_KBytes, out); break;
+    case QuantFormat::kGgufQ8_0: dequantize_q8_0(bytes.data(), n, out); break;
+    case QuantFormat::kGgufQ4_1: dequantize_q4_1(bytes.data(), n, out); break;
+    case QuantFormat::kGgufQ5_0: dequantize_q5_0(bytes.data(), n, out); break;
+    case QuantFormat::kGgufQ5_1: dequantize_q5_1(bytes.data(), n, out); break;
+    case QuantFormat::kGgufIq4Nl: dequantize_iq4_nl(bytes.data(), n, out); break;
+    case QuantFormat::kGgufQ4_K: dequantize_q4_k(bytes.data(), n, out); break;
+    case QuantFormat::kGgufQ5_K: dequantize_q5_k(bytes.data(), n, out); break;
+    default: dequantize_q6_k(bytes.data(), n, out); break;
   }
 }
 
-constexpr QuantFormat kFormats[] = {QuantFormat::kGgufQ8_0, QuantFormat::kGgufQ4_K, QuantFormat::kGgufQ6_K};
+void encode(QuantFormat format, const float* x, int64_t n, std::vector<uint8_t>* out) {
+  switch (format) {
+    case QuantFormat::kGgufQ8_0: quantize_q8_0(x, n, out); break;
+    case QuantFormat::kGgufQ4_1: quantize_q4_1(x, n, out); break;
+    case QuantFormat::kGgufQ5_0: quantize_q5_0(x, n, out); break;
+    case QuantFormat::kGgufQ5_1: quantize_q5_1(x, n, out); break;
+    case QuantFormat::kGgufIq4Nl: quantize_iq4_nl(x, n, out); break;
+    case QuantFormat::kGgufQ4_K: quantize_q4_k(x, n, out); break;
+    case QuantFormat::kGgufQ5_K: quantize_q5_k(x, n, out); break;
+    default: quantize_q6_k(x, n, out); break;
+  }
+}
 
 // The in-memory layouts stand for exactly the stored blocks, bit for bit.
 TEST(GgufBlocks, UnpackedLayoutsDecodeToTheStoredBlocks) {
@@ -123,12 +177,12 @@ TEST(GgufBlocks, UnpackedLayoutsDecodeToTheStoredBlocks) {
   SCOPED_TRACE(fmt::format("seed {}", seed));
   std::mt19937 rng(seed);
   for (QuantFormat format : kFormats) {
-    const int64_t out = 7, in = format == QuantFormat::kGgufQ8_0 ? 96 : 768;
+    const int64_t out = 7, in = gguf_block_weights(format) == 32 ? 96 : 768;
     const std::vector<uint8_t> bytes = random_blocks(format, out, in, rng);
     auto q = unpack_gguf_blocks(format, bytes_tensor(bytes), out, in);
     ASSERT_TRUE(q.ok()) << q.status().to_string();
     EXPECT_EQ(q->format, format);
-    EXPECT_EQ(q->group_size, format == QuantFormat::kGgufQ8_0 ? 32 : 256);
+    EXPECT_EQ(q->group_size, gguf_block_weights(format));
     Weight w;
     w.quant = std::make_shared<QuantWeight>(*q);
     EXPECT_EQ(w.nbytes(), bytes.size()) << quant_format_name(format) << ": the packed weight is the file's bytes";
@@ -154,30 +208,69 @@ TEST(GgufBlocks, BadBlocksAreErrors) {
               ErrorCode::kCorruptFile);
     EXPECT_EQ(unpack_gguf_blocks(format, good, out, in + 1).status().code(), ErrorCode::kInvalidArgument);
     EXPECT_EQ(unpack_gguf_blocks(format, good, out + 1, in).status().code(), ErrorCode::kCorruptFile);
-    // A non-finite d in the last row's second block.
-    const int64_t block_bytes = gguf_row_bytes(format, in) / (in / (format == QuantFormat::kGgufQ8_0 ? 32 : 256));
-    const size_t at = static_cast<size_t>(2 * gguf_row_bytes(format, in) + block_bytes) +
-                      (format == QuantFormat::kGgufQ6_K ? kQ6_KD : 0);
-    const uint16_t inf = 0x7c00;
-    std::memcpy(&bytes[at], &inf, 2);
-    auto bad = unpack_gguf_blocks(format, bytes_tensor(bytes), out, in);
-    ASSERT_FALSE(bad.ok());
-    EXPECT_EQ(bad.status().code(), ErrorCode::kCorruptFile);
-    EXPECT_NE(bad.status().message().find("block 1 of row 2"), std::string::npos) << bad.status().to_string();
+    // A non-finite value in each f16 field of the last row's second block (a NaN, then an Inf).
+    for (int64_t field : f16_fields(format)) {
+      std::vector<uint8_t> corrupt = bytes;
+      const size_t at = static_cast<size_t>(2 * gguf_row_bytes(format, in) + block_bytes(format) + field);
+      const uint16_t bits = field == 0 ? 0x7e00 : 0x7c00;
+      std::memcpy(&corrupt[at], &bits, 2);
+      auto bad = unpack_gguf_blocks(format, bytes_tensor(corrupt), out, in);
+      ASSERT_FALSE(bad.ok());
+      EXPECT_EQ(bad.status().code(), ErrorCode::kCorruptFile);
+      EXPECT_NE(bad.status().message().find("block 1 of row 2"), std::string::npos) << bad.status().to_string();
+    }
   }
   const Tensor dense = Tensor::zeros({4, 96}, DType::kF32);
   EXPECT_EQ(quantize_gguf_blocks(dense, QuantFormat::kGgufQ4_K).status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(quantize_gguf_blocks(dense, QuantFormat::kGgufQ5_K).status().code(), ErrorCode::kInvalidArgument);
   EXPECT_TRUE(quantize_gguf_blocks(dense, QuantFormat::kGgufQ8_0).ok());
+  EXPECT_TRUE(quantize_gguf_blocks(dense, QuantFormat::kGgufQ5_0).ok());
   Tensor nan = Tensor::zeros({2, 256}, DType::kF32);
   nan.data<float>()[300] = std::nanf("");
   EXPECT_FALSE(quantize_gguf_blocks(nan, QuantFormat::kGgufQ6_K).ok());
-  EXPECT_TRUE(parse_quant_spec("q4_k", 128).ok());
-  EXPECT_FALSE(parse_quant_spec("q5_k", 128).ok());
+  EXPECT_FALSE(quantize_gguf_blocks(nan, QuantFormat::kGgufQ4_1).ok());
+  for (const char* name : {"q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "q4_k", "q5_k", "q6_k"}) {
+    auto spec = parse_quant_spec(name, 128);
+    ASSERT_TRUE(spec.ok()) << name;
+    EXPECT_EQ(spec->gguf_q4_0, std::string(name) == "q4_0");
+  }
+  EXPECT_FALSE(parse_quant_spec("q3_k", 128).ok());
+  EXPECT_FALSE(parse_quant_spec("iq4_xs", 128).ok());
 }
 
-// The round-to-nearest encoders: every weight within its bound (Q8_0: d / 2 and d's f16 rounding; Q4_K: half a
-// sub-block step plus half of dmin, the rounding of the min; Q6_K: half a step), all-zero rows
-// stay zero.
+// `--quant q4_0` holds Q4_0's blocks as int4 group 32 (zero 8): the weights a Q4_0 file of the
+// same values decodes to, bit for bit.
+TEST(GgufBlocks, Q4_0SpecIsTheQ4_0Encoding) {
+  std::mt19937 rng(testing::fresh_seed());
+  const int64_t out = 5, in = 96;
+  Tensor w = testing::random_tensor({out, in}, rng, -1.0f, 1.0f);
+  auto spec = parse_quant_spec("q4_0", 128);
+  ASSERT_TRUE(spec.ok());
+  Weight dense;
+  dense.dense = w;
+  auto q = quantize_weight(dense, *spec);
+  ASSERT_TRUE(q.ok()) << q.status().to_string();
+  EXPECT_EQ(q->quant->format, QuantFormat::kInt4Group);
+  EXPECT_EQ(q->quant->group_size, 32);
+  std::vector<uint8_t> raw;
+  quantize_q4_0(w.data<float>(), out * in, &raw);
+  std::vector<float> want(static_cast<size_t>(out * in));
+  dequantize_q4_0(raw.data(), out * in / 32, want.data());
+  const Tensor got = dequantize(*q->quant);
+  for (int64_t i = 0; i < out * in; ++i) {
+    ASSERT_EQ(f32_bits(got.data<float>()[i]), f32_bits(want[static_cast<size_t>(i)])) << "element " << i;
+  }
+}
+
+// The round-to-nearest encoders: every weight within its bound, all-zero rows stay zero.
+// - Q8_0: half a step, plus the f16 rounding of d times the largest code magnitude (codes are
+//   chosen against the f32 d, as ggml's quantizer does): 127 codes of 2^-11 of d.
+// - Q5_0: as Q8_0 with 16 codes, but a whole step: the largest magnitude maps to -16 and its
+//   opposite side stops at +15.
+// - Q4_1, Q5_1: half a step plus the f16 rounding of the min (2^-11 of |m|).
+// - IQ4_NL: half the widest gap between levels (23 / 2 steps) or, above the top level 113, up to
+//   14 steps, plus 127 codes of d's rounding.
+// - Q4_K, Q5_K: half a sub-block step plus half of dmin (the rounding of the min); Q6_K: half a step.
 TEST(GgufBlocks, EncodersStayWithinTheirBounds) {
   const uint32_t seed = testing::fresh_seed();
   SCOPED_TRACE(fmt::format("seed {}", seed));
@@ -191,34 +284,32 @@ TEST(GgufBlocks, EncodersStayWithinTheirBounds) {
     ASSERT_TRUE(q.ok()) << q.status().to_string();
     const Tensor got = dequantize(*q);
     std::vector<uint8_t> raw;  // the stored blocks, to read each block's scales
-    switch (format) {
-      case QuantFormat::kGgufQ8_0: quantize_q8_0(w.data<float>(), out * in, &raw); break;
-      case QuantFormat::kGgufQ4_K: quantize_q4_k(w.data<float>(), out * in, &raw); break;
-      default: quantize_q6_k(w.data<float>(), out * in, &raw); break;
-    }
+    encode(format, w.data<float>(), out * in, &raw);
+    const int64_t bw = gguf_block_weights(format);
     for (int64_t o = 0; o < out; ++o) {
       for (int64_t i = 0; i < in; ++i) {
         const int64_t k = o * in + i;
+        const uint8_t* b = &raw[static_cast<size_t>(k / bw * block_bytes(format))];
+        const auto f16_at = [&](int64_t at) {
+          uint16_t bits;
+          std::memcpy(&bits, b + at, 2);
+          return static_cast<double>(std::fabs(f16_to_f32(bits)));
+        };
         double bound = 0.0;
-        if (format == QuantFormat::kGgufQ8_0) {
-          uint16_t d;
-          std::memcpy(&d, &raw[static_cast<size_t>(k / 32 * kQ8_0Bytes)], 2);
-          // Codes are chosen against the f32 d, the block stores it rounded to f16 (as ggml's
-          // quantizer does): up to 127 codes times that rounding, 2^-11 of d, on top of d / 2.
-          bound = f16_to_f32(d) * (0.5 + 127.0 / 2048.0);
-        } else if (format == QuantFormat::kGgufQ4_K) {
-          const uint8_t* b = &raw[static_cast<size_t>(k / 256 * kQ4_KBytes)];
-          uint16_t d, dmin;
-          std::memcpy(&d, b, 2);
-          std::memcpy(&dmin, b + 2, 2);
-          int sc, m;
-          q4_k_scale_min(b + 4, static_cast<int>(k % 256 / 32), &sc, &m);
-          bound = f16_to_f32(d) * sc / 2.0 + f16_to_f32(dmin) / 2.0;
-        } else {
-          const uint8_t* b = &raw[static_cast<size_t>(k / 256 * kQ6_KBytes)];
-          uint16_t d;
-          std::memcpy(&d, b + kQ6_KD, 2);
-          bound = f16_to_f32(d) * static_cast<int8_t>(b[kQ6_KScales + k % 256 / 16]) / 2.0;
+        switch (format) {
+          case QuantFormat::kGgufQ8_0: bound = f16_at(0) * (0.5 + 127.0 / 2048.0); break;
+          case QuantFormat::kGgufQ5_0: bound = f16_at(0) * (1.0 + 16.0 / 2048.0); break;
+          case QuantFormat::kGgufQ4_1:
+          case QuantFormat::kGgufQ5_1: bound = f16_at(0) / 2.0 + f16_at(2) / 2048.0; break;
+          case QuantFormat::kGgufIq4Nl: bound = f16_at(0) * (14.0 + 127.0 / 2048.0); break;
+          case QuantFormat::kGgufQ4_K:
+          case QuantFormat::kGgufQ5_K: {
+            int sc, m;
+            q4_k_scale_min(b + 4, static_cast<int>(k % 256 / 32), &sc, &m);
+            bound = f16_at(0) * sc / 2.0 + f16_at(2) / 2.0;
+            break;
+          }
+          default: bound = f16_at(kQ6_KD) * static_cast<int8_t>(b[kQ6_KScales + k % 256 / 16]) / 2.0; break;
         }
         const double err = std::fabs(static_cast<double>(got.data<float>()[k]) - w.data<float>()[k]);
         ASSERT_LE(err, bound * (1 + 1e-5) + 1e-9) << quant_format_name(format) << " weight [" << o << ", " << i << "]";

@@ -8,8 +8,10 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "core/dtype.h"
+#include "core/ggml_blocks.h"
 #include "core/thread_pool.h"
 #include "io/gguf.h"
 #include "io/gguf_writer.h"
@@ -221,10 +223,11 @@ TEST(Quantize, BadInputsAreErrors) {
 
 // x [n, in] and y [n, out] are views with row strides larger than their widths, y starts as NaN
 // (an output the kernel forgets stays NaN) and the columns past `out` must stay untouched. The exact
-// f32 kernels are held to the reference; where the integer dot products run (Q8_0, int8, int4),
-// they are held as tightly to the reference on the activations as they quantize them (each block
-// of 32 by quantize_activation_row), and to the exact reference within the activations' rounding:
-// half a step (max |x| / 127 of the block) times sum |w| over each block.
+// f32 kernels are held to the reference; where the integer dot products run (dot_linear_supported:
+// the GGUF block formats, int8, int4), they are held as tightly to the reference on the activations
+// as they quantize them (each block of 32 by quantize_activation_row), and to the exact reference
+// within the activations' rounding: half a step (max |x| / 127 of the block) times sum |w| over
+// each block.
 void expect_kernel_matches_reference(const QuantWeight& q, int64_t n, bool with_bias, std::mt19937& rng) {
   const int64_t in = q.in_features, out = q.out_features;
   const Tensor x_storage = testing::random_tensor({n, in + 5}, rng);
@@ -366,15 +369,24 @@ TEST(QuantLinear, Int4KernelMatchesReference) {
   }
 }
 
+constexpr QuantFormat kGgufFormats[] = {QuantFormat::kGgufQ8_0, QuantFormat::kGgufQ4_1, QuantFormat::kGgufQ5_0,
+                                        QuantFormat::kGgufQ5_1, QuantFormat::kGgufIq4Nl, QuantFormat::kGgufQ4_K,
+                                        QuantFormat::kGgufQ5_K, QuantFormat::kGgufQ6_K};
+
+// Every GGUF block format through the encoders, on both ISAs, the integer kernels and the exact
+// ones, each held to its tolerance (expect_kernel_matches_reference): for the 32-weight blocks one
+// block, an odd count and Qwen2.5-0.5B's 896 (no multiple of 256); rows not a multiple of the 8-row
+// blocks; token counts that leave every remainder tile of run_rows.
 TEST(QuantLinear, GgufBlockKernelsMatchReference) {
   std::mt19937 rng(testing::fresh_seed());
   for (int threads : {1, 2}) {
     const int saved = num_threads();
     set_num_threads(threads);
-    for (QuantFormat format : {QuantFormat::kGgufQ8_0, QuantFormat::kGgufQ4_K, QuantFormat::kGgufQ6_K}) {
-      for (int64_t in : {256, 768}) {
-        for (int64_t n : {1, 3, 6, 17}) {
-          auto q = quantize_gguf_blocks(random_weight(format == QuantFormat::kGgufQ8_0 ? 67 : 29, in, rng), format);
+    for (QuantFormat format : kGgufFormats) {
+      const bool block32 = gguf_block_weights(format) == kGgmlBlock32;
+      for (int64_t in : block32 ? std::vector<int64_t>{32, 96, 896} : std::vector<int64_t>{256, 768}) {
+        for (int64_t n : {1, 2, 3, 5, 17}) {
+          auto q = quantize_gguf_blocks(random_weight(block32 ? 67 : 29, in, rng), format);
           ASSERT_TRUE(q.ok()) << q.status().to_string();
           expect_kernel_matches_reference(*q, n, n != 3, rng);
         }
@@ -382,6 +394,119 @@ TEST(QuantLinear, GgufBlockKernelsMatchReference) {
     }
     set_num_threads(saved);
   }
+}
+
+// A [out, in] weight of `format` made of random bytes, so that every code, fifth bit, IQ4_NL level
+// and 6-bit scale pattern occurs (the encoders leave some rare), with finite f16 fields (d, and m
+// or dmin) of random sign and magnitude 2^-12 .. 2^-6.
+QuantWeight random_gguf_weight(QuantFormat format, int64_t out, int64_t in, std::mt19937& rng) {
+  const int64_t weights = gguf_block_weights(format), block_bytes = gguf_row_bytes(format, weights);
+  const bool has_second = format == QuantFormat::kGgufQ4_1 || format == QuantFormat::kGgufQ5_1 ||
+                          format == QuantFormat::kGgufQ4_K || format == QuantFormat::kGgufQ5_K;
+  const int64_t d_at = format == QuantFormat::kGgufQ6_K ? kQ6_KD : 0;
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::uniform_real_distribution<float> exponent(-12.0f, -6.0f);
+  Tensor blocks = Tensor::empty({out * gguf_row_bytes(format, in)}, DType::kU8);
+  uint8_t* bytes = blocks.data<uint8_t>();
+  for (int64_t i = 0; i < blocks.numel(); ++i) bytes[i] = static_cast<uint8_t>(byte(rng));
+  for (int64_t b = 0; b < blocks.numel() / block_bytes; ++b) {
+    for (int64_t at : {d_at, has_second ? int64_t{2} : int64_t{-1}}) {
+      if (at < 0) continue;
+      const float v = std::exp2(exponent(rng)) * (byte(rng) < 128 ? -1.0f : 1.0f);
+      const uint16_t bits = f32_to_f16(v);
+      std::memcpy(bytes + b * block_bytes + at, &bits, 2);
+    }
+  }
+  auto q = unpack_gguf_blocks(format, blocks, out, in);
+  TACHYON_CHECK(q.ok(), "{}", q.status().to_string());
+  return *q;
+}
+
+// Blocks of random bytes (every bit pattern the layouts allow) through both kernels and ISAs.
+TEST(QuantLinear, GgufRandomBlocksMatchReference) {
+  std::mt19937 rng(testing::fresh_seed());
+  for (QuantFormat format : kGgufFormats) {
+    const int64_t in = gguf_block_weights(format) == kGgmlBlock32 ? 160 : 512;
+    for (int64_t n : {1, 5}) expect_kernel_matches_reference(random_gguf_weight(format, 13, in, rng), n, n == 5, rng);
+  }
+}
+
+// The exact kernels decode each weight as core/ggml_blocks.cpp does, bit for bit: with x the
+// identity, y[t, o] is weight [o, t] alone (every other product is a zero; only a zero weight's
+// sign may differ, which == ignores).
+TEST(QuantLinear, GgufExactKernelsDecodeAsDefined) {
+  std::mt19937 rng(testing::fresh_seed());
+  for (QuantFormat format : kGgufFormats) {
+    const int64_t in = gguf_block_weights(format) == kGgmlBlock32 ? 96 : 256, out = 11;
+    Tensor x = Tensor::zeros({in, in}, DType::kF32);
+    for (int64_t i = 0; i < in; ++i) x.data<float>()[i * in + i] = 1.0f;
+    for (bool random_bytes : {false, true}) {
+      Weight w;
+      if (random_bytes) {
+        w.quant = std::make_shared<const QuantWeight>(random_gguf_weight(format, out, in, rng));
+      } else {
+        auto q = quantize_gguf_blocks(random_weight(out, in, rng), format);
+        ASSERT_TRUE(q.ok()) << q.status().to_string();
+        w.quant = std::make_shared<const QuantWeight>(*q);
+      }
+      const Tensor dense = dequantize(*w.quant);
+      ops::cpu::set_int8_dot(false);
+      for (Isa isa : {Isa::kAvx2, Isa::kAvx512}) {
+        if (!ops::cpu::isa_supported(isa)) continue;
+        ops::cpu::set_isa(isa);
+        Tensor y = Tensor::empty({in, out}, DType::kF32);
+        ops::linear(x, w, nullptr, y);
+        for (int64_t t = 0; t < in; ++t) {
+          for (int64_t o = 0; o < out; ++o) {
+            ASSERT_EQ(y.data<float>()[t * out + o], dense.data<float>()[o * in + t])
+                << quant_format_name(format) << (random_bytes ? " random bytes " : " encoded ")
+                << ops::cpu::isa_name(isa) << " weight [" << o << ", " << t << "]";
+          }
+        }
+        ops::cpu::clear_isa_override();
+      }
+      ops::cpu::clear_int8_dot_override();
+    }
+  }
+}
+
+// A token's output is the same bit for bit alone as in a batch (whatever tile of run_rows and
+// thread split it lands in), for every GGUF format, ISA and kernel (integer and exact).
+TEST(QuantLinear, GgufBlockKernelsAreBatchInvariant) {
+  std::mt19937 rng(testing::fresh_seed());
+  const int64_t n = 7, out = 37;
+  const int saved = num_threads();
+  set_num_threads(2);
+  for (QuantFormat format : kGgufFormats) {
+    const int64_t in = gguf_block_weights(format) == kGgmlBlock32 ? 896 : 512;
+    auto q = quantize_gguf_blocks(random_weight(out, in, rng), format);
+    ASSERT_TRUE(q.ok()) << q.status().to_string();
+    Weight w;
+    w.quant = std::make_shared<const QuantWeight>(*q);
+    const Tensor x = testing::random_tensor({n, in}, rng);
+    const Tensor bias = testing::random_tensor({out}, rng);
+    for (Isa isa : {Isa::kAvx2, Isa::kAvx512}) {
+      if (!ops::cpu::isa_supported(isa)) continue;
+      ops::cpu::set_isa(isa);
+      for (bool int8_dot : {false, true}) {
+        ops::cpu::set_int8_dot(int8_dot);
+        Tensor batch = Tensor::empty({n, out}, DType::kF32);
+        ops::linear(x, w, &bias, batch);
+        for (int64_t t = 0; t < n; ++t) {
+          Tensor alone = Tensor::empty({1, out}, DType::kF32);
+          ops::linear(x.slice(0, t, t + 1), w, &bias, alone);
+          for (int64_t o = 0; o < out; ++o) {
+            ASSERT_EQ(f32_bits(alone.data<float>()[o]), f32_bits(batch.data<float>()[t * out + o]))
+                << quant_format_name(format) << " " << ops::cpu::isa_name(isa) << (int8_dot ? " int8 dot" : " exact")
+                << " token " << t << " row " << o;
+          }
+        }
+      }
+      ops::cpu::clear_int8_dot_override();
+      ops::cpu::clear_isa_override();
+    }
+  }
+  set_num_threads(saved);
 }
 
 // Absmean ternary: every code in {-1, 0, +1}, the scale the group's mean |w|, each weight the

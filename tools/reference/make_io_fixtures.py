@@ -3,11 +3,11 @@
 
 The files come from the reference Python implementations (the `gguf` package that ships with
 llama.cpp and the `safetensors` package), so the C++ readers are checked against an independent
-writer and against gguf-py's own Q8_0/Q4_0 quantize/dequantize and its decoding of the other
-block formats (Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K):
+writer and against gguf-py's own Q8_0/Q4_0/Q5_0 quantize/dequantize and its decoding of the other
+block formats (Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL):
 
   tests/fixtures/io/reference.gguf          GGUF v3: every metadata type, F32/F16/BF16/Q8_0/Q4_0/Q4_K/Q6_K tensors
-                                            and Q4_1/Q5_0/Q5_1/Q2_K/Q3_K/Q5_K ones
+                                            and Q4_1/Q5_0/Q5_1/Q2_K/Q3_K/Q5_K/IQ4_NL ones
   tests/fixtures/io/reference.safetensors   F32/F16/BF16/I8/U8/I32/I64 tensors and __metadata__
   tests/fixtures/io/reference_expected.json the values the readers must produce
 
@@ -83,7 +83,8 @@ def write_gguf(expected):
     tensors["bf16"] = {"type": "BF16", "shape": [4, 2], "values": bf16_values.ravel().tolist()}
 
     for name, qtype, shape, scale in (("q8_0", gguf.GGMLQuantizationType.Q8_0, (3, 64), 5.0),
-                                      ("q4_0", gguf.GGMLQuantizationType.Q4_0, (2, 96), 0.75)):
+                                      ("q4_0", gguf.GGMLQuantizationType.Q4_0, (2, 96), 0.75),
+                                      ("q5_0_rtn", gguf.GGMLQuantizationType.Q5_0, (2, 96), 0.75)):
         x = ramp(shape, scale, 3.0)
         x[0, 5] = 0.0
         x[1, 0:32] = 0.0  # an all-zero block (d = 0)
@@ -96,7 +97,7 @@ def write_gguf(expected):
     # Q4_K and Q6_K: gguf-py only decodes these, so the blocks are random bytes (every code and
     # every packed 6-bit scale/min, high bits included) with finite f16 super-block scales, and
     # the expected values are gguf-py's decoding of them.
-    # The formats decoded densely (Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q5_K) get the same treatment. Each
+    # The other block formats (Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q5_K, IQ4_NL) get the same treatment. Each
     # entry: the byte offset of the block's f16 scales and how many there are (d, then dmin / m).
     rng = np.random.default_rng(20261201)
     T = gguf.GGMLQuantizationType
@@ -107,7 +108,8 @@ def write_gguf(expected):
                                               ("q5_1", T.Q5_1, (2, 64), 0, 2),
                                               ("q2_k", T.Q2_K, (2, 512), 80, 2),
                                               ("q3_k", T.Q3_K, (3, 256), 108, 1),
-                                              ("q5_k", T.Q5_K, (2, 512), 0, 2)):
+                                              ("q5_k", T.Q5_K, (2, 512), 0, 2),
+                                              ("iq4_nl", T.IQ4_NL, (2, 96), 0, 1)):
         block_size, type_size = gguf.GGML_QUANT_SIZES[qtype]
         n_blocks = shape[0] * shape[1] // block_size
         blocks = rng.integers(0, 256, size=(n_blocks, type_size), dtype=np.uint8)

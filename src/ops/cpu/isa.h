@@ -33,7 +33,7 @@ bool cpu_has_avx512_vnni();
 void set_isa(Isa isa);
 void clear_isa_override();
 
-// Whether Q8_0, Q4_K, Q6_K, per-channel int8 and group-wise int4 weights multiply int8 codes of the
+// Whether the GGUF block formats, per-channel int8 and group-wise int4 weights multiply int8 codes of the
 // activations (quant_linear.h dot_linear_supported: fast, the activations rounded to 8 bits per block of 32)
 // or the exact f32 activations. On unless TACHYON_INT8_DOT=0 or an override (tests and benchmarks
 // run both) says otherwise: the second and last piece of process-wide state here.

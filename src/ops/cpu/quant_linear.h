@@ -3,12 +3,13 @@
 // - quant_linear_reference: dequantize (quant/quantize.h), then the scalar reference linear. The
 //   oracle of the kernel tests and what runs under TACHYON_ISA=scalar.
 // - quant_linear: AVX2 + FMA (the x86-64 baseline; it also runs when AVX-512 is active, except
-//   that int4 takes AVX-512 there and W8A8 AVX-512 VNNI when the CPU has it). Q8_0, Q4_K, Q6_K,
-//   int8 and int4 multiply int8 codes of the activations by integer dot products (dot_linear_supported);
-//   the other formats' weights are decoded in registers, 8 at a time, and multiplied into f32
-//   accumulators (as those are where int8_dot_enabled() is off); each thread owns
-//   a range of output rows and streams every packed byte from memory once per call. Every token
-//   is accumulated in the same order whatever the batch, so outputs are batch-invariant.
+//   that int4 takes AVX-512 there and W8A8 AVX-512 VNNI when the CPU has it). The GGUF block
+//   formats (Q8_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K, Q6_K), int8 and int4 multiply int8 codes
+//   of the activations by integer dot products (dot_linear_supported); the other formats' weights
+//   are decoded in registers, 8 at a time, and multiplied into f32 accumulators (as those are
+//   where int8_dot_enabled() is off); each thread owns a range of output rows and streams every
+//   packed byte from memory once per call. Every token is accumulated in the same order whatever
+//   the batch, so outputs are batch-invariant.
 // Both take checked arguments (ops::linear checks them).
 #pragma once
 
@@ -46,10 +47,11 @@ struct QuantLinearArgs {
 
 void quant_linear(const QuantLinearArgs& args);
 
-// Q8_0, Q4_K, Q6_K, per-channel int8 and group-wise int4 (group a multiple of 32) run as integer
-// dot products against activations quantized to int8 in blocks of 32 (quant_linear_dot_avx2.cpp): the
-// activations' rounding (half a step of max|x| / 127 per block of 32) is the difference from the
-// exact f32 kernels, which TACHYON_INT8_DOT=0 or set_int8_dot(false) selects (isa.h; docs/quant.md).
+// The GGUF block formats (Q8_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K, Q6_K), per-channel int8 and
+// group-wise int4 (group a multiple of 32) run as integer dot products against activations
+// quantized to int8 in blocks of 32 (quant_linear_dot_avx2.cpp): the activations' rounding (half a
+// step of max|x| / 127 per block of 32) is the difference from the exact f32 kernels, which
+// TACHYON_INT8_DOT=0 or set_int8_dot(false) selects (isa.h; docs/quant.md).
 bool dot_linear_supported(const QuantWeight& w);
 // Per token, blocks of 32 of x [n, in] (rows x_stride apart): codes [n, stride] (stride a multiple
 // of 32, >= in; zero past in), d [n, stride / 32] and dsum = d * sum of the block's codes. A block

@@ -1,18 +1,24 @@
-// The integer dot-product linears (quant_linear.h), AVX2: Q8_0, Q4_K, Q6_K, per-channel int8 and
-// group-wise int4 weights against activations quantized to int8 in blocks of 32
-// (quantize_activation_blocks: a scale per block, rounded to nearest), so that each 32 weights cost
-// one maddubs and one madd per token instead of 32 conversions and FMAs. Per block of 32 columns
-// and token (core/ggml_blocks.h has the K-quants' layouts):
-//   Q8_0:  y += (d_w * d_x) * sum_i code_w * code_x
-//   Q4_K:  y += (d * sc_s * d_x) * sum_i q * code_x - dmin * m_s * (d_x * sum_i code_x)
-//          (sub-block s of a 256-weight block is one block of the activations)
-//   Q6_K:  y += (d * scale_j * d_x) * sum_i q * code_x - (d * scale_j) * (32 * d_x * sum_i code_x)
-//          over each half j of 16 weights (the second factor per call: QuantLinearArgs::qx_dhalf)
-//   int8:  y += d_x * sum_i code_w * code_x, times the row's scale at the end
-//   int4:  y += (s_g * d_x) * sum_i q * code_x - s_g * z_g * (d_x * sum_i code_x)
-// The integer sums are exact; maddubs multiplies unsigned by signed bytes, so signed weights go in
-// as |w| with x taking w's sign (|w| <= 128, |x| <= 127: a pair's sum fits int16), int4's
-// unsigned nibbles as they are. Each token's chain is the same for any batch (batch-invariant).
+// The integer dot-product linears (quant_linear.h), AVX2: Q8_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K,
+// Q5_K, Q6_K, per-channel int8 and group-wise int4 weights against activations quantized to int8
+// in blocks of 32 (quantize_activation_blocks: a scale per block, rounded to nearest), so that each
+// 32 weights cost one maddubs and one madd per token instead of 32 conversions and FMAs. Per block
+// of 32 columns and token (core/ggml_blocks.h has the GGUF layouts; dsum_x = d_x * sum_i code_x):
+//   Q8_0:   y += (d_w * d_x) * sum_i code_w * code_x
+//   Q4_1:   y += (d * d_x) * sum_i q * code_x + m * dsum_x            (q = 0..15)
+//   Q5_0:   y += (d * d_x) * sum_i (q - 16) * code_x                   (q = 0..31)
+//   Q5_1:   y += (d * d_x) * sum_i q * code_x + m * dsum_x            (q = 0..31)
+//   IQ4_NL: y += (d * d_x) * sum_i kIq4NlValues[q] * code_x            (a pshufb looks the levels up)
+//   Q4_K:   y += (d * sc_s * d_x) * sum_i q * code_x - dmin * m_s * dsum_x
+//           (sub-block s of a 256-weight block is one block of the activations; Q5_K the same
+//           with 5-bit q)
+//   Q6_K:   y += (d * scale_j * d_x) * sum_i q * code_x - (d * scale_j) * (32 * d_x * sum_i code_x)
+//           over each half j of 16 weights (the second factor per call: QuantLinearArgs::qx_dhalf)
+//   int8:   y += d_x * sum_i code_w * code_x, times the row's scale at the end
+//   int4:   y += (s_g * d_x) * sum_i q * code_x - s_g * z_g * dsum_x
+// The integer sums are exact; maddubs multiplies unsigned by signed bytes, so signed weights (Q8_0,
+// int8, Q5_0's q - 16, IQ4_NL's levels) go in as |w| with x taking w's sign (|w| <= 128,
+// |x| <= 127: a pair's sum fits int16), unsigned codes as they are. Each token's chain is the same
+// for any batch (batch-invariant).
 #include "ops/cpu/quant_linear.h"
 
 #include "core/status.h"
@@ -45,6 +51,8 @@ constexpr int kPrefetchBytesQ4_K = 2048;
 // And Q6_K's: synthetic:llama3.2-1b --quant q6_k 14.6-15.7 against 13.1-13.6 tok/s at two threads,
 // 8.6-8.9 against 7.9-8.1 at one. (Q8_0 and int4 at 2 KB: within the runs' spread of 4 KB.)
 constexpr int kPrefetchBytesQ6_K = 2048;
+// Q5_K's: Q4_K's (4096 was no faster on a cold 4096 x 4096 matrix, one thread).
+constexpr int kPrefetchBytesQ5_K = 2048;
 
 inline float reduce_add(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -79,7 +87,11 @@ inline void store(const QuantLinearArgs& a, int64_t o, int64_t t, float sum) {
 
 // Each tile keeps two accumulators per token, for even and odd blocks (two dependency chains);
 // the blocks run in pairs so that every register array is indexed by constants only (a runtime
-// index put them on the stack).
+// index put them on the stack). The per-block lambdas are always_inline: dot_rows_avx2 inlines
+// every tile, and past GCC's inlining budget they became a call per block with the accumulators in
+// memory (Q8_0 on an L3-resident 4864 x 896 matrix, one thread: 313 against 170 us). The newer
+// formats' tiles are noinline, calls per row and token tile, so that the older ones compile inside
+// dot_rows_avx2 as before (Q8_0 at 16 tokens was 5-8 % slower with them all inlined).
 
 template <int T>
 void q8_0_tile(const QuantLinearArgs& a, int64_t o, int64_t tok0) {
@@ -91,7 +103,7 @@ void q8_0_tile(const QuantLinearArgs& a, int64_t o, int64_t tok0) {
   __m256 even[T], odd[T];
   for (int t = 0; t < T; ++t) even[t] = odd[t] = _mm256_setzero_ps();
   _mm_prefetch(reinterpret_cast<const char*>(dw + 8 * blocks), _MM_HINT_T0);  // the row 8 ahead's scales
-  const auto block = [&](int64_t b, __m256 (&acc)[T]) {
+  const auto block = [&](int64_t b, __m256 (&acc)[T]) __attribute__((always_inline)) {
     _mm_prefetch(reinterpret_cast<const char*>(w + b * kBlock) + kPrefetchBytes, _MM_HINT_T0);
     const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + b * kBlock));
     const __m256i w_abs = _mm256_abs_epi8(wv);
@@ -121,7 +133,7 @@ void int8_tile(const QuantLinearArgs& a, int64_t o, int64_t tok0) {
   if (whole < blocks) std::memcpy(tail, w + whole * kBlock, static_cast<size_t>(in - whole * kBlock));
   __m256 even[T], odd[T];
   for (int t = 0; t < T; ++t) even[t] = odd[t] = _mm256_setzero_ps();
-  const auto block = [&](int64_t b, __m256 (&acc)[T]) {
+  const auto block = [&](int64_t b, __m256 (&acc)[T]) __attribute__((always_inline)) {
     _mm_prefetch(reinterpret_cast<const char*>(w + b * kBlock) + kPrefetchBytes, _MM_HINT_T0);
     const int8_t* wb = b < whole ? w + b * kBlock : tail;
     const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb));
@@ -165,7 +177,7 @@ void int4_tile(const QuantLinearArgs& a, int64_t o, int64_t tok0) {
     even[t] = odd[t] = _mm256_setzero_ps();
     even_correction[t] = odd_correction[t] = 0.0f;
   }
-  const auto block = [&](int64_t b, __m256 (&acc)[T], float (&correction)[T]) {
+  const auto block = [&](int64_t b, __m256 (&acc)[T], float (&correction)[T]) __attribute__((always_inline)) {
     const int64_t g = shift >= 0 ? b >> shift : b / per_group;
     const float s = scales[g], sz = s * zeros[g];
     _mm_prefetch(reinterpret_cast<const char*>(w + b * (kBlock / 2)) + kPrefetchBytes, _MM_HINT_T0);
@@ -189,6 +201,118 @@ void int4_tile(const QuantLinearArgs& a, int64_t o, int64_t tok0) {
   for (int t = 0; t < T; ++t) {
     store(a, o, tok0 + t,
           reduce_add(_mm256_add_ps(even[t], odd[t])) - (even_correction[t] + odd_correction[t]));
+  }
+}
+
+// The 32-weight GGUF blocks (Q4_1, Q5_0, Q5_1, IQ4_NL): a block's weights as 32 bytes in column
+// order (byte j weight j; the nibbles qs[j] & 15 are weights 0..15, qs[j] >> 4 weights 16..31).
+// The blocks sit 2- or 4-byte aligned in the row: every load is unaligned.
+inline __m256i block_nibbles(const uint8_t* qs) {
+  // The 16 bytes in both lanes (a broadcast load, no shuffle), the high lane's shifted down by 4.
+  const __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));
+  return _mm256_and_si256(_mm256_srlv_epi32(v, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)), _mm256_set1_epi8(0x0f));
+}
+
+// 0xff in byte j where bit j of the 32 bits at `qh` is set: byte j takes the byte holding bit j
+// (byte j / 8 of the broadcast word), every other bit of it is forced on, and only a set bit j
+// leaves the byte all ones.
+inline __m256i block_bit_mask(const uint8_t* qh) {
+  int32_t bits;
+  std::memcpy(&bits, qh, 4);
+  const __m256i spread = _mm256_shuffle_epi8(
+      _mm256_set1_epi32(bits), _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0));
+  const __m256i others = _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe);  // byte k: every bit but k
+  return _mm256_cmpeq_epi8(_mm256_or_si256(spread, others), _mm256_set1_epi8(-1));
+}
+
+// Each format's block: its bytes, m's offset (-1 where there is none; d is at 0), whether its
+// codes are signed, and codes(block) -> the 32 codes, int8 or uint8, with w = d * code (+ m).
+struct Q4_1Block {
+  static constexpr int64_t kBytes = kQ4_1Bytes;
+  static constexpr int kMOffset = 2;
+  static constexpr bool kSigned = false;
+  static __m256i codes(const uint8_t* block) { return block_nibbles(block + 4); }  // 0..15
+};
+struct Q5_0Block {
+  static constexpr int64_t kBytes = kQ5_0Bytes;
+  static constexpr int kMOffset = -1;
+  static constexpr bool kSigned = true;
+  // q - 16 in -16..15: a clear fifth bit makes the nibble n the byte 0xf0 | n = n - 16.
+  static __m256i codes(const uint8_t* block) {
+    return _mm256_or_si256(block_nibbles(block + 6),
+                           _mm256_andnot_si256(block_bit_mask(block + 2), _mm256_set1_epi8(-16)));
+  }
+};
+struct Q5_1Block {
+  static constexpr int64_t kBytes = kQ5_1Bytes;
+  static constexpr int kMOffset = 2;
+  static constexpr bool kSigned = false;
+  static __m256i codes(const uint8_t* block) {  // 0..31
+    return _mm256_or_si256(block_nibbles(block + 8),
+                           _mm256_and_si256(block_bit_mask(block + 4), _mm256_set1_epi8(16)));
+  }
+};
+struct Iq4NlBlock {
+  static constexpr int64_t kBytes = kIq4NlBytes;
+  static constexpr int kMOffset = -1;
+  static constexpr bool kSigned = true;
+  static __m256i codes(const uint8_t* block) {  // the table's levels, -127..113
+    const __m256i levels =
+        _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4NlValues)));
+    return _mm256_shuffle_epi8(levels, block_nibbles(block + 2));
+  }
+};
+
+// Q4_1, Q5_0, Q5_1 and IQ4_NL: per block, (d * d_x) times the exact sum of code * code_x, plus
+// m * dsum_x where the format has m. Signed codes go through dot_signed (|code| <= 127).
+template <int T, typename Block>
+__attribute__((noinline)) void block32_tile(const QuantLinearArgs& a, int64_t o, int64_t tok0) {
+  static_assert(2 * Block::kBytes <= 64, "one prefetch per pair of blocks must reach every line");
+  const QuantWeight& q = *a.w;
+  const int64_t blocks = q.in_features / kBlock;
+  const uint8_t* row = q.packed.data<uint8_t>() + o * blocks * Block::kBytes;  // [in / 32 * kBytes] u8
+  const TokenBlocks<T> x(a, tok0);
+  const __m256i ones = _mm256_set1_epi16(1);
+  // Per token and chain: y's vector acc += (d * d_x) * sums, and m's share correction +=
+  // m * dsum_x (added at the end; zero for the formats without m).
+  __m256 even[T], odd[T];
+  float even_correction[T], odd_correction[T];
+  for (int t = 0; t < T; ++t) {
+    even[t] = odd[t] = _mm256_setzero_ps();
+    even_correction[t] = odd_correction[t] = 0.0f;
+  }
+  const auto block = [&](int64_t b, __m256 (&acc)[T], float (&correction)[T]) __attribute__((always_inline)) {
+    const uint8_t* p = row + b * Block::kBytes;
+    int16_t d_bits;
+    std::memcpy(&d_bits, p, 2);
+    // d in every lane, each token's d_x a broadcast load: the products d * d_x need no shuffle.
+    const __m256 d = _mm256_cvtph_ps(_mm_set1_epi16(d_bits));
+    const __m256i wv = Block::codes(p);
+    const __m256i w_abs = Block::kSigned ? _mm256_abs_epi8(wv) : wv;
+#pragma GCC unroll 4
+    for (int t = 0; t < T; ++t) {
+      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.codes[t] + b * kBlock));
+      const __m256i sums =
+          Block::kSigned ? dot_signed(w_abs, wv, xv) : _mm256_madd_epi16(_mm256_maddubs_epi16(wv, xv), ones);
+      const __m256 scale = _mm256_mul_ps(d, _mm256_broadcast_ss(x.d[t] + b));
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, acc[t]);
+    }
+    if constexpr (Block::kMOffset >= 0) {
+      uint16_t m_bits;
+      std::memcpy(&m_bits, p + Block::kMOffset, 2);
+      const float m = _cvtsh_ss(m_bits);
+      for (int t = 0; t < T; ++t) correction[t] = std::fma(m, x.dsum[t][b], correction[t]);
+    }
+  };
+  int64_t b = 0;
+  for (; b + 2 <= blocks; b += 2) {
+    _mm_prefetch(reinterpret_cast<const char*>(row + b * Block::kBytes) + kPrefetchBytes, _MM_HINT_T0);
+    block(b, even, even_correction);
+    block(b + 1, odd, odd_correction);
+  }
+  if (b < blocks) block(b, even, even_correction);
+  for (int t = 0; t < T; ++t) {
+    store(a, o, tok0 + t, reduce_add(_mm256_add_ps(even[t], odd[t])) + (even_correction[t] + odd_correction[t]));
   }
 }
 
@@ -237,6 +361,72 @@ void q4_k_tile(const QuantLinearArgs& a, int64_t o, int64_t tok0) {
       const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * c));
       const __m256i lo = _mm256_and_si256(v, low_nibbles);
       const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low_nibbles);
+      const int64_t xb = 8 * b + 2 * c;  // the activations' block of sub-block 2c
+      const __m256i lane0 = _mm256_set1_epi32(2 * c), lane1 = _mm256_set1_epi32(2 * c + 1);
+#pragma GCC unroll 4
+      for (int t = 0; t < T; ++t) {
+        const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.codes[t] + xb * kBlock));
+        const __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.codes[t] + (xb + 1) * kBlock));
+        const __m256i s0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, x0), ones);
+        const __m256i s1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, x1), ones);
+        acc[t][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_permutevar8x32_ps(sdx[t], lane0), acc[t][0]);
+        acc[t][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), _mm256_permutevar8x32_ps(sdx[t], lane1), acc[t][1]);
+      }
+    }
+  }
+  for (int t = 0; t < T; ++t) {
+    store(a, o, tok0 + t, reduce_add(_mm256_add_ps(acc[t][0], acc[t][1])) - reduce_add(correction[t]));
+  }
+}
+
+// Q5_K: Q4_K with 5-bit codes (core/ggml_blocks.h), the same scales, mins and sums.
+template <int T>
+__attribute__((noinline)) void q5_k_tile(const QuantLinearArgs& a, int64_t o, int64_t tok0) {
+  const QuantWeight& q = *a.w;
+  const int64_t blocks = q.in_features / kGgmlBlockK;
+  const uint8_t* row = q.packed.data<uint8_t>() + o * blocks * kQ5_KBytes;
+  const TokenBlocks<T> x(a, tok0);
+  const __m256i low_nibbles = _mm256_set1_epi8(0x0f), bit4 = _mm256_set1_epi8(0x10), ones = _mm256_set1_epi16(1);
+  // Per token: even and odd sub-blocks' chains, and the mins' share, 8 sub-blocks a vector
+  // (subtracted at the end).
+  __m256 acc[T][2], correction[T];
+  for (int t = 0; t < T; ++t) acc[t][0] = acc[t][1] = correction[t] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* block = row + b * kQ5_KBytes;
+    _mm_prefetch(reinterpret_cast<const char*>(block) + kPrefetchBytesQ5_K, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(block) + kPrefetchBytesQ5_K + 64, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(block) + kPrefetchBytesQ5_K + 128, _MM_HINT_T0);  // 176 <= 192
+    uint16_t d_bits, dmin_bits;
+    std::memcpy(&d_bits, block, 2);
+    std::memcpy(&dmin_bits, block + 2, 2);
+    // The scales and mins as Q4_K's (q4_k_tile).
+    uint32_t w[3];
+    std::memcpy(w, block + 4, 12);
+    constexpr uint32_t kLow6 = 0x3f3f3f3f, kLow4 = 0x0f0f0f0f, kLow2 = 0x03030303;
+    const uint32_t sc_m[4] = {w[0] & kLow6, (w[2] & kLow4) | (((w[0] >> 6) & kLow2) << 4), w[1] & kLow6,
+                              ((w[2] >> 4) & kLow4) | (((w[1] >> 6) & kLow2) << 4)};
+    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(sc_m));  // 8 scales, then 8 mins
+    const __m256 scale_v =
+        _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(d_bits)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes)));
+    const __m256 min_v = _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(dmin_bits)),
+                                       _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(bytes, 8))));
+    __m256 sdx[T];
+    for (int t = 0; t < T; ++t) {
+      sdx[t] = _mm256_mul_ps(scale_v, _mm256_loadu_ps(x.d[t] + 8 * b));
+      correction[t] = _mm256_fmadd_ps(min_v, _mm256_loadu_ps(x.dsum[t] + 8 * b), correction[t]);
+    }
+    const uint8_t* qs = block + kQ5_KQs;
+    // The fifth bits: bit s of qh[l] is that of weight l of sub-block s. Shifted right by 2c for
+    // chunk c, bits 0 and 1 of each byte are its two sub-blocks' (a 16-bit shift moves the next
+    // byte's bits in only at bit 8 - 2c >= 2 and up).
+    __m256i fifth = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + kQ5_KQh));
+    for (int c = 0; c < 4; ++c) {  // sub-blocks 2c (low nibbles) and 2c + 1 (high nibbles)
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * c));
+      const __m256i lo =
+          _mm256_or_si256(_mm256_and_si256(v, low_nibbles), _mm256_and_si256(_mm256_slli_epi16(fifth, 4), bit4));
+      const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), low_nibbles),
+                                         _mm256_and_si256(_mm256_slli_epi16(fifth, 3), bit4));
+      fifth = _mm256_srli_epi16(fifth, 2);
       const int64_t xb = 8 * b + 2 * c;  // the activations' block of sub-block 2c
       const __m256i lane0 = _mm256_set1_epi32(2 * c), lane1 = _mm256_set1_epi32(2 * c + 1);
 #pragma GCC unroll 4
@@ -380,6 +570,11 @@ bool dot_linear_supported(const QuantWeight& w) {
     case QuantFormat::kGgufQ8_0:
     case QuantFormat::kGgufQ4_K:
     case QuantFormat::kGgufQ6_K:
+    case QuantFormat::kGgufQ4_1:
+    case QuantFormat::kGgufQ5_0:
+    case QuantFormat::kGgufQ5_1:
+    case QuantFormat::kGgufIq4Nl:
+    case QuantFormat::kGgufQ5_K:
     case QuantFormat::kInt8Channel: return true;
     case QuantFormat::kInt4Group: return w.group_size > 0 && w.group_size % kBlock == 0;
     default: return false;
@@ -389,14 +584,24 @@ bool dot_linear_supported(const QuantWeight& w) {
 void dot_rows_avx2(const QuantLinearArgs& a, int64_t o_begin, int64_t o_end) {
   constexpr int64_t kRowBlock = 8;
 #define TILE(f) [&a](auto tokens, int64_t o, int64_t tok0) { f<decltype(tokens)::value>(a, o, tok0); }
+#define BLOCK32_TILE(B) \
+  [&a](auto tokens, int64_t o, int64_t tok0) { block32_tile<decltype(tokens)::value, B>(a, o, tok0); }
   switch (a.w->format) {
     case QuantFormat::kGgufQ8_0: run_rows<kTokens>(a, o_begin, o_end, kRowBlock, TILE(q8_0_tile)); break;
     case QuantFormat::kGgufQ4_K: run_rows<kTokens>(a, o_begin, o_end, kRowBlock, TILE(q4_k_tile)); break;
     case QuantFormat::kGgufQ6_K: run_rows<kTokens>(a, o_begin, o_end, kRowBlock, TILE(q6_k_tile)); break;
+    case QuantFormat::kGgufQ5_K: run_rows<kTokens>(a, o_begin, o_end, kRowBlock, TILE(q5_k_tile)); break;
+    case QuantFormat::kGgufQ4_1: run_rows<kTokens>(a, o_begin, o_end, kRowBlock, BLOCK32_TILE(Q4_1Block)); break;
+    case QuantFormat::kGgufQ5_0: run_rows<kTokens>(a, o_begin, o_end, kRowBlock, BLOCK32_TILE(Q5_0Block)); break;
+    case QuantFormat::kGgufQ5_1: run_rows<kTokens>(a, o_begin, o_end, kRowBlock, BLOCK32_TILE(Q5_1Block)); break;
+    case QuantFormat::kGgufIq4Nl:
+      run_rows<kTokens>(a, o_begin, o_end, kRowBlock, BLOCK32_TILE(Iq4NlBlock));
+      break;
     case QuantFormat::kInt8Channel: run_rows<kTokens>(a, o_begin, o_end, kRowBlock, TILE(int8_tile)); break;
     case QuantFormat::kInt4Group: run_rows<kTokens>(a, o_begin, o_end, kRowBlock, TILE(int4_tile)); break;
     default: break;
   }
+#undef BLOCK32_TILE
 #undef TILE
 }
 

@@ -30,6 +30,21 @@ void require_ok(const Status& status) { TACHYON_CHECK(status.ok(), "{}", status.
 
 bool is_float(DType d) { return d == DType::kF32 || d == DType::kF16 || d == DType::kBF16; }
 
+// The kernels' name of a GGUF block format (quant/quantize.h's kGguf*); kNone for the others.
+GgufFormat gguf_format_of(QuantFormat format) {
+  switch (format) {
+    case QuantFormat::kGgufQ8_0: return GgufFormat::kQ8_0;
+    case QuantFormat::kGgufQ4_1: return GgufFormat::kQ4_1;
+    case QuantFormat::kGgufQ5_0: return GgufFormat::kQ5_0;
+    case QuantFormat::kGgufQ5_1: return GgufFormat::kQ5_1;
+    case QuantFormat::kGgufIq4Nl: return GgufFormat::kIq4Nl;
+    case QuantFormat::kGgufQ4_K: return GgufFormat::kQ4_K;
+    case QuantFormat::kGgufQ5_K: return GgufFormat::kQ5_K;
+    case QuantFormat::kGgufQ6_K: return GgufFormat::kQ6_K;
+    default: return GgufFormat::kNone;
+  }
+}
+
 Rows rows_of(const Tensor& t) {
   const cpu::RowLayout l = cpu::RowLayout::of(t);
   Rows r;
@@ -192,7 +207,7 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
                                   format == QuantFormat::kFp8Channel || format == QuantFormat::kInt4Group ||
                                   format == QuantFormat::kTernary || is_gguf_block_format(format)),
                   "linear: the CUDA backend runs dense f32/f16/bf16, per-channel int8, w8a8, fp8, group-wise int4, "
-                  "ternary and GGUF q8_0/q4_k/q6_k weights (got {})",
+                  "ternary and GGUF q8_0/q4_1/q5_0/q5_1/iq4_nl/q4_k/q5_k/q6_k weights (got {})",
                   w.quant ? quant_format_name(format) : "none");
     const Tensor& wd = w.quant ? w.quant->packed : w.dense;
     on_device("linear", {&x, &y, &wd, bias});
@@ -245,28 +260,31 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
       a.scheme = QuantScheme::kTernary;
       in_features = q.in_features;
     } else if (w.quant && is_gguf_block_format(w.quant->format)) {
-      // quant/quantize.h's kGguf* layouts: Q8_0 codes [out, in] i8 and d [out, in / 32] f16; Q4_K
-      // blocks [out, in / 256 * 144] u8 (their d inside); Q6_K blocks less d [out, in / 256 * 208]
-      // u8 and d [out, in / 256] f16.
+      // quant/quantize.h's kGguf* layouts: Q8_0 codes [out, in] i8 and d [out, in / 32] f16; Q6_K
+      // blocks less d [out, in / 256 * 208] u8 and d [out, in / 256] f16; the other formats' blocks
+      // as stored [out, gguf_row_bytes] u8 (their d inside).
       const QuantWeight& q = *w.quant;
-      const bool q8_0 = q.format == QuantFormat::kGgufQ8_0, q4_k = q.format == QuantFormat::kGgufQ4_K;
-      const int64_t block = q8_0 ? kGgmlBlock32 : kGgmlBlockK;
+      const bool q8_0 = q.format == QuantFormat::kGgufQ8_0, q6_k = q.format == QuantFormat::kGgufQ6_K;
+      const bool separate_d = q8_0 || q6_k;
+      const int64_t block = gguf_block_weights(q.format);
       const int64_t blocks = q.in_features / block;
-      const int64_t packed_cols = q8_0 ? q.in_features : blocks * (q4_k ? kQ4_KBytes : kQ6_KD);
-      if (!q4_k) on_device("linear", {&q.scales});
+      const int64_t packed_cols = q8_0   ? q.in_features
+                                  : q6_k ? blocks * kQ6_KD
+                                         : gguf_row_bytes(q.format, q.in_features);
+      if (separate_d) on_device("linear", {&q.scales});
       TACHYON_CHECK(q.in_features > 0 && q.in_features % block == 0 &&
                         wd.dtype() == (q8_0 ? DType::kI8 : DType::kU8) && wd.size(1) == packed_cols &&
                         !q.zeros.defined() &&
-                        (q4_k ? !q.scales.defined()
-                              : q.scales.dtype() == DType::kF16 && q.scales.dim() == 2 &&
-                                    q.scales.size(0) == wd.size(0) && q.scales.size(1) == blocks &&
-                                    q.scales.is_contiguous()),
+                        (!separate_d ? !q.scales.defined()
+                                     : q.scales.dtype() == DType::kF16 && q.scales.dim() == 2 &&
+                                           q.scales.size(0) == wd.size(0) && q.scales.size(1) == blocks &&
+                                           q.scales.is_contiguous()),
                     "linear: {} weight {} {} (in {}, expected [{}, {}]) with scales {} {}", quant_format_name(q.format),
                     wd.shape_string(), dtype_name(wd.dtype()), q.in_features, wd.size(0), packed_cols,
                     q.scales.defined() ? q.scales.shape_string() : "undefined",
                     q.scales.defined() ? dtype_name(q.scales.dtype()) : "");
-      a.gguf = q8_0 ? GgufFormat::kQ8_0 : q4_k ? GgufFormat::kQ4_K : GgufFormat::kQ6_K;
-      if (!q4_k) a.w_scales_f16 = q.scales.data<uint16_t>();
+      a.gguf = gguf_format_of(q.format);
+      if (separate_d) a.w_scales_f16 = q.scales.data<uint16_t>();
       in_features = q.in_features;
     } else if (w.quant) {
       const Tensor& sc = w.quant->scales;

@@ -180,9 +180,9 @@ constexpr int kLinearAutoGemvMaxTokensW8A8 = 4;
 // tokens while the 2-bit weight is read once: from 8 tokens expanding the weight to bf16 for
 // cuBLASLt is faster on the H200, docs/perf.md), then the weight expanded.
 constexpr int kLinearAutoGemvMaxTokensTernary = 4;
-// For the GGUF block formats (q8_0, q4_k, q6_k) kAuto runs their GEMV up to
-// detail::kGemvGgufMaxTokens (8) tokens and beyond that expands the weight to bf16 for cuBLASLt;
-// there is no tensor-core GEMM for them.
+// For the GGUF block formats (q8_0, q4_1, q5_0, q5_1, iq4_nl, q4_k, q5_k, q6_k) kAuto runs their
+// GEMV up to detail::kGemvGgufMaxTokens (8) tokens and beyond that expands the weight to bf16 for
+// cuBLASLt; there is no tensor-core GEMM for them.
 
 enum class LinearAlgo : uint8_t {
   kAuto,      // GEMV for n <= kLinearAutoGemvMaxTokens (int8: ...Int8), cuBLASLt beyond

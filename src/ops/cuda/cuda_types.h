@@ -58,9 +58,9 @@ struct Rows16 {
   DType dtype = DType::kBF16;  // kBF16 or kF16
 };
 
-// The GGUF block formats the kernels read (quant/quantize.h's kGgufQ8_0 / kGgufQ4_K / kGgufQ6_K
-// layouts); kNone for every other weight.
-enum class GgufFormat : uint8_t { kNone, kQ8_0, kQ4_K, kQ6_K };
+// The GGUF block formats the kernels read (quant/quantize.h's kGguf* layouts: Q8_0 and Q6_K with
+// their d apart, the others' blocks as stored); kNone for every other weight.
+enum class GgufFormat : uint8_t { kNone, kQ8_0, kQ4_K, kQ6_K, kQ4_1, kQ5_0, kQ5_1, kIq4Nl, kQ5_K };
 
 // How the kernels read a packed weight beyond its dtype (quant/quantize.h's layouts): kNone for
 // dense, int8 (kInt8Channel), fp8 (kFp8Channel) and int4 (kInt4Group) weights, which the dtype
@@ -90,10 +90,11 @@ struct LinearArgs {
   const float* w_zeros = nullptr;
   int w_group = 0;
   QuantScheme scheme = QuantScheme::kNone;
-  // GGUF block weights (gguf != kNone; w_dtype i8 for Q8_0, u8 for the K-quants): w the packed
-  // rows, w_stride bytes apart (16-byte aligned), and w_scales_f16 the blocks' d [out, in / block]
-  // f16, contiguous (Q8_0: one per 32 weights; Q6_K: one per 256; null for Q4_K, whose blocks
-  // hold their own).
+  // GGUF block weights (gguf != kNone; w_dtype i8 for Q8_0, u8 for the others): w the packed rows,
+  // w_stride bytes apart (base and stride 16-byte aligned; Q4_1's 4-, Q5_0's and IQ4_NL's 2-,
+  // Q5_1's 8-byte aligned, as their blocks lie), and w_scales_f16 the blocks' d [out, in / block]
+  // f16, contiguous (Q8_0: one per 32 weights; Q6_K: one per 256; null for the other formats,
+  // whose blocks hold their own).
   GgufFormat gguf = GgufFormat::kNone;
   const uint16_t* w_scales_f16 = nullptr;
   const void* bias = nullptr;  // [out] f32 / f16 / bf16 (bias_dtype), packed, or null

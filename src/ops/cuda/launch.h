@@ -164,11 +164,20 @@ cudaError_t launch_gemm_int4_stream_probe(const LinearArgs& a, const Int4StreamP
                                           unsigned* counters, Stream stream);
 size_t gemm_int4_stream_shared_bytes(int64_t n, int64_t in, int stages);
 
-// The GGUF block weights (linear_gguf.cu): LinearArgs with gguf set (Q8_0, Q4_K, Q6_K), 16-byte
-// aligned packed rows. The GEMV takes 1..kGemvGgufMaxTokens tokens, with the same split-K contract
-// as the GEMV; the expansion writes dst [out, in] bf16 (rows dst_stride apart, dst_stride % 8 == 0,
-// dst 16-byte aligned) = the weight core/ggml_blocks.h decodes, for cuBLASLt.
+// The GGUF block weights (linear_gguf.cu): LinearArgs with gguf set, packed rows whose base and
+// stride are gguf_row_alignment() aligned. The GEMV takes 1..kGemvGgufMaxTokens tokens, with the
+// same split-K contract as the GEMV; the expansion writes dst [out, in] bf16 (rows dst_stride
+// apart, dst_stride % 8 == 0, dst 16-byte aligned) = the weight core/ggml_blocks.h decodes, for
+// cuBLASLt.
 constexpr int kGemvGgufMaxTokens = 8;
+// What the launchers need of a format's packed rows (quant/quantize.h's kGguf* layouts): weights
+// per block (32 or 256), bytes of a row of `in` weights, the alignment of the rows' base and
+// stride (16, or what a row of Q4_1 / Q5_0 / Q5_1 / IQ4_NL blocks keeps: 4, 2, 8, 2), and whether
+// the blocks' d come apart as w_scales_f16 (Q8_0, Q6_K) rather than inside the blocks.
+int64_t gguf_block(GgufFormat format);
+int64_t gguf_packed_row_bytes(GgufFormat format, int64_t in);
+int64_t gguf_row_alignment(GgufFormat format);
+bool gguf_separate_scales(GgufFormat format);
 bool gemv_gguf_supported(const LinearArgs& a);
 GemvShape plan_gemv_gguf(const LinearArgs& a, int sm_count);
 cudaError_t launch_gemv_gguf(const LinearArgs& a, const GemvShape& shape, float* partial, Stream stream);

@@ -267,7 +267,12 @@ namespace {
 const char* gguf_format_name(GgufFormat format) {
   switch (format) {
     case GgufFormat::kQ8_0: return "q8_0";
+    case GgufFormat::kQ4_1: return "q4_1";
+    case GgufFormat::kQ5_0: return "q5_0";
+    case GgufFormat::kQ5_1: return "q5_1";
+    case GgufFormat::kIq4Nl: return "iq4_nl";
     case GgufFormat::kQ4_K: return "q4_k";
+    case GgufFormat::kQ5_K: return "q5_k";
     case GgufFormat::kQ6_K: return "q6_k";
     default: return "none";
   }
@@ -356,18 +361,19 @@ Status check_bias_and_strides(const LinearArgs& a) {
 // weight expanded to bf16 for cuBLASLt; no tensor-core GEMM reads these blocks.
 Status linear_gguf(LinearContext::Impl& ctx, const LinearArgs& a, Stream stream, LinearAlgo algo) {
   const char* name = gguf_format_name(a.gguf);
-  const bool q8_0 = a.gguf == GgufFormat::kQ8_0, q4_k = a.gguf == GgufFormat::kQ4_K;
-  const int64_t block = q8_0 ? 32 : 256;
-  const int64_t row_bytes = q8_0 ? a.in : a.in / 256 * (q4_k ? 144 : 208);
-  TACHYON_CUDA_REQUIRE(a.in % block == 0 && a.w_dtype == (q8_0 ? DType::kI8 : DType::kU8),
+  const bool q8_0 = a.gguf == GgufFormat::kQ8_0, separate = detail::gguf_separate_scales(a.gguf);
+  const int64_t block = detail::gguf_block(a.gguf);
+  const int64_t row_bytes = detail::gguf_packed_row_bytes(a.gguf, a.in);
+  const int64_t align = detail::gguf_row_alignment(a.gguf);
+  TACHYON_CUDA_REQUIRE(block > 0 && a.in % block == 0 && a.w_dtype == (q8_0 ? DType::kI8 : DType::kU8),
                        "linear: a {} weight needs in % {} == 0 and {} packed rows (got in = {}, {})", name, block,
                        q8_0 ? "i8" : "u8", a.in, dtype_name(a.w_dtype));
-  TACHYON_CUDA_REQUIRE(a.w_stride >= row_bytes && a.w_stride % 16 == 0 &&
-                           (reinterpret_cast<uintptr_t>(a.w) & 15u) == 0,
-                       "linear: {} packed rows of {} bytes need a 16-byte aligned base and row stride (got {} at {})",
-                       name, row_bytes, a.w_stride, a.w);
-  TACHYON_CUDA_REQUIRE(q4_k == (a.w_scales_f16 == nullptr),
-                       "linear: {} weight {} f16 block scales (got {})", name, q4_k ? "takes no" : "needs its",
+  TACHYON_CUDA_REQUIRE(a.w_stride >= row_bytes && a.w_stride % align == 0 &&
+                           reinterpret_cast<uintptr_t>(a.w) % static_cast<uintptr_t>(align) == 0,
+                       "linear: {} packed rows of {} bytes need a {}-byte aligned base and row stride (got {} at {})",
+                       name, row_bytes, align, a.w_stride, a.w);
+  TACHYON_CUDA_REQUIRE(separate == (a.w_scales_f16 != nullptr),
+                       "linear: {} weight {} f16 block scales (got {})", name, separate ? "needs its" : "takes no",
                        static_cast<const void*>(a.w_scales_f16));
   TACHYON_RETURN_IF_ERROR(check_bias_and_strides(a));
   if (a.n == 0) return Status::Ok();

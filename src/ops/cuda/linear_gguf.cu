@@ -1,57 +1,68 @@
-// linear() for GGUF block weights (quant/quantize.h's kGguf* layouts: the file's Q8_0, Q4_K and
-// Q6_K blocks, core/ggml_blocks.h's bit layouts): a GEMV for 1..kGemvGgufMaxTokens tokens, where a
-// step is bound by reading the weight once (8.5, 4.5 and 6.5 bits per weight), and the expansion
-// of a whole weight to bf16 rows that lets cuBLASLt multiply it when many tokens share it.
+// linear() for GGUF block weights (quant/quantize.h's kGguf* layouts: the file's Q8_0, Q4_1, Q5_0,
+// Q5_1, IQ4_NL, Q4_K, Q5_K and Q6_K blocks, core/ggml_blocks.h's bit layouts): a GEMV for
+// 1..kGemvGgufMaxTokens tokens, where a step is bound by reading the weight once (4.5 to 8.5 bits
+// per weight), and the expansion of a whole weight to bf16 rows that lets cuBLASLt multiply it
+// when many tokens share it.
 //
 // Codes become floats in registers and meet the activations in f32 multiply-adds; block scales
-// multiply sums of 16 or 32 products. K splits over the grid for short matrices, the slices' sums
+// multiply sums of 4 to 32 products. K splits over the grid for short matrices, the slices' sums
 // reduced in split order (linear_gemv.cu's reduction), so results never depend on timing; and a
 // token's result does not depend on the batch it came in (the same per-lane order, planned splits
 // and sums for any token count), which LinearMode::kBatchInvariant relies on.
 //
 // Q8_0: each warp owns a few output rows and walks K with 16-byte loads that bypass L1 (every
-// weight byte is used once), a row's loads all issued before the first use. Q4_K and Q6_K, whose
-// 144- and 208-byte blocks straddle 32-byte sectors, are copied tile by tile into shared memory
-// (cp.async, every instruction 512 consecutive bytes) and decoded from there; see their section.
+// weight byte is used once), a row's loads all issued before the first use. Q4_1, Q5_0, Q5_1 and
+// IQ4_NL, whose 20-, 22-, 24- and 18-byte blocks sit only 4-, 2-, 8- and 2-byte aligned, are read
+// in place the same way by loads no wider than that, four lanes to a block. Q4_K, Q5_K and Q6_K,
+// whose 144-, 176- and 208-byte blocks straddle 32-byte sectors, are copied tile by tile into
+// shared memory (cp.async, every instruction 512 consecutive bytes) and decoded from there; see
+// their section.
 //
 // The K-quants' codes become floats with one byte permute each: a byte 0x80 | c below the byte
 // 0x3f is the float 1 + c / 128 (the 0x80 is the exponent's lowest bit), so with xsum = sum_j x_j
 // over a run of columns, sum_j (1 + c_j / 128) x_j = xsum + sum_j c_j x_j / 128 gives the codes'
 // dot product with no conversion per weight. xsum depends only on the columns, so it is shared by
 // the lane's rows (Q4_K's, which it needs anyway for its mins, by 8 lanes of a warp too). Q4_K
-// places its nibble as c = 8 q (the float 1 + q / 16), keeping more of the code's bits above the
-// rounding of the sum. At one token this decoding (3.4 to 4 instructions per weight) takes about
-// as long as the weight's transfer on an H200, so the K-quant GEMVs stay below the memory roofline
-// unless the matrix is large; int8 activations (dp4a) would be the next step, at the cost of the
-// f32 activations' accuracy.
-// Q8_0's signed codes go through int8's exact byte trick (device_math.cuh's Elem<kI8>).
+// places its nibble as c = 8 q (the float 1 + q / 16) and Q5_K its 5-bit code as c = 4 q, keeping
+// more of the code's bits above the rounding of the sum; Q4_1, Q5_0 and Q5_1 do the same. At one
+// token this decoding (3.4 to 4 instructions per weight) takes about as long as the weight's
+// transfer on an H200, so the K-quant GEMVs stay below the memory roofline unless the matrix is
+// large; int8 activations (dp4a) would be the next step, at the cost of the f32 activations'
+// accuracy.
+// Q8_0's signed codes, and IQ4_NL's table values, go through int8's exact byte trick
+// (device_math.cuh's Elem<kI8>).
 #include <algorithm>
 
+#include "core/ggml_blocks.h"
 #include "ops/cuda/device_math.cuh"
 #include "ops/cuda/launch.h"
 
 namespace tachyon::ops::cuda::detail {
 namespace {
 
-constexpr int kWarps = kGemvThreads / 32;  // Q8_0's warps per thread block
-constexpr int64_t kBlockK = 256;           // weights per Q4_K / Q6_K block
+constexpr int kWarps = kGemvThreads / 32;  // warps per block of Q8_0's and the 32-blocks' GEMVs
+constexpr int64_t kBlockK = 256;           // weights per Q4_K / Q5_K / Q6_K block
 constexpr int64_t kQ4KBytes = 144;         // a Q4_K block: f16 d, f16 dmin, scales[12], qs[128]
+constexpr int64_t kQ5KBytes = 176;         // a Q5_K block: Q4_K's header, qh[32], qs[128] at 48
 constexpr int64_t kQ6KBytes = 208;         // a Q6_K block less its d: ql[128], qh[64], scales[16]
 constexpr int64_t kQ8Step = 32 * 16;       // Q8_0: 16 codes per lane and load
+constexpr int64_t kBlock32Step = 8 * 32;   // Q4_1, Q5_0, Q5_1, IQ4_NL: 8 blocks (4 lanes each)
+static_assert(kQ5KBytes == kQ5_KBytes && kQ4KBytes == kQ4_KBytes && kQ6KBytes == kQ6_KD);
 
 struct GgufGemvParams {
   const float* x;  // [n, in] f32, rows x_stride apart
   int64_t x_stride;
   const uint8_t* w;  // [out, w_stride] bytes: the format's packed rows
   int64_t w_stride;
-  const uint16_t* d;  // [out, in / block] f16: Q8_0's and Q6_K's block scales; null for Q4_K
+  const uint16_t* d;  // [out, in / block] f16: Q8_0's and Q6_K's block scales; null for the others
   const void* bias;   // [out] or null
   DType bias_dtype;
   float* y;  // [n, out], rows y_stride apart
   int64_t y_stride;
   float* partial;  // [splits, n, out] when splits > 1
   int64_t n, in, out;
-  int64_t chunk;  // columns per K slice: a multiple of the warp step (Q8_0) or of the block (Q4_K, Q6_K)
+  int64_t chunk;  // columns per K slice: a multiple of the warp step (Q8_0, the 32-weight
+                  // blocks) or of the block (the K-quants)
   int splits;
   // kCodeOr, passed at run time so that the compiler keeps it in a register: a K-quant code's
   // mask-and-set is then one three-input logic op (with two immediates it takes two).
@@ -242,7 +253,257 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_q8_0_kernel(const GgufGemvP
   store_sums<ROWS, NT>(p, acc, row0, split);
 }
 
-// ---- Q4_K and Q6_K: tiles staged in shared memory ------------------------------------------------
+// ---- Q4_1, Q5_0, Q5_1 and IQ4_NL: blocks of 32 read in place ------------------------------------
+// Four lanes share a block: lane quad q (lane & 3) takes qs bytes 4q .. 4q + 3, whose low nibbles
+// are columns 4q .. 4q + 3 of the block and high nibbles 16 + 4q .. 16 + 4q + 3
+// (core/ggml_blocks.h), one float4 of x per token each; a warp's step is 8 consecutive blocks
+// (lane >> 2) of each of its rows. The four lanes read the block's header (d, m, qh) alike, one
+// transaction. A block sits at the row's 2-byte (Q5_0, IQ4_NL), 4-byte (Q4_1) or 8-byte (Q5_1)
+// alignment, so no load is wider: Q5_0's and IQ4_NL's words are pairs of u16. With S = sum f x
+// over the lane's 8 columns and X their sum, codes as the K-quants' floats f (Q4_1: 1 + q / 16;
+// Q5_0, Q5_1: 1 + q / 32, q with its fifth bit):
+//   Q4_1: sum w x = 16 d (S - X) + m X    Q5_1: 32 d (S - X) + m X    Q5_0: d (32 S - 48 X)
+// and IQ4_NL's table values (4 looked up per byte permute pair) exact, times d. X is shared by the
+// lane's rows; each (row, token) sum sees the same operations in the same order whatever ROWS and
+// the token count are.
+
+template <GgufFormat F>
+struct Block32;
+template <>
+struct Block32<GgufFormat::kQ4_1> {
+  static constexpr int64_t kBytes = kQ4_1Bytes;  // f16 d, f16 m, qs[16]
+};
+template <>
+struct Block32<GgufFormat::kQ5_0> {
+  static constexpr int64_t kBytes = kQ5_0Bytes;  // f16 d, qh[4], qs[16]
+};
+template <>
+struct Block32<GgufFormat::kQ5_1> {
+  static constexpr int64_t kBytes = kQ5_1Bytes;  // f16 d, f16 m, qh[4], qs[16]
+};
+template <>
+struct Block32<GgufFormat::kIq4Nl> {
+  static constexpr int64_t kBytes = kIq4NlBytes;  // f16 d, qs[16]
+};
+
+// Rows per warp and steps whose loads are in flight together, by token bucket, as measured
+// fastest on an H100 (tachyon_cuda_bench --quant-only against 4 rows and 4 / 2 / 1 / 1 steps: 11 %
+// less time on average over its shapes and 1..8 tokens): two rows at one and two tokens (more
+// warps), four at 4 and 8 (each x load serves more rows), with two steps in flight at 8 tokens
+// (fewer warps fit). The one-token tile also sets the K split (plan_gemv_gguf). None of this
+// changes a sum.
+template <int NT>
+struct Block32Tile;
+template <>
+struct Block32Tile<1> {
+  static constexpr int kRows = 2, kSteps = 4;
+};
+template <>
+struct Block32Tile<2> {
+  static constexpr int kRows = 2, kSteps = 2;
+};
+template <>
+struct Block32Tile<4> {
+  static constexpr int kRows = 4, kSteps = 1;
+};
+template <>
+struct Block32Tile<8> {
+  static constexpr int kRows = 4, kSteps = 2;
+};
+
+// Bytes p .. p + 3 at a 2-byte aligned address, as two u16 loads.
+__device__ __forceinline__ uint32_t load_u32_align2(const uint8_t* p) {
+  const auto* h = reinterpret_cast<const uint16_t*>(p);
+  return static_cast<uint32_t>(__ldg(h)) | (static_cast<uint32_t>(__ldg(h + 1)) << 16);
+}
+
+// What a lane reads of its block: head = d (low 16 bits) and m (high 16; Q4_1, Q5_1), qh the 32
+// fifth bits (Q5_0, Q5_1; bit j for weight j), qs the block's bytes 4q .. 4q + 3.
+struct Block32Lane {
+  uint32_t head, qh, qs;
+};
+
+template <GgufFormat F>
+__device__ __forceinline__ Block32Lane load_block32(const uint8_t* block, int quad) {
+  Block32Lane b{0u, 0u, 0u};
+  if constexpr (F == GgufFormat::kQ4_1) {
+    b.head = __ldg(reinterpret_cast<const uint32_t*>(block));
+    b.qs = __ldg(reinterpret_cast<const uint32_t*>(block + 4 + 4 * quad));
+  } else if constexpr (F == GgufFormat::kQ5_1) {
+    const uint2 head = __ldg(reinterpret_cast<const uint2*>(block));
+    b.head = head.x;
+    b.qh = head.y;
+    b.qs = __ldg(reinterpret_cast<const uint32_t*>(block + 8 + 4 * quad));
+  } else if constexpr (F == GgufFormat::kQ5_0) {
+    b.head = __ldg(reinterpret_cast<const uint16_t*>(block));
+    b.qh = load_u32_align2(block + 2);
+    b.qs = load_u32_align2(block + 6 + 4 * quad);
+  } else {
+    b.head = __ldg(reinterpret_cast<const uint16_t*>(block));
+    b.qs = load_u32_align2(block + 2 + 4 * quad);
+  }
+  return b;
+}
+
+// Bits 0..3 of `bits` (the fifth bits of 4 columns) as bit 6 of bytes 0..3: the multiply's four
+// shifted copies of the nibble (by 6, 13, 20, 27) never overlap, so no carries.
+__device__ __forceinline__ uint32_t fifth_bits(uint32_t bits) { return ((bits & 15u) * 0x08102040u) & 0x40404040u; }
+
+// Q4_1 / Q5_0 / Q5_1: the codes of the lane's 4 low (HIGH = 0) or high columns as bytes 0x80 | c,
+// c = 8 q (Q4_1) or 4 q (the 5-bit codes); bias = kCodeOr.
+template <GgufFormat F, int HIGH>
+__device__ __forceinline__ uint32_t block32_code_bytes(const Block32Lane& b, int quad, uint32_t bias) {
+  if constexpr (F == GgufFormat::kQ4_1) {
+    return ((HIGH ? b.qs >> 1 : b.qs << 3) & 0x78787878u) | bias;
+  } else {
+    const uint32_t nibbles = (HIGH ? b.qs >> 2 : b.qs << 2) & 0x3c3c3c3cu;
+    return nibbles | (fifth_bits(b.qh >> (4 * quad + 16 * HIGH)) | bias);
+  }
+}
+
+// IQ4_NL's 16 levels plus 128, four to a word (level i in byte i % 4 of word i / 4).
+constexpr uint32_t iq4_nl_table_word(int w) {
+  uint32_t word = 0;
+  for (int i = 0; i < 4; ++i) {
+    word |= static_cast<uint32_t>(kIq4NlValues[4 * w + i] + 128) << (8 * i);
+  }
+  return word;
+}
+constexpr uint32_t kIq4NlTable0 = iq4_nl_table_word(0), kIq4NlTable1 = iq4_nl_table_word(1),
+                   kIq4NlTable2 = iq4_nl_table_word(2), kIq4NlTable3 = iq4_nl_table_word(3);
+
+// The levels (+ 128) that the 4 nibbles of the low 16 bits of `nibbles` index, one byte each in
+// the nibbles' order: bits 0..2 pick a byte of the low or the high table half, bit 3 the half.
+__device__ __forceinline__ uint32_t iq4_nl_lookup4(uint32_t nibbles) {
+  const uint32_t index = nibbles & 0x7777u;
+  const uint32_t low = __byte_perm(kIq4NlTable0, kIq4NlTable1, index);
+  const uint32_t high = __byte_perm(kIq4NlTable2, kIq4NlTable3, index);
+  return __byte_perm(low, high, 0x3210u | ((nibbles & 0x8888u) >> 1));
+}
+
+// IQ4_NL: the levels (+ 128) of the 4 low nibbles of `qs` (x) and of its 4 high nibbles (y), byte
+// i from byte i of qs. qs's nibbles run low 0, high 0, low 1, high 1, ...
+__device__ __forceinline__ uint2 iq4_nl_levels(uint32_t qs) {
+  const uint32_t a = iq4_nl_lookup4(qs), b = iq4_nl_lookup4(qs >> 16);
+  return make_uint2(__byte_perm(a, b, 0x6420u), __byte_perm(a, b, 0x7531u));
+}
+
+// Byte b (selector 0x7540 | b) of `biased`, a level + 128, as the float level.
+__device__ __forceinline__ float biased_i8_float(uint32_t biased, int b) {
+  return __uint_as_float(__byte_perm(biased, 0x4b000000u, 0x7540u | static_cast<uint32_t>(b))) - 8388736.0f;
+}
+
+// acc[r][t] += sum over the lane's 8 columns of block (col: its first column) of w[r] * x[t].
+template <GgufFormat F, int NT, int ROWS, bool XV>
+__device__ __forceinline__ void block32_step(const float* const (&xr)[NT], const Block32Lane (&raw)[ROWS], int quad,
+                                             uint32_t bias, int64_t col, float (&acc)[ROWS][NT]) {
+  constexpr bool kTable = F == GgufFormat::kIq4Nl;
+  float sum[ROWS][NT], xsum[NT];
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+    xsum[t] = 0.0f;
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) sum[r][t] = 0.0f;
+  }
+  [[maybe_unused]] uint2 levels[ROWS];
+  if constexpr (kTable) {
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) levels[r] = iq4_nl_levels(raw[r].qs);
+  }
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {  // the low nibbles' columns, then the high ones'
+    float4 xv[NT];
+    load_x4<NT, XV>(xr, col + 16 * half + 4 * quad, xv);
+    if constexpr (!kTable) {
+#pragma unroll
+      for (int t = 0; t < NT; ++t) xsum[t] += (xv[t].x + xv[t].y) + (xv[t].z + xv[t].w);
+    }
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+      float f[4];
+      if constexpr (kTable) {
+        const uint32_t v = half == 0 ? levels[r].x : levels[r].y;
+#pragma unroll
+        for (int b = 0; b < 4; ++b) f[b] = biased_i8_float(v, b);
+      } else {
+        const uint32_t e = half == 0 ? block32_code_bytes<F, 0>(raw[r], quad, bias)
+                                     : block32_code_bytes<F, 1>(raw[r], quad, bias);
+#pragma unroll
+        for (int b = 0; b < 4; ++b) f[b] = unit_float(e, b);
+      }
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+#pragma unroll
+        for (int b = 0; b < 4; ++b) sum[r][t] = fmaf(f[b], element(xv[t], b), sum[r][t]);
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r) {
+    const float d = f16_bits_to_f32(static_cast<uint16_t>(raw[r].head & 0xffffu));
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      if constexpr (F == GgufFormat::kQ4_1 || F == GgufFormat::kQ5_1) {
+        const float m = f16_bits_to_f32(static_cast<uint16_t>(raw[r].head >> 16));
+        const float unit = (F == GgufFormat::kQ4_1 ? 16.0f : 32.0f) * d;  // exact
+        acc[r][t] = fmaf(unit, sum[r][t] - xsum[t], fmaf(m, xsum[t], acc[r][t]));
+      } else if constexpr (F == GgufFormat::kQ5_0) {
+        acc[r][t] = fmaf(d, fmaf(32.0f, sum[r][t], -48.0f * xsum[t]), acc[r][t]);
+      } else {
+        acc[r][t] = fmaf(d, sum[r][t], acc[r][t]);
+      }
+    }
+  }
+}
+
+template <GgufFormat F, int NT, int ROWS, int U, bool XV>
+__global__ void __launch_bounds__(kGemvThreads) gemv_block32_kernel(const GgufGemvParams p) {
+  constexpr int64_t kBytes = Block32<F>::kBytes;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * ROWS;
+  if (row0 >= p.out) return;  // no block-wide synchronisation below
+  const int split = blockIdx.y;
+  const int64_t k_begin = split * p.chunk;
+  const int64_t k_end = min64(p.in, k_begin + p.chunk);
+  const int quad = lane & 3;
+  const uint8_t* wr[ROWS];
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r) {
+    const int64_t row = min64(row0 + r, p.out - 1);  // clamped: rows past out are not stored
+    wr[r] = p.w + row * p.w_stride;
+  }
+  const float* xr[NT];
+  token_rows<NT>(p, xr);
+  float acc[ROWS][NT];
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r) {
+#pragma unroll
+    for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
+  }
+  const uint32_t code_or = p.code_or;  // kCodeOr
+  // col: the first column of the lane's block (k_end is a whole block, so the block is in the
+  // slice when col is). Lanes may run different numbers of steps at the end of a slice.
+  int64_t col = k_begin + 32 * (lane >> 2);
+  for (; col + (U - 1) * kBlock32Step < k_end; col += U * kBlock32Step) {
+    Block32Lane raw[U][ROWS];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r) raw[u][r] = load_block32<F>(wr[r] + (col + u * kBlock32Step) / 32 * kBytes, quad);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) block32_step<F, NT, ROWS, XV>(xr, raw[u], quad, code_or, col + u * kBlock32Step, acc);
+  }
+  for (; col < k_end; col += kBlock32Step) {
+    Block32Lane raw[ROWS];
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) raw[r] = load_block32<F>(wr[r] + col / 32 * kBytes, quad);
+    block32_step<F, NT, ROWS, XV>(xr, raw, quad, code_or, col, acc);
+  }
+  store_sums<ROWS, NT>(p, acc, row0, split);
+}
+
+// ---- Q4_K, Q5_K and Q6_K: tiles staged in shared memory -----------------------------------------
 // A thread block owns kTileGroups * R consecutive rows (R rows per lane: k_quant_tile) and one
 // K slice; its warps share out the slice's blocks (warp w takes blocks w, w + warps, ...) and each
 // warp streams its blocks through a private ring of S shared-memory stages: one stage is one block
@@ -253,12 +514,13 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_q8_0_kernel(const GgufGemvP
 //   Q4_K: part = chunk c, qs[32c .. 32c + 32): sub-blocks 2c (low nibbles, columns 64c + l) and
 //         2c + 1 (high nibbles, 64c + 32 + l), whose scales and mins the lane decodes itself; the
 //         8 lanes of a part share the two xsums (each adds 8 columns, then shuffles).
+//   Q5_K: as Q4_K, each nibble's fifth bit from qh[l] (bit 2c, or 2c + 1 for the high nibbles).
 //   Q6_K: part = (h, u) = (part >> 1, part & 1): Q6_K's four runs of 16 columns
 //         128h + 32k + 16u .. + 15 (k = 0..3), each inside one scale group (as ggml_blocks.h).
-// A quarter-warp's 8 lanes read 8 rows at one offset, rows 144 or 208 bytes apart (an odd number
-// of 16-byte bank groups): no bank conflicts. At the end the four parts of a row add up in a fixed
-// butterfly, then the warps' sums in warp order through shared memory: whatever R and the token
-// count, a row's sum is the same sequence of operations (only the planned warps and slices,
+// A quarter-warp's 8 lanes read 8 rows at one offset, rows 144, 176 or 208 bytes apart (an odd
+// number of 16-byte bank groups): no bank conflicts. At the end the four parts of a row add up in
+// a fixed butterfly, then the warps' sums in warp order through shared memory: whatever R and the
+// token count, a row's sum is the same sequence of operations (only the planned warps and slices,
 // chosen for one token, shape it).
 
 constexpr int kTileGroups = 8;     // row groups of a warp (lane & 7); 4 parts (lane >> 3)
@@ -268,14 +530,15 @@ constexpr int kPlanTileRows = 32;  // the planner's unit of rows (whatever R a l
 // R rows per lane and S ring stages of a launch, as measured fastest on an H200 (build-cuda/tune's
 // gguf_bench) for the planner's warps: Q4_K 2 rows (more warps per SM), with two stages when each
 // warp has 3 or more blocks (not at two tokens); Q6_K 4 rows at one token, and at two when the
-// slice is long, else 2; one stage. Neither changes a sum.
+// slice is long, else 2; one stage. Q5_K takes Q4_K's (not tuned on its own). Neither changes a
+// sum.
 struct KQuantTile {
   int rows, stages;
 };
 
 KQuantTile k_quant_tile(GgufFormat format, int64_t n, int64_t slice_blocks, int64_t warps) {
   const int64_t blocks_per_warp = (slice_blocks + warps - 1) / warps;
-  if (format == GgufFormat::kQ4_K) return {2, n != 2 && blocks_per_warp >= 3 ? 2 : 1};
+  if (format == GgufFormat::kQ4_K || format == GgufFormat::kQ5_K) return {2, n != 2 && blocks_per_warp >= 3 ? 2 : 1};
   if (n <= 1 || (n <= 2 && slice_blocks >= 32)) return {4, 1};
   return {2, 1};
 }
@@ -285,6 +548,10 @@ struct KQuantBlock;
 template <>
 struct KQuantBlock<GgufFormat::kQ4_K> {
   static constexpr int kBytes = static_cast<int>(kQ4KBytes);
+};
+template <>
+struct KQuantBlock<GgufFormat::kQ5_K> {
+  static constexpr int kBytes = static_cast<int>(kQ5KBytes);
 };
 template <>
 struct KQuantBlock<GgufFormat::kQ6_K> {
@@ -334,6 +601,16 @@ __device__ __forceinline__ uint32_t q4_k_code_bytes(uint32_t qs, uint32_t bias) 
   return ((HIGH ? qs >> 1 : qs << 3) & 0x78787878u) | bias;
 }
 
+// Q5_K: the 5-bit codes of 4 columns as bytes 0x80 | q << 2 (the floats 1 + q / 32), from a word
+// of qs bytes and the qh bytes of the same l shifted right by 2c (the part), which leaves each
+// byte's fifth bit in bit HIGH of the byte (bits coming down from the next byte land at bit 2 or
+// higher); bias = kCodeOr.
+template <int HIGH>
+__device__ __forceinline__ uint32_t q5_k_code_bytes(uint32_t qs, uint32_t qh_shifted, uint32_t bias) {
+  const uint32_t nibbles = (HIGH ? qs >> 2 : qs << 2) & 0x3c3c3c3cu;
+  return nibbles | (((HIGH ? qh_shifted << 5 : qh_shifted << 6) & 0x40404040u) | bias);
+}
+
 // What a Q4_K lane needs to read its two sub-blocks' scales and mins from a block header (as
 // core/ggml_blocks.h's q4_k_scale_min): chunk c = part < 2 keeps sub-blocks 2c, 2c + 1 < 4, the low
 // 6 bits of header bytes 4 + s (scale) and 8 + s (min); c >= 2 sub-blocks s = 4 + j, the nibbles of
@@ -354,17 +631,20 @@ __device__ __forceinline__ Q4KLane q4_k_lane(int part) {
   return l;
 }
 
-// Sub-block 2c + v's a = 16 d sc and c = 16 d sc + dmin m from the header: the scale and min
-// become floats 1 + s / 128, and 2048 d (1 + sc / 128) - 2048 d = 16 d sc and 128 dmin (1 + m / 128)
-// - 128 dmin = dmin m are exact (f16 d times 6-bit codes), so a is exact and c rounds once.
+// Sub-block 2c + v's a = 16 d sc (Q5_K: 32 d sc, its codes' float 1 + q / 32) and c = a + dmin m
+// from the header: the scale and min become floats 1 + s / 128, and 2048 d (1 + sc / 128) - 2048 d
+// = 16 d sc (4096 d: 32 d sc) and 128 dmin (1 + m / 128) - 128 dmin = dmin m are exact (f16 d times
+// 6-bit codes), so a is exact and c rounds once.
+template <GgufFormat F>
 __device__ __forceinline__ void q4_k_scales(const uint4& h, const Q4KLane& l, float (&a)[2], float (&c)[2]) {
-  const float d2048 = 2048.0f * f16_bits_to_f32(static_cast<uint16_t>(h.x & 0xffffu));
+  constexpr float kUnit = F == GgufFormat::kQ5_K ? 4096.0f : 2048.0f;
+  const float d_unit = kUnit * f16_bits_to_f32(static_cast<uint16_t>(h.x & 0xffffu));
   const float dmin128 = 128.0f * f16_bits_to_f32(static_cast<uint16_t>(h.x >> 16));
   const uint32_t sc = (h.w & l.nibble_mask) | (((h.y >> l.high_shift) & l.high_mask) | 0x80808080u);
   const uint32_t mn = ((h.w >> 4) & l.nibble_mask) | (((h.z >> l.high_shift) & l.high_mask) | 0x80808080u);
 #pragma unroll
   for (int v = 0; v < 2; ++v) {
-    a[v] = fmaf(d2048, unit_float_sel(sc, l.sel[v]), -d2048);
+    a[v] = fmaf(d_unit, unit_float_sel(sc, l.sel[v]), -d_unit);
     c[v] = a[v] + fmaf(dmin128, unit_float_sel(mn, l.sel[v]), -dmin128);
   }
 }
@@ -380,23 +660,24 @@ __device__ __forceinline__ void x_share(const float* const (&xr)[NT], int64_t co
   }
 }
 
-// One stage of Q4_K: acc[r][t] += sum over the lane's 64 columns (col = the block's first column
-// + 64 c) of w * x, rows 8 r + group of the staged tile. With f = 1 + q / 16:
+// One stage of Q4_K or Q5_K: acc[r][t] += sum over the lane's 64 columns (col = the block's first
+// column + 64 c) of w * x, rows 8 r + group of the staged tile. With f = 1 + q / 16 (Q5_K: q / 32):
 //   sum_j w_j x_j = d sc sum_j q_j x_j - dmin m xsum = a sum_j f_j x_j - c xsum.
 // The sub-blocks' xsums come from the 8 lanes of the part: each adds 8 columns, four lanes one
 // sub-block (xor 1, 2: lanes group < 4 hold sub-block 2c's, the others 2c + 1's), xor 4 swaps.
 // Few tokens: both sub-blocks at once from one read of the codes; more: one after the other, to
 // hold half the activations. Either way each sum sees the same operations in the same order.
-template <int NT, int R, bool XV>
+template <GgufFormat F, int NT, int R, bool XV>
 __device__ __forceinline__ void q4_k_stage(const uint8_t* stage, int group, int part, const Q4KLane& l,
                                            uint32_t bias, const float* const (&xr)[NT], int64_t col,
                                            float (&acc)[R][NT]) {
+  constexpr bool kQ5 = F == GgufFormat::kQ5_K;
   const uint8_t* rows[R];
   float a[R][2], c[R][2];
 #pragma unroll
   for (int r = 0; r < R; ++r) {
-    rows[r] = stage + (8 * r + group) * kQ4KBytes;
-    q4_k_scales(*reinterpret_cast<const uint4*>(rows[r]), l, a[r], c[r]);
+    rows[r] = stage + (8 * r + group) * KQuantBlock<F>::kBytes;
+    q4_k_scales<F>(*reinterpret_cast<const uint4*>(rows[r]), l, a[r], c[r]);
   }
   float own[NT];  // this lane's sub-block's xsum (2c if group < 4, else 2c + 1)
   x_share<NT, XV>(xr, col + 8 * group, own);
@@ -406,7 +687,8 @@ __device__ __forceinline__ void q4_k_stage(const uint8_t* stage, int group, int 
     own[t] += __shfl_xor_sync(kFullMask, own[t], 2);
   }
   const bool low_sub = group < 4;
-  const int qs_offset = 16 + 32 * part;
+  const int qs_offset = (kQ5 ? 48 : 16) + 32 * part;
+  [[maybe_unused]] const uint32_t qh_shift = 2 * part;  // Q5_K: chunk c's bits 2c, 2c + 1 of qh[l]
   constexpr int kSubs = NT <= 2 ? 2 : 1;  // sub-blocks per pass over the codes
 #pragma unroll
   for (int pass = 0; pass < 2 / kSubs; ++pass) {
@@ -422,8 +704,12 @@ __device__ __forceinline__ void q4_k_stage(const uint8_t* stage, int group, int 
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       uint4 q[R];
+      [[maybe_unused]] uint4 qh[R];  // Q5_K: qh[16 half .. 16 half + 16), the same l as q
 #pragma unroll
-      for (int r = 0; r < R; ++r) q[r] = *reinterpret_cast<const uint4*>(rows[r] + qs_offset + 16 * half);
+      for (int r = 0; r < R; ++r) {
+        q[r] = *reinterpret_cast<const uint4*>(rows[r] + qs_offset + 16 * half);
+        if constexpr (kQ5) qh[r] = *reinterpret_cast<const uint4*>(rows[r] + 16 + 16 * half);
+      }
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
 #pragma unroll
@@ -432,8 +718,13 @@ __device__ __forceinline__ void q4_k_stage(const uint8_t* stage, int group, int 
           float f[R][4];
 #pragma unroll
           for (int r = 0; r < R; ++r) {
-            const uint32_t e =
-                v == 0 ? q4_k_code_bytes<0>(word(q[r], i), bias) : q4_k_code_bytes<1>(word(q[r], i), bias);
+            uint32_t e;
+            if constexpr (kQ5) {
+              const uint32_t h = word(qh[r], i) >> qh_shift;
+              e = v == 0 ? q5_k_code_bytes<0>(word(q[r], i), h, bias) : q5_k_code_bytes<1>(word(q[r], i), h, bias);
+            } else {
+              e = v == 0 ? q4_k_code_bytes<0>(word(q[r], i), bias) : q4_k_code_bytes<1>(word(q[r], i), bias);
+            }
 #pragma unroll
             for (int b = 0; b < 4; ++b) f[r][b] = unit_float(e, b);
           }
@@ -599,7 +890,7 @@ __device__ __forceinline__ void k_quant_gemv(const GgufGemvParams& p) {
   [[maybe_unused]] Q4KLane q4_lane;
   [[maybe_unused]] const uint16_t* d_tile = nullptr;  // Q6_K: the tile's block scales, and the lane's rows'
   [[maybe_unused]] uint32_t d_offset[R];
-  if constexpr (F == GgufFormat::kQ4_K) {
+  if constexpr (F != GgufFormat::kQ6_K) {
     q4_lane = q4_k_lane(part);
   } else {
     d_tile = p.d + row0 * blocks;
@@ -623,8 +914,8 @@ __device__ __forceinline__ void k_quant_gemv(const GgufGemvParams& p) {
     copy_to_shared_wait<S - 1>();
     __syncwarp();
     const uint8_t* stage = ring + (j % S) * kStageBytes;
-    if constexpr (F == GgufFormat::kQ4_K) {
-      q4_k_stage<NT, R, XV>(stage, group, part, q4_lane, code_or, xr, b * kBlockK + 64 * part, acc);
+    if constexpr (F != GgufFormat::kQ6_K) {
+      q4_k_stage<F, NT, R, XV>(stage, group, part, q4_lane, code_or, xr, b * kBlockK + 64 * part, acc);
     } else {
       q6_k_stage<NT, R, XV>(stage, group, part >> 1, part & 1, d, code_or, xr,
                             b * kBlockK + 128 * (part >> 1) + 16 * (part & 1), acc);
@@ -713,10 +1004,17 @@ cudaError_t launch_k_quant(const GgufGemvParams& p, int warps, Stream stream) {
   if constexpr (F == GgufFormat::kQ6_K && NT <= 2) {
     if (tile.rows == 4) return launch_k_quant_fitted<F, NT, 4, 1, XV>(p, warps, limit, stream);
   }
-  if constexpr (F == GgufFormat::kQ4_K) {
+  if constexpr (F == GgufFormat::kQ4_K || F == GgufFormat::kQ5_K) {
     if (tile.stages == 2) return launch_k_quant_fitted<F, NT, 2, 2, XV>(p, warps, limit, stream);
   }
   return launch_k_quant_fitted<F, NT, 2, 1, XV>(p, warps, limit, stream);
+}
+
+template <GgufFormat F, int NT, bool XV>
+cudaError_t launch_block32(const GgufGemvParams& p, Stream stream) {
+  constexpr int R = Block32Tile<NT>::kRows;
+  gemv_block32_kernel<F, NT, R, Block32Tile<NT>::kSteps, XV><<<gemv_grid<R>(p), kGemvThreads, 0, stream>>>(p);
+  return cudaGetLastError();
 }
 
 template <int NT, bool XV>
@@ -728,7 +1026,12 @@ cudaError_t launch_gguf_bucket(GgufFormat format, const GgufGemvParams& p, int w
       return cudaGetLastError();
     }
     case GgufFormat::kQ4_K: return launch_k_quant<GgufFormat::kQ4_K, NT, XV>(p, warps, stream);
+    case GgufFormat::kQ5_K: return launch_k_quant<GgufFormat::kQ5_K, NT, XV>(p, warps, stream);
     case GgufFormat::kQ6_K: return launch_k_quant<GgufFormat::kQ6_K, NT, XV>(p, warps, stream);
+    case GgufFormat::kQ4_1: return launch_block32<GgufFormat::kQ4_1, NT, XV>(p, stream);
+    case GgufFormat::kQ5_0: return launch_block32<GgufFormat::kQ5_0, NT, XV>(p, stream);
+    case GgufFormat::kQ5_1: return launch_block32<GgufFormat::kQ5_1, NT, XV>(p, stream);
+    case GgufFormat::kIq4Nl: return launch_block32<GgufFormat::kIq4Nl, NT, XV>(p, stream);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -743,8 +1046,8 @@ cudaError_t launch_gguf_tokens(GgufFormat format, const GgufGemvParams& p, int w
 
 // ---- expansion to bf16 -----------------------------------------------------------------------------
 // dst[o, k] = the weight core/ggml_blocks.h's decoding gives (the same f32 operations, unfused),
-// rounded to bf16. One thread per 16-byte unit of codes (Q8_0: 16 weights; Q4_K: a qs piece, 32
-// weights; Q6_K: a lane's three pieces, 64 weights), grid-stride over rows; 16-byte stores.
+// rounded to bf16. One thread per 16 (Q8_0) or 8 (the others) consecutive weights of a row,
+// grid-stride over rows; 16-byte stores.
 
 __device__ __forceinline__ void store_bf16x16(uint16_t* dst, const float (&v)[16]) {
   uint32_t h[8];
@@ -787,13 +1090,78 @@ __device__ __forceinline__ void store_bf16x8(uint16_t* dst, const float (&v)[8])
 // Byte i (0..15, any value at run time) of a 16-byte vector.
 __device__ __forceinline__ uint32_t byte_of(const uint4& v, int i) { return (word(v, i >> 2) >> (8 * (i & 3))) & 0xffu; }
 
-// The K-quant expansions: each thread writes 8 consecutive bf16 of a row (consecutive threads,
-// consecutive 16-byte stores) from the 8 code bytes those columns read; a block's header (Q4_K's
-// d, dmin and scales) is read through L1, shared by the 32 threads of the block. Grid: x over the
-// row's 8-column groups (grid-stride), y over rows (grid-stride).
-// Q4_K column 64c + 32v + l (l = 0..31): nibble v of qs[32c + l], sub-block 2c + v.
-__global__ void expand_q4_k_kernel(const uint8_t* w, int64_t w_stride, int64_t out, int64_t in, uint16_t* dst,
-                                   int64_t dst_stride) {
+// The other expansions: each thread writes 8 consecutive bf16 of a row (consecutive threads,
+// consecutive 16-byte stores) from the 8 code bytes those columns read; a block's header (d, dmin
+// or m, scales, qh) is read through L1, shared by the threads of the block. Grid: x over the row's
+// 8-column groups (grid-stride), y over rows (grid-stride).
+// Q4_1 / Q5_0 / Q5_1 / IQ4_NL column 32b + 16h + j (j = 0..15): nibble h of qs[j] of block b (and
+// bit 16h + j of its qh: the fifth bit), as core/ggml_blocks.cpp's dequantize_32 and
+// dequantize_iq4_nl compute it. A thread's 8 columns are one nibble of 8 qs bytes, read by loads
+// no wider than the block's alignment (Block32's comment).
+template <GgufFormat F>
+__global__ void expand_block32_kernel(const uint8_t* w, int64_t w_stride, int64_t out, int64_t in, uint16_t* dst,
+                                      int64_t dst_stride) {
+  constexpr int64_t kBytes = Block32<F>::kBytes;
+  const int64_t groups = in / 8;
+  for (int64_t o = blockIdx.y; o < out; o += gridDim.y) {
+    for (int64_t g = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; g < groups;
+         g += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+      const int64_t col = 8 * g;
+      const int h = static_cast<int>(col % 32) / 16, j0 = static_cast<int>(col % 16);
+      const uint8_t* block = w + o * w_stride + col / 32 * kBytes;
+      uint32_t head, qh = 0, qs[2];  // qs: bytes j0 .. j0 + 7
+      if constexpr (F == GgufFormat::kQ4_1) {
+        head = __ldg(reinterpret_cast<const uint32_t*>(block));
+        qs[0] = __ldg(reinterpret_cast<const uint32_t*>(block + 4 + j0));
+        qs[1] = __ldg(reinterpret_cast<const uint32_t*>(block + 8 + j0));
+      } else if constexpr (F == GgufFormat::kQ5_1) {
+        const uint2 hq = __ldg(reinterpret_cast<const uint2*>(block));
+        const uint2 q = __ldg(reinterpret_cast<const uint2*>(block + 8 + j0));
+        head = hq.x;
+        qh = hq.y;
+        qs[0] = q.x;
+        qs[1] = q.y;
+      } else if constexpr (F == GgufFormat::kQ5_0) {
+        head = __ldg(reinterpret_cast<const uint16_t*>(block));
+        qh = load_u32_align2(block + 2);
+        qs[0] = load_u32_align2(block + 6 + j0);
+        qs[1] = load_u32_align2(block + 10 + j0);
+      } else {
+        head = __ldg(reinterpret_cast<const uint16_t*>(block));
+        qs[0] = load_u32_align2(block + 2 + j0);
+        qs[1] = load_u32_align2(block + 6 + j0);
+      }
+      const float d = f16_bits_to_f32(static_cast<uint16_t>(head & 0xffffu));
+      [[maybe_unused]] const float m = f16_bits_to_f32(static_cast<uint16_t>(head >> 16));
+      float vals[8];
+      if constexpr (F == GgufFormat::kIq4Nl) {
+        const uint2 lo = iq4_nl_levels(qs[0]), hi = iq4_nl_levels(qs[1]);
+        const uint32_t levels[2] = {h == 0 ? lo.x : lo.y, h == 0 ? hi.x : hi.y};
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const int level = static_cast<int>((levels[j / 4] >> (8 * (j % 4))) & 0xffu) - 128;
+          vals[j] = __fmul_rn(d, static_cast<float>(level));
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          int q = static_cast<int>((qs[j / 4] >> (8 * (j % 4) + 4 * h)) & 15u);
+          if constexpr (F != GgufFormat::kQ4_1) q |= static_cast<int>((qh >> (16 * h + j0 + j)) & 1u) << 4;
+          vals[j] = F == GgufFormat::kQ5_0 ? __fmul_rn(d, static_cast<float>(q - 16))
+                                           : __fadd_rn(__fmul_rn(d, static_cast<float>(q)), m);
+        }
+      }
+      store_bf16x8(dst + o * dst_stride + col, vals);
+    }
+  }
+}
+
+// Q4_K column 64c + 32v + l (l = 0..31): nibble v of qs[32c + l], sub-block 2c + v; Q5_K adds 16
+// where bit 2c + v of qh[l] is set.
+template <GgufFormat F>
+__global__ void expand_q4_k_q5_k_kernel(const uint8_t* w, int64_t w_stride, int64_t out, int64_t in, uint16_t* dst,
+                                        int64_t dst_stride) {
+  constexpr bool kQ5 = F == GgufFormat::kQ5_K;
   const int64_t groups = in / 8;
   for (int64_t o = blockIdx.y; o < out; o += gridDim.y) {
     for (int64_t g = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; g < groups;
@@ -801,7 +1169,7 @@ __global__ void expand_q4_k_kernel(const uint8_t* w, int64_t w_stride, int64_t o
       const int64_t col = 8 * g, b = col / kBlockK;
       const int in_block = static_cast<int>(col % kBlockK);
       const int c = in_block / 64, v = (in_block / 32) & 1, l = in_block % 32, sb = 2 * c + v;
-      const uint8_t* block = w + o * w_stride + b * kQ4KBytes;
+      const uint8_t* block = w + o * w_stride + b * KQuantBlock<F>::kBytes;
       const uint4 head = __ldg(reinterpret_cast<const uint4*>(block));
       // core/ggml_blocks.h's q4_k_scale_min on the scales at head bytes 4..15.
       int sc, mn;
@@ -814,11 +1182,14 @@ __global__ void expand_q4_k_kernel(const uint8_t* w, int64_t w_stride, int64_t o
       }
       const float scale = __fmul_rn(f16_bits_to_f32(static_cast<uint16_t>(head.x & 0xffffu)), static_cast<float>(sc));
       const float offset = __fmul_rn(f16_bits_to_f32(static_cast<uint16_t>(head.x >> 16)), static_cast<float>(mn));
-      const uint2 qs = __ldg(reinterpret_cast<const uint2*>(block + 16 + 32 * c + l));
+      const uint2 qs = __ldg(reinterpret_cast<const uint2*>(block + (kQ5 ? 48 : 16) + 32 * c + l));
+      [[maybe_unused]] uint2 qh = make_uint2(0u, 0u);
+      if constexpr (kQ5) qh = __ldg(reinterpret_cast<const uint2*>(block + 16 + l));
       float vals[8];
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        const uint32_t q = ((j < 4 ? qs.x : qs.y) >> (8 * (j % 4) + 4 * v)) & 15u;
+        uint32_t q = ((j < 4 ? qs.x : qs.y) >> (8 * (j % 4) + 4 * v)) & 15u;
+        if constexpr (kQ5) q |= (((j < 4 ? qh.x : qh.y) >> (8 * (j % 4) + sb)) & 1u) << 4;
         vals[j] = __fsub_rn(__fmul_rn(scale, static_cast<float>(q)), offset);
       }
       store_bf16x8(dst + o * dst_stride + col, vals);
@@ -861,18 +1232,11 @@ int tile_rows(int64_t n) {
   return n <= 1 ? Tile<1>::kRows : n <= 2 ? Tile<2>::kRows : n <= 4 ? Tile<4>::kRows : Tile<8>::kRows;
 }
 
-int64_t gguf_block(GgufFormat format) { return format == GgufFormat::kQ8_0 ? 32 : kBlockK; }
-
-int64_t gguf_packed_row_bytes(GgufFormat format, int64_t in) {
-  switch (format) {
-    case GgufFormat::kQ8_0: return in;
-    case GgufFormat::kQ4_K: return in / kBlockK * kQ4KBytes;
-    case GgufFormat::kQ6_K: return in / kBlockK * kQ6KBytes;
-    default: return 0;
-  }
+bool is_k_quant(GgufFormat format) {
+  return format == GgufFormat::kQ4_K || format == GgufFormat::kQ5_K || format == GgufFormat::kQ6_K;
 }
 
-// Q4_K / Q6_K thread blocks of kPlanTileRows rows (planned at one token whatever n is: the same
+// K-quant thread blocks of kPlanTileRows rows (planned at one token whatever n is: the same
 // slices and warps, so the same summation order for a token alone or in any batch). K splits only
 // when the tiles leave more than half the SMs idle, into slices of at least kMinTileWarps blocks;
 // then as many warps per thread block as keep about 8 warps per SM (Q6_K with long slices 16) when
@@ -908,24 +1272,70 @@ GemvShape plan_k_quant(const LinearArgs& a, int sm_count) {
   return s;
 }
 
+// The packed rows' base and stride are aligned as the format's layout needs (see
+// gguf_row_alignment) and the d tensor is there exactly when the format keeps it apart.
+bool gguf_rows_fit(const LinearArgs& a) {
+  const int64_t align = gguf_row_alignment(a.gguf);
+  return a.gguf != GgufFormat::kNone && a.in % gguf_block(a.gguf) == 0 &&
+         a.w_stride >= gguf_packed_row_bytes(a.gguf, a.in) && a.w_stride % align == 0 &&
+         reinterpret_cast<uintptr_t>(a.w) % static_cast<uintptr_t>(align) == 0 &&
+         gguf_separate_scales(a.gguf) == (a.w_scales_f16 != nullptr);
+}
+
 }  // namespace
 
+int64_t gguf_block(GgufFormat format) {
+  return format == GgufFormat::kNone ? 0 : is_k_quant(format) ? kBlockK : 32;
+}
+
+int64_t gguf_packed_row_bytes(GgufFormat format, int64_t in) {
+  switch (format) {
+    case GgufFormat::kQ8_0: return in;
+    case GgufFormat::kQ4_K: return in / kBlockK * kQ4KBytes;
+    case GgufFormat::kQ5_K: return in / kBlockK * kQ5KBytes;
+    case GgufFormat::kQ6_K: return in / kBlockK * kQ6KBytes;
+    case GgufFormat::kQ4_1: return in / 32 * Block32<GgufFormat::kQ4_1>::kBytes;
+    case GgufFormat::kQ5_0: return in / 32 * Block32<GgufFormat::kQ5_0>::kBytes;
+    case GgufFormat::kQ5_1: return in / 32 * Block32<GgufFormat::kQ5_1>::kBytes;
+    case GgufFormat::kIq4Nl: return in / 32 * Block32<GgufFormat::kIq4Nl>::kBytes;
+    default: return 0;
+  }
+}
+
+// The widest load each layout's kernels make at a block's start: 16 bytes (Q8_0's codes, the
+// K-quants' 16-byte pieces), and for the 32-weight blocks the alignment a row of them keeps.
+int64_t gguf_row_alignment(GgufFormat format) {
+  switch (format) {
+    case GgufFormat::kQ4_1: return 4;
+    case GgufFormat::kQ5_0: return 2;
+    case GgufFormat::kQ5_1: return 8;
+    case GgufFormat::kIq4Nl: return 2;
+    default: return 16;
+  }
+}
+
+bool gguf_separate_scales(GgufFormat format) { return format == GgufFormat::kQ8_0 || format == GgufFormat::kQ6_K; }
+
 bool gemv_gguf_supported(const LinearArgs& a) {
-  const auto aligned16 = [](const void* q) { return (reinterpret_cast<uintptr_t>(q) & 15u) == 0; };
-  return a.gguf != GgufFormat::kNone && a.n >= 1 && a.n <= kGemvGgufMaxTokens && a.in % gguf_block(a.gguf) == 0 &&
-         a.w_stride >= gguf_packed_row_bytes(a.gguf, a.in) && a.w_stride % 16 == 0 && aligned16(a.w) &&
-         a.w_stride < (int64_t{1} << 26) &&  // the K-quant tiles' 32-bit row offsets
-         (a.gguf == GgufFormat::kQ4_K || a.w_scales_f16 != nullptr);
+  return gguf_rows_fit(a) && a.n >= 1 && a.n <= kGemvGgufMaxTokens &&
+         a.w_stride < (int64_t{1} << 26);  // the K-quant tiles' 32-bit row offsets
 }
 
 GemvShape plan_gemv_gguf(const LinearArgs& a, int sm_count) {
-  if (a.gguf != GgufFormat::kQ8_0) return plan_k_quant(a, sm_count);
+  if (is_k_quant(a.gguf)) return plan_k_quant(a, sm_count);
   GemvShape s;
   s.vector_loads = true;
-  s.step = kQ8Step;
-  s.rows_per_warp = tile_rows<Q8Tile>(a.n);
-  plan_k_splits(s, a.in, (a.out + Q8Tile<1>::kRows - 1) / Q8Tile<1>::kRows, kQ8Step * Q8Tile<1>::kSteps, s.step,
-                sm_count);
+  if (a.gguf == GgufFormat::kQ8_0) {
+    s.step = kQ8Step;
+    s.rows_per_warp = tile_rows<Q8Tile>(a.n);
+    plan_k_splits(s, a.in, (a.out + Q8Tile<1>::kRows - 1) / Q8Tile<1>::kRows, kQ8Step * Q8Tile<1>::kSteps, s.step,
+                  sm_count);
+    return s;
+  }
+  s.step = kBlock32Step;
+  s.rows_per_warp = tile_rows<Block32Tile>(a.n);
+  plan_k_splits(s, a.in, (a.out + Block32Tile<1>::kRows - 1) / Block32Tile<1>::kRows,
+                kBlock32Step * Block32Tile<1>::kSteps, s.step, sm_count);
   return s;
 }
 
@@ -947,9 +1357,7 @@ cudaError_t launch_gemv_gguf(const LinearArgs& a, const GemvShape& shape, float*
 
 cudaError_t launch_dequantize_gguf(const LinearArgs& a, uint16_t* dst, int64_t dst_stride, Stream stream) {
   if (a.out == 0 || a.in == 0) return cudaSuccess;
-  const auto aligned16 = [](const void* q) { return (reinterpret_cast<uintptr_t>(q) & 15u) == 0; };
-  if (a.gguf == GgufFormat::kNone || a.in % gguf_block(a.gguf) != 0 || a.w_stride % 16 != 0 || dst_stride % 8 != 0 ||
-      !aligned16(a.w) || !aligned16(dst) || (a.gguf != GgufFormat::kQ4_K && a.w_scales_f16 == nullptr)) {
+  if (!gguf_rows_fit(a) || dst_stride % 8 != 0 || (reinterpret_cast<uintptr_t>(dst) & 15u) != 0) {
     return cudaErrorInvalidValue;
   }
   const int threads = 128;
@@ -962,11 +1370,33 @@ cudaError_t launch_dequantize_gguf(const LinearArgs& a, uint16_t* dst, int64_t d
       expand_q8_0_kernel<<<grid, threads, 0, stream>>>(w, a.w_stride, a.w_scales_f16, a.out, a.in, dst, dst_stride);
       break;
     case GgufFormat::kQ4_K:
-      expand_q4_k_kernel<<<grid, threads, 0, stream>>>(w, a.w_stride, a.out, a.in, dst, dst_stride);
+      expand_q4_k_q5_k_kernel<GgufFormat::kQ4_K><<<grid, threads, 0, stream>>>(w, a.w_stride, a.out, a.in, dst,
+                                                                               dst_stride);
       break;
-    default:
+    case GgufFormat::kQ5_K:
+      expand_q4_k_q5_k_kernel<GgufFormat::kQ5_K><<<grid, threads, 0, stream>>>(w, a.w_stride, a.out, a.in, dst,
+                                                                               dst_stride);
+      break;
+    case GgufFormat::kQ6_K:
       expand_q6_k_kernel<<<grid, threads, 0, stream>>>(w, a.w_stride, a.w_scales_f16, a.out, a.in, dst, dst_stride);
       break;
+    case GgufFormat::kQ4_1:
+      expand_block32_kernel<GgufFormat::kQ4_1><<<grid, threads, 0, stream>>>(w, a.w_stride, a.out, a.in, dst,
+                                                                            dst_stride);
+      break;
+    case GgufFormat::kQ5_0:
+      expand_block32_kernel<GgufFormat::kQ5_0><<<grid, threads, 0, stream>>>(w, a.w_stride, a.out, a.in, dst,
+                                                                            dst_stride);
+      break;
+    case GgufFormat::kQ5_1:
+      expand_block32_kernel<GgufFormat::kQ5_1><<<grid, threads, 0, stream>>>(w, a.w_stride, a.out, a.in, dst,
+                                                                            dst_stride);
+      break;
+    case GgufFormat::kIq4Nl:
+      expand_block32_kernel<GgufFormat::kIq4Nl><<<grid, threads, 0, stream>>>(w, a.w_stride, a.out, a.in, dst,
+                                                                              dst_stride);
+      break;
+    default: return cudaErrorInvalidValue;
   }
   return cudaGetLastError();
 }
