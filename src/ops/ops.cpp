@@ -189,9 +189,10 @@ std::string backend_info() {
 
 namespace {
 
-// linear with a packed weight on the host: any QuantFormat. Outputs do not depend on the batch, so
-// both LinearModes run the same kernel.
-void quant_linear(const Tensor& x, const QuantWeight& w, const Tensor* bias, Tensor& y) {
+// linear with a packed weight on the host: any QuantFormat. Calls of fewer than
+// cpu::kQuantGemmMinTokens tokens do not depend on the batch; longer ones multiply the weights
+// decoded to f32 panels (exact activations), unless the mode asks for batch-invariant outputs.
+void quant_linear(const Tensor& x, const QuantWeight& w, const Tensor* bias, Tensor& y, LinearMode mode) {
   constexpr const char* op = "linear";
   require_cpu(op, "w.packed", w.packed);
   require_rank(op, "x", x, 2);
@@ -218,6 +219,7 @@ void quant_linear(const Tensor& x, const QuantWeight& w, const Tensor* bias, Ten
   a.y = y.data<float>();
   a.y_stride = y.stride(0);
   a.n = n;
+  a.batch_invariant = mode == LinearMode::kBatchInvariant;
   cpu::quant_linear(a);
 }
 
@@ -229,7 +231,7 @@ void linear(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& y, Lin
   require_cpu(op, "x", x);
   require_cpu(op, "y", y);
   TACHYON_CHECK(w.defined(), "linear: weight is undefined");
-  if (w.quant) return quant_linear(x, *w.quant, bias, y);
+  if (w.quant) return quant_linear(x, *w.quant, bias, y, mode);
   const Tensor& wd = w.dense;
   require_cpu(op, "w", wd);
   require_rank(op, "x", x, 2);

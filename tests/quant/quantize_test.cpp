@@ -227,7 +227,8 @@ TEST(Quantize, BadInputsAreErrors) {
 // the GGUF block formats, int8, int4), they are held as tightly to the reference on the activations
 // as they quantize them (each block of 32 by quantize_activation_row), and to the exact reference
 // within the activations' rounding: half a step (max |x| / 127 of the block) times sum |w| over
-// each block.
+// each block. From kQuantGemmMinTokens tokens on, every format but W8A8 runs the GEMM on decoded
+// panels, exact f32 whatever int8_dot says, and is held to the reference alone.
 void expect_kernel_matches_reference(const QuantWeight& q, int64_t n, bool with_bias, std::mt19937& rng) {
   const int64_t in = q.in_features, out = q.out_features;
   const Tensor x_storage = testing::random_tensor({n, in + 5}, rng);
@@ -252,6 +253,7 @@ void expect_kernel_matches_reference(const QuantWeight& q, int64_t n, bool with_
   Weight w;
   w.quant = std::make_shared<const QuantWeight>(q);
   const bool dot = ops::cpu::dot_linear_supported(q);
+  const bool gemm = n >= ops::cpu::kQuantGemmMinTokens && q.format != QuantFormat::kW8A8;
   for (Isa isa : {Isa::kAvx2, Isa::kAvx512}) {
     if (!ops::cpu::isa_supported(isa)) continue;
     ops::cpu::set_isa(isa);
@@ -259,6 +261,9 @@ void expect_kernel_matches_reference(const QuantWeight& q, int64_t n, bool with_
       if (int8_dot && !dot) continue;
       ops::cpu::set_int8_dot(int8_dot);
       for (ops::LinearMode mode : {ops::LinearMode::kFastest, ops::LinearMode::kBatchInvariant}) {
+        // Batch-invariant calls keep the few-token kernels at any n.
+        const bool gemm_runs = gemm && mode == ops::LinearMode::kFastest;
+        const bool rounded = int8_dot && !gemm_runs;  // the activations as int8 codes
         Tensor y_storage = Tensor::empty({n, out + 3}, DType::kF32);
         for (int64_t i = 0; i < y_storage.numel(); ++i) y_storage.data<float>()[i] = std::nanf("");
         Tensor y = y_storage.slice(1, 0, out);
@@ -272,16 +277,17 @@ void expect_kernel_matches_reference(const QuantWeight& q, int64_t n, bool with_
             for (int64_t i = 0; i < in; ++i) {
               const double wi = dense.data<float>()[o * in + i];
               const size_t ti = static_cast<size_t>(t * in + i);
-              abs_sum += std::fabs(wi * (int8_dot ? xq[ti] : x.data<float>()[t * x.stride(0) + i]));
+              abs_sum += std::fabs(wi * (rounded ? xq[ti] : x.data<float>()[t * x.stride(0) + i]));
               quantized += wi * xq[ti];
               rounding += std::fabs(wi) * half_step[ti];
             }
             const float got = y.data<float>()[t * y.stride(0) + o];
             const double f32_error = 1.2e-7 * static_cast<double>(in + 8) * abs_sum + 1e-6;
-            const std::string what = fmt::format("{} {} {} n={} token {} row {}", quant_format_name(q.format),
-                                                 ops::cpu::isa_name(isa), int8_dot ? "int8 dot" : "exact", n, t, o);
+            const std::string what =
+                fmt::format("{} {} {} n={} token {} row {}", quant_format_name(q.format), ops::cpu::isa_name(isa),
+                            gemm_runs ? "gemm" : int8_dot ? "int8 dot" : "exact", n, t, o);
             ASSERT_TRUE(std::isfinite(got)) << what;
-            if (int8_dot) {
+            if (rounded) {
               ASSERT_NEAR(got, quantized, f32_error) << what;
               ASSERT_NEAR(got, expected.data<float>()[t * out + o], rounding + f32_error) << what;
             } else {
@@ -507,6 +513,73 @@ TEST(QuantLinear, GgufBlockKernelsAreBatchInvariant) {
     }
   }
   set_num_threads(saved);
+}
+
+// The GEMM path (kQuantGemmMinTokens tokens and more) for every format it takes: token counts that
+// fill the micro-tiles of both ISAs unevenly (33, 64, 130), outputs not a multiple of the 8-row
+// panels' groups or of NR (67, 29), ins of one block, several, and several k panels (896 for the
+// 32-weight blocks: no multiple of the 256-wide panel), with and without bias, 1 and 2 threads.
+// GgufExactKernelsDecodeAsDefined checks the GGUF decoders bit for bit on random blocks.
+TEST(QuantLinear, GemmPathMatchesReference) {
+  std::mt19937 rng(testing::fresh_seed());
+  struct Case {
+    int64_t n, out;
+  };
+  const Case cases[] = {{33, 67}, {64, 29}, {130, 29}};
+  for (int threads : {1, 2}) {
+    const int saved = num_threads();
+    set_num_threads(threads);
+    const auto run = [&](const Result<QuantWeight>& q, int64_t n) {
+      ASSERT_TRUE(q.ok()) << q.status().to_string();
+      expect_kernel_matches_reference(*q, n, n != 64, rng);
+    };
+    for (const Case& c : cases) {
+      for (QuantFormat format : kGgufFormats) {
+        const bool block32 = gguf_block_weights(format) == kGgmlBlock32;
+        for (int64_t in : block32 ? std::vector<int64_t>{32, 896} : std::vector<int64_t>{256, 768}) {
+          run(quantize_gguf_blocks(random_weight(c.out, in, rng), format), c.n);
+        }
+      }
+      for (int64_t in : {29, 264, 896}) {
+        run(quantize_int8_channel(random_weight(c.out, in, rng)), c.n);
+        run(quantize_fp8_channel(random_weight(c.out, in, rng)), c.n);
+      }
+      for (int group : {32, 128}) {
+        run(quantize_int4_group(random_weight(c.out, 7 * group, rng), group), c.n);
+        run(quantize_ternary(random_weight(c.out, 7 * group, rng), group), c.n);
+      }
+    }
+    set_num_threads(saved);
+  }
+}
+
+// LinearMode::kBatchInvariant keeps a quantized linear on the few-token kernels at any batch: a
+// token's row of a 40-token call equals its batch-1 output bit for bit (the fastest mode would
+// take the GEMM path there, whose exact activations round differently).
+TEST(QuantLinear, BatchInvariantModeKeepsTheDecodeKernelsPastTheGemmThreshold) {
+  std::mt19937 rng(testing::fresh_seed());
+  const int64_t n = ops::cpu::kQuantGemmMinTokens + 8, in = 896, out = 45;
+  const Tensor x = random_weight(n, in, rng, DType::kF32);
+  for (QuantFormat format : {QuantFormat::kGgufQ5_0, QuantFormat::kGgufQ8_0, QuantFormat::kGgufQ4_1}) {
+    auto q = quantize_gguf_blocks(random_weight(out, in, rng), format);
+    ASSERT_TRUE(q.ok()) << q.status().to_string();
+    Weight w;
+    w.quant = std::make_shared<QuantWeight>(std::move(q).value());
+    Tensor all = testing::nan_tensor({n, out});
+    ops::linear(x, w, nullptr, all, ops::LinearMode::kBatchInvariant);
+    Tensor fastest = testing::nan_tensor({n, out});
+    ops::linear(x, w, nullptr, fastest);
+    bool differs = false;
+    for (int64_t t = 0; t < n; ++t) {
+      Tensor one = testing::nan_tensor({1, out});
+      ops::linear(x.slice(0, t, t + 1), w, nullptr, one);
+      ASSERT_EQ(std::memcmp(one.data<float>(), all.data<float>() + t * out, static_cast<size_t>(out) * 4), 0)
+          << quant_format_name(format) << " token " << t;
+      differs = differs || std::memcmp(one.data<float>(), fastest.data<float>() + t * out, static_cast<size_t>(out) * 4) != 0;
+    }
+    // On x86-64 with the integer dot products on, the fastest mode's GEMM rounds differently.
+    if (ops::cpu::active_isa() != Isa::kScalar && ops::cpu::int8_dot_enabled()) EXPECT_TRUE(differs) << quant_format_name(format);
+  }
 }
 
 // Absmean ternary: every code in {-1, 0, +1}, the scale the group's mean |w|, each weight the

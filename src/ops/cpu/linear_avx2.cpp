@@ -158,6 +158,8 @@ void linear_avx2(const LinearArgs& a, LinearAlgo algo) {
   }
 }
 
+void gemm_decoded_avx2(const LinearArgs& a, const RowDecoder& decoder) { gemm_decoded<Avx2>(a, decoder); }
+
 }  // namespace tachyon::ops::cpu
 
 #endif  // __x86_64__

@@ -50,6 +50,8 @@ void linear_avx512(const LinearArgs& a, LinearAlgo algo) {
   }
 }
 
+void gemm_decoded_avx512(const LinearArgs& a, const RowDecoder& decoder) { gemm_decoded<Avx512>(a, decoder); }
+
 }  // namespace tachyon::ops::cpu
 
 #endif  // __x86_64__

@@ -14,7 +14,9 @@
 // GEMM (many tokens): per thread, a panel of kNc outputs x kKc inputs of W is converted to f32
 // and packed as [kNc / NR][kKc][NR] (8 x 8 register transposes); an MR x NR micro-kernel
 // broadcasts x and accumulates MR * 2 vectors in registers. W is read from memory once for all
-// tokens. x86-64 only: both including files are compiled with at least AVX2 + FMA + F16C.
+// tokens. The panel comes from a 16-bit / f32 W (pack_panel) or from a RowDecoder that turns
+// rows of a packed quantized W into f32 (pack_decoded_panel); the GEMM around it is the same.
+// x86-64 only: both including files are compiled with at least AVX2 + FMA + F16C.
 #pragma once
 
 #include <immintrin.h>
@@ -31,6 +33,7 @@
 #include "core/dtype.h"
 #include "core/thread_pool.h"
 #include "ops/cpu/kernels.h"
+#include "ops/cpu/linear_isa.h"
 
 namespace tachyon::ops::cpu {
 namespace {
@@ -180,7 +183,7 @@ void gemv(const LinearArgs& a) {
 // ---------------------------------------------------------------------------------------------
 // GEMM
 
-constexpr int64_t kKc = 256;  // inputs per packed panel
+constexpr int64_t kKc = 256;  // inputs per packed panel (RowDecoder, linear_isa.h, relies on 256)
 constexpr int64_t kNc = 128;  // outputs per packed panel (a multiple of every NR)
 
 struct AlignedFree {
@@ -254,6 +257,40 @@ void pack_panel(const LinearArgs& a, const WT* w, int64_t o0, int64_t nc, int64_
   }
 }
 
+// pack_panel's layout from a RowDecoder: each group of 8 rows is decoded into rows [8][kc] f32
+// (one decode call per row and panel), then transposed 8 x 8 as pack_panel does; rows >= out
+// are zero. k0 and kc are multiples of kKc or reach `in`, so they hold whole blocks of every
+// format (RowDecoder's contract).
+template <int NR>
+void pack_decoded_panel(const LinearArgs& a, const RowDecoder& decoder, int64_t o0, int64_t nc, int64_t k0,
+                        int64_t kc, float* packed) {
+  static_assert(NR % 8 == 0, "NR must be a multiple of 8");
+  alignas(64) float rows[8][kKc];  // [8, kc] f32: the decoded rows of one group
+  for (int64_t j = 0; j < nc; j += NR) {
+    float* tile = packed + j * kc;
+    for (int cb = 0; cb < NR; cb += 8) {
+      for (int i = 0; i < 8; ++i) {
+        const int64_t o = o0 + j + cb + i;
+        if (o < a.out) {
+          decoder.decode(decoder.context, o, k0, kc, rows[i]);
+        } else {
+          std::fill(rows[i], rows[i] + kc, 0.0f);
+        }
+      }
+      int64_t k = 0;
+      for (; k + 8 <= kc; k += 8) {
+        __m256 r[8];
+        for (int i = 0; i < 8; ++i) r[i] = _mm256_load_ps(rows[i] + k);
+        transpose8x8(r);
+        for (int i = 0; i < 8; ++i) _mm256_storeu_ps(tile + (k + i) * NR + cb, r[i]);
+      }
+      for (; k < kc; ++k) {
+        for (int i = 0; i < 8; ++i) tile[k * NR + cb + i] = rows[i][k];
+      }
+    }
+  }
+}
+
 // c[M, NR] (row stride cs) = (accumulate ? c : init ? init[NR] : 0) + x[M, kc] · packed[kc][NR].
 template <class S, int M>
 inline void micro_kernel(const float* x, int64_t xs,        // [M, kc] f32, rows xs apart
@@ -306,14 +343,15 @@ constexpr auto make_micro_kernels(std::index_sequence<I...>) {
 }
 
 // Outputs [o_begin, o_end) (multiples of NR except at `out`) for tokens [t_begin, t_end).
-template <class S, class WT>
-void gemm_range(const LinearArgs& a, const float* bias_padded, int64_t o_begin, int64_t o_end, int64_t t_begin,
-                int64_t t_end) {
+// pack(o0, nc, k0, kc, packed) fills packed [nc / NR][kc][NR] f32 with W[o0 .. o0 + nc, k0 .. k0 + kc)
+// (zero rows from `out` on), as pack_panel lays it out.
+template <class S, class PackPanel>
+void gemm_range(const LinearArgs& a, const PackPanel& pack, const float* bias_padded, int64_t o_begin, int64_t o_end,
+                int64_t t_begin, int64_t t_end) {
   constexpr int W = S::kWidth;
   constexpr int NR = 2 * W;
   constexpr int MR = S::kGemmMr;
   static constexpr auto kernels = make_micro_kernels<S>(std::make_index_sequence<MR>{});
-  const WT* w = static_cast<const WT*>(a.w);
   auto packed = alloc_floats(kNc * kKc);
   alignas(64) float edge[MR * NR] = {};  // a partial output tile (out not a multiple of NR)
 
@@ -322,7 +360,7 @@ void gemm_range(const LinearArgs& a, const float* bias_padded, int64_t o_begin, 
     const int64_t nc = (nc_valid + NR - 1) / NR * NR;
     for (int64_t k0 = 0; k0 < a.in; k0 += kKc) {
       const int64_t kc = std::min(kKc, a.in - k0);
-      pack_panel<WT, NR>(a, w, o0, nc, k0, kc, packed.get());
+      pack(o0, nc, k0, kc, packed.get());
       const bool accumulate = k0 > 0;
       for (int64_t t0 = t_begin; t0 < t_end; t0 += MR) {
         const int m = static_cast<int>(std::min<int64_t>(MR, t_end - t0));
@@ -347,8 +385,8 @@ void gemm_range(const LinearArgs& a, const float* bias_padded, int64_t o_begin, 
   }
 }
 
-template <class S, class WT>
-void gemm(const LinearArgs& a) {
+template <class S, class PackPanel>
+void gemm_packed(const LinearArgs& a, const PackPanel& pack) {
   constexpr int NR = 2 * S::kWidth;
   constexpr int MR = S::kGemmMr;
   const int64_t tiles = (a.out + NR - 1) / NR;
@@ -365,14 +403,30 @@ void gemm(const LinearArgs& a) {
     // At least ~1M multiply-adds per chunk.
     const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 20) / std::max<int64_t>(1, a.n * a.in * NR));
     parallel_for(tiles, grain, [&](int64_t tb, int64_t te) {
-      gemm_range<S, WT>(a, bias_padded.get(), tb * NR, std::min(a.out, te * NR), 0, a.n);
+      gemm_range<S>(a, pack, bias_padded.get(), tb * NR, std::min(a.out, te * NR), 0, a.n);
     });
   } else {
     // Few outputs, many tokens: split the tokens (each thread packs all of W).
     parallel_for(token_blocks, 1, [&](int64_t bb, int64_t be) {
-      gemm_range<S, WT>(a, bias_padded.get(), 0, a.out, bb * MR, std::min(a.n, be * MR));
+      gemm_range<S>(a, pack, bias_padded.get(), 0, a.out, bb * MR, std::min(a.n, be * MR));
     });
   }
+}
+
+template <class S, class WT>
+void gemm(const LinearArgs& a) {
+  const WT* w = static_cast<const WT*>(a.w);
+  gemm_packed<S>(a, [&](int64_t o0, int64_t nc, int64_t k0, int64_t kc, float* packed) {
+    pack_panel<WT, 2 * S::kWidth>(a, w, o0, nc, k0, kc, packed);
+  });
+}
+
+// a.w and a.w_dtype are unused: W's rows come from `decoder`.
+template <class S>
+void gemm_decoded(const LinearArgs& a, const RowDecoder& decoder) {
+  gemm_packed<S>(a, [&](int64_t o0, int64_t nc, int64_t k0, int64_t kc, float* packed) {
+    pack_decoded_panel<2 * S::kWidth>(a, decoder, o0, nc, k0, kc, packed);
+  });
 }
 
 }  // namespace

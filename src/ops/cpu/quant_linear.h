@@ -8,8 +8,16 @@
 //   of the activations by integer dot products (dot_linear_supported); the other formats' weights
 //   are decoded in registers, 8 at a time, and multiplied into f32 accumulators (as those are
 //   where int8_dot_enabled() is off); each thread owns a range of output rows and streams every
-//   packed byte from memory once per call. Every token is accumulated in the same order whatever
-//   the batch, so outputs are batch-invariant.
+//   packed byte from memory once per call. Below kQuantGemmMinTokens tokens every token is
+//   accumulated in the same order whatever the batch, so those outputs are batch-invariant (a
+//   token alone equals it in any batch of fewer than kQuantGemmMinTokens tokens, bit for bit).
+//   From kQuantGemmMinTokens tokens on (prefill), every format but W8A8 runs the dense linear's
+//   packed-panel GEMM (linear_kernels.h) on W decoded to f32 panel by panel (RowDecoder): the f32
+//   product of the unrounded activations with dequantize()'s weights, the reference's value up to
+//   f32 reassociation (each token's sum runs over k in order, from the bias). That order is the
+//   same for any n on this path but not the few-token kernels' (which also round the activations
+//   to int8 where dot_linear_supported), so a token's output depends on whether its batch reaches
+//   kQuantGemmMinTokens; batch_invariant callers keep the few-token kernels for any n.
 // Both take checked arguments (ops::linear checks them).
 #pragma once
 
@@ -20,6 +28,13 @@
 
 namespace tachyon::ops::cpu {
 
+// The fewest tokens that take the GEMM path. `tachyon_bench gemv --rows 4864 --cols 896 (1024 for
+// the K-quants) --quant F --tokens N --threads 2` on a 2-core AVX-512 machine: the GEMM overtakes
+// the few-token kernels from ~16 tokens for int4, ~20 for q8_0, q4_k and q6_k and ~28 for int8;
+// at 32 it is 7-40 % faster for all of them. Above 16 also keeps speculative verification (at
+// most 16 tokens) and decode on the batch-invariant kernels.
+inline constexpr int64_t kQuantGemmMinTokens = 32;
+
 struct QuantLinearArgs {
   const float* x = nullptr;  // [n, in] f32, rows x_stride apart
   int64_t x_stride = 0;
@@ -28,6 +43,9 @@ struct QuantLinearArgs {
   float* y = nullptr;              // [n, out] f32, rows y_stride apart
   int64_t y_stride = 0;
   int64_t n = 0;
+  // Every n through the few-token kernels (never the GEMM path), so that a token's output is the
+  // same alone and in any batch (ops::LinearMode::kBatchInvariant).
+  bool batch_invariant = false;
   // W8A8 only, filled by quant_linear: the activations quantized per token
   // (quantize_activation_row), codes [n, qx_stride] with zero codes from in to qx_stride (a
   // multiple of 64), and their scales [n].

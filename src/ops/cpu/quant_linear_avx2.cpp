@@ -5,7 +5,10 @@
 // kRowBlock rows: a block's packed rows stay in L1 while every token group passes over them, so
 // each weight byte comes from memory once per call whatever the batch.
 // Every token keeps the same two accumulator chains in the same order for any batch size and any
-// tokens-per-tile, which makes the outputs batch-invariant.
+// tokens-per-tile, which makes the outputs batch-invariant below kQuantGemmMinTokens tokens.
+// From kQuantGemmMinTokens tokens on, the row decoders at the end of this file feed the dense
+// linear's packed-panel GEMM instead (gemm_decoded_*, linear_isa.h): a weight is decoded once per
+// call rather than once per tile of a few tokens.
 #include "ops/cpu/quant_linear.h"
 
 #include "core/status.h"
@@ -24,6 +27,8 @@
 #include "core/ggml_blocks.h"
 #include "core/thread_pool.h"
 #include "ops/cpu/isa.h"
+#include "ops/cpu/kernels.h"
+#include "ops/cpu/linear_isa.h"
 #include "ops/cpu/quant_rows.h"
 #include "quant/quantize.h"
 
@@ -506,12 +511,267 @@ void fp8_tile(const QuantLinearArgs& a, int64_t o, int64_t tok0) {
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Row decoders for the GEMM path (RowDecoder, linear_isa.h): W[o, k0 .. k0 + kc) to f32 exactly as
+// dequantize() (quant/quantize.cpp) writes it, with the tiles' block arithmetic above (one rounding
+// per weight for the GGUF blocks; int4 rounds w - zero, then times the scale, as dequantize does).
+// k0 and kc hold whole blocks (multiples of 32 or 256, or reaching `in` for the per-channel formats).
+// The context is the QuantWeight.
+
+inline void store4(float* dst, const __m256 (&w)[4]) {
+  for (int j = 0; j < 4; ++j) _mm256_storeu_ps(dst + 8 * j, w[j]);
+}
+
+void decode_q8_0(const void* context, int64_t o, int64_t k0, int64_t kc, float* dst) {
+  const QuantWeight& q = *static_cast<const QuantWeight*>(context);
+  const int64_t in = q.in_features, blocks = in / kGgmlBlock32;
+  const int8_t* codes = q.packed.data<int8_t>() + o * in;      // [in] i8
+  const uint16_t* d = q.scales.data<uint16_t>() + o * blocks;  // [in / 32] f16
+  for (int64_t b = k0 / kGgmlBlock32; b < (k0 + kc) / kGgmlBlock32; ++b) {
+    const __m256 scale = f16_splat(d[b]);
+    const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + b * kGgmlBlock32));
+    const __m128i c0 = _mm256_castsi256_si128(c), c1 = _mm256_extracti128_si256(c, 1);
+    const __m256 w[4] = {_mm256_mul_ps(scale, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c0))),
+                         _mm256_mul_ps(scale, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(c0, 8)))),
+                         _mm256_mul_ps(scale, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c1))),
+                         _mm256_mul_ps(scale, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(c1, 8))))};
+    store4(dst + b * kGgmlBlock32 - k0, w);
+  }
+}
+
+template <typename Block>
+void decode_block32(const void* context, int64_t o, int64_t k0, int64_t kc, float* dst) {
+  const QuantWeight& q = *static_cast<const QuantWeight*>(context);
+  const int64_t blocks = q.in_features / kGgmlBlock32;
+  const uint8_t* row = q.packed.data<uint8_t>() + o * blocks * Block::kBytes;  // [in / 32 * kBytes] u8
+  for (int64_t b = k0 / kGgmlBlock32; b < (k0 + kc) / kGgmlBlock32; ++b) {
+    const uint8_t* p = row + b * Block::kBytes;
+    uint16_t d_bits, m_bits = 0;
+    std::memcpy(&d_bits, p, 2);
+    if constexpr (Block::kMOffset >= 0) std::memcpy(&m_bits, p + Block::kMOffset, 2);
+    const __m256 d = f16_splat(d_bits), m = f16_splat(m_bits);
+    const __m256i c = Block::codes(p);
+    const __m128i c0 = _mm256_castsi256_si128(c), c1 = _mm256_extracti128_si256(c, 1);
+    const __m256i codes[4] = {_mm256_cvtepi8_epi32(c0), _mm256_cvtepi8_epi32(_mm_srli_si128(c0, 8)),
+                              _mm256_cvtepi8_epi32(c1), _mm256_cvtepi8_epi32(_mm_srli_si128(c1, 8))};
+    __m256 w[4];
+    for (int k = 0; k < 4; ++k) {
+      const __m256 f = _mm256_cvtepi32_ps(codes[k]);
+      w[k] = Block::kMOffset >= 0 ? _mm256_fmadd_ps(d, f, m) : _mm256_mul_ps(d, f);
+    }
+    store4(dst + b * kGgmlBlock32 - k0, w);
+  }
+}
+
+// Q4_K and Q5_K (kFifthBit): q4_k_tile's and q5_k_tile's decoding, 32 weights per sub-block.
+template <bool kFifthBit>
+void decode_q4_5_k(const void* context, int64_t o, int64_t k0, int64_t kc, float* dst) {
+  const QuantWeight& q = *static_cast<const QuantWeight*>(context);
+  constexpr int64_t kBytes = kFifthBit ? kQ5_KBytes : kQ4_KBytes;
+  constexpr int64_t kQs = kFifthBit ? kQ5_KQs : 16;
+  const int64_t blocks = q.in_features / kGgmlBlockK;
+  const uint8_t* row = q.packed.data<uint8_t>() + o * blocks * kBytes;
+  const __m128i low_nibbles = _mm_set1_epi8(0x0f), bit4 = _mm_set1_epi8(0x10);
+  for (int64_t b = k0 / kGgmlBlockK; b < (k0 + kc) / kGgmlBlockK; ++b) {
+    const uint8_t* block = row + b * kBytes;
+    float* out = dst + b * kGgmlBlockK - k0;
+    uint16_t d_bits, dmin_bits;
+    std::memcpy(&d_bits, block, 2);
+    std::memcpy(&dmin_bits, block + 2, 2);
+    const float d = _cvtsh_ss(d_bits), dmin = _cvtsh_ss(dmin_bits);
+    const uint8_t* qs = block + kQs;
+    __m128i h0 = _mm_setzero_si128(), h1 = _mm_setzero_si128();
+    if constexpr (kFifthBit) {
+      h0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + kQ5_KQh));
+      h1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + kQ5_KQh + 16));
+    }
+    for (int c = 0; c < 4; ++c) {
+      const __m128i b0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + 32 * c));
+      const __m128i b1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + 32 * c + 16));
+      for (int half = 0; half < 2; ++half) {
+        int sc, m;
+        q4_k_scale_min(block + 4, 2 * c + half, &sc, &m);
+        const __m256 scale = _mm256_set1_ps(d * static_cast<float>(sc));
+        const __m256 min = _mm256_set1_ps(dmin * static_cast<float>(m));
+        __m128i n0 = half == 0 ? _mm_and_si128(b0, low_nibbles) : _mm_and_si128(_mm_srli_epi16(b0, 4), low_nibbles);
+        __m128i n1 = half == 0 ? _mm_and_si128(b1, low_nibbles) : _mm_and_si128(_mm_srli_epi16(b1, 4), low_nibbles);
+        if constexpr (kFifthBit) {
+          n0 = _mm_or_si128(n0, _mm_and_si128(half == 0 ? _mm_slli_epi16(h0, 4) : _mm_slli_epi16(h0, 3), bit4));
+          n1 = _mm_or_si128(n1, _mm_and_si128(half == 0 ? _mm_slli_epi16(h1, 4) : _mm_slli_epi16(h1, 3), bit4));
+        }
+        const __m256 w[4] = {
+            _mm256_fmsub_ps(scale, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(n0)), min),
+            _mm256_fmsub_ps(scale, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(n0, 8))), min),
+            _mm256_fmsub_ps(scale, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(n1)), min),
+            _mm256_fmsub_ps(scale, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(n1, 8))), min)};
+        store4(out + 64 * c + 32 * half, w);
+      }
+      if constexpr (kFifthBit) {
+        h0 = _mm_srli_epi16(h0, 2);
+        h1 = _mm_srli_epi16(h1, 2);
+      }
+    }
+  }
+}
+
+// Q6_K: q6_k_tile's decoding.
+void decode_q6_k(const void* context, int64_t o, int64_t k0, int64_t kc, float* dst) {
+  const QuantWeight& q = *static_cast<const QuantWeight*>(context);
+  const int64_t blocks = q.in_features / kGgmlBlockK;
+  const uint8_t* row = q.packed.data<uint8_t>() + o * blocks * kQ6_KD;  // blocks less their d
+  const uint16_t* d = q.scales.data<uint16_t>() + o * blocks;           // [in / 256] f16
+  const __m256i low4 = _mm256_set1_epi32(15), low2 = _mm256_set1_epi32(3), bias = _mm256_set1_epi32(32);
+  auto load8 = [](const uint8_t* p) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))); };
+  for (int64_t b = k0 / kGgmlBlockK; b < (k0 + kc) / kGgmlBlockK; ++b) {
+    const uint8_t* block = row + b * kQ6_KD;
+    float* out = dst + b * kGgmlBlockK - k0;
+    const auto* scales = reinterpret_cast<const int8_t*>(block + kQ6_KScales);
+    const float db = _cvtsh_ss(d[b]);
+    for (int h = 0; h < 2; ++h) {
+      const uint8_t* L = block + 64 * h;
+      const uint8_t* H = block + kQ6_KQh + 32 * h;
+      for (int l0 = 0; l0 < 32; l0 += 8) {
+        const __m256i lo = load8(L + l0), hi = load8(L + l0 + 32), qh = load8(H + l0);
+        const __m256i codes[4] = {
+            _mm256_or_si256(_mm256_and_si256(lo, low4), _mm256_slli_epi32(_mm256_and_si256(qh, low2), 4)),
+            _mm256_or_si256(_mm256_and_si256(hi, low4),
+                            _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(qh, 2), low2), 4)),
+            _mm256_or_si256(_mm256_srli_epi32(lo, 4),
+                            _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(qh, 4), low2), 4)),
+            _mm256_or_si256(_mm256_srli_epi32(hi, 4), _mm256_slli_epi32(_mm256_srli_epi32(qh, 6), 4))};
+        for (int k = 0; k < 4; ++k) {  // weights 128h + 32k + l0 .. + 8
+          const int i = 128 * h + 32 * k + l0;
+          const __m256 scale = _mm256_set1_ps(db * static_cast<float>(scales[i / 16]));
+          _mm256_storeu_ps(out + i, _mm256_mul_ps(scale, _mm256_cvtepi32_ps(_mm256_sub_epi32(codes[k], bias))));
+        }
+      }
+    }
+  }
+}
+
+// int8 per channel: code * scale (any in: 8 at a time, then scalar).
+void decode_int8(const void* context, int64_t o, int64_t k0, int64_t kc, float* dst) {
+  const QuantWeight& q = *static_cast<const QuantWeight*>(context);
+  const int8_t* w = q.packed.data<int8_t>() + o * q.in_features + k0;  // [kc] i8
+  const float scale = q.scales.data<float>()[o];
+  const __m256 s = _mm256_set1_ps(scale);
+  int64_t k = 0;
+  for (; k + 8 <= kc; k += 8) {
+    const __m256i c = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + k)));
+    _mm256_storeu_ps(dst + k, _mm256_mul_ps(_mm256_cvtepi32_ps(c), s));
+  }
+  for (; k < kc; ++k) dst[k] = static_cast<float>(w[k]) * scale;
+}
+
+// fp8 e4m3 per channel: fp8_tile's f16 widening (2^-8 times the code's value), 2^8 (exact), then
+// the scale.
+void decode_fp8(const void* context, int64_t o, int64_t k0, int64_t kc, float* dst) {
+  const QuantWeight& q = *static_cast<const QuantWeight*>(context);
+  const uint8_t* w = q.packed.data<uint8_t>() + o * q.in_features + k0;  // [kc] e4m3
+  const float scale = q.scales.data<float>()[o];
+  const __m256 s = _mm256_set1_ps(scale), two8 = _mm256_set1_ps(256.0f);
+  const __m128i sign = _mm_set1_epi16(static_cast<short>(0x80)), rest = _mm_set1_epi16(0x7f);
+  int64_t k = 0;
+  for (; k + 8 <= kc; k += 8) {
+    const __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + k)));
+    const __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(b, sign), 8), _mm_slli_epi16(_mm_and_si128(b, rest), 7));
+    _mm256_storeu_ps(dst + k, _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtph_ps(h), two8), s));
+  }
+  for (; k < kc; ++k) dst[k] = f8e4m3_to_f32(w[k]) * scale;
+}
+
+// int4 group-wise: (code - zero) * scale per 32-weight block (a group is whole blocks).
+void decode_int4(const void* context, int64_t o, int64_t k0, int64_t kc, float* dst) {
+  const QuantWeight& q = *static_cast<const QuantWeight*>(context);
+  const int64_t in = q.in_features, group = q.group_size, groups = in / group;
+  const uint8_t* w = q.packed.data<uint8_t>() + o * (in / 2);  // [in / 2] u8
+  const float* scales = q.scales.data<float>() + o * groups;   // [groups] f32
+  const float* zeros = q.zeros.data<float>() + o * groups;     // [groups] f32
+  const __m128i low_nibbles = _mm_set1_epi8(0x0f);
+  for (int64_t k = k0; k < k0 + kc; k += kInt4Block) {
+    const __m256 zero = _mm256_set1_ps(zeros[k / group]), scale = _mm256_set1_ps(scales[k / group]);
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + k / 2));
+    const __m128i lo = _mm_and_si128(b, low_nibbles);                     // weights k .. k + 16
+    const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), low_nibbles);  // weights k + 16 .. k + 32
+    const __m128i n[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+    for (int j = 0; j < 4; ++j) {
+      const __m256 v = _mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(n[j])), zero);
+      _mm256_storeu_ps(dst + k - k0 + 8 * j, _mm256_mul_ps(v, scale));
+    }
+  }
+}
+
+// Ternary: (code - 1) * the group's scale; weight 8j + i of a 32-weight block is bits 2j of byte i.
+void decode_ternary(const void* context, int64_t o, int64_t k0, int64_t kc, float* dst) {
+  const QuantWeight& q = *static_cast<const QuantWeight*>(context);
+  const int64_t in = q.in_features, group = q.group_size, groups = in / group;
+  const uint8_t* w = q.packed.data<uint8_t>() + o * (in / 4);  // [in / 4] u8
+  const float* scales = q.scales.data<float>() + o * groups;   // [groups] f32
+  const __m256i three = _mm256_set1_epi32(3), one = _mm256_set1_epi32(1);
+  for (int64_t k = k0; k < k0 + kc; k += 32) {
+    const __m256 scale = _mm256_set1_ps(scales[k / group]);
+    const __m256i bytes = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + k / 4)));
+    for (int j = 0; j < 4; ++j) {
+      const __m256i t = _mm256_sub_epi32(_mm256_and_si256(_mm256_srli_epi32(bytes, 2 * j), three), one);
+      _mm256_storeu_ps(dst + k - k0 + 8 * j, _mm256_mul_ps(_mm256_cvtepi32_ps(t), scale));
+    }
+  }
+}
+
+// The decoder of every format the GEMM path takes (W8A8 never: its definition rounds the
+// activations); decode == nullptr for the others.
+RowDecoder row_decoder(const QuantWeight& q) {
+  RowDecoder r;
+  r.context = &q;
+  switch (q.format) {
+    case QuantFormat::kGgufQ8_0: r.decode = decode_q8_0; break;
+    case QuantFormat::kGgufQ4_1: r.decode = decode_block32<Q4_1Block>; break;
+    case QuantFormat::kGgufQ5_0: r.decode = decode_block32<Q5_0Block>; break;
+    case QuantFormat::kGgufQ5_1: r.decode = decode_block32<Q5_1Block>; break;
+    case QuantFormat::kGgufIq4Nl: r.decode = decode_block32<Iq4NlBlock>; break;
+    case QuantFormat::kGgufQ4_K: r.decode = decode_q4_5_k<false>; break;
+    case QuantFormat::kGgufQ5_K: r.decode = decode_q4_5_k<true>; break;
+    case QuantFormat::kGgufQ6_K: r.decode = decode_q6_k; break;
+    case QuantFormat::kInt8Channel: r.decode = decode_int8; break;
+    case QuantFormat::kFp8Channel: r.decode = decode_fp8; break;
+    case QuantFormat::kInt4Group: r.decode = decode_int4; break;
+    case QuantFormat::kTernary: r.decode = decode_ternary; break;
+    default: r.decode = nullptr; break;
+  }
+  return r;
+}
+
 }  // namespace
 
 void quant_linear(const QuantLinearArgs& args) {
   const QuantWeight& q = *args.w;
   const int64_t out = q.out_features;
   if (args.n == 0 || out == 0) return;
+  if (args.n >= kQuantGemmMinTokens && !args.batch_invariant && q.in_features > 0) {
+    const RowDecoder decoder = row_decoder(q);
+    if (decoder.decode != nullptr) {
+      // Many tokens: W decoded to f32 once per packed panel and reused by every token (the dense
+      // linear's GEMM, linear_kernels.h), instead of once per tile of a few tokens.
+      LinearArgs g;
+      g.x = args.x;
+      g.x_stride = args.x_stride;
+      g.bias = args.bias;
+      g.y = args.y;
+      g.y_stride = args.y_stride;
+      g.n = args.n;
+      g.in = q.in_features;
+      g.out = out;
+      const bool avx512 = active_isa() == Isa::kAvx512;
+      log_path_once("linear: {} {} decoded to f32 panels (gemm, >= {} tokens)", avx512 ? "avx512" : "avx2",
+                    quant_format_name(q.format), kQuantGemmMinTokens);
+      if (avx512) {
+        gemm_decoded_avx512(g, decoder);
+      } else {
+        gemm_decoded_avx2(g, decoder);
+      }
+      return;
+    }
+  }
   QuantLinearArgs a = args;
   std::vector<int8_t> qx;
   std::vector<float> qx_scales;
