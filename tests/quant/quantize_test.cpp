@@ -478,15 +478,24 @@ TEST(QuantLinear, GgufExactKernelsDecodeAsDefined) {
 
 // A token's output is the same bit for bit alone as in a batch (whatever tile of run_rows and
 // thread split it lands in), for every GGUF format, ISA and kernel (integer and exact).
-TEST(QuantLinear, GgufBlockKernelsAreBatchInvariant) {
+TEST(QuantLinear, BlockKernelsAreBatchInvariant) {
   std::mt19937 rng(testing::fresh_seed());
   const int64_t n = 7, out = 37;
   const int saved = num_threads();
   set_num_threads(2);
+  // The GGUF block formats, then int4 at groups 32 (Q4_0's) and 128, in of an odd number of
+  // blocks (the AVX-512 VNNI int4 kernel's last, unpaired block).
+  std::vector<Result<QuantWeight>> weights;
   for (QuantFormat format : kGgufFormats) {
     const int64_t in = gguf_block_weights(format) == kGgmlBlock32 ? 896 : 512;
-    auto q = quantize_gguf_blocks(random_weight(out, in, rng), format);
+    weights.push_back(quantize_gguf_blocks(random_weight(out, in, rng), format));
+  }
+  weights.push_back(quantize_int4_group(random_weight(out, 864, rng), 32));
+  weights.push_back(quantize_int4_group(random_weight(out, 896, rng), 128));
+  for (const Result<QuantWeight>& q : weights) {
     ASSERT_TRUE(q.ok()) << q.status().to_string();
+    const QuantFormat format = q->format;
+    const int64_t in = q->in_features;
     Weight w;
     w.quant = std::make_shared<const QuantWeight>(*q);
     const Tensor x = testing::random_tensor({n, in}, rng);

@@ -61,6 +61,9 @@ struct QuantLinearArgs {
   // Q6_K only: per half block of 16 codes, 32 * its block's d * the sum of its codes
   // [n, qx_stride / 16] (the codes' share of Q6_K's offset of 32).
   const float* qx_dhalf = nullptr;
+  // dot_rows_vnni only, filled by quant_linear: each block's d_x repeated over its 8 lanes of
+  // vpdpbusd's sums [n, qx_stride / 32 * 8].
+  const float* qx_d_lanes = nullptr;
 };
 
 void quant_linear(const QuantLinearArgs& args);
@@ -78,6 +81,12 @@ bool dot_linear_supported(const QuantWeight& w);
 void quantize_activation_blocks(const float* x, int64_t x_stride, int64_t n, int64_t in, int8_t* codes,
                                 int64_t stride, float* d, float* dsum);
 void dot_rows_avx2(const QuantLinearArgs& args, int64_t o_begin, int64_t o_end);
+
+// The integer dot-product rows with AVX-512 VNNI (quant_linear_dot_avx512.cpp; only called while
+// kAvx512 is active and cpu_has_avx512_vnni()) for the formats it runs: group-wise int4 (group a
+// multiple of 32), whose AVX2 tile is bound by its arithmetic.
+bool dot_vnni_supported(const QuantWeight& w);
+void dot_rows_vnni(const QuantLinearArgs& args, int64_t o_begin, int64_t o_end);
 
 // W8A8 rows [o_begin, o_end) for every token with AVX-512 VNNI (quant_linear_w8a8_vnni.cpp; only
 // called when cpu_has_avx512_vnni()). The integer sums are exact, so it equals the AVX2 path bit

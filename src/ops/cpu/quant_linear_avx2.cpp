@@ -801,12 +801,26 @@ void quant_linear(const QuantLinearArgs& args) {
       }
       a.qx_dhalf = dhalf.data();
     }
-    log_path_once("linear: avx2 {} x int8 activations (integer dot products)", quant_format_name(q.format));
+    const bool vnni_dot = active_isa() == Isa::kAvx512 && cpu_has_avx512_vnni() && dot_vnni_supported(q);
+    std::vector<float> d_lanes;
+    if (vnni_dot) {
+      // Each block's d_x over its 8 lanes of vpdpbusd's sums (dot_rows_vnni).
+      d_lanes.resize(d.size() * 8);
+      for (size_t i = 0; i < d_lanes.size(); ++i) d_lanes[i] = d[i / 8];
+      a.qx_d_lanes = d_lanes.data();
+    }
+    log_path_once("linear: {} {} x int8 activations (integer dot products)",
+                  vnni_dot ? "avx512-vnni" : "avx2", quant_format_name(q.format));
     // Blocks of 8 rows, at least ~32 KiB of packed weight per chunk, as below.
     const int64_t blocks = (out + 7) / 8;
     const int64_t grain = std::max<int64_t>(1, (int64_t{32} << 10) / (8 * q.in_features * a.n));
-    parallel_for(blocks, grain,
-                 [&](int64_t b_begin, int64_t b_end) { dot_rows_avx2(a, b_begin * 8, std::min(out, b_end * 8)); });
+    parallel_for(blocks, grain, [&](int64_t b_begin, int64_t b_end) {
+      if (vnni_dot) {
+        dot_rows_vnni(a, b_begin * 8, std::min(out, b_end * 8));
+      } else {
+        dot_rows_avx2(a, b_begin * 8, std::min(out, b_end * 8));
+      }
+    });
     return;
   }
   const bool vnni = q.format == QuantFormat::kW8A8 && active_isa() == Isa::kAvx512 && cpu_has_avx512_vnni();
@@ -885,6 +899,10 @@ void quant_linear(const QuantLinearArgs&) {
 }
 void w8a8_rows_vnni(const QuantLinearArgs&, int64_t, int64_t) {
   TACHYON_CHECK(false, "w8a8_rows_vnni: no SIMD kernel in this build");
+}
+bool dot_vnni_supported(const QuantWeight&) { return false; }
+void dot_rows_vnni(const QuantLinearArgs&, int64_t, int64_t) {
+  TACHYON_CHECK(false, "dot_rows_vnni: no SIMD kernel in this build");
 }
 void int4_rows_avx512(const QuantLinearArgs&, int64_t, int64_t) {
   TACHYON_CHECK(false, "int4_rows_avx512: no SIMD kernel in this build");
