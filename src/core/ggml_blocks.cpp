@@ -262,46 +262,63 @@ void quantize_q4_0(const float* values, int64_t count, std::vector<uint8_t>* out
   }
 }
 
+namespace {
+
+// Q4_K's and Q5_K's scales for one super-block x[256] with codes 0..levels: each sub-block's range
+// [lo, hi] widened to hold 0, its step (hi - lo) / levels quantized to 6 bits against d = max step /
+// 63 rounding up (so the step never shrinks), its min -lo against dmin = max min / 63 to nearest;
+// d and dmin stored as f16, rounded up. Writes the block's first 16 bytes (d, dmin, scales[12]) and
+// each sub-block's step d * sc and offset dmin * m.
+void k_quant_scales(const float* x, int levels, uint8_t* head, float* step_out, float* offset_out) {
+  float step[8], min[8], max_step = 0.0f, max_min = 0.0f;
+  for (int s = 0; s < 8; ++s) {
+    float lo = 0.0f, hi = 0.0f;
+    for (int j = 0; j < 32; ++j) {
+      lo = std::min(lo, x[32 * s + j]);
+      hi = std::max(hi, x[32 * s + j]);
+    }
+    step[s] = (hi - lo) / static_cast<float>(levels);
+    min[s] = -lo;
+    max_step = std::max(max_step, step[s]);
+    max_min = std::max(max_min, min[s]);
+  }
+  const uint16_t d_bits = f16_at_least(max_step / 63.0f), dmin_bits = f16_at_least(max_min / 63.0f);
+  const float d = f16_to_f32(d_bits), dmin = f16_to_f32(dmin_bits);
+  int sc[8], m[8];
+  for (int s = 0; s < 8; ++s) {
+    sc[s] = d > 0.0f ? std::clamp(static_cast<int>(std::ceil(step[s] / d)), 0, 63) : 0;
+    m[s] = dmin > 0.0f ? round_clamp(min[s] / dmin, 0, 63) : 0;
+    step_out[s] = d * static_cast<float>(sc[s]);
+    offset_out[s] = dmin * static_cast<float>(m[s]);
+  }
+  std::memcpy(head, &d_bits, 2);
+  std::memcpy(head + 2, &dmin_bits, 2);
+  uint8_t* scales = head + 4;
+  for (int s = 0; s < 4; ++s) {
+    scales[s] = static_cast<uint8_t>((sc[s] & 63) | ((sc[s + 4] >> 4) << 6));
+    scales[s + 4] = static_cast<uint8_t>((m[s] & 63) | ((m[s + 4] >> 4) << 6));
+    scales[s + 8] = static_cast<uint8_t>((sc[s + 4] & 15) | ((m[s + 4] & 15) << 4));
+  }
+}
+
+}  // namespace
+
 void quantize_q4_k(const float* values, int64_t count, std::vector<uint8_t>* out) {
   for (int64_t b = 0; b < count / kGgmlBlockK; ++b) {
     const float* x = values + b * kGgmlBlockK;  // [256] f32
-    float step[8], min[8], max_step = 0.0f, max_min = 0.0f;
-    for (int s = 0; s < 8; ++s) {
-      float lo = 0.0f, hi = 0.0f;
-      for (int j = 0; j < 32; ++j) {
-        lo = std::min(lo, x[32 * s + j]);
-        hi = std::max(hi, x[32 * s + j]);
-      }
-      step[s] = (hi - lo) / 15.0f;
-      min[s] = -lo;
-      max_step = std::max(max_step, step[s]);
-      max_min = std::max(max_min, min[s]);
-    }
-    const uint16_t d_bits = f16_at_least(max_step / 63.0f), dmin_bits = f16_at_least(max_min / 63.0f);
-    const float d = f16_to_f32(d_bits), dmin = f16_to_f32(dmin_bits);
-    int sc[8], m[8];
-    for (int s = 0; s < 8; ++s) {
-      sc[s] = d > 0.0f ? std::clamp(static_cast<int>(std::ceil(step[s] / d)), 0, 63) : 0;
-      m[s] = dmin > 0.0f ? round_clamp(min[s] / dmin, 0, 63) : 0;
-    }
-    uint8_t scales[12];
-    for (int s = 0; s < 4; ++s) {
-      scales[s] = static_cast<uint8_t>((sc[s] & 63) | ((sc[s + 4] >> 4) << 6));
-      scales[s + 4] = static_cast<uint8_t>((m[s] & 63) | ((m[s + 4] >> 4) << 6));
-      scales[s + 8] = static_cast<uint8_t>((sc[s + 4] & 15) | ((m[s + 4] & 15) << 4));
-    }
-    put_f16(out, d_bits);
-    put_f16(out, dmin_bits);
-    out->insert(out->end(), scales, scales + 12);
+    uint8_t block[kQ4_KBytes];
+    float step[8], offset[8];
+    k_quant_scales(x, 15, block, step, offset);
+    uint8_t* qs = block + 16;
     for (int c = 0; c < 4; ++c) {
-      const float s0 = d * static_cast<float>(sc[2 * c]), o0 = dmin * static_cast<float>(m[2 * c]);
-      const float s1 = d * static_cast<float>(sc[2 * c + 1]), o1 = dmin * static_cast<float>(m[2 * c + 1]);
+      const float s0 = step[2 * c], o0 = offset[2 * c], s1 = step[2 * c + 1], o1 = offset[2 * c + 1];
       for (int l = 0; l < 32; ++l) {
         const int q0 = s0 > 0.0f ? round_clamp((x[64 * c + l] + o0) / s0, 0, 15) : 0;
         const int q1 = s1 > 0.0f ? round_clamp((x[64 * c + 32 + l] + o1) / s1, 0, 15) : 0;
-        out->push_back(static_cast<uint8_t>(q0 | (q1 << 4)));
+        qs[32 * c + l] = static_cast<uint8_t>(q0 | (q1 << 4));
       }
     }
+    out->insert(out->end(), block, block + kQ4_KBytes);
   }
 }
 
@@ -428,39 +445,13 @@ void quantize_iq4_nl(const float* values, int64_t count, std::vector<uint8_t>* o
 void quantize_q5_k(const float* values, int64_t count, std::vector<uint8_t>* out) {
   for (int64_t b = 0; b < count / kGgmlBlockK; ++b) {
     const float* x = values + b * kGgmlBlockK;  // [256] f32
-    float step[8], min[8], max_step = 0.0f, max_min = 0.0f;
-    for (int s = 0; s < 8; ++s) {
-      float lo = 0.0f, hi = 0.0f;
-      for (int j = 0; j < 32; ++j) {
-        lo = std::min(lo, x[32 * s + j]);
-        hi = std::max(hi, x[32 * s + j]);
-      }
-      step[s] = (hi - lo) / 31.0f;
-      min[s] = -lo;
-      max_step = std::max(max_step, step[s]);
-      max_min = std::max(max_min, min[s]);
-    }
-    const uint16_t d_bits = f16_at_least(max_step / 63.0f), dmin_bits = f16_at_least(max_min / 63.0f);
-    const float d = f16_to_f32(d_bits), dmin = f16_to_f32(dmin_bits);
-    int sc[8], m[8];
-    for (int s = 0; s < 8; ++s) {
-      sc[s] = d > 0.0f ? std::clamp(static_cast<int>(std::ceil(step[s] / d)), 0, 63) : 0;
-      m[s] = dmin > 0.0f ? round_clamp(min[s] / dmin, 0, 63) : 0;
-    }
     uint8_t block[kQ5_KBytes] = {};
-    std::memcpy(block, &d_bits, 2);
-    std::memcpy(block + 2, &dmin_bits, 2);
-    uint8_t* scales = block + 4;
-    for (int s = 0; s < 4; ++s) {
-      scales[s] = static_cast<uint8_t>((sc[s] & 63) | ((sc[s + 4] >> 4) << 6));
-      scales[s + 4] = static_cast<uint8_t>((m[s] & 63) | ((m[s + 4] >> 4) << 6));
-      scales[s + 8] = static_cast<uint8_t>((sc[s + 4] & 15) | ((m[s + 4] & 15) << 4));
-    }
+    float step[8], offset[8];
+    k_quant_scales(x, 31, block, step, offset);
     uint8_t* qh = block + kQ5_KQh;
     uint8_t* qs = block + kQ5_KQs;
     for (int c = 0; c < 4; ++c) {
-      const float s0 = d * static_cast<float>(sc[2 * c]), o0 = dmin * static_cast<float>(m[2 * c]);
-      const float s1 = d * static_cast<float>(sc[2 * c + 1]), o1 = dmin * static_cast<float>(m[2 * c + 1]);
+      const float s0 = step[2 * c], o0 = offset[2 * c], s1 = step[2 * c + 1], o1 = offset[2 * c + 1];
       for (int l = 0; l < 32; ++l) {
         const int q0 = s0 > 0.0f ? round_clamp((x[64 * c + l] + o0) / s0, 0, 31) : 0;
         const int q1 = s1 > 0.0f ? round_clamp((x[64 * c + 32 + l] + o1) / s1, 0, 31) : 0;
