@@ -164,7 +164,7 @@ cudaError_t launch_gemm_int4_stream_probe(const LinearArgs& a, const Int4StreamP
                                           unsigned* counters, Stream stream);
 size_t gemm_int4_stream_shared_bytes(int64_t n, int64_t in, int stages);
 
-// The GGUF block weights (linear_gguf.cu): LinearArgs with gguf set, packed rows whose base and
+// The GGUF block weights (linear_gguf.cu, the expansion in linear_gguf_expand.cu): LinearArgs with gguf set, packed rows whose base and
 // stride are gguf_row_alignment() aligned. The GEMV takes 1..kGemvGgufMaxTokens tokens, with the
 // same split-K contract as the GEMV; the expansion writes dst [out, in] bf16 (rows dst_stride
 // apart, dst_stride % 8 == 0, dst 16-byte aligned) = the weight core/ggml_blocks.h decodes, for
@@ -178,6 +178,9 @@ int64_t gguf_block(GgufFormat format);
 int64_t gguf_packed_row_bytes(GgufFormat format, int64_t in);
 int64_t gguf_row_alignment(GgufFormat format);
 bool gguf_separate_scales(GgufFormat format);
+// The packed rows' base and stride are aligned as the format's layout needs (gguf_row_alignment),
+// whole blocks, and the d tensor is there exactly when the format keeps it apart.
+bool gguf_rows_fit(const LinearArgs& a);
 bool gemv_gguf_supported(const LinearArgs& a);
 GemvShape plan_gemv_gguf(const LinearArgs& a, int sm_count);
 cudaError_t launch_gemv_gguf(const LinearArgs& a, const GemvShape& shape, float* partial, Stream stream);

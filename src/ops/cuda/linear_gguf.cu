@@ -1,8 +1,8 @@
 // linear() for GGUF block weights (quant/quantize.h's kGguf* layouts: the file's Q8_0, Q4_1, Q5_0,
 // Q5_1, IQ4_NL, Q4_K, Q5_K and Q6_K blocks, core/ggml_blocks.h's bit layouts): a GEMV for
 // 1..kGemvGgufMaxTokens tokens, where a step is bound by reading the weight once (4.5 to 8.5 bits
-// per weight), and the expansion of a whole weight to bf16 rows that lets cuBLASLt multiply it
-// when many tokens share it.
+// per weight). (The expansion of a whole weight to bf16 rows, which lets cuBLASLt multiply it
+// when many tokens share it, is linear_gguf_expand.cu; gguf_blocks.cuh holds what both share.)
 //
 // Codes become floats in registers and meet the activations in f32 multiply-adds; block scales
 // multiply sums of 4 to 32 products. K splits over the grid for short matrices, the slices' sums
@@ -35,19 +35,15 @@
 
 #include "core/ggml_blocks.h"
 #include "ops/cuda/device_math.cuh"
+#include "ops/cuda/gguf_blocks.cuh"
 #include "ops/cuda/launch.h"
 
 namespace tachyon::ops::cuda::detail {
 namespace {
 
 constexpr int kWarps = kGemvThreads / 32;  // warps per block of Q8_0's and the 32-blocks' GEMVs
-constexpr int64_t kBlockK = 256;           // weights per Q4_K / Q5_K / Q6_K block
-constexpr int64_t kQ4KBytes = 144;         // a Q4_K block: f16 d, f16 dmin, scales[12], qs[128]
-constexpr int64_t kQ5KBytes = 176;         // a Q5_K block: Q4_K's header, qh[32], qs[128] at 48
-constexpr int64_t kQ6KBytes = 208;         // a Q6_K block less its d: ql[128], qh[64], scales[16]
 constexpr int64_t kQ8Step = 32 * 16;       // Q8_0: 16 codes per lane and load
 constexpr int64_t kBlock32Step = 8 * 32;   // Q4_1, Q5_0, Q5_1, IQ4_NL: 8 blocks (4 lanes each)
-static_assert(kQ5KBytes == kQ5_KBytes && kQ4KBytes == kQ4_KBytes && kQ6KBytes == kQ6_KD);
 
 struct GgufGemvParams {
   const float* x;  // [n, in] f32, rows x_stride apart
@@ -96,9 +92,6 @@ __device__ __forceinline__ float element(const float4& v, int i) {
   return i == 0 ? v.x : (i == 1 ? v.y : (i == 2 ? v.z : v.w));
 }
 
-__device__ __forceinline__ uint32_t word(const uint4& v, int i) {
-  return i == 0 ? v.x : (i == 1 ? v.y : (i == 2 ? v.z : v.w));
-}
 
 // x[t, col .. col + 4) of each token's row (XV: 16-byte aligned rows, one load per token).
 template <int NT, bool XV>
@@ -267,24 +260,6 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_q8_0_kernel(const GgufGemvP
 // lane's rows; each (row, token) sum sees the same operations in the same order whatever ROWS and
 // the token count are.
 
-template <GgufFormat F>
-struct Block32;
-template <>
-struct Block32<GgufFormat::kQ4_1> {
-  static constexpr int64_t kBytes = kQ4_1Bytes;  // f16 d, f16 m, qs[16]
-};
-template <>
-struct Block32<GgufFormat::kQ5_0> {
-  static constexpr int64_t kBytes = kQ5_0Bytes;  // f16 d, qh[4], qs[16]
-};
-template <>
-struct Block32<GgufFormat::kQ5_1> {
-  static constexpr int64_t kBytes = kQ5_1Bytes;  // f16 d, f16 m, qh[4], qs[16]
-};
-template <>
-struct Block32<GgufFormat::kIq4Nl> {
-  static constexpr int64_t kBytes = kIq4NlBytes;  // f16 d, qs[16]
-};
 
 // Rows per warp and steps whose loads are in flight together, by token bucket, as measured
 // fastest on an H100 (tachyon_cuda_bench --quant-only against 4 rows and 4 / 2 / 1 / 1 steps: 11 %
@@ -311,11 +286,6 @@ struct Block32Tile<8> {
   static constexpr int kRows = 4, kSteps = 2;
 };
 
-// Bytes p .. p + 3 at a 2-byte aligned address, as two u16 loads.
-__device__ __forceinline__ uint32_t load_u32_align2(const uint8_t* p) {
-  const auto* h = reinterpret_cast<const uint16_t*>(p);
-  return static_cast<uint32_t>(__ldg(h)) | (static_cast<uint32_t>(__ldg(h + 1)) << 16);
-}
 
 // What a lane reads of its block: head = d (low 16 bits) and m (high 16; Q4_1, Q5_1), qh the 32
 // fifth bits (Q5_0, Q5_1; bit j for weight j), qs the block's bytes 4q .. 4q + 3.
@@ -361,32 +331,6 @@ __device__ __forceinline__ uint32_t block32_code_bytes(const Block32Lane& b, int
   }
 }
 
-// IQ4_NL's 16 levels plus 128, four to a word (level i in byte i % 4 of word i / 4).
-constexpr uint32_t iq4_nl_table_word(int w) {
-  uint32_t word = 0;
-  for (int i = 0; i < 4; ++i) {
-    word |= static_cast<uint32_t>(kIq4NlValues[4 * w + i] + 128) << (8 * i);
-  }
-  return word;
-}
-constexpr uint32_t kIq4NlTable0 = iq4_nl_table_word(0), kIq4NlTable1 = iq4_nl_table_word(1),
-                   kIq4NlTable2 = iq4_nl_table_word(2), kIq4NlTable3 = iq4_nl_table_word(3);
-
-// The levels (+ 128) that the 4 nibbles of the low 16 bits of `nibbles` index, one byte each in
-// the nibbles' order: bits 0..2 pick a byte of the low or the high table half, bit 3 the half.
-__device__ __forceinline__ uint32_t iq4_nl_lookup4(uint32_t nibbles) {
-  const uint32_t index = nibbles & 0x7777u;
-  const uint32_t low = __byte_perm(kIq4NlTable0, kIq4NlTable1, index);
-  const uint32_t high = __byte_perm(kIq4NlTable2, kIq4NlTable3, index);
-  return __byte_perm(low, high, 0x3210u | ((nibbles & 0x8888u) >> 1));
-}
-
-// IQ4_NL: the levels (+ 128) of the 4 low nibbles of `qs` (x) and of its 4 high nibbles (y), byte
-// i from byte i of qs. qs's nibbles run low 0, high 0, low 1, high 1, ...
-__device__ __forceinline__ uint2 iq4_nl_levels(uint32_t qs) {
-  const uint32_t a = iq4_nl_lookup4(qs), b = iq4_nl_lookup4(qs >> 16);
-  return make_uint2(__byte_perm(a, b, 0x6420u), __byte_perm(a, b, 0x7531u));
-}
 
 // Byte b (selector 0x7540 | b) of `biased`, a level + 128, as the float level.
 __device__ __forceinline__ float biased_i8_float(uint32_t biased, int b) {
@@ -543,20 +487,6 @@ KQuantTile k_quant_tile(GgufFormat format, int64_t n, int64_t slice_blocks, int6
   return {2, 1};
 }
 
-template <GgufFormat F>
-struct KQuantBlock;
-template <>
-struct KQuantBlock<GgufFormat::kQ4_K> {
-  static constexpr int kBytes = static_cast<int>(kQ4KBytes);
-};
-template <>
-struct KQuantBlock<GgufFormat::kQ5_K> {
-  static constexpr int kBytes = static_cast<int>(kQ5KBytes);
-};
-template <>
-struct KQuantBlock<GgufFormat::kQ6_K> {
-  static constexpr int kBytes = static_cast<int>(kQ6KBytes);
-};
 
 // 16 bytes global -> shared without the register file (sm_80 and later: cp.async, L1 bypassed);
 // older GPUs copy through registers at once, so the waits below have nothing to wait for.
@@ -1044,188 +974,6 @@ cudaError_t launch_gguf_tokens(GgufFormat format, const GgufGemvParams& p, int w
   return launch_gguf_bucket<8, XV>(format, p, warps, stream);
 }
 
-// ---- expansion to bf16 -----------------------------------------------------------------------------
-// dst[o, k] = the weight core/ggml_blocks.h's decoding gives (the same f32 operations, unfused),
-// rounded to bf16. One thread per 16 (Q8_0) or 8 (the others) consecutive weights of a row,
-// grid-stride over rows; 16-byte stores.
-
-__device__ __forceinline__ void store_bf16x16(uint16_t* dst, const float (&v)[16]) {
-  uint32_t h[8];
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    h[j] = f32_to_bf16_bits(v[2 * j]) | (static_cast<uint32_t>(f32_to_bf16_bits(v[2 * j + 1])) << 16);
-  }
-  *reinterpret_cast<uint4*>(dst) = make_uint4(h[0], h[1], h[2], h[3]);
-  *reinterpret_cast<uint4*>(dst + 8) = make_uint4(h[4], h[5], h[6], h[7]);
-}
-
-__global__ void expand_q8_0_kernel(const uint8_t* w, int64_t w_stride, const uint16_t* d, int64_t out, int64_t in,
-                                   uint16_t* dst, int64_t dst_stride) {
-  for (int64_t o = blockIdx.y; o < out; o += gridDim.y) {
-    for (int64_t k = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) * 16; k < in;
-         k += static_cast<int64_t>(gridDim.x) * blockDim.x * 16) {
-      const uint4 raw = load_stream_16(w + o * w_stride + k);
-      const float scale = f16_bits_to_f32(d[o * (in / 32) + k / 32]);
-      float v[16];
-#pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        const int8_t q = static_cast<int8_t>(word(raw, j / 4) >> (8 * (j % 4)));
-        v[j] = __fmul_rn(scale, static_cast<float>(q));
-      }
-      store_bf16x16(dst + o * dst_stride + k, v);
-    }
-  }
-}
-
-// 8 bf16 (one 16-byte store) from 8 f32 values.
-__device__ __forceinline__ void store_bf16x8(uint16_t* dst, const float (&v)[8]) {
-  uint32_t h[4];
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    h[j] = f32_to_bf16_bits(v[2 * j]) | (static_cast<uint32_t>(f32_to_bf16_bits(v[2 * j + 1])) << 16);
-  }
-  *reinterpret_cast<uint4*>(dst) = make_uint4(h[0], h[1], h[2], h[3]);
-}
-
-// Byte i (0..15, any value at run time) of a 16-byte vector.
-__device__ __forceinline__ uint32_t byte_of(const uint4& v, int i) { return (word(v, i >> 2) >> (8 * (i & 3))) & 0xffu; }
-
-// The other expansions: each thread writes 8 consecutive bf16 of a row (consecutive threads,
-// consecutive 16-byte stores) from the 8 code bytes those columns read; a block's header (d, dmin
-// or m, scales, qh) is read through L1, shared by the threads of the block. Grid: x over the row's
-// 8-column groups (grid-stride), y over rows (grid-stride).
-// Q4_1 / Q5_0 / Q5_1 / IQ4_NL column 32b + 16h + j (j = 0..15): nibble h of qs[j] of block b (and
-// bit 16h + j of its qh: the fifth bit), as core/ggml_blocks.cpp's dequantize_32 and
-// dequantize_iq4_nl compute it. A thread's 8 columns are one nibble of 8 qs bytes, read by loads
-// no wider than the block's alignment (Block32's comment).
-template <GgufFormat F>
-__global__ void expand_block32_kernel(const uint8_t* w, int64_t w_stride, int64_t out, int64_t in, uint16_t* dst,
-                                      int64_t dst_stride) {
-  constexpr int64_t kBytes = Block32<F>::kBytes;
-  const int64_t groups = in / 8;
-  for (int64_t o = blockIdx.y; o < out; o += gridDim.y) {
-    for (int64_t g = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; g < groups;
-         g += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-      const int64_t col = 8 * g;
-      const int h = static_cast<int>(col % 32) / 16, j0 = static_cast<int>(col % 16);
-      const uint8_t* block = w + o * w_stride + col / 32 * kBytes;
-      uint32_t head, qh = 0, qs[2];  // qs: bytes j0 .. j0 + 7
-      if constexpr (F == GgufFormat::kQ4_1) {
-        head = __ldg(reinterpret_cast<const uint32_t*>(block));
-        qs[0] = __ldg(reinterpret_cast<const uint32_t*>(block + 4 + j0));
-        qs[1] = __ldg(reinterpret_cast<const uint32_t*>(block + 8 + j0));
-      } else if constexpr (F == GgufFormat::kQ5_1) {
-        const uint2 hq = __ldg(reinterpret_cast<const uint2*>(block));
-        const uint2 q = __ldg(reinterpret_cast<const uint2*>(block + 8 + j0));
-        head = hq.x;
-        qh = hq.y;
-        qs[0] = q.x;
-        qs[1] = q.y;
-      } else if constexpr (F == GgufFormat::kQ5_0) {
-        head = __ldg(reinterpret_cast<const uint16_t*>(block));
-        qh = load_u32_align2(block + 2);
-        qs[0] = load_u32_align2(block + 6 + j0);
-        qs[1] = load_u32_align2(block + 10 + j0);
-      } else {
-        head = __ldg(reinterpret_cast<const uint16_t*>(block));
-        qs[0] = load_u32_align2(block + 2 + j0);
-        qs[1] = load_u32_align2(block + 6 + j0);
-      }
-      const float d = f16_bits_to_f32(static_cast<uint16_t>(head & 0xffffu));
-      [[maybe_unused]] const float m = f16_bits_to_f32(static_cast<uint16_t>(head >> 16));
-      float vals[8];
-      if constexpr (F == GgufFormat::kIq4Nl) {
-        const uint2 lo = iq4_nl_levels(qs[0]), hi = iq4_nl_levels(qs[1]);
-        const uint32_t levels[2] = {h == 0 ? lo.x : lo.y, h == 0 ? hi.x : hi.y};
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          const int level = static_cast<int>((levels[j / 4] >> (8 * (j % 4))) & 0xffu) - 128;
-          vals[j] = __fmul_rn(d, static_cast<float>(level));
-        }
-      } else {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          int q = static_cast<int>((qs[j / 4] >> (8 * (j % 4) + 4 * h)) & 15u);
-          if constexpr (F != GgufFormat::kQ4_1) q |= static_cast<int>((qh >> (16 * h + j0 + j)) & 1u) << 4;
-          vals[j] = F == GgufFormat::kQ5_0 ? __fmul_rn(d, static_cast<float>(q - 16))
-                                           : __fadd_rn(__fmul_rn(d, static_cast<float>(q)), m);
-        }
-      }
-      store_bf16x8(dst + o * dst_stride + col, vals);
-    }
-  }
-}
-
-// Q4_K column 64c + 32v + l (l = 0..31): nibble v of qs[32c + l], sub-block 2c + v; Q5_K adds 16
-// where bit 2c + v of qh[l] is set.
-template <GgufFormat F>
-__global__ void expand_q4_k_q5_k_kernel(const uint8_t* w, int64_t w_stride, int64_t out, int64_t in, uint16_t* dst,
-                                        int64_t dst_stride) {
-  constexpr bool kQ5 = F == GgufFormat::kQ5_K;
-  const int64_t groups = in / 8;
-  for (int64_t o = blockIdx.y; o < out; o += gridDim.y) {
-    for (int64_t g = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; g < groups;
-         g += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-      const int64_t col = 8 * g, b = col / kBlockK;
-      const int in_block = static_cast<int>(col % kBlockK);
-      const int c = in_block / 64, v = (in_block / 32) & 1, l = in_block % 32, sb = 2 * c + v;
-      const uint8_t* block = w + o * w_stride + b * KQuantBlock<F>::kBytes;
-      const uint4 head = __ldg(reinterpret_cast<const uint4*>(block));
-      // core/ggml_blocks.h's q4_k_scale_min on the scales at head bytes 4..15.
-      int sc, mn;
-      if (sb < 4) {
-        sc = static_cast<int>(byte_of(head, 4 + sb) & 63u);
-        mn = static_cast<int>(byte_of(head, 8 + sb) & 63u);
-      } else {
-        sc = static_cast<int>((byte_of(head, 8 + sb) & 15u) | ((byte_of(head, sb) >> 6) << 4));
-        mn = static_cast<int>((byte_of(head, 8 + sb) >> 4) | ((byte_of(head, 4 + sb) >> 6) << 4));
-      }
-      const float scale = __fmul_rn(f16_bits_to_f32(static_cast<uint16_t>(head.x & 0xffffu)), static_cast<float>(sc));
-      const float offset = __fmul_rn(f16_bits_to_f32(static_cast<uint16_t>(head.x >> 16)), static_cast<float>(mn));
-      const uint2 qs = __ldg(reinterpret_cast<const uint2*>(block + (kQ5 ? 48 : 16) + 32 * c + l));
-      [[maybe_unused]] uint2 qh = make_uint2(0u, 0u);
-      if constexpr (kQ5) qh = __ldg(reinterpret_cast<const uint2*>(block + 16 + l));
-      float vals[8];
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        uint32_t q = ((j < 4 ? qs.x : qs.y) >> (8 * (j % 4) + 4 * v)) & 15u;
-        if constexpr (kQ5) q |= (((j < 4 ? qh.x : qh.y) >> (8 * (j % 4) + sb)) & 1u) << 4;
-        vals[j] = __fsub_rn(__fmul_rn(scale, static_cast<float>(q)), offset);
-      }
-      store_bf16x8(dst + o * dst_stride + col, vals);
-    }
-  }
-}
-
-// Q6_K column 128h + 32k + l (l = 0..31): the low (k < 2) or high nibble of ql[64h + 32(k & 1) + l]
-// and bits 2k..2k+1 of qh[32h + l], scale scales[8h + 2k + l / 16].
-__global__ void expand_q6_k_kernel(const uint8_t* w, int64_t w_stride, const uint16_t* d, int64_t out, int64_t in,
-                                   uint16_t* dst, int64_t dst_stride) {
-  const int64_t groups = in / 8, blocks = in / kBlockK;
-  for (int64_t o = blockIdx.y; o < out; o += gridDim.y) {
-    for (int64_t g = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; g < groups;
-         g += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-      const int64_t col = 8 * g, b = col / kBlockK;
-      const int in_block = static_cast<int>(col % kBlockK);
-      const int h = in_block / 128, k = (in_block / 32) & 3, l = in_block % 32;
-      const uint8_t* block = w + o * w_stride + b * kQ6KBytes;
-      const uint2 ql = __ldg(reinterpret_cast<const uint2*>(block + 64 * h + 32 * (k & 1) + l));
-      const uint2 qh = __ldg(reinterpret_cast<const uint2*>(block + 128 + 32 * h + l));
-      const int8_t sc = static_cast<int8_t>(__ldg(block + 192 + 8 * h + 2 * k + l / 16));
-      const float scale = __fmul_rn(f16_bits_to_f32(d[o * blocks + b]), static_cast<float>(sc));
-      float vals[8];
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const int sh = 8 * (j % 4);
-        const uint32_t lb = ((j < 4 ? ql.x : ql.y) >> sh) & 0xffu, hb = ((j < 4 ? qh.x : qh.y) >> sh) & 0xffu;
-        const int q = static_cast<int>((k < 2 ? lb & 15u : lb >> 4) | (((hb >> (2 * k)) & 3u) << 4));
-        vals[j] = __fmul_rn(scale, static_cast<float>(q - 32));
-      }
-      store_bf16x8(dst + o * dst_stride + col, vals);
-    }
-  }
-}
-
 // Rows per warp of a tile family at n tokens (the launch's token bucket).
 template <template <int> class Tile>
 int tile_rows(int64_t n) {
@@ -1272,8 +1020,8 @@ GemvShape plan_k_quant(const LinearArgs& a, int sm_count) {
   return s;
 }
 
-// The packed rows' base and stride are aligned as the format's layout needs (see
-// gguf_row_alignment) and the d tensor is there exactly when the format keeps it apart.
+}  // namespace
+
 bool gguf_rows_fit(const LinearArgs& a) {
   const int64_t align = gguf_row_alignment(a.gguf);
   return a.gguf != GgufFormat::kNone && a.in % gguf_block(a.gguf) == 0 &&
@@ -1281,8 +1029,6 @@ bool gguf_rows_fit(const LinearArgs& a) {
          reinterpret_cast<uintptr_t>(a.w) % static_cast<uintptr_t>(align) == 0 &&
          gguf_separate_scales(a.gguf) == (a.w_scales_f16 != nullptr);
 }
-
-}  // namespace
 
 int64_t gguf_block(GgufFormat format) {
   return format == GgufFormat::kNone ? 0 : is_k_quant(format) ? kBlockK : 32;
@@ -1353,52 +1099,6 @@ cudaError_t launch_gemv_gguf(const LinearArgs& a, const GemvShape& shape, float*
                         : launch_gguf_tokens<false>(a.gguf, p, warps, stream);
   if (e != cudaSuccess || shape.splits == 1) return e;
   return launch_gemv_reduce(partial, shape.splits, a.n, a.out, a.bias, a.bias_dtype, nullptr, a.y, a.y_stride, stream);
-}
-
-cudaError_t launch_dequantize_gguf(const LinearArgs& a, uint16_t* dst, int64_t dst_stride, Stream stream) {
-  if (a.out == 0 || a.in == 0) return cudaSuccess;
-  if (!gguf_rows_fit(a) || dst_stride % 8 != 0 || (reinterpret_cast<uintptr_t>(dst) & 15u) != 0) {
-    return cudaErrorInvalidValue;
-  }
-  const int threads = 128;
-  const int64_t units = a.gguf == GgufFormat::kQ8_0 ? a.in / 16 : a.in / 8;  // per row: 16 or 8 columns a thread
-  const dim3 grid(static_cast<unsigned>(std::min<int64_t>((units + threads - 1) / threads, 1024)),
-                  static_cast<unsigned>(std::min<int64_t>(a.out, 65535)));
-  const auto* w = static_cast<const uint8_t*>(a.w);
-  switch (a.gguf) {
-    case GgufFormat::kQ8_0:
-      expand_q8_0_kernel<<<grid, threads, 0, stream>>>(w, a.w_stride, a.w_scales_f16, a.out, a.in, dst, dst_stride);
-      break;
-    case GgufFormat::kQ4_K:
-      expand_q4_k_q5_k_kernel<GgufFormat::kQ4_K><<<grid, threads, 0, stream>>>(w, a.w_stride, a.out, a.in, dst,
-                                                                               dst_stride);
-      break;
-    case GgufFormat::kQ5_K:
-      expand_q4_k_q5_k_kernel<GgufFormat::kQ5_K><<<grid, threads, 0, stream>>>(w, a.w_stride, a.out, a.in, dst,
-                                                                               dst_stride);
-      break;
-    case GgufFormat::kQ6_K:
-      expand_q6_k_kernel<<<grid, threads, 0, stream>>>(w, a.w_stride, a.w_scales_f16, a.out, a.in, dst, dst_stride);
-      break;
-    case GgufFormat::kQ4_1:
-      expand_block32_kernel<GgufFormat::kQ4_1><<<grid, threads, 0, stream>>>(w, a.w_stride, a.out, a.in, dst,
-                                                                            dst_stride);
-      break;
-    case GgufFormat::kQ5_0:
-      expand_block32_kernel<GgufFormat::kQ5_0><<<grid, threads, 0, stream>>>(w, a.w_stride, a.out, a.in, dst,
-                                                                            dst_stride);
-      break;
-    case GgufFormat::kQ5_1:
-      expand_block32_kernel<GgufFormat::kQ5_1><<<grid, threads, 0, stream>>>(w, a.w_stride, a.out, a.in, dst,
-                                                                            dst_stride);
-      break;
-    case GgufFormat::kIq4Nl:
-      expand_block32_kernel<GgufFormat::kIq4Nl><<<grid, threads, 0, stream>>>(w, a.w_stride, a.out, a.in, dst,
-                                                                              dst_stride);
-      break;
-    default: return cudaErrorInvalidValue;
-  }
-  return cudaGetLastError();
 }
 
 }  // namespace tachyon::ops::cuda::detail
