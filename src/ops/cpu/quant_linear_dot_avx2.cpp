@@ -259,22 +259,25 @@ __attribute__((noinline)) void block32_tile(const QuantLinearArgs& a, int64_t o,
   }
 }
 
-template <int T>
-void q4_k_tile(const QuantLinearArgs& a, int64_t o, int64_t tok0) {
+// Q4_K, and Q5_K (kFifth): the same scales, mins and sums, Q5_K's codes 5 bits (core/ggml_blocks.h).
+template <int T, bool kFifth>
+__attribute__((always_inline)) inline void q4_k_q5_k_tile(const QuantLinearArgs& a, int64_t o, int64_t tok0) {
+  constexpr int64_t kBytes = kFifth ? kQ5_KBytes : kQ4_KBytes;
+  constexpr int kPrefetch = kFifth ? kPrefetchBytesQ5_K : kPrefetchBytesQ4_K;
   const QuantWeight& q = *a.w;
   const int64_t blocks = q.in_features / kGgmlBlockK;
-  const uint8_t* row = q.packed.data<uint8_t>() + o * blocks * kQ4_KBytes;
+  const uint8_t* row = q.packed.data<uint8_t>() + o * blocks * kBytes;
   const TokenBlocks<T> x(a, tok0);
-  const __m256i low_nibbles = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+  const __m256i low_nibbles = _mm256_set1_epi8(0x0f), bit4 = _mm256_set1_epi8(0x10), ones = _mm256_set1_epi16(1);
   // Per token: even and odd sub-blocks' chains, and the mins' share, 8 sub-blocks a vector
   // (subtracted at the end).
   __m256 acc[T][2], correction[T];
   for (int t = 0; t < T; ++t) acc[t][0] = acc[t][1] = correction[t] = _mm256_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* block = row + b * kQ4_KBytes;
-    _mm_prefetch(reinterpret_cast<const char*>(block) + kPrefetchBytesQ4_K, _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(block) + kPrefetchBytesQ4_K + 64, _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(block) + kPrefetchBytesQ4_K + 128, _MM_HINT_T0);
+    const uint8_t* block = row + b * kBytes;
+    _mm_prefetch(reinterpret_cast<const char*>(block) + kPrefetch, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(block) + kPrefetch + 64, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(block) + kPrefetch + 128, _MM_HINT_T0);  // 176 <= 192
     uint16_t d_bits, dmin_bits;
     std::memcpy(&d_bits, block, 2);
     std::memcpy(&dmin_bits, block + 2, 2);
@@ -299,11 +302,20 @@ void q4_k_tile(const QuantLinearArgs& a, int64_t o, int64_t tok0) {
       sdx[t] = _mm256_mul_ps(scale_v, _mm256_loadu_ps(x.d[t] + 8 * b));
       correction[t] = _mm256_fmadd_ps(min_v, _mm256_loadu_ps(x.dsum[t] + 8 * b), correction[t]);
     }
-    const uint8_t* qs = block + 16;
+    const uint8_t* qs = block + (kFifth ? kQ5_KQs : 16);
+    // Q5_K's fifth bits: bit s of qh[l] is that of weight l of sub-block s. Shifted right by 2c for
+    // chunk c, bits 0 and 1 of each byte are its two sub-blocks' (a 16-bit shift moves the next
+    // byte's bits in only at bit 8 - 2c >= 2 and up).
+    __m256i fifth = kFifth ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + kQ5_KQh)) : ones;
     for (int c = 0; c < 4; ++c) {  // sub-blocks 2c (low nibbles) and 2c + 1 (high nibbles)
       const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * c));
-      const __m256i lo = _mm256_and_si256(v, low_nibbles);
-      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low_nibbles);
+      __m256i lo = _mm256_and_si256(v, low_nibbles);
+      __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low_nibbles);
+      if constexpr (kFifth) {
+        lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(fifth, 4), bit4));
+        hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16(fifth, 3), bit4));
+        fifth = _mm256_srli_epi16(fifth, 2);
+      }
       const int64_t xb = 8 * b + 2 * c;  // the activations' block of sub-block 2c
       const __m256i lane0 = _mm256_set1_epi32(2 * c), lane1 = _mm256_set1_epi32(2 * c + 1);
 #pragma GCC unroll 4
@@ -322,70 +334,14 @@ void q4_k_tile(const QuantLinearArgs& a, int64_t o, int64_t tok0) {
   }
 }
 
-// Q5_K: Q4_K with 5-bit codes (core/ggml_blocks.h), the same scales, mins and sums.
+template <int T>
+void q4_k_tile(const QuantLinearArgs& a, int64_t o, int64_t tok0) {
+  q4_k_q5_k_tile<T, false>(a, o, tok0);
+}
+
 template <int T>
 __attribute__((noinline)) void q5_k_tile(const QuantLinearArgs& a, int64_t o, int64_t tok0) {
-  const QuantWeight& q = *a.w;
-  const int64_t blocks = q.in_features / kGgmlBlockK;
-  const uint8_t* row = q.packed.data<uint8_t>() + o * blocks * kQ5_KBytes;
-  const TokenBlocks<T> x(a, tok0);
-  const __m256i low_nibbles = _mm256_set1_epi8(0x0f), bit4 = _mm256_set1_epi8(0x10), ones = _mm256_set1_epi16(1);
-  // Per token: even and odd sub-blocks' chains, and the mins' share, 8 sub-blocks a vector
-  // (subtracted at the end).
-  __m256 acc[T][2], correction[T];
-  for (int t = 0; t < T; ++t) acc[t][0] = acc[t][1] = correction[t] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* block = row + b * kQ5_KBytes;
-    _mm_prefetch(reinterpret_cast<const char*>(block) + kPrefetchBytesQ5_K, _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(block) + kPrefetchBytesQ5_K + 64, _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(block) + kPrefetchBytesQ5_K + 128, _MM_HINT_T0);  // 176 <= 192
-    uint16_t d_bits, dmin_bits;
-    std::memcpy(&d_bits, block, 2);
-    std::memcpy(&dmin_bits, block + 2, 2);
-    // The scales and mins as Q4_K's (q4_k_tile).
-    uint32_t w[3];
-    std::memcpy(w, block + 4, 12);
-    constexpr uint32_t kLow6 = 0x3f3f3f3f, kLow4 = 0x0f0f0f0f, kLow2 = 0x03030303;
-    const uint32_t sc_m[4] = {w[0] & kLow6, (w[2] & kLow4) | (((w[0] >> 6) & kLow2) << 4), w[1] & kLow6,
-                              ((w[2] >> 4) & kLow4) | (((w[1] >> 6) & kLow2) << 4)};
-    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(sc_m));  // 8 scales, then 8 mins
-    const __m256 scale_v =
-        _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(d_bits)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes)));
-    const __m256 min_v = _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(dmin_bits)),
-                                       _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(bytes, 8))));
-    __m256 sdx[T];
-    for (int t = 0; t < T; ++t) {
-      sdx[t] = _mm256_mul_ps(scale_v, _mm256_loadu_ps(x.d[t] + 8 * b));
-      correction[t] = _mm256_fmadd_ps(min_v, _mm256_loadu_ps(x.dsum[t] + 8 * b), correction[t]);
-    }
-    const uint8_t* qs = block + kQ5_KQs;
-    // The fifth bits: bit s of qh[l] is that of weight l of sub-block s. Shifted right by 2c for
-    // chunk c, bits 0 and 1 of each byte are its two sub-blocks' (a 16-bit shift moves the next
-    // byte's bits in only at bit 8 - 2c >= 2 and up).
-    __m256i fifth = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + kQ5_KQh));
-    for (int c = 0; c < 4; ++c) {  // sub-blocks 2c (low nibbles) and 2c + 1 (high nibbles)
-      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * c));
-      const __m256i lo =
-          _mm256_or_si256(_mm256_and_si256(v, low_nibbles), _mm256_and_si256(_mm256_slli_epi16(fifth, 4), bit4));
-      const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), low_nibbles),
-                                         _mm256_and_si256(_mm256_slli_epi16(fifth, 3), bit4));
-      fifth = _mm256_srli_epi16(fifth, 2);
-      const int64_t xb = 8 * b + 2 * c;  // the activations' block of sub-block 2c
-      const __m256i lane0 = _mm256_set1_epi32(2 * c), lane1 = _mm256_set1_epi32(2 * c + 1);
-#pragma GCC unroll 4
-      for (int t = 0; t < T; ++t) {
-        const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.codes[t] + xb * kBlock));
-        const __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.codes[t] + (xb + 1) * kBlock));
-        const __m256i s0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, x0), ones);
-        const __m256i s1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, x1), ones);
-        acc[t][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_permutevar8x32_ps(sdx[t], lane0), acc[t][0]);
-        acc[t][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), _mm256_permutevar8x32_ps(sdx[t], lane1), acc[t][1]);
-      }
-    }
-  }
-  for (int t = 0; t < T; ++t) {
-    store(a, o, tok0 + t, reduce_add(_mm256_add_ps(acc[t][0], acc[t][1])) - reduce_add(correction[t]));
-  }
+  q4_k_q5_k_tile<T, true>(a, o, tok0);
 }
 
 template <int T>
