@@ -20,6 +20,13 @@ const char* error_code_name(ErrorCode code) {
   return "unknown error";
 }
 
+std::string excerpt(std::string_view text, size_t max_bytes) {
+  if (text.size() <= max_bytes) return std::string(text);
+  size_t cut = max_bytes;
+  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;  // not mid-character
+  return fmt::format("{}... ({} bytes)", text.substr(0, cut), text.size());
+}
+
 std::string Status::to_string() const {
   if (ok()) return "ok";
   return fmt::format("{}: {}", error_code_name(code_), message_);

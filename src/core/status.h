@@ -6,6 +6,7 @@
 
 #include <cassert>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <variant>
 
@@ -26,6 +27,12 @@ enum class ErrorCode {
 };
 
 const char* error_code_name(ErrorCode code);
+
+// The most bytes of a user's input that one error message quotes.
+inline constexpr size_t kMaxEchoBytes = 200;
+// `text` as an error message quotes it: whole if short, else its first kMaxEchoBytes bytes (cut
+// at a UTF-8 character boundary) and "... (N bytes)". A message must never carry a whole file.
+std::string excerpt(std::string_view text, size_t max_bytes = kMaxEchoBytes);
 
 class [[nodiscard]] Status {
  public:

@@ -5,6 +5,8 @@
 
 #include <fmt/format.h>
 
+#include "io/json_file.h"
+
 namespace tachyon {
 
 namespace {
@@ -30,9 +32,9 @@ Result<int> int_key(const json& q, std::initializer_list<const char*> keys, cons
   if (v == nullptr) {
     return make_error(ErrorCode::kCorruptFile, "{}: quantization_config.{} is missing", where, *keys.begin());
   }
-  if (!v->is_number_integer()) {
-    return make_error(ErrorCode::kCorruptFile, "{}: quantization_config.{} is {}, expected an integer", where,
-                      *keys.begin(), v->dump());
+  if (!v->is_number_integer() || v->get<int64_t>() < INT32_MIN || v->get<int64_t>() > INT32_MAX) {
+    return make_error(ErrorCode::kCorruptFile, "{}: quantization_config.{} is {}, expected an integer of 32 bits", where,
+                      *keys.begin(), json_excerpt(*v));
   }
   return v->get<int>();
 }
@@ -42,7 +44,7 @@ Result<bool> bool_key(const json& q, const char* key, bool absent, const std::st
   if (v == nullptr) return absent;
   if (!v->is_boolean()) {
     return make_error(ErrorCode::kCorruptFile, "{}: quantization_config.{} is {}, expected true or false", where, key,
-                      v->dump());
+                      json_excerpt(*v));
   }
   return v->get<bool>();
 }
@@ -53,7 +55,7 @@ Result<std::string> string_key(const json& q, std::initializer_list<const char*>
   if (v == nullptr) return absent;
   if (!v->is_string()) {
     return make_error(ErrorCode::kCorruptFile, "{}: quantization_config.{} is {}, expected a string", where,
-                      *keys.begin(), v->dump());
+                      *keys.begin(), json_excerpt(*v));
   }
   return v->get<std::string>();
 }
@@ -69,7 +71,7 @@ Result<std::vector<std::string>> string_list(const json& q, const char* key, con
   for (const json& e : *v) {
     if (!e.is_string()) {
       return make_error(ErrorCode::kCorruptFile, "{}: quantization_config.{} holds {}, expected names", where, key,
-                        e.dump());
+                        json_excerpt(e));
     }
     out.push_back(e.get<std::string>());
   }
@@ -180,7 +182,7 @@ Result<CheckpointQuantization> read_compressed_fp8(const json& q, const std::str
         !(is(*weights, "strategy", "channel") || is(*weights, "strategy", "tensor"))) {
       return make_error(ErrorCode::kUnsupported, "{}: quantization_config.config_groups.{}.weights {}: supported is "
                         "fp8 (num_bits 8, type float) per channel or per tensor", where, name,
-                        weights != nullptr ? weights->dump() : "missing");
+                        weights != nullptr ? excerpt(weights->dump()) : "missing");
     }
   }
   TACHYON_ASSIGN_OR_RETURN(c.dense_modules, string_list(q, "ignore", where));
@@ -225,8 +227,8 @@ Result<CheckpointQuantization> read_compressed_tensors(const json& q, const std:
                              is(*activations, "dynamic", true) && is(*activations, "symmetric", true);
     if (!int8_channel || (activations != nullptr && !int8_tokens)) {
       return make_error(ErrorCode::kUnsupported, "{}: weights {}{}; supported is symmetric int8 per channel with "
-                        "16-bit activations or dynamic symmetric int8 activations per token", at, weights->dump(),
-                        activations != nullptr ? " with input activations " + activations->dump() : "");
+                        "16-bit activations or dynamic symmetric int8 activations per token", at, excerpt(weights->dump()),
+                        activations != nullptr ? " with input activations " + excerpt(activations->dump()) : "");
     }
     const CheckpointQuantMethod method = int8_tokens ? CheckpointQuantMethod::kW8A8 : CheckpointQuantMethod::kInt8Channel;
     if (!first && method != c.method) {

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "io/gguf.h"
+#include "io/json_file.h"
 
 namespace tachyon {
 
@@ -72,13 +73,29 @@ Status read_number(const json& j, const char* key, T& out, const std::string& pa
     if (required) return make_error(ErrorCode::kCorruptFile, "{}: missing field '{}'", path, key);
     return Status::Ok();
   }
-  if (!it->is_number()) return make_error(ErrorCode::kCorruptFile, "{}: field '{}' must be a number, got {}", path, key, it->dump());
+  if (!it->is_number()) {
+    return make_error(ErrorCode::kCorruptFile, "{}: field '{}' must be a number, got {}", path, key, json_excerpt(*it));
+  }
   const double v = it->get<double>();
   if constexpr (std::is_integral_v<T>) {
     if (v != std::floor(v) || v < -2147483648.0 || v > 2147483647.0)
-      return make_error(ErrorCode::kCorruptFile, "{}: field '{}' = {} is not a 32-bit integer", path, key, it->dump());
+      return make_error(ErrorCode::kCorruptFile, "{}: field '{}' = {} is not a 32-bit integer", path, key, json_excerpt(*it));
   }
   out = static_cast<T>(v);
+  return Status::Ok();
+}
+
+// A token id must be a non-negative 32-bit integer; a larger one is refused, never wrapped
+// (2^40 must not become token 0). Whether it is inside the vocabulary is validate()'s question.
+Status read_token_id(const json& v, const char* key, std::vector<int32_t>& out, const std::string& path) {
+  if (!v.is_number_integer()) {
+    return make_error(ErrorCode::kCorruptFile, "{}: '{}' holds {}, expected a token id", path, key, json_excerpt(v));
+  }
+  const bool in_range = v.is_number_unsigned() ? v.get<uint64_t>() <= INT32_MAX : v.get<int64_t>() >= 0 && v.get<int64_t>() <= INT32_MAX;
+  if (!in_range) {
+    return make_error(ErrorCode::kCorruptFile, "{}: '{}' = {} is not a token id (0 to {})", path, key, v.dump(), INT32_MAX);
+  }
+  out.push_back(static_cast<int32_t>(v.get<int64_t>()));
   return Status::Ok();
 }
 
@@ -86,15 +103,13 @@ Status read_token_ids(const json& j, const char* key, std::vector<int32_t>& out,
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return Status::Ok();
   out.clear();
-  if (it->is_number_integer()) {
-    out.push_back(it->get<int32_t>());
+  if (it->is_number()) {
+    TACHYON_RETURN_IF_ERROR(read_token_id(*it, key, out, path));
   } else if (it->is_array()) {
-    for (const auto& v : *it) {
-      if (!v.is_number_integer()) return make_error(ErrorCode::kCorruptFile, "{}: '{}' holds a non-integer {}", path, key, v.dump());
-      out.push_back(v.get<int32_t>());
-    }
+    for (const auto& v : *it) TACHYON_RETURN_IF_ERROR(read_token_id(v, key, out, path));
   } else {
-    return make_error(ErrorCode::kCorruptFile, "{}: '{}' must be an integer or a list, got {}", path, key, it->dump());
+    return make_error(ErrorCode::kCorruptFile, "{}: '{}' must be an integer or a list, got {}", path, key,
+                      json_excerpt(*it));
   }
   return Status::Ok();
 }
@@ -262,10 +277,14 @@ Result<ModelConfig> model_config_from_gguf(const GgufFile& gguf) {
   c.vocab_size = static_cast<int>(embd->shape[0]);
   if (gguf.has("tokenizer.ggml.bos_token_id")) {
     TACHYON_ASSIGN_OR_RETURN(int64_t bos, gguf.get_int("tokenizer.ggml.bos_token_id"));
+    if (bos < 0 || bos > INT32_MAX)
+      return make_error(ErrorCode::kCorruptFile, "{}: tokenizer.ggml.bos_token_id = {} is not a token id", path, bos);
     c.bos_token_id = static_cast<int32_t>(bos);
   }
   if (gguf.has("tokenizer.ggml.eos_token_id")) {
     TACHYON_ASSIGN_OR_RETURN(int64_t eos, gguf.get_int("tokenizer.ggml.eos_token_id"));
+    if (eos < 0 || eos > INT32_MAX)
+      return make_error(ErrorCode::kCorruptFile, "{}: tokenizer.ggml.eos_token_id = {} is not a token id", path, eos);
     c.eos_token_ids = {static_cast<int32_t>(eos)};
   }
   TACHYON_RETURN_IF_ERROR(c.validate(path));

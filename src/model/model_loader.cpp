@@ -206,17 +206,48 @@ void merge_ids(std::vector<int32_t>& into, const std::vector<int32_t>& ids) {
   }
 }
 
-std::vector<int32_t> json_ids(const nlohmann::json& j, const char* key) {
+// Token ids from generation_config.json: an integer or a list of them. A value that is not a
+// non-negative 32-bit integer is an error, never wrapped.
+Result<std::vector<int32_t>> json_ids(const nlohmann::json& j, const char* key, const std::string& path) {
   std::vector<int32_t> out;
   auto it = j.find(key);
-  if (it == j.end()) return out;
-  if (it->is_number_integer()) out.push_back(it->get<int32_t>());
-  if (it->is_array()) {
-    for (const auto& v : *it) {
-      if (v.is_number_integer()) out.push_back(v.get<int32_t>());
+  if (it == j.end() || it->is_null()) return out;
+  auto add = [&](const nlohmann::json& v) -> Status {
+    const bool id = v.is_number_unsigned() ? v.get<uint64_t>() <= INT32_MAX
+                                           : v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<int64_t>() <= INT32_MAX;
+    if (!id) {
+      return make_error(ErrorCode::kCorruptFile, "{}: '{}' holds {}, expected a token id (0 to {})", path, key,
+                        json_excerpt(v), INT32_MAX);
     }
+    out.push_back(static_cast<int32_t>(v.get<int64_t>()));
+    return Status::Ok();
+  };
+  if (it->is_array()) {
+    for (const auto& v : *it) TACHYON_RETURN_IF_ERROR(add(v));
+  } else {
+    TACHYON_RETURN_IF_ERROR(add(*it));
   }
   return out;
+}
+
+// Ids the config, generation config or tokenizer name that lie outside the vocabulary can
+// never be sampled (EOS) or embedded (BOS): each is dropped with a warning naming it.
+void drop_ids_outside_vocabulary(LoadedModel& out) {
+  const int vocab = out.model->config().vocab_size;
+  std::vector<int32_t> kept;
+  for (int32_t id : out.eos_token_ids) {
+    if (id >= 0 && id < vocab) {
+      kept.push_back(id);
+    } else {
+      TACHYON_LOG_WARN("{}: eos token id {} is outside the vocabulary [0, {}); ignored", out.path, id, vocab);
+    }
+  }
+  out.eos_token_ids = std::move(kept);
+  if (out.bos_token_id >= vocab) {
+    TACHYON_LOG_WARN("{}: bos token id {} is outside the vocabulary [0, {}); ignored", out.path, out.bos_token_id,
+                     vocab);
+    out.bos_token_id = -1;
+  }
 }
 
 Status load_hf(const std::string& path, LoadedModel& out) {
@@ -246,8 +277,9 @@ Status load_hf(const std::string& path, LoadedModel& out) {
   out.bos_token_id = config.bos_token_id;
   merge_ids(out.eos_token_ids, config.eos_token_ids);
   if (dir.generation_config()) {
-    merge_ids(out.eos_token_ids, json_ids(*dir.generation_config(), "eos_token_id"));
-    auto bos = json_ids(*dir.generation_config(), "bos_token_id");
+    TACHYON_ASSIGN_OR_RETURN(auto eos, json_ids(*dir.generation_config(), "eos_token_id", dir.generation_config_path()));
+    merge_ids(out.eos_token_ids, eos);
+    TACHYON_ASSIGN_OR_RETURN(auto bos, json_ids(*dir.generation_config(), "bos_token_id", dir.generation_config_path()));
     if (!bos.empty()) out.bos_token_id = bos[0];
   }
   out.format = "hf";
@@ -452,6 +484,7 @@ Result<LoadedModel> load_model(const LoadOptions& options) {
     if (out.bos_token_id < 0) out.bos_token_id = out.tokenizer->bos_id();
     merge_ids(out.eos_token_ids, out.tokenizer->eos_ids());
   }
+  drop_ids_outside_vocabulary(out);
   out.load_seconds = timer.seconds();
   TACHYON_LOG_INFO("loaded {} ({}) in {:.2f} s: {}; weights {} on {}", out.path, out.format, out.load_seconds,
                    out.model->config().summary(), out.weight_dtypes, options.device.to_string());

@@ -12,6 +12,7 @@
 // Added tokens are matched on the raw text (their `normalized` flag is not applied) and
 // `single_word` is not honoured (a warning names such tokens).
 #include <cstdlib>
+#include <unordered_set>
 
 #include <nlohmann/json.hpp>
 
@@ -76,6 +77,30 @@ Result<std::shared_ptr<const Regex>> pattern_member(const json& object, const st
     return Regex::compile(r->get<std::string>(), where + ".pattern");
   }
   return make_error(ErrorCode::kCorruptFile, "{}.pattern: expected {{\"String\": ...}} or {{\"Regex\": ...}}", where);
+}
+
+// How deep Sequence normalizers / pre-tokenizers / post-processors / decoders may nest. Real
+// files nest one or two; the parsers below recurse once per level, so a hostile file must be
+// refused before they run.
+constexpr int kMaxSequenceDepth = 16;
+
+// kCorruptFile if `node`'s Sequences (children under `list_key`) nest deeper than
+// kMaxSequenceDepth. Walks with an explicit stack, so it cannot overflow itself.
+Status check_sequence_depth(const json* node, const char* list_key, const std::string& where) {
+  std::vector<std::pair<const json*, int>> stack;
+  if (node != nullptr) stack.emplace_back(node, 1);
+  while (!stack.empty()) {
+    const auto [at, depth] = stack.back();
+    stack.pop_back();
+    const json* list = member(*at, list_key);
+    if (list == nullptr || !list->is_array()) continue;
+    if (depth >= kMaxSequenceDepth) {
+      return make_error(ErrorCode::kCorruptFile, "{}: Sequence nested deeper than {} levels (the limit)", where,
+                        kMaxSequenceDepth);
+    }
+    for (const json& child : *list) stack.emplace_back(&child, depth + 1);
+  }
+  return Status::Ok();
 }
 
 bool contains_type(const json* node, const char* list_key, std::string_view type) {
@@ -267,7 +292,11 @@ Status parse_post_processor(const json& node, const std::string& where, PostProc
       if (pair == nullptr || !pair->is_array() || pair->size() != 2 || !(*pair)[1].is_number_integer()) {
         return make_error(ErrorCode::kCorruptFile, "{}.{}: expected [token, id]", where, key);
       }
-      *slot = static_cast<int32_t>((*pair)[1].get<int64_t>());
+      const auto id = (*pair)[1].get<int64_t>();
+      if (id < 0 || id > INT32_MAX) {
+        return make_error(ErrorCode::kCorruptFile, "{}.{}: id {} out of range", where, key, id);
+      }
+      *slot = static_cast<int32_t>(id);
     }
   } else if (type != "ByteLevel") {
     TACHYON_LOG_WARN("{}: post-processor '{}' is ignored (no BOS/EOS taken from it)", where, type);
@@ -359,11 +388,16 @@ Status read_vocab(const json& vocab, const std::string& where, bool byte_level, 
     return make_error(ErrorCode::kCorruptFile, "{}: expected an object {{piece: id}}, got {}", where, vocab.type_name());
   }
   BpeModel& model = parts.model;
+  const size_t id_bound = max_token_id_bound(vocab.size());
   for (const auto& [piece, value] : vocab.items()) {
-    TACHYON_ASSIGN_OR_RETURN(int32_t id, checked_id(value, fmt::format("{}[\"{}\"]", where, piece)));
+    TACHYON_ASSIGN_OR_RETURN(int32_t id, checked_id(value, fmt::format("{}[\"{}\"]", where, excerpt(piece))));
+    if (static_cast<size_t>(id) >= id_bound) {
+      return make_error(ErrorCode::kCorruptFile, "{}[\"{}\"]: id {} is far beyond the {} pieces defined (ids must stay below {})",
+                        where, excerpt(piece), id, vocab.size(), id_bound);
+    }
     if (static_cast<size_t>(id) < model.pieces.size() && !model.pieces[static_cast<size_t>(id)].empty()) {
       return make_error(ErrorCode::kCorruptFile, "{}: id {} is used by '{}' and '{}'", where, id,
-                        model.pieces[static_cast<size_t>(id)], piece);
+                        excerpt(model.pieces[static_cast<size_t>(id)]), excerpt(piece));
     }
     std::string text = piece;
     if (byte_level) {
@@ -391,7 +425,7 @@ Status read_merges(const json& merges, const std::string& where, bool byte_level
       const size_t space = text.find(' ');
       if (space == std::string::npos || text.find(' ', space + 1) != std::string::npos) {
         return make_error(ErrorCode::kCorruptFile, "{}[{}]: '{}' is not two pieces separated by one space", where, i,
-                          text);
+                          excerpt(text));
       }
       left = text.substr(0, space);
       right = text.substr(space + 1);
@@ -437,12 +471,12 @@ Status load_hf_config(const std::string& config_path, const std::string& json_pa
     }
     // Added tokens declared only in the config.
     if (const json* decoder = member(config, "added_tokens_decoder"); decoder != nullptr && decoder->is_object()) {
+      std::unordered_set<int32_t> known;  // a set, not a scan: files list 200k tokens
+      for (const AddedToken& t : parts.added_tokens) known.insert(t.id);
       for (const auto& [key, value] : decoder->items()) {
-        const std::string where = fmt::format("{}: added_tokens_decoder[\"{}\"]", config_path, key);
+        const std::string where = fmt::format("{}: added_tokens_decoder[\"{}\"]", config_path, excerpt(key));
         TACHYON_ASSIGN_OR_RETURN(int32_t id, id_from_key(key, where));
-        bool known = false;
-        for (const AddedToken& t : parts.added_tokens) known = known || t.id == id;
-        if (known) continue;
+        if (!known.insert(id).second) continue;
         TACHYON_ASSIGN_OR_RETURN(std::string content, string_member(value, "content", where));
         TACHYON_ASSIGN_OR_RETURN(bool special, bool_member_or(value, "special", true, where));
         TACHYON_ASSIGN_OR_RETURN(bool lstrip, bool_member_or(value, "lstrip", false, where));
@@ -523,6 +557,12 @@ Result<std::unique_ptr<Tokenizer>> load_hf_json(const std::string& json_path, co
 
   const json* pre_node = member(root, "pre_tokenizer");
   const json* decoder_node = member(root, "decoder");
+  const json* normalizer_node = member(root, "normalizer");
+  const json* post_node = member(root, "post_processor");
+  TACHYON_RETURN_IF_ERROR(check_sequence_depth(normalizer_node, "normalizers", json_path + ": normalizer"));
+  TACHYON_RETURN_IF_ERROR(check_sequence_depth(pre_node, "pretokenizers", json_path + ": pre_tokenizer"));
+  TACHYON_RETURN_IF_ERROR(check_sequence_depth(post_node, "processors", json_path + ": post_processor"));
+  TACHYON_RETURN_IF_ERROR(check_sequence_depth(decoder_node, "decoders", json_path + ": decoder"));
   const bool byte_level =
       contains_type(pre_node, "pretokenizers", "ByteLevel") || contains_type(decoder_node, "decoders", "ByteLevel");
 
@@ -560,7 +600,7 @@ Result<std::unique_ptr<Tokenizer>> load_hf_json(const std::string& json_path, co
       TACHYON_ASSIGN_OR_RETURN(bool rstrip, bool_member_or(t, "rstrip", false, where));
       TACHYON_ASSIGN_OR_RETURN(bool single_word, bool_member_or(t, "single_word", false, where));
       if (single_word) {
-        TACHYON_LOG_WARN("{}: single_word is not honoured; '{}' is matched inside words too", where, content);
+        TACHYON_LOG_WARN("{}: single_word is not honoured; '{}' is matched inside words too", where, excerpt(content));
       }
       parts.added_tokens.push_back(AddedToken{std::move(content), id, special, lstrip, rstrip});
     }
@@ -592,15 +632,15 @@ Result<std::unique_ptr<Tokenizer>> load_hf_json(const std::string& json_path, co
   parts.strip_leading_space = !byte_level && decoder.strip_leading_space;
   parts.kind = byte_level ? TokenizerKind::kByteLevelBpe : TokenizerKind::kSentencePieceBpe;
 
-  if (const json* n = member(root, "normalizer"); n != nullptr) {
-    TACHYON_RETURN_IF_ERROR(parse_normalizer(*n, json_path + ": normalizer", parts.normalizer));
+  if (normalizer_node != nullptr) {
+    TACHYON_RETURN_IF_ERROR(parse_normalizer(*normalizer_node, json_path + ": normalizer", parts.normalizer));
   }
   if (pre_node != nullptr) {
     TACHYON_RETURN_IF_ERROR(parse_pre_tokenizer(*pre_node, json_path + ": pre_tokenizer", true, parts.pre_tokenizer));
   }
   PostProcessing post;
-  if (const json* p = member(root, "post_processor"); p != nullptr) {
-    TACHYON_RETURN_IF_ERROR(parse_post_processor(*p, json_path + ": post_processor", post));
+  if (post_node != nullptr) {
+    TACHYON_RETURN_IF_ERROR(parse_post_processor(*post_node, json_path + ": post_processor", post));
   }
   TACHYON_RETURN_IF_ERROR(load_hf_config(config_path, json_path, post, parts));
   return Tokenizer::assemble(std::move(parts));

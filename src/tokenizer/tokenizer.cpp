@@ -41,6 +41,14 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::assemble(TokenizerParts parts) {
     vocab_size = std::max(vocab_size, static_cast<size_t>(token.id) + 1);
   }
   if (vocab_size == 0) return make_error(ErrorCode::kCorruptFile, "{}: the vocabulary is empty", parts.source);
+  const size_t pieces = static_cast<size_t>(std::count_if(parts.model.pieces.begin(), parts.model.pieces.end(),
+                                                          [](const std::string& p) { return !p.empty(); }));
+  const size_t defined = parts.added_tokens.size() + std::max(pieces, parts.token_bytes.size());
+  if (vocab_size > max_token_id_bound(defined)) {
+    return make_error(ErrorCode::kCorruptFile,
+                      "{}: token id {} is far beyond the {} tokens defined (ids must stay below {})", parts.source,
+                      vocab_size - 1, defined, max_token_id_bound(defined));
+  }
   if (vocab_size > static_cast<size_t>(INT32_MAX)) {
     return make_error(ErrorCode::kCorruptFile, "{}: vocabulary of {} entries is too large", parts.source, vocab_size);
   }

@@ -64,6 +64,10 @@ struct TiktokenOptions {
   std::string chat_template;
 };
 
+// The largest vocabulary (highest id + 1) accepted from a file that defines `defined` tokens.
+// Ids may leave gaps, but a few tokens must not make a table of 16 million entries (1.2 GB).
+inline size_t max_token_id_bound(size_t defined) { return 2 * defined + 4096; }
+
 // What a loader fills; Tokenizer::assemble() checks it and builds the lookup structures.
 struct TokenizerParts {
   TokenizerKind kind = TokenizerKind::kByteLevelBpe;

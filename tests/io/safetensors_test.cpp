@@ -245,8 +245,13 @@ TEST_F(SafetensorsCorrupt, HeaderAndTensorFields) {
   expect_header(R"({"__metadata__": []})", ErrorCode::kCorruptFile, {"__metadata__"});
   // Deep nesting is refused without recursing through it.
   const std::string deep = std::string(200000, '[') + std::string(200000, ']');
-  expect_header("{\"w\": " + deep + "}", ErrorCode::kCorruptFile, {"tensor 'w'", "array"});
+  expect_header("{\"w\": " + deep + "}", ErrorCode::kCorruptFile, {"JSON header", "nested deeper than", "the limit"});
   expect_header(R"({"w": {"dtype": "F32", "shape": )" + deep + R"(, "data_offsets": [0, 4]}})",
+                ErrorCode::kCorruptFile, {"JSON header", "nested deeper than", "the limit"});
+  // Nesting within the limit still reaches the field checks.
+  const std::string nested = std::string(100, '[') + std::string(100, ']');
+  expect_header("{\"w\": " + nested + "}", ErrorCode::kCorruptFile, {"tensor 'w'", "array"});
+  expect_header(R"({"w": {"dtype": "F32", "shape": )" + nested + R"(, "data_offsets": [0, 4]}})",
                 ErrorCode::kCorruptFile, {"tensor 'w'", "shape[0]"});
   // More than four dimensions: listed, but not loadable as a Tensor.
   ASSERT_TRUE(open_header(R"({"w": {"dtype": "F32", "shape": [1,1,1,1,2], "data_offsets": [0, 8]}})").ok());
