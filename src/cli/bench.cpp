@@ -759,7 +759,8 @@ void add_bench(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--slo-ttft", a->slo.ttft, "throughput: goodput target on time to first token, seconds (default 0: none)");
   cmd->add_option("--slo-tpot", a->slo.tpot, "throughput: goodput target on mean time per output token, seconds "
                   "(default 0: none)");
-  cmd->add_option("--seed", a->seed, "workload seed (default 0); request i samples with seed + i");
+  cmd->add_option("--seed", a->seed, "workload seed (default 0); request i samples with seed + i")
+      ->check(seed_value());
   cmd->add_option("--temperature", a->temperature, "sampling temperature of every request (default 0: greedy)");
   cmd->add_option("--top-p", a->top_p, "nucleus sampling (default 1: off)");
   cmd->add_option("--top-k", a->top_k, "top-k sampling (default 0: off)");

@@ -24,7 +24,7 @@ struct ChatArgs {
   std::string chat_template;
   int max_tokens = 0;  // per reply; 0 = the rest of the context
   SamplingParams sampling;
-  int64_t seed = -1;
+  std::string seed;  // empty: random
   std::string dtype = "bf16";
 };
 
@@ -33,8 +33,7 @@ int run_chat(ChatArgs& a) {
   if (!dtype) return report(make_error(ErrorCode::kInvalidArgument, "--dtype '{}' is not a dtype", a.dtype));
   auto eo = engine_options(a.engine);
   if (!eo.ok()) return report(eo.status());
-  a.sampling.seed = a.seed >= 0 ? static_cast<uint64_t>(a.seed)
-                                : (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
+  a.sampling.seed = seed_or_random(a.seed);
   auto loaded = load(a.common, *dtype);
   if (!loaded.ok()) return report(loaded.status());
   LoadedModel& m = *loaded;
@@ -148,13 +147,13 @@ void add_chat(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--system", a->system, "system message that opens the conversation");
   cmd->add_option("--chat-template", a->chat_template, "Jinja chat template file (default: the model's, else ChatML)");
   cmd->add_option("-n,--max-tokens", a->max_tokens, "tokens per reply at most (default: the rest of the context)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative_int());
   cmd->add_option("--temp", a->sampling.temperature, "temperature; 0 = greedy (default 0.7)");
   cmd->add_option("--top-k", a->sampling.top_k, "top-k; 0 = off (default 0)");
   cmd->add_option("--top-p", a->sampling.top_p, "top-p (default 0.9)");
   cmd->add_option("--min-p", a->sampling.min_p, "min-p (default 0)");
   cmd->add_option("--repeat-penalty", a->sampling.repetition_penalty, "repetition penalty (default 1.0 = off)");
-  cmd->add_option("--seed", a->seed, "sampling seed (default: random)");
+  cmd->add_option("--seed", a->seed, "sampling seed (default: random)")->check(seed_value());
   cmd->add_option("--dtype", a->dtype, "weight dtype of synthetic models (default bf16)");
   add_engine_options(*cmd, a->engine);
   cmd->callback([a, &run]() { run = [a]() { return run_chat(*a); }; });

@@ -1,7 +1,10 @@
 #include "cli/common.h"
 
 #include <cctype>
+#include <charconv>
+#include <climits>
 #include <cmath>
+#include <random>
 #include <cstdio>
 #include <optional>
 
@@ -24,7 +27,7 @@ void add_common_options(CLI::App& cmd, CommonOptions& options) {
   cmd.add_option("-m,--model", options.model,
                  "HF directory, GGUF file, llama2.c checkpoint (or its directory), or synthetic:PRESET")
       ->required();
-  cmd.add_option("-t,--threads", options.threads, "CPU threads (default: all cores)")->check(CLI::NonNegativeNumber);
+  cmd.add_option("-t,--threads", options.threads, "CPU threads (default: all cores)")->check(non_negative_int());
   cmd.add_option("--device", options.device, "where the model runs: cpu, cuda or cuda:N (default cpu)");
   cmd.add_flag("-v,--verbose", options.verbose, "log what is loaded and which kernels run");
   cmd.add_option("--quant", options.quant,
@@ -133,20 +136,93 @@ Result<LoadedModel> load(const CommonOptions& options, DType synthetic_dtype) {
   return loaded;
 }
 
+namespace {
+
+// An integer in [lo, INT_MAX] written in decimal, else the error CLI11 prints after the option name.
+std::string check_int(const std::string& text, long long lo) {
+  long long v = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc() || end != text.data() + text.size() || v < lo || v > INT_MAX) {
+    return fmt::format("'{}' is not an integer in [{}, {}]", excerpt(text, 40), lo, INT_MAX);
+  }
+  return "";
+}
+
+}  // namespace
+
+const CLI::Validator& non_negative_int() {
+  static const CLI::Validator v([](std::string& s) { return check_int(s, 0); }, "INT>=0");
+  return v;
+}
+
+const CLI::Validator& positive_int() {
+  static const CLI::Validator v([](std::string& s) { return check_int(s, 1); }, "INT>0");
+  return v;
+}
+
+const CLI::Validator& non_negative_real() {
+  static const CLI::Validator v(
+      [](std::string& s) -> std::string {
+        char* end = nullptr;
+        const double x = std::strtod(s.c_str(), &end);
+        if (s.empty() || *end != '\0' || !std::isfinite(x) || x < 0.0) {
+          return fmt::format("'{}' is not a finite number >= 0", excerpt(s, 40));
+        }
+        return "";
+      },
+      "REAL>=0");
+  return v;
+}
+
+const CLI::Validator& fraction() {
+  static const CLI::Validator v(
+      [](std::string& s) -> std::string {
+        char* end = nullptr;
+        const double x = std::strtod(s.c_str(), &end);
+        if (s.empty() || *end != '\0' || !(x > 0.0 && x <= 1.0)) {  // NaN fails the comparison
+          return fmt::format("'{}' is not a fraction in (0, 1]", excerpt(s, 40));
+        }
+        return "";
+      },
+      "(0,1]");
+  return v;
+}
+
+const CLI::Validator& seed_value() {
+  static const CLI::Validator v(
+      [](std::string& s) -> std::string {
+        uint64_t seed = 0;
+        const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), seed);
+        if (ec != std::errc() || end != s.data() + s.size()) {
+          return fmt::format("'{}' is not a seed (an integer in [0, 18446744073709551615])", excerpt(s, 40));
+        }
+        return "";
+      },
+      "UINT64");
+  return v;
+}
+
+uint64_t seed_or_random(const std::string& text) {
+  uint64_t seed = 0;
+  if (!text.empty() && std::from_chars(text.data(), text.data() + text.size(), seed).ec == std::errc()) return seed;
+  return (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
+}
+
 void add_engine_options(CLI::App& cmd, EngineArgs& a) {
   cmd.add_option("--kv-cache-mem", a.kv_cache_mem, "KV cache size, e.g. 2GiB (default: a fraction of free memory)");
   cmd.add_option("--kv-cache-fraction", a.kv_cache_fraction,
                  "fraction of available memory for the KV cache when --kv-cache-mem is not given (default 0.25 of "
-                 "the host's, 0.9 of a GPU's free memory)");
+                 "the host's, 0.9 of a GPU's free memory)")
+      ->check(fraction());
   cmd.add_option("--kv,--kv-dtype", a.kv_dtype,
                  "KV cache dtype: f32, f16, bf16, or quantized int8 / fp8 (e4m3, a scale per token and head) "
                  "(default: f32 on the CPU, bf16 on a GPU)");
   cmd.add_option("--block-size", a.block_size, "tokens per KV block (default 16)")->check(CLI::Range(1, 1024));
   cmd.add_option("--max-model-len", a.max_model_len, "context length (default: the model's)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative_int());
   cmd.add_option("--max-batched-tokens", a.max_batched_tokens, "tokens per engine step (default 2048)")
-      ->check(CLI::PositiveNumber);
-  cmd.add_option("--max-seqs", a.max_seqs, "sequences running at once (default 256)")->check(CLI::PositiveNumber);
+      ->check(positive_int());
+  cmd.add_option("--max-seqs", a.max_seqs, "sequences running at once (default 256)")->check(positive_int());
   cmd.add_flag("--no-chunked-prefill", a.no_chunked_prefill, "run each prompt in one step");
   cmd.add_flag("--no-prefix-caching", a.no_prefix_caching, "do not reuse the KV of earlier prompts");
   cmd.add_flag("--batch-invariant", a.batch_invariant,

@@ -29,6 +29,17 @@ struct CommonOptions {
 
 void add_common_options(CLI::App& cmd, CommonOptions& options);
 
+// Checks for option values whose messages stay one short line (CLI11's NonNegativeNumber prints
+// the largest double, 309 digits). Each refuses NaN and values its option cannot hold.
+const CLI::Validator& non_negative_int();  // 0 .. 2^31 - 1
+const CLI::Validator& positive_int();      // 1 .. 2^31 - 1
+const CLI::Validator& non_negative_real();  // finite, >= 0
+const CLI::Validator& fraction();          // (0, 1]
+// A seed: a decimal integer 0 .. 2^64 - 1, refused (not saturated) beyond.
+const CLI::Validator& seed_value();
+// A --seed value that seed_value() accepted; empty: a fresh random seed.
+uint64_t seed_or_random(const std::string& text);
+
 // Run-time options of the serving engine (KV cache, batching), shared by generate/bench/serve.
 struct EngineArgs {
   std::string kv_cache_mem;        // "2GiB", "512M", "1e9"; empty: a fraction of free memory

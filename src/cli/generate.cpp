@@ -2,6 +2,7 @@
 // load time, prompt and decode speed on stderr. With --prompts-file, every line of the file is a
 // request of its own, all run together through the engine (continuous batching); stdout gets one
 // JSON object per line, in the file's order: {"index": i, "text": "..."}.
+#include <algorithm>
 #include <cstdio>
 #include <map>
 #include <random>
@@ -13,6 +14,7 @@
 #include "cli/spec_args.h"
 #include "core/mapped_file.h"
 #include "engine/engine.h"
+#include "io/json_file.h"
 
 namespace tachyon::cli {
 
@@ -29,7 +31,7 @@ struct GenerateArgs {
   int prompt_len = 0;        // random prompt of this many tokens (models without a tokenizer)
   int max_new_tokens = 128;
   SamplingParams sampling;
-  int64_t seed = -1;
+  std::string seed;  // empty: random
   bool ignore_eos = false;
   bool no_bos = false;
   bool special = false;
@@ -42,12 +44,15 @@ Result<std::vector<int32_t>> parse_ids(const std::string& text) {
   if (!s.empty() && s.front() != '[') s = "[" + s + "]";
   nlohmann::json j = nlohmann::json::parse(s, nullptr, false);
   if (j.is_discarded() || !j.is_array()) {
-    return make_error(ErrorCode::kInvalidArgument, "--prompt-ids '{}' is not a list of integers", text);
+    return make_error(ErrorCode::kInvalidArgument, "--prompt-ids '{}' is not a list of integers", excerpt(text));
   }
   std::vector<int32_t> ids;
   for (const auto& v : j) {
-    if (!v.is_number_integer()) return make_error(ErrorCode::kInvalidArgument, "--prompt-ids holds {}", v.dump());
-    ids.push_back(v.get<int32_t>());
+    // Range-checked, never wrapped (2^40 must not become token 0); the vocabulary is checked later.
+    const bool id = v.is_number_unsigned() ? v.get<uint64_t>() <= INT32_MAX
+                                           : v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<int64_t>() <= INT32_MAX;
+    if (!id) return make_error(ErrorCode::kInvalidArgument, "--prompt-ids holds {}, not a token id", json_excerpt(v));
+    ids.push_back(static_cast<int32_t>(v.get<int64_t>()));
   }
   return ids;
 }
@@ -130,13 +135,19 @@ int run_prompts_file(GenerateArgs& a, LoadedModel& m, const EngineOptions& eo, c
                secs > 0 ? static_cast<double>(st.generated_tokens) / secs : 0.0, static_cast<long long>(st.num_steps),
                static_cast<long long>(st.num_preemptions));
   if (const std::string spec = spec_summary(eo, st.spec); !spec.empty()) std::fprintf(stderr, "%s\n", spec.c_str());
-  return failures == 0 ? 0 : 1;
+  if (failures == 0) return 0;
+  // Each failure is in its JSON line on stdout; stderr still gets the one error line.
+  const size_t first = static_cast<size_t>(
+      std::find_if(errors.begin(), errors.end(), [](const std::string& s) { return !s.empty(); }) - errors.begin());
+  std::fprintf(stderr, "tachyon: error: %d of %zu prompts failed; line %zu: %s\n", failures, lines.size(), first + 1,
+               excerpt(errors[first]).c_str());
+  return 1;
 }
 
 int run_generate(GenerateArgs& a) {
   const auto dtype = parse_dtype(a.dtype);
   if (!dtype) return report(make_error(ErrorCode::kInvalidArgument, "--dtype '{}' is not a dtype", a.dtype));
-  a.sampling.seed = a.seed >= 0 ? static_cast<uint64_t>(a.seed) : (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
+  a.sampling.seed = seed_or_random(a.seed);
   auto eo = engine_options(a.engine);
   if (!eo.ok()) return report(eo.status());
   auto loaded = load(a.common, *dtype);
@@ -251,9 +262,9 @@ void add_generate(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("-f,--file", args->prompt_file, "read the prompt from a file");
   cmd->add_option("--prompt-ids", args->prompt_ids, "prompt as token ids, e.g. '[1, 15, 27]'");
   cmd->add_option("--prompt-len", args->prompt_len, "random prompt of N tokens (for speed runs)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative_int());
   cmd->add_option("-n,--max-tokens", args->max_new_tokens, "tokens to generate (default 128)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative_int());
   cmd->add_option("--temp", args->sampling.temperature, "temperature; 0 = greedy (default 0.8)");
   cmd->add_option("--top-k", args->sampling.top_k, "top-k; 0 = off (default 40)");
   cmd->add_option("--top-p", args->sampling.top_p, "top-p (default 0.95)");
@@ -261,7 +272,7 @@ void add_generate(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--repeat-penalty", args->sampling.repetition_penalty, "repetition penalty (default 1.0 = off)");
   cmd->add_option("--presence-penalty", args->sampling.presence_penalty, "presence penalty (default 0)");
   cmd->add_option("--frequency-penalty", args->sampling.frequency_penalty, "frequency penalty (default 0)");
-  cmd->add_option("--seed", args->seed, "sampling seed (default: random; printed on stderr)");
+  cmd->add_option("--seed", args->seed, "sampling seed (default: random; printed on stderr)")->check(seed_value());
   cmd->add_flag("--ignore-eos", args->ignore_eos, "keep generating past end-of-sequence tokens");
   cmd->add_flag("--no-bos", args->no_bos, "do not add the BOS token");
   cmd->add_flag("--special", args->special, "parse special tokens written in the prompt");

@@ -24,7 +24,11 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // --help and --version print and succeed; any other parse error is a user error: one line
+    // and exit code 1, as for every error a command reports.
+    if (e.get_exit_code() == 0) return app.exit(e);
+    std::fprintf(stderr, "tachyon: error: %s\n", e.what());
+    return 1;
   }
   try {
     return run ? run() : 1;

@@ -205,9 +205,9 @@ void add_quantize(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--smooth-alpha", args->smooth_alpha, "w8a8: SmoothQuant migration strength, 0..1 (default 0.5; "
                   "0: none)")->check(CLI::Range(0.0f, 1.0f));
   cmd->add_option("--max-layer-error", args->max_layer_error, "keep 16-bit any module whose relative output error on "
-                  "the calibration data exceeds this (e.g. 0.05); needs --calib")->check(CLI::NonNegativeNumber);
+                  "the calibration data exceeds this (e.g. 0.05); needs --calib")->check(non_negative_real());
   cmd->add_option("-o,--output", args->out, "the directory to write (created if absent)")->required();
-  cmd->add_option("-t,--threads", args->threads, "CPU threads (default: all cores)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("-t,--threads", args->threads, "CPU threads (default: all cores)")->check(non_negative_int());
   cmd->add_flag("-v,--verbose", args->verbose, "log what is loaded and which kernels run");
   cmd->callback([args, &run]() { run = [args]() { return run_quantize(*args); }; });
 }

@@ -4,17 +4,22 @@
 
 #include <fmt/format.h>
 
+#include "cli/common.h"
+
 namespace tachyon::cli {
 
 void add_spec_options(CLI::App& cmd, SpecArgs& a) {
   cmd.add_flag("--spec-ngram", a.ngram, "speculative decoding with n-gram (prompt lookup) proposals");
   cmd.add_option("--draft-model", a.draft_model,
                  "speculative decoding with this draft model (same tokenizer as -m; HF dir, GGUF, llama2.c)");
-  cmd.add_option("--spec-k", a.k, "draft tokens per step, fixed (default: chosen per request, up to --spec-k-max)");
-  cmd.add_option("--spec-k-max", a.k_max, "most draft tokens per step for the dynamic choice (default 8)");
+  cmd.add_option("--spec-k", a.k, "draft tokens per step, fixed (default: chosen per request, up to --spec-k-max)")
+      ->check(positive_int());
+  cmd.add_option("--spec-k-max", a.k_max, "most draft tokens per step for the dynamic choice (default 8)")
+      ->check(positive_int());
   cmd.add_option("--spec-tree", a.tree,
                  "verify token trees of up to N nodes (K levels: the draft's runners-up, or several n-gram matches) "
-                 "instead of single chains (default 0: chains)");
+                 "instead of single chains (default 0: chains)")
+      ->check(non_negative_int());
 }
 
 Status apply_spec_options(const SpecArgs& a, const LoadedModel& target, std::unique_ptr<LoadedModel>& draft,

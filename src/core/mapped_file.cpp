@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -49,6 +50,11 @@ MappedFile::~MappedFile() {
 }
 
 Result<std::string> read_text_file(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    // An ifstream opens a directory and reads it as empty.
+    return make_error(ErrorCode::kInvalidArgument, "{}: is a directory, not a file", path);
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) return make_error(ErrorCode::kNotFound, "{}: cannot open for reading", path);
   std::ostringstream ss;
