@@ -5,6 +5,8 @@
 // element type, a u64 count and the elements.
 #include "io/gguf.h"
 
+#include <algorithm>
+
 #include <bit>
 #include <cstring>
 #include <limits>
@@ -418,6 +420,24 @@ Status GgufFile::parse() {
                         "past the end of the file ({} bytes)",
                         info.name, shape_to_string(info.shape), ggml_type_name(info.type), info.offset, info.nbytes,
                         data_offset_, file_size);
+    }
+  }
+  // No two tensors may share bytes: a retyped or mis-sized tensor running into its neighbour
+  // would load as garbage, not fail.
+  std::vector<const GgufTensorInfo*> by_offset;
+  by_offset.reserve(tensor_infos_.size());
+  for (const auto& info : tensor_infos_) {
+    if (info.nbytes > 0) by_offset.push_back(&info);
+  }
+  std::sort(by_offset.begin(), by_offset.end(),
+            [](const GgufTensorInfo* a, const GgufTensorInfo* b) { return a->offset < b->offset; });
+  for (size_t i = 1; i < by_offset.size(); ++i) {
+    const GgufTensorInfo& a = *by_offset[i - 1];
+    const GgufTensorInfo& b = *by_offset[i];
+    if (a.offset + a.nbytes > b.offset) {  // both ends were checked against the file size above
+      return make_error(ErrorCode::kCorruptFile,
+                        "tensors '{}' ({} {}, data offset {} + {} bytes) and '{}' (data offset {}) overlap", a.name,
+                        shape_to_string(a.shape), ggml_type_name(a.type), a.offset, a.nbytes, b.name, b.offset);
     }
   }
   return Status::Ok();

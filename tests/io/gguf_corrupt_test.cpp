@@ -173,6 +173,26 @@ TEST_F(GgufCorrupt, TensorInfoFields) {
   expect(RawGguf(1, 0).u64(1ull << 33).zeros(24).b, ErrorCode::kCorruptFile, {"tensor info 0 of 1", "tensor name length"});
 }
 
+// Tensors whose data ranges share bytes (a retyped tensor running into its neighbour) are refused
+// naming both; tensors that merely touch load.
+TEST_F(GgufCorrupt, OverlappingTensorsAreRefused) {
+  // f32 (type 0): 8 elements are 32 bytes.
+  EXPECT_TRUE(open_bytes(RawGguf(2, 0).tensor("a", {8}, 0, 0).tensor("b", {8}, 0, 32).pad().zeros(64).b).ok());
+  expect(RawGguf(2, 0).tensor("a", {8}, 0, 0).tensor("b", {8}, 0, 0).pad().zeros(64).b, ErrorCode::kCorruptFile,
+         {"'a'", "'b'", "overlap"});
+  expect(RawGguf(2, 0).tensor("a", {16}, 0, 0).tensor("b", {8}, 0, 32).pad().zeros(64).b, ErrorCode::kCorruptFile,
+         {"'a'", "0 + 64 bytes", "'b' (data offset 32)", "overlap"});
+  // Listed out of order, and a Q8_0 tensor (34 bytes a block) running into the next.
+  expect(RawGguf(3, 0)
+             .tensor("c", {8}, 0, 128)
+             .tensor("q", {64}, 8, 64)
+             .tensor("a", {8}, 0, 0)
+             .pad()
+             .zeros(192)
+             .b,
+         ErrorCode::kCorruptFile, {"'q'", "Q8_0", "'c'", "overlap"});
+}
+
 TEST_F(GgufCorrupt, RandomMutationsNeverCrash) {
   const std::vector<uint8_t> base = small_gguf();
   auto open = [](const std::string& path) -> Status {
