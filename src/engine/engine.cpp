@@ -16,9 +16,6 @@
 namespace tachyon {
 namespace {
 
-constexpr size_t kMaxStopStrings = 64;
-constexpr size_t kMaxStopStringBytes = 1024;
-
 // MemAvailable from /proc/meminfo, in bytes (0 if unknown).
 size_t host_memory_available() {
   std::ifstream f("/proc/meminfo");
@@ -271,15 +268,7 @@ Status Engine::validate_params(const GenerationParams& params) const {
       return make_error(ErrorCode::kInvalidArgument, "stop token id {} is outside the vocabulary [0, {})", id, vocab);
     }
   }
-  if (params.stop.size() > kMaxStopStrings) {
-    return make_error(ErrorCode::kInvalidArgument, "{} stop strings; at most {}", params.stop.size(), kMaxStopStrings);
-  }
-  for (const auto& s : params.stop) {
-    if (s.size() > kMaxStopStringBytes) {
-      return make_error(ErrorCode::kInvalidArgument, "a stop string of {} bytes; at most {}", s.size(),
-                        kMaxStopStringBytes);
-    }
-  }
+  TACHYON_RETURN_IF_ERROR(validate_stop_strings(params.stop));
   if (!params.stop.empty() && !(params.detokenize && tokenizer_ != nullptr)) {
     return make_error(ErrorCode::kInvalidArgument, "stop strings need detokenized output (a tokenizer)");
   }

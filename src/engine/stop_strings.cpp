@@ -4,6 +4,19 @@
 
 namespace tachyon {
 
+Status validate_stop_strings(const std::vector<std::string>& stops) {
+  if (stops.size() > kMaxStopStrings) {
+    return make_error(ErrorCode::kInvalidArgument, "{} stop strings; at most {}", stops.size(), kMaxStopStrings);
+  }
+  for (const auto& s : stops) {
+    if (s.size() > kMaxStopStringBytes) {
+      return make_error(ErrorCode::kInvalidArgument, "a stop string of {} bytes; at most {}", s.size(),
+                        kMaxStopStringBytes);
+    }
+  }
+  return Status::Ok();
+}
+
 StopStringMatcher::StopStringMatcher(std::vector<std::string> stops) {
   for (auto& s : stops) {
     if (!s.empty()) stops_.push_back(std::move(s));  // an empty stop string would match at once

@@ -10,7 +10,16 @@
 #include <string_view>
 #include <vector>
 
+#include "core/status.h"
+
 namespace tachyon {
+
+// Bounds on one request's stop strings: the matcher's work per piece grows with both.
+inline constexpr size_t kMaxStopStrings = 64;
+inline constexpr size_t kMaxStopStringBytes = 1024;
+// kInvalidArgument naming the bound a request's stop strings pass; the engine checks it on
+// add_request, and the server before a stream starts.
+Status validate_stop_strings(const std::vector<std::string>& stops);
 
 class StopStringMatcher {
  public:

@@ -59,9 +59,12 @@ CompletionJob::CompletionJob(const ServingContext& context, ApiRequest request, 
   const bool chat = request_.endpoint == Endpoint::kChatCompletions;
   id_ = !options.id.empty() ? options.id : (chat ? "chatcmpl-" : "cmpl-") + random_hex(32);
   created_ = options.created > 0 ? options.created : static_cast<int64_t>(std::time(nullptr));
-  chunk_header_ = fmt::format(R"({{"id":"{}","object":"{}","created":{},"model":{},)", id_,
-                              chat ? "chat.completion.chunk" : "text_completion", created_,
-                              dump(ojson(context_.model_name)));
+  usage_chunk_header_ = fmt::format(R"({{"id":"{}","object":"{}","created":{},"model":{},)", id_,
+                                    chat ? "chat.completion.chunk" : "text_completion", created_,
+                                    dump(ojson(context_.model_name)));
+  // Under stream_options.include_usage every chunk but the last carries "usage": null (as
+  // OpenAI's do); the last has the counts and no choices.
+  chunk_header_ = usage_chunk_header_ + (request_.include_usage ? R"("usage":null,)" : "");
   for (size_t p = 0; p < request_.prompts.size(); ++p) {
     const size_t first = streams_.size();
     for (int j = 0; j < request_.n; ++j) {
@@ -290,7 +293,7 @@ std::string CompletionJob::poll() {
   if (!done_ && num_finished_ == choices_.size()) {
     if (request_.stream) {
       if (request_.include_usage) {
-        events += "data: " + chunk_header() + R"("choices":[],"usage":)" + dump(usage_json()) + "}\n\n";
+        events += "data: " + usage_chunk_header_ + R"("choices":[],"usage":)" + dump(usage_json()) + "}\n\n";
       }
       events += "data: [DONE]\n\n";
     }

@@ -82,7 +82,8 @@ class CompletionJob {
   // Fills output.text from its tokens when the choice detokenizes here (as the engine would have).
   void detokenize(Choice& choice, RequestOutput& output) const;
   void fail(ApiError error, std::string& events);
-  const std::string& chunk_header() const;  // {"id":...,"object":...,"created":...,"model":..., of every event
+  // {"id":...,"object":...,"created":...,"model":..., of every event but the final usage chunk.
+  const std::string& chunk_header() const;
   nlohmann::ordered_json logprobs_json(Choice& choice, const std::vector<TokenLogprob>& logprobs) const;
   nlohmann::ordered_json usage_json() const;
 
@@ -92,7 +93,8 @@ class CompletionJob {
   std::vector<bool> primed_;  // kAfterFirstToken: the choice's text offset counts the imported tokens
   std::string id_;
   int64_t created_ = 0;
-  std::string chunk_header_;
+  std::string chunk_header_;        // with "usage":null, under include_usage
+  std::string usage_chunk_header_;  // without: the final usage chunk's
   std::vector<Choice> choices_;
   std::vector<std::shared_ptr<RequestStream>> streams_;
   size_t num_finished_ = 0;

@@ -218,7 +218,13 @@ class Session : public std::enable_shared_from_this<Session> {
       reply_error_and_close(413, fmt::format("the request body exceeds the server's limit of {} bytes",
                                              server_.options.max_body), "request_too_large");
     } else if (ec == http::error::header_limit) {
-      reply_error_and_close(431, fmt::format("the request headers exceed {} bytes", kMaxHeaderBytes), "");
+      // Beast takes the request line as soon as it is whole: no target yet means the line alone
+      // passed the limit, and what is too long is the URL.
+      if (parser_->get().target().empty()) {
+        reply_error_and_close(414, fmt::format("the request line exceeds {} bytes", kMaxHeaderBytes), "");
+      } else {
+        reply_error_and_close(431, fmt::format("the request headers exceed {} bytes", kMaxHeaderBytes), "");
+      }
     } else if (ec.category() == make_error_code(http::error::bad_target).category() && ec != http::error::end_of_stream &&
                ec != http::error::partial_message) {
       reply_error_and_close(400, fmt::format("malformed HTTP request: {}", ec.message()), "");

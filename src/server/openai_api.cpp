@@ -5,6 +5,8 @@
 
 #include <fmt/format.h>
 
+#include "engine/stop_strings.h"
+#include "io/json_file.h"
 #include "server/chat_prompt.h"
 #include "tokenizer/unicode.h"
 
@@ -90,7 +92,7 @@ std::optional<ApiError> read_int(const ojson& body, const char* key, int64_t& ou
       return std::nullopt;
     }
   }
-  return invalid(fmt::format("'{}' must be an integer, got {}", key, v->dump()), key);
+  return invalid(fmt::format("'{}' must be an integer, got {}", key, json_excerpt(*v)), key);
 }
 
 std::optional<ApiError> read_bool(const ojson& body, const char* key, bool& out) {
@@ -113,7 +115,7 @@ std::optional<ApiError> read_stop(const ojson& body, std::vector<std::string>& o
   const ojson* v = field(body, "stop");
   if (v == nullptr) return std::nullopt;
   const auto add = [&](const ojson& s) -> std::optional<ApiError> {
-    if (!s.is_string()) return invalid(fmt::format("'stop' must be a string or a list of strings, got {}", s.dump()), "stop");
+    if (!s.is_string()) return invalid(fmt::format("'stop' must be a string or a list of strings, got {}", json_excerpt(s)), "stop");
     std::string text = s.get<std::string>();
     if (!text.empty()) out.push_back(std::move(text));
     return std::nullopt;
@@ -123,6 +125,9 @@ std::optional<ApiError> read_stop(const ojson& body, std::vector<std::string>& o
   } else {
     TACHYON_API_TRY(add(*v));
   }
+  // The engine checks these too, but only once the request is queued: for a stream, a 200 and its
+  // headers would already be out.
+  if (Status valid = validate_stop_strings(out); !valid.ok()) return invalid(valid.message(), "stop");
   return std::nullopt;
 }
 
@@ -151,7 +156,7 @@ std::optional<ApiError> read_ids(const ojson& list, int vocab_size, std::vector<
   for (size_t i = 0; i < list.size(); ++i) {
     const ojson& t = list[i];
     if (!t.is_number_integer()) {
-      return invalid(fmt::format("prompt token {} must be an integer, got {}", i, t.dump()), "prompt");
+      return invalid(fmt::format("prompt token {} must be an integer, got {}", i, json_excerpt(t)), "prompt");
     }
     const int64_t id = t.get<int64_t>();
     if (id < 0 || id >= vocab_size) {

@@ -210,5 +210,45 @@ class BadInputs(unittest.TestCase):
         self.assert_error(*self.completion(prompt=["a", "b"], n=2), 400, param="n")
 
 
+    def test_streams_validate_every_field_before_starting(self):
+        # Stop strings beyond the engine's bounds: a 400 before any event, as without streaming.
+        self.assert_error(*self.completion(stream=True, stop=[f"s{i}" for i in range(65)]), 400, param="stop")
+        self.assert_error(*self.chat(stream=True, stop="x" * 1025), 400, param="stop")
+
+    def test_include_usage_puts_null_usage_in_every_chunk_but_the_last(self):
+        for create in (self.completion, self.chat):
+            status, body = create(stream=True, stream_options={"include_usage": True}, max_tokens=3)
+            self.assertEqual(status, 200, body)
+            events = [json.loads(line[len("data: "):]) for line in body.splitlines()
+                      if line.startswith("data: {")]
+            self.assertGreater(len(events), 1, body)
+            for event in events[:-1]:
+                self.assertIn("usage", event, event)
+                self.assertIsNone(event["usage"], event)
+            self.assertEqual(events[-1]["choices"], [], events[-1])
+            self.assertGreater(events[-1]["usage"]["completion_tokens"], 0, events[-1])
+            # Without include_usage, no chunk has the key.
+            status, body = create(stream=True, max_tokens=2)
+            self.assertNotIn('"usage"', body)
+
+    def test_overlong_url_gets_414(self):
+        for path, expected in (("/v1/" + "x" * 70000, b"HTTP/1.1 414 "), ("/v1/models", b"HTTP/1.1 431 ")):
+            with socket.create_connection((HOST, PORT), timeout=60) as s:
+                head = f"GET {path} HTTP/1.1\r\nHost: x\r\n".encode()
+                if expected.startswith(b"HTTP/1.1 431"):
+                    head += b"X-Big: " + b"y" * 70000 + b"\r\n"
+                try:
+                    s.sendall(head + b"\r\n")
+                except OSError:
+                    pass  # the server may answer and close before reading all of it
+                reply = b""
+                while b"\r\n" not in reply:
+                    data = s.recv(65536)
+                    if not data:
+                        break
+                    reply += data
+                self.assertTrue(reply.startswith(expected), reply[:100])
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)

@@ -126,6 +126,17 @@ TEST_F(OpenAiApi, MistakesGetStatusAndParam) {
   expect_error(C, R"({"prompt": "x", "n": 0})", 400, "n");
   expect_error(C, R"({"prompt": ["a", "b"], "n": 40})", 400, "n");  // 80 choices > 64
   expect_error(C, R"({"prompt": "x", "stop": [1]})", 400, "stop");
+  // Stop strings past the engine's bounds are refused here, before a stream could start.
+  std::string many_stops = R"({"prompt": "x", "stream": true, "stop": ["s0")";
+  for (int i = 1; i <= 64; ++i) many_stops += ",\"s" + std::to_string(i) + "\"";
+  expect_error(C, many_stops + "]}", 400, "stop");
+  expect_error(C, R"({"prompt": "x", "stream": true, "stop": ")" + std::string(1025, 'x') + "\"}", 400, "stop");
+  expect_error(X, R"({"messages": [{"role": "user", "content": "x"}], "stream": true, "stop": ")" +
+                      std::string(1025, 'x') + "\"}",
+               400, "stop");
+  // A huge wrongly typed value is described, not dumped.
+  expect_error(C, R"({"prompt": "x", "max_tokens": [)" + std::string(60, '[') + std::string(60, ']') + "]}", 400,
+               "max_tokens");
   expect_error(C, R"({"prompt": "x", "best_of": 3})", 400, "best_of");
   expect_error(C, R"({"prompt": "x", "logit_bias": {"99999": 1}})", 400, "logit_bias");
   expect_error(C, R"({"prompt": [1, 99999]})", 400, "prompt");
