@@ -1,7 +1,11 @@
 #include "model/model_loader.h"
 
-#include <filesystem>
+#include <algorithm>
+#include <atomic>
 #include <cctype>
+#include <cstring>
+#include <filesystem>
+#include <limits>
 #include <functional>
 #include <map>
 #include <optional>
@@ -9,7 +13,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/ggml_blocks.h"
 #include "core/log.h"
+#include "core/thread_pool.h"
 #include "core/timer.h"
 #include "io/gguf.h"
 #include "io/hf_dir.h"
@@ -32,6 +38,7 @@ namespace {
 struct TensorNames {
   std::string embed, final_norm, lm_head;
   std::string (*layer)(int layer, const char* role);
+  const char* layer_count_key;  // the config's name for the number of layers
 };
 
 std::string hf_layer_name(int layer, const char* role) {
@@ -57,8 +64,96 @@ std::string gguf_layer_name(int layer, const char* role) {
   return "blk." + std::to_string(layer) + "." + kRoles.at(role);
 }
 
-const TensorNames kHfNames{"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight", &hf_layer_name};
-const TensorNames kGgufNames{"token_embd.weight", "output_norm.weight", "output.weight", &gguf_layer_name};
+const TensorNames kHfNames{"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight", &hf_layer_name,
+                           "num_hidden_layers"};
+const TensorNames kGgufNames{"token_embd.weight", "output_norm.weight", "output.weight", &gguf_layer_name,
+                             "block_count"};
+
+// Index of the first NaN or infinity among `n` floats of `Bits` (f32, f16 or bf16: all exponent
+// bits set), or -1. Chunks are tested with integer ops the compiler vectorizes; only a chunk that
+// holds one is searched element by element.
+template <typename Bits, Bits kExponent>
+int64_t first_non_finite(const Bits* x, int64_t n) {
+  constexpr int64_t kChunk = 8192;
+  for (int64_t begin = 0; begin < n; begin += kChunk) {
+    const int64_t end = std::min(n, begin + kChunk);
+    Bits hit = 0;
+    for (int64_t i = begin; i < end; ++i) hit |= static_cast<Bits>((x[i] & kExponent) == kExponent);
+    if (hit == 0) continue;
+    for (int64_t i = begin; i < end; ++i) {
+      if ((x[i] & kExponent) == kExponent) return i;
+    }
+  }
+  return -1;
+}
+
+// NaN, inf or -inf: what the bits of a non-finite float say.
+template <typename Bits>
+const char* non_finite_name(Bits bits, Bits exponent, Bits sign) {
+  if ((bits & ~(exponent | sign)) != 0) return "NaN";
+  return (bits & sign) != 0 ? "-inf" : "inf";
+}
+
+// kCorruptFile naming the tensor and the element when a weight is NaN or infinite: such a model
+// would load and fail only at sampling. One pass over the bytes, split across the threads.
+Status check_finite(const Tensor& t, const std::string& what, const std::string& name) {
+  const int64_t n = t.numel();
+  std::atomic<int64_t> first{std::numeric_limits<int64_t>::max()};
+  auto scan = [&](auto tag, auto exponent) {
+    using Bits = decltype(tag);
+    const Bits* x = static_cast<const Bits*>(t.raw_data());
+    parallel_for(n, int64_t{1} << 22, [&](int64_t begin, int64_t end) {
+      const int64_t i = first_non_finite<Bits, decltype(exponent)::value>(x + begin, end - begin);
+      if (i >= 0) {
+        int64_t seen = first.load();
+        while (begin + i < seen && !first.compare_exchange_weak(seen, begin + i)) {
+        }
+      }
+    });
+    const int64_t at = first.load();
+    if (at == std::numeric_limits<int64_t>::max()) return Status::Ok();
+    const Bits sign = static_cast<Bits>(Bits{1} << (8 * sizeof(Bits) - 1));
+    return make_error(ErrorCode::kCorruptFile, "{}: tensor '{}' element {} is {}; weights must be finite", what, name,
+                      at, non_finite_name<Bits>(x[at], decltype(exponent)::value, sign));
+  };
+  switch (t.dtype()) {
+    case DType::kF32: return scan(uint32_t{}, std::integral_constant<uint32_t, 0x7F800000u>{});
+    case DType::kF16: return scan(uint16_t{}, std::integral_constant<uint16_t, 0x7C00>{});
+    case DType::kBF16: return scan(uint16_t{}, std::integral_constant<uint16_t, 0x7F80>{});
+    default: return Status::Ok();
+  }
+}
+
+// The f16 scales (and mins) of a GGUF block tensor kept packed: each must be finite, as the
+// dequantized weights of an expanded tensor are checked to be.
+Status check_block_scales(const Tensor& raw, QuantFormat format, const std::string& name) {
+  int64_t block_bytes = 0;
+  std::vector<int64_t> fields;  // byte offsets of f16 scales inside a block
+  switch (format) {
+    case QuantFormat::kGgufQ8_0: block_bytes = kQ8_0Bytes; fields = {0}; break;
+    case QuantFormat::kGgufQ4_1: block_bytes = kQ4_1Bytes; fields = {0, 2}; break;
+    case QuantFormat::kGgufQ5_0: block_bytes = kQ5_0Bytes; fields = {0}; break;
+    case QuantFormat::kGgufQ5_1: block_bytes = kQ5_1Bytes; fields = {0, 2}; break;
+    case QuantFormat::kGgufIq4Nl: block_bytes = kIq4NlBytes; fields = {0}; break;
+    case QuantFormat::kGgufQ4_K: block_bytes = kQ4_KBytes; fields = {0, 2}; break;
+    case QuantFormat::kGgufQ5_K: block_bytes = kQ5_KBytes; fields = {0, 2}; break;
+    case QuantFormat::kGgufQ6_K: block_bytes = kQ6_KBytes; fields = {kQ6_KD}; break;
+    default: block_bytes = kQ4_0Bytes; fields = {0}; break;  // Q4_0, read as int4 groups
+  }
+  const auto* bytes = static_cast<const uint8_t*>(raw.raw_data());
+  const int64_t blocks = static_cast<int64_t>(raw.nbytes()) / block_bytes;
+  for (int64_t b = 0; b < blocks; ++b) {
+    for (const int64_t f : fields) {
+      uint16_t h = 0;
+      std::memcpy(&h, bytes + b * block_bytes + f, 2);
+      if ((h & 0x7C00) == 0x7C00) {
+        return make_error(ErrorCode::kCorruptFile, "tensor '{}': block {} has a {} {}; scales must be finite", name, b,
+                          non_finite_name<uint16_t>(h, 0x7C00, 0x8000), f == fields.front() ? "scale" : "min");
+      }
+    }
+  }
+  return Status::Ok();
+}
 
 // A container's own packed encoding of a linear weight: the packed weight, nullopt to read the
 // tensor densely instead, or an error.
@@ -75,6 +170,7 @@ class WeightReader {
   Result<Tensor> get(const std::string& name, const std::vector<int64_t>& shape) const {
     const TensorMeta* meta = source_.find(name);
     if (meta == nullptr) return make_error(ErrorCode::kNotFound, "{}: tensor '{}' is missing", what_, name);
+    used_.insert(name);
     if (meta->shape != shape) {
       return make_error(ErrorCode::kCorruptFile, "{}: tensor '{}' has shape {}, expected {}", what_, name,
                         fmt::format("{}", fmt::join(meta->shape, "x")), fmt::format("{}", fmt::join(shape, "x")));
@@ -84,6 +180,7 @@ class WeightReader {
       return make_error(ErrorCode::kUnsupported, "{}: tensor '{}' has dtype {}; weights must be f32, f16 or bf16",
                         what_, name, dtype_name(t.dtype()));
     }
+    TACHYON_RETURN_IF_ERROR(check_finite(t, what_, name));
     dtypes_.insert(dtype_name(t.dtype()));
     const std::string stored = lowercase(meta->stored_type);
     tally(*meta, stored.empty() || stored == dtype_name(t.dtype()) ? "as stored"
@@ -97,6 +194,7 @@ class WeightReader {
       auto packed = read_quantized_linear(source_, quant_, name.substr(0, name.size() - suffix.size()), out, in);
       if (!packed.ok()) return packed.status().with_context(what_);
       if (*packed) {
+        used_prefixes_.push_back(name.substr(0, name.size() - suffix.size() + 1));  // "<module>."
         dtypes_.insert(quant_.describe());
         if (const TensorMeta* meta = source_.find(name)) tally(*meta, "packed as " + quant_.describe());
         return std::move(**packed);
@@ -106,6 +204,7 @@ class WeightReader {
       auto packed = packed_(name, out, in);
       if (!packed.ok()) return packed.status().with_context(what_);
       if (*packed) {
+        used_.insert(name);
         const QuantWeight& q = *packed->value().quant;
         dtypes_.insert(q.group_size > 0 ? fmt::format("{}-g{} (packed)", quant_format_name(q.format), q.group_size)
                                         : fmt::format("{} (packed)", quant_format_name(q.format)));
@@ -133,6 +232,21 @@ class WeightReader {
     return vector(name, n);
   }
   bool has(const std::string& name) const { return source_.has(name); }
+  // A tensor read outside this reader (rope_freqs.weight) counts as used.
+  void mark_used(const std::string& name) const { used_.insert(name); }
+  // The source's tensors that no read touched, in the source's order.
+  std::vector<std::string> unused() const {
+    std::vector<std::string> out;
+    for (const std::string& name : source_.tensor_names()) {
+      if (used_.count(name) != 0 || name.ends_with("rotary_emb.inv_freq")) continue;  // inv_freq: recomputed
+      if (std::any_of(used_prefixes_.begin(), used_prefixes_.end(),
+                      [&](const std::string& p) { return name.starts_with(p); })) {
+        continue;
+      }
+      out.push_back(name);
+    }
+    return out;
+  }
   std::string dtypes() const { return fmt::format("{}", fmt::join(dtypes_, ", ")); }
   // LoadedModel::tensor_types: each stored type with its tensors counted by how they are held.
   std::vector<std::string> tensor_types() const {
@@ -161,14 +275,51 @@ class WeightReader {
   CheckpointQuantization quant_;
   PackedLinearReader packed_;
   mutable std::set<std::string> dtypes_;
+  mutable std::set<std::string> used_;                // tensors read
+  mutable std::vector<std::string> used_prefixes_;  // "<module>." of packed checkpoint modules (all their tensors)
   mutable std::map<std::string, std::map<std::string, int>> types_;  // stored type -> how held -> tensors
 };
+
+Status read_layer(const WeightReader& r, const ModelConfig& c, const TensorNames& names, int l, LayerWeights& lw);
 
 Result<ModelWeights> read_weights(const WeightReader& r, const ModelConfig& c, const TensorNames& names) {
   ModelWeights w;
   TACHYON_ASSIGN_OR_RETURN(w.embed_tokens, r.get(names.embed, {c.vocab_size, c.hidden_size}));
   for (int l = 0; l < c.num_layers; ++l) {
     LayerWeights lw;
+    if (Status st = read_layer(r, c, names, l, lw); !st.ok()) {
+      if (st.code() != ErrorCode::kNotFound) return st;
+      return make_error(ErrorCode::kNotFound, "{} (the config's {} = {} names layers 0 to {})", st.message(),
+                        names.layer_count_key, c.num_layers, c.num_layers - 1);
+    }
+    w.layers.push_back(std::move(lw));
+  }
+  TACHYON_ASSIGN_OR_RETURN(w.final_norm, r.vector(names.final_norm, c.hidden_size));
+  if (c.tie_word_embeddings || !r.has(names.lm_head)) {
+    w.lm_head.dense = w.embed_tokens;
+  } else {
+    TACHYON_ASSIGN_OR_RETURN(w.lm_head, r.linear(names.lm_head, c.vocab_size, c.hidden_size));
+  }
+  return w;
+}
+
+// Tensors the checkpoint holds that the model never reads (a config naming fewer layers than
+// the file has, stray modules): a warning naming them, as transformers gives. A tied LM head
+// stored anyway is expected, not reported.
+void warn_unused(const WeightReader& r, const ModelConfig& c, const TensorNames& names, const std::string& what) {
+  std::vector<std::string> unused = r.unused();
+  if (c.tie_word_embeddings) std::erase(unused, names.lm_head);
+  if (unused.empty()) return;
+  constexpr size_t kNamed = 8;
+  const size_t named = std::min(unused.size(), kNamed);
+  TACHYON_LOG_WARN("{}: {} tensor{} not used by the model ({} = {}): {}{}", what, unused.size(),
+                   unused.size() == 1 ? " is" : "s are", names.layer_count_key, c.num_layers,
+                   fmt::join(unused.begin(), unused.begin() + static_cast<std::ptrdiff_t>(named), ", "),
+                   unused.size() > named ? fmt::format(" and {} more", unused.size() - named) : "");
+}
+
+Status read_layer(const WeightReader& r, const ModelConfig& c, const TensorNames& names, int l, LayerWeights& lw) {
+  {
     auto n = [&](const char* role) { return names.layer(l, role); };
     TACHYON_ASSIGN_OR_RETURN(lw.attn_norm, r.vector(n("attn_norm"), c.hidden_size));
     TACHYON_ASSIGN_OR_RETURN(lw.q_proj, r.linear(n("q"), c.q_dim(), c.hidden_size));
@@ -189,15 +340,8 @@ Result<ModelWeights> read_weights(const WeightReader& r, const ModelConfig& c, c
     TACHYON_ASSIGN_OR_RETURN(lw.gate_proj, r.linear(n("gate"), c.intermediate_size, c.hidden_size));
     TACHYON_ASSIGN_OR_RETURN(lw.up_proj, r.linear(n("up"), c.intermediate_size, c.hidden_size));
     TACHYON_ASSIGN_OR_RETURN(lw.down_proj, r.linear(n("down"), c.hidden_size, c.intermediate_size));
-    w.layers.push_back(std::move(lw));
   }
-  TACHYON_ASSIGN_OR_RETURN(w.final_norm, r.vector(names.final_norm, c.hidden_size));
-  if (c.tie_word_embeddings || !r.has(names.lm_head)) {
-    w.lm_head.dense = w.embed_tokens;
-  } else {
-    TACHYON_ASSIGN_OR_RETURN(w.lm_head, r.linear(names.lm_head, c.vocab_size, c.hidden_size));
-  }
-  return w;
+  return Status::Ok();
 }
 
 void merge_ids(std::vector<int32_t>& into, const std::vector<int32_t>& ids) {
@@ -264,6 +408,7 @@ Status load_hf(const std::string& path, LoadedModel& out) {
   TACHYON_ASSIGN_OR_RETURN(CheckpointQuantization quant, read_quantization_config(dir.config(), dir.config_path()));
   WeightReader reader(*dir.weights(), dir.weights_path(), std::move(quant));
   TACHYON_ASSIGN_OR_RETURN(ModelWeights weights, read_weights(reader, config, kHfNames));
+  warn_unused(reader, config, kHfNames, dir.weights_path());
   if (!config.tie_word_embeddings && !dir.weights()->has(kHfNames.lm_head)) {
     return make_error(ErrorCode::kNotFound, "{}: tensor '{}' is missing and tie_word_embeddings is false",
                       dir.weights_path(), kHfNames.lm_head);
@@ -324,6 +469,7 @@ Status load_gguf(const std::string& path, LoadedModel& out) {
       default: return std::optional<Weight>();
     }
     TACHYON_ASSIGN_OR_RETURN(Tensor raw, gguf.raw_tensor(name));
+    TACHYON_RETURN_IF_ERROR(check_block_scales(raw, format.value_or(QuantFormat::kInt4Group), name));
     auto q = format ? unpack_gguf_blocks(*format, raw, rows, cols) : unpack_gguf_q4_0(raw, rows, cols);
     if (!q.ok()) return q.status().with_context(fmt::format("tensor '{}'", name));
     Weight w;
@@ -331,7 +477,9 @@ Status load_gguf(const std::string& path, LoadedModel& out) {
     return std::optional<Weight>(std::move(w));
   };
   WeightReader reader(*source, path, {}, packed);
+  if (source->has("rope_freqs.weight")) reader.mark_used("rope_freqs.weight");
   TACHYON_ASSIGN_OR_RETURN(ModelWeights weights, read_weights(reader, config, kGgufNames));
+  warn_unused(reader, config, kGgufNames, path);
   out.weight_dtypes = reader.dtypes();
   out.tensor_types = reader.tensor_types();
   if (gguf.has("tokenizer.ggml.model")) {
@@ -368,6 +516,7 @@ Status load_llama2c(const std::string& path, LoadedModel& out) {
   TACHYON_RETURN_IF_ERROR(c.validate(path));
   WeightReader reader(*ckpt, path);
   TACHYON_ASSIGN_OR_RETURN(ModelWeights weights, read_weights(reader, c, kHfNames));
+  warn_unused(reader, c, kHfNames, path);
   out.weight_dtypes = reader.dtypes();
   out.tensor_types = reader.tensor_types();
   auto tok_path = find_llama2c_tokenizer(path, c.vocab_size);
