@@ -712,7 +712,8 @@ cudaError_t launch_attention_decode(const AttentionQuery& query, const KvCacheVi
   p.part_acc = workspace;
   p.part_ml = splits > 1 ? workspace + static_cast<size_t>(batch.num_seqs) * splits * query.num_heads * cache.head_dim
                          : nullptr;
-  if (p.group > kDecodeMaxGroup || cache.head_dim > kDecodeMaxHeadDim || cache.head_dim % 4 != 0) {
+  if (p.group > kDecodeMaxGroup || cache.head_dim > kDecodeMaxHeadDim || cache.head_dim % 4 != 0 || splits < 1 ||
+      splits > kDecodeMaxSplits) {
     return cudaErrorInvalidValue;
   }
   cudaError_t e = cudaErrorInvalidValue;

@@ -215,7 +215,7 @@ Result<AttentionPlan> plan_paged_attention(const AttentionBatch& batch, int64_t 
     const int64_t want = plan.tensor_cores ? std::max<int64_t>({1, sms * 2 / blocks, (keys + 1023) / 1024})
                                            : (sms * 4 + blocks - 1) / blocks;
     const int64_t by_length = std::max<int64_t>(1, (keys + 63) / 64);
-    plan.num_splits = static_cast<int>(std::clamp<int64_t>(std::min(want, by_length), 1, 64));
+    plan.num_splits = static_cast<int>(std::clamp<int64_t>(std::min(want, by_length), 1, detail::kDecodeMaxSplits));
     plan.workspace_bytes =
         detail::decode_workspace_floats(batch.num_seqs, num_heads, cache.head_dim, plan.num_splits) * sizeof(float);
   }
@@ -271,6 +271,9 @@ Status paged_attention(const AttentionPlan& plan, const float* q, int64_t q_toke
   if (plan.algo == AttentionAlgo::kDecode) {
     TACHYON_CUDA_REQUIRE(batch.max_query_len <= 1, "paged_attention: a decode plan for a batch with {}-row queries",
                          batch.max_query_len);
+    TACHYON_CUDA_REQUIRE(plan.num_splits >= 1 && plan.num_splits <= detail::kDecodeMaxSplits,
+                         "paged_attention: a decode plan of {} slices (1 to {})", plan.num_splits,
+                         detail::kDecodeMaxSplits);
     log_path_once("cuda paged_attention: decode ({} cache, split-K, {})", dtype_name(cache.dtype),
                   plan.tensor_cores ? "tensor cores" : "CUDA cores");
     TACHYON_CUDA_RETURN_IF_ERROR(detail::launch_attention_decode(query, cache, batch, plan.num_splits,

@@ -327,6 +327,7 @@ inline bool mma_decode_supported(DType dtype, int64_t head_dim) { return mma_att
 
 constexpr int kDecodeMaxGroup = 8;       // query heads per KV head
 constexpr int kDecodeMaxHeadDim = 256;
+constexpr int kDecodeMaxSplits = 64;     // slices of a context
 size_t decode_workspace_floats(int num_seqs, int64_t num_heads, int64_t head_dim, int splits);
 size_t decode_shared_bytes(int64_t group, int64_t head_dim);
 cudaError_t launch_attention_decode(const AttentionQuery& query, const KvCacheView& cache,
