@@ -5,7 +5,7 @@ DEMO_MODEL ?= $(firstword $(wildcard models/tachyon-demo/config.json) $(wildcard
 DEMO_PROMPT ?= func (b *Buffer) Len() int {
 DEMO_FLAGS ?= -n 96 --temp 0.7 --top-p 0.9 --repeat-penalty 1.1 --seed 42
 
-.PHONY: demo test build clean
+.PHONY: demo test build clean sanitize
 
 build:
 	BUILD_DIR=$(BUILD_DIR) scripts/setup
@@ -16,6 +16,10 @@ demo: build
 
 test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $$(nproc) --timeout 600
+
+# ASan + UBSan build of the CPU project in build-sanitize/, then the test suite under it.
+sanitize:
+	scripts/sanitize
 
 clean:
 	rm -rf $(BUILD_DIR)
