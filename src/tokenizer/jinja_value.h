@@ -49,8 +49,9 @@ class Dict {
   const Value* find(std::string_view key) const;
   // Inserts, or replaces the value of an equal key in place (keeping its position).
   void set(Value key, Value value);
-  size_t size() const { return items_.size(); }
-  bool empty() const { return items_.empty(); }
+  // Defined below Value: clang with libstdc++ needs the pair complete to instantiate these.
+  size_t size() const;
+  bool empty() const;
   const std::vector<std::pair<Value, Value>>& items() const { return items_; }
 
  private:
@@ -177,6 +178,9 @@ class Value {
                std::shared_ptr<Dict>, std::shared_ptr<const Callable>, std::shared_ptr<Object>>
       data_;
 };
+
+inline size_t Dict::size() const { return items_.size(); }
+inline bool Dict::empty() const { return items_.empty(); }
 
 // Python's type names, for messages ("'str' object is not callable").
 std::string type_name(const Value& value);
