@@ -161,6 +161,23 @@ inline void store_tile(const QuantLinearArgs& a, int64_t o, int64_t tok0, const 
 
 inline __m256 f16_splat(uint16_t bits) { return _mm256_set1_ps(_cvtsh_ss(bits)); }
 
+// Q6_K's 6-bit codes (0..63) of weights l0 .. l0 + 7 of each 32-weight quarter k of a 128-weight
+// half: low nibbles from ql (L = ql + 64 h + l0; quarters 0/2 from L, 1/3 from L + 32, their low
+// and high nibbles), two high bits from qh (H = qh + 32 h + l0, bits 2k .. 2k + 1).
+inline void q6_k_codes(const uint8_t* L, const uint8_t* H, __m256i (&codes)[4]) {
+  const auto load8 = [](const uint8_t* p) {
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  };
+  const __m256i low4 = _mm256_set1_epi32(15), low2 = _mm256_set1_epi32(3);
+  const __m256i lo = load8(L), hi = load8(L + 32), qh = load8(H);
+  codes[0] = _mm256_or_si256(_mm256_and_si256(lo, low4), _mm256_slli_epi32(_mm256_and_si256(qh, low2), 4));
+  codes[1] = _mm256_or_si256(_mm256_and_si256(hi, low4),
+                             _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(qh, 2), low2), 4));
+  codes[2] = _mm256_or_si256(_mm256_srli_epi32(lo, 4),
+                             _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(qh, 4), low2), 4));
+  codes[3] = _mm256_or_si256(_mm256_srli_epi32(hi, 4), _mm256_slli_epi32(_mm256_srli_epi32(qh, 6), 4));
+}
+
 // Q8_0: per block of 32, w = d * code.
 template <int T>
 void q8_0_tile(const QuantLinearArgs& a, int64_t o, int64_t tok0) {
@@ -318,10 +335,9 @@ void q6_k_tile(const QuantLinearArgs& a, int64_t o, int64_t tok0) {
   const uint16_t* d = q.scales.data<uint16_t>() + o * blocks;           // [in / 256] f16
   const float* xt[T];
   token_rows<T>(a, tok0, xt);
-  const __m256i low4 = _mm256_set1_epi32(15), low2 = _mm256_set1_epi32(3), bias = _mm256_set1_epi32(32);
+  const __m256i bias = _mm256_set1_epi32(32);
   __m256 acc[T][2];
   for (int t = 0; t < T; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
-  auto load8 = [](const uint8_t* p) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))); };
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* block = row + b * kQ6_KD;
     const auto* scales = reinterpret_cast<const int8_t*>(block + kQ6_KScales);
@@ -330,14 +346,8 @@ void q6_k_tile(const QuantLinearArgs& a, int64_t o, int64_t tok0) {
       const uint8_t* L = block + 64 * h;
       const uint8_t* H = block + kQ6_KQh + 32 * h;
       for (int l0 = 0; l0 < 32; l0 += 8) {
-        const __m256i lo = load8(L + l0), hi = load8(L + l0 + 32), qh = load8(H + l0);
-        const __m256i codes[4] = {
-            _mm256_or_si256(_mm256_and_si256(lo, low4), _mm256_slli_epi32(_mm256_and_si256(qh, low2), 4)),
-            _mm256_or_si256(_mm256_and_si256(hi, low4),
-                            _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(qh, 2), low2), 4)),
-            _mm256_or_si256(_mm256_srli_epi32(lo, 4),
-                            _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(qh, 4), low2), 4)),
-            _mm256_or_si256(_mm256_srli_epi32(hi, 4), _mm256_slli_epi32(_mm256_srli_epi32(qh, 6), 4))};
+        __m256i codes[4];
+        q6_k_codes(L + l0, H + l0, codes);
         for (int k = 0; k < 4; ++k) {  // weights 128h + 32k + l0 .. + 8
           const int i = 128 * h + 32 * k + l0;
           const __m256 scale = _mm256_set1_ps(db * static_cast<float>(scales[i / 16]));
@@ -566,8 +576,7 @@ void decode_q6_k(const void* context, int64_t o, int64_t k0, int64_t kc, float* 
   const int64_t blocks = q.in_features / kGgmlBlockK;
   const uint8_t* row = q.packed.data<uint8_t>() + o * blocks * kQ6_KD;  // blocks less their d
   const uint16_t* d = q.scales.data<uint16_t>() + o * blocks;           // [in / 256] f16
-  const __m256i low4 = _mm256_set1_epi32(15), low2 = _mm256_set1_epi32(3), bias = _mm256_set1_epi32(32);
-  auto load8 = [](const uint8_t* p) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))); };
+  const __m256i bias = _mm256_set1_epi32(32);
   for (int64_t b = k0 / kGgmlBlockK; b < (k0 + kc) / kGgmlBlockK; ++b) {
     const uint8_t* block = row + b * kQ6_KD;
     float* out = dst + b * kGgmlBlockK - k0;
@@ -577,14 +586,8 @@ void decode_q6_k(const void* context, int64_t o, int64_t k0, int64_t kc, float* 
       const uint8_t* L = block + 64 * h;
       const uint8_t* H = block + kQ6_KQh + 32 * h;
       for (int l0 = 0; l0 < 32; l0 += 8) {
-        const __m256i lo = load8(L + l0), hi = load8(L + l0 + 32), qh = load8(H + l0);
-        const __m256i codes[4] = {
-            _mm256_or_si256(_mm256_and_si256(lo, low4), _mm256_slli_epi32(_mm256_and_si256(qh, low2), 4)),
-            _mm256_or_si256(_mm256_and_si256(hi, low4),
-                            _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(qh, 2), low2), 4)),
-            _mm256_or_si256(_mm256_srli_epi32(lo, 4),
-                            _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(qh, 4), low2), 4)),
-            _mm256_or_si256(_mm256_srli_epi32(hi, 4), _mm256_slli_epi32(_mm256_srli_epi32(qh, 6), 4))};
+        __m256i codes[4];
+        q6_k_codes(L + l0, H + l0, codes);
         for (int k = 0; k < 4; ++k) {  // weights 128h + 32k + l0 .. + 8
           const int i = 128 * h + 32 * k + l0;
           const __m256 scale = _mm256_set1_ps(db * static_cast<float>(scales[i / 16]));
