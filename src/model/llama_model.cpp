@@ -371,6 +371,15 @@ Status LlamaModel::forward_on_device(const ForwardBatch& batch, KvCache& cache, 
 // steps take the same widened shape, so a replay equals an eager step bit for bit.
 Status LlamaModel::forward_decode_on_device(const ForwardBatch& batch, KvCache& cache, Tensor& logits,
                                             const ForwardOptions& options) const {
+  std::lock_guard<std::mutex> lock(graphs_mutex_);
+  TACHYON_ASSIGN_OR_RETURN(DecodeGraph * g, decode_graph_for(batch, cache, options));
+  TACHYON_RETURN_IF_ERROR(run_decode_graph(*g, cache, options));
+  logits = g->logits;
+  return Status::Ok();
+}
+
+Result<LlamaModel::DecodeGraph*> LlamaModel::decode_graph_for(const ForwardBatch& batch, KvCache& cache,
+                                                              const ForwardOptions& options) const {
   const Device dev = device();
   const int64_t n = batch.token_ids.size(0);
   const AttentionMetadata& m = batch.attention;
@@ -387,7 +396,6 @@ Status LlamaModel::forward_decode_on_device(const ForwardBatch& batch, KvCache& 
   padded.attention.max_context_len = static_cast<int>(width * m.block_size);
 
   const GraphKey key{cache.id(), n, width, static_cast<int>(options.linear_mode)};
-  std::lock_guard<std::mutex> lock(graphs_mutex_);
   ops::Backend* backend = ops::backend_for(dev);
   if (backend->scratch_epoch() != graphs_epoch_) {
     // A workspace that captured graphs write to was replaced (a larger shape grew it): they would
@@ -406,24 +414,91 @@ Status LlamaModel::forward_decode_on_device(const ForwardBatch& batch, KvCache& 
   } else {
     TACHYON_RETURN_IF_ERROR(upload_into(padded, it->second.input));
   }
-  DecodeGraph& g = it->second;
-  if (g.graph) {
-    TACHYON_RETURN_IF_ERROR(backend->replay(g.graph));
-  } else {
-    // Eager: the result of this step, and the warm-up (workspaces sized, tables uploaded) that
-    // makes a capture of the same shape touch no allocation outside the graph.
-    TACHYON_RETURN_IF_ERROR(run_layers(g.input, cache, g.logits, options.linear_mode));
-    if (options.cuda_graphs) {
-      TACHYON_RETURN_IF_ERROR(backend->begin_capture());
-      const Status captured = run_layers(g.input, cache, g.logits, options.linear_mode);
-      auto graph = backend->end_capture();
-      TACHYON_RETURN_IF_ERROR(captured);
-      TACHYON_RETURN_IF_ERROR(graph.status());
-      g.graph = std::move(graph).value();
-      TACHYON_LOG_INFO("captured a decode graph: {} tokens, block tables of {} columns", n, width);
-    }
+  return &it->second;
+}
+
+Status LlamaModel::run_decode_graph(DecodeGraph& g, KvCache& cache, const ForwardOptions& options) const {
+  ops::Backend* backend = ops::backend_for(device());
+  if (g.graph && backend->scratch_epoch() == graphs_epoch_) return backend->replay(g.graph);
+  // Eager: the result of this step, and the warm-up (workspaces sized, tables uploaded) that
+  // makes a capture of the same shape touch no allocation outside the graph.
+  TACHYON_RETURN_IF_ERROR(run_layers(g.input, cache, g.logits, options.linear_mode));
+  if (!options.cuda_graphs) return Status::Ok();
+  if (backend->scratch_epoch() != graphs_epoch_) {  // the eager step grew a workspace
+    for (auto& [k, other] : graphs_) other.graph.reset();
+    graphs_epoch_ = backend->scratch_epoch();
   }
-  logits = g.logits;
+  TACHYON_RETURN_IF_ERROR(backend->begin_capture());
+  const Status captured = run_layers(g.input, cache, g.logits, options.linear_mode);
+  auto graph = backend->end_capture();
+  TACHYON_RETURN_IF_ERROR(captured);
+  TACHYON_RETURN_IF_ERROR(graph.status());
+  g.graph = std::move(graph).value();
+  TACHYON_LOG_INFO("captured a decode graph: {} tokens, block tables of {} columns", g.input.token_ids.size(0),
+                   g.input.attention.block_tables.size(1));
+  return Status::Ok();
+}
+
+Status LlamaModel::decode_steps(const ForwardBatch& batch, const Tensor& first_ids, KvCache& cache, Tensor& ids,
+                                const PickNext& pick, const ForwardOptions& options) const {
+  const Device dev = device();
+  const int64_t n = batch.token_ids.size(0);
+  const bool decode = batch.attention.max_query_len == 1 && n == batch.attention.num_seqs &&
+                      batch.logits_rows.size(0) == n && !batch.attention.tree_masks.defined();
+  if (!decode || !ids.defined() || ids.dim() != 2 || ids.size(0) < 1 || ids.size(1) != n || !(ids.device() == dev) ||
+      ids.dtype() != DType::kI32 || !ids.is_contiguous()) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "decode_steps: a decode batch of {} tokens and ids [steps, {}] i32 on {}, not {}", n, n,
+                      dev.to_string(), ids.defined() ? ids.shape_string() : std::string("undefined"));
+  }
+  if (!(first_ids.device() == dev) || first_ids.dtype() != DType::kI32 || first_ids.numel() != n) {
+    return make_error(ErrorCode::kInvalidArgument, "decode_steps: first ids {} for {} sequences",
+                      first_ids.shape_string(), n);
+  }
+  if (!(cache.config().device == dev)) {
+    return make_error(ErrorCode::kInvalidArgument, "decode_steps: the model runs on {} but its kv cache is on {}",
+                      dev.to_string(), cache.config().device.to_string());
+  }
+  const int64_t steps = ids.size(0);
+  if (dev.is_cpu()) {
+    ForwardBatch b = batch;  // index tensors copied: the steps move them on in place
+    for (Tensor* t : {&b.token_ids, &b.positions, &b.attention.context_lens, &b.attention.slot_mapping}) {
+      Tensor copy = Tensor::empty(t->shape(), DType::kI32);
+      TACHYON_RETURN_IF_ERROR(copy_into(copy, *t));
+      *t = copy;
+    }
+    b.attention.block_tables = b.attention.block_tables.contiguous();
+    TACHYON_RETURN_IF_ERROR(copy_into(b.token_ids, first_ids));
+    b.attention.max_context_len = 0;  // the steps' attention needs only the longest context
+    const int32_t* ctx = b.attention.context_lens.data<int32_t>();
+    for (int64_t s = 0; s < n; ++s) b.attention.max_context_len = std::max(b.attention.max_context_len, ctx[s]);
+    Tensor logits;
+    for (int64_t s = 0; s < steps; ++s) {
+      if (s > 0) {
+        ops::advance_decode(ids.select(0, s - 1), b.token_ids, b.positions, b.attention.context_lens,
+                            b.attention.block_tables, b.attention.block_size, b.attention.slot_mapping);
+        ++b.attention.max_context_len;
+      }
+      TACHYON_RETURN_IF_ERROR(run_layers(b, cache, logits, options.linear_mode));
+      Tensor next = ids.select(0, s);
+      pick(logits, s, next);
+    }
+    return Status::Ok();
+  }
+  std::lock_guard<std::mutex> lock(graphs_mutex_);
+  TACHYON_ASSIGN_OR_RETURN(DecodeGraph * g, decode_graph_for(batch, cache, options));
+  Tensor& ids_in = g->input.token_ids;
+  TACHYON_RETURN_IF_ERROR(copy_into(ids_in, first_ids));
+  for (int64_t s = 0; s < steps; ++s) {
+    if (s > 0) {
+      AttentionMetadata& m = g->input.attention;
+      ops::advance_decode(ids.select(0, s - 1), ids_in, g->input.positions, m.context_lens, m.block_tables,
+                          m.block_size, m.slot_mapping);
+    }
+    TACHYON_RETURN_IF_ERROR(run_decode_graph(*g, cache, options));
+    Tensor next = ids.select(0, s);
+    pick(g->logits, s, next);
+  }
   return Status::Ok();
 }
 

@@ -4,6 +4,7 @@
 // LM head. The batch is flat: prefill chunks and decode tokens of several sequences together.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -48,10 +49,28 @@ class LlamaModel {
   Status forward_on_device(const ForwardBatch& batch, KvCache& cache, Tensor& logits,
                            const ForwardOptions& options = {}) const;
 
+  // Decode steps with no host round trip between them (a draft model's chain): `batch` is a
+  // decode batch (one token per sequence) whose token ids are `first_ids` ([num_seqs] i32 on
+  // device(); the batch's own ids are not read). Step s writes its K/V, then pick(logits, s, next)
+  // enqueues the choice of each sequence's next token from the step's logits ([num_seqs, vocab]
+  // f32 on device()) into next = ids[s]; step s + 1 runs those. ids is [steps, num_seqs] i32 on
+  // device(). Every block table must already hold the positions up to its last + steps - 1. On a
+  // GPU the steps replay the decode graph of the batch's shape, its inputs moved on in place by
+  // ops::advance_decode; nothing waits for the device.
+  using PickNext = std::function<void(const Tensor& logits, int64_t step, Tensor& next)>;
+  Status decode_steps(const ForwardBatch& batch, const Tensor& first_ids, KvCache& cache, Tensor& ids,
+                      const PickNext& pick, const ForwardOptions& options = {}) const;
+
  private:
   Status run_layers(const ForwardBatch& batch, KvCache& cache, Tensor& logits, ops::LinearMode mode) const;
   Status forward_decode_on_device(const ForwardBatch& batch, KvCache& cache, Tensor& logits,
                                   const ForwardOptions& options) const;
+  struct DecodeGraph;
+  // The decode graph of the batch's shape (created when new), with the batch uploaded into its
+  // inputs. The caller holds graphs_mutex_.
+  Result<DecodeGraph*> decode_graph_for(const ForwardBatch& batch, KvCache& cache, const ForwardOptions& options) const;
+  // One step on g's inputs: the graph replayed, or (none yet) an eager step and then the capture.
+  Status run_decode_graph(DecodeGraph& g, KvCache& cache, const ForwardOptions& options) const;
 
   // Decode steps on a device, one per (cache, tokens, block-table columns, linear mode): inputs and
   // logits at fixed device addresses, and the graph once captured.

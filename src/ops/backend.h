@@ -46,7 +46,10 @@ class Backend {
   virtual void paged_attention(const Tensor& q, const KvLayer& cache, const AttentionMetadata& meta,
                                const AttentionParams& params, Tensor& out) = 0;
   virtual void argmax(const Tensor& x, Tensor& ids, Tensor* logprobs) = 0;
-  virtual void sample(const Tensor& x, const Tensor& params, Tensor& ids, Tensor& logprobs) = 0;
+  virtual void top_tokens(const Tensor& x, Tensor& ids, Tensor& probs) = 0;
+  virtual void advance_decode(const Tensor& next_ids, Tensor& token_ids, Tensor& positions, Tensor& context_lens,
+                              const Tensor& block_tables, int block_size, Tensor& slot_mapping) = 0;
+  virtual void sample(const Tensor& x, const Tensor& params, Tensor& ids, Tensor& logprobs, Tensor* probs) = 0;
   virtual void adjust_logits(Tensor& x, const Tensor& edits) = 0;
   virtual void fill_uniform(Tensor& t, uint64_t seed, uint64_t stream, float bound, float offset) = 0;
   virtual void quantize_int8_rows(const Tensor& w, Tensor& packed, Tensor& scales) = 0;

@@ -635,9 +635,81 @@ void argmax(const Tensor& x, Tensor& ids, Tensor* logprobs) {
   }
 }
 
-void sample(const Tensor& x, const Tensor& params, Tensor& ids, Tensor& logprobs) {
+void top_tokens(const Tensor& x, Tensor& ids, Tensor& probs) {
+  constexpr const char* op = "top_tokens";
+  if (Backend* b = device_backend(op, x)) return b->top_tokens(x, ids, probs);
+  require_cpu(op, "x", x);
+  require_rank(op, "x", x, 2);
+  require_dtype(op, "x", x, DType::kF32);
+  require_last_dim_contiguous(op, "x", x);
+  require_cpu(op, "ids", ids);
+  require_cpu(op, "probs", probs);
+  require_dtype(op, "ids", ids, DType::kI32);
+  require_dtype(op, "probs", probs, DType::kF32);
+  const int64_t n = x.size(0), d = x.size(1);
+  TACHYON_CHECK(ids.dim() == 2 && ids.size(0) == n && ids.size(1) >= 1 && ids.size(1) <= kMaxTopTokens &&
+                    ids.is_contiguous() && probs.shape() == ids.shape() && probs.is_contiguous(),
+                "top_tokens: x {} ids {} probs {} (m in [1, {}])", x.shape_string(), ids.shape_string(),
+                probs.shape_string(), kMaxTopTokens);
+  const int64_t m = ids.size(1);
+  std::vector<int32_t> order;
+  for (int64_t r = 0; r < n; ++r) {
+    const float* row = x.data<float>() + r * x.stride(0);
+    order.clear();
+    float top = -std::numeric_limits<float>::infinity();
+    for (int64_t j = 0; j < d; ++j) {
+      if (!std::isfinite(row[j])) continue;
+      order.push_back(static_cast<int32_t>(j));
+      top = std::max(top, row[j]);
+    }
+    double sum = 0.0;
+    for (const int32_t j : order) sum += std::exp(static_cast<double>(row[j]) - top);
+    const size_t kept = std::min(order.size(), static_cast<size_t>(m));
+    std::partial_sort(order.begin(), order.begin() + static_cast<ptrdiff_t>(kept), order.end(),
+                      [row](int32_t a, int32_t b) { return row[a] != row[b] ? row[a] > row[b] : a < b; });
+    int32_t* out_ids = ids.data<int32_t>() + r * m;
+    float* out_probs = probs.data<float>() + r * m;
+    for (int64_t i = 0; i < m; ++i) {
+      const bool have = static_cast<size_t>(i) < kept;
+      out_ids[i] = have ? order[static_cast<size_t>(i)] : -1;
+      out_probs[i] = have ? static_cast<float>(std::exp(static_cast<double>(row[out_ids[i]]) - top) / sum) : 0.0f;
+    }
+  }
+}
+
+void advance_decode(const Tensor& next_ids, Tensor& token_ids, Tensor& positions, Tensor& context_lens,
+                    const Tensor& block_tables, int block_size, Tensor& slot_mapping) {
+  constexpr const char* op = "advance_decode";
+  if (Backend* b = device_backend(op, token_ids)) {
+    return b->advance_decode(next_ids, token_ids, positions, context_lens, block_tables, block_size, slot_mapping);
+  }
+  const int64_t n = token_ids.size(0);
+  require_index(op, "next_ids", next_ids, n);
+  require_index(op, "token_ids", token_ids, n);
+  require_index(op, "positions", positions, n);
+  require_index(op, "context_lens", context_lens, n);
+  require_index(op, "slot_mapping", slot_mapping, n);
+  require_cpu(op, "block_tables", block_tables);
+  require_dtype(op, "block_tables", block_tables, DType::kI32);
+  TACHYON_CHECK(block_tables.dim() == 2 && block_tables.size(0) == n && block_tables.is_contiguous() && block_size >= 1,
+                "advance_decode: block tables {} for {} sequences, block size {}", block_tables.shape_string(), n,
+                block_size);
+  const int64_t columns = block_tables.size(1);
+  for (int64_t s = 0; s < n; ++s) {
+    const int32_t p = positions.data<int32_t>()[s] + 1;
+    const int64_t column = p / block_size;
+    const int32_t block = column < columns ? block_tables.data<int32_t>()[s * columns + column] : -1;
+    TACHYON_CHECK(block >= 0, "advance_decode: sequence {} has no block for position {}", s, p);
+    token_ids.data<int32_t>()[s] = next_ids.data<int32_t>()[s];
+    positions.data<int32_t>()[s] = p;
+    context_lens.data<int32_t>()[s] += 1;
+    slot_mapping.data<int32_t>()[s] = block * block_size + p % block_size;
+  }
+}
+
+void sample(const Tensor& x, const Tensor& params, Tensor& ids, Tensor& logprobs, Tensor* probs) {
   constexpr const char* op = "sample";
-  if (Backend* b = device_backend(op, x)) return b->sample(x, params, ids, logprobs);
+  if (Backend* b = device_backend(op, x)) return b->sample(x, params, ids, logprobs, probs);
   require_cpu(op, "x", x);
   require_rank(op, "x", x, 2);
   require_dtype(op, "x", x, DType::kF32);
@@ -652,6 +724,11 @@ void sample(const Tensor& x, const Tensor& params, Tensor& ids, Tensor& logprobs
   require_dtype(op, "logprobs", logprobs, DType::kF32);
   TACHYON_CHECK(logprobs.dim() == 1 && logprobs.size(0) == x.size(0) && logprobs.is_contiguous(),
                 "sample: logprobs {} for x {}", logprobs.shape_string(), x.shape_string());
+  if (probs != nullptr) {
+    require_cpu(op, "probs", *probs);
+    TACHYON_CHECK(probs->shape() == x.shape() && probs->dtype() == DType::kF32 && probs->is_contiguous(),
+                  "sample: probs {} for x {}", probs->shape_string(), x.shape_string());
+  }
   // The plain form of the contract in ops.h: the ranking is a full sort, each filter a loop.
   const int64_t n = x.size(0), d = x.size(1);
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -672,6 +749,8 @@ void sample(const Tensor& x, const Tensor& params, Tensor& ids, Tensor& logprobs
         best = j;
       }
     }
+    float* q = probs != nullptr ? probs->data<float>() + r * d : nullptr;
+    if (q != nullptr) std::fill(q, q + d, 0.0f);
     if (m == kNegInf) {
       ids.data<int32_t>()[r] = 0;
       logprobs.data<float>()[r] = kNegInf;
@@ -722,6 +801,12 @@ void sample(const Tensor& x, const Tensor& params, Tensor& ids, Tensor& logprobs
           break;
         }
       }
+      if (q != nullptr) {
+        const auto inv = static_cast<float>(1.0 / kept_mass);
+        for (int64_t j = 0; j < d; ++j) q[j] = kept[j] ? w[j] * inv : 0.0f;
+      }
+    } else if (q != nullptr) {
+      q[best] = 1.0f;
     }
     ids.data<int32_t>()[r] = static_cast<int32_t>(token);
     logprobs.data<float>()[r] = static_cast<float>((row[token] - m) * scale - std::log(all));

@@ -176,6 +176,23 @@ void embedding(const Tensor& table, const Tensor& ids, Tensor& out);
 // [n] f32): log_softmax over the row's finite values at that index (the sampler's greedy logprob).
 void argmax(const Tensor& x, Tensor& ids, Tensor* logprobs = nullptr);
 
+// The m likeliest tokens of each row of x[n, d] (f32) under softmax at temperature 1 over the
+// row's finite values: ids[n, m] (i32) ranked by value descending, then id ascending (so ids[r, 0]
+// is argmax()'s choice), and probs[n, m] (f32) their probabilities. A row with fewer than m finite
+// values fills the rest with id -1 and probability 0. 1 <= m <= kMaxTopTokens. A draft model's
+// token tree takes its side branches from these.
+void top_tokens(const Tensor& x, Tensor& ids, Tensor& probs);
+inline constexpr int64_t kMaxTopTokens = 64;
+
+// A decode batch (one token per sequence) moved on by one greedy step, in place: for each
+// sequence s, token_ids[s] = next_ids[s], positions[s] and context_lens[s] grow by one, and
+// slot_mapping[s] = block_tables[s, p / block_size] * block_size + p % block_size for the new
+// position p, whose block the table must already hold. All [num_seqs] i32 but block_tables
+// ([num_seqs, columns] i32, packed), on one device: a chain of draft steps runs with no host round
+// trip between them.
+void advance_decode(const Tensor& next_ids, Tensor& token_ids, Tensor& positions, Tensor& context_lens,
+                    const Tensor& block_tables, int block_size, Tensor& slot_mapping);
+
 // One token per row of x[n, d] (f32), drawn as the Sampler (sampling/sampler.h) draws when a
 // request asks for no top logprobs (penalties and logit bias go first, through adjust_logits()).
 // params[n, 6] (f32, contiguous) holds per row: the temperature T (0: greedy), min_p, the uniform
@@ -187,8 +204,10 @@ void argmax(const Tensor& x, Tensor& ids, Tensor* logprobs = nullptr);
 // of the kept w exceeds u * their sum (the argmax when rounding leaves none). Greedy rows take the
 // argmax (first of equal maxima) and T = 1 for the logprob. ids [n] i32; logprobs [n] f32 =
 // t(token) - log(sum of every w), the Sampler's reported logprob. A row without a finite value
-// gives 0, -inf.
-void sample(const Tensor& x, const Tensor& params, Tensor& ids, Tensor& logprobs);
+// gives 0, -inf. probs (optional, [n, d] f32 packed): the law each token was drawn from, the kept
+// w over their sum and 0 elsewhere (one-hot for greedy rows, zeros for a row without a finite
+// value), which a speculative verifier needs as a draft's q.
+void sample(const Tensor& x, const Tensor& params, Tensor& ids, Tensor& logprobs, Tensor* probs = nullptr);
 inline constexpr int64_t kSampleParams = 6;  // columns of sample()'s params
 
 // Penalties and logit bias of the Sampler (steps 0-2 of sampling/sampler.h) as sparse edits of

@@ -1,8 +1,11 @@
 #include "spec/draft_model_proposer.h"
 
 #include <algorithm>
+#include <cmath>
 
+#include "core/device_memory.h"
 #include "model/forward_batch.h"
+#include "ops/ops.h"
 
 namespace tachyon {
 namespace {
@@ -49,6 +52,20 @@ struct Alternative {
   int32_t token;
 };
 
+// Without penalties or logit bias the draft's choice depends on its logits alone: greedy drafts
+// take the argmax, sampled ones a draw under temperature, top-k, top-p and min-p (ops::sample, which
+// also gives the q the verifier needs), trees (greedy or sampled) rank their side branches by the
+// softmax at temperature 1. Those run as one chain on the device; penalties need the sampler on
+// the host at every depth (they see the drafts so far).
+bool chooses_from_logits(const DraftRequest& r) {
+  const SamplingParams& sp = r.sampler->params();
+  return sp.repetition_penalty == 1.0f && sp.presence_penalty == 0.0f && sp.frequency_penalty == 0.0f &&
+         sp.logit_bias.empty();
+}
+
+// A sampled chain's q of every level comes back from the device: [K, n, vocab] f32, bounded.
+constexpr int64_t kMaxChainProbBytes = int64_t{1} << 30;
+
 }  // namespace
 
 Result<std::unique_ptr<DraftModelProposer>> DraftModelProposer::create(const LlamaModel& draft,
@@ -87,28 +104,30 @@ DraftModelProposer::DraftModelProposer(const LlamaModel& draft, const DraftModel
       // only), so drafts the target rejects may stay registered until their blocks are rewritten.
       blocks_(BlockManagerOptions{options.num_kv_blocks, options.block_size, true}) {}
 
+// Per active request: its state, its hypothetical history (penalties see the drafts so far) and
+// the chunk it runs next.
+struct DraftModelProposer::Active {
+  size_t index;
+  State* state;
+  int k;
+  TokenCounts history;
+  std::vector<int32_t> run;  // tokens of the next forward
+  int start;                 // position of run[0]
+  // Trees (DraftRequest::max_nodes > k): the chain takes the draft's likeliest token at every
+  // level, and the runners-up become side branches, ranked by the probability of their path.
+  bool tree = false;
+  double path_prob = 1.0;
+  std::vector<Alternative> alternatives{};
+};
+
 Status DraftModelProposer::propose(std::span<const DraftRequest> requests, std::vector<Draft>& drafts) {
   drafts.assign(requests.size(), Draft{});
   const int vocab = model_.config().vocab_size;
-
-  // Per active request: its state, its hypothetical history (penalties see the drafts so far) and
-  // the chunk it runs next.
-  struct Active {
-    size_t index;
-    State* state;
-    int k;
-    TokenCounts history;
-    std::vector<int32_t> run;  // tokens of the next forward
-    int start;                 // position of run[0]
-    // Trees (DraftRequest::max_nodes > k): the chain takes the draft's likeliest token at every
-    // level, and the runners-up become side branches, ranked by the probability of their path.
-    bool tree = false;
-    double path_prob = 1.0;
-    std::vector<Alternative> alternatives{};
-  };
   std::vector<Active> active;
   active.reserve(requests.size());
   std::vector<BlockCopy> copies;
+  bool chain = options_.device_chain;
+  int k_max = 0;
   for (size_t i = 0; i < requests.size(); ++i) {
     const DraftRequest& r = requests[i];
     const int len = static_cast<int>(r.tokens.size());
@@ -144,11 +163,199 @@ Status DraftModelProposer::propose(std::span<const DraftRequest> requests, std::
     Active a{i, &st, k, r.sampler->history(), {}, static_cast<int>(keep)};
     a.run.assign(r.tokens.begin() + static_cast<ptrdiff_t>(keep), r.tokens.end());
     a.tree = r.max_nodes > k;
+    chain = chain && chooses_from_logits(r);
+    k_max = std::max(k_max, k);
     active.push_back(std::move(a));
+  }
+  // A chain runs every sequence K_max steps: the shorter drafts' tables must hold that too.
+  const bool sampled = std::any_of(active.begin(), active.end(), [&](const Active& a) {
+    return !a.tree && !requests[a.index].sampler->params().greedy();
+  });
+  chain = chain && (!sampled || static_cast<int64_t>(k_max) * static_cast<int64_t>(active.size()) * vocab *
+                                        static_cast<int64_t>(sizeof(float)) <= kMaxChainProbBytes);
+  for (size_t j = 0; chain && j < active.size(); ++j) {
+    const Active& a = active[j];
+    const int len = static_cast<int>(requests[a.index].tokens.size());
+    chain = len + k_max - 1 <= options_.max_model_len && blocks_.grow_to(a.state->table, len + k_max - 1).ok() &&
+            blocks_.prepare_write(a.state->table, len + a.k - 1, len + k_max - 1, copies).ok();
   }
 
   cache_.copy_blocks(copies);
   std::vector<Active> finished;  // trees whose chain is drafted
+  if (chain && !active.empty()) {
+    TACHYON_RETURN_IF_ERROR(propose_chain(requests, active, k_max, drafts, finished));
+  } else {
+    TACHYON_RETURN_IF_ERROR(propose_stepwise(requests, active, drafts, finished));
+  }
+  // Trees: the chain, then the best side branches the budget leaves room for, likeliest first.
+  for (Active& a : finished) {
+    const DraftRequest& r = requests[a.index];
+    Draft& d = drafts[a.index];
+    const int chain_len = static_cast<int>(d.tokens.size());
+    std::erase_if(a.alternatives, [&](const Alternative& alt) { return alt.level >= chain_len; });
+    const size_t room = static_cast<size_t>(std::max(0, r.max_nodes - chain_len));
+    if (chain_len == 0 || room == 0 || a.alternatives.empty()) continue;
+    const size_t n = std::min(room, a.alternatives.size());
+    std::partial_sort(a.alternatives.begin(), a.alternatives.begin() + static_cast<ptrdiff_t>(n), a.alternatives.end(),
+                      [](const Alternative& x, const Alternative& y) {
+                        return x.score != y.score ? x.score > y.score
+                                                  : (x.level != y.level ? x.level < y.level : x.token < y.token);
+                      });
+    d.parents.resize(static_cast<size_t>(chain_len));
+    for (int i = 0; i < chain_len; ++i) d.parents[static_cast<size_t>(i)] = i - 1;
+    for (size_t i = 0; i < n; ++i) {
+      d.tokens.push_back(a.alternatives[i].token);
+      d.parents.push_back(a.alternatives[i].level - 1);
+    }
+  }
+  // What the draft wrote beyond the last run token stays in the table; positions past the tokens
+  // it ran are dropped now so that the table never claims positions it holds nothing for.
+  for (const DraftRequest& r : requests) {
+    auto it = states_.find(r.id);
+    if (it != states_.end()) blocks_.truncate(it->second.table, static_cast<int>(it->second.tokens.size()));
+  }
+  return Status::Ok();
+}
+
+Status DraftModelProposer::propose_chain(std::span<const DraftRequest> requests, std::vector<Active>& active,
+                                         int k_max, std::vector<Draft>& drafts, std::vector<Active>& finished) {
+  const Device dev = model_.device();
+  const auto n = static_cast<int64_t>(active.size());
+  int top = 0;  // tokens of each level's ranking: the chain's, then the side branches'
+  for (const Active& a : active) {
+    if (a.tree) top = std::max(top, requests[a.index].max_nodes - a.k + 1);
+  }
+  top = std::min<int>(top, static_cast<int>(ops::kMaxTopTokens));
+  const int vocab = model_.config().vocab_size;
+  // Sampled chains (not trees: their tokens are the argmax) draw on the device, each level with a
+  // uniform from the request's draft stream, in level order as the host would draw them.
+  Tensor params;  // [K_max, n, kSampleParams] on the host, or undefined: every row takes the argmax
+  for (int64_t j = 0; j < n; ++j) {
+    const Active& a = active[static_cast<size_t>(j)];
+    const SamplingParams& sp = requests[a.index].sampler->params();
+    if (a.tree || sp.greedy()) continue;
+    if (!params.defined()) {
+      params = Tensor::empty({k_max, n, ops::kSampleParams}, DType::kF32);
+      float* p = params.data<float>();
+      for (int64_t row = 0; row < k_max * n; ++row, p += ops::kSampleParams) {
+        std::fill(p, p + ops::kSampleParams, 0.0f);
+        p[5] = 1.0f;  // T = 0: the argmax; top-p off
+      }
+    }
+    for (int level = 0; level < a.k; ++level) {
+      float* p = params.data<float>() + (level * n + j) * ops::kSampleParams;
+      const double u = a.state->rng.next_double();
+      p[0] = sp.temperature;
+      p[1] = sp.min_p;
+      p[2] = static_cast<float>(u);
+      p[3] = static_cast<float>(u - static_cast<double>(p[2]));
+      p[4] = sp.top_k_enabled() ? static_cast<float>(sp.top_k) : 0.0f;
+      p[5] = sp.top_p;
+    }
+  }
+  struct {
+    Tensor ids, logprobs, top_ids, top_probs;  // [K_max, n] and [K_max, n, top] on the device
+    Tensor params, probs;                      // sampled: [K_max, n, kSampleParams] and [K_max, n, vocab]
+  } all;
+  TACHYON_ASSIGN_OR_RETURN(all.ids, empty_on({k_max, n}, DType::kI32, dev, "draft ids"));
+  TACHYON_ASSIGN_OR_RETURN(all.logprobs, empty_on({k_max, n}, DType::kF32, dev, "draft logprobs"));
+  if (top > 0) {
+    TACHYON_ASSIGN_OR_RETURN(all.top_ids, empty_on({k_max, n, top}, DType::kI32, dev, "draft top ids"));
+    TACHYON_ASSIGN_OR_RETURN(all.top_probs, empty_on({k_max, n, top}, DType::kF32, dev, "draft top probs"));
+  }
+  if (params.defined()) {
+    TACHYON_ASSIGN_OR_RETURN(all.params, copy_to(params, dev, "draft sampling params"));
+    TACHYON_ASSIGN_OR_RETURN(all.probs, empty_on({k_max, n, vocab}, DType::kF32, dev, "draft probabilities"));
+  }
+  // Each level's choice: the argmax or a draw (and its q), its logprob (-inf: no finite logit),
+  // and the ranking of a tree's level.
+  const auto pick = [&](const Tensor& logits, int64_t level, Tensor& next) {
+    Tensor logprobs = all.logprobs.select(0, level);
+    if (all.params.defined()) {
+      Tensor probs = all.probs.select(0, level);
+      ops::sample(logits, all.params.select(0, level), next, logprobs, &probs);
+    } else {
+      ops::argmax(logits, next, &logprobs);
+    }
+    if (top > 0) {
+      Tensor top_ids = all.top_ids.select(0, level), top_probs = all.top_probs.select(0, level);
+      ops::top_tokens(logits, top_ids, top_probs);
+    }
+  };
+  ForwardOptions fo;
+  fo.linear_mode = options_.linear_mode;
+  // Level 0: each sequence's tokens the cache has not run yet.
+  std::vector<SequenceChunk> chunks;
+  for (const Active& a : active) chunks.push_back({&a.state->table, a.start, a.run, LogitsWanted::kLast, {}});
+  TACHYON_RETURN_IF_ERROR(model_.forward_on_device(build_forward_batch(chunks), cache_, logits_, fo));
+  {
+    Tensor first = all.ids.select(0, 0);
+    pick(logits_, 0, first);
+  }
+  // Levels 1 .. K_max - 1: decode steps fed by the level before, on the device.
+  if (k_max > 1) {
+    static constexpr int32_t kPending = 0;  // the ids come from the level before
+    chunks.clear();
+    for (const Active& a : active) {
+      chunks.push_back({&a.state->table, a.start + static_cast<int>(a.run.size()), std::span<const int32_t>(&kPending, 1),
+                        LogitsWanted::kLast, {}});
+    }
+    Tensor rest = all.ids.slice(0, 1, k_max);
+    TACHYON_RETURN_IF_ERROR(model_.decode_steps(build_forward_batch(chunks), all.ids.select(0, 0), cache_, rest,
+                                                [&](const Tensor& logits, int64_t step, Tensor& next) {
+                                                  pick(logits, step + 1, next);
+                                                },
+                                                fo));
+  }
+  const auto to_host = [](const Tensor& t) -> Result<Tensor> {
+    if (!t.defined() || t.device().is_cpu()) return t;
+    Tensor h = Tensor::empty(t.shape(), t.dtype());
+    TACHYON_RETURN_IF_ERROR(copy_into(h, t));  // waits for the device
+    return h;
+  };
+  TACHYON_ASSIGN_OR_RETURN(const Tensor ids, to_host(all.ids));
+  TACHYON_ASSIGN_OR_RETURN(const Tensor logprobs, to_host(all.logprobs));
+  TACHYON_ASSIGN_OR_RETURN(const Tensor top_ids, to_host(all.top_ids));
+  TACHYON_ASSIGN_OR_RETURN(const Tensor top_probs, to_host(all.top_probs));
+  TACHYON_ASSIGN_OR_RETURN(const Tensor probs, to_host(all.probs));
+  const int64_t q_width = std::max(options_.target_vocab, vocab);  // q has the target's columns
+  for (int64_t j = 0; j < n; ++j) {
+    Active& a = active[static_cast<size_t>(j)];
+    const DraftRequest& r = requests[a.index];
+    Draft& d = drafts[a.index];
+    for (int level = 0; level < a.k; ++level) {
+      const int64_t at = level * n + j;
+      if (!std::isfinite(logprobs.data<float>()[at])) break;  // no finite logit: the draft ends here
+      const int32_t token = ids.data<int32_t>()[at];
+      if (a.tree) {
+        const int32_t* t = top_ids.data<int32_t>() + at * top;
+        const float* w = top_probs.data<float>() + at * top;
+        // t[0] is the argmax; the runners-up follow, best first (unused places: id -1, weight 0).
+        const int room = r.max_nodes - a.k;
+        for (int i = 1; i <= room && i < top; ++i) {
+          if (t[i] >= 0 && w[i] > 0.0f) a.alternatives.push_back({a.path_prob * w[i], level, t[i]});
+        }
+        a.path_prob *= w[0];
+      } else if (!r.sampler->params().greedy()) {
+        const float* q = probs.data<float>() + at * vocab;
+        d.probs.insert(d.probs.end(), q, q + vocab);
+        d.probs.resize(d.probs.size() + static_cast<size_t>(q_width - vocab), 0.0f);
+      }
+      d.tokens.push_back(token);
+    }
+    // The tokens the chain ran: those of the sequence not cached before, then the draft's but its last.
+    a.state->tokens.insert(a.state->tokens.end(), a.run.begin(), a.run.end());
+    const size_t ran = std::min(d.tokens.size(), static_cast<size_t>(a.k - 1));
+    a.state->tokens.insert(a.state->tokens.end(), d.tokens.begin(), d.tokens.begin() + static_cast<ptrdiff_t>(ran));
+    blocks_.commit(a.state->table, a.state->tokens, static_cast<int>(a.state->tokens.size()));
+    if (a.tree) finished.push_back(std::move(a));
+  }
+  return Status::Ok();
+}
+
+Status DraftModelProposer::propose_stepwise(std::span<const DraftRequest> requests, std::vector<Active>& active,
+                                            std::vector<Draft>& drafts, std::vector<Active>& finished) {
+  const int vocab = model_.config().vocab_size;
   std::vector<float> q, rank;
   std::vector<int32_t> runners_up;
   std::vector<SequenceChunk> chunks;
@@ -165,7 +372,7 @@ Status DraftModelProposer::propose(std::span<const DraftRequest> requests, std::
       chunks.push_back(c);
     }
     const ForwardBatch batch = build_forward_batch(chunks);
-    TACHYON_RETURN_IF_ERROR(model_.forward(batch, cache_, logits_, fo));
+    TACHYON_RETURN_IF_ERROR(model_.forward(batch, cache_, host_logits_, fo));
     size_t kept = 0;
     for (size_t j = 0; j < active.size(); ++j) {
       Active& a = active[j];
@@ -173,7 +380,7 @@ Status DraftModelProposer::propose(std::span<const DraftRequest> requests, std::
       blocks_.commit(a.state->table, a.state->tokens, static_cast<int>(a.state->tokens.size()));
       const DraftRequest& r = requests[a.index];
       Draft& d = drafts[a.index];
-      const float* row = logits_.data<float>() + static_cast<int64_t>(j) * vocab;
+      const float* row = host_logits_.data<float>() + static_cast<int64_t>(j) * vocab;
       // Drops a (its draft ends here); a tree's side branches are assembled after the loop.
       const auto retire = [&] {
         if (a.tree) finished.push_back(std::move(a));
@@ -226,33 +433,6 @@ Status DraftModelProposer::propose(std::span<const DraftRequest> requests, std::
       }
     }
     active.resize(kept);
-  }
-  // Trees: the chain, then the best side branches the budget leaves room for, likeliest first.
-  for (Active& a : finished) {
-    const DraftRequest& r = requests[a.index];
-    Draft& d = drafts[a.index];
-    const int chain = static_cast<int>(d.tokens.size());
-    std::erase_if(a.alternatives, [&](const Alternative& alt) { return alt.level >= chain; });
-    const size_t room = static_cast<size_t>(std::max(0, r.max_nodes - chain));
-    if (chain == 0 || room == 0 || a.alternatives.empty()) continue;
-    const size_t n = std::min(room, a.alternatives.size());
-    std::partial_sort(a.alternatives.begin(), a.alternatives.begin() + static_cast<ptrdiff_t>(n), a.alternatives.end(),
-                      [](const Alternative& x, const Alternative& y) {
-                        return x.score != y.score ? x.score > y.score
-                                                  : (x.level != y.level ? x.level < y.level : x.token < y.token);
-                      });
-    d.parents.resize(static_cast<size_t>(chain));
-    for (int i = 0; i < chain; ++i) d.parents[static_cast<size_t>(i)] = i - 1;
-    for (size_t i = 0; i < n; ++i) {
-      d.tokens.push_back(a.alternatives[i].token);
-      d.parents.push_back(a.alternatives[i].level - 1);
-    }
-  }
-  // What the draft wrote beyond the last run token stays in the table; positions past the tokens
-  // it ran are dropped now so that the table never claims positions it holds nothing for.
-  for (const DraftRequest& r : requests) {
-    auto it = states_.find(r.id);
-    if (it != states_.end()) blocks_.truncate(it->second.table, static_cast<int>(it->second.tokens.size()));
   }
   return Status::Ok();
 }

@@ -2,6 +2,15 @@
 // forward per draft position over every speculating sequence. It runs on its own paged KV cache
 // and block manager (sized by the engine like the target's), with one block table per request.
 //
+// Where the draft's logits alone decide (requests without penalties or logit bias), the K
+// positions run as one chain on the model's device: the first forward catches the sequences up,
+// then K - 1 decode steps each run the choice of the step before (LlamaModel::decode_steps,
+// replayed CUDA graphs on a GPU): the argmax for greedy requests and trees, a draw by ops::sample
+// with a uniform from the request's draft stream for sampled ones. The host reads the tokens back
+// once, with a sampled draft's q and a tree's ranked runners-up (the softmax at temperature 1; the
+// host ranks a sampled tree's under its temperature). Requests whose penalties shape q take the
+// sampler on the host after every forward.
+//
 // Catching up without re-running the prompt: the proposer remembers which token it ran at every
 // position of a request's table. At the next step the sequence may have grown by accepted drafts
 // and the target's token, and the drafts the target rejected sit in the table; the table keeps the
@@ -36,6 +45,10 @@ struct DraftModelOptions {
   // 152,064 against 0.5B's 151,936): q is returned with zeros for the tokens the draft lacks, and a
   // sequence holding such a token gets no draft. 0: the draft's own.
   int target_vocab = 0;
+  // Requests without penalties or logit bias draft as one chain of decode steps on the device, the
+  // choice taken there (ops::argmax, ops::sample, ops::top_tokens) and read back once; false: one
+  // forward and a host round trip per draft position (tests).
+  bool device_chain = true;
 };
 
 class DraftModelProposer final : public Proposer {
@@ -61,14 +74,22 @@ class DraftModelProposer final : public Proposer {
     std::vector<int32_t> tokens;  // the token run at each position of `table` so far
     Rng rng;                      // draws of sampled drafts
   };
+  struct Active;  // a request drafted for in this call
   DraftModelProposer(const LlamaModel& draft, const DraftModelOptions& options, KvCache cache);
+  // Drafts for `active` as one chain of K_max levels (every table holds them); trees go to `finished`.
+  Status propose_chain(std::span<const DraftRequest> requests, std::vector<Active>& active, int k_max,
+                       std::vector<Draft>& drafts, std::vector<Active>& finished);
+  // One forward per level and the request's sampler on the host.
+  Status propose_stepwise(std::span<const DraftRequest> requests, std::vector<Active>& active,
+                          std::vector<Draft>& drafts, std::vector<Active>& finished);
 
   const LlamaModel& model_;
   DraftModelOptions options_;
   KvCache cache_;
   BlockManager blocks_;
   std::unordered_map<uint64_t, State> states_;
-  Tensor logits_;  // [n_active, vocab] f32, reused
+  Tensor logits_;       // [n_active, vocab] f32 on the model's device (chains), reused
+  Tensor host_logits_;  // [n_active, vocab] f32 on the host (step by step), reused
 };
 
 }  // namespace tachyon

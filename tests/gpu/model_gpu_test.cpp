@@ -147,6 +147,70 @@ TEST(GpuOps, FillUniformEqualsTheCpuDrawsAndArgmaxTheCpuArgmax) {
   }
 }
 
+// top_tokens and advance_decode on the device give the CPU ops' results: vocabularies from one
+// chunk to Llama-3's (rows split over many blocks), ties in different chunks, NaN and -inf values,
+// a row with fewer finite values than m, m from 1 to kMaxTopTokens.
+TEST(GpuOps, TopTokensAndAdvanceDecodeEqualTheCpuOps) {
+  TACHYON_START_GPU();
+  const uint32_t seed = testing::fresh_seed();
+  SCOPED_TRACE(fmt::format("seed {} (TACHYON_TEST_SEED={} reproduces)", seed, seed));
+  std::mt19937 rng(seed);
+  for (int64_t d : {5, 1000, 4096, 4097, 128256}) {
+    for (int64_t m : {int64_t{1}, int64_t{7}, ops::kMaxTopTokens}) {
+      const int64_t n = 4;
+      Tensor x = testing::random_tensor({n, d}, rng);
+      float* p = x.data<float>();
+      if (d > 4100) {  // ties far apart, in different chunks
+        p[0 * d + 17] = 9.0f;
+        p[0 * d + d - 3] = 9.0f;
+        p[0 * d + 4096] = 9.0f;
+      }
+      p[1 * d + 0] = std::numeric_limits<float>::quiet_NaN();
+      p[1 * d + d - 1] = std::numeric_limits<float>::infinity();
+      for (int64_t j = 0; j < d; ++j) p[2 * d + j] = j % 997 == 1 ? static_cast<float>(j % 5) : -INFINITY;
+      Tensor ids = Tensor::empty({n, m}, DType::kI32), probs = Tensor::empty({n, m}, DType::kF32);
+      ops::top_tokens(x, ids, probs);
+      auto dx = copy_to(x, kGpu);
+      auto dids = empty_on({n, m}, DType::kI32, kGpu);
+      auto dprobs = empty_on({n, m}, DType::kF32, kGpu);
+      ASSERT_TRUE(dx.ok() && dids.ok() && dprobs.ok());
+      ops::top_tokens(*dx, *dids, *dprobs);
+      const Tensor got = to_host(*dids), got_p = to_host(*dprobs);
+      for (int64_t i = 0; i < n * m; ++i) {
+        ASSERT_EQ(got.data<int32_t>()[i], ids.data<int32_t>()[i]) << "d=" << d << " m=" << m << " at " << i;
+        ASSERT_NEAR(got_p.data<float>()[i], probs.data<float>()[i], 1e-5 + 1e-4 * probs.data<float>()[i])
+            << "d=" << d << " m=" << m << " at " << i;
+      }
+    }
+  }
+  const int64_t n = 300, columns = 8;
+  const int block_size = 16;
+  std::uniform_int_distribution<int32_t> pos(0, static_cast<int32_t>(columns * block_size) - 2);
+  Tensor next = Tensor::empty({n}, DType::kI32), tokens = Tensor::empty({n}, DType::kI32);
+  Tensor positions = Tensor::empty({n}, DType::kI32), context = Tensor::empty({n}, DType::kI32);
+  Tensor slots = Tensor::empty({n}, DType::kI32), tables = Tensor::empty({n, columns}, DType::kI32);
+  for (int64_t s = 0; s < n; ++s) {
+    next.data<int32_t>()[s] = static_cast<int32_t>(rng() % 1000);
+    tokens.data<int32_t>()[s] = -1;
+    positions.data<int32_t>()[s] = pos(rng);
+    context.data<int32_t>()[s] = positions.data<int32_t>()[s] + 1;
+    slots.data<int32_t>()[s] = -1;
+    for (int64_t c = 0; c < columns; ++c) tables.data<int32_t>()[s * columns + c] = static_cast<int32_t>(rng() % 5000);
+  }
+  std::vector<Tensor> dev;
+  for (const Tensor* t : {&next, &tokens, &positions, &context, &slots, &tables}) {
+    auto d = copy_to(*t, kGpu);
+    ASSERT_TRUE(d.ok());
+    dev.push_back(*d);
+  }
+  ops::advance_decode(next, tokens, positions, context, tables, block_size, slots);
+  ops::advance_decode(dev[0], dev[1], dev[2], dev[3], dev[5], block_size, dev[4]);
+  EXPECT_TRUE(testing::bitwise_equal(to_host(dev[1]), tokens, "tokens"));
+  EXPECT_TRUE(testing::bitwise_equal(to_host(dev[2]), positions, "positions"));
+  EXPECT_TRUE(testing::bitwise_equal(to_host(dev[3]), context, "context lens"));
+  EXPECT_TRUE(testing::bitwise_equal(to_host(dev[4]), slots, "slots"));
+}
+
 // ops::sample on the device draws the CPU op's token for the same row and uniform draw: random rows
 // with a NaN, temperatures, min-p, top-k (with a run of tied values at the boundary) and top-p
 // values, greedy rows, draws near 0 and near 1, flat and peaked rows, a small vocabulary and
@@ -189,15 +253,23 @@ TEST(GpuOps, SampleEqualsTheCpuDraw) {
       p[5] = top_ps[r];
     }
     Tensor ids = Tensor::empty({kRows}, DType::kI32), lps = Tensor::empty({kRows}, DType::kF32);
-    ops::sample(x, params, ids, lps);
     auto dx = copy_to(x, kGpu);
     auto dp = copy_to(params, kGpu);
     auto dids = empty_on({kRows}, DType::kI32, kGpu);
     auto dlps = empty_on({kRows}, DType::kF32, kGpu);
-    ASSERT_TRUE(dx.ok() && dp.ok() && dids.ok() && dlps.ok());
-    ops::sample(*dx, *dp, *dids, *dlps);
-    const Tensor got = to_host(*dids), got_lp = to_host(*dlps);
+    auto dprobs = empty_on({kRows, d}, DType::kF32, kGpu);
+    ASSERT_TRUE(dx.ok() && dp.ok() && dids.ok() && dlps.ok() && dprobs.ok());
+    Tensor probs = Tensor::empty({kRows, d}, DType::kF32);
+    ops::sample(x, params, ids, lps, &probs);
+    ops::sample(*dx, *dp, *dids, *dlps, &*dprobs);
+    const Tensor got = to_host(*dids), got_lp = to_host(*dlps), got_probs = to_host(*dprobs);
     for (int r = 0; r < kRows; ++r) {
+      // The law of each draw: the kept weights over their sum (a kept set that differs at a tied
+      // boundary would show here as well as in the token).
+      for (int64_t j = 0; j < d; ++j) {
+        const float want = probs.data<float>()[r * d + j];
+        ASSERT_NEAR(got_probs.data<float>()[r * d + j], want, 1e-6 + 1e-4 * want) << "d=" << d << " row " << r << " id " << j;
+      }
       ++total;
       // expf on the device and std::exp differ in the last bits: a draw within rounding of a
       // boundary between two tokens may pick the neighbour. Anything else must agree.
@@ -786,6 +858,76 @@ TEST(GpuModel, GraphReplayEqualsEagerBitForBit) {
       le = eager.run(chunk, LogitsWanted::kLast, no_graphs);
       ASSERT_EQ(std::memcmp(lg.raw_data(), le.raw_data(), le.nbytes()), 0) << num << " sequences, step " << step;
     }
+  }
+}
+
+// decode_steps with argmax as the pick (a graph replayed and its inputs moved on by advance_decode,
+// no host round trip) gives the tokens, logprobs and top tokens of one forward and argmax per step, bit for bit,
+// for sequences of different lengths crossing block boundaries, with graphs and eagerly.
+TEST(GpuModel, GreedyStepsOnTheDeviceEqualStepByStepDecoding) {
+  TACHYON_START_GPU();
+  LoadedModel m = testing::load_model_or_fail(testing::source_dir() + "/models/tachyon-demo", kGpu);
+  const int64_t vocab = m.model->config().vocab_size;
+  const int num = 3, steps = 37, top = 5;
+  for (bool graphs : {true, false}) {
+    ForwardOptions fo;
+    fo.cuda_graphs = graphs;
+    Sessions stepwise = Sessions::make(*m.model, num, 200, DType::kBF16);
+    Sessions chain = Sessions::make(*m.model, num, 200, DType::kBF16);
+    std::vector<std::vector<int32_t>> chunk(num);
+    for (int i = 0; i < num; ++i) chunk[i].assign(static_cast<size_t>(3 + 7 * i), static_cast<int32_t>(11 + i));
+    const Tensor first = stepwise.run(chunk, LogitsWanted::kLast, fo);
+    chain.run(chunk, LogitsWanted::kLast, fo);
+    std::vector<int32_t> first_ids(num);
+    for (int i = 0; i < num; ++i) first_ids[static_cast<size_t>(i)] = argmax(first.data<float>() + i * vocab, vocab);
+    // Step by step: the token, its logprob and the top tokens of every step's logits.
+    std::vector<int32_t> want_ids, want_top;
+    std::vector<float> want_lp, want_probs;
+    for (int i = 0; i < num; ++i) chunk[i] = {first_ids[static_cast<size_t>(i)]};
+    for (int s = 0; s < steps; ++s) {
+      const Tensor logits = stepwise.run(chunk, LogitsWanted::kLast, fo);
+      Tensor ids = Tensor::empty({num}, DType::kI32), lp = Tensor::empty({num}, DType::kF32);
+      Tensor ti = Tensor::empty({num, top}, DType::kI32), tp = Tensor::empty({num, top}, DType::kF32);
+      auto dl = copy_to(logits, kGpu);
+      auto dids = empty_on({num}, DType::kI32, kGpu), dlp = empty_on({num}, DType::kF32, kGpu);
+      auto dti = empty_on({num, top}, DType::kI32, kGpu), dtp = empty_on({num, top}, DType::kF32, kGpu);
+      ASSERT_TRUE(dl.ok() && dids.ok() && dlp.ok() && dti.ok() && dtp.ok());
+      ops::argmax(*dl, *dids, &*dlp);
+      ops::top_tokens(*dl, *dti, *dtp);
+      ids = to_host(*dids), lp = to_host(*dlp), ti = to_host(*dti), tp = to_host(*dtp);
+      for (int i = 0; i < num; ++i) chunk[i] = {ids.data<int32_t>()[i]};
+      want_ids.insert(want_ids.end(), ids.data<int32_t>(), ids.data<int32_t>() + num);
+      want_lp.insert(want_lp.end(), lp.data<float>(), lp.data<float>() + num);
+      want_top.insert(want_top.end(), ti.data<int32_t>(), ti.data<int32_t>() + num * top);
+      want_probs.insert(want_probs.end(), tp.data<float>(), tp.data<float>() + num * top);
+    }
+    // As one chain: the tables hold every position first, the batch is the first step's.
+    std::vector<SequenceChunk> batch;
+    const int32_t pending = 0;
+    for (int i = 0; i < num; ++i) {
+      const int start = chain.tables[static_cast<size_t>(i)].num_tokens();
+      ASSERT_TRUE(chain.blocks.grow_to(chain.tables[static_cast<size_t>(i)], start + steps).ok());
+      batch.push_back(SequenceChunk{&chain.tables[static_cast<size_t>(i)], start, std::span<const int32_t>(&pending, 1),
+                                    LogitsWanted::kLast, {}});
+    }
+    Tensor out_ids = *empty_on({steps, num}, DType::kI32, kGpu);
+    Tensor out_lp = *empty_on({steps, num}, DType::kF32, kGpu);
+    Tensor out_ti = *empty_on({steps, num, top}, DType::kI32, kGpu);
+    Tensor out_tp = *empty_on({steps, num, top}, DType::kF32, kGpu);
+    Tensor first_host = Tensor::empty({num}, DType::kI32);
+    std::copy(first_ids.begin(), first_ids.end(), first_host.data<int32_t>());
+    const Tensor first_dev = *copy_to(first_host, kGpu);
+    const auto pick = [&](const Tensor& logits, int64_t s, Tensor& next) {
+      Tensor lp = out_lp.select(0, s), ti = out_ti.select(0, s), tp = out_tp.select(0, s);
+      ops::argmax(logits, next, &lp);
+      ops::top_tokens(logits, ti, tp);
+    };
+    ASSERT_TRUE(m.model->decode_steps(build_forward_batch(batch), first_dev, chain.cache, out_ids, pick, fo).ok());
+    const Tensor ids = to_host(out_ids), lp = to_host(out_lp), ti = to_host(out_ti), tp = to_host(out_tp);
+    EXPECT_EQ(std::vector<int32_t>(ids.data<int32_t>(), ids.data<int32_t>() + steps * num), want_ids) << graphs;
+    EXPECT_EQ(std::memcmp(lp.raw_data(), want_lp.data(), lp.nbytes()), 0) << graphs;
+    EXPECT_EQ(std::vector<int32_t>(ti.data<int32_t>(), ti.data<int32_t>() + steps * num * top), want_top) << graphs;
+    EXPECT_EQ(std::memcmp(tp.raw_data(), want_probs.data(), tp.nbytes()), 0) << graphs;
   }
 }
 

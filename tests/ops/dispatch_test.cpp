@@ -132,6 +132,75 @@ TEST(OpsArgmax, FirstLargestFiniteValue) {
   }
 }
 
+// top_tokens against a plain sort of every finite value: ranking by value then id (ties, a
+// maximum at the end), non-finite values left out, rows with fewer finite values than m.
+TEST(OpsTopTokens, TheMLargestFiniteValuesRankedWithTheirSoftmax) {
+  std::mt19937 rng(testing::fresh_seed());
+  const int64_t d = 777, m = 9;
+  Tensor x = testing::random_tensor({5, d}, rng);
+  float* p = x.data<float>();
+  p[0 * d + 776] = 6.0f;
+  p[1 * d + 40] = 3.0f, p[1 * d + 12] = 3.0f, p[1 * d + 500] = 3.0f;  // a three-way tie: ids ascending
+  p[2 * d + 3] = std::numeric_limits<float>::infinity();
+  p[2 * d + 4] = std::numeric_limits<float>::quiet_NaN();
+  for (int64_t j = 0; j < d; ++j) p[3 * d + j] = j % 200 == 0 ? static_cast<float>(j) * 0.01f : -INFINITY;  // 4 finite
+  for (int64_t j = 0; j < d; ++j) p[4 * d + j] = -std::numeric_limits<float>::infinity();                   // none
+  Tensor ids = Tensor::empty({5, m}, DType::kI32), probs = Tensor::empty({5, m}, DType::kF32);
+  ops::top_tokens(x, ids, probs);
+  Tensor argmax_ids = Tensor::empty({5}, DType::kI32);
+  ops::argmax(x, argmax_ids);
+  for (int64_t r = 0; r < 5; ++r) {
+    const float* row = p + r * d;
+    std::vector<int32_t> order;
+    double sum = 0.0, top = -INFINITY;
+    for (int64_t j = 0; j < d; ++j) top = std::isfinite(row[j]) ? std::max<double>(top, row[j]) : top;
+    for (int64_t j = 0; j < d; ++j) {
+      if (!std::isfinite(row[j])) continue;
+      order.push_back(static_cast<int32_t>(j));
+      sum += std::exp(row[j] - top);
+    }
+    std::stable_sort(order.begin(), order.end(), [row](int32_t a, int32_t b) { return row[a] > row[b]; });
+    for (int64_t i = 0; i < m; ++i) {
+      const int32_t got = ids.data<int32_t>()[r * m + i];
+      const float w = probs.data<float>()[r * m + i];
+      if (static_cast<size_t>(i) < order.size()) {
+        EXPECT_EQ(got, order[static_cast<size_t>(i)]) << r << " " << i;
+        EXPECT_NEAR(w, std::exp(row[got] - top) / sum, 1e-6) << r << " " << i;
+      } else {
+        EXPECT_EQ(got, -1) << r << " " << i;
+        EXPECT_EQ(w, 0.0f) << r << " " << i;
+      }
+    }
+    if (r != 4) EXPECT_EQ(ids.data<int32_t>()[r * m], argmax_ids.data<int32_t>()[r]);
+  }
+  EXPECT_EQ(ids.data<int32_t>()[1 * m + 0], 12);
+  EXPECT_EQ(ids.data<int32_t>()[1 * m + 1], 40);
+  EXPECT_EQ(ids.data<int32_t>()[1 * m + 2], 500);
+}
+
+// advance_decode moves every sequence of a decode batch to its next position: token from the
+// step before, position and context length + 1, the slot in its table (across a block boundary).
+TEST(OpsAdvanceDecode, NextPositionTokenAndSlot) {
+  const int block_size = 4;
+  const auto i32 = [](std::vector<int32_t> v) {
+    Tensor t = Tensor::empty({static_cast<int64_t>(v.size())}, DType::kI32);
+    std::copy(v.begin(), v.end(), t.data<int32_t>());
+    return t;
+  };
+  Tensor next = i32({11, 22, 33}), tokens = i32({1, 2, 3}), positions = i32({2, 3, 0});
+  Tensor context = i32({3, 4, 1}), slots = i32({-5, -5, -5});
+  Tensor tables = Tensor::empty({3, 3}, DType::kI32);
+  const int32_t t[] = {7, 8, -1, 5, 9, -1, 2, -1, -1};
+  std::copy(std::begin(t), std::end(t), tables.data<int32_t>());
+  ops::advance_decode(next, tokens, positions, context, tables, block_size, slots);
+  EXPECT_EQ(std::vector<int32_t>(tokens.data<int32_t>(), tokens.data<int32_t>() + 3), (std::vector<int32_t>{11, 22, 33}));
+  EXPECT_EQ(std::vector<int32_t>(positions.data<int32_t>(), positions.data<int32_t>() + 3), (std::vector<int32_t>{3, 4, 1}));
+  EXPECT_EQ(std::vector<int32_t>(context.data<int32_t>(), context.data<int32_t>() + 3), (std::vector<int32_t>{4, 5, 2}));
+  // Position 3 is block 7's last slot, position 4 block 9's first, position 1 block 2's second.
+  EXPECT_EQ(std::vector<int32_t>(slots.data<int32_t>(), slots.data<int32_t>() + 3),
+            (std::vector<int32_t>{7 * 4 + 3, 9 * 4 + 0, 2 * 4 + 1}));
+}
+
 TEST(OpsFillUniform, DeterministicInRangeAndIndependentOfThreads) {
   Tensor a = Tensor::empty({300007}, DType::kF32);
   ops::fill_uniform(a, 5, 2, 0.5f, 1.0f);

@@ -69,8 +69,16 @@ TEST(OpsSample, DrawsWhatTheSamplerDraws) {
       set_params(params.data<float>() + kCols * r, sp, sp.greedy() ? 0.0 : draws.next_double());
     }
     Tensor ids = Tensor::empty({kRows}, DType::kI32), lps = Tensor::empty({kRows}, DType::kF32);
-    ops::sample(x, params, ids, lps);
+    Tensor probs = Tensor::empty({kRows, kVocab}, DType::kF32);
+    ops::sample(x, params, ids, lps, &probs);
+    std::vector<float> q;
     for (int r = 0; r < kRows; ++r) {
+      // The law of the draw is the Sampler's q (its kept set and weights).
+      ASSERT_TRUE(sampler.probabilities(x.data<float>() + r * kVocab, kVocab, TokenCounts(), q).ok());
+      for (int j = 0; j < kVocab; ++j) {
+        ASSERT_NEAR(probs.data<float>()[r * kVocab + j], q[static_cast<size_t>(j)], 1e-6 + 1e-5 * q[static_cast<size_t>(j)])
+            << "T " << cfg.temperature << " top_k " << cfg.top_k << " top_p " << cfg.top_p << " row " << r << " id " << j;
+      }
       auto expected = sampler.sample(x.data<float>() + r * kVocab, kVocab);
       ASSERT_TRUE(expected.ok()) << expected.status().to_string();
       ++total;

@@ -472,6 +472,88 @@ TEST_F(SpecEngineTest, DraftModelCacheCatchesUpWithoutTheRejectedTokens) {
   EXPECT_EQ((*used)->num_cached_tokens(7), -1);
 }
 
+// The draft's chain of decode steps (one read-back per call) drafts what one forward and a host
+// round trip per position draft: greedy chains and trees, requests of different K in one batch
+// (the chain runs them all K_max deep), over calls that accept part of the draft, a sampled tree,
+// and a sampled chain (the same draws from the same uniforms, and the same q).
+TEST_F(SpecEngineTest, DraftChainDraftsWhatStepwiseDrafting) {
+  DraftModelOptions o;
+  o.num_kv_blocks = 96;
+  o.max_model_len = 512;
+  o.linear_mode = ops::LinearMode::kBatchInvariant;
+  DraftModelOptions stepwise_options = o;
+  stepwise_options.device_chain = false;
+  auto chain = DraftModelProposer::create(*draft_->model, o);
+  auto stepwise = DraftModelProposer::create(*draft_->model, stepwise_options);
+  ASSERT_TRUE(chain.ok() && stepwise.ok());
+  const int vocab = target_->model->config().vocab_size;
+  SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  SamplingParams warm;
+  warm.temperature = 0.8f;
+  warm.seed = 3;
+  SamplingParams truncated = warm;
+  truncated.top_k = 40;
+  truncated.top_p = 0.9f;
+  std::vector<Sampler> samplers{*Sampler::create(greedy, vocab), *Sampler::create(greedy, vocab),
+                                *Sampler::create(greedy, vocab), *Sampler::create(warm, vocab),
+                                *Sampler::create(truncated, vocab)};
+  std::vector<std::vector<int32_t>> seqs;
+  for (int i = 0; i < 5; ++i) seqs.push_back((*cases_)[static_cast<size_t>(i % cases_->size())].prompt);
+  seqs[1].push_back(5);  // two requests of one prompt would share its cached blocks
+  seqs[4].push_back(6);
+  const int ks[] = {5, 2, 4, 3, 4};
+  const int nodes[] = {0, 0, 9, 7, 0};  // requests 2 and 3 draft trees, 4 is a sampled chain
+  for (int round = 0; round < 4; ++round) {
+    std::vector<DraftRequest> requests;
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      requests.push_back({100 + i, seqs[i], ks[i] + round % 2, &samplers[i], nodes[i]});
+    }
+    std::vector<Draft> a, b;
+    ASSERT_TRUE((*chain)->propose(requests, a).ok());
+    ASSERT_TRUE((*stepwise)->propose(requests, b).ok());
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      SCOPED_TRACE(::testing::Message() << "round " << round << " request " << i);
+      ASSERT_FALSE(a[i].tokens.empty());
+      if (samplers[i].params().greedy() || nodes[i] == 0) {
+        EXPECT_EQ(a[i].tokens, b[i].tokens);
+        EXPECT_EQ(a[i].parents, b[i].parents);
+      } else {
+        // A sampled tree's side branches are ranked at temperature 1 on the device and under the
+        // request's temperature on the host: the first branch (the argmax chain) agrees.
+        const auto branch = [](const Draft& d) {
+          std::vector<int32_t> out;
+          for (size_t n = 0; n < d.tokens.size() && d.parents[n] == static_cast<int32_t>(n) - 1; ++n) {
+            out.push_back(d.tokens[n]);
+          }
+          return out;
+        };
+        EXPECT_EQ(branch(a[i]), branch(b[i]));
+        EXPECT_EQ(a[i].tokens.size(), b[i].tokens.size());
+      }
+      if (nodes[i] == 0 && !samplers[i].params().greedy()) {  // q of each drafted position
+        ASSERT_EQ(a[i].probs.size(), b[i].probs.size());
+        ASSERT_EQ(a[i].probs.size(), a[i].tokens.size() * static_cast<size_t>(vocab));
+        for (size_t j = 0; j < a[i].probs.size(); ++j) ASSERT_NEAR(a[i].probs[j], b[i].probs[j], 1e-6) << j;
+      } else {
+        EXPECT_TRUE(a[i].probs.empty() && b[i].probs.empty());
+      }
+      EXPECT_EQ((*chain)->num_cached_tokens(100 + i), (*stepwise)->num_cached_tokens(100 + i));
+      // The target keeps part of the chain and then picks a token of its own.
+      const size_t depth = std::min<size_t>(a[i].tokens.size(), static_cast<size_t>(ks[i]));
+      const size_t kept = (static_cast<size_t>(round) + i) % (depth + 1);
+      seqs[i].insert(seqs[i].end(), a[i].tokens.begin(), a[i].tokens.begin() + static_cast<ptrdiff_t>(kept));
+      seqs[i].push_back(static_cast<int32_t>((seqs[i].back() * 7 + 11) % vocab));
+    }
+  }
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    (*chain)->release(100 + i);
+    (*stepwise)->release(100 + i);
+  }
+  EXPECT_TRUE((*chain)->check_no_leaks().ok());
+  EXPECT_TRUE((*stepwise)->check_no_leaks().ok());
+}
+
 // The exact law of the first `depth` generated tokens of `prompt` under `params`, from one forward
 // per prefix: outcome (t1, ..., t_depth) -> probability.
 std::map<std::vector<int32_t>, double> exact_law(const LlamaModel& model, const std::vector<int32_t>& prompt,
@@ -525,29 +607,43 @@ TEST_F(SpecEngineTest, SampledOutputKeepsTheTargetDistribution) {
       "for (int i = 0; i < n; ++i) {\n  a[i] = b[i] + c[i];\n}\nfor (int i = 0; i < n; ++i) {\n  a[i] = b[i]");
   ASSERT_GE(prompt.size(), 49u);
   prompt.resize(49);
-  SamplingParams sp;
-  sp.temperature = 2.0f;  // flat enough that every outcome is seen
-  sp.top_k = 2;
-  sp.frequency_penalty = 1.0f;
+  SamplingParams penalized;
+  penalized.temperature = 2.0f;  // flat enough that every outcome is seen
+  penalized.top_k = 2;
+  penalized.frequency_penalty = 1.0f;
+  // Without penalties the draft model's chain draws on the device (ops::sample and its q).
+  SamplingParams plain = penalized;
+  plain.frequency_penalty = 0.0f;
   constexpr int kDepth = 4;
-  const auto law = exact_law(*target_->model, prompt, sp, kDepth);
-  double total = 0.0;
-  for (const auto& [o, pr] : law) total += pr;
-  ASSERT_NEAR(total, 1.0, 1e-4);
-  // The last case: a draft without the target's last rows, whose q the verifier sees padded with zeros.
+  std::map<std::vector<int32_t>, double> laws[2];
+  for (int i = 0; i < 2; ++i) {
+    laws[i] = exact_law(*target_->model, prompt, i == 0 ? penalized : plain, kDepth);
+    double total = 0.0;
+    for (const auto& [o, pr] : laws[i]) total += pr;
+    ASSERT_NEAR(total, 1.0, 1e-4);
+  }
+  // The last cases: a draft without the target's last rows, whose q the verifier sees padded with zeros.
   const std::unique_ptr<LlamaModel> small = truncated_draft(*draft_->model, 7900);
   struct Run {
     SpecMethod method;
     int tree_nodes;
     const LlamaModel* draft;
+    bool penalty;
   };
-  for (auto [method, tree_nodes, draft] : std::vector<Run>{{SpecMethod::kDraftModel, 0, draft_->model.get()},
-                                                           {SpecMethod::kNgram, 0, nullptr},
-                                                           {SpecMethod::kDraftModel, 4, draft_->model.get()},
-                                                           {SpecMethod::kNgram, 6, nullptr},
-                                                           {SpecMethod::kDraftModel, 0, small.get()}}) {
-    SCOPED_TRACE(fmt::format("{} tree {}{}", spec_method_name(method), tree_nodes,
-                             draft == small.get() ? ", a draft of 7900 rows" : ""));
+  for (auto [method, tree_nodes, draft, penalty] :
+       std::vector<Run>{{SpecMethod::kDraftModel, 0, draft_->model.get(), true},
+                        {SpecMethod::kNgram, 0, nullptr, true},
+                        {SpecMethod::kDraftModel, 4, draft_->model.get(), true},
+                        {SpecMethod::kNgram, 6, nullptr, true},
+                        {SpecMethod::kDraftModel, 0, small.get(), true},
+                        {SpecMethod::kDraftModel, 0, draft_->model.get(), false},
+                        {SpecMethod::kDraftModel, 4, draft_->model.get(), false},
+                        {SpecMethod::kDraftModel, 0, small.get(), false}}) {
+    SCOPED_TRACE(fmt::format("{} tree {}{}{}", spec_method_name(method), tree_nodes,
+                             draft == small.get() ? ", a draft of 7900 rows" : "",
+                             penalty ? ", frequency penalty" : ", no penalty"));
+    const SamplingParams& sp = penalty ? penalized : plain;
+    const auto& law = laws[penalty ? 0 : 1];
     EngineOptions o = small_options(64);
     o.max_model_len = 64;
     o.num_kv_blocks = 5 * 64;

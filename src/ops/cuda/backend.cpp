@@ -79,6 +79,7 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
     for (auto& [key, p] : opened_) cudaIpcCloseMemHandle(p);
     workspace_ = Scratch();
     argmax_workspace_ = Scratch();
+    top_workspace_ = Scratch();
     rope_tables_.clear();
     linear_.reset();
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
@@ -521,8 +522,40 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
                             argmax_workspace_.data.get(), argmax_workspace_.bytes));
   }
 
-  void sample(const Tensor& x, const Tensor& params, Tensor& ids, Tensor& logprobs) override {
-    on_device("sample", {&x, &params, &ids, &logprobs});
+  void top_tokens(const Tensor& x, Tensor& ids, Tensor& probs) override {
+    on_device("top_tokens", {&x, &ids, &probs});
+    TACHYON_CHECK(x.dim() == 2 && x.stride(1) == 1 && x.dtype() == DType::kF32 && ids.dim() == 2 &&
+                      ids.size(0) == x.size(0) && ids.size(1) >= 1 && ids.size(1) <= kMaxTopTokens &&
+                      ids.dtype() == DType::kI32 && ids.is_contiguous() && probs.shape() == ids.shape() &&
+                      probs.dtype() == DType::kF32 && probs.is_contiguous(),
+                  "top_tokens: x {} ids {} probs {}", x.shape_string(), ids.shape_string(), probs.shape_string());
+    const int m = static_cast<int>(ids.size(1));
+    grow_scratch(top_workspace_, top_tokens_workspace_bytes(x.size(0), x.size(1), m), "top tokens workspace");
+    require_ok(cuda::top_tokens(x.data<float>(), x.stride(0), x.size(0), x.size(1), m, ids.data<int32_t>(),
+                                probs.data<float>(), top_workspace_.data.get(), top_workspace_.bytes, stream_));
+  }
+
+  void advance_decode(const Tensor& next_ids, Tensor& token_ids, Tensor& positions, Tensor& context_lens,
+                      const Tensor& block_tables, int block_size, Tensor& slot_mapping) override {
+    on_device("advance_decode", {&next_ids, &token_ids, &positions, &context_lens, &block_tables, &slot_mapping});
+    const int64_t n = token_ids.size(0);
+    for (const Tensor* t : std::initializer_list<const Tensor*>{&next_ids, &token_ids, &positions, &context_lens, &slot_mapping}) {
+      TACHYON_CHECK(t->dim() == 1 && t->size(0) == n && t->dtype() == DType::kI32 && t->is_contiguous(),
+                    "advance_decode: {} {} for {} sequences", t->shape_string(), dtype_name(t->dtype()), n);
+    }
+    TACHYON_CHECK(block_tables.dim() == 2 && block_tables.size(0) == n && block_tables.dtype() == DType::kI32 &&
+                      block_tables.is_contiguous(),
+                  "advance_decode: block tables {} for {} sequences", block_tables.shape_string(), n);
+    require_ok(cuda::advance_decode(next_ids.data<int32_t>(), token_ids.data<int32_t>(), positions.data<int32_t>(),
+                                    context_lens.data<int32_t>(), block_tables.data<int32_t>(), block_tables.size(1),
+                                    block_size, slot_mapping.data<int32_t>(), n, stream_));
+  }
+
+  void sample(const Tensor& x, const Tensor& params, Tensor& ids, Tensor& logprobs, Tensor* probs) override {
+    on_device("sample", {&x, &params, &ids, &logprobs, probs});
+    TACHYON_CHECK(probs == nullptr || (probs->shape() == x.shape() && probs->dtype() == DType::kF32 &&
+                                       probs->is_contiguous()),
+                  "sample: probs {} for x {}", probs->shape_string(), x.shape_string());
     TACHYON_CHECK(x.dim() == 2 && x.stride(1) == 1 && x.dtype() == DType::kF32 && params.dim() == 2 &&
                       params.size(0) == x.size(0) && params.size(1) == kSampleParams && params.dtype() == DType::kF32 &&
                       params.is_contiguous() && ids.dim() == 1 && ids.size(0) == x.size(0) &&
@@ -531,7 +564,8 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
                   "sample: x {} params {} ids {} logprobs {}", x.shape_string(), params.shape_string(),
                   ids.shape_string(), logprobs.shape_string());
     require_ok(cuda::sample(x.data<float>(), x.stride(0), x.size(0), x.size(1), params.data<float>(),
-                            ids.data<int32_t>(), logprobs.data<float>(), stream_));
+                            ids.data<int32_t>(), logprobs.data<float>(), stream_,
+                            probs != nullptr ? probs->data<float>() : nullptr));
   }
 
   void quantize_int8_rows(const Tensor& w, Tensor& packed, Tensor& scales) override {
@@ -757,6 +791,7 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
 
   Scratch workspace_;         // paged attention (decode partial results)
   Scratch argmax_workspace_;  // argmax chunks
+  Scratch top_workspace_;     // top_tokens candidates
   uint64_t epoch_ = 0;        // scratch replacements here (the linear context counts its own)
   std::unordered_map<const float*, RopeUpload> rope_tables_;
   std::mutex shared_mu_;                             // open_shared() runs on receiver threads

@@ -125,11 +125,20 @@ Status fill_uniform(void* data, DType dtype, int64_t count, uint64_t seed, uint6
 Status argmax(const float* x, int64_t x_stride, int64_t n, int64_t d, int32_t* ids, float* logprobs, Stream stream,
               void* workspace = nullptr, size_t workspace_bytes = 0);
 size_t argmax_workspace_bytes(int64_t n, int64_t d);
+// ops::top_tokens on device pointers: ids and probs [n, m] packed; workspace of
+// top_tokens_workspace_bytes(n, d, m).
+Status top_tokens(const float* x, int64_t x_stride, int64_t n, int64_t d, int m, int32_t* ids, float* probs,
+                  void* workspace, size_t workspace_bytes, Stream stream);
+size_t top_tokens_workspace_bytes(int64_t n, int64_t d, int m);
+// ops::advance_decode on device pointers (block_tables [n, columns] packed).
+Status advance_decode(const int32_t* next_ids, int32_t* token_ids, int32_t* positions, int32_t* context_lens,
+                      const int32_t* block_tables, int64_t columns, int block_size, int32_t* slot_mapping, int64_t n,
+                      Stream stream);
 
 // ops::sample's contract (ops/ops.h) on device pointers: params [n, 6] f32 (temperature, min_p,
-// u_hi, u_lo, top_k, top_p), ids [n] i32, logprobs [n] f32.
+// u_hi, u_lo, top_k, top_p), ids [n] i32, logprobs [n] f32, probs (nullable) [n, d] f32 packed.
 Status sample(const float* x, int64_t x_stride, int64_t n, int64_t d, const float* params, int32_t* ids,
-              float* logprobs, Stream stream);
+              float* logprobs, Stream stream, float* probs = nullptr);
 // ops::quantize_int8_rows on device pointers: w [out, in] (dtype f32/f16/bf16, rows w_stride
 // apart) -> packed [out, in] i8 and scales [out] f32 (NaN marks a row with a non-finite weight).
 Status quantize_int8_rows(const void* w, DType dtype, int64_t w_stride, int64_t out, int64_t in, int8_t* packed,

@@ -239,12 +239,41 @@ Status argmax(const float* x, int64_t x_stride, int64_t n, int64_t d, int32_t* i
 
 size_t argmax_workspace_bytes(int64_t n, int64_t d) { return detail::argmax_workspace_bytes(n, d); }
 
+Status top_tokens(const float* x, int64_t x_stride, int64_t n, int64_t d, int m, int32_t* ids, float* probs,
+                  void* workspace, size_t workspace_bytes, Stream stream) {
+  TACHYON_CUDA_REQUIRE(n >= 0 && n <= 65535 && d >= 1 && d < 0x7fffffff && x_stride >= d,
+                       "top_tokens: [{}, {}] rows {} apart", n, d, x_stride);
+  TACHYON_CUDA_REQUIRE(m >= 1 && m <= kMaxTopTokens, "top_tokens: m {} outside [1, {}]", m, kMaxTopTokens);
+  TACHYON_CUDA_REQUIRE(n == 0 || (x != nullptr && ids != nullptr && probs != nullptr), "top_tokens: null pointer");
+  TACHYON_CUDA_REQUIRE(n == 0 || (workspace != nullptr && workspace_bytes >= top_tokens_workspace_bytes(n, d, m)),
+                       "top_tokens: {} bytes of workspace, {} needed", workspace_bytes,
+                       top_tokens_workspace_bytes(n, d, m));
+  TACHYON_CUDA_RETURN_IF_ERROR(
+      detail::launch_top_tokens(x, x_stride, n, d, m, ids, probs, workspace, workspace_bytes, stream));
+  return Status::Ok();
+}
+
+size_t top_tokens_workspace_bytes(int64_t n, int64_t d, int m) { return detail::top_tokens_workspace_bytes(n, d, m); }
+
+Status advance_decode(const int32_t* next_ids, int32_t* token_ids, int32_t* positions, int32_t* context_lens,
+                      const int32_t* block_tables, int64_t columns, int block_size, int32_t* slot_mapping, int64_t n,
+                      Stream stream) {
+  TACHYON_CUDA_REQUIRE(n >= 0 && n < 0x7fffffff && columns >= 0 && block_size >= 1,
+                       "advance_decode: {} sequences, {} table columns, block size {}", n, columns, block_size);
+  TACHYON_CUDA_REQUIRE(n == 0 || (next_ids != nullptr && token_ids != nullptr && positions != nullptr &&
+                                  context_lens != nullptr && block_tables != nullptr && slot_mapping != nullptr),
+                       "advance_decode: null pointer");
+  TACHYON_CUDA_RETURN_IF_ERROR(detail::launch_advance_decode(next_ids, token_ids, positions, context_lens, block_tables,
+                                                             columns, block_size, slot_mapping, n, stream));
+  return Status::Ok();
+}
+
 Status sample(const float* x, int64_t x_stride, int64_t n, int64_t d, const float* params, int32_t* ids,
-              float* logprobs, Stream stream) {
+              float* logprobs, Stream stream, float* probs) {
   TACHYON_CUDA_REQUIRE(n >= 0 && d >= 1 && x_stride >= d, "sample: [{}, {}] rows {} apart", n, d, x_stride);
   TACHYON_CUDA_REQUIRE(n == 0 || (x != nullptr && params != nullptr && ids != nullptr && logprobs != nullptr),
                        "sample: null pointer");
-  TACHYON_CUDA_RETURN_IF_ERROR(detail::launch_sample(x, x_stride, n, d, params, ids, logprobs, stream));
+  TACHYON_CUDA_RETURN_IF_ERROR(detail::launch_sample(x, x_stride, n, d, params, ids, logprobs, probs, stream));
   return Status::Ok();
 }
 

@@ -247,6 +247,14 @@ cudaError_t launch_argmax(const float* x, int64_t x_stride, int64_t n, int64_t d
                           void* workspace, size_t workspace_bytes, Stream stream);
 cudaError_t launch_fill_uniform(void* data, DType dtype, int64_t count, uint64_t base, float bound, float offset,
                                 Stream stream);
+// ops::top_tokens with m in [1, kMaxTopTokens]; needs workspace of top_tokens_workspace_bytes.
+size_t top_tokens_workspace_bytes(int64_t n, int64_t d, int m);
+cudaError_t launch_top_tokens(const float* x, int64_t x_stride, int64_t n, int64_t d, int m, int32_t* ids,
+                              float* probs, void* workspace, size_t workspace_bytes, Stream stream);
+// ops::advance_decode (block_tables [n, columns] packed).
+cudaError_t launch_advance_decode(const int32_t* next_ids, int32_t* token_ids, int32_t* positions,
+                                  int32_t* context_lens, const int32_t* block_tables, int64_t columns, int block_size,
+                                  int32_t* slot_mapping, int64_t n, Stream stream);
 
 // ---- int8 weights (quant.cu) ---------------------------------------------------------------------
 // ops::quantize_int8_rows: w [out, in] (dtype, rows w_stride apart) -> packed [out, in] i8, scales
@@ -270,9 +278,10 @@ cudaError_t launch_dequantize_int4_groups(const uint8_t* packed, int64_t w_strid
                                           int64_t dst_stride, Stream stream);
 
 // ---- sampling (sample.cu) -------------------------------------------------------------------------
-// ops::sample on the device: one block per row; params [n, 6] f32 (ops::kSampleParams).
+// ops::sample on the device: one block per row; params [n, 6] f32 (ops::kSampleParams); probs
+// (nullable) [n, d] packed.
 cudaError_t launch_sample(const float* x, int64_t x_stride, int64_t n, int64_t d, const float* params, int32_t* ids,
-                          float* logprobs, Stream stream);
+                          float* logprobs, float* probs, Stream stream);
 // ops::adjust_logits: edits [m, 5] f32 (row, token, bias, repetition, subtract); edits naming a
 // place outside x[n, d] are skipped (the caller checks them).
 cudaError_t launch_adjust_logits(float* x, int64_t x_stride, int64_t n, int64_t d, const float* edits, int64_t m,

@@ -1,5 +1,6 @@
-// Row argmax (greedy sampling on the device) and the counter-based uniform fill of synthetic
-// weights (the same draws as ops/cpu/fill.cpp).
+// Row argmax (greedy sampling on the device), the m best tokens of a row (a draft's token tree),
+// a decode batch's step on the device, and the counter-based uniform fill of synthetic weights
+// (the same draws as ops/cpu/fill.cpp).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -175,6 +176,145 @@ __global__ void argmax_merge_kernel(const ArgmaxPart* parts, int chunks, int32_t
   }
 }
 
+// ---- top_tokens: the m best of a row, in two passes --------------------------------------------
+// Pass 1, grid (chunks, rows) of kTopThreads: block (c, r) holds columns [c * chunk, (c + 1) *
+// chunk) of row r in registers (kTopPerThread a thread), reduces them to their maximum and sum of
+// exp(x - max), and picks its m best in m rounds, each a block-wide search for the best value
+// ranked after the previous pick (value descending, then id ascending). Pass 2, one block per
+// row, merges the chunks' m best the same way and normalizes by the row's rescaled sum.
+constexpr int kTopThreads = 256;
+constexpr int kTopPerThread = 16;
+constexpr int64_t kTopChunk = static_cast<int64_t>(kTopThreads) * kTopPerThread;
+
+struct TopPart {
+  float m;  // the chunk's maximum (-inf: nothing finite)
+  float l;  // sum of exp(x - m) over its finite values
+};
+
+// Ranked strictly after (pv, pi): smaller value, or the same value and a larger id.
+__device__ __forceinline__ bool ranked_after(float v, int i, float pv, int pi) { return v < pv || (v == pv && i > pi); }
+
+// The best (v, i) of the block (every thread passes its own; -inf/0x7fffffff for none), returned
+// to every thread.
+__device__ __forceinline__ Best block_best(Best b, Best* partial) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  warp_reduce(b);
+  __syncthreads();  // partial may still be read by the previous call
+  if (lane == 0) partial[warp] = b;
+  __syncthreads();
+  b = lane < warps ? partial[lane] : Best{-INFINITY, 0x7fffffff};
+  warp_reduce(b);
+  return Best{__shfl_sync(kFullMask, b.v, 0), __shfl_sync(kFullMask, b.i, 0)};
+}
+
+__global__ void top_chunk_kernel(const float* x, int64_t x_stride, int64_t d, int64_t chunk, int m, TopPart* parts,
+                                 Best* candidates) {
+  pdl_wait();
+  pdl_trigger();
+  const float* row = x + static_cast<int64_t>(blockIdx.y) * x_stride;
+  const int64_t begin = static_cast<int64_t>(blockIdx.x) * chunk;
+  const int64_t end = min64(d, begin + chunk);
+  float v[kTopPerThread];
+  float mx = -INFINITY;
+#pragma unroll
+  for (int e = 0; e < kTopPerThread; ++e) {
+    const int64_t j = begin + threadIdx.x + static_cast<int64_t>(e) * kTopThreads;
+    v[e] = j < end ? finite_or_neg_inf(row[j]) : -INFINITY;
+    mx = fmaxf(mx, v[e]);
+  }
+  __shared__ Best partial[kTopThreads / 32];
+  __shared__ float partial_sum[kTopThreads / 32];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const float top = block_best(Best{mx, 0}, partial).v;
+  float sum = 0.0f;
+  if (top != -INFINITY) {
+#pragma unroll
+    for (int e = 0; e < kTopPerThread; ++e) sum += __expf(v[e] - top);
+  }
+  sum = warp_sum(sum);
+  if (lane == 0) partial_sum[warp] = sum;
+  __syncthreads();
+  const int64_t part = static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x;
+  if (threadIdx.x == 0) {
+    float total = 0.0f;
+    for (int w = 0; w < kTopThreads / 32; ++w) total += partial_sum[w];
+    parts[part] = TopPart{top, total};
+  }
+  Best prev{INFINITY, -1};
+  for (int r = 0; r < m; ++r) {
+    Best b{-INFINITY, 0x7fffffff};
+    if (prev.v != -INFINITY) {
+#pragma unroll
+      for (int e = 0; e < kTopPerThread; ++e) {
+        const int i = static_cast<int>(begin + threadIdx.x + static_cast<int64_t>(e) * kTopThreads);
+        if (v[e] != -INFINITY && ranked_after(v[e], i, prev.v, prev.i)) keep_better(b.v, b.i, v[e], i);
+      }
+    }
+    prev = block_best(b, partial);
+    if (threadIdx.x == 0) candidates[part * m + r] = prev;
+  }
+}
+
+__global__ void top_merge_kernel(const TopPart* parts, const Best* candidates, int chunks, int m, int32_t* ids,
+                                 float* probs) {
+  pdl_wait();
+  pdl_trigger();
+  const TopPart* p = parts + static_cast<int64_t>(blockIdx.x) * chunks;
+  const Best* cand = candidates + static_cast<int64_t>(blockIdx.x) * chunks * m;
+  const int count = chunks * m;
+  __shared__ Best partial[kTopThreads / 32];
+  __shared__ float partial_sum[kTopThreads / 32];
+  float mx = -INFINITY;
+  for (int c = threadIdx.x; c < chunks; c += blockDim.x) mx = fmaxf(mx, p[c].m);
+  const float top = block_best(Best{mx, 0}, partial).v;
+  float sum = 0.0f;
+  if (top != -INFINITY) {
+    for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
+      if (p[c].m != -INFINITY) sum += p[c].l * __expf(p[c].m - top);
+    }
+  }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  sum = warp_sum(sum);
+  if (lane == 0) partial_sum[warp] = sum;
+  __syncthreads();
+  float total = 0.0f;
+  for (int w = 0; w < kTopThreads / 32; ++w) total += partial_sum[w];
+  Best prev{INFINITY, -1};
+  for (int r = 0; r < m; ++r) {
+    Best b{-INFINITY, 0x7fffffff};
+    if (prev.v != -INFINITY) {
+      for (int c = threadIdx.x; c < count; c += blockDim.x) {
+        const Best x = cand[c];
+        if (x.v != -INFINITY && ranked_after(x.v, x.i, prev.v, prev.i)) keep_better(b.v, b.i, x.v, x.i);
+      }
+    }
+    prev = block_best(b, partial);
+    if (threadIdx.x == 0) {
+      const bool have = prev.v != -INFINITY;
+      ids[static_cast<int64_t>(blockIdx.x) * m + r] = have ? prev.i : -1;
+      probs[static_cast<int64_t>(blockIdx.x) * m + r] = have ? __expf(prev.v - top) / total : 0.0f;
+    }
+  }
+}
+
+// One thread per sequence of a decode batch (ops::advance_decode); a position past the table's
+// blocks gets slot -1, which store_kv skips.
+__global__ void advance_decode_kernel(const int32_t* next_ids, int32_t* token_ids, int32_t* positions,
+                                      int32_t* context_lens, const int32_t* block_tables, int64_t columns,
+                                      int block_size, int32_t* slot_mapping, int n) {
+  pdl_wait();
+  pdl_trigger();
+  const int s = blockIdx.x * blockDim.x + threadIdx.x;
+  if (s >= n) return;
+  const int32_t p = positions[s] + 1;
+  const int64_t column = p / block_size;
+  const int32_t block = column < columns ? block_tables[s * columns + column] : -1;
+  token_ids[s] = next_ids[s];
+  positions[s] = p;
+  context_lens[s] += 1;
+  slot_mapping[s] = block >= 0 ? block * block_size + p % block_size : -1;
+}
+
 __global__ void fill_uniform_kernel(void* data, DType dtype, int64_t count, uint64_t base, float bound, float offset) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -214,6 +354,40 @@ cudaError_t launch_argmax(const float* x, int64_t x_stride, int64_t n, int64_t d
   }
   const int threads = d >= kArgmaxThreads ? kArgmaxThreads : static_cast<int>((d + 31) / 32 * 32);
   return launch_pdl(argmax_kernel, static_cast<unsigned>(n), threads, 0, stream, x, x_stride, d, ids, logprobs);
+}
+
+int top_chunks(int64_t d) { return static_cast<int>((d + kTopChunk - 1) / kTopChunk); }
+
+size_t top_tokens_workspace_bytes(int64_t n, int64_t d, int m) {
+  const int64_t parts = n * top_chunks(d);
+  return static_cast<size_t>(parts) * (sizeof(TopPart) + static_cast<size_t>(m) * sizeof(Best)) + 16;
+}
+
+cudaError_t launch_top_tokens(const float* x, int64_t x_stride, int64_t n, int64_t d, int m, int32_t* ids,
+                              float* probs, void* workspace, size_t workspace_bytes, Stream stream) {
+  if (n == 0) return cudaSuccess;
+  const int chunks = top_chunks(d);
+  if (n > 65535 || chunks > 65535 || m < 1 || workspace == nullptr ||
+      workspace_bytes < top_tokens_workspace_bytes(n, d, m)) {
+    return cudaErrorInvalidValue;
+  }
+  auto* candidates = static_cast<Best*>(workspace);
+  auto* parts = reinterpret_cast<TopPart*>(candidates + n * chunks * m);
+  const cudaError_t e = launch_pdl(top_chunk_kernel, dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(n)),
+                                   kTopThreads, 0, stream, x, x_stride, d, kTopChunk, m, parts,
+                                   static_cast<Best*>(candidates));
+  if (e != cudaSuccess) return e;
+  return launch_pdl(top_merge_kernel, static_cast<unsigned>(n), kTopThreads, 0, stream,
+                    static_cast<const TopPart*>(parts), static_cast<const Best*>(candidates), chunks, m, ids, probs);
+}
+
+cudaError_t launch_advance_decode(const int32_t* next_ids, int32_t* token_ids, int32_t* positions,
+                                  int32_t* context_lens, const int32_t* block_tables, int64_t columns, int block_size,
+                                  int32_t* slot_mapping, int64_t n, Stream stream) {
+  if (n == 0) return cudaSuccess;
+  const int threads = 128;
+  return launch_pdl(advance_decode_kernel, grid_for(n, threads), threads, 0, stream, next_ids, token_ids, positions,
+                    context_lens, block_tables, columns, block_size, slot_mapping, static_cast<int>(n));
 }
 
 cudaError_t launch_fill_uniform(void* data, DType dtype, int64_t count, uint64_t base, float bound, float offset,

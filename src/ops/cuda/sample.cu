@@ -107,7 +107,7 @@ struct Shared {
   int best_i[kWarps];
   int warp_count[kWarps];
   int64_t found[3];
-  double before, target;
+  double before, target, kept;
   int chosen_warp;
   int token;
   int gathered;
@@ -229,7 +229,8 @@ __device__ int64_t nth_in_id_order(Pred pred, int64_t n, int64_t begin, int64_t 
 }
 
 __global__ void __launch_bounds__(kThreads) sample_kernel(const float* x, int64_t x_stride, int64_t d,
-                                                         const float* params, int32_t* ids, float* logprobs) {
+                                                         const float* params, int32_t* ids, float* logprobs,
+                                                         float* probs) {
   __shared__ Shared s;
   const float* row = x + static_cast<int64_t>(blockIdx.x) * x_stride;
   const float* p = params + static_cast<int64_t>(blockIdx.x) * kParams;
@@ -273,10 +274,14 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(const float* x, int64_
       best_i = s.best_i[w];
     }
   }
+  float* q = probs != nullptr ? probs + static_cast<int64_t>(blockIdx.x) * d : nullptr;
   if (best_v == -INFINITY) {
     if (threadIdx.x == 0) {
       ids[blockIdx.x] = 0;
       logprobs[blockIdx.x] = -INFINITY;
+    }
+    if (q != nullptr) {
+      for (int64_t j = begin + lane; j < end; j += 32) q[j] = 0.0f;
     }
     return;
   }
@@ -481,6 +486,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(const float* x, int64_
     if (threadIdx.x == 0) {
       double total = 0.0;
       for (int w = 0; w < kWarps; ++w) total += s.a[w];
+      s.kept = total;
       s.target = u * total;
       s.chosen_warp = -1;
       double cumulative = 0.0;
@@ -513,8 +519,16 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(const float* x, int64_
         running += __shfl_sync(kFullMask, incl, 31);
       }
     }
+    if (q != nullptr) {  // the law the token was drawn from
+      const float inv = static_cast<float>(1.0 / s.kept);
+      for (int64_t j = begin + lane; j < end; j += 32) q[j] = weight_of(j, row[j]) * inv;
+    }
   }
   __syncthreads();
+  if (greedy && q != nullptr) {
+    const int token = s.token;
+    for (int64_t j = begin + lane; j < end; j += 32) q[j] = j == token ? 1.0f : 0.0f;
+  }
   if (threadIdx.x == 0) {
     const int token = s.token;
     ids[blockIdx.x] = token;
@@ -540,10 +554,10 @@ __global__ void adjust_logits_kernel(float* x, int64_t x_stride, int64_t n, int6
 }  // namespace
 
 cudaError_t launch_sample(const float* x, int64_t x_stride, int64_t n, int64_t d, const float* params, int32_t* ids,
-                          float* logprobs, Stream stream) {
+                          float* logprobs, float* probs, Stream stream) {
   if (n == 0) return cudaSuccess;
   if (n > 0x7fffffff || d > 0x7ffffffe) return cudaErrorInvalidValue;
-  sample_kernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(x, x_stride, d, params, ids, logprobs);
+  sample_kernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(x, x_stride, d, params, ids, logprobs, probs);
   return cudaGetLastError();
 }
 
