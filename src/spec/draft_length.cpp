@@ -8,16 +8,24 @@
 
 namespace tachyon {
 
-DraftLengthController::DraftLengthController(const DraftLengthOptions& options)
-    : options_(options), acceptance_(options.initial_acceptance) {
-  TACHYON_CHECK(options.k_max >= 0 && options.fixed_k >= 0 && options.ema_weight > 0 && options.ema_weight <= 1 &&
-                    options.compute_bound_tokens > 0 && options.probe_interval > 0,
+DraftLengthController::DraftLengthController(const DraftLengthOptions& options) : options_(options) {
+  TACHYON_CHECK(options.k_max >= 0 && options.k_max <= kPositions && options.fixed_k >= 0 && options.ema_weight > 0 &&
+                    options.ema_weight <= 1 && options.compute_bound_tokens > 0 && options.probe_interval > 0,
                 "draft length controller: bad options");
+  rates_.fill(options.initial_acceptance);
+}
+
+double DraftLengthController::acceptance(int i) const {
+  const int at = std::clamp(i, 0, kPositions - 1);
+  return reached_ == 0 || at < reached_ ? rates_[static_cast<size_t>(at)] : rates_[static_cast<size_t>(reached_ - 1)];
 }
 
 double DraftLengthController::gain(int k, int batch_sequences) const {
-  const double a = std::clamp(acceptance_, 0.0, 0.999);
-  const double tokens = (1.0 - std::pow(a, k + 1)) / (1.0 - a);
+  double tokens = 1.0, survive = 1.0;  // the target's own token, then each accepted draft position
+  for (int i = 0; i < k; ++i) {
+    survive *= std::clamp(acceptance(i), 0.0, 1.0);
+    tokens += survive;
+  }
   const auto pass_cost = [&](int tokens_per_seq) {
     const double batch_tokens = static_cast<double>(std::max(1, batch_sequences)) * tokens_per_seq;
     return std::max(1.0, batch_tokens / options_.compute_bound_tokens);
@@ -49,10 +57,15 @@ int DraftLengthController::next_k(int batch_sequences) {
 
 void DraftLengthController::update(int proposed, int accepted) {
   if (proposed <= 0) return;
-  const double rate = static_cast<double>(accepted) / proposed;
-  // The per-token rate behind "accepted of proposed" when a rejection ends the step: the
-  // estimate below treats each proposal as one Bernoulli trial, which slightly undercounts a.
-  acceptance_ = (1.0 - options_.ema_weight) * acceptance_ + options_.ema_weight * rate;
+  // Positions 0 .. accepted were verified (the first rejection ends the step); all but the last
+  // of them accepted unless the whole draft was.
+  const int reached = std::min({accepted + 1, proposed, kPositions});
+  for (int i = 0; i < reached; ++i) {
+    double& rate = rates_[static_cast<size_t>(i)];
+    if (i >= reached_) rate = acceptance(i);  // first reached: start from the estimate used so far
+    rate = (1.0 - options_.ema_weight) * rate + options_.ema_weight * (i < accepted ? 1.0 : 0.0);
+  }
+  reached_ = std::max(reached_, reached);
   if (off_ && gain(1, 1) > 1.0) off_ = false;  // a probe went well
 }
 

@@ -1,8 +1,12 @@
 // Dynamic draft length: how many tokens to propose for one request this step. A step verifies
-// K proposals with one target pass; with per-token acceptance rate a (independent positions),
-// it yields E(K) = (1 - a^(K+1)) / (1 - a) tokens. It costs one target pass — which grows with
-// the batch once the batch's tokens pass the point where the target turns compute-bound — plus
-// K proposer steps. The controller keeps an exponential moving average of a per request and
+// K proposals with one target pass and yields 1 + (the accepted prefix) tokens. Acceptance is not
+// independent from position to position: a draft that got the first tokens right is likely in a
+// stretch it can predict (a quotation, boilerplate code) and keeps being right, so the controller
+// keeps, per request, the acceptance rate of each draft position among the steps that reached it
+// (an exponential moving average per position; positions not reached yet take the rate of the
+// last reached one). The expected yield at K is then 1 + sum over j <= K of the product of the
+// first j rates. A step costs one target pass — which grows with the batch once the batch's tokens
+// pass the point where the target turns compute-bound — plus K proposer steps. The controller
 // picks the K in [0, k_max] with the most tokens per unit of cost; K = 0 (speculation off) when
 // no K beats plain decoding, probing again with K = 1 every `probe_interval` steps.
 #pragma once
@@ -16,8 +20,8 @@ namespace tachyon {
 struct DraftLengthOptions {
   int k_max = 8;
   int fixed_k = 0;                 // > 0: always this K (`--spec-k N`), no adaptation
-  double ema_weight = 0.3;         // weight of the newest step's acceptance rate
-  double initial_acceptance = 0.6;
+  double ema_weight = 0.3;         // weight of the newest step in each position's acceptance rate
+  double initial_acceptance = 0.6;  // every position's rate before the first step
   double proposer_cost = 0.05;     // one proposal step, as a fraction of one target pass
   int compute_bound_tokens = 64;   // batch tokens per target pass beyond which its cost grows
   int probe_interval = 32;         // steps between probes once speculation is off
@@ -32,14 +36,18 @@ class DraftLengthController {
   // After verification: `proposed` tokens were offered, `accepted` kept.
   void update(int proposed, int accepted);
 
-  double acceptance() const { return acceptance_; }
+  // The acceptance rate of draft position `i` (0-based) among the steps that reached it.
+  double acceptance(int i = 0) const;
   bool speculating() const { return !off_; }
   // Expected tokens per unit cost at K (1.0 = plain decoding), for the batch size.
   double gain(int k, int batch_sequences) const;
 
+  static constexpr int kPositions = 32;  // SpecDecodeOptions::kLargestK
+
  private:
   DraftLengthOptions options_;
-  double acceptance_;
+  std::array<double, kPositions> rates_{};
+  int reached_ = 0;  // positions some step has reached; later ones take rates_[reached_ - 1]
   bool off_ = false;
   int steps_since_off_ = 0;
 };

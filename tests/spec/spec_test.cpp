@@ -404,6 +404,31 @@ TEST(DraftLength, FollowsAcceptanceAndBatchSize) {
   }
 }
 
+// Acceptance that comes in stretches (a draft right at its first position is right for the whole
+// draft; wrong otherwise, half the time each): an average rate of a half would ask for K of 2 or 3,
+// while the rates per position (first 0.5, the others ~1) show that long drafts pay.
+TEST(DraftLength, AcceptanceInStretchesAsksForLongDrafts) {
+  DraftLengthOptions o;
+  o.k_max = 8;
+  DraftLengthController c(o);
+  int k = c.next_k(1);
+  for (int step = 0; step < 40; ++step) {
+    ASSERT_GE(k, 1);
+    c.update(k, step % 2 == 0 ? k : 0);
+    k = c.next_k(1);
+  }
+  EXPECT_NEAR(c.acceptance(0), 0.5, 0.15);
+  EXPECT_GT(c.acceptance(3), 0.95);
+  EXPECT_EQ(k, 8);
+  // Independent positions at a half each ask for a short draft.
+  DraftLengthController flat(o);
+  for (int step = 0; step < 40; ++step) {
+    const int kk = std::max(1, flat.next_k(1));
+    flat.update(kk, step % 2 == 0 ? 1 : 0);  // every other step the first accepted, the second not
+  }
+  EXPECT_LE(flat.next_k(1), 3);
+}
+
 // The measured gate: plain steps first, then speculating ones to compare; it keeps whichever is
 // faster at that batch size, re-measures the other for min_samples steps every refresh interval
 // (doubling while the loser stays the loser), follows a change of the measured rates, and keeps
