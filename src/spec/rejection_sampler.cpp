@@ -36,13 +36,19 @@ VerifyResult verify_greedy(std::span<const int32_t> draft, std::span<const int32
 
 VerifyResult verify_sampled(std::span<const int32_t> draft, const float* draft_probs, const float* target_probs,
                             int vocab, Rng& rng) {
+  const size_t v = static_cast<size_t>(vocab);
+  return verify_sampled(draft, draft_probs, [&](size_t row) { return target_probs + row * v; }, vocab, rng);
+}
+
+VerifyResult verify_sampled(std::span<const int32_t> draft, const float* draft_probs,
+                            const std::function<const float*(size_t row)>& target_row, int vocab, Rng& rng) {
   VerifyResult r;
   const size_t v = static_cast<size_t>(vocab);
   std::vector<double> residual(v);
   for (size_t i = 0; i < draft.size(); ++i) {
     const int32_t d = draft[i];
     TACHYON_CHECK(d >= 0 && d < vocab, "draft token {} outside the vocabulary", d);
-    const float* p = target_probs + i * v;
+    const float* p = target_row(i);
     const float* q = draft_probs != nullptr ? draft_probs + i * v : nullptr;
     const double pd = p[d];
     const double qd = q != nullptr ? static_cast<double>(q[d]) : 1.0;
@@ -66,7 +72,7 @@ VerifyResult verify_sampled(std::span<const int32_t> draft, const float* draft_p
     r.tokens.push_back(draw_weighted(residual, rng.next_double()));
     return r;
   }
-  const float* bonus = target_probs + draft.size() * v;
+  const float* bonus = target_row(draft.size());
   for (size_t t = 0; t < v; ++t) residual[t] = bonus[t];
   r.tokens.push_back(draw_weighted(residual, rng.next_double()));
   return r;

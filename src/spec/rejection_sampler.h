@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -34,6 +35,11 @@ VerifyResult verify_greedy(std::span<const int32_t> draft, std::span<const int32
 // Draws one uniform per examined draft token, and one more for the emitted token.
 VerifyResult verify_sampled(std::span<const int32_t> draft, const float* draft_probs, const float* target_probs,
                             int vocab, Rng& rng);
+// The same with the target's rows computed on demand: target_row(i) ([vocab] p[i]) is asked for
+// rows 0, 1, ... in order, each once, and only as far as the walk goes (a rejection at i needs no
+// row past i); the pointer must stay valid until the next call.
+VerifyResult verify_sampled(std::span<const int32_t> draft, const float* draft_probs,
+                            const std::function<const float*(size_t row)>& target_row, int vocab, Rng& rng);
 
 // A draw from the weights w (not normalized; at least one positive) by inverse CDF in id order,
 // u in [0, 1). Returns the last positive id if rounding leaves u beyond the total.

@@ -13,25 +13,34 @@ namespace {
 // The logprob of `token` and the top-N under the Sampler's reporting convention: the softmax of
 // the row after penalties and temperature, before truncation, which is what probabilities()
 // gives for the same parameters with truncation off.
-Status report_logprobs(const Sampler& reporter, const float* row, int vocab, const TokenCounts& history,
-                       int num_top, SampleResult& r, std::vector<float>& scratch) {
-  TACHYON_RETURN_IF_ERROR(reporter.probabilities(row, vocab, history, scratch));
+// The logprob of r.token and the top-N from probabilities under the Sampler's reporting
+// convention (see report_logprobs).
+void report_from_probabilities(const std::vector<float>& probs, int num_top, SampleResult& r) {
   const auto log_of = [](float p) {
     return p > 0.0f ? std::log(p) : std::numeric_limits<float>::lowest();
   };
-  r.logprob = log_of(scratch[static_cast<size_t>(r.token)]);
+  r.logprob = log_of(probs[static_cast<size_t>(r.token)]);
   r.top_logprobs.clear();
-  if (num_top <= 0) return Status::Ok();
-  std::vector<int32_t> ids(static_cast<size_t>(vocab));
-  for (int i = 0; i < vocab; ++i) ids[static_cast<size_t>(i)] = i;
+  if (num_top <= 0) return;
+  std::vector<int32_t> ids(probs.size());
+  std::iota(ids.begin(), ids.end(), 0);
   const size_t n = std::min<size_t>(static_cast<size_t>(num_top), ids.size());
   std::partial_sort(ids.begin(), ids.begin() + static_cast<ptrdiff_t>(n), ids.end(), [&](int32_t a, int32_t b) {
-    const float pa = scratch[static_cast<size_t>(a)], pb = scratch[static_cast<size_t>(b)];
+    const float pa = probs[static_cast<size_t>(a)], pb = probs[static_cast<size_t>(b)];
     return pa != pb ? pa > pb : a < b;
   });
-  for (size_t i = 0; i < n && scratch[static_cast<size_t>(ids[i])] > 0.0f; ++i) {
-    r.top_logprobs.emplace_back(ids[i], log_of(scratch[static_cast<size_t>(ids[i])]));
+  for (size_t i = 0; i < n && probs[static_cast<size_t>(ids[i])] > 0.0f; ++i) {
+    r.top_logprobs.emplace_back(ids[i], log_of(probs[static_cast<size_t>(ids[i])]));
   }
+}
+
+// The logprob of `token` and the top-N under the Sampler's reporting convention: the softmax of
+// the row after penalties and temperature, before truncation, which is what probabilities()
+// gives for the same parameters with truncation off.
+Status report_logprobs(const Sampler& reporter, const float* row, int vocab, const TokenCounts& history,
+                       int num_top, SampleResult& r, std::vector<float>& scratch) {
+  TACHYON_RETURN_IF_ERROR(reporter.probabilities(row, vocab, history, scratch));
+  report_from_probabilities(scratch, num_top, r);
   return Status::Ok();
 }
 
@@ -65,30 +74,47 @@ Result<Verification> verify_draft(std::span<const int32_t> draft, const float* d
     return out;
   }
 
-  std::vector<float> target(v * (k + 1));
-  std::vector<float> row;
+  // The target's rows as the walk reaches them (a rejection at i needs none past i), each under
+  // the history of the drafts before it.
+  std::vector<std::vector<float>> rows;
   std::vector<TokenCounts> histories;  // history at each row, for the logprobs
+  rows.reserve(k + 1);
   histories.reserve(k + 1);
-  for (size_t i = 0; i <= k; ++i) {
-    TACHYON_RETURN_IF_ERROR(sampler.probabilities(logits + i * v, vocab, history, row));
-    std::copy(row.begin(), row.end(), target.begin() + static_cast<ptrdiff_t>(i * v));
-    histories.push_back(history);
-    if (i < k) history.add_output(draft[i]);
-  }
-  const VerifyResult vr = verify_sampled(draft, draft_probs, target.data(), vocab, sampler.rng());
+  Status row_status;
+  const VerifyResult vr = verify_sampled(
+      draft, draft_probs,
+      [&](size_t i) -> const float* {
+        if (i > 0) history.add_output(draft[i - 1]);
+        histories.push_back(history);
+        std::vector<float>& row = rows.emplace_back();
+        if (row_status.ok()) row_status = sampler.probabilities(logits + i * v, vocab, history, row);
+        if (!row_status.ok()) row.assign(v, 0.0f), row[0] = 1.0f;  // any law: the error is returned below
+        return row.data();
+      },
+      vocab, sampler.rng());
+  TACHYON_RETURN_IF_ERROR(row_status);
   out.num_accepted = vr.num_accepted;
   out.path.resize(static_cast<size_t>(vr.num_accepted));
   std::iota(out.path.begin(), out.path.end(), 0);
-  SamplingParams report = sampler.params();
+  // Logprobs are reported before truncation: without top-k, top-p or min-p that is the row the
+  // walk already computed.
+  const SamplingParams& sp = sampler.params();
+  const bool untruncated = (!sp.top_k_enabled() || sp.top_k >= vocab) && sp.top_p >= 1.0f && sp.min_p <= 0.0f;
+  SamplingParams report = sp;
   report.top_k = 0;
   report.top_p = 1.0f;
   report.min_p = 0.0f;
   report.seed = 0;  // never drawn from; a fixed seed spares the random device
   const Sampler reporter(report);
+  std::vector<float> scratch;
   for (size_t i = 0; i < vr.tokens.size(); ++i) {
     SampleResult r;
     r.token = vr.tokens[i];
-    TACHYON_RETURN_IF_ERROR(report_logprobs(reporter, logits + i * v, vocab, histories[i], sampler.params().logprobs, r, row));
+    if (untruncated) {
+      report_from_probabilities(rows[i], sp.logprobs, r);
+    } else {
+      TACHYON_RETURN_IF_ERROR(report_logprobs(reporter, logits + i * v, vocab, histories[i], sp.logprobs, r, scratch));
+    }
     out.tokens.push_back(std::move(r));
   }
   return out;
