@@ -19,7 +19,10 @@ void expect_matches_fixture(const std::string& model_dir, const std::string& fix
   auto m = load_model(o);
   ASSERT_TRUE(m.ok()) << m.status().to_string();
   ASSERT_TRUE(m->tokenizer);
-  for (const auto& c : nlohmann::json::parse(*text).at("cases")) {
+  // Named: a range-for over `parse(...).at("cases")` would iterate a member of a temporary that
+  // is destroyed before the loop starts.
+  const nlohmann::json fixture_json = nlohmann::json::parse(*text);
+  for (const auto& c : fixture_json.at("cases")) {
     const auto prompt_ids = c.at("prompt_ids").get<std::vector<int32_t>>();
     const auto expected = c.at("greedy_ids").get<std::vector<int32_t>>();
     EXPECT_EQ(m->tokenizer->encode(c.at("prompt").get<std::string>()), prompt_ids);
