@@ -377,7 +377,7 @@ TEST(DraftLength, FollowsAcceptanceAndBatchSize) {
   // A batch that is already compute-bound gains less from long drafts.
   EXPECT_LE(good.next_k(256), k_alone);
   DraftLengthController bad(o);
-  for (int i = 0; i < 20; ++i) bad.update(4, 0);
+  for (int i = 0; i < 40; ++i) bad.update(4, 0);
   EXPECT_EQ(bad.next_k(1), 0);
   EXPECT_FALSE(bad.speculating());
   // Off: probes with K = 1 every probe_interval steps; a good probe turns it back on.
