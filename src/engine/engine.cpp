@@ -11,6 +11,7 @@
 #include "engine/stop_strings.h"
 #include "model/forward_batch.h"
 #include "ops/ops.h"
+#include "sampling/sample_params.h"
 #include "tokenizer/detokenizer.h"
 
 namespace tachyon {
@@ -502,24 +503,16 @@ Result<std::vector<RequestOutput>> Engine::step() {
         const SamplingParams& sp = req.params.sampling;
         if (c.num_draft > 0) {  // greedy rows: T = 0, nothing else
           for (int i = 0; i <= c.num_draft; ++i, ++r) {
-            float* p = host_params_.data<float>() + ops::kSampleParams * r;
-            std::fill(p, p + ops::kSampleParams, 0.0f);
-            p[5] = 1.0f;  // top_p off
+            fill_greedy_sample_params(host_params_.data<float>() + ops::kSampleParams * r);
           }
           continue;
         }
-        float* p = host_params_.data<float>() + ops::kSampleParams * r;
         double u = 0.0;
         if (!sp.greedy()) {
           u = req.sampler.rng().next_double();
           ++req.rng_draws;
         }
-        p[0] = sp.temperature;
-        p[1] = sp.min_p;
-        p[2] = static_cast<float>(u);
-        p[3] = static_cast<float>(u - static_cast<double>(p[2]));
-        p[4] = sp.top_k_enabled() ? static_cast<float>(sp.top_k) : 0.0f;
-        p[5] = sp.top_p;
+        fill_sample_params(host_params_.data<float>() + ops::kSampleParams * r, sp, u);
         add_logit_edits(req, r);
         ++r;
       }

@@ -6,6 +6,7 @@
 #include "core/device_memory.h"
 #include "model/forward_batch.h"
 #include "ops/ops.h"
+#include "sampling/sample_params.h"
 
 namespace tachyon {
 namespace {
@@ -236,21 +237,13 @@ Status DraftModelProposer::propose_chain(std::span<const DraftRequest> requests,
     if (a.tree || sp.greedy()) continue;
     if (!params.defined()) {
       params = Tensor::empty({k_max, n, ops::kSampleParams}, DType::kF32);
-      float* p = params.data<float>();
-      for (int64_t row = 0; row < k_max * n; ++row, p += ops::kSampleParams) {
-        std::fill(p, p + ops::kSampleParams, 0.0f);
-        p[5] = 1.0f;  // T = 0: the argmax; top-p off
+      for (int64_t row = 0; row < k_max * n; ++row) {
+        fill_greedy_sample_params(params.data<float>() + row * ops::kSampleParams);
       }
     }
     for (int level = 0; level < a.k; ++level) {
-      float* p = params.data<float>() + (level * n + j) * ops::kSampleParams;
-      const double u = a.state->rng.next_double();
-      p[0] = sp.temperature;
-      p[1] = sp.min_p;
-      p[2] = static_cast<float>(u);
-      p[3] = static_cast<float>(u - static_cast<double>(p[2]));
-      p[4] = sp.top_k_enabled() ? static_cast<float>(sp.top_k) : 0.0f;
-      p[5] = sp.top_p;
+      fill_sample_params(params.data<float>() + (level * n + j) * ops::kSampleParams, sp,
+                         a.state->rng.next_double());
     }
   }
   struct {

@@ -15,6 +15,7 @@
 
 #include "ops/ops.h"
 #include "sampling/rng.h"
+#include "sampling/sample_params.h"
 #include "sampling/sampler.h"
 #include "test_util.h"
 
@@ -23,14 +24,7 @@ namespace {
 
 constexpr int64_t kCols = ops::kSampleParams;
 
-void set_params(float* p, const SamplingParams& sp, double u) {
-  p[0] = sp.temperature;
-  p[1] = sp.min_p;
-  p[2] = static_cast<float>(u);
-  p[3] = static_cast<float>(u - static_cast<double>(p[2]));
-  p[4] = sp.top_k_enabled() ? static_cast<float>(sp.top_k) : 0.0f;
-  p[5] = sp.top_p;
-}
+void set_params(float* p, const SamplingParams& sp, double u) { fill_sample_params(p, sp, u); }
 
 struct Config {
   float temperature, min_p;
