@@ -24,6 +24,14 @@ namespace cu = ::tachyon::ops::cuda;
     if (::tachyon::ops::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device here"; \
   } while (0)
 
+// Skips without a device; else starts the CUDA backend on device 0 (the ops:: entry points then
+// take device tensors there).
+#define TACHYON_START_GPU()                                \
+  do {                                                     \
+    TACHYON_SKIP_WITHOUT_GPU();                            \
+    ASSERT_OK(::tachyon::ops::cuda::start_backend(0));     \
+  } while (0)
+
 #define ASSERT_OK(expr)                                          \
   do {                                                           \
     const ::tachyon::Status tachyon_s_ = (expr);                 \

@@ -44,12 +44,6 @@ using testing::relative_error;
 
 const Device kGpu = Device::cuda(0);
 
-#define TACHYON_START_GPU()                                       \
-  do {                                                            \
-    TACHYON_SKIP_WITHOUT_GPU();                                   \
-    ASSERT_OK(::tachyon::ops::cuda::start_backend(0));            \
-  } while (0)
-
 // Steps the engine until it is idle, appending each request's tokens to got[id]; every block is
 // back at the end.
 void drain(Engine& engine, std::map<RequestId, std::vector<int32_t>>& got) {

@@ -23,12 +23,6 @@ namespace {
 
 const Device kGpu = Device::cuda(0);
 
-#define TACHYON_START_GPU()                                       \
-  do {                                                            \
-    TACHYON_SKIP_WITHOUT_GPU();                                   \
-    ASSERT_OK(::tachyon::ops::cuda::start_backend(0));            \
-  } while (0)
-
 Tensor to_host(const Tensor& t) {
   auto h = copy_to(t, Device::cpu());
   EXPECT_TRUE(h.ok()) << h.status().to_string();
