@@ -879,7 +879,7 @@ Result<RequestId> Engine::adopt(const KvImport& kv, const GenerationParams& para
   return id;
 }
 
-// ---- Speculative decoding hooks (the work is in spec/spec_decoder.h) ----
+// ---- Speculative decoding hooks (the work is in speculative/spec_decoder.h) ----
 
 Status Engine::propose_drafts() {
   std::vector<SpecCandidate> candidates;

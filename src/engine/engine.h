@@ -6,7 +6,7 @@
 //                   sequence's known tokens → detokenize, check stop conditions → outputs;
 //                   finished requests' blocks go back to the pool. With speculative decoding,
 //                   decoding sequences get drafts before scheduling and their K + 1 rows are
-//                   verified after the forward (spec/spec_decoder.h)
+//                   verified after the forward (speculative/spec_decoder.h)
 //   abort()       → at any time; the request's blocks are freed at once
 //
 // Disaggregation (disagg/ moves the bytes): a prefill engine runs requests with
@@ -34,7 +34,7 @@
 #include "kv/kv_cache.h"
 #include "model/llama_model.h"
 #include "sched/scheduler.h"
-#include "spec/spec_decoder.h"
+#include "speculative/spec_decoder.h"
 #include "tokenizer/tokenizer.h"
 
 namespace tachyon {
@@ -216,7 +216,7 @@ class Engine {
   void hold_for_transfer(Request& req, RequestOutput& out);
   // Appends one token to the request and applies every stop condition; true if it finished.
   bool emit_token(Request& req, SampleResult sampled, RequestOutput& out);
-  // Speculative decoding (spec/spec_decoder.h does the work): drafts for the decoding
+  // Speculative decoding (speculative/spec_decoder.h does the work): drafts for the decoding
   // sequences before scheduling; the verification of one sequence's K + 1 logits rows, emitting
   // its tokens in order until one finishes the request.
   Status propose_drafts();

@@ -9,10 +9,10 @@
 
 #include <gtest/gtest.h>
 
-#include "spec/draft_length.h"
-#include "spec/ngram_proposer.h"
-#include "spec/rejection_sampler.h"
-#include "spec/verifier.h"
+#include "speculative/draft_length.h"
+#include "speculative/ngram_proposer.h"
+#include "speculative/rejection_sampler.h"
+#include "speculative/verifier.h"
 #include "test_util.h"
 
 namespace tachyon {

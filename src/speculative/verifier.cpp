@@ -1,11 +1,11 @@
-#include "spec/verifier.h"
+#include "speculative/verifier.h"
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <numeric>
 
-#include "spec/rejection_sampler.h"
+#include "speculative/rejection_sampler.h"
 
 namespace tachyon {
 namespace {

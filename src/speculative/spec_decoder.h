@@ -25,10 +25,10 @@
 #include "model/llama_model.h"
 #include "sampling/sampler.h"
 #include "sched/sequence.h"
-#include "spec/draft_length.h"
-#include "spec/ngram_proposer.h"
-#include "spec/proposer.h"
-#include "spec/verifier.h"
+#include "speculative/draft_length.h"
+#include "speculative/ngram_proposer.h"
+#include "speculative/proposer.h"
+#include "speculative/verifier.h"
 
 namespace tachyon {
 

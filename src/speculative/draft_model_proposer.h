@@ -31,7 +31,7 @@
 #include "kv/kv_cache.h"
 #include "model/llama_model.h"
 #include "sampling/rng.h"
-#include "spec/proposer.h"
+#include "speculative/proposer.h"
 
 namespace tachyon {
 

@@ -24,7 +24,7 @@
 #include "model/model_loader.h"
 #include "model/synthetic.h"
 #include "server/metrics.h"
-#include "spec/draft_model_proposer.h"
+#include "speculative/draft_model_proposer.h"
 #include "test_util.h"
 
 namespace tachyon {

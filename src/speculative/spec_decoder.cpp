@@ -1,11 +1,11 @@
-#include "spec/spec_decoder.h"
+#include "speculative/spec_decoder.h"
 
 #include <algorithm>
 
 #include "core/log.h"
 #include "core/timer.h"
-#include "spec/draft_model_proposer.h"
-#include "spec/ngram_lookup_proposer.h"
+#include "speculative/draft_model_proposer.h"
+#include "speculative/ngram_lookup_proposer.h"
 
 namespace tachyon {
 

@@ -1,4 +1,4 @@
-#include "spec/ngram_lookup_proposer.h"
+#include "speculative/ngram_lookup_proposer.h"
 
 namespace tachyon {
 

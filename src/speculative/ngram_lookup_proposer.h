@@ -3,8 +3,8 @@
 // tree budget (DraftRequest::max_nodes) the continuations of several earlier matches form a tree.
 #pragma once
 
-#include "spec/ngram_proposer.h"
-#include "spec/proposer.h"
+#include "speculative/ngram_proposer.h"
+#include "speculative/proposer.h"
 
 namespace tachyon {
 
