@@ -1,4 +1,4 @@
-#include "spec/draft_length.h"
+#include "speculative/draft_length.h"
 
 #include <algorithm>
 #include <bit>
@@ -17,7 +17,9 @@ DraftLengthController::DraftLengthController(const DraftLengthOptions& options) 
 
 double DraftLengthController::acceptance(int i) const {
   const int at = std::clamp(i, 0, kPositions - 1);
-  return reached_ == 0 || at < reached_ ? rates_[static_cast<size_t>(at)] : rates_[static_cast<size_t>(reached_ - 1)];
+  // Past the deepest position drafted so far, the deepest one's rate stands in.
+  const int last = std::clamp(reached_ - 1, 0, kPositions - 1);
+  return rates_[static_cast<size_t>(reached_ == 0 || at < reached_ ? at : last)];
 }
 
 double DraftLengthController::gain(int k, int batch_sequences) const {
