@@ -1,7 +1,6 @@
 #include "engine/engine.h"
 
 #include <algorithm>
-#include <bit>
 #include <fstream>
 #include <sstream>
 #include <unordered_map>
@@ -11,7 +10,6 @@
 #include "engine/stop_strings.h"
 #include "model/forward_batch.h"
 #include "ops/ops.h"
-#include "sampling/sample_params.h"
 #include "tokenizer/detokenizer.h"
 
 namespace tachyon {
@@ -234,7 +232,8 @@ Engine::Engine(const LlamaModel& model, const Tokenizer* tokenizer, std::vector<
       max_model_len_(max_model_len),
       cache_(std::move(cache)),
       blocks_(BlockManagerOptions{cache_.config().num_blocks, options.block_size, options.prefix_caching}),
-      scheduler_(SchedulerOptions{options.max_batched_tokens, options.max_seqs, options.chunked_prefill}, blocks_) {}
+      scheduler_(SchedulerOptions{options.max_batched_tokens, options.max_seqs, options.chunked_prefill}, blocks_),
+      sampler_(model.device(), model.config().vocab_size) {}
 
 Engine::~Engine() = default;
 
@@ -355,8 +354,6 @@ void Engine::finish(Request& req, FinishReason reason, RequestOutput& out) {
 }
 
 bool Engine::process_sample(Request& req, Result<SampleResult> sampled, RequestOutput& out) {
-  out.id = req.seq.id();
-  if (!req.params.sampling.greedy()) ++req.rng_draws;
   if (!sampled.ok()) {
     out.error = sampled.status();
     finish(req, FinishReason::kError, out);
@@ -477,125 +474,50 @@ Result<std::vector<RequestOutput>> Engine::step() {
   ForwardOptions fo;
   fo.linear_mode = options_.batch_invariant ? ops::LinearMode::kBatchInvariant : ops::LinearMode::kFastest;
   fo.cuda_graphs = options_.cuda_graphs;
-  const DeviceSampling on_device = device_sampling(plan);
-  const bool on_device_greedy = on_device != DeviceSampling::kNone;  // tokens come back, not logits
-  if (on_device_greedy) {
-    int64_t rows = 0;  // one per sampled chunk, plus one per draft token
-    for (const ScheduledChunk& c : plan.chunks) rows += c.sample ? 1 + c.num_draft : 0;
-    if (!device_ids_.defined() || device_ids_.size(0) != rows) {
-      TACHYON_ASSIGN_OR_RETURN(device_ids_, empty_on({rows}, DType::kI32, model_.device(), "sampled ids"));
-      TACHYON_ASSIGN_OR_RETURN(device_logprobs_, empty_on({rows}, DType::kF32, model_.device(), "sampled logprobs"));
-      TACHYON_ASSIGN_OR_RETURN(device_params_,
-                               empty_on({rows, ops::kSampleParams}, DType::kF32, model_.device(), "sampling params"));
-      host_ids_ = Tensor::empty({rows}, DType::kI32);
-      host_logprobs_ = Tensor::empty({rows}, DType::kF32);
-      host_params_ = Tensor::empty({rows, ops::kSampleParams}, DType::kF32);
-    }
-    host_edits_.clear();
-    if (on_device == DeviceSampling::kSample) {
-      // Each row's parameters, draw and logit edits (row order is plan order: one row per sampled
-      // chunk, and a plain greedy draft's rows), uploaded before the forward so that the copy does
-      // not wait for it.
-      int r = 0;
-      for (const ScheduledChunk& c : plan.chunks) {
-        if (!c.sample) continue;
-        Request& req = *requests_.at(c.seq->id());
-        const SamplingParams& sp = req.params.sampling;
-        if (c.num_draft > 0) {  // greedy rows: T = 0, nothing else
-          for (int i = 0; i <= c.num_draft; ++i, ++r) {
-            fill_greedy_sample_params(host_params_.data<float>() + ops::kSampleParams * r);
-          }
-          continue;
-        }
-        double u = 0.0;
-        if (!sp.greedy()) {
-          u = req.sampler.rng().next_double();
-          ++req.rng_draws;
-        }
-        fill_sample_params(host_params_.data<float>() + ops::kSampleParams * r, sp, u);
-        add_logit_edits(req, r);
-        ++r;
-      }
-      TACHYON_RETURN_IF_ERROR(copy_into(device_params_, host_params_));
-      const int64_t m = static_cast<int64_t>(host_edits_.size()) / ops::kLogitEditColumns;
-      if (m > 0) {
-        if (!device_edits_.defined() || device_edits_.size(0) < m) {
-          const int64_t capacity = std::max<int64_t>(1024, std::bit_ceil(static_cast<uint64_t>(m)));
-          TACHYON_ASSIGN_OR_RETURN(device_edits_, empty_on({capacity, ops::kLogitEditColumns}, DType::kF32,
-                                                           model_.device(), "logit edits"));
-        }
-        Tensor staged = Tensor::empty({m, ops::kLogitEditColumns}, DType::kF32);
-        std::copy(host_edits_.begin(), host_edits_.end(), staged.data<float>());
-        Tensor dst = device_edits_.slice(0, 0, m);
-        TACHYON_RETURN_IF_ERROR(copy_into(dst, staged));
-      }
-    }
-    TACHYON_RETURN_IF_ERROR(model_.forward_on_device(batch, cache_, device_logits_, fo));
-    TACHYON_CHECK(device_logits_.size(0) == rows, "engine: {} logits rows for {} sampled sequences",
-                  device_logits_.size(0), rows);
-    if (on_device == DeviceSampling::kGreedy) {
-      ops::argmax(device_logits_, device_ids_, &device_logprobs_);
-    } else {
-      if (!host_edits_.empty()) {
-        const Tensor edits =
-            device_edits_.slice(0, 0, static_cast<int64_t>(host_edits_.size()) / ops::kLogitEditColumns);
-        ops::adjust_logits(device_logits_, edits);
-      }
-      ops::sample(device_logits_, device_params_, device_ids_, device_logprobs_);
-    }
-    TACHYON_RETURN_IF_ERROR(copy_into(host_ids_, device_ids_));  // waits for the step
-    TACHYON_RETURN_IF_ERROR(copy_into(host_logprobs_, device_logprobs_));
-  } else {
-    TACHYON_RETURN_IF_ERROR(model_.forward(batch, cache_, logits_, fo));
+  // The rows to sample, in logits order: one per sampled chunk, 1 + K for a draft of K.
+  std::vector<SampleRow> rows;
+  for (const ScheduledChunk& c : plan.chunks) {
+    if (c.sample) rows.push_back({&requests_.at(c.seq->id())->sampler, c.num_draft});
   }
+  TACHYON_ASSIGN_OR_RETURN(const BatchSampler::Place place, sampler_.begin(rows));
+  if (place == BatchSampler::Place::kHost) {
+    TACHYON_RETURN_IF_ERROR(model_.forward(batch, cache_, sampler_.logits(), fo));
+  } else {
+    TACHYON_RETURN_IF_ERROR(model_.forward_on_device(batch, cache_, sampler_.logits(), fo));
+  }
+  TACHYON_RETURN_IF_ERROR(sampler_.finish(rows));  // on the device, waits for the step
   stats_.forward_seconds += phase.seconds();
 
   phase.reset();
   scheduler_.complete(plan);
-  const int vocab = model_.config().vocab_size;
-  // Host sampling: the rows without drafts are drawn in parallel (each request's Sampler is its
-  // own, with its own random stream, so the results do not depend on the threads), then emitted
-  // in plan order below.
-  std::vector<std::optional<Result<SampleResult>>> drawn(plan.chunks.size());
-  if (!on_device_greedy) {
-    std::vector<std::pair<int, int>> jobs;  // (chunk index, logits row)
-    int r = 0;
-    for (size_t i = 0; i < plan.chunks.size(); ++i) {
-      const ScheduledChunk& c = plan.chunks[i];
-      if (!c.sample) continue;
-      if (c.num_draft == 0) jobs.emplace_back(static_cast<int>(i), r);
-      r += 1 + c.num_draft;
-    }
-#pragma omp parallel for schedule(dynamic, 1) if (jobs.size() > 1)
-    for (size_t j = 0; j < jobs.size(); ++j) {
-      const auto [i, rr] = jobs[j];
-      Request& req = *requests_.at(plan.chunks[static_cast<size_t>(i)].seq->id());
-      drawn[static_cast<size_t>(i)] = req.sampler.sample(logits_.data<float>() + static_cast<int64_t>(rr) * vocab, vocab);
-    }
-  }
   int row = 0;
-  for (size_t ci = 0; ci < plan.chunks.size(); ++ci) {
-    const ScheduledChunk& c = plan.chunks[ci];
+  size_t entry = 0;  // of rows
+  for (const ScheduledChunk& c : plan.chunks) {
     if (!c.sample) continue;
     const RequestId id = c.seq->id();
     Request& req = *requests_.at(id);
     RequestOutput out;
+    out.id = id;
     bool done = false;
-    if (on_device_greedy && c.num_draft > 0) {
-      const size_t n = static_cast<size_t>(1 + c.num_draft);
-      done = verify_draft_ids(req, std::span<const int32_t>(host_ids_.data<int32_t>() + row, n),
-                              std::span<const float>(host_logprobs_.data<float>() + row, n), out);
-    } else if (on_device_greedy) {
-      out.id = id;
-      SampleResult r;
-      r.token = host_ids_.data<int32_t>()[row];
-      r.logprob = host_logprobs_.data<float>()[row];
-      done = emit_token(req, std::move(r), out);
+    const int n = 1 + c.num_draft;
+    if (c.num_draft > 0) {
+      done = place == BatchSampler::Place::kHost
+                 ? verify_draft(req, sampler_.host_logits(row), out)
+                 : verify_draft_ids(req, sampler_.device_ids(row, n), sampler_.device_logprobs(row, n), out);
     } else {
-      const float* rows = logits_.data<float>() + static_cast<int64_t>(row) * vocab;
-      done = c.num_draft > 0 ? verify_draft(req, rows, out) : process_sample(req, std::move(*drawn[ci]), out);
+      // One draw from the request's stream per non-greedy token, on either path.
+      if (!req.params.sampling.greedy()) ++req.rng_draws;
+      if (place == BatchSampler::Place::kHost) {
+        done = process_sample(req, sampler_.host_sample(entry), out);
+      } else {
+        SampleResult r;
+        r.token = sampler_.device_ids(row, 1)[0];
+        r.logprob = sampler_.device_logprobs(row, 1)[0];
+        done = emit_token(req, std::move(r), out);
+      }
     }
-    row += 1 + c.num_draft;
+    row += n;
+    ++entry;
     outputs.push_back(std::move(out));
     if (done) {
       auto it = requests_.find(id);
@@ -610,59 +532,6 @@ Result<std::vector<RequestOutput>> Engine::step() {
     spec_->record_step(running_before, plan.num_draft_tokens > 0, tokens, step_timer.seconds());
   }
   return outputs;
-}
-
-Engine::DeviceSampling Engine::device_sampling(const SchedulerStep& plan) const {
-  if (model_.device().is_cpu()) return DeviceSampling::kNone;
-  bool any = false, all_greedy = true;
-  for (const ScheduledChunk& c : plan.chunks) {
-    if (!c.sample) continue;
-    const SamplingParams& p = requests_.at(c.seq->id())->params.sampling;
-    if (p.logprobs > 0) return DeviceSampling::kNone;
-    // Logit edits carry token ids as f32: exact below 2^24.
-    if (model_.config().vocab_size >= (1 << 24)) return DeviceSampling::kNone;
-    // A greedy row with penalties or a bias needs them before its argmax: ops::sample does both.
-    const bool plain_greedy = p.greedy() && p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f &&
-                              p.frequency_penalty == 0.0f && p.logit_bias.empty();
-    // A draft's rows see the drafts before them in their penalties: only plain greedy ones here.
-    if (c.num_draft > 0 && !plain_greedy) return DeviceSampling::kNone;
-    all_greedy = all_greedy && plain_greedy;
-    any = true;
-  }
-  if (!any) return DeviceSampling::kNone;
-  return all_greedy ? DeviceSampling::kGreedy : DeviceSampling::kSample;
-}
-
-void Engine::add_logit_edits(const Request& req, int row) {
-  const SamplingParams& sp = req.params.sampling;
-  const bool repetition = sp.repetition_penalty != 1.0f;
-  const bool additive = sp.frequency_penalty != 0.0f || sp.presence_penalty != 0.0f;
-  if (sp.logit_bias.empty() && !repetition && !additive) return;
-  // One edit per token: the bias (summed over repeated entries), then the Sampler's penalties
-  // (sampling/sampler.h, steps 1-2) with their neutral values where a token has none. The history
-  // holds each token once; biased tokens are few, so only they go through a map.
-  std::unordered_map<int32_t, float> bias;
-  for (const auto& [token, b] : sp.logit_bias) bias[token] += b;
-  const auto push = [&](int32_t token, float b, float rep, float sub) {
-    host_edits_.insert(host_edits_.end(), {static_cast<float>(row), static_cast<float>(token), b, rep, sub});
-  };
-  if (repetition || additive) {
-    for (const auto& [token, entry] : req.sampler.history().entries()) {
-      float b = 0.0f;
-      if (!bias.empty()) {
-        if (auto it = bias.find(token); it != bias.end()) {
-          b = it->second;
-          bias.erase(it);
-        }
-      }
-      const float rep = repetition && (entry.in_prompt || entry.output_count > 0) ? sp.repetition_penalty : 1.0f;
-      const float sub = additive && entry.output_count > 0
-                            ? sp.frequency_penalty * static_cast<float>(entry.output_count) + sp.presence_penalty
-                            : 0.0f;
-      push(token, b, rep, sub);
-    }
-  }
-  for (const auto& [token, b] : bias) push(token, b, 1.0f, 0.0f);
 }
 
 EngineStats Engine::stats() const {

@@ -33,6 +33,7 @@
 #include "kv/block_manager.h"
 #include "kv/kv_cache.h"
 #include "model/llama_model.h"
+#include "sampling/batch_sampler.h"
 #include "sched/scheduler.h"
 #include "speculative/spec_decoder.h"
 #include "tokenizer/tokenizer.h"
@@ -208,8 +209,8 @@ class Engine {
   // A new request with `prompt_ids` (checked by the caller) and `params` (checked here): its
   // sampler and detokenizer primed with the prompt. Not yet known to the scheduler.
   Result<std::unique_ptr<Request>> make_request(std::vector<int32_t> prompt_ids, const GenerationParams& params);
-  // Post-processes one sequence's sample (drawn from its logits row by its Sampler); fills `out`;
-  // true if it finished.
+  // Post-processes one sequence's sample (drawn from its logits row by its Sampler on the host);
+  // fills `out`; true if it finished.
   bool process_sample(Request& req, Result<SampleResult> sampled, RequestOutput& out);
   void finish(Request& req, FinishReason reason, RequestOutput& out);
   // A prefill-only request whose first token is out: ends with kTransfer, blocks held.
@@ -242,21 +243,7 @@ class Engine {
   std::vector<RequestOutput> aborted_;  // reported by the next step()
   // Prefill-only requests that finished with kTransfer, their blocks held until export_kv().
   std::unordered_map<RequestId, std::unique_ptr<Request>> transfers_;
-  Tensor logits_;                       // [n_sampled, vocab] f32, reused
-  // On a GPU, when every sampled row can be drawn there (no top logprobs; drafts only of plain
-  // greedy requests), the tokens and their logprobs are taken on the device (ops::argmax when all
-  // are greedy, else ops::sample, after ops::adjust_logits for penalties and logit bias, with each
-  // row's draw from its request's random stream, one per non-greedy token as on the host) and
-  // only they come back — a draft's K + 1 rows as their argmax, which greedy verification needs
-  // and nothing more; otherwise the logits come to the host and the Sampler runs there.
-  enum class DeviceSampling : uint8_t { kNone, kGreedy, kSample };
-  DeviceSampling device_sampling(const SchedulerStep& plan) const;
-  // Appends the penalties and logit bias of `req` for logits row `row` to host_edits_.
-  void add_logit_edits(const Request& req, int row);
-  Tensor device_logits_, device_ids_, device_logprobs_, device_params_;
-  Tensor host_ids_, host_logprobs_, host_params_;
-  std::vector<float> host_edits_;  // [m, ops::kLogitEditColumns], rebuilt every step
-  Tensor device_edits_;            // [capacity, ops::kLogitEditColumns], grown by doubling
+  BatchSampler sampler_;  // the step's token choice, on the host or the device, and its buffers
   EngineStats stats_;
   std::unique_ptr<SpecDecoder> spec_;   // null: no speculative decoding
 };

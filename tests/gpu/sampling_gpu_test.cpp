@@ -1,10 +1,12 @@
 // The device ops that choose tokens and move a decode batch on, against their CPU forms (ops.cpp):
 // argmax, top_tokens, sample (and the law q it returns), adjust_logits, advance_decode, and the
-// synthetic-weight fill. Skips without a device.
+// synthetic-weight fill; the BatchSampler's device places against its host place. Skips without a
+// device.
 #ifdef TACHYON_HAS_CUDA
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -16,6 +18,7 @@
 #include "gpu_test_util.h"
 #include "ops/cuda/launch.h"
 #include "ops/ops.h"
+#include "sampling/batch_sampler.h"
 #include "test_util.h"
 
 namespace tachyon {
@@ -232,6 +235,108 @@ TEST(GpuOps, AdjustLogitsEqualsTheCpuOp) {
   ops::adjust_logits(x, e);
   ops::adjust_logits(*dx, *de);
   EXPECT_TRUE(testing::bitwise_equal(to_host(*dx), x, "adjusted logits"));
+}
+
+// Requests of every kind in one batch, each with its own seeded stream and a history.
+std::vector<Sampler> batch_samplers(const std::vector<SamplingParams>& ps) {
+  std::vector<Sampler> s;
+  for (const SamplingParams& p : ps) {
+    s.emplace_back(p);
+    const std::vector<int32_t> prompt = {1, 7, 7, 42, 299};
+    s.back().set_prompt(prompt);
+    s.back().accept(7);
+    s.back().accept(13);
+  }
+  return s;
+}
+
+int32_t host_argmax(const float* row, int64_t n) {
+  return static_cast<int32_t>(std::max_element(row, row + n) - row);
+}
+
+// The engine's device sampling (BatchSampler::Place::kDeviceSample: argmax rows of a plain greedy
+// draft, penalties and logit bias through ops::adjust_logits, one draw per sampled row from its
+// request's stream) draws what the host place's Samplers draw from the same logits.
+TEST(GpuBatchSampler, DevicePlacesDrawWhatTheHostPlaceDraws) {
+  TACHYON_START_GPU();
+  const uint32_t seed = testing::fresh_seed();
+  SCOPED_TRACE(fmt::format("seed {} (TACHYON_TEST_SEED={} reproduces)", seed, seed));
+  std::mt19937 rng(seed);
+  constexpr int64_t kVocab = 1000;
+  std::vector<SamplingParams> ps(5);
+  ps[0].temperature = 0.0f;  // plain greedy, verifying a draft of 2
+  ps[1].temperature = 0.8f;
+  ps[1].top_k = 20;
+  ps[2].temperature = 1.0f;
+  ps[2].repetition_penalty = 1.3f;
+  ps[2].frequency_penalty = 0.5f;
+  ps[2].logit_bias = {{7, 5.0f}, {11, -3.0f}};
+  ps[3].temperature = 0.0f;
+  ps[3].presence_penalty = 1.0f;
+  ps[4].temperature = 0.7f;
+  ps[4].top_p = 0.9f;
+  ps[4].min_p = 0.05f;
+  for (size_t i = 0; i < ps.size(); ++i) ps[i].seed = 1000 + seed % 1000 + i;
+  std::vector<Sampler> on_device = batch_samplers(ps), on_host = batch_samplers(ps);
+  std::vector<SampleRow> device_rows, host_rows;
+  for (size_t i = 0; i < ps.size(); ++i) {
+    device_rows.push_back({&on_device[i], i == 0 ? 2 : 0});
+    host_rows.push_back({&on_host[i], i == 0 ? 2 : 0});
+  }
+  constexpr int64_t kRows = 3 + 4;
+  Tensor x = testing::random_tensor({kRows, kVocab}, rng, -8.0f, 8.0f);
+
+  BatchSampler device(kGpu, kVocab), host(Device::cpu(), kVocab);
+  auto device_place = device.begin(device_rows);
+  ASSERT_TRUE(device_place.ok()) << device_place.status().to_string();
+  EXPECT_EQ(*device_place, BatchSampler::Place::kDeviceSample);
+  auto dx = copy_to(x, kGpu);
+  ASSERT_TRUE(dx.ok());
+  device.logits() = *dx;
+  ASSERT_TRUE(device.finish(device_rows).ok());
+  ASSERT_EQ(*host.begin(host_rows), BatchSampler::Place::kHost);
+  host.logits() = x;
+  ASSERT_TRUE(host.finish(host_rows).ok());
+
+  for (int r = 0; r < 3; ++r) {  // the draft's rows: their argmax
+    EXPECT_EQ(device.device_ids(0, 3)[static_cast<size_t>(r)], host_argmax(x.data<float>() + r * kVocab, kVocab)) << r;
+  }
+  int mismatches = 0;
+  for (size_t i = 1; i < ps.size(); ++i) {
+    const int row = 2 + static_cast<int>(i);
+    auto want = host.host_sample(i);
+    ASSERT_TRUE(want.ok());
+    const int32_t got = device.device_ids(row, 1)[0];
+    // expf on the device and std::exp differ in the last bits: a draw within rounding of a
+    // boundary may pick the neighbour. Anything else must agree.
+    if (got != want->token) {
+      ++mismatches;
+      std::printf("batch sampler mismatch (one allowed): entry %zu: %d vs %d\n", i, got, want->token);
+    } else {
+      EXPECT_NEAR(device.device_logprobs(row, 1)[0], want->logprob, 1e-4 * (1.0 + std::fabs(want->logprob))) << i;
+    }
+    EXPECT_EQ(on_device[i].rng().next_u64(), on_host[i].rng().next_u64()) << "entry " << i << "'s stream";
+  }
+  EXPECT_LE(mismatches, 1);
+
+  // All plain greedy: the argmax alone.
+  std::vector<SampleRow> greedy_rows = {{&on_device[0], 2}};
+  ASSERT_EQ(*device.begin(greedy_rows), BatchSampler::Place::kDeviceGreedy);
+  auto three = copy_to(x.slice(0, 0, 3), kGpu);
+  ASSERT_TRUE(three.ok());
+  device.logits() = *three;
+  ASSERT_TRUE(device.finish(greedy_rows).ok());
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(device.device_ids(0, 3)[static_cast<size_t>(r)], host_argmax(x.data<float>() + r * kVocab, kVocab)) << r;
+  }
+  // What only the host can do: top logprobs, or a draft of a request that is not plain greedy.
+  SamplingParams with_logprobs = ps[1];
+  with_logprobs.logprobs = 2;
+  Sampler asks(with_logprobs);
+  std::vector<SampleRow> needs_host = {{&on_device[0], 0}, {&asks, 0}};
+  EXPECT_EQ(*device.begin(needs_host), BatchSampler::Place::kHost);
+  needs_host = {{&on_device[1], 1}};
+  EXPECT_EQ(*device.begin(needs_host), BatchSampler::Place::kHost);
 }
 
 }  // namespace

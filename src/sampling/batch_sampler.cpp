@@ -1,0 +1,174 @@
+#include "sampling/batch_sampler.h"
+
+#include <algorithm>
+#include <bit>
+#include <unordered_map>
+
+#include "core/device_memory.h"
+#include "ops/ops.h"
+#include "sampling/sample_params.h"
+
+namespace tachyon {
+namespace {
+
+// Greedy with nothing that edits the logits before the argmax.
+bool plain_greedy(const SamplingParams& p) {
+  return p.greedy() && p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f &&
+         p.logit_bias.empty();
+}
+
+int64_t count_rows(std::span<const SampleRow> rows) {
+  int64_t n = 0;
+  for (const SampleRow& r : rows) n += r.num_rows();
+  return n;
+}
+
+}  // namespace
+
+BatchSampler::Place BatchSampler::place_for(std::span<const SampleRow> rows) const {
+  if (device_.is_cpu() || rows.empty()) return Place::kHost;
+  // Logit edits carry token ids as f32: exact below 2^24.
+  if (vocab_size_ >= (1 << 24)) return Place::kHost;
+  bool all_greedy = true;
+  for (const SampleRow& r : rows) {
+    const SamplingParams& p = r.sampler->params();
+    if (p.logprobs > 0) return Place::kHost;
+    const bool greedy = plain_greedy(p);
+    if (r.num_draft > 0 && !greedy) return Place::kHost;
+    all_greedy = all_greedy && greedy;
+  }
+  return all_greedy ? Place::kDeviceGreedy : Place::kDeviceSample;
+}
+
+Result<BatchSampler::Place> BatchSampler::begin(std::span<const SampleRow> rows) {
+  place_ = place_for(rows);
+  num_rows_ = count_rows(rows);
+  host_samples_.clear();
+  host_edits_.clear();
+  if (place_ == Place::kHost) return place_;
+  if (!device_ids_.defined() || device_ids_.size(0) != num_rows_) {
+    TACHYON_ASSIGN_OR_RETURN(device_ids_, empty_on({num_rows_}, DType::kI32, device_, "sampled ids"));
+    TACHYON_ASSIGN_OR_RETURN(device_logprobs_, empty_on({num_rows_}, DType::kF32, device_, "sampled logprobs"));
+    TACHYON_ASSIGN_OR_RETURN(device_params_,
+                             empty_on({num_rows_, ops::kSampleParams}, DType::kF32, device_, "sampling params"));
+    host_ids_ = Tensor::empty({num_rows_}, DType::kI32);
+    host_logprobs_ = Tensor::empty({num_rows_}, DType::kF32);
+    host_params_ = Tensor::empty({num_rows_, ops::kSampleParams}, DType::kF32);
+  }
+  if (place_ == Place::kDeviceSample) TACHYON_RETURN_IF_ERROR(stage_device_sample(rows));
+  return place_;
+}
+
+Status BatchSampler::stage_device_sample(std::span<const SampleRow> rows) {
+  int r = 0;
+  for (const SampleRow& row : rows) {
+    if (row.num_draft > 0) {  // a plain greedy draft's rows: T = 0, nothing else
+      for (int i = 0; i < row.num_rows(); ++i, ++r) fill_greedy_sample_params(host_params_.data<float>() + ops::kSampleParams * r);
+      continue;
+    }
+    const SamplingParams& sp = row.sampler->params();
+    const double u = sp.greedy() ? 0.0 : row.sampler->rng().next_double();
+    fill_sample_params(host_params_.data<float>() + ops::kSampleParams * r, sp, u);
+    add_logit_edits(*row.sampler, r);
+    ++r;
+  }
+  TACHYON_RETURN_IF_ERROR(copy_into(device_params_, host_params_));
+  const int64_t m = static_cast<int64_t>(host_edits_.size()) / ops::kLogitEditColumns;
+  if (m == 0) return Status::Ok();
+  if (!device_edits_.defined() || device_edits_.size(0) < m) {
+    const int64_t capacity = std::max<int64_t>(1024, std::bit_ceil(static_cast<uint64_t>(m)));
+    TACHYON_ASSIGN_OR_RETURN(device_edits_,
+                             empty_on({capacity, ops::kLogitEditColumns}, DType::kF32, device_, "logit edits"));
+  }
+  Tensor staged = Tensor::empty({m, ops::kLogitEditColumns}, DType::kF32);
+  std::copy(host_edits_.begin(), host_edits_.end(), staged.data<float>());
+  Tensor dst = device_edits_.slice(0, 0, m);
+  return copy_into(dst, staged);
+}
+
+void BatchSampler::add_logit_edits(const Sampler& sampler, int row) {
+  const SamplingParams& sp = sampler.params();
+  const bool repetition = sp.repetition_penalty != 1.0f;
+  const bool additive = sp.frequency_penalty != 0.0f || sp.presence_penalty != 0.0f;
+  if (sp.logit_bias.empty() && !repetition && !additive) return;
+  // One edit per token: the bias (summed over repeated entries), then the Sampler's penalties
+  // (sampling/sampler.h, steps 1-2) with their neutral values where a token has none. The history
+  // holds each token once; biased tokens are few, so only they go through a map.
+  std::unordered_map<int32_t, float> bias;
+  for (const auto& [token, b] : sp.logit_bias) bias[token] += b;
+  const auto push = [&](int32_t token, float b, float rep, float sub) {
+    host_edits_.insert(host_edits_.end(), {static_cast<float>(row), static_cast<float>(token), b, rep, sub});
+  };
+  if (repetition || additive) {
+    for (const auto& [token, entry] : sampler.history().entries()) {
+      float b = 0.0f;
+      if (!bias.empty()) {
+        if (auto it = bias.find(token); it != bias.end()) {
+          b = it->second;
+          bias.erase(it);
+        }
+      }
+      const float rep = repetition && (entry.in_prompt || entry.output_count > 0) ? sp.repetition_penalty : 1.0f;
+      const float sub = additive && entry.output_count > 0
+                            ? sp.frequency_penalty * static_cast<float>(entry.output_count) + sp.presence_penalty
+                            : 0.0f;
+      push(token, b, rep, sub);
+    }
+  }
+  for (const auto& [token, b] : bias) push(token, b, 1.0f, 0.0f);
+}
+
+Status BatchSampler::finish(std::span<const SampleRow> rows) {
+  const Tensor& out = logits();
+  if (out.size(0) != num_rows_) {
+    return make_error(ErrorCode::kInternal, "batch sampler: {} logits rows for {} sampled rows", out.size(0), num_rows_);
+  }
+  if (place_ == Place::kHost) {
+    host_samples_.assign(rows.size(), std::nullopt);
+    std::vector<std::pair<size_t, int64_t>> jobs;  // (entry of rows, logits row)
+    int64_t r = 0;
+    for (size_t i = 0; i < rows.size(); ++i) {
+      if (rows[i].num_draft == 0) jobs.emplace_back(i, r);
+      r += rows[i].num_rows();
+    }
+#pragma omp parallel for schedule(dynamic, 1) if (jobs.size() > 1)
+    for (size_t j = 0; j < jobs.size(); ++j) {
+      const auto [i, row] = jobs[j];
+      host_samples_[i] = rows[i].sampler->sample(host_logits_.data<float>() + row * vocab_size_, vocab_size_);
+    }
+    return Status::Ok();
+  }
+  if (place_ == Place::kDeviceGreedy) {
+    ops::argmax(device_logits_, device_ids_, &device_logprobs_);
+  } else {
+    if (!host_edits_.empty()) {
+      const Tensor edits = device_edits_.slice(0, 0, static_cast<int64_t>(host_edits_.size()) / ops::kLogitEditColumns);
+      ops::adjust_logits(device_logits_, edits);
+    }
+    ops::sample(device_logits_, device_params_, device_ids_, device_logprobs_);
+  }
+  TACHYON_RETURN_IF_ERROR(copy_into(host_ids_, device_ids_));  // waits for the step
+  return copy_into(host_logprobs_, device_logprobs_);
+}
+
+std::span<const int32_t> BatchSampler::device_ids(int first, int n) const {
+  return {host_ids_.data<int32_t>() + first, static_cast<size_t>(n)};
+}
+
+std::span<const float> BatchSampler::device_logprobs(int first, int n) const {
+  return {host_logprobs_.data<float>() + first, static_cast<size_t>(n)};
+}
+
+Result<SampleResult> BatchSampler::host_sample(size_t index) {
+  TACHYON_CHECK(index < host_samples_.size() && host_samples_[index].has_value(),
+                "batch sampler: no host sample for entry {}", index);
+  Result<SampleResult> r = std::move(*host_samples_[index]);
+  host_samples_[index].reset();
+  return r;
+}
+
+const float* BatchSampler::host_logits(int first) const {
+  return host_logits_.data<float>() + static_cast<int64_t>(first) * vocab_size_;
+}
+
+}  // namespace tachyon

@@ -1,0 +1,88 @@
+// BatchSampler: the token choice of one engine step, for every sampled row of its batch at once.
+//
+// The engine hands it the step's rows in logits order, each a request's Sampler (its parameters,
+// history and random stream) and how many rows it has: one to sample, or 1 + K for a speculative
+// draft of K tokens, which the verifier reads (speculative/). The sampler decides where the rows
+// are drawn, owns the logits and every buffer the choice needs, and hands back per row a token and
+// its logprob, a host SampleResult, or host logits rows:
+//
+//   Place place = begin(rows)     where: kHost, kDeviceGreedy or kDeviceSample; on the device the
+//                                 rows' parameters, draws and logit edits are uploaded here, before
+//                                 the forward, so that the copy does not wait for it
+//   forward(..., logits())        the model writes [num rows, vocab] f32 logits, on the host or
+//                                 (device places) on the model's device
+//   finish(rows)                  draws: on the device ops::argmax, or ops::adjust_logits (penalties,
+//                                 logit bias) then ops::sample, and only ids and logprobs come
+//                                 back; on the host each row without a draft through its Sampler,
+//                                 in parallel (each request's Sampler and stream is its own, so
+//                                 results do not depend on the threads)
+//   device_ids / host_sample / host_logits   the results, by row
+//
+// Device sampling applies when the model is on a GPU and every row can be drawn there: no top
+// logprobs asked, a vocabulary below 2^24 (logit edits carry ids as f32), and draft rows only for
+// plain greedy requests (a draft's rows see the drafts before them in their penalties, which only
+// the host verifier models). All plain greedy: kDeviceGreedy (argmax); else kDeviceSample.
+// Randomness: exactly one draw from a request's stream per non-greedy row without a draft, on
+// either path, so that a seeded request draws the same tokens wherever its logits are the same.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "core/status.h"
+#include "core/tensor.h"
+#include "sampling/sampler.h"
+
+namespace tachyon {
+
+// One sequence's rows in a step's logits.
+struct SampleRow {
+  Sampler* sampler = nullptr;  // the request's: parameters, history, random stream
+  int num_draft = 0;           // K > 0: 1 + K rows that verify a draft of K tokens; 0: one row
+  int num_rows() const { return 1 + num_draft; }
+};
+
+class BatchSampler {
+ public:
+  enum class Place : uint8_t { kHost, kDeviceGreedy, kDeviceSample };
+
+  // `device`: where the model writes its logits (the host for CPU models).
+  BatchSampler(Device device, int vocab_size) : device_(device), vocab_size_(vocab_size) {}
+
+  // Where `rows` are drawn this step (see above); for kDeviceSample, takes each non-greedy row's
+  // draw from its stream and uploads the rows' parameters and logit edits.
+  Result<Place> begin(std::span<const SampleRow> rows);
+  // The logits the forward fills: a host tensor for kHost, else one on the device.
+  Tensor& logits() { return place_ == Place::kHost ? host_logits_ : device_logits_; }
+  // Draws the rows begun (the same `rows`). On the device, waits for the step.
+  Status finish(std::span<const SampleRow> rows);
+
+  // Device places: the tokens and logprobs of rows [first, first + n) (a draft's rows: argmax).
+  std::span<const int32_t> device_ids(int first, int n) const;
+  std::span<const float> device_logprobs(int first, int n) const;
+  // kHost: the sample of the `index`th entry of `rows` (which must have no draft), moved out.
+  Result<SampleResult> host_sample(size_t index);
+  // kHost: logits row `first` (with the rows after it, for a draft).
+  const float* host_logits(int first) const;
+
+ private:
+  Place place_for(std::span<const SampleRow> rows) const;
+  Status stage_device_sample(std::span<const SampleRow> rows);
+  // Appends the penalties and logit bias of `sampler`'s request for logits row `row`.
+  void add_logit_edits(const Sampler& sampler, int row);
+
+  Device device_;
+  int vocab_size_;
+  Place place_ = Place::kHost;
+  int64_t num_rows_ = 0;
+  Tensor host_logits_;  // [rows, vocab] f32, reused
+  std::vector<std::optional<Result<SampleResult>>> host_samples_;
+  Tensor device_logits_, device_ids_, device_logprobs_, device_params_;
+  Tensor host_ids_, host_logprobs_, host_params_;
+  std::vector<float> host_edits_;  // [m, ops::kLogitEditColumns], rebuilt every step
+  Tensor device_edits_;            // [capacity, ops::kLogitEditColumns], grown by doubling
+};
+
+}  // namespace tachyon
