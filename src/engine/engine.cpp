@@ -422,13 +422,40 @@ void Engine::hold_for_transfer(Request& req, RequestOutput& out) {
   ++stats_.requests_finished;
 }
 
+void Engine::fail_step(const SchedulerStep& plan, const Status& error, std::vector<RequestOutput>& outputs) {
+  TACHYON_LOG_ERROR("engine step failed, its {} sequences end with an error: {}", plan.chunks.size(), error.to_string());
+  ++stats_.num_failed_steps;
+  for (const ScheduledChunk& c : plan.chunks) {
+    const RequestId id = c.seq->id();
+    auto it = requests_.find(id);
+    if (it == requests_.end()) continue;
+    RequestOutput out;
+    out.id = id;
+    out.error = error;
+    finish(*it->second, FinishReason::kError, out);
+    outputs.push_back(std::move(out));
+    requests_.erase(it);
+  }
+}
+
 Result<std::vector<RequestOutput>> Engine::step() {
   std::vector<RequestOutput> outputs;
   outputs.swap(aborted_);
   if (scheduler_.idle()) return outputs;
   Timer step_timer;
   const int running_before = scheduler_.num_running();
-  if (spec_) TACHYON_RETURN_IF_ERROR(propose_drafts());
+  if (spec_) {
+    if (Status proposed = propose_drafts(); !proposed.ok()) {
+      // The draft side failed (its forward): this step runs without drafts, and the proposer
+      // starts over for these sequences. The target's output does not depend on drafts.
+      TACHYON_LOG_WARN("speculative proposal failed, the step runs without drafts: {}", proposed.to_string());
+      ++stats_.num_failed_proposals;
+      for (auto& [id, req] : requests_) {
+        req->seq.set_draft({});
+        spec_->release(id);
+      }
+    }
+  }
   Timer phase;
   const SchedulerStep plan = scheduler_.schedule();
   ++stats_.num_steps;
@@ -479,14 +506,21 @@ Result<std::vector<RequestOutput>> Engine::step() {
   for (const ScheduledChunk& c : plan.chunks) {
     if (c.sample) rows.push_back({&requests_.at(c.seq->id())->sampler, c.num_draft});
   }
-  TACHYON_ASSIGN_OR_RETURN(const BatchSampler::Place place, sampler_.begin(rows));
-  if (place == BatchSampler::Place::kHost) {
-    TACHYON_RETURN_IF_ERROR(model_.forward(batch, cache_, sampler_.logits(), fo));
-  } else {
-    TACHYON_RETURN_IF_ERROR(model_.forward_on_device(batch, cache_, sampler_.logits(), fo));
-  }
-  TACHYON_RETURN_IF_ERROR(sampler_.finish(rows));  // on the device, waits for the step
+  BatchSampler::Place place = BatchSampler::Place::kHost;
+  const Status ran = [&]() -> Status {
+    TACHYON_ASSIGN_OR_RETURN(place, sampler_.begin(rows));
+    if (place == BatchSampler::Place::kHost) {
+      TACHYON_RETURN_IF_ERROR(model_.forward(batch, cache_, sampler_.logits(), fo));
+    } else {
+      TACHYON_RETURN_IF_ERROR(model_.forward_on_device(batch, cache_, sampler_.logits(), fo));
+    }
+    return sampler_.finish(rows);  // on the device, waits for the step
+  }();
   stats_.forward_seconds += phase.seconds();
+  if (!ran.ok()) {
+    fail_step(plan, ran, outputs);
+    return outputs;
+  }
 
   phase.reset();
   scheduler_.complete(plan);

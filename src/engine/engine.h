@@ -135,6 +135,8 @@ struct EngineStats {
   int64_t prompt_tokens_computed = 0;  // prefill tokens run (recomputation after preemption included)
   int64_t generated_tokens = 0;
   int64_t requests_finished = 0;
+  int64_t num_failed_steps = 0;       // steps whose forward or sampling failed (fail_step())
+  int64_t num_failed_proposals = 0;   // speculative proposals that failed (the step ran without)
   // Cumulative seconds per phase of step().
   double schedule_seconds = 0.0;  // scheduling, copy-on-write, batch planning
   double forward_seconds = 0.0;
@@ -217,6 +219,10 @@ class Engine {
   void hold_for_transfer(Request& req, RequestOutput& out);
   // Appends one token to the request and applies every stop condition; true if it finished.
   bool emit_token(Request& req, SampleResult sampled, RequestOutput& out);
+  // A step whose forward or sampling failed (ops/errors.h: a workspace that could not be
+  // allocated, a launch that failed): every sequence it scheduled ends with kError and `error`,
+  // its blocks freed; the others wait for the next step, which may succeed.
+  void fail_step(const SchedulerStep& plan, const Status& error, std::vector<RequestOutput>& outputs);
   // Speculative decoding (speculative/spec_decoder.h does the work): drafts for the decoding
   // sequences before scheduling; the verification of one sequence's K + 1 logits rows, emitting
   // its tokens in order until one finishes the request.

@@ -8,6 +8,7 @@
 #include "core/device_memory.h"
 #include "core/log.h"
 #include "ops/backend.h"
+#include "ops/errors.h"
 
 namespace tachyon {
 
@@ -483,7 +484,7 @@ Status LlamaModel::decode_steps(const ForwardBatch& batch, const Tensor& first_i
       Tensor next = ids.select(0, s);
       pick(logits, s, next);
     }
-    return Status::Ok();
+    return ops::take_error(dev);
   }
   std::lock_guard<std::mutex> lock(graphs_mutex_);
   TACHYON_ASSIGN_OR_RETURN(DecodeGraph * g, decode_graph_for(batch, cache, options));
@@ -499,7 +500,7 @@ Status LlamaModel::decode_steps(const ForwardBatch& batch, const Tensor& first_i
     Tensor next = ids.select(0, s);
     pick(g->logits, s, next);
   }
-  return Status::Ok();
+  return ops::take_error(dev);  // what the picks raised (the steps' own errors came back above)
 }
 
 Status LlamaModel::run_layers(const ForwardBatch& batch, KvCache& cache, Tensor& logits, ops::LinearMode mode) const {
@@ -632,7 +633,9 @@ Status LlamaModel::run_layers(const ForwardBatch& batch, KvCache& cache, Tensor&
     TACHYON_ASSIGN_OR_RETURN(logits, empty_on({n_logits, c.vocab_size}, DType::kF32, dev, "logits"));
   }
   if (n_logits > 0) ops::linear(normed, weights_.lm_head, nullptr, logits, mode);
-  return Status::Ok();
+  // What the ops raised while running (ops/errors.h): a workspace that could not be allocated, a
+  // launch that failed. The logits are then not to be read.
+  return ops::take_error(dev);
 }
 
 }  // namespace tachyon

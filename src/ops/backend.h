@@ -57,6 +57,9 @@ class Backend {
                                     Tensor& zeros) = 0;
   // Waits for every op issued so far; returns the first error any of them raised.
   virtual Status synchronize() = 0;
+  // The first error an op recorded since the last call (ops/errors.h), which it clears; the ops
+  // after an error do nothing until then.
+  virtual Status take_error() = 0;
 
   // Graphs: the ops issued between begin_capture() and end_capture() are recorded, not run, and
   // replay() runs them again with the same arguments (device pointers included: the inputs must

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "ops/backend.h"
+#include "ops/errors.h"
 
 #include "ops/cpu/isa.h"
 #include "ops/cpu/kernels.h"
@@ -228,6 +229,9 @@ void quant_linear(const Tensor& x, const QuantWeight& w, const Tensor* bias, Ten
 void linear(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& y, LinearMode mode) {
   constexpr const char* op = "linear";
   if (Backend* b = device_backend(op, x)) return b->linear(x, w, bias, y, mode);
+  if (detail::consume_fault(DeviceType::kCpu, Fault::kKernel)) {
+    return detail::record_cpu_error(detail::injected_error(Fault::kKernel, op));
+  }
   require_cpu(op, "x", x);
   require_cpu(op, "y", y);
   TACHYON_CHECK(w.defined(), "linear: weight is undefined");
@@ -507,6 +511,9 @@ void paged_attention(const Tensor& q, const KvLayer& kv, const AttentionMetadata
                      Tensor& out) {
   constexpr const char* op = "paged_attention";
   if (Backend* b = device_backend(op, q)) return b->paged_attention(q, kv, meta, params, out);
+  if (detail::consume_fault(DeviceType::kCpu, Fault::kWorkspace)) {
+    return detail::record_cpu_error(detail::injected_error(Fault::kWorkspace, "attention workspace"));
+  }
   require_cpu(op, "q", q);
   require_cpu(op, "out", out);
   const cpu::KvCacheView cache = cache_view(op, kv);

@@ -5,6 +5,7 @@
 #include <unordered_map>
 
 #include "core/device_memory.h"
+#include "ops/errors.h"
 #include "ops/ops.h"
 #include "sampling/sample_params.h"
 
@@ -147,6 +148,7 @@ Status BatchSampler::finish(std::span<const SampleRow> rows) {
     }
     ops::sample(device_logits_, device_params_, device_ids_, device_logprobs_);
   }
+  TACHYON_RETURN_IF_ERROR(ops::take_error(device_));  // a workspace or a launch that failed
   TACHYON_RETURN_IF_ERROR(copy_into(host_ids_, device_ids_));  // waits for the step
   return copy_into(host_logprobs_, device_logprobs_);
 }

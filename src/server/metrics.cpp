@@ -145,6 +145,11 @@ std::string ServerMetrics::render() const {
   counter(out, "tachyon_generation_tokens_total", "Tokens generated.", static_cast<double>(s.generated_tokens));
   counter(out, "tachyon_num_preemptions_total", "Requests preempted to free KV cache blocks.",
           static_cast<double>(s.num_preemptions));
+  counter(out, "tachyon_failed_steps_total",
+          "Engine steps whose forward or sampling failed (their requests ended with an error; serving went on).",
+          static_cast<double>(s.num_failed_steps));
+  counter(out, "tachyon_failed_proposals_total",
+          "Speculative proposals that failed (the step ran without drafts).", static_cast<double>(s.num_failed_proposals));
   counter(out, "tachyon_engine_steps_total", "Engine steps run.", static_cast<double>(s.num_steps));
   counter(out, "tachyon_requests_rejected_total", "Requests refused because the waiting queue was full or the "
           "server was draining.", static_cast<double>(rejected_));

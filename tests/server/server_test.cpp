@@ -4,6 +4,7 @@
 // (.venv, made by scripts/setup); without it these tests skip and say so.
 #include <signal.h>
 
+#include <cstdlib>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -92,6 +93,22 @@ TEST(Server, SigtermDrainsStreamsInFlightAndExitsZero) {
   expect_script_passes(server, "sigterm_test.py", "TACHYON_SERVER_PID=" + std::to_string(server.pid()));
   EXPECT_EQ(server.stop(0), 0) << server.log();  // the script sent SIGTERM
   EXPECT_NE(server.log().find("drained"), std::string::npos) << server.log();
+}
+
+// A step that fails inside the engine (the fault injected once, at the first forward) costs its
+// request a 500 and nothing else: later requests complete, /metrics counts it, no block is held.
+TEST(Server, AFailedEngineStepFailsItsRequestAndTheServerGoesOn) {
+  SKIP_WITHOUT_VENV();
+  for (const char* fault : {"workspace:1", "kernel:1"}) {
+    SCOPED_TRACE(fault);
+    setenv("TACHYON_INJECT_FAULT", fault, 1);  // the server inherits it
+    ServerProcess server("");
+    unsetenv("TACHYON_INJECT_FAULT");
+    ASSERT_TRUE(server.started()) << server.log();
+    expect_script_passes(server, "fault_test.py");
+    EXPECT_EQ(server.stop(), 0) << server.log();
+    EXPECT_NE(server.log().find("engine step failed"), std::string::npos) << server.log();
+  }
 }
 
 TEST(Server, IdleServerExitsZeroOnSigint) {

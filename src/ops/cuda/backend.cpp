@@ -1,8 +1,10 @@
 // The CUDA backend of ops.h: unwraps Tensors into the raw-pointer launchers of cuda_ops.h, all on
 // one stream, and provides core's device memory (a stream-ordered pool) so that Tensors can live
-// on the GPU. A launcher's argument error here is a caller's bug (the model built the tensors):
-// it aborts with the launcher's message, like the CPU ops' checks. Execution errors surface at
-// synchronize() or the next copy to the host.
+// on the GPU. A tensor the backend's checks refuse is a caller's bug (the model built the
+// tensors) and aborts, like the CPU ops' checks. A workspace that cannot be allocated or a launch
+// that fails is recorded instead (ops/errors.h): the ops after it do nothing until the model takes
+// the error at the end of its forward. Execution errors surface at synchronize() or the next copy
+// to the host.
 #include <cuda_runtime.h>
 
 #include <cstdlib>
@@ -18,6 +20,7 @@
 #include "core/ggml_blocks.h"
 #include "core/log.h"
 #include "ops/backend.h"
+#include "ops/errors.h"
 #include "ops/cpu/rows.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/launch.h"
@@ -25,8 +28,6 @@
 
 namespace tachyon::ops::cuda {
 namespace {
-
-void require_ok(const Status& status) { TACHYON_CHECK(status.ok(), "{}", status.message()); }
 
 bool is_float(DType d) { return d == DType::kF32 || d == DType::kF16 || d == DType::kBF16; }
 
@@ -315,6 +316,11 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
   }
 
   void linear(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& y, ops::LinearMode mode) override {
+    if (failed()) return;
+    if (ops::detail::consume_fault(DeviceType::kCuda, ops::Fault::kKernel)) {
+      require_ok(ops::detail::injected_error(ops::Fault::kKernel, "linear"));
+      return;
+    }
     const LinearArgs a = linear_args(x, w, bias, y, false);
     if (a.n == 0) return;
     if (mode == ops::LinearMode::kBatchInvariant) {
@@ -339,6 +345,7 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
 
   bool try_linear_fused(const Tensor& x, const Weight& w, const Tensor* bias, const ops::LinearFusion& f, Tensor& y,
                         ops::LinearMode mode) override {
+    if (failed()) return true;
     // TACHYON_FUSED_LINEAR=0: always the separate ops (the same bits; for measuring the fusion).
     static const bool enabled = [] {
       const char* env = std::getenv("TACHYON_FUSED_LINEAR");
@@ -360,6 +367,7 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
   }
 
   void add(Tensor& y, const Tensor& x) override {
+    if (failed()) return;
     on_device("add", {&y, &x});
     TACHYON_CHECK(y.dim() == 2 && y.shape() == x.shape() && y.dtype() == DType::kF32 && x.dtype() == DType::kF32 &&
                       y.stride(1) == 1 && x.stride(1) == 1,
@@ -368,16 +376,19 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
   }
 
   void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& y) override {
+    if (failed()) return;
     on_device("rms_norm", {&x, &weight, &y});
     norm(nullptr, x, weight, eps, y, Rows16{});
   }
 
   void add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& weight, float eps, Tensor& y) override {
+    if (failed()) return;
     on_device("add_rms_norm", {&residual, &x, &weight, &y});
     norm(&residual, x, weight, eps, y, Rows16{});
   }
 
   void rope(Tensor& x, const Tensor& positions, const RopeTable& table) override {
+    if (failed()) return;
     on_device("rope", {&x, &positions});
     TACHYON_CHECK(x.dim() == 3 && x.stride(2) == 1 && positions.dtype() == DType::kI32 && positions.dim() == 1 &&
                       positions.size(0) == x.size(0) && positions.is_contiguous(),
@@ -385,17 +396,21 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
     TACHYON_CHECK(table.rotary_dim > 0 && table.rotary_dim % 2 == 0 && table.rotary_dim <= x.size(2) &&
                       table.inv_freq.size() == static_cast<size_t>(table.rotary_dim / 2),
                   "rope: table with rotary_dim {} for x {}", table.rotary_dim, x.shape_string());
+    const float* inv_freq = inv_freq_on_device(table);
+    if (inv_freq == nullptr) return;
     require_ok(cuda::rope(x.data<float>(), x.size(0), x.size(1), x.size(2), x.stride(0), x.stride(1),
-                          positions.data<int32_t>(), inv_freq_on_device(table), table.rotary_dim, table.style,
-                          table.attention_scale, stream_));
+                          positions.data<int32_t>(), inv_freq, table.rotary_dim, table.style, table.attention_scale,
+                          stream_));
   }
 
   void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) override {
+    if (failed()) return;
     on_device("silu_mul", {&gate, &up, &out});
     silu_mul_rows(gate, up, out, Rows16{});
   }
 
   void embedding(const Tensor& table, const Tensor& ids, Tensor& out) override {
+    if (failed()) return;
     on_device("embedding", {&table, &ids, &out});
     TACHYON_CHECK(table.dim() == 2 && table.stride(1) == 1 && out.dim() == 2 && out.stride(1) == 1 &&
                       out.size(1) == table.size(1) && ids.dim() == 1 && ids.size(0) == out.size(0) &&
@@ -408,6 +423,7 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
   }
 
   void store_kv(const Tensor& k, const Tensor& v, const Tensor& slot_mapping, KvLayer& layer) override {
+    if (failed()) return;
     const KvCacheView cache = cache_view("store_kv", layer);
     on_device("store_kv", {&k, &v, &slot_mapping});
     TACHYON_CHECK(k.dim() == 3 && k.shape() == v.shape() && k.size(1) == cache.num_kv_heads &&
@@ -422,6 +438,7 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
 
   void rope_store_kv(Tensor& q, Tensor& k, const Tensor& v, const Tensor& positions, const RopeTable& table,
                      const Tensor& slot_mapping, KvLayer& layer) override {
+    if (failed()) return;
     const KvCacheView cache = cache_view("rope_store_kv", layer);
     if (!is_float(cache.dtype)) return Backend::rope_store_kv(q, k, v, positions, table, slot_mapping, layer);
     on_device("rope_store_kv", {&q, &k, &v, &positions, &slot_mapping});
@@ -453,6 +470,7 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
     a.n = q.size(0);
     a.positions = positions.data<int32_t>();
     a.inv_freq = inv_freq_on_device(table);
+    if (a.inv_freq == nullptr) return;
     a.rotary_dim = table.rotary_dim;
     a.interleaved = table.style == RopeStyle::kInterleaved;
     a.attention_scale = table.attention_scale;
@@ -462,6 +480,7 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
 
   void paged_attention(const Tensor& q, const KvLayer& layer, const AttentionMetadata& meta,
                        const AttentionParams& params, Tensor& out) override {
+    if (failed()) return;
     const KvCacheView cache = cache_view("paged_attention", layer);
     on_device("paged_attention", {&q, &out, &meta.query_start, &meta.context_lens, &meta.block_tables});
     TACHYON_CHECK(q.dim() == 3 && q.shape() == out.shape() && q.stride(2) == 1 && out.stride(2) == 1 &&
@@ -489,8 +508,12 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
       batch.tree_masks = static_cast<const uint64_t*>(meta.tree_masks.raw_data());
     }
     auto plan = plan_paged_attention(batch, q.size(1), cache, params, props_.multiprocessors);
-    require_ok(plan.status());
-    grow_scratch(workspace_, plan->workspace_bytes, "attention workspace");
+    if (!require_ok(plan.status())) return;
+    if (ops::detail::consume_fault(DeviceType::kCuda, ops::Fault::kWorkspace)) {
+      require_ok(ops::detail::injected_error(ops::Fault::kWorkspace, "attention workspace"));
+      return;
+    }
+    if (!grow_scratch(workspace_, plan->workspace_bytes, "attention workspace")) return;
     // Past the GEMV's token counts the o_proj linear after a decode step's attention multiplies
     // in 16 bits, as the block's other linears do (norm_then_linear records their rounding): the
     // attention kernels write that rounding of their rows too, and the linear converts nothing.
@@ -500,7 +523,7 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
         activation_rounding_ != DType::kF32 && out.stride(1) == out.size(2)) {
       auto staged = linear_->stage_activations(out.data<float>(), out.stride(0), out.size(0), out.size(1) * out.size(2),
                                                activation_rounding_);
-      require_ok(staged.status());
+      if (!require_ok(staged.status())) return;
       out16 = *staged;
     }
     require_ok(cuda::paged_attention(*plan, q.data<float>(), q.stride(0), q.stride(1), q.size(1), cache, batch, params,
@@ -509,6 +532,7 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
   }
 
   void argmax(const Tensor& x, Tensor& ids, Tensor* logprobs) override {
+    if (failed()) return;
     on_device("argmax", {&x, &ids, logprobs});
     TACHYON_CHECK(logprobs == nullptr || (logprobs->dim() == 1 && logprobs->size(0) == x.size(0) &&
                                           logprobs->dtype() == DType::kF32 && logprobs->is_contiguous()),
@@ -516,13 +540,14 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
     TACHYON_CHECK(x.dim() == 2 && x.stride(1) == 1 && x.dtype() == DType::kF32 && ids.dim() == 1 &&
                       ids.size(0) == x.size(0) && ids.dtype() == DType::kI32 && ids.is_contiguous(),
                   "argmax: x {} ids {}", x.shape_string(), ids.shape_string());
-    grow_scratch(argmax_workspace_, argmax_workspace_bytes(x.size(0), x.size(1)), "argmax workspace");
+    if (!grow_scratch(argmax_workspace_, argmax_workspace_bytes(x.size(0), x.size(1)), "argmax workspace")) return;
     require_ok(cuda::argmax(x.data<float>(), x.stride(0), x.size(0), x.size(1), ids.data<int32_t>(),
                             logprobs != nullptr ? logprobs->data<float>() : nullptr, stream_,
                             argmax_workspace_.data.get(), argmax_workspace_.bytes));
   }
 
   void top_tokens(const Tensor& x, Tensor& ids, Tensor& probs) override {
+    if (failed()) return;
     on_device("top_tokens", {&x, &ids, &probs});
     TACHYON_CHECK(x.dim() == 2 && x.stride(1) == 1 && x.dtype() == DType::kF32 && ids.dim() == 2 &&
                       ids.size(0) == x.size(0) && ids.size(1) >= 1 && ids.size(1) <= kMaxTopTokens &&
@@ -530,13 +555,14 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
                       probs.dtype() == DType::kF32 && probs.is_contiguous(),
                   "top_tokens: x {} ids {} probs {}", x.shape_string(), ids.shape_string(), probs.shape_string());
     const int m = static_cast<int>(ids.size(1));
-    grow_scratch(top_workspace_, top_tokens_workspace_bytes(x.size(0), x.size(1), m), "top tokens workspace");
+    if (!grow_scratch(top_workspace_, top_tokens_workspace_bytes(x.size(0), x.size(1), m), "top tokens workspace")) return;
     require_ok(cuda::top_tokens(x.data<float>(), x.stride(0), x.size(0), x.size(1), m, ids.data<int32_t>(),
                                 probs.data<float>(), top_workspace_.data.get(), top_workspace_.bytes, stream_));
   }
 
   void advance_decode(const Tensor& next_ids, Tensor& token_ids, Tensor& positions, Tensor& context_lens,
                       const Tensor& block_tables, int block_size, Tensor& slot_mapping) override {
+    if (failed()) return;
     on_device("advance_decode", {&next_ids, &token_ids, &positions, &context_lens, &block_tables, &slot_mapping});
     const int64_t n = token_ids.size(0);
     for (const Tensor* t : std::initializer_list<const Tensor*>{&next_ids, &token_ids, &positions, &context_lens, &slot_mapping}) {
@@ -552,6 +578,7 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
   }
 
   void sample(const Tensor& x, const Tensor& params, Tensor& ids, Tensor& logprobs, Tensor* probs) override {
+    if (failed()) return;
     on_device("sample", {&x, &params, &ids, &logprobs, probs});
     TACHYON_CHECK(probs == nullptr || (probs->shape() == x.shape() && probs->dtype() == DType::kF32 &&
                                        probs->is_contiguous()),
@@ -569,6 +596,7 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
   }
 
   void quantize_int8_rows(const Tensor& w, Tensor& packed, Tensor& scales) override {
+    if (failed()) return;
     on_device("quantize_int8_rows", {&w, &packed, &scales});
     TACHYON_CHECK(w.dim() == 2 && is_float(w.dtype()) && (w.size(1) <= 1 || w.stride(1) == 1) &&
                       packed.dtype() == DType::kI8 && packed.shape() == w.shape() && packed.is_contiguous() &&
@@ -582,6 +610,7 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
 
   void quantize_int4_groups(const Tensor& w, int group, bool f16_scales, Tensor& packed, Tensor& scales,
                             Tensor& zeros) override {
+    if (failed()) return;
     on_device("quantize_int4_groups", {&w, &packed, &scales, &zeros});
     const int64_t groups = group > 0 ? w.size(1) / group : 0;
     TACHYON_CHECK(w.dim() == 2 && is_float(w.dtype()) && (w.size(1) <= 1 || w.stride(1) == 1) && group > 0 &&
@@ -598,6 +627,7 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
   }
 
   void adjust_logits(Tensor& x, const Tensor& edits) override {
+    if (failed()) return;
     on_device("adjust_logits", {&x, &edits});
     TACHYON_CHECK(x.dim() == 2 && x.stride(1) == 1 && x.dtype() == DType::kF32 && edits.dim() == 2 &&
                       edits.size(1) == kLogitEditColumns && edits.dtype() == DType::kF32 && edits.is_contiguous(),
@@ -607,6 +637,7 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
   }
 
   void fill_uniform(Tensor& t, uint64_t seed, uint64_t stream, float bound, float offset) override {
+    if (failed()) return;
     on_device("fill_uniform", {&t});
     TACHYON_CHECK(t.is_contiguous() && is_float(t.dtype()), "fill_uniform: {}", t.shape_string());
     require_ok(cuda::fill_uniform(t.raw_data(), t.dtype(), t.numel(), seed, stream, bound, offset, stream_));
@@ -614,8 +645,10 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
 
   Status synchronize() override {
     TACHYON_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
-    return Status::Ok();
+    return error_;
   }
+
+  Status take_error() override { return std::exchange(error_, Status::Ok()); }
 
   Status begin_capture() override {
     TACHYON_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
@@ -686,7 +719,7 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
     // x is the residual stream when an add is pending (it becomes x + pending_add).
     Tensor residual = x;
     auto copy = linear_->stage_activations(a.x, a.x_stride, a.n, a.in, rounded);
-    require_ok(copy.status());
+    if (!require_ok(copy.status())) return true;
     if (f.pending_add != nullptr) {
       norm(&residual, *f.pending_add, *f.norm_weight, f.norm_eps, normed, *copy);
     } else {
@@ -699,7 +732,7 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
       TACHYON_CHECK(y.stride(1) == 1, "linear_fused: y {} is not packed along its rows", y.shape_string());
       // For the down projection, at this linear's rounding.
       auto next = linear_->stage_activations(y.data<float>(), y.stride(0), y.size(0), half, rounded);
-      require_ok(next.status());
+      if (!require_ok(next.status())) return true;
       silu_mul_rows(gate, up, y, *next);
     }
     return true;
@@ -755,9 +788,9 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
       RopeUpload up;
       up.values = table.inv_freq;
       auto buf = DeviceBuffer::allocate(table.inv_freq.size() * sizeof(float), "rope frequencies");
-      require_ok(buf.status());
+      if (!require_ok(buf.status())) return nullptr;
       up.device = std::move(*buf);
-      require_ok(copy_to_device(up.device.data(), table.inv_freq.data(), up.device.bytes()));
+      if (!require_ok(copy_to_device(up.device.data(), table.inv_freq.data(), up.device.bytes()))) return nullptr;
       if (it != rope_tables_.end()) ++epoch_;  // the old upload, which graphs may hold, is freed
       it = rope_tables_.insert_or_assign(key, std::move(up)).first;
     }
@@ -779,20 +812,31 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
     std::shared_ptr<void> data;
     size_t bytes = 0;
   };
-  void grow_scratch(Scratch& s, size_t bytes, const char* what) {
-    if (bytes <= s.bytes) return;
+  // False (the error recorded) when the buffer could not grow: the op must not run.
+  bool grow_scratch(Scratch& s, size_t bytes, const char* what) {
+    if (bytes <= s.bytes) return true;
     s = Scratch();
+    ++epoch_;  // the old buffer, which graphs may hold, is gone
     auto p = allocate(Device::cuda(device_), bytes, what);
-    require_ok(p.status());
+    if (!require_ok(p.status())) return false;
     s.data = std::shared_ptr<void>(*p, [this](void* ptr) { deallocate(Device::cuda(device_), ptr); });
     s.bytes = bytes;
-    ++epoch_;
+    return true;
   }
+
+  // Records the first error of an op (ops/errors.h); false when `status` is one.
+  bool require_ok(const Status& status) {
+    if (status.ok()) return true;
+    if (error_.ok()) error_ = status;
+    return false;
+  }
+  bool failed() const { return !error_.ok(); }
 
   Scratch workspace_;         // paged attention (decode partial results)
   Scratch argmax_workspace_;  // argmax chunks
   Scratch top_workspace_;     // top_tokens candidates
   uint64_t epoch_ = 0;        // scratch replacements here (the linear context counts its own)
+  Status error_;              // the first op error not yet taken (ops/errors.h)
   std::unordered_map<const float*, RopeUpload> rope_tables_;
   std::mutex shared_mu_;                             // open_shared() runs on receiver threads
   std::unordered_map<std::string, void*> opened_;    // IPC handle bytes -> this process's mapping
