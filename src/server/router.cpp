@@ -594,9 +594,14 @@ void Router::Impl::generate(ClientConnection& conn, Endpoint endpoint, const std
   std::vector<size_t> tried_decode, tried_prefill;
   std::string last_failure;  // why the last attempt failed, if one did
   const auto fail = [&](int status, const std::string& message, const std::string& code) {
-    sink->fail(status, message, code);
-    // Refused before anything was tried (503: no worker, rate matching), or failed.
+    // Refused before anything was tried (503: no worker, rate matching), or failed. A rejection is
+    // counted before the 503 goes out, so that a client reading /metrics after it sees it.
     end = status == 503 && last_failure.empty() ? End::kRejected : End::kFailed;
+    if (end == End::kRejected) {
+      std::lock_guard lock(metrics.mu);
+      ++metrics.rejected;
+    }
+    sink->fail(status, message, code);
   };
   // A decode worker's stream to the client, to its end: [DONE] finishes the response; a stream
   // that breaks (colocated or after a handoff alike) marks the worker down and fails the request.
@@ -798,7 +803,6 @@ void Router::Impl::generate(ClientConnection& conn, Endpoint endpoint, const std
   std::lock_guard lock(metrics.mu);
   if (sink && sink->status() != 0) ++metrics.http_responses[sink->status()];
   if (end == End::kFailed || (sink && sink->client_gone())) ++metrics.failed;
-  if (end == End::kRejected) ++metrics.rejected;
   if (end == End::kOk) metrics.e2e.observe(std::chrono::duration<double>(Clock::now() - arrival).count());
 }
 
