@@ -45,7 +45,7 @@
 #include "core/mapped_file.h"
 #include "core/thread_pool.h"
 #include "core/timer.h"
-#include "server/http_client.h"
+#include "net/http_client.h"
 #include "server/stream_load.h"
 
 namespace tachyon::cli {
@@ -299,7 +299,7 @@ Status write_json(const std::string& path, const json& j) {
 
 // --url: the workload through a server's streaming API.
 int run_bench_http(BenchArgs& a, bool latency) {
-  auto url = server::parse_http_url(a.url);
+  auto url = net::parse_http_url(a.url);
   if (!url.ok()) return report(url.status());
   if (!a.prompt_text.empty()) {
     return report(make_error(ErrorCode::kInvalidArgument, "--prompt-text needs the model's tokenizer: not with --url"));
@@ -308,7 +308,7 @@ int run_bench_http(BenchArgs& a, bool latency) {
     return report(make_error(ErrorCode::kInvalidArgument,
                              "--client-threads and --vocab must not be negative, --request-timeout positive"));
   }
-  auto models = server::http_fetch(*url, "GET", "/v1/models", "", 1 << 20, server::Millis(10'000));
+  auto models = net::http_fetch(*url, "GET", "/v1/models", "", 1 << 20, net::Millis(10'000));
   if (!models.ok()) return report(models.status().with_context("GET /v1/models"));
   const json list = json::parse(models->second, nullptr, false);
   if (models->first != 200 || list.is_discarded() || !list.contains("data") || !list["data"].is_array() ||

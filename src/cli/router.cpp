@@ -8,6 +8,7 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "core/log.h"
+#include "net/http_url.h"
 #include "server/router.h"
 
 namespace tachyon::cli {
@@ -34,12 +35,12 @@ int run_router(const RouterArgs& a) {
   if (a.verbose) set_log_level(LogLevel::kDebug);
   server::RouterOptions o;
   for (const std::string& url : a.prefill) {
-    auto u = server::parse_http_url(url);
+    auto u = net::parse_http_url(url);
     if (!u.ok()) return report(u.status().with_context("--prefill"));
     o.prefill.push_back(*u);
   }
   for (const std::string& url : a.decode) {
-    auto u = server::parse_http_url(url);
+    auto u = net::parse_http_url(url);
     if (!u.ok()) return report(u.status().with_context("--decode"));
     o.decode.push_back(*u);
   }

@@ -32,8 +32,10 @@
 #include <nlohmann/json.hpp>
 
 #include "core/log.h"
-#include "server/http_client.h"
-#include "server/listener.h"
+#include "net/asio_deadline.h"
+#include "net/http_client.h"
+#include "net/http_response.h"
+#include "net/listener.h"
 #include "server/metrics.h"
 #include "server/openai_api.h"
 #include "server/response_assembler.h"
@@ -45,39 +47,27 @@ namespace {
 constexpr int64_t kNoDisaggMinPrompt = int64_t{1} << 30;
 
 
-namespace net = boost::asio;
+namespace asio = boost::asio;
 namespace beast = boost::beast;
 namespace http = beast::http;
-using tcp = net::ip::tcp;
+using tcp = asio::ip::tcp;
 using error_code = boost::system::error_code;
 using Clock = std::chrono::steady_clock;
 using ojson = nlohmann::ordered_json;
+using net::chunk;
+using net::HttpClient;
+using net::HttpClientResponseHead;
+using net::HttpUrl;
+using net::Millis;
+using net::remaining;
+using net::run_with_timeout;
+using net::status_line;
 
 constexpr size_t kMaxHeaderBytes = 64 * 1024;
 constexpr size_t kMaxWorkerErrorBody = 1 << 20;
 constexpr Millis kSlice{100};
 
 Millis millis(double seconds) { return Millis(static_cast<int64_t>(seconds * 1000)); }
-Millis remaining(Clock::time_point deadline) {
-  return std::max(Millis(0), std::chrono::duration_cast<Millis>(deadline - Clock::now()));
-}
-
-template <typename Cancel>
-void run_with_timeout(net::io_context& io, const bool& done, Millis timeout, Cancel cancel) {
-  io.restart();
-  if (timeout > Millis(0)) io.run_for(timeout);
-  if (done) return;
-  cancel();
-  io.restart();
-  io.run();
-}
-
-std::string status_line(int status) {
-  const beast::string_view reason = http::obsolete_reason(static_cast<http::status>(status));
-  return fmt::format("HTTP/1.1 {} {}\r\n", status, std::string_view(reason.data(), reason.size()));
-}
-
-std::string chunk(std::string_view data) { return fmt::format("{:x}\r\n", data.size()) + std::string(data) + "\r\n"; }
 
 std::string error_json_body(std::string message, std::string type, std::string code) {
   ApiError e;
@@ -107,7 +97,7 @@ uint64_t random_transfer_id() {
 // One client connection: blocking reads and writes with deadlines on its own io_context.
 class ClientConnection {
  public:
-  net::io_context io{1};
+  asio::io_context io{1};
   tcp::socket socket{io};
   beast::flat_buffer buffer;
   bool gone = false;  // a write failed or timed out: the client counts as gone
@@ -125,7 +115,7 @@ class ClientConnection {
         done = true;
       });
       run_with_timeout(io, done, std::min(kSlice, remaining(deadline)), [&] { socket.cancel(); });
-      if (result == net::error::operation_aborted) continue;
+      if (result == asio::error::operation_aborted) continue;
       return !result;
     }
     return false;
@@ -178,7 +168,7 @@ class ClientConnection {
     if (gone) return false;
     bool done = false;
     error_code result;
-    net::async_write(socket, net::buffer(bytes.data(), bytes.size()), [&](const error_code& ec, size_t) {
+    asio::async_write(socket, asio::buffer(bytes.data(), bytes.size()), [&](const error_code& ec, size_t) {
       result = ec;
       done = true;
     });
@@ -224,11 +214,7 @@ class ResponseSink {
   ResponseSink(ClientConnection& conn, double write_timeout, bool keep_alive)
       : conn_(conn), write_timeout_(write_timeout), keep_alive_(keep_alive) {}
   void write_plain(int status, const std::string& body) {
-    std::string out = status_line(status);
-    out += fmt::format("Content-Type: application/json\r\nContent-Length: {}\r\nConnection: {}\r\n\r\n", body.size(),
-                       keep_alive_ ? "keep-alive" : "close");
-    out += body;
-    conn_.write(out, write_timeout_);
+    conn_.write(net::plain_response(status, "application/json", body, keep_alive_), write_timeout_);
     status_ = status;
   }
 
@@ -350,8 +336,8 @@ struct Router::Impl {
   std::atomic<bool> stop{false};
   int exit_code = 0;
 
-  net::io_context accept_io{1};
-  net::signal_set signals;
+  asio::io_context accept_io{1};
+  asio::signal_set signals;
   tcp::acceptor acceptor;
   int port = 0;
   struct Connection {
@@ -366,7 +352,7 @@ struct Router::Impl {
 // ---- polling ----
 
 void Router::Impl::poll(const HttpUrl& url, size_t index, bool is_decode) {
-  auto r = http_fetch(url, "GET", "/internal/v1/load", "", 64 * 1024, millis(std::max(0.5, options.connect_timeout)));
+  auto r = net::http_fetch(url, "GET", "/internal/v1/load", "", 64 * 1024, millis(std::max(0.5, options.connect_timeout)));
   Result<WorkerLoadReport> load = make_error(ErrorCode::kIo, "no answer");
   if (r.ok() && r->first == 200) {
     load = parse_load_json(r->second);
@@ -532,11 +518,7 @@ void Router::Impl::reply(ClientConnection& conn, int status, const std::string& 
     std::lock_guard lock(metrics.mu);
     ++metrics.http_responses[status];
   }
-  std::string out = status_line(status);
-  out += fmt::format("Content-Type: {}\r\nContent-Length: {}\r\nConnection: {}\r\n\r\n", content_type, body.size(),
-                     keep_alive ? "keep-alive" : "close");
-  out += body;
-  conn.write(out, options.write_timeout);
+  conn.write(net::plain_response(status, content_type, body, keep_alive), options.write_timeout);
 }
 
 void Router::Impl::generate(ClientConnection& conn, Endpoint endpoint, const std::string& body_text, bool keep_alive) {
@@ -912,7 +894,7 @@ void Router::Impl::handle(ClientConnection& conn, http::request<http::string_bod
       for (const Worker& w : prefill) if (w.state.up) candidates.push_back(w.url);
     }
     for (const HttpUrl& url : candidates) {
-      auto r = http_fetch(url, "GET", path, "", kMaxWorkerErrorBody, millis(options.worker_timeout));
+      auto r = net::http_fetch(url, "GET", path, "", kMaxWorkerErrorBody, millis(options.worker_timeout));
       if (r.ok()) return reply(conn, r->first, r->second, keep_alive);
     }
     return error(503, "no worker is reachable", "no_worker");
@@ -966,8 +948,7 @@ void Router::Impl::accept_loop() {
       }
       if (static_cast<int>(connections.size()) >= options.max_connections) {
         const std::string body = error_json_body("the router has too many connections; retry later", "server_error", "");
-        next->write(status_line(503) + fmt::format("Content-Type: application/json\r\nContent-Length: {}\r\n"
-                                                   "Connection: close\r\n\r\n{}", body.size(), body), 1.0);
+        next->write(net::plain_response(503, "application/json", body, /*keep_alive=*/false), 1.0);
         next->close();
       } else {
         Connection& c = connections.emplace_back();
@@ -1033,7 +1014,7 @@ Result<std::unique_ptr<Router>> Router::create(const RouterOptions& options) {
   auto impl = std::make_unique<Impl>(options);
   for (const HttpUrl& u : options.prefill) impl->prefill.push_back(Worker{u, WorkerRole::kPrefill, {}, 0, false});
   for (const HttpUrl& u : options.decode) impl->decode.push_back(Worker{u, WorkerRole::kDecode, {}, 0, false});
-  TACHYON_RETURN_IF_ERROR(listen_on(impl->acceptor, options.host, options.port));
+  TACHYON_RETURN_IF_ERROR(net::listen_on(impl->acceptor, options.host, options.port));
   impl->port = impl->acceptor.local_endpoint().port();
   return std::unique_ptr<Router>(new Router(std::move(impl)));
 }

@@ -36,8 +36,8 @@
 namespace tachyon::server {
 
 struct RouterOptions {
-  std::vector<HttpUrl> prefill;
-  std::vector<HttpUrl> decode;
+  std::vector<net::HttpUrl> prefill;
+  std::vector<net::HttpUrl> decode;
   std::string host = "127.0.0.1";
   int port = 8000;                    // 0: a free one, see Router::port()
   int disagg_min_prompt = 0;          // shorter prompts run colocated on a decode worker

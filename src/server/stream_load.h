@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "core/status.h"
-#include "server/disagg_protocol.h"
+#include "net/http_url.h"
 
 namespace tachyon::server {
 
@@ -34,7 +34,7 @@ struct StreamLoadRequest {
 };
 
 struct StreamLoadOptions {
-  HttpUrl url;
+  net::HttpUrl url;
   std::string model;               // the "model" field of every request
   int concurrency = 0;             // requests in flight at most over all threads; 0 = all
   int threads = 1;                 // event loops; requests are dealt to them round-robin

@@ -43,12 +43,12 @@ TEST(DisaggProtocol, HostPortAndUrls) {
                           "ho st:80", "host:-1", "h\r\nX: y:80"}) {
     EXPECT_FALSE(parse_host_port(bad).ok()) << "'" << bad << "'";
   }
-  auto u = parse_http_url("http://127.0.0.1:8001/");
+  auto u = net::parse_http_url("http://127.0.0.1:8001/");
   ASSERT_TRUE(u.ok()) << u.status().to_string();
   EXPECT_EQ(u->port, 8001);
   EXPECT_EQ(u->to_string(), "http://127.0.0.1:8001");
   for (const char* bad : {"127.0.0.1:8001", "https://h:1", "http://h", "http://h:1/v1", "http://:1", "http://h:99999"}) {
-    EXPECT_FALSE(parse_http_url(bad).ok()) << bad;
+    EXPECT_FALSE(net::parse_http_url(bad).ok()) << bad;
   }
   EXPECT_TRUE(check_response_id("cmpl-0123abc_X").ok());
   EXPECT_FALSE(check_response_id("").ok());

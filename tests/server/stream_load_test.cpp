@@ -13,7 +13,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "server/http_client.h"
+#include "net/http_client.h"
 #include "server/stream_load.h"
 #include "server/tachyon_process.h"
 #include "test_util.h"
@@ -148,15 +148,15 @@ TEST(StreamLoad, EveryRequestCompletesAgainstTachyonServe) {
   testing::TachyonProcess serve("stream_load", "serve -m " + testing::demo_model_dir() +
                                                    " --port 0 --kv-cache-mem 64MiB -t 1 --stream-timestamps");
   ASSERT_TRUE(serve.started()) << serve.log();
-  auto models = server::http_fetch(server::HttpUrl{"127.0.0.1", static_cast<uint16_t>(serve.port())}, "GET",
-                                   "/v1/models", "", 1 << 16, server::Millis(10'000));
+  auto models = net::http_fetch(net::HttpUrl{"127.0.0.1", static_cast<uint16_t>(serve.port())}, "GET",
+                                   "/v1/models", "", 1 << 16, net::Millis(10'000));
   ASSERT_TRUE(models.ok()) << models.status().message();
   const auto card = nlohmann::json::parse(models->second)["data"][0];
   const int vocab = card["vocab_size"].get<int>();
   ASSERT_GT(vocab, 16);
 
   server::StreamLoadOptions options;
-  options.url = server::HttpUrl{"127.0.0.1", static_cast<uint16_t>(serve.port())};
+  options.url = net::HttpUrl{"127.0.0.1", static_cast<uint16_t>(serve.port())};
   options.model = card["id"].get<std::string>();
   options.concurrency = 10;
   options.threads = 3;
@@ -216,7 +216,7 @@ TEST(StreamLoad, RefusingAndSilentServersFailEachRequestWithoutHanging) {
   const uint16_t port = ntohs(addr.sin_port);
 
   server::StreamLoadOptions options;
-  options.url = server::HttpUrl{"127.0.0.1", port};
+  options.url = net::HttpUrl{"127.0.0.1", port};
   options.model = "m";
   options.threads = 2;
   options.request_timeout_s = 0.3;
