@@ -1,4 +1,4 @@
-#include "server/stream_load.h"
+#include "loadgen/stream_load.h"
 
 #include <algorithm>
 #include <array>
@@ -16,7 +16,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-namespace tachyon::server {
+namespace tachyon::loadgen {
 namespace {
 
 namespace asio = boost::asio;
@@ -534,4 +534,4 @@ Result<std::vector<StreamLoadResult>> run_stream_load(const StreamLoadOptions& o
   return results;
 }
 
-}  // namespace tachyon::server
+}  // namespace tachyon::loadgen

@@ -24,7 +24,7 @@
 #include "core/status.h"
 #include "net/http_url.h"
 
-namespace tachyon::server {
+namespace tachyon::loadgen {
 
 struct StreamLoadRequest {
   double arrival = 0.0;  // seconds after the start of the run
@@ -103,4 +103,4 @@ class SseResponseParser {
 Result<std::vector<StreamLoadResult>> run_stream_load(const StreamLoadOptions& options,
                                                       const std::vector<StreamLoadRequest>& requests);
 
-}  // namespace tachyon::server
+}  // namespace tachyon::loadgen
