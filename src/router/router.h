@@ -1,5 +1,5 @@
 // `tachyon router`: an OpenAI-compatible front for disaggregated workers (`tachyon serve --role
-// prefill` and `--role decode`), speaking the internal protocol of disagg_protocol.h to them.
+// prefill` and `--role decode`), speaking the internal protocol of server/disagg_protocol.h to them.
 //
 //   POST /v1/completions, /v1/chat/completions   streamed or not
 //   GET  /v1/models (a worker's), /health (200 while a prefill and a decode worker are up),
@@ -30,10 +30,10 @@
 #include <vector>
 
 #include "core/status.h"
-#include "server/disagg_protocol.h"
-#include "server/router_policy.h"
+#include "net/http_url.h"
+#include "router/router_policy.h"
 
-namespace tachyon::server {
+namespace tachyon::router {
 
 struct RouterOptions {
   std::vector<net::HttpUrl> prefill;
@@ -70,4 +70,4 @@ class Router {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace tachyon::server
+}  // namespace tachyon::router

@@ -1,7 +1,7 @@
 // The router's connections and request flow (router.h says what it does). Client connections are
 // served by one thread each with blocking calls under deadlines, so that a request's flow reads
 // top to bottom: pick, register, prefill, relay. Worker calls go through HttpClient.
-#include "server/router.h"
+#include "router/router.h"
 
 #include <atomic>
 #include <chrono>
@@ -36,11 +36,12 @@
 #include "net/http_client.h"
 #include "net/http_response.h"
 #include "net/listener.h"
+#include "server/disagg_protocol.h"
 #include "server/metrics.h"
 #include "server/openai_api.h"
 #include "server/response_assembler.h"
 
-namespace tachyon::server {
+namespace tachyon::router {
 namespace {
 
 // Above any prompt (the workers accept up to 2^30): the decode worker runs the request whole.
@@ -62,6 +63,21 @@ using net::Millis;
 using net::remaining;
 using net::run_with_timeout;
 using net::status_line;
+using server::ApiError;
+using server::Endpoint;
+using server::Histogram;
+using server::kControlEvent;
+using server::kHeaderCreated;
+using server::kHeaderKvAddress;
+using server::kHeaderMinPromptTokens;
+using server::kHeaderResponseId;
+using server::kHeaderTransferId;
+using server::kMaxJsonDepth;
+using server::ResponseAssembler;
+using server::SseEvent;
+using server::SseParser;
+using server::WorkerLoadReport;
+using server::WorkerRole;
 
 constexpr size_t kMaxHeaderBytes = 64 * 1024;
 constexpr size_t kMaxWorkerErrorBody = 1 << 20;
@@ -355,7 +371,7 @@ void Router::Impl::poll(const HttpUrl& url, size_t index, bool is_decode) {
   auto r = net::http_fetch(url, "GET", "/internal/v1/load", "", 64 * 1024, millis(std::max(0.5, options.connect_timeout)));
   Result<WorkerLoadReport> load = make_error(ErrorCode::kIo, "no answer");
   if (r.ok() && r->first == 200) {
-    load = parse_load_json(r->second);
+    load = server::parse_load_json(r->second);
   } else if (r.ok()) {
     load = make_error(ErrorCode::kIo, "GET /internal/v1/load answered {}", r->first);
   } else {
@@ -526,7 +542,7 @@ void Router::Impl::generate(ClientConnection& conn, Endpoint endpoint, const std
   const auto client_error = [&](int status, const std::string& message) {
     reply(conn, status, error_json_body(message, "invalid_request_error", ""), keep_alive);
   };
-  if (json_nesting_depth(body_text, kMaxJsonDepth) > kMaxJsonDepth) {
+  if (server::json_nesting_depth(body_text, kMaxJsonDepth) > kMaxJsonDepth) {
     return client_error(400, fmt::format("the request body nests deeper than {} levels", kMaxJsonDepth));
   }
   ojson body = ojson::parse(body_text, nullptr, /*allow_exceptions=*/false);
@@ -1031,4 +1047,4 @@ int Router::run() {
   return s.exit_code;
 }
 
-}  // namespace tachyon::server
+}  // namespace tachyon::router

@@ -1,7 +1,8 @@
 // Disaggregated serving as clients see it: a prefill worker, a decode worker and `tachyon router`
-// as separate processes on loopback (free ports), with the bundled model, driven by the Python
-// scripts beside this file (the official `openai` client): outputs equal a colocated `tachyon
-// serve`'s, and a decode worker killed mid-stream fails its requests cleanly and can come back.
+// as separate processes on loopback (free ports), with the bundled model, driven by Python scripts
+// in tests/server/ (the official `openai` client, beside the server's own scripts and the metrics
+// reader they share): outputs equal a colocated `tachyon serve`'s, and a decode worker killed
+// mid-stream fails its requests cleanly and can come back.
 // Without the project's .venv these tests skip and say so.
 #include <optional>
 #include <string>
