@@ -307,31 +307,14 @@ int CompletionJob::status() const { return error_ ? error_->status : 200; }
 std::string CompletionJob::body() const {
   if (error_) return error_body(*error_);
   const bool chat = request_.endpoint == Endpoint::kChatCompletions;
-  ojson out = ojson::object();
-  out["id"] = id_;
-  out["object"] = chat ? "chat.completion" : "text_completion";
-  out["created"] = created_;
-  out["model"] = context_.model_name;
   ojson choices = ojson::array();
   for (size_t i = 0; i < choices_.size(); ++i) {
     Choice c = choices_[i];  // logprobs_json advances text_offset
-    ojson choice = ojson::object();
-    choice["index"] = i;
-    if (chat) {
-      ojson message = ojson::object();
-      message["role"] = "assistant";
-      message["content"] = c.text;
-      choice["message"] = std::move(message);
-    } else {
-      choice["text"] = request_.echo ? request_.prompts[c.prompt].text + c.text : c.text;
-    }
-    choice["logprobs"] = request_.logprobs ? logprobs_json(c, c.logprobs) : ojson(nullptr);
-    choice["finish_reason"] = finish_reason_text(c.reason);
-    choices.push_back(std::move(choice));
+    choices.push_back(choice_json(chat, i, request_.echo ? request_.prompts[c.prompt].text + c.text : c.text,
+                                  request_.logprobs ? logprobs_json(c, c.logprobs) : ojson(nullptr),
+                                  finish_reason_text(c.reason)));
   }
-  out["choices"] = std::move(choices);
-  out["usage"] = usage_json();
-  return dump(out);
+  return dump(response_json(chat, id_, created_, context_.model_name, std::move(choices), usage_json()));
 }
 
 }  // namespace tachyon::server

@@ -254,6 +254,34 @@ std::string error_body(const ApiError& e) {
   return error_json(e).dump(-1, ' ', false, ojson::error_handler_t::replace);
 }
 
+ojson response_json(bool chat, const std::string& id, int64_t created, const std::string& model, ojson choices,
+                    ojson usage) {
+  ojson out = ojson::object();
+  out["id"] = id;
+  out["object"] = chat ? "chat.completion" : "text_completion";
+  out["created"] = created;
+  out["model"] = model;
+  out["choices"] = std::move(choices);
+  out["usage"] = std::move(usage);
+  return out;
+}
+
+ojson choice_json(bool chat, size_t index, const std::string& text, ojson logprobs, ojson finish_reason) {
+  ojson choice = ojson::object();
+  choice["index"] = index;
+  if (chat) {
+    ojson message = ojson::object();
+    message["role"] = "assistant";
+    message["content"] = text;
+    choice["message"] = std::move(message);
+  } else {
+    choice["text"] = text;
+  }
+  choice["logprobs"] = std::move(logprobs);
+  choice["finish_reason"] = std::move(finish_reason);
+  return choice;
+}
+
 std::optional<ApiError> flatten_content(const ojson& content, size_t index, std::string& out) {
   out.clear();
   if (content.is_null()) return std::nullopt;
