@@ -11,8 +11,6 @@
 namespace tachyon::router {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-using error_code = boost::system::error_code;
 using net::remaining;
 using net::run_with_timeout;
 

@@ -25,6 +25,8 @@ namespace asio = boost::asio;
 namespace beast = boost::beast;
 namespace http = beast::http;
 using tcp = asio::ip::tcp;
+using error_code = boost::system::error_code;
+using Clock = std::chrono::steady_clock;
 using net::Millis;
 
 // The options' seconds as a timeout.

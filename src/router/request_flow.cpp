@@ -21,7 +21,6 @@
 namespace tachyon::router {
 namespace {
 
-using Clock = std::chrono::steady_clock;
 using net::HttpClient;
 using net::HttpClientResponseHead;
 using net::HttpUrl;

@@ -24,8 +24,6 @@
 namespace tachyon::router {
 namespace {
 
-using error_code = boost::system::error_code;
-using Clock = std::chrono::steady_clock;
 using net::HttpUrl;
 using server::Endpoint;
 using server::WorkerLoadReport;
