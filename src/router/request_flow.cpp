@@ -32,16 +32,6 @@ using Headers = std::vector<std::pair<std::string, std::string>>;
 // Above any prompt (the workers accept up to 2^30): the decode worker runs the request whole.
 constexpr int64_t kNoDisaggMinPrompt = int64_t{1} << 30;
 
-std::string random_hex(size_t n) {
-  thread_local std::mt19937_64 rng(std::random_device{}() ^ (static_cast<uint64_t>(std::random_device{}()) << 32));
-  std::string out;
-  while (out.size() < n) {
-    uint64_t bits = rng();
-    for (int i = 0; i < 16 && out.size() < n; ++i, bits >>= 4) out += "0123456789abcdef"[bits & 15];
-  }
-  return out;
-}
-
 uint64_t random_transfer_id() {
   thread_local std::mt19937_64 rng(std::random_device{}() ^ (static_cast<uint64_t>(std::random_device{}()) << 32));
   uint64_t id = 0;
@@ -185,7 +175,7 @@ bool RequestFlow::prepare(const std::string& body_text) {
   internal_ = body.dump(-1, ' ', false, ojson::error_handler_t::replace);
   const bool chat = endpoint_ == server::Endpoint::kChatCompletions;
   route_ = chat ? "chat/completions" : "completions";
-  response_id_ = (chat ? "chatcmpl-" : "cmpl-") + random_hex(32);
+  response_id_ = server::new_response_id(endpoint_);
   created_ = std::to_string(static_cast<int64_t>(std::time(nullptr)));
   const double write_timeout = router_.options.write_timeout;
   if (stream) {

@@ -1,7 +1,6 @@
 #include "server/completion_job.h"
 
 #include <ctime>
-#include <random>
 
 #include <fmt/format.h>
 
@@ -13,17 +12,6 @@ namespace {
 using ojson = nlohmann::ordered_json;
 
 std::string dump(const ojson& j) { return j.dump(-1, ' ', false, ojson::error_handler_t::replace); }
-
-std::string random_hex(size_t n) {
-  thread_local std::mt19937_64 rng(std::random_device{}() ^ (static_cast<uint64_t>(std::random_device{}()) << 32));
-  std::string out;
-  out.reserve(n);
-  while (out.size() < n) {
-    uint64_t bits = rng();
-    for (int i = 0; i < 16 && out.size() < n; ++i, bits >>= 4) out += "0123456789abcdef"[bits & 15];
-  }
-  return out;
-}
 
 const char* finish_reason_text(FinishReason reason) {
   // OpenAI knows "stop" and "length"; running into the context is "length" too.
@@ -57,7 +45,7 @@ std::string sse(const ojson& j) { return "data: " + dump(j) + "\n\n"; }
 CompletionJob::CompletionJob(const ServingContext& context, ApiRequest request, JobOptions options)
     : context_(context), request_(std::move(request)), part_(options.part) {
   const bool chat = request_.endpoint == Endpoint::kChatCompletions;
-  id_ = !options.id.empty() ? options.id : (chat ? "chatcmpl-" : "cmpl-") + random_hex(32);
+  id_ = !options.id.empty() ? options.id : new_response_id(request_.endpoint);
   created_ = options.created > 0 ? options.created : static_cast<int64_t>(std::time(nullptr));
   usage_chunk_header_ = fmt::format(R"({{"id":"{}","object":"{}","created":{},"model":{},)", id_,
                                     chat ? "chat.completion.chunk" : "text_completion", created_,

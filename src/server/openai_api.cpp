@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <limits>
+#include <random>
 
 #include <fmt/format.h>
 
@@ -263,6 +264,17 @@ ojson response_json(bool chat, const std::string& id, int64_t created, const std
   out["model"] = model;
   out["choices"] = std::move(choices);
   out["usage"] = std::move(usage);
+  return out;
+}
+
+std::string new_response_id(Endpoint endpoint) {
+  thread_local std::mt19937_64 rng(std::random_device{}() ^ (static_cast<uint64_t>(std::random_device{}()) << 32));
+  std::string out = endpoint == Endpoint::kChatCompletions ? "chatcmpl-" : "cmpl-";
+  const size_t n = out.size() + 32;
+  while (out.size() < n) {
+    uint64_t bits = rng();
+    for (int i = 0; i < 16 && out.size() < n; ++i, bits >>= 4) out += "0123456789abcdef"[bits & 15];
+  }
   return out;
 }
 

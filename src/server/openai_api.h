@@ -49,6 +49,8 @@ nlohmann::ordered_json response_json(bool chat, const std::string& id, int64_t c
                                      nlohmann::ordered_json choices, nlohmann::ordered_json usage);
 nlohmann::ordered_json choice_json(bool chat, size_t index, const std::string& text, nlohmann::ordered_json logprobs,
                                    nlohmann::ordered_json finish_reason);
+// A fresh response id as OpenAI writes them: "cmpl-" or "chatcmpl-" and 32 random hex digits.
+std::string new_response_id(Endpoint endpoint);
 
 // What request parsing needs to know about the served model. Read-only; shared by all threads.
 struct ServingContext {
