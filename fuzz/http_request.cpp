@@ -8,6 +8,7 @@
 #include <boost/beast/http/string_body.hpp>
 
 #include "fuzz_util.h"
+#include "net/http_url.h"
 #include "server/disagg_protocol.h"
 
 namespace http = boost::beast::http;
@@ -59,7 +60,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   (void)parse_count(header(req, kHeaderCreated), int64_t{1} << 40);
   (void)parse_host_port(header(req, kHeaderKvAddress));
   (void)parse_role(path);
-  (void)parse_http_url(path);
+  (void)tachyon::net::parse_http_url(path);
   // The router's side: a worker's load report and a worker's SSE stream, here from the body.
   (void)parse_load_json(req.body());
   SseParser sse(size_t{64} << 10);

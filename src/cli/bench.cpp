@@ -20,7 +20,7 @@
 // everything; a progress bar goes to stderr when stderr is a terminal or --progress is given.
 //
 // With --url http://HOST:PORT the same workload goes to a running OpenAI-compatible server instead,
-// as streaming /v1/completions requests from --client-threads event loops (server/stream_load.h):
+// as streaming /v1/completions requests from --client-threads event loops (loadgen/stream_load.h):
 // -m is then the model name to send (default: the server's first in /v1/models), prompt ids stay
 // below the vocabulary /v1/models reports (or --vocab), and against `tachyon serve
 // --stream-timestamps` the delivery latency of every token (engine hand-over to the client's read)
@@ -45,8 +45,8 @@
 #include "core/mapped_file.h"
 #include "core/thread_pool.h"
 #include "core/timer.h"
-#include "server/http_client.h"
-#include "server/stream_load.h"
+#include "net/http_client.h"
+#include "loadgen/stream_load.h"
 
 namespace tachyon::cli {
 namespace {
@@ -299,7 +299,7 @@ Status write_json(const std::string& path, const json& j) {
 
 // --url: the workload through a server's streaming API.
 int run_bench_http(BenchArgs& a, bool latency) {
-  auto url = server::parse_http_url(a.url);
+  auto url = net::parse_http_url(a.url);
   if (!url.ok()) return report(url.status());
   if (!a.prompt_text.empty()) {
     return report(make_error(ErrorCode::kInvalidArgument, "--prompt-text needs the model's tokenizer: not with --url"));
@@ -308,7 +308,7 @@ int run_bench_http(BenchArgs& a, bool latency) {
     return report(make_error(ErrorCode::kInvalidArgument,
                              "--client-threads and --vocab must not be negative, --request-timeout positive"));
   }
-  auto models = server::http_fetch(*url, "GET", "/v1/models", "", 1 << 20, server::Millis(10'000));
+  auto models = net::http_fetch(*url, "GET", "/v1/models", "", 1 << 20, net::Millis(10'000));
   if (!models.ok()) return report(models.status().with_context("GET /v1/models"));
   const json list = json::parse(models->second, nullptr, false);
   if (models->first != 200 || list.is_discarded() || !list.contains("data") || !list["data"].is_array() ||
@@ -335,7 +335,7 @@ int run_bench_http(BenchArgs& a, bool latency) {
   const std::vector<PlannedRequest> plan =
       latency ? plan_latency(a, vocab, {}) : plan_throughput(a, vocab, max_model_len, {});
 
-  server::StreamLoadOptions options;
+  loadgen::StreamLoadOptions options;
   options.url = *url;
   options.model = model;
   options.concurrency = latency ? 1 : a.concurrency;
@@ -349,14 +349,14 @@ int run_bench_http(BenchArgs& a, bool latency) {
   options.top_k = a.top_k;
   options.min_p = a.min_p;
   options.repetition_penalty = a.repetition_penalty;
-  std::vector<server::StreamLoadRequest> requests(plan.size());
+  std::vector<loadgen::StreamLoadRequest> requests(plan.size());
   for (size_t i = 0; i < plan.size(); ++i) {
     requests[i].arrival = plan[i].arrival;
     requests[i].prompt = plan[i].prompt;
     requests[i].max_tokens = plan[i].output_len;
     requests[i].seed = a.seed + i;
   }
-  auto results = server::run_stream_load(options, requests);
+  auto results = loadgen::run_stream_load(options, requests);
   if (!results.ok()) return report(results.status());
 
   const size_t measured_from = latency ? 1 : 0;  // the latency workload's first request warms up
@@ -367,7 +367,7 @@ int run_bench_http(BenchArgs& a, bool latency) {
   std::string first_error;
   double begin = latency && !results->empty() ? (*results)[0].finished : 0.0, end = begin;
   for (size_t i = measured_from; i < results->size(); ++i) {
-    const server::StreamLoadResult& r = (*results)[i];
+    const loadgen::StreamLoadResult& r = (*results)[i];
     end = std::max(end, r.ok ? r.finished : r.sent);
     if (!r.ok) {
       if (failed++ == 0) first_error = fmt::format("request {}: {}", i, r.error);

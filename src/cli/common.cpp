@@ -16,10 +16,8 @@
 #include "core/timer.h"
 #include "model/quantize_weights.h"
 #include "quant/quant_policy.h"
+#include "ops/device_backends.h"
 #include "ops/ops.h"
-#if defined(TACHYON_HAS_CUDA)
-#include "ops/cuda/cuda_ops.h"
-#endif
 
 namespace tachyon::cli {
 
@@ -71,15 +69,12 @@ Result<LoadedModel> load(const CommonOptions& options, DType synthetic_dtype) {
   if (!options.quant.empty()) {
     TACHYON_ASSIGN_OR_RETURN(quant, parse_quant_spec(options.quant, options.quant_group));
   }
-  if (device.type == DeviceType::kCuda) {
-#if defined(TACHYON_HAS_CUDA)
-    TACHYON_RETURN_IF_ERROR(ops::cuda::start_backend(device.index));
-#else
+  if (!ops::has_device_backend(device.type)) {
     return make_error(ErrorCode::kUnsupported,
                       "--device {}: this build has no CUDA backend (configure with -DTACHYON_CUDA=ON where nvcc is)",
                       options.device);
-#endif
   }
+  TACHYON_RETURN_IF_ERROR(ops::start_device_backend(device));
   LoadOptions lo;
   lo.path = options.model;
   lo.synthetic_dtype = synthetic_dtype;

@@ -1,4 +1,4 @@
-// `tachyon router`: the OpenAI-compatible front of a disaggregated deployment (server/router.h).
+// `tachyon router`: the OpenAI-compatible front of a disaggregated deployment (router/router.h).
 // It loads no model: the workers check requests and count tokens. Prints
 // "listening on http://HOST:PORT" to stderr once the socket accepts; SIGINT/SIGTERM drain and
 // exit 0.
@@ -8,7 +8,8 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "core/log.h"
-#include "server/router.h"
+#include "net/http_url.h"
+#include "router/router.h"
 
 namespace tachyon::cli {
 namespace {
@@ -32,14 +33,14 @@ struct RouterArgs {
 int run_router(const RouterArgs& a) {
   std::signal(SIGPIPE, SIG_IGN);
   if (a.verbose) set_log_level(LogLevel::kDebug);
-  server::RouterOptions o;
+  router::RouterOptions o;
   for (const std::string& url : a.prefill) {
-    auto u = server::parse_http_url(url);
+    auto u = net::parse_http_url(url);
     if (!u.ok()) return report(u.status().with_context("--prefill"));
     o.prefill.push_back(*u);
   }
   for (const std::string& url : a.decode) {
-    auto u = server::parse_http_url(url);
+    auto u = net::parse_http_url(url);
     if (!u.ok()) return report(u.status().with_context("--decode"));
     o.decode.push_back(*u);
   }
@@ -55,7 +56,7 @@ int run_router(const RouterArgs& a) {
   o.worker_timeout = a.worker_timeout;
   o.poll_interval = a.poll_interval;
   o.max_body = *max_body;
-  auto router = server::Router::create(o);
+  auto router = router::Router::create(o);
   if (!router.ok()) return report(router.status());
   std::fprintf(stderr, "tachyon router: %zu prefill and %zu decode workers | prompts under %d tokens run colocated\n",
                o.prefill.size(), o.decode.size(), o.disagg_min_prompt);

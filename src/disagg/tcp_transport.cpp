@@ -11,33 +11,19 @@
 #include <boost/asio/write.hpp>
 #include <fmt/format.h>
 
+#include "net/asio_deadline.h"
+
 namespace tachyon::disagg {
 namespace {
 
-namespace net = boost::asio;
-using tcp = net::ip::tcp;
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
 using error_code = boost::system::error_code;
 using Clock = std::chrono::steady_clock;
+using net::remaining;
+using net::run_with_timeout;
 
 constexpr size_t kLengthBytes = 8;
-
-Millis remaining(Clock::time_point deadline) {
-  return std::chrono::duration_cast<Millis>(deadline - Clock::now());
-}
-
-// Runs `io` until the operation started on it completes (its handler sets `done`) or `timeout`
-// passes; then cancels it with `cancel` and runs the cancelled handler. An operation that timed
-// out completes with operation_aborted (nothing else cancels), one that finished in time with its
-// own result.
-template <typename Cancel>
-void run_with_timeout(net::io_context& io, const bool& done, Millis timeout, Cancel cancel) {
-  io.restart();
-  if (timeout > Millis(0)) io.run_for(timeout);
-  if (done) return;
-  cancel();
-  io.restart();
-  io.run();
-}
 
 std::string endpoint_string(const tcp::socket& s) {
   error_code ec;
@@ -59,7 +45,7 @@ uint64_t decode_length(const uint8_t* in) {
 }  // namespace
 
 struct TcpKvTransport::Impl {
-  net::io_context io{1};
+  asio::io_context io{1};
   tcp::socket socket{io};
   std::string peer;
   bool broken = false;  // an earlier call failed: the stream position is unknown
@@ -77,18 +63,18 @@ struct TcpKvTransport::Impl {
     bool done = false;
     error_code result;
     size_t got = 0;
-    net::async_read(socket, net::buffer(data, size), [&](const error_code& ec, size_t n) {
+    asio::async_read(socket, asio::buffer(data, size), [&](const error_code& ec, size_t n) {
       result = ec;
       got = n;
       done = true;
     });
     run_with_timeout(io, done, remaining(deadline), [&] { socket.cancel(); });
     if (!result) return Status::Ok();
-    if (result == net::error::operation_aborted) {
+    if (result == asio::error::operation_aborted) {
       return fail(make_error(ErrorCode::kIo, "tcp {}: timed out with {} of {} bytes of {} received", peer, got, size,
                              what));
     }
-    if (result == net::error::eof) {
+    if (result == asio::error::eof) {
       return fail(make_error(ErrorCode::kIo, "tcp {}: the peer closed the connection after {} of {} bytes of {}", peer,
                              got, size, what));
     }
@@ -115,18 +101,18 @@ Result<std::unique_ptr<TcpKvTransport>> TcpKvTransport::connect(const std::strin
     done = true;
   });
   run_with_timeout(impl->io, done, remaining(deadline), [&] { resolver.cancel(); });
-  if (result == net::error::operation_aborted) {
+  if (result == asio::error::operation_aborted) {
     return make_error(ErrorCode::kIo, "tcp {}: resolving the host timed out after {} ms", impl->peer, timeout.count());
   }
   if (result) return make_error(ErrorCode::kIo, "tcp {}: resolving the host: {}", impl->peer, result.message());
 
   done = false;
-  net::async_connect(impl->socket, endpoints, [&](const error_code& ec, const tcp::endpoint&) {
+  asio::async_connect(impl->socket, endpoints, [&](const error_code& ec, const tcp::endpoint&) {
     result = ec;
     done = true;
   });
   run_with_timeout(impl->io, done, remaining(deadline), [&] { impl->socket.close(); });
-  if (result == net::error::operation_aborted) {
+  if (result == asio::error::operation_aborted) {
     return make_error(ErrorCode::kIo, "tcp {}: connecting timed out after {} ms", impl->peer, timeout.count());
   }
   if (result) return make_error(ErrorCode::kIo, "tcp {}: connecting: {}", impl->peer, result.message());
@@ -141,11 +127,11 @@ Status TcpKvTransport::send(std::span<const uint8_t> message, Millis timeout) {
   if (s.broken) return make_error(ErrorCode::kIo, "tcp {}: closed after an earlier error", s.peer);
   std::array<uint8_t, kLengthBytes> length;
   encode_length(message.size(), length.data());
-  const std::array<net::const_buffer, 2> buffers = {net::buffer(length), net::buffer(message.data(), message.size())};
+  const std::array<asio::const_buffer, 2> buffers = {asio::buffer(length), asio::buffer(message.data(), message.size())};
   bool done = false;
   error_code result;
   size_t sent = 0;
-  net::async_write(s.socket, buffers, [&](const error_code& ec, size_t n) {
+  asio::async_write(s.socket, buffers, [&](const error_code& ec, size_t n) {
     result = ec;
     sent = n;
     done = true;
@@ -153,7 +139,7 @@ Status TcpKvTransport::send(std::span<const uint8_t> message, Millis timeout) {
   run_with_timeout(s.io, done, timeout, [&] { s.socket.cancel(); });
   if (!result) return Status::Ok();
   const size_t total = kLengthBytes + message.size();
-  if (result == net::error::operation_aborted) {
+  if (result == asio::error::operation_aborted) {
     return s.fail(make_error(ErrorCode::kIo, "tcp {}: sending timed out after {} ms with {} of {} bytes sent", s.peer,
                              timeout.count(), sent, total));
   }
@@ -194,7 +180,7 @@ Result<bool> TcpKvTransport::wait_readable(Millis timeout) {
     done = true;
   });
   run_with_timeout(s.io, done, timeout, [&] { s.socket.cancel(); });
-  if (result == net::error::operation_aborted) return false;  // cancelled by the timeout: nothing consumed
+  if (result == asio::error::operation_aborted) return false;  // cancelled by the timeout: nothing consumed
   if (result) return s.fail(make_error(ErrorCode::kIo, "tcp {}: waiting for data: {}", s.peer, result.message()));
   return true;
 }
@@ -210,7 +196,7 @@ void TcpKvTransport::close() {
 std::string TcpKvTransport::peer() const { return impl_->socket.is_open() ? impl_->peer : std::string(); }
 
 struct TcpKvListener::Impl {
-  net::io_context io{1};
+  asio::io_context io{1};
   tcp::acceptor acceptor{io};
 };
 
@@ -219,14 +205,14 @@ TcpKvListener::~TcpKvListener() = default;
 
 Result<std::unique_ptr<TcpKvListener>> TcpKvListener::listen(const std::string& address, uint16_t port) {
   error_code ec;
-  const net::ip::address ip = net::ip::make_address(address, ec);
+  const asio::ip::address ip = asio::ip::make_address(address, ec);
   if (ec) return make_error(ErrorCode::kInvalidArgument, "tcp: '{}' is not an IP address: {}", address, ec.message());
   auto impl = std::make_unique<Impl>();
   const tcp::endpoint endpoint(ip, port);
   impl->acceptor.open(endpoint.protocol(), ec);
   if (!ec) impl->acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
   if (!ec) impl->acceptor.bind(endpoint, ec);
-  if (!ec) impl->acceptor.listen(net::socket_base::max_listen_connections, ec);
+  if (!ec) impl->acceptor.listen(asio::socket_base::max_listen_connections, ec);
   if (ec) return make_error(ErrorCode::kIo, "tcp: listening on {}:{}: {}", address, port, ec.message());
   return std::unique_ptr<TcpKvListener>(new TcpKvListener(std::move(impl)));
 }
@@ -246,7 +232,7 @@ Result<std::unique_ptr<TcpKvTransport>> TcpKvListener::accept(Millis timeout) {
     done = true;
   });
   run_with_timeout(impl_->io, done, timeout, [&] { impl_->acceptor.cancel(); });
-  if (result == net::error::operation_aborted) {
+  if (result == asio::error::operation_aborted) {
     return make_error(ErrorCode::kIo, "tcp: no connection on port {} within {} ms", port(), timeout.count());
   }
   if (result) return make_error(ErrorCode::kIo, "tcp: accepting on port {}: {}", port(), result.message());

@@ -1,7 +1,6 @@
 #include "server/completion_job.h"
 
 #include <ctime>
-#include <random>
 
 #include <fmt/format.h>
 
@@ -13,17 +12,6 @@ namespace {
 using ojson = nlohmann::ordered_json;
 
 std::string dump(const ojson& j) { return j.dump(-1, ' ', false, ojson::error_handler_t::replace); }
-
-std::string random_hex(size_t n) {
-  thread_local std::mt19937_64 rng(std::random_device{}() ^ (static_cast<uint64_t>(std::random_device{}()) << 32));
-  std::string out;
-  out.reserve(n);
-  while (out.size() < n) {
-    uint64_t bits = rng();
-    for (int i = 0; i < 16 && out.size() < n; ++i, bits >>= 4) out += "0123456789abcdef"[bits & 15];
-  }
-  return out;
-}
 
 const char* finish_reason_text(FinishReason reason) {
   // OpenAI knows "stop" and "length"; running into the context is "length" too.
@@ -57,7 +45,7 @@ std::string sse(const ojson& j) { return "data: " + dump(j) + "\n\n"; }
 CompletionJob::CompletionJob(const ServingContext& context, ApiRequest request, JobOptions options)
     : context_(context), request_(std::move(request)), part_(options.part) {
   const bool chat = request_.endpoint == Endpoint::kChatCompletions;
-  id_ = !options.id.empty() ? options.id : (chat ? "chatcmpl-" : "cmpl-") + random_hex(32);
+  id_ = !options.id.empty() ? options.id : new_response_id(request_.endpoint);
   created_ = options.created > 0 ? options.created : static_cast<int64_t>(std::time(nullptr));
   usage_chunk_header_ = fmt::format(R"({{"id":"{}","object":"{}","created":{},"model":{},)", id_,
                                     chat ? "chat.completion.chunk" : "text_completion", created_,
@@ -307,31 +295,14 @@ int CompletionJob::status() const { return error_ ? error_->status : 200; }
 std::string CompletionJob::body() const {
   if (error_) return error_body(*error_);
   const bool chat = request_.endpoint == Endpoint::kChatCompletions;
-  ojson out = ojson::object();
-  out["id"] = id_;
-  out["object"] = chat ? "chat.completion" : "text_completion";
-  out["created"] = created_;
-  out["model"] = context_.model_name;
   ojson choices = ojson::array();
   for (size_t i = 0; i < choices_.size(); ++i) {
     Choice c = choices_[i];  // logprobs_json advances text_offset
-    ojson choice = ojson::object();
-    choice["index"] = i;
-    if (chat) {
-      ojson message = ojson::object();
-      message["role"] = "assistant";
-      message["content"] = c.text;
-      choice["message"] = std::move(message);
-    } else {
-      choice["text"] = request_.echo ? request_.prompts[c.prompt].text + c.text : c.text;
-    }
-    choice["logprobs"] = request_.logprobs ? logprobs_json(c, c.logprobs) : ojson(nullptr);
-    choice["finish_reason"] = finish_reason_text(c.reason);
-    choices.push_back(std::move(choice));
+    choices.push_back(choice_json(chat, i, request_.echo ? request_.prompts[c.prompt].text + c.text : c.text,
+                                  request_.logprobs ? logprobs_json(c, c.logprobs) : ojson(nullptr),
+                                  finish_reason_text(c.reason)));
   }
-  out["choices"] = std::move(choices);
-  out["usage"] = usage_json();
-  return dump(out);
+  return dump(response_json(chat, id_, created_, context_.model_name, std::move(choices), usage_json()));
 }
 
 }  // namespace tachyon::server

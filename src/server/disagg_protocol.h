@@ -46,6 +46,7 @@
 
 #include "core/status.h"
 #include "disagg/kv_sender.h"
+#include "net/http_url.h"
 
 namespace tachyon::server {
 
@@ -66,18 +67,10 @@ Result<WorkerRole> parse_role(std::string_view text);
 Result<uint64_t> parse_transfer_id(std::string_view text);
 // A decimal count in [0, max].
 Result<int64_t> parse_count(std::string_view text, int64_t max);
-// "host:port" or "[v6]:port", port 1..65535. The host must be non-empty (no name lookup here).
+// net::parse_host_port's address as a KV destination.
 Result<disagg::KvDestination> parse_host_port(std::string_view text);
 // A response id as the OpenAI API writes them: 1..64 of [A-Za-z0-9_-].
 Status check_response_id(std::string_view text);
-
-// "http://host:port" with an optional trailing "/"; only http, port required.
-struct HttpUrl {
-  std::string host;
-  uint16_t port = 0;
-  std::string to_string() const;  // "http://host:port"
-};
-Result<HttpUrl> parse_http_url(std::string_view text);
 
 // GET /internal/v1/load.
 struct WorkerLoadReport {

@@ -25,36 +25,29 @@
 #include <boost/beast/http/error.hpp>
 #include <boost/beast/http/parser.hpp>
 #include <boost/beast/http/read.hpp>
-#include <boost/beast/http/status.hpp>
 #include <boost/beast/http/string_body.hpp>
 #include <fmt/format.h>
 
 #include "core/log.h"
+#include "net/http_response.h"
+#include "net/listener.h"
 #include "server/completion_job.h"
 #include "server/disagg_protocol.h"
-#include "server/listener.h"
 
 namespace tachyon::server {
 namespace {
 
-namespace net = boost::asio;
+namespace asio = boost::asio;
 namespace beast = boost::beast;
 namespace http = beast::http;
-using tcp = net::ip::tcp;
+using tcp = asio::ip::tcp;
 using error_code = boost::system::error_code;
+using net::chunk;
+using net::status_line;
 
 constexpr size_t kMaxHeaderBytes = 64 * 1024;
 constexpr size_t kMaxLingerBytes = size_t{64} << 20;
 constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
-
-std::string status_line(int status) {
-  const beast::string_view reason = http::obsolete_reason(static_cast<http::status>(status));
-  return fmt::format("HTTP/1.1 {} {}\r\n", status, std::string_view(reason.data(), reason.size()));
-}
-
-std::string chunk(std::string_view data) {
-  return fmt::format("{:x}\r\n", data.size()) + std::string(data) + "\r\n";
-}
 
 }  // namespace
 
@@ -96,11 +89,11 @@ struct HttpServer::Impl {
   std::mutex sessions_mu;
   std::unordered_map<Session*, std::weak_ptr<Session>> sessions;
   std::unique_ptr<AsyncEngine> engine;  // reset in ~Impl, before the io_context goes
-  net::io_context ioc;
+  asio::io_context ioc;
   tcp::acceptor acceptor;
-  net::signal_set signals;
-  net::steady_timer drain_timer;
-  net::steady_timer retry_timer;
+  asio::signal_set signals;
+  asio::steady_timer drain_timer;
+  asio::steady_timer retry_timer;
 };
 
 // One client connection.
@@ -117,7 +110,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
   // Runs the connection on its strand.
   void start() {
-    net::post(socket_.get_executor(), [self = shared_from_this()] {
+    asio::post(socket_.get_executor(), [self = shared_from_this()] {
       error_code ec;
       self->socket_.set_option(tcp::no_delay(true), ec);
       // For write_more's immediate send: a synchronous write that would block returns at once.
@@ -128,7 +121,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
   // From the server on a drain (any thread).
   void drain() {
-    net::post(socket_.get_executor(), [self = shared_from_this()] { self->on_drain(); });
+    asio::post(socket_.get_executor(), [self = shared_from_this()] { self->on_drain(); });
   }
 
  private:
@@ -177,7 +170,7 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     auto& req = parser_->get();
     if (beast::iequals(req[http::field::expect], "100-continue")) {
-      net::async_write(socket_, net::buffer(kContinue.data(), kContinue.size()),
+      asio::async_write(socket_, asio::buffer(kContinue.data(), kContinue.size()),
                        [self = shared_from_this()](const error_code& wec, size_t) {
                          if (wec) {
                            self->close();
@@ -394,7 +387,7 @@ class Session : public std::enable_shared_from_this<Session> {
       // dispatch: inline when an I/O thread runs it with the strand free (the engine's batched
       // hand-over, see Impl::notify_ready); queued on the strand otherwise.
       s->set_notify([weak, executor] {
-        net::dispatch(executor, [weak] {
+        asio::dispatch(executor, [weak] {
           if (auto self = weak.lock()) self->on_job_ready();
         });
       });
@@ -505,10 +498,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void append_response(int status, std::string_view content_type, std::string_view body) {
     server_.metrics.record_http_response(status);
     if (server_.draining.load()) keep_alive_ = false;
-    pending_ += status_line(status);
-    pending_ += fmt::format("Content-Type: {}\r\nContent-Length: {}\r\nConnection: {}\r\n\r\n", content_type,
-                            body.size(), keep_alive_ ? "keep-alive" : "close");
-    pending_ += body;
+    pending_ += net::plain_response(status, content_type, body, keep_alive_);
   }
 
   void reply(int status, std::string_view content_type, std::string_view body) {
@@ -562,8 +552,8 @@ class Session : public std::enable_shared_from_this<Session> {
     // asynchronous write (and its timeout).
     if (!pending_.empty()) {
       error_code ec;
-      const size_t sent = socket_.write_some(net::buffer(pending_), ec);
-      if (ec && ec != net::error::would_block && ec != net::error::try_again) {
+      const size_t sent = socket_.write_some(asio::buffer(pending_), ec);
+      if (ec && ec != asio::error::would_block && ec != asio::error::try_again) {
         close();
         return;
       }
@@ -577,7 +567,7 @@ class Session : public std::enable_shared_from_this<Session> {
     pending_.clear();
     writing_ = true;
     arm_timer(server_.options.write_timeout);
-    net::async_write(socket_, net::buffer(out_), [self = shared_from_this()](const error_code& ec, size_t) {
+    asio::async_write(socket_, asio::buffer(out_), [self = shared_from_this()](const error_code& ec, size_t) {
       self->writing_ = false;
       self->disarm_timer();
       if (self->state_ == State::kClosed) return;
@@ -629,7 +619,7 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   tcp::socket socket_;
-  net::steady_timer timer_;
+  asio::steady_timer timer_;
   uint64_t timer_seq_ = 0;
   HttpServer::Impl& server_;
   beast::flat_buffer buffer_;
@@ -659,7 +649,7 @@ void HttpServer::Impl::remove(Session* s) {
 }
 
 void HttpServer::Impl::accept() {
-  acceptor.async_accept(net::make_strand(ioc), [this](const error_code& ec, tcp::socket socket) {
+  acceptor.async_accept(asio::make_strand(ioc), [this](const error_code& ec, tcp::socket socket) {
     if (!acceptor.is_open()) return;
     if (ec) {
       // Out of file descriptors and the like: wait a little instead of spinning.
@@ -725,7 +715,7 @@ void HttpServer::Impl::notify_ready(std::vector<std::shared_ptr<RequestStream>>&
   const size_t n = ready.size();
   const size_t posts = std::clamp<size_t>(n / kMinPerPost, 1, static_cast<size_t>(std::max(1, options.io_threads)));
   if (posts == 1) {
-    net::post(ioc, [ready = std::move(ready)] {
+    asio::post(ioc, [ready = std::move(ready)] {
       for (const auto& s : ready) s->notify();
     });
     return;
@@ -733,7 +723,7 @@ void HttpServer::Impl::notify_ready(std::vector<std::shared_ptr<RequestStream>>&
   for (size_t p = 0; p < posts; ++p) {
     std::vector<std::shared_ptr<RequestStream>> slice(ready.begin() + static_cast<ptrdiff_t>(n * p / posts),
                                                       ready.begin() + static_cast<ptrdiff_t>(n * (p + 1) / posts));
-    net::post(ioc, [slice = std::move(slice)] {
+    asio::post(ioc, [slice = std::move(slice)] {
       for (const auto& s : slice) s->notify();
     });
   }
@@ -757,7 +747,7 @@ Result<std::unique_ptr<HttpServer>> HttpServer::create(const HttpServerOptions& 
     return make_error(ErrorCode::kInvalidArgument, "port {} must be in [0, 65535]", options.port);
   }
   auto impl = std::make_unique<Impl>(options, context, std::move(engine), metrics, disagg);
-  TACHYON_RETURN_IF_ERROR(listen_on(impl->acceptor, options.host, options.port));
+  TACHYON_RETURN_IF_ERROR(net::listen_on(impl->acceptor, options.host, options.port));
   impl->port = impl->acceptor.local_endpoint().port();
   Impl* raw = impl.get();  // the engine is reset first in ~Impl: the callback never outlives it
   raw->engine->set_notify_ready([raw](std::vector<std::shared_ptr<RequestStream>>&& ready) {

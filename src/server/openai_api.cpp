@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <limits>
+#include <random>
 
 #include <fmt/format.h>
 
@@ -254,6 +255,45 @@ std::string error_body(const ApiError& e) {
   return error_json(e).dump(-1, ' ', false, ojson::error_handler_t::replace);
 }
 
+ojson response_json(bool chat, const std::string& id, int64_t created, const std::string& model, ojson choices,
+                    ojson usage) {
+  ojson out = ojson::object();
+  out["id"] = id;
+  out["object"] = chat ? "chat.completion" : "text_completion";
+  out["created"] = created;
+  out["model"] = model;
+  out["choices"] = std::move(choices);
+  out["usage"] = std::move(usage);
+  return out;
+}
+
+std::string new_response_id(Endpoint endpoint) {
+  thread_local std::mt19937_64 rng(std::random_device{}() ^ (static_cast<uint64_t>(std::random_device{}()) << 32));
+  std::string out = endpoint == Endpoint::kChatCompletions ? "chatcmpl-" : "cmpl-";
+  const size_t n = out.size() + 32;
+  while (out.size() < n) {
+    uint64_t bits = rng();
+    for (int i = 0; i < 16 && out.size() < n; ++i, bits >>= 4) out += "0123456789abcdef"[bits & 15];
+  }
+  return out;
+}
+
+ojson choice_json(bool chat, size_t index, const std::string& text, ojson logprobs, ojson finish_reason) {
+  ojson choice = ojson::object();
+  choice["index"] = index;
+  if (chat) {
+    ojson message = ojson::object();
+    message["role"] = "assistant";
+    message["content"] = text;
+    choice["message"] = std::move(message);
+  } else {
+    choice["text"] = text;
+  }
+  choice["logprobs"] = std::move(logprobs);
+  choice["finish_reason"] = std::move(finish_reason);
+  return choice;
+}
+
 std::optional<ApiError> flatten_content(const ojson& content, size_t index, std::string& out) {
   out.clear();
   if (content.is_null()) return std::nullopt;
@@ -280,19 +320,10 @@ std::optional<ApiError> flatten_content(const ojson& content, size_t index, std:
   return std::nullopt;
 }
 
-std::optional<ApiError> parse_api_request(Endpoint endpoint, std::string_view body_text, const ServingContext& ctx,
-                                          ApiRequest& out) {
-  if (!is_valid_utf8(body_text)) return invalid("the request body is not valid UTF-8");
-  if (json_depth(body_text, kMaxJsonDepth) > kMaxJsonDepth) {
-    return invalid(fmt::format("the request body nests arrays and objects deeper than {} levels", kMaxJsonDepth));
-  }
-  ojson body = ojson::parse(body_text, nullptr, /*allow_exceptions=*/false);
-  if (body.is_discarded()) return invalid("the request body is not valid JSON");
-  if (!body.is_object()) return invalid(fmt::format("the request body must be a JSON object, got {}", body.type_name()));
-  const bool chat = endpoint == Endpoint::kChatCompletions;
-  out = ApiRequest{};
-  out.endpoint = endpoint;
+namespace {
 
+// 'model', when given, must name the served model.
+std::optional<ApiError> check_model(const ojson& body, const ServingContext& ctx) {
   if (const ojson* model = field(body, "model")) {
     if (!model->is_string()) return invalid("'model' must be a string", "model");
     if (model->get<std::string>() != ctx.model_name) {
@@ -305,7 +336,11 @@ std::optional<ApiError> parse_api_request(Endpoint endpoint, std::string_view bo
       return e;
     }
   }
+  return std::nullopt;
+}
 
+// The sampling and streaming fields both endpoints take, and 'n'.
+std::optional<ApiError> read_sampling(const ojson& body, const ServingContext& ctx, ApiRequest& out) {
   GenerationParams& p = out.params;
   SamplingParams& s = p.sampling;
   TACHYON_API_TRY(read_float(body, "temperature", s.temperature));
@@ -339,7 +374,12 @@ std::optional<ApiError> parse_api_request(Endpoint endpoint, std::string_view bo
   TACHYON_API_TRY(read_int(body, "n", n));
   if (n < 1 || n > kMaxN) return invalid(fmt::format("'n' must be in [1, {}], got {}", kMaxN, n), "n");
   out.n = static_cast<int>(n);
+  return std::nullopt;
+}
 
+// 'logprobs' (a flag with 'top_logprobs' in chat, a count in completions) and the fields only one
+// endpoint takes.
+std::optional<ApiError> read_endpoint_fields(const ojson& body, bool chat, ApiRequest& out) {
   if (chat) {
     TACHYON_API_TRY(read_bool(body, "logprobs", out.logprobs));
     int64_t top = 0;
@@ -373,39 +413,41 @@ std::optional<ApiError> parse_api_request(Endpoint endpoint, std::string_view bo
       return invalid("'suffix' is not supported", "suffix");
     }
   }
-  s.logprobs = out.top_logprobs;
-  if (Status valid = s.validate(ctx.vocab_size); !valid.ok()) return invalid(valid.message(), param_of(valid.message()));
+  return std::nullopt;
+}
 
-  // The prompt(s).
-  if (chat) {
-    ojson messages;
-    TACHYON_API_TRY(read_messages(body, messages));
-    if (const ojson* tools = field(body, "tools"); tools != nullptr && !(tools->is_array() && tools->empty())) {
-      return invalid("'tools' are not supported", "tools");
-    }
-    bool add_generation_prompt = true;
-    TACHYON_API_TRY(read_bool(body, "add_generation_prompt", add_generation_prompt));
-    ojson variables = nullptr;
-    if (const ojson* kwargs = field(body, "chat_template_kwargs")) {
-      if (!kwargs->is_object()) return invalid("'chat_template_kwargs' must be an object", "chat_template_kwargs");
-      variables = *kwargs;
-    }
-    Result<ChatPrompt> prompt = build_chat_prompt(*ctx.chat_template, ctx.template_extras, *ctx.tokenizer, messages,
-                                                  add_generation_prompt, variables);
-    if (!prompt.ok()) return invalid(prompt.status().message(), "messages");
-    PromptInput input;
-    input.text = std::move(prompt->text);
-    input.ids = std::move(prompt->ids);
-    out.prompts.push_back(std::move(input));
-  } else {
-    TACHYON_API_TRY(read_prompts(body, ctx, out.prompts));
+// The chat's messages through the chat template: one prompt.
+std::optional<ApiError> read_chat_prompt(const ojson& body, const ServingContext& ctx, std::vector<PromptInput>& out) {
+  ojson messages;
+  TACHYON_API_TRY(read_messages(body, messages));
+  if (const ojson* tools = field(body, "tools"); tools != nullptr && !(tools->is_array() && tools->empty())) {
+    return invalid("'tools' are not supported", "tools");
   }
-  if (static_cast<int64_t>(out.prompts.size()) * out.n > ctx.max_choices) {
-    return invalid(fmt::format("{} prompts x n = {} choices; at most {} per request", out.prompts.size(), out.n,
+  bool add_generation_prompt = true;
+  TACHYON_API_TRY(read_bool(body, "add_generation_prompt", add_generation_prompt));
+  ojson variables = nullptr;
+  if (const ojson* kwargs = field(body, "chat_template_kwargs")) {
+    if (!kwargs->is_object()) return invalid("'chat_template_kwargs' must be an object", "chat_template_kwargs");
+    variables = *kwargs;
+  }
+  Result<ChatPrompt> prompt = build_chat_prompt(*ctx.chat_template, ctx.template_extras, *ctx.tokenizer, messages,
+                                                add_generation_prompt, variables);
+  if (!prompt.ok()) return invalid(prompt.status().message(), "messages");
+  PromptInput input;
+  input.text = std::move(prompt->text);
+  input.ids = std::move(prompt->ids);
+  out.push_back(std::move(input));
+  return std::nullopt;
+}
+
+// The prompts against the per-request choice limit and the context; the longest prompt's length.
+std::optional<ApiError> check_prompts(const ApiRequest& request, bool chat, const ServingContext& ctx, size_t& longest) {
+  if (static_cast<int64_t>(request.prompts.size()) * request.n > ctx.max_choices) {
+    return invalid(fmt::format("{} prompts x n = {} choices; at most {} per request", request.prompts.size(), request.n,
                                ctx.max_choices), "n");
   }
-  size_t longest = 0;
-  for (const PromptInput& prompt : out.prompts) {
+  longest = 0;
+  for (const PromptInput& prompt : request.prompts) {
     if (prompt.ids.empty()) return invalid("the prompt is empty (no tokens)", chat ? "messages" : "prompt");
     longest = std::max(longest, prompt.ids.size());
   }
@@ -415,8 +457,12 @@ std::optional<ApiError> parse_api_request(Endpoint endpoint, std::string_view bo
                                ctx.max_model_len, longest),
                    chat ? "messages" : "prompt", "context_length_exceeded");
   }
+  return std::nullopt;
+}
 
-  // max_tokens: completions default to 16 (as OpenAI), chat to the rest of the context.
+// max_tokens: completions default to 16 (as OpenAI), chat to the rest of the context.
+std::optional<ApiError> read_max_tokens(const ojson& body, bool chat, const ServingContext& ctx, size_t longest,
+                                        GenerationParams& p) {
   int64_t max_tokens = chat ? ctx.max_model_len - static_cast<int64_t>(longest) : 16;
   const char* max_key = "max_tokens";
   if (chat && field(body, "max_completion_tokens") != nullptr) max_key = "max_completion_tokens";
@@ -430,6 +476,40 @@ std::optional<ApiError> parse_api_request(Endpoint endpoint, std::string_view bo
                    max_key, "context_length_exceeded");
   }
   p.max_tokens = static_cast<int>(max_tokens);
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<ApiError> parse_api_request(Endpoint endpoint, std::string_view body_text, const ServingContext& ctx,
+                                          ApiRequest& out) {
+  if (!is_valid_utf8(body_text)) return invalid("the request body is not valid UTF-8");
+  if (json_depth(body_text, kMaxJsonDepth) > kMaxJsonDepth) {
+    return invalid(fmt::format("the request body nests arrays and objects deeper than {} levels", kMaxJsonDepth));
+  }
+  ojson body = ojson::parse(body_text, nullptr, /*allow_exceptions=*/false);
+  if (body.is_discarded()) return invalid("the request body is not valid JSON");
+  if (!body.is_object()) return invalid(fmt::format("the request body must be a JSON object, got {}", body.type_name()));
+  const bool chat = endpoint == Endpoint::kChatCompletions;
+  out = ApiRequest{};
+  out.endpoint = endpoint;
+  TACHYON_API_TRY(check_model(body, ctx));
+  TACHYON_API_TRY(read_sampling(body, ctx, out));
+  TACHYON_API_TRY(read_endpoint_fields(body, chat, out));
+  SamplingParams& s = out.params.sampling;
+  s.logprobs = out.top_logprobs;
+  if (Status valid = s.validate(ctx.vocab_size); !valid.ok()) return invalid(valid.message(), param_of(valid.message()));
+
+  // The prompt(s).
+  if (chat) {
+    TACHYON_API_TRY(read_chat_prompt(body, ctx, out.prompts));
+  } else {
+    TACHYON_API_TRY(read_prompts(body, ctx, out.prompts));
+  }
+  size_t longest = 0;
+  TACHYON_API_TRY(check_prompts(out, chat, ctx, longest));
+  GenerationParams& p = out.params;
+  TACHYON_API_TRY(read_max_tokens(body, chat, ctx, longest, p));
   // The engine detokenizes only where stop strings need it (to end the request at the match);
   // otherwise the connection's CompletionJob makes the text, off the engine's thread.
   p.detokenize = !p.stop.empty();

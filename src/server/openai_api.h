@@ -42,6 +42,16 @@ struct ApiError {
 nlohmann::ordered_json error_json(const ApiError& error);
 std::string error_body(const ApiError& error);
 
+// A plain (not streamed) response, {"id", "object", "created", "model", "choices", "usage"}, and
+// one of its choices, {"index", "message" (chat) or "text", "logprobs", "finish_reason"}: the
+// server's own and the one the router assembles from a worker's stream.
+nlohmann::ordered_json response_json(bool chat, const std::string& id, int64_t created, const std::string& model,
+                                     nlohmann::ordered_json choices, nlohmann::ordered_json usage);
+nlohmann::ordered_json choice_json(bool chat, size_t index, const std::string& text, nlohmann::ordered_json logprobs,
+                                   nlohmann::ordered_json finish_reason);
+// A fresh response id as OpenAI writes them: "cmpl-" or "chatcmpl-" and 32 random hex digits.
+std::string new_response_id(Endpoint endpoint);
+
 // What request parsing needs to know about the served model. Read-only; shared by all threads.
 struct ServingContext {
   std::string model_name;                 // the only name `model` may hold

@@ -96,30 +96,11 @@ std::string ResponseAssembler::error_body() const { return error_ ? dump(*error_
 
 std::string ResponseAssembler::body() const {
   const bool chat = endpoint_ == Endpoint::kChatCompletions;
-  ojson out = ojson::object();
-  out["id"] = id_;
-  out["object"] = chat ? "chat.completion" : "text_completion";
-  out["created"] = created_;
-  out["model"] = model_;
   ojson choices = ojson::array();
   for (const auto& [index, c] : choices_) {
-    ojson choice = ojson::object();
-    choice["index"] = index;
-    if (chat) {
-      ojson message = ojson::object();
-      message["role"] = "assistant";
-      message["content"] = c.text;
-      choice["message"] = std::move(message);
-    } else {
-      choice["text"] = c.text;
-    }
-    choice["logprobs"] = c.logprobs;
-    choice["finish_reason"] = c.finish_reason;
-    choices.push_back(std::move(choice));
+    choices.push_back(choice_json(chat, static_cast<size_t>(index), c.text, c.logprobs, c.finish_reason));
   }
-  out["choices"] = std::move(choices);
-  out["usage"] = usage_;
-  return dump(out);
+  return dump(response_json(chat, id_, created_, model_, std::move(choices), usage_));
 }
 
 }  // namespace tachyon::server

@@ -19,7 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gpu_test_util.h"
-#include "server/http_client.h"
+#include "net/http_client.h"
 #include "server/tachyon_process.h"
 
 namespace tachyon {
@@ -27,10 +27,10 @@ namespace {
 
 using testing::TachyonProcess;
 
-server::HttpUrl url_of(const TachyonProcess& p) { return server::HttpUrl{"127.0.0.1", static_cast<uint16_t>(p.port())}; }
+net::HttpUrl url_of(const TachyonProcess& p) { return net::HttpUrl{"127.0.0.1", static_cast<uint16_t>(p.port())}; }
 
 nlohmann::json post(const TachyonProcess& p, const nlohmann::json& body) {
-  auto r = server::http_fetch(url_of(p), "POST", "/v1/completions", body.dump(), 1 << 20, server::Millis(60'000));
+  auto r = net::http_fetch(url_of(p), "POST", "/v1/completions", body.dump(), 1 << 20, net::Millis(60'000));
   EXPECT_TRUE(r.ok()) << r.status().to_string();
   if (!r.ok()) return {};
   EXPECT_EQ(r->first, 200) << r->second;
@@ -40,7 +40,7 @@ nlohmann::json post(const TachyonProcess& p, const nlohmann::json& body) {
 // The Prometheus samples of /metrics, by name with labels.
 std::map<std::string, double> metrics(const TachyonProcess& p) {
   std::map<std::string, double> out;
-  auto r = server::http_fetch(url_of(p), "GET", "/metrics", "", 1 << 20, server::Millis(10'000));
+  auto r = net::http_fetch(url_of(p), "GET", "/metrics", "", 1 << 20, net::Millis(10'000));
   if (!r.ok()) return out;
   std::istringstream in(r->second);
   std::string line;

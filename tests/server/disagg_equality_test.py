@@ -5,7 +5,7 @@ that ends at its first token, n > 1, logprobs, echo, seeded sampling), each stre
 give the same text, finish reasons, usage and logprobs. Every process runs with --batch-invariant,
 so a request's tokens do not depend on what else shares its steps.
 
-Run by tests/server/disagg_server_test.cpp. Environment: TACHYON_ROUTER_URL, TACHYON_COLOCATED_URL,
+Run by tests/router/disagg_server_test.cpp. Environment: TACHYON_ROUTER_URL, TACHYON_COLOCATED_URL,
 TACHYON_PREFILL_URL, TACHYON_DECODE_URL, TACHYON_MODEL_NAME, TACHYON_SOURCE_DIR. The router runs
 with --disagg-min-prompt 4, so the shortest prompt runs colocated on the decode worker.
 """

@@ -4,7 +4,7 @@ KV block afterwards, requests while no decode worker is up are refused at once (
 decode worker is back (same HTTP port, a fresh process) the router serves again, with the same
 output as before. Nothing may hang: every call has a timeout well under the test's.
 
-Run by tests/server/disagg_server_test.cpp. Environment: TACHYON_ROUTER_URL, TACHYON_PREFILL_URL,
+Run by tests/router/disagg_server_test.cpp. Environment: TACHYON_ROUTER_URL, TACHYON_PREFILL_URL,
 TACHYON_DECODE_URL, TACHYON_DECODE_PID (to kill), TACHYON_DECODE_CMD (a shell command that starts
 the decode worker again on the same port), TACHYON_MODEL_NAME.
 """

@@ -1,7 +1,7 @@
 """Rate matching at the router: while every decode worker is busy, new requests are held (bounded)
 and refused with 503 past the bound or after the hold timeout, before any prefill runs.
 
-Run by tests/server/disagg_server_test.cpp against a router started with --decode-max-queue 1
+Run by tests/router/disagg_server_test.cpp against a router started with --decode-max-queue 1
 --max-held 1 --hold-timeout 3 and a poll interval far longer than the test, so that the request
 the router sent to its one decode worker keeps counting in that worker's queue: the worker stays
 busy as far as the router knows. Environment: TACHYON_ROUTER_URL, TACHYON_PREFILL_URL,

@@ -20,6 +20,7 @@
 #include "core/ggml_blocks.h"
 #include "core/log.h"
 #include "ops/backend.h"
+#include "ops/device_backends.h"
 #include "ops/errors.h"
 #include "ops/cpu/rows.h"
 #include "ops/cuda/cuda_ops.h"
@@ -873,3 +874,15 @@ Status start_backend(int device) {
 }
 
 }  // namespace tachyon::ops::cuda
+
+namespace tachyon::ops {
+
+// ops/device_backends.h in the CUDA build.
+bool has_device_backend(DeviceType type) { return type == DeviceType::kCpu || type == DeviceType::kCuda; }
+
+Status start_device_backend(Device device) {
+  if (device.is_cpu()) return Status::Ok();
+  return cuda::start_backend(device.index);
+}
+
+}  // namespace tachyon::ops

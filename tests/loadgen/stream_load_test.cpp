@@ -1,4 +1,4 @@
-// The streaming load client (server/stream_load.h) behind `tachyon bench --url`: its response
+// The streaming load client (loadgen/stream_load.h) behind `tachyon bench --url`: its response
 // parser on hand-made responses cut at every byte, its runs against the real `tachyon serve`, and
 // servers that refuse, stall or answer errors, each of which must fail its requests, not hang.
 #include <netinet/in.h>
@@ -13,16 +13,16 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "server/http_client.h"
-#include "server/stream_load.h"
+#include "net/http_client.h"
+#include "loadgen/stream_load.h"
 #include "server/tachyon_process.h"
 #include "test_util.h"
 
 namespace tachyon {
 namespace {
 
-using server::SseResponseParser;
-using server::StreamLoadResult;
+using loadgen::SseResponseParser;
+using loadgen::StreamLoadResult;
 
 std::string chunked(const std::vector<std::string>& pieces, const std::string& head_extra = "") {
   std::string out = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n" +
@@ -130,9 +130,9 @@ TEST(StreamLoad, ParserFailsBrokenAndErrorResponses) {
   EXPECT_EQ(r.token_times.size(), 1u);  // no logprobs: the event counts as one token
 }
 
-std::vector<server::StreamLoadRequest> workload(int n, int vocab, uint64_t seed) {
+std::vector<loadgen::StreamLoadRequest> workload(int n, int vocab, uint64_t seed) {
   std::mt19937_64 rng(seed);
-  std::vector<server::StreamLoadRequest> out(static_cast<size_t>(n));
+  std::vector<loadgen::StreamLoadRequest> out(static_cast<size_t>(n));
   for (int i = 0; i < n; ++i) {
     auto& r = out[static_cast<size_t>(i)];
     r.prompt.resize(std::uniform_int_distribution<size_t>(1, 40)(rng));
@@ -148,22 +148,22 @@ TEST(StreamLoad, EveryRequestCompletesAgainstTachyonServe) {
   testing::TachyonProcess serve("stream_load", "serve -m " + testing::demo_model_dir() +
                                                    " --port 0 --kv-cache-mem 64MiB -t 1 --stream-timestamps");
   ASSERT_TRUE(serve.started()) << serve.log();
-  auto models = server::http_fetch(server::HttpUrl{"127.0.0.1", static_cast<uint16_t>(serve.port())}, "GET",
-                                   "/v1/models", "", 1 << 16, server::Millis(10'000));
+  auto models = net::http_fetch(net::HttpUrl{"127.0.0.1", static_cast<uint16_t>(serve.port())}, "GET",
+                                   "/v1/models", "", 1 << 16, net::Millis(10'000));
   ASSERT_TRUE(models.ok()) << models.status().message();
   const auto card = nlohmann::json::parse(models->second)["data"][0];
   const int vocab = card["vocab_size"].get<int>();
   ASSERT_GT(vocab, 16);
 
-  server::StreamLoadOptions options;
-  options.url = server::HttpUrl{"127.0.0.1", static_cast<uint16_t>(serve.port())};
+  loadgen::StreamLoadOptions options;
+  options.url = net::HttpUrl{"127.0.0.1", static_cast<uint16_t>(serve.port())};
   options.model = card["id"].get<std::string>();
   options.concurrency = 10;
   options.threads = 3;
   options.temperature = 0.8f;
   const auto requests = workload(60, vocab, testing::fresh_seed());
   const auto t0 = std::chrono::steady_clock::now();
-  auto results = server::run_stream_load(options, requests);
+  auto results = loadgen::run_stream_load(options, requests);
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   ASSERT_TRUE(results.ok()) << results.status().message();
   ASSERT_EQ(results->size(), requests.size());
@@ -215,14 +215,14 @@ TEST(StreamLoad, RefusingAndSilentServersFailEachRequestWithoutHanging) {
   ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
   const uint16_t port = ntohs(addr.sin_port);
 
-  server::StreamLoadOptions options;
-  options.url = server::HttpUrl{"127.0.0.1", port};
+  loadgen::StreamLoadOptions options;
+  options.url = net::HttpUrl{"127.0.0.1", port};
   options.model = "m";
   options.threads = 2;
   options.request_timeout_s = 0.3;
   const auto requests = workload(6, 100, 1);
   // Bound but not listening: connections are refused.
-  auto refused = server::run_stream_load(options, requests);
+  auto refused = loadgen::run_stream_load(options, requests);
   ASSERT_TRUE(refused.ok());
   for (const StreamLoadResult& r : *refused) {
     EXPECT_FALSE(r.ok);
@@ -231,7 +231,7 @@ TEST(StreamLoad, RefusingAndSilentServersFailEachRequestWithoutHanging) {
   // Listening, never accepting: the kernel completes the handshakes, nothing ever answers.
   ASSERT_EQ(listen(fd, 16), 0);
   const auto t0 = std::chrono::steady_clock::now();
-  auto silent = server::run_stream_load(options, requests);
+  auto silent = loadgen::run_stream_load(options, requests);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   ASSERT_TRUE(silent.ok());
   for (const StreamLoadResult& r : *silent) {
@@ -242,7 +242,7 @@ TEST(StreamLoad, RefusingAndSilentServersFailEachRequestWithoutHanging) {
   close(fd);
   // Bad options are an error of the call.
   options.threads = 0;
-  EXPECT_FALSE(server::run_stream_load(options, requests).ok());
+  EXPECT_FALSE(loadgen::run_stream_load(options, requests).ok());
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
 // `tachyon router`: an OpenAI-compatible front for disaggregated workers (`tachyon serve --role
-// prefill` and `--role decode`), speaking the internal protocol of disagg_protocol.h to them.
+// prefill` and `--role decode`), speaking the internal protocol of server/disagg_protocol.h to them.
 //
 //   POST /v1/completions, /v1/chat/completions   streamed or not
 //   GET  /v1/models (a worker's), /health (200 while a prefill and a decode worker are up),
@@ -30,14 +30,14 @@
 #include <vector>
 
 #include "core/status.h"
-#include "server/disagg_protocol.h"
-#include "server/router_policy.h"
+#include "net/http_url.h"
+#include "router/router_policy.h"
 
-namespace tachyon::server {
+namespace tachyon::router {
 
 struct RouterOptions {
-  std::vector<HttpUrl> prefill;
-  std::vector<HttpUrl> decode;
+  std::vector<net::HttpUrl> prefill;
+  std::vector<net::HttpUrl> decode;
   std::string host = "127.0.0.1";
   int port = 8000;                    // 0: a free one, see Router::port()
   int disagg_min_prompt = 0;          // shorter prompts run colocated on a decode worker
@@ -70,4 +70,4 @@ class Router {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace tachyon::server
+}  // namespace tachyon::router

@@ -1,4 +1,4 @@
-#include "server/stream_load.h"
+#include "loadgen/stream_load.h"
 
 #include <algorithm>
 #include <array>
@@ -16,11 +16,11 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-namespace tachyon::server {
+namespace tachyon::loadgen {
 namespace {
 
-namespace net = boost::asio;
-using tcp = net::ip::tcp;
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
 using error_code = boost::system::error_code;
 using Clock = std::chrono::steady_clock;
 
@@ -307,7 +307,7 @@ class Loop;
 // One keep-alive connection; carries one request at a time.
 class Connection {
  public:
-  Connection(Loop& loop, net::io_context& io) : loop_(loop), socket_(io), deadline_(io) {}
+  Connection(Loop& loop, asio::io_context& io) : loop_(loop), socket_(io), deadline_(io) {}
   void start(size_t index);
 
  private:
@@ -319,7 +319,7 @@ class Connection {
 
   Loop& loop_;
   tcp::socket socket_;
-  net::steady_timer deadline_;
+  asio::steady_timer deadline_;
   bool connected_ = false;
   bool reused_ = false;  // this request went out on a connection an earlier one used
   bool retried_ = false;
@@ -341,7 +341,7 @@ class Loop {
     io_.run();
   }
   Shared& shared() { return shared_; }
-  net::io_context& io() { return io_; }
+  asio::io_context& io() { return io_; }
 
   // A connection finished its request and is free for the next.
   void release(Connection* c) {
@@ -383,8 +383,8 @@ class Loop {
   int limit_;
   size_t next_ = 0;
   int in_flight_ = 0;
-  net::io_context io_{1};
-  std::optional<net::steady_timer> timer_;
+  asio::io_context io_{1};
+  std::optional<asio::steady_timer> timer_;
   bool timer_armed_ = false;
   std::vector<std::unique_ptr<Connection>> connections_;
   std::vector<Connection*> idle_;
@@ -433,16 +433,16 @@ void Connection::connect() {
 
 void Connection::write() {
   loop_.shared().results[index_].sent = loop_.shared().now();
-  net::async_write(socket_, net::buffer(out_), [this](const error_code& ec, size_t) {
+  asio::async_write(socket_, asio::buffer(out_), [this](const error_code& ec, size_t) {
     if (ec) return failed(timed_out_ ? "timed out" : "write: " + ec.message());
     read();
   });
 }
 
 void Connection::read() {
-  socket_.async_read_some(net::buffer(buf_), [this](const error_code& ec, size_t n) {
+  socket_.async_read_some(asio::buffer(buf_), [this](const error_code& ec, size_t n) {
     const double arrival = loop_.shared().now();
-    if (ec == net::error::eof) {
+    if (ec == asio::error::eof) {
       parser_->end_of_stream(arrival);
       connected_ = false;
       error_code ignored;
@@ -506,7 +506,7 @@ Result<std::vector<StreamLoadResult>> run_stream_load(const StreamLoadOptions& o
     }
   }
   error_code ec;
-  net::io_context resolver_io;
+  asio::io_context resolver_io;
   tcp::resolver resolver(resolver_io);
   const auto endpoints = resolver.resolve(options.url.host, std::to_string(options.url.port), ec);
   if (ec || endpoints.empty()) {
@@ -534,4 +534,4 @@ Result<std::vector<StreamLoadResult>> run_stream_load(const StreamLoadOptions& o
   return results;
 }
 
-}  // namespace tachyon::server
+}  // namespace tachyon::loadgen

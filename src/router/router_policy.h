@@ -15,7 +15,7 @@
 #include <optional>
 #include <span>
 
-namespace tachyon::server {
+namespace tachyon::router {
 
 struct WorkerState {
   bool up = false;         // the last poll (or request) reached it
@@ -56,4 +56,4 @@ enum class Admission { kStart, kHold, kRefuse };
 // A new request, given the decode pick and how many requests are held now.
 Admission admit(Pick decode, int num_held, const RatePolicy& policy);
 
-}  // namespace tachyon::server
+}  // namespace tachyon::router

@@ -1,7 +1,8 @@
 // Disaggregated serving as clients see it: a prefill worker, a decode worker and `tachyon router`
-// as separate processes on loopback (free ports), with the bundled model, driven by the Python
-// scripts beside this file (the official `openai` client): outputs equal a colocated `tachyon
-// serve`'s, and a decode worker killed mid-stream fails its requests cleanly and can come back.
+// as separate processes on loopback (free ports), with the bundled model, driven by Python scripts
+// in tests/server/ (the official `openai` client, beside the server's own scripts and the metrics
+// reader they share): outputs equal a colocated `tachyon serve`'s, and a decode worker killed
+// mid-stream fails its requests cleanly and can come back.
 // Without the project's .venv these tests skip and say so.
 #include <optional>
 #include <string>
@@ -9,7 +10,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "server/http_client.h"
+#include "net/http_client.h"
 
 #include "server/tachyon_process.h"
 #include "test_util.h"
@@ -104,20 +105,20 @@ TEST(DisaggServer, RouterWithoutPrefillWorkersRunsEveryRequestColocated) {
   ASSERT_TRUE(a.started() && b.started()) << a.log() << b.log();
   Process router("pool_router", "router --port 0 --worker-timeout 20 --decode " + a.url() + " --decode " + b.url());
   ASSERT_TRUE(router.started()) << router.log();
-  const server::HttpUrl url{"127.0.0.1", static_cast<uint16_t>(router.port())};
+  const net::HttpUrl url{"127.0.0.1", static_cast<uint16_t>(router.port())};
   for (int i = 0; i < 6; ++i) {
     const std::string body = R"({"model": "tachyon-demo", "prompt": "Once upon a time there was a robot", "max_tokens": )" +
                              std::to_string(3 + i) + R"(, "temperature": 0, "ignore_eos": true})";
-    auto r = server::http_fetch(url, "POST", "/v1/completions", body, 1 << 20, server::Millis(30000));
+    auto r = net::http_fetch(url, "POST", "/v1/completions", body, 1 << 20, net::Millis(30000));
     ASSERT_TRUE(r.ok()) << r.status().to_string() << router.log();
     ASSERT_EQ(r->first, 200) << r->second;
     const auto j = nlohmann::json::parse(r->second);
     EXPECT_EQ(j["usage"]["completion_tokens"], 3 + i);
   }
-  auto health = server::http_fetch(url, "GET", "/health", "", 1 << 16, server::Millis(5000));
+  auto health = net::http_fetch(url, "GET", "/health", "", 1 << 16, net::Millis(5000));
   ASSERT_TRUE(health.ok());
   EXPECT_EQ(health->first, 200) << health->second;
-  auto metrics = server::http_fetch(url, "GET", "/metrics", "", 1 << 20, server::Millis(5000));
+  auto metrics = net::http_fetch(url, "GET", "/metrics", "", 1 << 20, net::Millis(5000));
   ASSERT_TRUE(metrics.ok());
   EXPECT_NE(metrics->second.find("tachyon_router_requests_total{mode=\"colocated\"} 6"), std::string::npos)
       << metrics->second;

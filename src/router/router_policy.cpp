@@ -1,9 +1,9 @@
-#include "server/router_policy.h"
+#include "router/router_policy.h"
 
 #include <algorithm>
 #include <tuple>
 
-namespace tachyon::server {
+namespace tachyon::router {
 namespace {
 
 bool excluded(std::span<const size_t> exclude, size_t i) {
@@ -66,4 +66,4 @@ Admission admit(Pick decode, int num_held, const RatePolicy& policy) {
   return Admission::kRefuse;
 }
 
-}  // namespace tachyon::server
+}  // namespace tachyon::router

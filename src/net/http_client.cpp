@@ -1,4 +1,4 @@
-#include "server/http_client.h"
+#include "net/http_client.h"
 
 #include <optional>
 
@@ -13,37 +13,24 @@
 #include <boost/beast/http/string_body.hpp>
 #include <fmt/format.h>
 
-namespace tachyon::server {
-namespace {
+#include "net/asio_deadline.h"
 
-namespace net = boost::asio;
-namespace beast = boost::beast;
-namespace http = beast::http;
-using tcp = net::ip::tcp;
-using error_code = boost::system::error_code;
-using Clock = std::chrono::steady_clock;
+namespace tachyon::net {
+namespace {
 
 constexpr size_t kMaxResponseHeader = 64 * 1024;
 
-Millis remaining(Clock::time_point deadline) {
-  return std::chrono::duration_cast<Millis>(deadline - Clock::now());
-}
-
-// As in disagg/tcp_transport.cpp: run until the handler set `done` or the time is up, then cancel.
-template <typename Cancel>
-void run_with_timeout(net::io_context& io, const bool& done, Millis timeout, Cancel cancel) {
-  io.restart();
-  if (timeout > Millis(0)) io.run_for(timeout);
-  if (done) return;
-  cancel();
-  io.restart();
-  io.run();
-}
+using Clock = std::chrono::steady_clock;
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = asio::ip::tcp;
+using error_code = boost::system::error_code;
 
 }  // namespace
 
 struct HttpClient::Impl {
-  net::io_context io{1};
+  asio::io_context io{1};
   tcp::socket socket{io};
   std::string peer;
   beast::flat_buffer buffer;
@@ -54,7 +41,7 @@ struct HttpClient::Impl {
     broken = true;
     error_code ignored;
     socket.close(ignored);
-    if (ec == net::error::operation_aborted) return make_error(ErrorCode::kIo, "http {}: {} timed out", peer, what);
+    if (ec == asio::error::operation_aborted) return make_error(ErrorCode::kIo, "http {}: {} timed out", peer, what);
     return make_error(ErrorCode::kIo, "http {}: {}: {}", peer, what, ec.message());
   }
 };
@@ -78,7 +65,7 @@ Result<std::unique_ptr<HttpClient>> HttpClient::connect(const HttpUrl& url, Mill
   run_with_timeout(impl->io, done, remaining(deadline), [&] { resolver.cancel(); });
   if (result) return impl->fail("resolving the host", result);
   done = false;
-  net::async_connect(impl->socket, endpoints, [&](const error_code& ec, const tcp::endpoint&) {
+  asio::async_connect(impl->socket, endpoints, [&](const error_code& ec, const tcp::endpoint&) {
     result = ec;
     done = true;
   });
@@ -104,7 +91,7 @@ Status HttpClient::send(std::string_view method, std::string_view target,
   request += body;
   bool done = false;
   error_code result;
-  net::async_write(s.socket, net::buffer(request), [&](const error_code& ec, size_t) {
+  asio::async_write(s.socket, asio::buffer(request), [&](const error_code& ec, size_t) {
     result = ec;
     done = true;
   });
@@ -190,4 +177,4 @@ Result<std::pair<int, std::string>> http_fetch(const HttpUrl& url, std::string_v
   return std::make_pair(head.status, std::move(text));
 }
 
-}  // namespace tachyon::server
+}  // namespace tachyon::net

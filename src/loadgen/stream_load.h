@@ -22,9 +22,9 @@
 #include <vector>
 
 #include "core/status.h"
-#include "server/disagg_protocol.h"
+#include "net/http_url.h"
 
-namespace tachyon::server {
+namespace tachyon::loadgen {
 
 struct StreamLoadRequest {
   double arrival = 0.0;  // seconds after the start of the run
@@ -34,7 +34,7 @@ struct StreamLoadRequest {
 };
 
 struct StreamLoadOptions {
-  HttpUrl url;
+  net::HttpUrl url;
   std::string model;               // the "model" field of every request
   int concurrency = 0;             // requests in flight at most over all threads; 0 = all
   int threads = 1;                 // event loops; requests are dealt to them round-robin
@@ -103,4 +103,4 @@ class SseResponseParser {
 Result<std::vector<StreamLoadResult>> run_stream_load(const StreamLoadOptions& options,
                                                       const std::vector<StreamLoadRequest>& requests);
 
-}  // namespace tachyon::server
+}  // namespace tachyon::loadgen

@@ -1,7 +1,8 @@
 // A blocking HTTP/1.1 client connection with a deadline on every call (Boost.Asio/Beast), for the
-// router's calls to its workers. Like the KV transport, each call starts Asio's asynchronous form
-// on the connection's own io_context and runs it for at most the time left; an operation still
-// pending then is cancelled and reported as kIo "timed out". No thread is started; one thread uses
+// router's calls to its workers, the bench's and the tests' requests. Like the KV transport, each
+// call starts Asio's asynchronous form on the connection's own io_context and runs it for at most
+// the time left (asio_deadline.h); an operation still pending then is cancelled and reported as
+// kIo "timed out". No thread is started; one thread uses
 // a connection at a time. Responses are read head first, then the body in pieces as they arrive
 // (a streamed body is consumed while the worker writes it). Asio stays in http_client.cpp.
 #pragma once
@@ -14,9 +15,9 @@
 #include <vector>
 
 #include "core/status.h"
-#include "server/disagg_protocol.h"
+#include "net/http_url.h"
 
-namespace tachyon::server {
+namespace tachyon::net {
 
 using Millis = std::chrono::milliseconds;
 
@@ -56,4 +57,4 @@ class HttpClient {
 Result<std::pair<int, std::string>> http_fetch(const HttpUrl& url, std::string_view method, std::string_view target,
                                                std::string_view body, size_t max_bytes, Millis timeout);
 
-}  // namespace tachyon::server
+}  // namespace tachyon::net

@@ -8,9 +8,9 @@
 
 #include "core/status.h"
 
-namespace tachyon::server {
+namespace tachyon::net {
 
 // kInvalidArgument when `host` is not an IP address, kIo when the port cannot be bound.
 Status listen_on(boost::asio::ip::tcp::acceptor& acceptor, const std::string& host, int port);
 
-}  // namespace tachyon::server
+}  // namespace tachyon::net

@@ -4,9 +4,9 @@
 
 #include <gtest/gtest.h>
 
-#include "server/router_policy.h"
+#include "router/router_policy.h"
 
-namespace tachyon::server {
+namespace tachyon::router {
 namespace {
 
 WorkerState up(int free, int total, int waiting = 0, int pending = 0, int assigned = 0) {
@@ -97,4 +97,4 @@ TEST(RouterPolicy, PrefillPrefersTheShortestQueue) {
 }
 
 }  // namespace
-}  // namespace tachyon::server
+}  // namespace tachyon::router
