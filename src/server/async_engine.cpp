@@ -129,7 +129,7 @@ void AsyncEngine::flush_ready() {
   ready_.clear();  // moved-from: valid, and emptied here either way
 }
 
-void AsyncEngine::submit_adoption(std::shared_ptr<RequestStream> stream, KvImport kv,
+void AsyncEngine::submit_adoption(std::shared_ptr<RequestStream> stream, disagg::KvImport kv,
                                   std::function<void(const Status&)> done) {
   {
     std::lock_guard lock(mu_);
@@ -166,7 +166,7 @@ void AsyncEngine::adopt_pending(double now) {
                              a.kv.tokens.size() >= s.prompt_ids_.size() &&
                              std::equal(s.prompt_ids_.begin(), s.prompt_ids_.end(), a.kv.tokens.begin());
     const auto copy_start = std::chrono::steady_clock::now();
-    if (same_prompt) id = engine_->adopt(a.kv, s.params_);
+    if (same_prompt) id = disagg::adopt(*engine_, a.kv, s.params_);
     if (id.ok()) {
       // adopt() returns once its copies ran: its time is the K/V's way into this cache.
       metrics_.record_adopted_bytes(a.kv.device.has_value(),
@@ -220,7 +220,7 @@ void AsyncEngine::hand_over(std::shared_ptr<RequestStream> s, RequestOutput outp
     return;
   }
   const auto copy_start = std::chrono::steady_clock::now();
-  auto kv = engine_->export_kv(id, options_.kv_arena.get());  // the blocks are free from here on, whatever happened
+  auto kv = disagg::export_kv(*engine_, id, options_.kv_arena.get());  // the blocks are free from here on, whatever happened
   if (kv.ok()) {
     metrics_.record_exported(kv->device.has_value(), kv->total_bytes(),
                              std::chrono::duration<double>(std::chrono::steady_clock::now() - copy_start).count());

@@ -13,11 +13,11 @@
 // Disaggregation (server/disagg_worker.h wires it to the KV transport):
 //   prefill   a request run with GenerationParams::prefill_only ends with FinishReason::kTransfer
 //              after its first token: the loop delivers that token (as a not-finished output),
-//              calls Engine::export_kv() at once (the blocks are freed) and hands the export to
+//              calls disagg::export_kv() at once (the blocks are freed) and hands the export to
 //              AsyncEngineOptions::on_transfer, which ships it; whoever ships it ends the stream
 //              with RequestStream::finish_handoff(). A stream cancelled by then is not shipped.
 //   decode     submit_adoption(): a received transfer for a stream the server registered; the loop
-//              calls Engine::adopt() and the stream then runs like any other. No room now
+//              calls disagg::adopt() and the stream then runs like any other. No room now
 //              (kOutOfRange while other requests run) is backpressure: the adoption is retried
 //              after each step, for at most adopt_wait seconds; then, or on any other error, the
 //              stream ends with an error. `done` reports the outcome once (for the transfer's ack).
@@ -49,6 +49,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "disagg/kv_export.h"
 #include "disagg/kv_sender.h"
 #include "engine/engine.h"
 #include "server/metrics.h"
@@ -61,10 +62,10 @@ struct AsyncEngineOptions {
   int max_waiting = 1024;         // queued requests not yet running, past which submit() refuses
   double request_timeout = 600.0; // seconds from submission; 0 = none. A late request is aborted.
   // Prefill role: receives each exported sequence (on the loop thread; must not block).
-  std::function<void(std::shared_ptr<RequestStream>, KvExport)> on_transfer;
+  std::function<void(std::shared_ptr<RequestStream>, disagg::KvExport)> on_transfer;
   // Prefill role: exports go into this arena's device memory where it has room (CUDA IPC to a
   // decode worker on the same host), else to the host. Kept alive by the options' owner.
-  std::shared_ptr<KvExportArena> kv_arena;
+  std::shared_ptr<disagg::KvExportArena> kv_arena;
   double adopt_wait = 10.0;       // seconds a received transfer may wait for room in the engine
 };
 
@@ -161,7 +162,8 @@ class AsyncEngine {
   int num_unfinished() const { return unfinished_.load(std::memory_order_acquire); }
   // Decode role: continue `stream` from a received transfer (see the top of this file). `done`
   // runs once, on the loop thread (or here, when the loop has exited), with the adoption's outcome.
-  void submit_adoption(std::shared_ptr<RequestStream> stream, KvImport kv, std::function<void(const Status&)> done);
+  void submit_adoption(std::shared_ptr<RequestStream> stream, disagg::KvImport kv,
+                       std::function<void(const Status&)> done);
   // Received transfers not yet adopted (queued or waiting for room).
   int num_pending_adoptions() const { return pending_adoption_count_.load(std::memory_order_acquire); }
 
@@ -187,7 +189,7 @@ class AsyncEngine {
   void publish_stats();
   struct Adoption {
     std::shared_ptr<RequestStream> stream;
-    KvImport kv;
+    disagg::KvImport kv;
     std::function<void(const Status&)> done;
     double deadline = 0.0;  // engine clock; set when the loop first tries it
   };

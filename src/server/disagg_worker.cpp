@@ -11,8 +11,8 @@ namespace tachyon::server {
 PrefillWorker::PrefillWorker(ServerMetrics& metrics, disagg::KvSenderOptions options)
     : metrics_(metrics), sender_(options) {}
 
-std::function<void(std::shared_ptr<RequestStream>, KvExport)> PrefillWorker::on_transfer() {
-  return [this](std::shared_ptr<RequestStream> stream, KvExport kv) {
+std::function<void(std::shared_ptr<RequestStream>, disagg::KvExport)> PrefillWorker::on_transfer() {
+  return [this](std::shared_ptr<RequestStream> stream, disagg::KvExport kv) {
     const TransferTarget& target = *stream->transfer_target();
     sender_.send(target.to, target.transfer_id, std::move(kv), [this, stream](const Status& outcome) {
       metrics_.record_transfer(outcome.ok());

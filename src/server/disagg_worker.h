@@ -39,7 +39,7 @@ class PrefillWorker {
  public:
   PrefillWorker(ServerMetrics& metrics, disagg::KvSenderOptions options);
   // For AsyncEngineOptions::on_transfer.
-  std::function<void(std::shared_ptr<RequestStream>, KvExport)> on_transfer();
+  std::function<void(std::shared_ptr<RequestStream>, disagg::KvExport)> on_transfer();
   int transfers_in_flight() const { return sender_.num_in_flight(); }
   // Ends shipping (disagg::KvSender::shutdown): call it once the HTTP server stopped and before
   // it is destroyed, so that no transfer outcome reaches a stream after its connection is gone.

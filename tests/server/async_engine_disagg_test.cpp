@@ -54,10 +54,10 @@ class AsyncEngineDisaggTest : public ::testing::Test {
   }
 
   // Runs the prompt prefill-only; returns the export handed to on_transfer and the stream's outputs.
-  KvExport prefill(int max_tokens, Collector& seen, ServerMetrics& metrics) {
-    std::promise<KvExport> exported;
+  disagg::KvExport prefill(int max_tokens, Collector& seen, ServerMetrics& metrics) {
+    std::promise<disagg::KvExport> exported;
     AsyncEngineOptions ao;
-    ao.on_transfer = [&exported](std::shared_ptr<RequestStream> s, KvExport kv) {
+    ao.on_transfer = [&exported](std::shared_ptr<RequestStream> s, disagg::KvExport kv) {
       EXPECT_EQ(s->transfer_target()->transfer_id, 77u);
       exported.set_value(std::move(kv));
     };
@@ -70,7 +70,7 @@ class AsyncEngineDisaggTest : public ::testing::Test {
     EXPECT_EQ(engine->submit({s}), SubmitError::kNone);
     auto f = exported.get_future();
     EXPECT_EQ(f.wait_for(std::chrono::seconds(60)), std::future_status::ready);
-    KvExport kv = f.get();
+    disagg::KvExport kv = f.get();
     EXPECT_TRUE(seen.wait_outputs(1));
     engine->begin_drain();
     while (!engine->stopped()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -92,7 +92,7 @@ TEST_F(AsyncEngineDisaggTest, PrefillHandsOverAndDecodeAdoptionEqualsColocated) 
 
   ServerMetrics prefill_metrics;
   Collector first;
-  KvExport kv = prefill(12, first, prefill_metrics);
+  disagg::KvExport kv = prefill(12, first, prefill_metrics);
   ASSERT_EQ(first.outputs.size(), 1u);
   EXPECT_FALSE(first.outputs[0].finished);  // the first token is news; the handoff ends the stream
   EXPECT_EQ(first.outputs[0].finish_reason, FinishReason::kTransfer);
@@ -134,7 +134,7 @@ TEST_F(AsyncEngineDisaggTest, PrefillHandsOverAndDecodeAdoptionEqualsColocated) 
 TEST_F(AsyncEngineDisaggTest, AdoptionWaitsForRoomWhileOthersRunAndFailsWhenNothingCanFree) {
   ServerMetrics pm;
   Collector first;
-  const KvExport kv = prefill(8, first, pm);
+  const disagg::KvExport kv = prefill(8, first, pm);
 
   // max_seqs 1 and a long request running: the adoption waits for it, then runs.
   ServerMetrics dm;
