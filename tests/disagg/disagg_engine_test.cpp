@@ -25,8 +25,6 @@
 namespace tachyon::disagg {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
 struct Case {
   std::vector<int32_t> prompt;
   GenerationParams params;
@@ -610,11 +608,12 @@ TEST_F(DisaggTest, PeerClosingMidTransferIsACleanErrorOnBothSides) {
     KvReceiveOptions o;
     o.timeout = Millis(3000);
     o.expect = kv_model_shape(*decode);
-    const auto t0 = Clock::now();
     const auto r = receive_kv(*tcp.decode_end, o);
-    EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 1.0);
     EXPECT_EQ(r.status().code(), ErrorCode::kIo) << r.status().to_string();
     EXPECT_NE(r.status().message().find("layer 2"), std::string::npos) << r.status().message();
+    // It ended because the peer closed, not at the timeout.
+    EXPECT_NE(r.status().message().find("closed"), std::string::npos) << r.status().message();
+    EXPECT_EQ(r.status().message().find("timed out"), std::string::npos) << r.status().message();
     expect_no_leaks(*decode, "decode side");
   }
   // Prefill side: the decode worker reads the header, then goes away; the sender hears of it
@@ -637,12 +636,12 @@ TEST_F(DisaggTest, PeerClosingMidTransferIsACleanErrorOnBothSides) {
       EXPECT_TRUE(header.ok());
       tcp.decode_end->close();
     });
-    const auto t0 = Clock::now();
     Status st = send_kv(*tcp.prefill_end, *kv, 6, Millis(2000));
     if (st.ok()) st = receive_kv_ack(*tcp.prefill_end, 6, Millis(2000));  // the layers fit the socket buffers
     decode_worker.join();
-    EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 2.5);
     EXPECT_EQ(st.code(), ErrorCode::kIo) << st.to_string();
+    // The sender heard of the close, not of its timeout.
+    EXPECT_EQ(st.message().find("timed out"), std::string::npos) << st.message();
     expect_no_leaks(*prefill, "prefill side after the failed transfer");
   }
   // A held request that is never exported: abort() frees its blocks, and export_kv() then fails.
