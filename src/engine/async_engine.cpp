@@ -293,6 +293,36 @@ void AsyncEngine::admit(std::shared_ptr<RequestStream> s, double now) {
   streams_.emplace(*id, std::move(s));
 }
 
+void AsyncEngine::run_step() {
+  auto outputs = engine_->step();
+  if (!outputs.ok()) {
+    // The step failed as a whole (the forward): fail every request, keep serving.
+    TACHYON_LOG_ERROR("engine step failed: {}", outputs.status().to_string());
+    std::vector<RequestId> ids;
+    for (const auto& [id, s] : streams_) ids.push_back(id);
+    for (RequestId id : ids) {
+      engine_->abort(id);
+      std::shared_ptr<RequestStream> s = std::move(streams_.at(id));
+      streams_.erase(id);
+      RequestOutput out;
+      out.id = id;
+      out.finished = true;
+      out.finish_reason = FinishReason::kError;
+      out.error = outputs.status();
+      finish_stream(s, std::move(out));
+    }
+    return;
+  }
+  // The step admitted requests: count them out of the queue before any client hears of it, so
+  // that a submit() prompted by a first token never sees them as still waiting.
+  {
+    const int waiting = engine_->stats().num_waiting;
+    std::lock_guard lock(mu_);
+    engine_waiting_ = waiting;
+  }
+  for (RequestOutput& o : *outputs) deliver(std::move(o));
+}
+
 void AsyncEngine::loop() {
   std::vector<std::shared_ptr<RequestStream>> submitted, aborted, released;
   for (;;) {
@@ -357,39 +387,14 @@ void AsyncEngine::loop() {
         }
       }
     }
-    if (engine_->has_unfinished()) {
-      auto outputs = engine_->step();
-      if (!outputs.ok()) {
-        // The step failed as a whole (the forward): fail every request, keep serving.
-        TACHYON_LOG_ERROR("engine step failed: {}", outputs.status().to_string());
-        std::vector<RequestId> ids;
-        for (const auto& [id, s] : streams_) ids.push_back(id);
-        for (RequestId id : ids) {
-          engine_->abort(id);
-          std::shared_ptr<RequestStream> s = std::move(streams_.at(id));
-          streams_.erase(id);
-          RequestOutput out;
-          out.id = id;
-          out.finished = true;
-          out.finish_reason = FinishReason::kError;
-          out.error = outputs.status();
-          finish_stream(s, std::move(out));
-        }
-      } else {
-        // The step admitted requests: count them out of the queue before any client hears of
-        // it, so that a submit() prompted by a first token never sees them as still waiting.
-        {
-          const int waiting = engine_->stats().num_waiting;
-          std::lock_guard lock(mu_);
-          engine_waiting_ = waiting;
-        }
-        for (RequestOutput& o : *outputs) deliver(std::move(o));
-      }
-    }
+    if (engine_->has_unfinished()) run_step();
     flush_ready();
     publish_stats();
   }
-  // Destruction without a drain: whatever is left ends as aborted.
+  end_remaining();
+}
+
+void AsyncEngine::end_remaining() {
   {
     std::lock_guard lock(mu_);
     loop_exited_ = true;

@@ -191,6 +191,10 @@ class AsyncEngine {
 
  private:
   void loop();
+  // One Engine::step(), its outputs delivered; a failed step fails every request.
+  void run_step();
+  // After the loop (destruction without a drain): whatever is left ends as aborted, then stopped().
+  void end_remaining();
   void admit(std::shared_ptr<RequestStream> stream, double now);
   void deliver(RequestOutput output);
   // Queues an output on a stream (loop thread); the stream is notified at the next flush_ready().
