@@ -15,7 +15,7 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "cli/spec_args.h"
-#include "server/async_engine.h"
+#include "engine/async_engine.h"
 #include "server/chat_prompt.h"
 #include "server/disagg_protocol.h"
 #include "disagg/kv_staging.h"
@@ -125,13 +125,14 @@ int run_serve(ServeArgs& a) {
   context.stream_timestamps = a.stream_timestamps;
 
   server::ServerMetrics metrics;
-  server::AsyncEngineOptions ao;
+  AsyncEngineOptions ao;
   ao.max_waiting = a.max_waiting;
   ao.request_timeout = a.request_timeout;
   ao.adopt_wait = a.adopt_wait;
   // Declared before the engine: the prefill worker outlives the engine that calls it, the
   // registry the HTTP sessions that register in it.
   std::unique_ptr<server::PrefillWorker> prefill_worker;
+  std::shared_ptr<disagg::KvExportArena> kv_arena;  // prefill role with --kv-transport cuda-ipc
   server::TransferRegistry registry;
   server::DisaggContext disagg;
   disagg.role = *role;
@@ -139,15 +140,15 @@ int run_serve(ServeArgs& a) {
   if (*role == server::WorkerRole::kPrefill && a.kv_transport == "cuda-ipc") {
     auto pool = disagg::KvStagingPool::create(m.model->device(), *staging_bytes);
     if (!pool.ok()) return report(pool.status().with_context("--kv-transport cuda-ipc"));
-    ao.kv_arena = std::move(pool).value();
+    kv_arena = std::move(pool).value();
   }
   if (*role == server::WorkerRole::kPrefill) {
-    prefill_worker = std::make_unique<server::PrefillWorker>(metrics, disagg::KvSenderOptions{});
+    prefill_worker = std::make_unique<server::PrefillWorker>(metrics, disagg::KvSenderOptions{}, kv_arena);
     ao.on_transfer = prefill_worker->on_transfer();
     disagg.prefill = prefill_worker.get();
   }
-  auto async_engine = std::make_unique<server::AsyncEngine>(std::move(*engine), ao, metrics);
-  server::AsyncEngine& engine_ref = *async_engine;
+  auto async_engine = std::make_unique<AsyncEngine>(std::move(*engine), ao, metrics);
+  AsyncEngine& engine_ref = *async_engine;
   std::unique_ptr<server::DecodeWorker> decode_worker;  // reset before the engine goes
   if (*role == server::WorkerRole::kDecode) {
     server::DecodeWorkerOptions dw;
@@ -162,7 +163,7 @@ int run_serve(ServeArgs& a) {
       };
     }
     dw.adopt_wait = a.adopt_wait;
-    auto started = server::DecodeWorker::start(engine_ref, registry, dw);
+    auto started = server::DecodeWorker::start(engine_ref, registry, metrics, dw);
     if (!started.ok()) return report(started.status());
     decode_worker = std::move(started).value();
     disagg.registry = &registry;
@@ -196,7 +197,7 @@ int run_serve(ServeArgs& a) {
                  (a.kv_host.empty() ? a.host : a.kv_host).c_str(), decode_worker->kv_port());
   } else if (*role == server::WorkerRole::kPrefill) {
     std::fprintf(stderr, "tachyon serve: role prefill | ships KV to the decode workers the router names (%s)\n",
-                 ao.kv_arena ? fmt::format("CUDA IPC from {} of device memory, TCP when it is full", a.kv_staging_mem).c_str()
+                 kv_arena ? fmt::format("CUDA IPC from {} of device memory, TCP when it is full", a.kv_staging_mem).c_str()
                              : "TCP");
   }
   std::fprintf(stderr, "tachyon serve: listening on http://%s:%d\n", a.host.c_str(), (*http)->port());

@@ -27,8 +27,8 @@
 #include <vector>
 
 #include "core/status.h"
+#include "disagg/kv_export.h"
 #include "disagg/kv_transport.h"
-#include "engine/engine.h"
 
 namespace tachyon::disagg {
 

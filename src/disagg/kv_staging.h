@@ -1,9 +1,10 @@
 // KvStagingPool: the prefill worker's region of device memory that a decode worker on the same
-// host maps (CUDA IPC), so that K/V go from one GPU to another without the host: Engine::export_kv()
-// copies a sequence's K/V into a region of it (KvExportArena), the region message names the region
-// (kv_transfer.h), the decode worker's adopt() copies out of its mapping, and the region comes back
-// here when the export is gone (after the ack, or a failure). One allocation, mapped once by each
-// decode worker (DeviceMemory::open_shared keeps the mapping), carved first-fit into regions.
+// host maps (CUDA IPC), so that K/V go from one GPU to another without the host: export_kv()
+// (kv_export.h) copies a sequence's K/V into a region of it (KvExportArena), the region message
+// names the region (kv_transfer.h), the decode worker's adopt() copies out of its mapping, and the
+// region comes back here when the export is gone (after the ack, or a failure). One allocation,
+// mapped once by each decode worker (DeviceMemory::open_shared keeps the mapping), carved
+// first-fit into regions.
 //
 // When no region is free (more K/V in flight than the pool holds) take() says so and the export
 // goes through the host, as with --kv-transport tcp: a transfer never waits for room here.
@@ -20,7 +21,7 @@
 #include <vector>
 
 #include "core/status.h"
-#include "engine/engine.h"
+#include "disagg/kv_export.h"
 
 namespace tachyon::disagg {
 

@@ -11,7 +11,7 @@
 //   - Prefill worker: its engine loop runs the prompt; the request's output ends with
 //     FinishReason::kTransfer and carries the first token and its text, which the router streams
 //     to the client at once (time to first token does not wait for the transfer). The engine
-//     thread calls Engine::export_kv() right after that step (a copy to the host, or with
+//     thread calls export_kv() (kv_export.h) right after that step (a copy to the host, or with
 //     --kv-transport cuda-ipc into a region of the KvStagingPool's GPU memory, kv_staging.h; the
 //     blocks are freed at once) and hands the export to a KvSender (kv_sender.h), whose threads call
 //     send_kv() on a pooled connection to that decode worker, then receive_kv_ack(); the export,
@@ -19,11 +19,12 @@
 //     that a stop condition ends at its first token finishes as usual and is never transferred.
 //   - Decode worker: a KvReceiver (kv_receiver.h) thread per incoming connection loops on
 //     receive_kv() and hands each ReceivedKv, with the request registered under its transfer id
-//     (the client's GenerationParams), to its engine loop, which calls Engine::adopt() and streams
-//     the following tokens to the router; the adopt() outcome goes back with send_kv_ack(), and an
-//     unknown transfer id is refused. kOutOfRange from adopt() (no blocks, or max_seqs reached) is
-//     backpressure: the import stays queued and is retried after each step (bounded), and the
-//     router holds new requests while every decode worker's queue or free KV is past its limit.
+//     (the client's GenerationParams), to its engine loop, which calls adopt() (kv_export.h) and
+//     streams the following tokens to the router; the adopt() outcome goes back with
+//     send_kv_ack(), and an unknown transfer id is refused. kOutOfRange from adopt() (no blocks,
+//     or max_seqs reached) is backpressure: the import stays queued and is retried after each
+//     step (bounded), and the router holds new requests while every decode worker's queue or free
+//     KV is past its limit.
 //   - Errors: any failed transfer ends the request with an error at the router (the prefill
 //     worker already freed its blocks; the decode worker adopted nothing), and the connection is
 //     dropped and reconnected (a transport that failed once is never reused).
@@ -66,8 +67,8 @@
 #include <vector>
 
 #include "core/status.h"
+#include "disagg/kv_export.h"
 #include "disagg/kv_transport.h"
-#include "engine/engine.h"
 
 namespace tachyon::disagg {
 

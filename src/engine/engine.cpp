@@ -30,81 +30,7 @@ size_t host_memory_available() {
   return 0;
 }
 
-enum class KvCopy : uint8_t { kCacheToHost, kHostToCache };
-
-// Bytes of one position of a pool [num_blocks, block_size, num_kv_heads, row].
-size_t pool_row_bytes(const Tensor& pool) {
-  return static_cast<size_t>(pool.size(2) * pool.size(3)) * dtype_size(pool.dtype());
-}
-
-// Moves the K or V of positions [begin, end) of one table between one layer's pool
-// [num_blocks, block_size, num_kv_heads, head_dim] (on the cache's device) and a position-major
-// host buffer [end - begin, num_kv_heads, head_dim] of the same dtype. Runs of positions in
-// consecutive block ids move as one copy.
-Status copy_positions(Tensor& pool, const std::vector<int32_t>& blocks, int begin, int end, uint8_t* host,
-                      KvCopy direction, Device host_device = Device::cpu()) {
-  const int64_t block_size = pool.size(1);
-  const int64_t row = pool.size(2) * pool.size(3);  // elements per position
-  const size_t row_bytes = pool_row_bytes(pool);
-  const Tensor slots = pool.reshape({pool.size(0) * block_size, row});
-  int64_t p = begin;
-  while (p < end) {
-    const size_t first_block = static_cast<size_t>(p / block_size);
-    const int64_t slot = static_cast<int64_t>(blocks[first_block]) * block_size + p % block_size;
-    int64_t count = std::min<int64_t>(block_size - p % block_size, end - p);
-    for (size_t b = first_block + 1; p + count < end && blocks[b] == blocks[b - 1] + 1; ++b) {
-      count += std::min<int64_t>(block_size, end - p - count);
-    }
-    Tensor cached = slots.slice(0, slot, slot + count);
-    Tensor flat =
-        Tensor::view_of(host + static_cast<size_t>(p - begin) * row_bytes, {count, row}, pool.dtype(), nullptr, host_device);
-    TACHYON_RETURN_IF_ERROR(direction == KvCopy::kCacheToHost ? copy_into(flat, cached) : copy_into(cached, flat));
-    p += count;
-  }
-  return Status::Ok();
-}
-
-// A GPU engine's K/V to or from host vectors pass through one device buffer: the many small
-// copies (a run of consecutive blocks each) stay on the device, and each layer crosses the bus
-// once, instead of one synchronous host copy per run. Undefined (copies go direct) when the
-// engine is on the host or the buffer does not fit.
-Tensor host_transfer_staging(Device device, size_t bytes) {
-  if (device.is_cpu() || bytes == 0) return {};
-  auto t = empty_on({static_cast<int64_t>(bytes)}, DType::kU8, device, "kv transfer staging");
-  return t.ok() ? std::move(t).value() : Tensor();
-}
-
-// Layer `layer` of the staging buffer (layers of `bytes` each) to or from host memory.
-Status copy_layer(Tensor& staging, size_t layer, size_t bytes, uint8_t* host_bytes, bool to_host) {
-  const int64_t n = static_cast<int64_t>(bytes);
-  Tensor part = staging.slice(0, static_cast<int64_t>(layer) * n, static_cast<int64_t>(layer + 1) * n);
-  Tensor host = Tensor::view_of(host_bytes, {n}, DType::kU8);
-  return to_host ? copy_into(host, part) : copy_into(part, host);
-}
-
 }  // namespace
-
-size_t KvExport::position_bytes() const {
-  return 2 * static_cast<size_t>(std::max(num_kv_heads, 0)) * ops::kv_row_bytes(dtype, std::max(head_dim, 0));
-}
-
-size_t KvExport::layer_bytes() const { return static_cast<size_t>(std::max(num_computed, 0)) * position_bytes(); }
-
-size_t KvExport::total_bytes() const { return static_cast<size_t>(std::max(num_layers, 0)) * layer_bytes(); }
-
-Status KvExport::check_host_layers(int expected_layers) const {
-  if (layers.size() != static_cast<size_t>(std::max(expected_layers, 0))) {
-    return make_error(ErrorCode::kInvalidArgument, "{} layers of K/V for a model of {}", layers.size(), expected_layers);
-  }
-  const size_t want = layer_bytes();
-  for (size_t l = 0; l < layers.size(); ++l) {
-    if (layers[l].size() != want) {
-      return make_error(ErrorCode::kInvalidArgument, "layer {} has {} bytes; {} positions take {}", l, layers[l].size(),
-                        num_computed, want);
-    }
-  }
-  return Status::Ok();
-}
 
 const char* finish_reason_name(FinishReason reason) {
   switch (reason) {
@@ -601,9 +527,9 @@ const Sequence* Engine::find_sequence(RequestId id) const {
   return it == requests_.end() ? nullptr : &it->second->seq;
 }
 
-// ---- Disaggregation hooks (disagg/ moves the bytes between engines) ----
+// ---- Disaggregation hook (engine/kv_hook.h; disagg/kv_export.h moves the bytes) ----
 
-Result<KvExport> Engine::export_kv(RequestId id, KvExportArena* arena) {
+Status Engine::release_transfer(RequestId id, const HeldSequenceRead& read) {
   auto it = transfers_.find(id);
   if (it == transfers_.end()) {
     return make_error(ErrorCode::kNotFound,
@@ -612,103 +538,34 @@ Result<KvExport> Engine::export_kv(RequestId id, KvExportArena* arena) {
   std::unique_ptr<Request> req = std::move(it->second);
   transfers_.erase(it);
   const Sequence& seq = req->seq;
-  const KvCacheConfig& cc = cache_.config();
-  KvExport kv;
-  kv.num_layers = cc.num_layers;
-  kv.num_kv_heads = cc.num_kv_heads;
-  kv.head_dim = cc.head_dim;
-  kv.dtype = cc.dtype;
-  kv.vocab_size = model_.config().vocab_size;
-  kv.block_size = cc.block_size;
-  kv.tokens.assign(seq.tokens().begin(), seq.tokens().end());
-  kv.num_prompt_tokens = seq.num_prompt_tokens();
-  kv.num_computed = seq.num_computed();
-  kv.sampler_seed = req->sampler.seed();
-  kv.rng_draws = req->rng_draws;
-  TACHYON_CHECK(kv.num_computed == seq.num_tokens() - 1 && seq.block_table().num_tokens() >= kv.num_computed,
-                "request {} held with {} of {} tokens computed, table of {}", id, kv.num_computed, seq.num_tokens(),
+  TransferredSequence held;
+  held.tokens = seq.tokens();
+  held.num_prompt_tokens = seq.num_prompt_tokens();
+  held.num_computed = seq.num_computed();
+  held.sampler_seed = req->sampler.seed();
+  held.rng_draws = req->rng_draws;
+  TACHYON_CHECK(held.num_computed == seq.num_tokens() - 1 && seq.block_table().num_tokens() >= held.num_computed,
+                "request {} held with {} of {} tokens computed, table of {}", id, held.num_computed, seq.num_tokens(),
                 seq.block_table().num_tokens());
-  Status st = Status::Ok();
-  const size_t layer_bytes = kv.layer_bytes();
-  const Device device = model_.device();
-  if (arena != nullptr && arena->device() == device && layer_bytes > 0) {
-    kv.device = arena->take(kv.total_bytes());
-  }
-  Tensor staging;
-  if (!kv.device) {
-    kv.layers.resize(static_cast<size_t>(cc.num_layers));
-    staging = host_transfer_staging(device, kv.total_bytes());
-  }
-  for (int l = 0; l < cc.num_layers && st.ok(); ++l) {
-    uint8_t* at = nullptr;
-    if (kv.device) {
-      at = static_cast<uint8_t*>(kv.device->data) + static_cast<size_t>(l) * layer_bytes;
-    } else if (staging.defined()) {
-      kv.layers[static_cast<size_t>(l)].resize(layer_bytes);
-      at = staging.data<uint8_t>() + static_cast<size_t>(l) * layer_bytes;
-    } else {
-      std::vector<uint8_t>& bytes = kv.layers[static_cast<size_t>(l)];
-      bytes.resize(layer_bytes);
-      at = bytes.data();
-    }
-    // The pools one after another (K, V, then a quantized cache's K and V scales), each
-    // position-major.
-    for (Tensor* pool : cache_.pools(l)) {
-      if (!st.ok()) break;
-      st = copy_positions(*pool, seq.block_table().blocks(), 0, kv.num_computed, at, KvCopy::kCacheToHost,
-                          kv.device ? kv.device->device : staging.defined() ? device : Device::cpu());
-      at += static_cast<size_t>(kv.num_computed) * pool_row_bytes(*pool);
-    }
-    if (st.ok() && staging.defined()) {
-      st = copy_layer(staging, static_cast<size_t>(l), layer_bytes, kv.layers[static_cast<size_t>(l)].data(), true);
-    }
-  }
-  // Copies within a device run in the device's order: another process reads the region only after
-  // they finished.
-  if (st.ok() && kv.device && !device.is_cpu()) st = ops::synchronize(device);
+  const Status st = read(held, SequenceBlocks{&cache_, seq.block_table().blocks(), 0, held.num_computed});
   scheduler_.finish(&req->seq);  // the blocks go back whatever happened
-  if (!st.ok()) return st.with_context(fmt::format("exporting the kv of request {}", id));
-  return kv;
+  return st;
 }
 
-Result<RequestId> Engine::adopt(const KvImport& kv, const GenerationParams& params) {
-  const ModelConfig& c = model_.config();
-  const KvCacheConfig& cc = cache_.config();
-  if (kv.num_layers != cc.num_layers || kv.num_kv_heads != cc.num_kv_heads || kv.head_dim != cc.head_dim ||
-      kv.dtype != cc.dtype || kv.vocab_size != c.vocab_size) {
-    return make_error(ErrorCode::kInvalidArgument,
-                      "kv import: {} layers x {} kv heads x head_dim {}, {} K/V, vocabulary {}; this engine has {} x {} "
-                      "x {}, {}, vocabulary {}",
-                      kv.num_layers, kv.num_kv_heads, kv.head_dim, dtype_name(kv.dtype), kv.vocab_size, cc.num_layers,
-                      cc.num_kv_heads, cc.head_dim, dtype_name(cc.dtype), c.vocab_size);
-  }
+Result<RequestId> Engine::adopt_sequence(const TransferredSequence& seq, const GenerationParams& params,
+                                         const SequenceBlocksCopy& fill) {
   if (params.prefill_only) {
     return make_error(ErrorCode::kInvalidArgument, "kv import: an adopted request cannot be prefill-only");
   }
-  const int64_t num_tokens = static_cast<int64_t>(kv.tokens.size());
-  if (kv.num_prompt_tokens < 1 || kv.num_prompt_tokens >= num_tokens || kv.num_computed != num_tokens - 1) {
+  const int64_t num_tokens = static_cast<int64_t>(seq.tokens.size());
+  if (seq.num_prompt_tokens < 1 || seq.num_prompt_tokens >= num_tokens || seq.num_computed != num_tokens - 1) {
     return make_error(ErrorCode::kInvalidArgument,
                       "kv import: {} tokens of which {} prompt and {} computed (needs a prompt, at least one generated "
                       "token, and every token but the last computed)",
-                      num_tokens, kv.num_prompt_tokens, kv.num_computed);
+                      num_tokens, seq.num_prompt_tokens, seq.num_computed);
   }
-  TACHYON_RETURN_IF_ERROR(validate_token_ids(kv.tokens, "kv import:"));
-  const size_t layer_bytes = kv.layer_bytes();
-  if (kv.device) {
-    if (!kv.layers.empty() || kv.device->data == nullptr ||
-        kv.device->bytes != kv.total_bytes()) {
-      return make_error(ErrorCode::kInvalidArgument,
-                        "kv import: a device region of {} bytes (and {} host layers) for {} layers of {} bytes",
-                        kv.device->bytes, kv.layers.size(), cc.num_layers, layer_bytes);
-    }
-    if (!kv.device->device.is_cpu() && kv.device->device != model_.device()) {
-      return make_error(ErrorCode::kInvalidArgument, "kv import: K/V on {}, this engine runs on {}",
-                        kv.device->device.to_string(), model_.device().to_string());
-    }
-  } else {
-    TACHYON_RETURN_IF_ERROR(kv.check_host_layers(cc.num_layers).with_context("kv import"));
-  }
-  const int num_generated = static_cast<int>(num_tokens) - kv.num_prompt_tokens;
+  TACHYON_RETURN_IF_ERROR(validate_token_ids(seq.tokens, "kv import:"));
+  const int num_generated = static_cast<int>(num_tokens) - seq.num_prompt_tokens;
   if (num_tokens >= max_model_len_) {
     return make_error(ErrorCode::kOutOfRange, "kv import: {} tokens; the context holds {}", num_tokens, max_model_len_);
   }
@@ -716,62 +573,35 @@ Result<RequestId> Engine::adopt(const KvImport& kv, const GenerationParams& para
     return make_error(ErrorCode::kInvalidArgument, "kv import: {} tokens generated already, max_tokens = {}",
                       num_generated, params.max_tokens);
   }
-  if (kv.rng_draws > static_cast<uint64_t>(num_generated)) {
-    return make_error(ErrorCode::kInvalidArgument, "kv import: {} random draws for {} generated tokens", kv.rng_draws,
+  if (seq.rng_draws > static_cast<uint64_t>(num_generated)) {
+    return make_error(ErrorCode::kInvalidArgument, "kv import: {} random draws for {} generated tokens", seq.rng_draws,
                       num_generated);
   }
-  if (params.sampling.seed && *params.sampling.seed != kv.sampler_seed) {
+  if (params.sampling.seed && *params.sampling.seed != seq.sampler_seed) {
     return make_error(ErrorCode::kInvalidArgument, "kv import: the request's seed {} is not the exported stream's {}",
-                      *params.sampling.seed, kv.sampler_seed);
+                      *params.sampling.seed, seq.sampler_seed);
   }
 
   // The same request state the exporting engine had after its last token: sampler history and
   // random stream, detokenizer and stop-string matcher (whose text that engine already reported).
   GenerationParams p = params;
-  p.sampling.seed = kv.sampler_seed;
-  const auto prompt_end = kv.tokens.begin() + kv.num_prompt_tokens;
-  TACHYON_ASSIGN_OR_RETURN(std::unique_ptr<Request> req, make_request(std::vector<int32_t>(kv.tokens.begin(), prompt_end), p));
-  for (auto t = prompt_end; t != kv.tokens.end(); ++t) {
+  p.sampling.seed = seq.sampler_seed;
+  const auto prompt_end = seq.tokens.begin() + seq.num_prompt_tokens;
+  TACHYON_ASSIGN_OR_RETURN(std::unique_ptr<Request> req, make_request(std::vector<int32_t>(seq.tokens.begin(), prompt_end), p));
+  for (auto t = prompt_end; t != seq.tokens.end(); ++t) {
     req->sampler.accept(*t);
     req->seq.append_token(*t);
     if (req->detok) (void)req->stops.push(req->detok->push(*t));
     req->timing.token_times.push_back(req->timing.arrival);
   }
-  for (uint64_t i = 0; i < kv.rng_draws; ++i) (void)req->sampler.rng().next_u64();
-  req->rng_draws = kv.rng_draws;
+  for (uint64_t i = 0; i < seq.rng_draws; ++i) (void)req->sampler.rng().next_u64();
+  req->rng_draws = seq.rng_draws;
   req->timing.first_scheduled = req->timing.arrival;
   req->timing.first_token = req->timing.arrival;
 
-  TACHYON_ASSIGN_OR_RETURN(const int cached, scheduler_.reserve_adopted(&req->seq, kv.num_computed));
-  // Positions [0, cached) came from the prefix cache; the rest are written from the import.
-  Status st = Status::Ok();
-  Tensor staging = kv.device ? Tensor() : host_transfer_staging(model_.device(), kv.total_bytes());
-  const Device source = kv.device ? kv.device->device : staging.defined() ? model_.device() : Device::cpu();
-  for (int l = 0; l < cc.num_layers && st.ok(); ++l) {
-    // Only read: the import is the copies' source.
-    uint8_t* at = nullptr;
-    if (kv.device) {
-      at = static_cast<uint8_t*>(kv.device->data) + static_cast<size_t>(l) * layer_bytes;
-    } else if (staging.defined()) {
-      // Only read: the host view is the copy's source.
-      st = copy_layer(staging, static_cast<size_t>(l), layer_bytes,
-                      const_cast<uint8_t*>(kv.layers[static_cast<size_t>(l)].data()), false);
-      at = staging.data<uint8_t>() + static_cast<size_t>(l) * layer_bytes;
-    } else {
-      at = const_cast<uint8_t*>(kv.layers[static_cast<size_t>(l)].data());
-    }
-    const std::vector<int32_t>& blocks = req->seq.block_table().blocks();
-    for (Tensor* pool : cache_.pools(l)) {
-      if (!st.ok()) break;
-      const size_t row_bytes = pool_row_bytes(*pool);
-      st = copy_positions(*pool, blocks, cached, kv.num_computed, at + static_cast<size_t>(cached) * row_bytes,
-                          KvCopy::kHostToCache, source);
-      at += static_cast<size_t>(kv.num_computed) * row_bytes;
-    }
-  }
-  // The region is the exporter's (and the staging buffer goes when this returns): copies out of
-  // either have finished before it does.
-  if (st.ok() && !source.is_cpu()) st = ops::synchronize(source);
+  TACHYON_ASSIGN_OR_RETURN(const int cached, scheduler_.reserve_adopted(&req->seq, seq.num_computed));
+  // Positions [0, cached) came from the prefix cache; the rest are written by `fill`.
+  const Status st = fill(SequenceBlocks{&cache_, req->seq.block_table().blocks(), cached, seq.num_computed});
   if (!st.ok()) {
     scheduler_.finish(&req->seq);
     return st.with_context("kv import");

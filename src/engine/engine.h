@@ -9,11 +9,12 @@
 //                   verified after the forward (speculative/spec_decoder.h)
 //   abort()       → at any time; the request's blocks are freed at once
 //
-// Disaggregation (disagg/ moves the bytes): a prefill engine runs requests with
-// GenerationParams::prefill_only, which finish with kTransfer after their first token, their
-// blocks held; export_kv() copies such a request's tokens and K/V out and frees its blocks. A
-// decode engine's adopt() writes them into blocks of its own and the request decodes on from
-// there, as if its prompt had run here: the prompt is never recomputed.
+// Disaggregation (disagg/kv_export.h moves the bytes, through engine/kv_hook.h): a prefill engine
+// runs requests with GenerationParams::prefill_only, which finish with kTransfer after their first
+// token, their blocks held; release_transfer() shows such a request's tokens and blocks to the
+// caller, which copies its K/V out, and frees them. A decode engine's adopt_sequence() gives the
+// caller blocks of its own to write them into and the request decodes on from there, as if its
+// prompt had run here: the prompt is never recomputed.
 //
 // One Engine is driven by one thread (the server runs it on its own loop thread). It borrows the
 // model and tokenizer, which must outlive it, and owns the paged KV cache.
@@ -29,6 +30,7 @@
 
 #include "core/status.h"
 #include "core/timer.h"
+#include "engine/kv_hook.h"
 #include "engine/request.h"
 #include "kv/block_manager.h"
 #include "kv/kv_cache.h"
@@ -60,69 +62,10 @@ struct EngineOptions {
   SpecDecodeOptions spec;           // speculative decoding (off by default)
 };
 
-// K/V bytes in memory that is not a host vector: a region of device memory another process on
-// the same host can map (CUDA IPC, disagg/kv_staging.h), or, on the importing side, that region as
-// mapped here. The layers lie one after another, each KvExport::layer_bytes() long.
-struct KvDeviceRegion {
-  void* data = nullptr;  // this process's pointer to the region's first byte
-  Device device;         // where `data` is usable (the engine's device, or the host)
-  size_t bytes = 0;
-  // What another process needs to find the region: the arena's handle (an opaque cudaIpcMemHandle_t
-  // for CUDA) and the region's offset in it.
-  std::vector<uint8_t> handle;
-  uint64_t offset = 0;
-  // Hands the region back to its arena once the last copy of the export is gone (null on import).
-  std::shared_ptr<void> lease;
-};
-
-// Where Engine::export_kv() may put K/V instead of the host: regions of shareable device memory.
-class KvExportArena {
- public:
-  virtual ~KvExportArena() = default;
-  virtual Device device() const = 0;
-  // A region of `bytes`, or nullopt when the arena has no room now (the export then goes to the
-  // host, as without an arena). Thread-safe: regions come back from other threads.
-  virtual std::optional<KvDeviceRegion> take(size_t bytes) = 0;
-};
-
-// One sequence after its prompt ran on one engine, for another engine to continue it: what
-// Engine::export_kv() returns and Engine::adopt() takes. The K/V are position-major, so the two
-// engines' block sizes need not agree; everything else about the cache must.
-struct KvExport {
-  // The exporting model and cache (adopt() refuses any difference but block_size).
-  int num_layers = 0;
-  int num_kv_heads = 0;
-  int head_dim = 0;
-  DType dtype = DType::kF32;             // the K/V bytes' dtype (the cache's)
-  int vocab_size = 0;
-  int block_size = 0;                    // the exporting cache's, for information
-  std::vector<int32_t> tokens;           // [num_tokens]: the prompt, then the generated tokens
-  int num_prompt_tokens = 0;
-  int num_computed = 0;                  // leading positions whose K/V follow (num_tokens - 1)
-  uint64_t sampler_seed = 0;             // the seed of the request's random stream (given or drawn)
-  uint64_t rng_draws = 0;                // values the stream gave so far
-  // [num_layers] of K then V, each [num_computed, num_kv_heads, head_dim] in dtype, then for a
-  // quantized dtype (i8, f8e4m3) the K then V scales, each [num_computed, num_kv_heads] f32: the
-  // bytes of positions [0, num_computed) as the cache holds them.
-  std::vector<std::vector<uint8_t>> layers;
-  // Or, with `layers` empty, the same bytes layer after layer in device memory.
-  std::optional<KvDeviceRegion> device;
-
-  // Bytes of one position of one layer: K and V (and their scales).
-  size_t position_bytes() const;
-  // Bytes of one layer: num_computed * position_bytes().
-  size_t layer_bytes() const;
-  // Bytes of every layer: num_layers * layer_bytes() (what `device` holds).
-  size_t total_bytes() const;
-  // kInvalidArgument unless `layers` holds `expected_layers` host layers of layer_bytes() each.
-  Status check_host_layers(int expected_layers) const;
-};
-using KvImport = KvExport;
-
 struct EngineStats {
   int num_running = 0;
   int num_waiting = 0;       // includes preempted
-  int num_transferring = 0;  // prefill-only requests done, their KV held until export_kv()
+  int num_transferring = 0;  // prefill-only requests done, their KV held until release_transfer()
   int kv_blocks_total = 0;
   int kv_blocks_used = 0;
   int kv_blocks_cached = 0;  // unreferenced, kept for prefix hits
@@ -167,23 +110,23 @@ class Engine {
   // reported its end. False if the id is unknown or already finished.
   bool abort(RequestId id);
 
-  // Disaggregation. A request that finished with kTransfer: copies out its tokens, sampling state
-  // and the K/V of its computed positions (from the cache's device to the host, or into a region
-  // of `arena` when one is given, is on the cache's device and has room; the copy has finished
-  // when this returns), then frees its blocks, whether or not the copy succeeded. kNotFound if
-  // the request is not held for transfer.
-  Result<KvExport> export_kv(RequestId id, KvExportArena* arena = nullptr);
-  // Continues a sequence exported by another engine: allocates blocks for its computed positions
-  // (the prefix cache's where it holds them), writes the K/V there (from the host, or from
-  // kv.device, which must be readable from this engine's device; those copies have finished
-  // when this returns, so the region may be reused at once) and runs the request as
-  // decoding from its last token, with `params` (those of the original request, prefill_only
-  // off). Its first output carries the next token; the imported tokens were reported by the
-  // exporting engine. kInvalidArgument when the model or cache shape, the dtype, the sizes or the
-  // sampling state disagree. kOutOfRange, with nothing changed, when it does not fit: max_seqs
-  // sequences run or too few blocks are free (worth retrying after a step, while anything runs),
-  // or the sequence is longer than the context or the whole cache (never fits, as in add_request()).
-  Result<RequestId> adopt(const KvImport& kv, const GenerationParams& params);
+  // Disaggregation (engine/kv_hook.h; disagg/kv_export.h does the copying).
+  // A request that finished with kTransfer: `read` gets its tokens and sampling state and the
+  // blocks of its computed positions [0, num_computed), then its blocks are freed, whatever `read`
+  // returned (which this returns). kNotFound if the request is not held for transfer.
+  Status release_transfer(RequestId id, const HeldSequenceRead& read);
+  // Continues a sequence another engine ran: allocates blocks for its computed positions (the
+  // prefix cache's where it holds them), has `fill` write the K/V of the positions the prefix cache
+  // did not supply (its copies have finished when it returns) and runs the request as decoding
+  // from its last token, with `params` (those of the original request, prefill_only off). Its
+  // first output carries the next token; the imported tokens were reported by the other engine.
+  // kInvalidArgument when the sizes or the sampling state disagree, or `params` do. kOutOfRange,
+  // with nothing changed, when it does not fit: max_seqs sequences run or too few blocks are free
+  // (worth retrying after a step, while anything runs), or the sequence is longer than the context
+  // or the whole cache (never fits, as in add_request()). When `fill` fails, its blocks are freed
+  // and its error returned.
+  Result<RequestId> adopt_sequence(const TransferredSequence& seq, const GenerationParams& params,
+                                   const SequenceBlocksCopy& fill);
 
   bool has_unfinished() const { return !requests_.empty() || !aborted_.empty(); }
   size_t num_unfinished() const { return requests_.size(); }  // held-for-transfer ones not included
@@ -247,7 +190,7 @@ class Engine {
   RequestId next_id_ = 1;
   std::unordered_map<RequestId, std::unique_ptr<Request>> requests_;
   std::vector<RequestOutput> aborted_;  // reported by the next step()
-  // Prefill-only requests that finished with kTransfer, their blocks held until export_kv().
+  // Prefill-only requests that finished with kTransfer, their blocks held until release_transfer().
   std::unordered_map<RequestId, std::unique_ptr<Request>> transfers_;
   BatchSampler sampler_;  // the step's token choice, on the host or the device, and its buffers
   EngineStats stats_;

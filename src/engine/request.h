@@ -26,8 +26,9 @@ struct GenerationParams {
   bool parse_special = false;           // text prompts may spell special tokens
   // Disaggregated prefill (disagg/): the request ends once its prompt is computed and its first
   // token sampled, with FinishReason::kTransfer, and its KV blocks stay held until
-  // Engine::export_kv() copies them out (or abort() drops them). A request that a stop condition
-  // ends at its first token finishes as usual instead, and holds nothing.
+  // Engine::release_transfer() lets them go (disagg::export_kv() copies them out first), or
+  // abort() drops them. A request that a stop condition ends at its first token finishes as usual
+  // instead, and holds nothing.
   bool prefill_only = false;
 };
 
@@ -37,7 +38,7 @@ enum class FinishReason : uint8_t {
   kContext,  // the sequence reached the model's context length (OpenAI reports "length")
   kAbort,    // aborted by the caller
   kError,    // the request failed (the output's error says why); other requests go on
-  kTransfer, // a prefill-only request is done here; its KV awaits Engine::export_kv() and another
+  kTransfer, // a prefill-only request is done here; its KV awaits disagg::export_kv() and another
              // engine continues it (GenerationParams::prefill_only)
 };
 const char* finish_reason_name(FinishReason reason);

@@ -27,7 +27,7 @@
 #include <string>
 #include <vector>
 
-#include "server/async_engine.h"
+#include "engine/async_engine.h"
 #include "server/openai_api.h"
 #include "tokenizer/detokenizer.h"
 

@@ -1,5 +1,7 @@
 #include "server/disagg_worker.h"
 
+#include <any>
+#include <chrono>
 #include <future>
 
 #include <fmt/format.h>
@@ -8,15 +10,29 @@
 
 namespace tachyon::server {
 
-PrefillWorker::PrefillWorker(ServerMetrics& metrics, disagg::KvSenderOptions options)
-    : metrics_(metrics), sender_(options) {}
+namespace {
 
-std::function<void(std::shared_ptr<RequestStream>, KvExport)> PrefillWorker::on_transfer() {
-  return [this](std::shared_ptr<RequestStream> stream, KvExport kv) {
-    const TransferTarget& target = *stream->transfer_target();
-    sender_.send(target.to, target.transfer_id, std::move(kv), [this, stream](const Status& outcome) {
-      metrics_.record_transfer(outcome.ok());
-      stream->finish_handoff(outcome);
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+}  // namespace
+
+PrefillWorker::PrefillWorker(ServerMetrics& metrics, disagg::KvSenderOptions options,
+                             std::shared_ptr<disagg::KvExportArena> arena)
+    : metrics_(metrics), arena_(std::move(arena)), sender_(options) {}
+
+std::function<Result<ShipTransfer>(Engine&, RequestId)> PrefillWorker::on_transfer() {
+  return [this](Engine& engine, RequestId id) -> Result<ShipTransfer> {
+    const auto copy_start = std::chrono::steady_clock::now();
+    TACHYON_ASSIGN_OR_RETURN(disagg::KvExport kv, disagg::export_kv(engine, id, arena_.get()));
+    metrics_.record_exported(kv.device.has_value(), kv.total_bytes(), seconds_since(copy_start));
+    return ShipTransfer([this, kv = std::move(kv)](std::shared_ptr<RequestStream> stream) mutable {
+      const auto& target = std::any_cast<const TransferTarget&>(stream->transfer_target());
+      sender_.send(target.to, target.transfer_id, std::move(kv), [this, stream](const Status& outcome) {
+        metrics_.record_transfer(outcome.ok());
+        stream->finish_handoff(outcome);
+      });
     });
   };
 }
@@ -64,12 +80,13 @@ size_t TransferRegistry::size() const {
   return entries_.size();
 }
 
-DecodeWorker::DecodeWorker(AsyncEngine& engine, TransferRegistry& registry, const DecodeWorkerOptions& options)
-    : engine_(engine), registry_(registry), options_(options) {}
+DecodeWorker::DecodeWorker(AsyncEngine& engine, TransferRegistry& registry, ServerMetrics& metrics,
+                           const DecodeWorkerOptions& options)
+    : engine_(engine), registry_(registry), metrics_(metrics), options_(options) {}
 
 Result<std::unique_ptr<DecodeWorker>> DecodeWorker::start(AsyncEngine& engine, TransferRegistry& registry,
-                                                          const DecodeWorkerOptions& options) {
-  std::unique_ptr<DecodeWorker> w(new DecodeWorker(engine, registry, options));
+                                                          ServerMetrics& metrics, const DecodeWorkerOptions& options) {
+  std::unique_ptr<DecodeWorker> w(new DecodeWorker(engine, registry, metrics, options));
   DecodeWorker* self = w.get();
   auto receiver = disagg::KvReceiver::start(options.receiver,
                                             [self](disagg::ReceivedKv&& r) { return self->adopt(std::move(r)); });
@@ -103,10 +120,20 @@ Status DecodeWorker::adopt(disagg::ReceivedKv&& received) {
     return make_error(ErrorCode::kNotFound, "transfer {} is not registered here (unknown, cancelled or expired)",
                       received.transfer_id);
   }
+  ImportedSequence seq;
+  seq.tokens = received.kv.tokens;
+  seq.num_prompt_tokens = received.kv.num_prompt_tokens;
+  // The metrics, not this worker: they outlive the engine, which may try it after this returned.
+  seq.adopt = [metrics = &metrics_, kv = std::move(received.kv)](Engine& engine, const GenerationParams& params) {
+    const auto copy_start = std::chrono::steady_clock::now();
+    Result<RequestId> id = disagg::adopt(engine, kv, params);
+    // adopt() returns once its copies ran: its time is the K/V's way into this cache.
+    if (id.ok()) metrics->record_adopted_bytes(kv.device.has_value(), kv.total_bytes(), seconds_since(copy_start));
+    return id;
+  };
   auto outcome = std::make_shared<std::promise<Status>>();
   std::future<Status> result = outcome->get_future();
-  engine_.submit_adoption(std::move(stream), std::move(received.kv),
-                          [outcome](const Status& st) { outcome->set_value(st); });
+  engine_.submit_adoption(std::move(stream), std::move(seq), [outcome](const Status& st) { outcome->set_value(st); });
   // The loop answers within adopt_wait (plus a step); the margin only bounds a stuck engine.
   const auto limit = std::chrono::duration<double>(options_.adopt_wait + 30.0);
   if (result.wait_for(limit) != std::future_status::ready) {

@@ -1,20 +1,22 @@
 // The glue between a disaggregated worker's HTTP side, its AsyncEngine and the KV transport
 // (disagg/). `tachyon serve --role prefill|decode` builds one of these; `--role both` none.
 //
-//   PrefillWorker   AsyncEngineOptions::on_transfer: each exported sequence goes to the KvSender,
-//                   addressed by the request's TransferTarget; the transfer's outcome (acked or
-//                   not) ends the request's stream (RequestStream::finish_handoff).
+//   PrefillWorker   AsyncEngineOptions::on_transfer: each request held for transfer is exported
+//                   (disagg::export_kv(), into the KvExportArena where it has room) and goes to
+//                   the KvSender, addressed by the request's TransferTarget; the transfer's
+//                   outcome (acked or not) ends the request's stream (RequestStream::finish_handoff).
 //   TransferRegistry  decode role: transfer id -> the request (its stream, with the client's
 //                   GenerationParams) registered by POST /internal/v1/decode/*, waiting for its KV.
 //                   A registration that sees no transfer within its timeout ends with an error;
 //                   one whose client went away is dropped.
 //   DecodeWorker    the KV port: a KvReceiver whose handler takes the registration of each received
-//                   transfer and hands both to AsyncEngine::submit_adoption(); the ack tells the
-//                   prefill worker whether the engine adopted it. Unknown transfer ids are refused.
+//                   transfer and hands both to AsyncEngine::submit_adoption(), to be adopted with
+//                   disagg::adopt(); the ack tells the prefill worker whether the engine adopted
+//                   it. Unknown transfer ids are refused.
 //
 // Lifetimes: the registry outlives the HTTP server (its sessions register); the DecodeWorker must be
 // destroyed (its threads joined) before the AsyncEngine it feeds; the PrefillWorker must outlive
-// the AsyncEngine that calls it.
+// the AsyncEngine that calls it; the ServerMetrics outlive them all.
 #pragma once
 
 #include <chrono>
@@ -27,19 +29,29 @@
 #include <unordered_map>
 
 #include "core/status.h"
+#include "disagg/kv_export.h"
 #include "disagg/kv_receiver.h"
 #include "disagg/kv_sender.h"
-#include "server/async_engine.h"
+#include "engine/async_engine.h"
 #include "server/disagg_protocol.h"
 #include "server/metrics.h"
 
 namespace tachyon::server {
 
+// Where a prefill-only request's KV goes: what RequestStream::set_transfer_target() holds.
+struct TransferTarget {
+  disagg::KvDestination to;
+  uint64_t transfer_id = 0;
+};
+
 class PrefillWorker {
  public:
-  PrefillWorker(ServerMetrics& metrics, disagg::KvSenderOptions options);
+  // `arena`, when given: exports go into its device memory where it has room (CUDA IPC to a decode
+  // worker on the same host), else to the host.
+  PrefillWorker(ServerMetrics& metrics, disagg::KvSenderOptions options,
+                std::shared_ptr<disagg::KvExportArena> arena = nullptr);
   // For AsyncEngineOptions::on_transfer.
-  std::function<void(std::shared_ptr<RequestStream>, KvExport)> on_transfer();
+  std::function<Result<ShipTransfer>(Engine&, RequestId)> on_transfer();
   int transfers_in_flight() const { return sender_.num_in_flight(); }
   // Ends shipping (disagg::KvSender::shutdown): call it once the HTTP server stopped and before
   // it is destroyed, so that no transfer outcome reaches a stream after its connection is gone.
@@ -47,6 +59,7 @@ class PrefillWorker {
 
  private:
   ServerMetrics& metrics_;
+  std::shared_ptr<disagg::KvExportArena> arena_;
   disagg::KvSender sender_;
 };
 
@@ -78,7 +91,7 @@ struct DecodeWorkerOptions {
 class DecodeWorker {
  public:
   static Result<std::unique_ptr<DecodeWorker>> start(AsyncEngine& engine, TransferRegistry& registry,
-                                                     const DecodeWorkerOptions& options);
+                                                     ServerMetrics& metrics, const DecodeWorkerOptions& options);
   ~DecodeWorker();  // stops the KV port and the expiry thread
   DecodeWorker(const DecodeWorker&) = delete;
   DecodeWorker& operator=(const DecodeWorker&) = delete;
@@ -86,11 +99,13 @@ class DecodeWorker {
   uint16_t kv_port() const { return receiver_->port(); }
 
  private:
-  DecodeWorker(AsyncEngine& engine, TransferRegistry& registry, const DecodeWorkerOptions& options);
+  DecodeWorker(AsyncEngine& engine, TransferRegistry& registry, ServerMetrics& metrics,
+               const DecodeWorkerOptions& options);
   Status adopt(disagg::ReceivedKv&& received);
 
   AsyncEngine& engine_;
   TransferRegistry& registry_;
+  ServerMetrics& metrics_;
   DecodeWorkerOptions options_;
   std::unique_ptr<disagg::KvReceiver> receiver_;
   std::mutex mu_;

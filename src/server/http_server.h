@@ -24,7 +24,7 @@
 #include <string>
 
 #include "core/status.h"
-#include "server/async_engine.h"
+#include "engine/async_engine.h"
 #include "server/disagg_worker.h"
 #include "server/metrics.h"
 #include "server/openai_api.h"

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/async_engine_metrics.h"
 #include "engine/engine.h"
 
 namespace tachyon::server {
@@ -33,21 +34,21 @@ class Histogram {
   uint64_t count_ = 0;
 };
 
-class ServerMetrics {
+class ServerMetrics : public AsyncEngineMetrics {
  public:
   ServerMetrics();
 
-  // Engine loop.
-  void record_admitted(int num_prompt_tokens);
-  void record_finished(const RequestOutput& output, bool timed_out);
-  void set_engine_stats(const EngineStats& stats);
+  // Engine loop (AsyncEngineMetrics).
+  void record_admitted(int num_prompt_tokens) override;
+  void record_finished(const RequestOutput& output, bool timed_out) override;
+  void set_engine_stats(const EngineStats& stats) override;
+  void record_adoption(bool ok) override;
   // Connection threads.
   void record_http_response(int status);
   void record_rejected();  // refused by the bounded queue or while draining
-  // Disaggregation: a prefill worker's shipped transfers (acked by the decode worker or not), a
-  // decode worker's adoptions of received ones.
+  // Disaggregation: a prefill worker's shipped transfers (acked by the decode worker or not); a
+  // decode worker's adoptions of received ones are the loop's record_adoption().
   void record_transfer(bool ok);
-  void record_adoption(bool ok);
   // Prefill role: K/V bytes exported for the sender and the seconds export_kv() took to copy them
   // out, by path (device memory a decode worker maps, or through the host over TCP).
   void record_exported(bool device_region, uint64_t bytes, double seconds);

@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include "core/mapped_file.h"
+#include "disagg/kv_export.h"
 #include "disagg/kv_staging.h"
 #include "disagg/kv_transfer.h"
 #include "disagg/tcp_transport.h"
@@ -23,8 +24,6 @@
 
 namespace tachyon::disagg {
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 struct Case {
   std::vector<int32_t> prompt;
@@ -235,7 +234,7 @@ class DisaggTest : public ::testing::Test {
         EXPECT_TRUE(o.finished) << "a prefill-only request ends at its first token";
         EXPECT_EQ(o.new_token_ids.size(), 1u);
         if (o.finish_reason != FinishReason::kTransfer) continue;  // a stop at the first token
-        auto kv = prefill.export_kv(o.id, arena);
+        auto kv = export_kv(prefill, o.id, arena);
         EXPECT_TRUE(kv.ok()) << kv.status().to_string();
         if (!kv.ok()) continue;
         const Status sent = send_kv(send_end, *kv, i, Millis(5000));
@@ -261,7 +260,7 @@ class DisaggTest : public ::testing::Test {
       }
       if (!pending.empty()) {
         const ReceivedKv& r = pending.front();
-        auto id = decode.adopt(r.kv, cases[r.transfer_id].params);
+        auto id = adopt(decode, r.kv, cases[r.transfer_id].params);
         if (id.ok()) {
           decode_index[*id] = r.transfer_id;
           pending.pop_front();
@@ -329,7 +328,7 @@ class DisaggTest : public ::testing::Test {
       if (!step.ok()) break;
     }
     EXPECT_EQ(prefill->stats().num_transferring, 1);
-    auto kv = prefill->export_kv(*id);
+    auto kv = export_kv(*prefill, *id);
     EXPECT_TRUE(kv.ok()) << kv.status().to_string();
     expect_no_leaks(*prefill, "export_one");
     return kv.ok() ? std::move(kv).value() : KvExport{};
@@ -393,7 +392,7 @@ TEST_F(DisaggTest, QuantizedCachesOverTcpEqualColocated) {
   const KvExport kv = export_one(greedy_[5], i8);
   EXPECT_EQ(kv.layers[0].size(), static_cast<size_t>(kv.num_computed) * 2 * kv.num_kv_heads * (kv.head_dim + 4));
   auto plain = make(base_options());
-  EXPECT_EQ(plain->adopt(kv, greedy_[5].params).status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(adopt(*plain, kv, greedy_[5].params).status().code(), ErrorCode::kInvalidArgument);
   expect_no_leaks(*plain, "f32 cache");
 }
 
@@ -465,7 +464,7 @@ TEST_F(DisaggTest, RegionTransferToAReceiverThatCannotMapIsUnsupported) {
     auto step = prefill->step();
     ASSERT_TRUE(step.ok());
     for (const RequestOutput& o : *step) {
-      if (o.finish_reason == FinishReason::kTransfer) kv = std::move(prefill->export_kv(o.id, &arena)).value();
+      if (o.finish_reason == FinishReason::kTransfer) kv = std::move(export_kv(*prefill, o.id, &arena)).value();
     }
   }
   ASSERT_TRUE(kv && kv->device);
@@ -577,7 +576,7 @@ TEST_F(DisaggTest, CorruptedPayloadIsAChecksumErrorAndNothingLeaks) {
   ASSERT_TRUE(send_kv(*a, kv, 77, Millis(1000)).ok());
   auto r = receive_kv(*b, KvReceiveOptions{});
   ASSERT_TRUE(r.ok()) << r.status().to_string();
-  auto id = decode->adopt(r->kv, c.params);
+  auto id = adopt(*decode, r->kv, c.params);
   ASSERT_TRUE(id.ok()) << id.status().to_string();
   ASSERT_TRUE(send_kv_ack(*b, 77, Status::Ok(), Millis(1000)).ok());
   EXPECT_TRUE(receive_kv_ack(*a, 77, Millis(1000)).ok());
@@ -609,11 +608,12 @@ TEST_F(DisaggTest, PeerClosingMidTransferIsACleanErrorOnBothSides) {
     KvReceiveOptions o;
     o.timeout = Millis(3000);
     o.expect = kv_model_shape(*decode);
-    const auto t0 = Clock::now();
     const auto r = receive_kv(*tcp.decode_end, o);
-    EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 1.0);
     EXPECT_EQ(r.status().code(), ErrorCode::kIo) << r.status().to_string();
     EXPECT_NE(r.status().message().find("layer 2"), std::string::npos) << r.status().message();
+    // It ended because the peer closed, not at the timeout.
+    EXPECT_NE(r.status().message().find("closed"), std::string::npos) << r.status().message();
+    EXPECT_EQ(r.status().message().find("timed out"), std::string::npos) << r.status().message();
     expect_no_leaks(*decode, "decode side");
   }
   // Prefill side: the decode worker reads the header, then goes away; the sender hears of it
@@ -626,7 +626,7 @@ TEST_F(DisaggTest, PeerClosingMidTransferIsACleanErrorOnBothSides) {
     ASSERT_TRUE(id.ok());
     while (prefill->has_unfinished()) ASSERT_TRUE(prefill->step().ok());
     EXPECT_GT(prefill->stats().kv_blocks_used, 0);  // held for the transfer
-    auto kv = prefill->export_kv(*id);
+    auto kv = export_kv(*prefill, *id);
     ASSERT_TRUE(kv.ok()) << kv.status().to_string();
     expect_no_leaks(*prefill, "prefill side after export");
     TcpPair tcp = connect_pair();
@@ -636,12 +636,12 @@ TEST_F(DisaggTest, PeerClosingMidTransferIsACleanErrorOnBothSides) {
       EXPECT_TRUE(header.ok());
       tcp.decode_end->close();
     });
-    const auto t0 = Clock::now();
     Status st = send_kv(*tcp.prefill_end, *kv, 6, Millis(2000));
     if (st.ok()) st = receive_kv_ack(*tcp.prefill_end, 6, Millis(2000));  // the layers fit the socket buffers
     decode_worker.join();
-    EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 2.5);
     EXPECT_EQ(st.code(), ErrorCode::kIo) << st.to_string();
+    // The sender heard of the close, not of its timeout.
+    EXPECT_EQ(st.message().find("timed out"), std::string::npos) << st.message();
     expect_no_leaks(*prefill, "prefill side after the failed transfer");
   }
   // A held request that is never exported: abort() frees its blocks, and export_kv() then fails.
@@ -656,7 +656,7 @@ TEST_F(DisaggTest, PeerClosingMidTransferIsACleanErrorOnBothSides) {
     EXPECT_GT(prefill->stats().kv_blocks_used, 0);
     EXPECT_TRUE(prefill->abort(*id));
     expect_no_leaks(*prefill, "after abort of a held request");
-    EXPECT_EQ(prefill->export_kv(*id).status().code(), ErrorCode::kNotFound);
+    EXPECT_EQ(export_kv(*prefill, *id).status().code(), ErrorCode::kNotFound);
     EXPECT_FALSE(prefill->abort(*id));
   }
 }
@@ -669,7 +669,7 @@ TEST_F(DisaggTest, ModelShapeMismatchIsInvalidArgument) {
   auto draft = load_model(lo);
   ASSERT_TRUE(draft.ok()) << draft.status().to_string();
   auto other = make(base_options(), *draft);
-  auto id = other->adopt(kv, greedy_[5].params);
+  auto id = adopt(*other, kv, greedy_[5].params);
   EXPECT_EQ(id.status().code(), ErrorCode::kInvalidArgument);
   EXPECT_NE(id.status().message().find("layers"), std::string::npos) << id.status().message();
   expect_no_leaks(*other, "other model");
@@ -687,7 +687,7 @@ TEST_F(DisaggTest, ModelShapeMismatchIsInvalidArgument) {
   EngineOptions f16 = base_options();
   f16.kv_dtype = DType::kF16;
   auto half = make(f16);
-  EXPECT_EQ(half->adopt(kv, greedy_[5].params).status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(adopt(*half, kv, greedy_[5].params).status().code(), ErrorCode::kInvalidArgument);
   expect_no_leaks(*half, "f16 cache");
 }
 
@@ -700,7 +700,7 @@ TEST_F(DisaggTest, BadImportsAreRejectedWithoutLeaks) {
   EXPECT_EQ(kv.rng_draws, 1u);
   auto decode = make(base_options());
   const auto rejected = [&](KvExport bad, GenerationParams p, ErrorCode code, const char* what) {
-    auto id = decode->adopt(bad, p);
+    auto id = adopt(*decode, bad, p);
     EXPECT_EQ(id.status().code(), code) << what << ": " << id.status().to_string();
     expect_no_leaks(*decode, what);
   };
@@ -735,12 +735,12 @@ TEST_F(DisaggTest, BadImportsAreRejectedWithoutLeaks) {
   small.max_model_len = static_cast<int>(kv.tokens.size());
   small.num_kv_blocks = 64;
   auto short_context = make(small);
-  EXPECT_EQ(short_context->adopt(kv, c.params).status().code(), ErrorCode::kOutOfRange);
+  EXPECT_EQ(adopt(*short_context, kv, c.params).status().code(), ErrorCode::kOutOfRange);
   expect_no_leaks(*short_context, "context too short");
   // Without a seed in the params, the exported stream's seed is used.
   p = c.params;
   p.sampling.seed.reset();
-  auto id = decode->adopt(kv, p);
+  auto id = adopt(*decode, kv, p);
   ASSERT_TRUE(id.ok()) << id.status().to_string();
   Outcome out;
   out.tokens = {kv.tokens.back()};
@@ -769,7 +769,7 @@ TEST_F(DisaggTest, RequestsThatEndAtTheFirstTokenAreNotHeld) {
   ASSERT_EQ(outs.size(), 1u);
   EXPECT_EQ(outs[0].finish_reason, FinishReason::kLength);
   EXPECT_EQ(prefill->stats().num_transferring, 0);
-  EXPECT_EQ(prefill->export_kv(*id).status().code(), ErrorCode::kNotFound);
+  EXPECT_EQ(export_kv(*prefill, *id).status().code(), ErrorCode::kNotFound);
   expect_no_leaks(*prefill, "max_tokens 1");
 }
 

@@ -173,11 +173,11 @@ TEST(LocalTransport, CarriesATransferAndAnAck) {
   const Status nack = receive_kv_ack(*a, 10, Millis(1000));
   EXPECT_EQ(nack.code(), ErrorCode::kOutOfRange);
   EXPECT_EQ(nack.message(), "decode worker: no blocks");
-  // A closed peer: the receiver fails at once, not at its timeout.
+  // A closed peer: the receiver fails because of the close, not at its timeout.
   b->close();
-  const auto t0 = Clock::now();
-  EXPECT_EQ(a->receive(100, Millis(5000)).status().code(), ErrorCode::kIo);
-  EXPECT_LT(seconds_since(t0), 1.0);
+  const auto closed = a->receive(100, Millis(5000));
+  EXPECT_EQ(closed.status().code(), ErrorCode::kIo);
+  EXPECT_NE(closed.status().message().find("peer closed"), std::string::npos) << closed.status().message();
 }
 
 // A connected TCP pair on loopback.
@@ -234,8 +234,7 @@ TEST(TcpTransport, ReceiveTimesOutOnASilentPeer) {
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), ErrorCode::kIo);
   EXPECT_NE(r.status().message().find("timed out"), std::string::npos) << r.status().message();
-  EXPECT_GE(waited, 0.14);
-  EXPECT_LT(waited, 1.0);
+  EXPECT_GE(waited, 0.14);  // never before the timeout (a loaded machine only makes it later)
   // The transport is dropped after a failure: later calls fail at once.
   EXPECT_EQ(p.server->receive(100, Millis(1000)).status().code(), ErrorCode::kIo);
   EXPECT_EQ(p.server->send({}, Millis(1000)).code(), ErrorCode::kIo);
@@ -297,13 +296,13 @@ TEST(TcpTransport, PeerClosingMidMessageIsAnErrorWithinTheTimeout) {
   p.client->close();
   KvReceiveOptions o;
   o.timeout = Millis(3000);
-  const auto t0 = Clock::now();
   const auto r = receive_kv(*p.server, o);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), ErrorCode::kIo);
   EXPECT_NE(r.status().message().find("layer 1"), std::string::npos) << r.status().message();
+  // It ended because the peer closed, not at the timeout.
   EXPECT_NE(r.status().message().find("closed"), std::string::npos) << r.status().message();
-  EXPECT_LT(seconds_since(t0), 1.0);
+  EXPECT_EQ(r.status().message().find("timed out"), std::string::npos) << r.status().message();
 }
 
 TEST(TcpTransport, StalledSenderTimesOut) {
@@ -320,8 +319,7 @@ TEST(TcpTransport, StalledSenderTimesOut) {
   const double waited = seconds_since(t0);
   EXPECT_EQ(r.status().code(), ErrorCode::kIo);
   EXPECT_NE(r.status().message().find("timed out"), std::string::npos) << r.status().message();
-  EXPECT_GE(waited, 0.19);
-  EXPECT_LT(waited, 1.5);
+  EXPECT_GE(waited, 0.19);  // never before the timeout
 }
 
 TEST(TcpTransport, ConnectAndAcceptFailCleanly) {
@@ -337,9 +335,10 @@ TEST(TcpTransport, ConnectAndAcceptFailCleanly) {
   EXPECT_EQ(TcpKvListener::listen("not an address", 0).status().code(), ErrorCode::kInvalidArgument);
   auto l = TcpKvListener::listen("127.0.0.1", 0);
   ASSERT_TRUE(l.ok());
-  const auto t0 = Clock::now();
-  EXPECT_EQ((*l)->accept(Millis(100)).status().code(), ErrorCode::kIo);
-  EXPECT_LT(seconds_since(t0), 1.0);
+  // Nobody connects: accept() gives up at its timeout.
+  const auto none = (*l)->accept(Millis(100));
+  EXPECT_EQ(none.status().code(), ErrorCode::kIo);
+  EXPECT_NE(none.status().message().find("no connection"), std::string::npos) << none.status().message();
 }
 
 }  // namespace

@@ -400,6 +400,54 @@ TEST_F(EngineTest, FinishReasons) {
   EXPECT_EQ(out2[*id2].reason, FinishReason::kContext);
 }
 
+// The disaggregation hook (engine/kv_hook.h) without disagg/'s copies: a held request's blocks go
+// back whatever its read returns, and an adoption whose fill fails leaves nothing behind.
+TEST_F(EngineTest, TransferHookFreesBlocksWhateverTheCopyReturns) {
+  auto e = make(base_options());
+  const Case& c = cases_[5];
+  GenerationParams p = c.params;
+  p.prefill_only = true;
+  auto id = e->add_request(c.prompt, p);
+  ASSERT_TRUE(id.ok()) << id.status().to_string();
+  while (e->has_unfinished()) ASSERT_TRUE(e->step().ok());
+  EXPECT_GT(e->stats().kv_blocks_used, 0);  // held for the transfer
+  std::vector<int32_t> tokens;
+  TransferredSequence held;
+  const Status read = e->release_transfer(*id, [&](const TransferredSequence& seq, const SequenceBlocks& blocks) {
+    tokens.assign(seq.tokens.begin(), seq.tokens.end());
+    held = seq;
+    EXPECT_EQ(blocks.cache, &e->kv_cache());
+    EXPECT_EQ(blocks.begin, 0);
+    EXPECT_EQ(blocks.end, seq.num_computed);
+    EXPECT_GE(static_cast<int>(blocks.block_table.size()) * e->options().block_size, seq.num_computed);
+    return make_error(ErrorCode::kIo, "the copy failed");
+  });
+  EXPECT_EQ(read.code(), ErrorCode::kIo) << read.to_string();
+  EXPECT_EQ(tokens.size(), c.prompt.size() + 1);
+  EXPECT_EQ(held.num_prompt_tokens, static_cast<int>(c.prompt.size()));
+  EXPECT_EQ(held.num_computed, static_cast<int>(c.prompt.size()));
+  EXPECT_EQ(e->stats().kv_blocks_used, 0);
+  EXPECT_TRUE(e->check_no_leaks().ok());
+  const auto never = [](const TransferredSequence&, const SequenceBlocks&) {
+    ADD_FAILURE() << "read a request no longer held";
+    return Status::Ok();
+  };
+  EXPECT_EQ(e->release_transfer(*id, never).code(), ErrorCode::kNotFound);
+
+  held.tokens = tokens;
+  int filled_from = -1;
+  auto adopted = e->adopt_sequence(held, c.params, [&](const SequenceBlocks& blocks) {
+    filled_from = blocks.begin;
+    EXPECT_EQ(blocks.end, held.num_computed);
+    return make_error(ErrorCode::kIo, "the copy failed");
+  });
+  EXPECT_EQ(adopted.status().code(), ErrorCode::kIo) << adopted.status().to_string();
+  EXPECT_GE(filled_from, 0);
+  EXPECT_FALSE(e->has_unfinished());
+  EXPECT_EQ(e->stats().kv_blocks_used, 0);
+  EXPECT_TRUE(e->check_no_leaks().ok());
+}
+
 TEST_F(EngineTest, BadRequestsAreErrors) {
   auto e = make(base_options());
   GenerationParams p;

@@ -19,6 +19,7 @@
 #include "core/device_memory.h"
 #include "core/mapped_file.h"
 #include "engine/engine.h"
+#include "disagg/kv_export.h"
 #include "disagg/kv_staging.h"
 #include "disagg/kv_transfer.h"
 #include "disagg/kv_transport.h"
@@ -867,7 +868,7 @@ TEST(GpuEngine, DisaggregatedPrefillAndDecodeEqualColocated) {
       ASSERT_TRUE(pid.ok());
       std::vector<int32_t> got = run(**prefill, *pid);
       ASSERT_EQ(got.size(), 1u) << "the prefill side emits the first token only";
-      auto exported = (*prefill)->export_kv(*pid, in_region ? pool->get() : nullptr);
+      auto exported = disagg::export_kv(**prefill, *pid, in_region ? pool->get() : nullptr);
       ASSERT_TRUE(exported.ok()) << exported.status().to_string();
       ASSERT_EQ(exported->device.has_value(), in_region);
       if (in_region) {
@@ -880,10 +881,10 @@ TEST(GpuEngine, DisaggregatedPrefillAndDecodeEqualColocated) {
       disagg::KvReceiveOptions ro;
       ro.expect = disagg::kv_model_shape(**decode);
       uint8_t* const base = in_region ? static_cast<uint8_t*>(exported->device->data) - exported->device->offset : nullptr;
-      ro.map_region = [&](std::span<const uint8_t> handle, uint64_t offset, uint64_t bytes) -> Result<KvDeviceRegion> {
+      ro.map_region = [&](std::span<const uint8_t> handle, uint64_t offset, uint64_t bytes) -> Result<disagg::KvDeviceRegion> {
         EXPECT_TRUE(std::equal(handle.begin(), handle.end(), exported->device->handle.begin(),
                                exported->device->handle.end()));
-        KvDeviceRegion r;
+        disagg::KvDeviceRegion r;
         r.data = base + offset;
         r.device = m.model->device();
         r.bytes = static_cast<size_t>(bytes);
@@ -892,7 +893,7 @@ TEST(GpuEngine, DisaggregatedPrefillAndDecodeEqualColocated) {
       auto received = disagg::receive_kv(*from_prefill, ro);
       ASSERT_TRUE(received.ok()) << received.status().to_string();
       EXPECT_EQ(received->kv.device.has_value(), in_region);
-      auto did = (*decode)->adopt(received->kv, p);
+      auto did = disagg::adopt(**decode, received->kv, p);
       ASSERT_TRUE(did.ok()) << did.status().to_string();
       exported->device.reset();  // adopted: the region goes back to the pool
       const std::vector<int32_t> rest = run(**decode, *did);

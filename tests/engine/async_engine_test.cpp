@@ -7,12 +7,13 @@
 
 #include <gtest/gtest.h>
 
+#include "engine/async_engine.h"
+#include "engine/recording_metrics.h"
+#include "engine/stream_collector.h"
 #include "model/model_loader.h"
-#include "server/async_engine.h"
-#include "server/stream_collector.h"
 #include "test_util.h"
 
-namespace tachyon::server {
+namespace tachyon {
 namespace {
 
 class AsyncEngineTest : public ::testing::Test {
@@ -46,10 +47,8 @@ class AsyncEngineTest : public ::testing::Test {
   using Collector = testing::StreamCollector;
 
   static inline LoadedModel* model_ = nullptr;
-  ServerMetrics metrics_;
+  testing::RecordingMetrics metrics_;
 };
-
-bool metric_is(const std::string& text, const std::string& line) { return text.find(line + "\n") != std::string::npos; }
 
 // A server hands each step's ready streams over at once (to its I/O threads): every output still
 // arrives, through notifications made on another thread, and one step's streams come together.
@@ -87,8 +86,9 @@ TEST_F(AsyncEngineTest, OneStepsReadyStreamsAreHandedOverTogether) {
     collectors.push_back(std::make_unique<Collector>());
     collectors.back()->attach(streams.back());
   }
-  ASSERT_EQ(engine->submit(streams), SubmitError::kNone);
-  for (auto& c : collectors) ASSERT_TRUE(c->wait_finished());
+  EXPECT_EQ(engine->submit(streams), SubmitError::kNone);
+  // EXPECT, not ASSERT: the notifier thread must be stopped and joined on every path.
+  for (auto& c : collectors) EXPECT_TRUE(c->wait_finished());
   {
     std::lock_guard lock(mu);
     stop = true;
@@ -145,12 +145,11 @@ TEST_F(AsyncEngineTest, ManySubmittersEachGetTheirTokens) {
     EXPECT_EQ(c->outputs.back().finish_reason, FinishReason::kLength);
   }
   engine->begin_drain();
-  while (!engine->stopped()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_TRUE(testing::wait_stopped(*engine)) << "the loop did not stop after the drain";
   EXPECT_EQ(engine->num_unfinished(), 0);
-  const std::string m = metrics_.render();
-  EXPECT_TRUE(metric_is(m, "tachyon_kv_cache_blocks_used 0")) << m;
-  EXPECT_TRUE(metric_is(m, "tachyon_requests_finished_total{finish_reason=\"length\"} 32")) << m;
-  EXPECT_TRUE(metric_is(m, "tachyon_generation_tokens_total 192")) << m;
+  EXPECT_EQ(metrics_.engine_stats().kv_blocks_used, 0);
+  EXPECT_EQ(metrics_.finished(FinishReason::kLength), 32);
+  EXPECT_EQ(metrics_.engine_stats().generated_tokens, 192);
 }
 
 TEST_F(AsyncEngineTest, AbortFreesBlocksAtTheNextStep) {
@@ -165,10 +164,9 @@ TEST_F(AsyncEngineTest, AbortFreesBlocksAtTheNextStep) {
   EXPECT_EQ(c.outputs.back().finish_reason, FinishReason::kAbort);
   EXPECT_FALSE(s->timed_out());
   engine->begin_drain();
-  while (!engine->stopped()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  const std::string m = metrics_.render();
-  EXPECT_TRUE(metric_is(m, "tachyon_kv_cache_blocks_used 0")) << m;
-  EXPECT_TRUE(metric_is(m, "tachyon_requests_finished_total{finish_reason=\"abort\"} 1")) << m;
+  ASSERT_TRUE(testing::wait_stopped(*engine)) << "the loop did not stop after the drain";
+  EXPECT_EQ(metrics_.engine_stats().kv_blocks_used, 0);
+  EXPECT_EQ(metrics_.finished(FinishReason::kAbort), 1);
 }
 
 TEST_F(AsyncEngineTest, AbortBeforeAdmissionNeverRuns) {
@@ -177,7 +175,7 @@ TEST_F(AsyncEngineTest, AbortBeforeAdmissionNeverRuns) {
   engine->abort(s);  // cancelled first: the loop skips it
   ASSERT_EQ(engine->submit({s}), SubmitError::kNone);
   engine->begin_drain();
-  while (!engine->stopped()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_TRUE(testing::wait_stopped(*engine)) << "the loop did not stop after the drain";
   EXPECT_EQ(engine->num_unfinished(), 0);
   EXPECT_TRUE(s->take().empty());
 }
@@ -198,7 +196,7 @@ TEST_F(AsyncEngineTest, BoundedQueueRefusesAndDrainRefuses) {
   for (const auto& s : {running, a, b}) engine->abort(s);
   engine->begin_drain();
   EXPECT_EQ(engine->submit({d}), SubmitError::kDraining);
-  while (!engine->stopped()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_TRUE(testing::wait_stopped(*engine)) << "the loop did not stop after the drain";
   EXPECT_EQ(engine->num_unfinished(), 0);
 }
 
@@ -213,7 +211,7 @@ TEST_F(AsyncEngineTest, DeadlineAbortsAndMarksTheStream) {
   ASSERT_TRUE(c.wait_finished());
   EXPECT_EQ(c.outputs.back().finish_reason, FinishReason::kAbort);
   EXPECT_TRUE(s->timed_out());
-  EXPECT_TRUE(metric_is(metrics_.render(), "tachyon_requests_finished_total{finish_reason=\"timeout\"} 1"));
+  EXPECT_EQ(metrics_.timed_out(), 1);
 }
 
 // The choices of an n > 1 request: the others wait for choice 0's prefill and then take the
@@ -240,23 +238,10 @@ TEST_F(AsyncEngineTest, ChoicesOfOnePromptShareItsKv) {
   ASSERT_EQ(engine->submit(streams), SubmitError::kNone);
   for (auto& c : collectors) ASSERT_TRUE(c->wait_finished());
   engine->begin_drain();
-  while (!engine->stopped()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  const std::string m = metrics_.render();
-  EXPECT_TRUE(metric_is(m, fmt::format("tachyon_prefix_cache_hits_total {}", 2 * full_blocks * 16))) << m;
-  EXPECT_TRUE(metric_is(m, "tachyon_requests_finished_total{finish_reason=\"length\"} 3")) << m;
-}
-
-TEST(ServerMetrics, HistogramsAreCumulative) {
-  Histogram h({0.1, 1.0});
-  h.observe(0.05);
-  h.observe(0.5);
-  h.observe(0.5);
-  h.observe(5.0);
-  std::string out;
-  h.render("x", out);
-  EXPECT_EQ(out,
-            "x_bucket{le=\"0.1\"} 1\nx_bucket{le=\"1\"} 3\nx_bucket{le=\"+Inf\"} 4\nx_sum 6.05\nx_count 4\n");
+  ASSERT_TRUE(testing::wait_stopped(*engine)) << "the loop did not stop after the drain";
+  EXPECT_EQ(metrics_.engine_stats().prefix.hit_tokens, 2 * full_blocks * 16);
+  EXPECT_EQ(metrics_.finished(FinishReason::kLength), 3);
 }
 
 }  // namespace
-}  // namespace tachyon::server
+}  // namespace tachyon

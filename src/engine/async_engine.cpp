@@ -1,4 +1,4 @@
-#include "server/async_engine.h"
+#include "engine/async_engine.h"
 
 #include <algorithm>
 #include <chrono>
@@ -7,7 +7,7 @@
 
 #include "core/log.h"
 
-namespace tachyon::server {
+namespace tachyon {
 
 void RequestStream::set_notify(std::function<void()> notify) {
   std::lock_guard lock(mu_);
@@ -53,7 +53,7 @@ void RequestStream::fail(const Status& error) {
   push(std::move(out));
 }
 
-AsyncEngine::AsyncEngine(std::unique_ptr<Engine> engine, AsyncEngineOptions options, ServerMetrics& metrics)
+AsyncEngine::AsyncEngine(std::unique_ptr<Engine> engine, AsyncEngineOptions options, AsyncEngineMetrics& metrics)
     : engine_(std::move(engine)),
       options_(options),
       metrics_(metrics),
@@ -129,12 +129,12 @@ void AsyncEngine::flush_ready() {
   ready_.clear();  // moved-from: valid, and emptied here either way
 }
 
-void AsyncEngine::submit_adoption(std::shared_ptr<RequestStream> stream, KvImport kv,
+void AsyncEngine::submit_adoption(std::shared_ptr<RequestStream> stream, ImportedSequence seq,
                                   std::function<void(const Status&)> done) {
   {
     std::lock_guard lock(mu_);
     if (!loop_exited_ && !stop_now_) {
-      adoptions_.push_back(Adoption{std::move(stream), std::move(kv), std::move(done)});
+      adoptions_.push_back(Adoption{std::move(stream), std::move(seq), std::move(done)});
       unfinished_.fetch_add(1, std::memory_order_acq_rel);
       pending_adoption_count_.fetch_add(1, std::memory_order_acq_rel);
       cv_.notify_one();
@@ -160,20 +160,15 @@ void AsyncEngine::adopt_pending(double now) {
     if (a.deadline == 0.0) a.deadline = now + options_.adopt_wait;
     Result<RequestId> id = make_error(ErrorCode::kInvalidArgument,
                                       "kv import: the transfer's prompt ({} tokens) is not this request's ({} tokens)",
-                                      a.kv.num_prompt_tokens, s.prompt_ids_.size());
-    const bool same_prompt = a.kv.num_prompt_tokens >= 0 &&
-                             static_cast<size_t>(a.kv.num_prompt_tokens) == s.prompt_ids_.size() &&
-                             a.kv.tokens.size() >= s.prompt_ids_.size() &&
-                             std::equal(s.prompt_ids_.begin(), s.prompt_ids_.end(), a.kv.tokens.begin());
-    const auto copy_start = std::chrono::steady_clock::now();
-    if (same_prompt) id = engine_->adopt(a.kv, s.params_);
+                                      a.seq.num_prompt_tokens, s.prompt_ids_.size());
+    const bool same_prompt = a.seq.num_prompt_tokens >= 0 &&
+                             static_cast<size_t>(a.seq.num_prompt_tokens) == s.prompt_ids_.size() &&
+                             a.seq.tokens.size() >= s.prompt_ids_.size() &&
+                             std::equal(s.prompt_ids_.begin(), s.prompt_ids_.end(), a.seq.tokens.begin());
+    if (same_prompt) id = a.seq.adopt(*engine_, s.params_);
     if (id.ok()) {
-      // adopt() returns once its copies ran: its time is the K/V's way into this cache.
-      metrics_.record_adopted_bytes(a.kv.device.has_value(),
-                                    a.kv.total_bytes(),
-                                    std::chrono::duration<double>(std::chrono::steady_clock::now() - copy_start).count());
       s.engine_id_ = *id;
-      s.imported_tokens_.assign(a.kv.tokens.begin() + a.kv.num_prompt_tokens, a.kv.tokens.end());
+      s.imported_tokens_.assign(a.seq.tokens.begin() + a.seq.num_prompt_tokens, a.seq.tokens.end());
       if (options_.request_timeout > 0) s.deadline_ = now + options_.request_timeout;
       metrics_.record_admitted(s.num_prompt_tokens_);
       metrics_.record_adoption(true);
@@ -209,7 +204,7 @@ void AsyncEngine::adopt_pending(double now) {
 
 void AsyncEngine::hand_over(std::shared_ptr<RequestStream> s, RequestOutput output) {
   const RequestId id = output.id;
-  if (s->cancelled() || !options_.on_transfer || !s->transfer_target_) {
+  if (s->cancelled() || !options_.on_transfer || !s->transfer_target_.has_value()) {
     engine_->abort(id);  // frees the blocks held for the transfer
     const bool cancelled = s->cancelled();
     output.finish_reason = cancelled ? FinishReason::kAbort : FinishReason::kError;
@@ -219,15 +214,10 @@ void AsyncEngine::hand_over(std::shared_ptr<RequestStream> s, RequestOutput outp
     finish_stream(s, std::move(output));
     return;
   }
-  const auto copy_start = std::chrono::steady_clock::now();
-  auto kv = engine_->export_kv(id, options_.kv_arena.get());  // the blocks are free from here on, whatever happened
-  if (kv.ok()) {
-    metrics_.record_exported(kv->device.has_value(), kv->total_bytes(),
-                             std::chrono::duration<double>(std::chrono::steady_clock::now() - copy_start).count());
-  }
-  if (!kv.ok()) {
+  Result<ShipTransfer> ship = options_.on_transfer(*engine_, id);  // the blocks are free from here on, whatever happened
+  if (!ship.ok()) {
     output.finish_reason = FinishReason::kError;
-    output.error = kv.status();
+    output.error = ship.status();
     finish_stream(s, std::move(output));
     return;
   }
@@ -237,7 +227,7 @@ void AsyncEngine::hand_over(std::shared_ptr<RequestStream> s, RequestOutput outp
   unfinished_.fetch_sub(1, std::memory_order_acq_rel);
   output.finished = false;
   push_later(s, std::move(output));
-  options_.on_transfer(std::move(s), std::move(kv).value());
+  (*ship)(std::move(s));
 }
 
 void AsyncEngine::deliver(RequestOutput output) {
@@ -301,6 +291,36 @@ void AsyncEngine::admit(std::shared_ptr<RequestStream> s, double now) {
   if (options_.request_timeout > 0) s->deadline_ = now + options_.request_timeout;
   metrics_.record_admitted(s->num_prompt_tokens_);
   streams_.emplace(*id, std::move(s));
+}
+
+void AsyncEngine::run_step() {
+  auto outputs = engine_->step();
+  if (!outputs.ok()) {
+    // The step failed as a whole (the forward): fail every request, keep serving.
+    TACHYON_LOG_ERROR("engine step failed: {}", outputs.status().to_string());
+    std::vector<RequestId> ids;
+    for (const auto& [id, s] : streams_) ids.push_back(id);
+    for (RequestId id : ids) {
+      engine_->abort(id);
+      std::shared_ptr<RequestStream> s = std::move(streams_.at(id));
+      streams_.erase(id);
+      RequestOutput out;
+      out.id = id;
+      out.finished = true;
+      out.finish_reason = FinishReason::kError;
+      out.error = outputs.status();
+      finish_stream(s, std::move(out));
+    }
+    return;
+  }
+  // The step admitted requests: count them out of the queue before any client hears of it, so
+  // that a submit() prompted by a first token never sees them as still waiting.
+  {
+    const int waiting = engine_->stats().num_waiting;
+    std::lock_guard lock(mu_);
+    engine_waiting_ = waiting;
+  }
+  for (RequestOutput& o : *outputs) deliver(std::move(o));
 }
 
 void AsyncEngine::loop() {
@@ -367,39 +387,14 @@ void AsyncEngine::loop() {
         }
       }
     }
-    if (engine_->has_unfinished()) {
-      auto outputs = engine_->step();
-      if (!outputs.ok()) {
-        // The step failed as a whole (the forward): fail every request, keep serving.
-        TACHYON_LOG_ERROR("engine step failed: {}", outputs.status().to_string());
-        std::vector<RequestId> ids;
-        for (const auto& [id, s] : streams_) ids.push_back(id);
-        for (RequestId id : ids) {
-          engine_->abort(id);
-          std::shared_ptr<RequestStream> s = std::move(streams_.at(id));
-          streams_.erase(id);
-          RequestOutput out;
-          out.id = id;
-          out.finished = true;
-          out.finish_reason = FinishReason::kError;
-          out.error = outputs.status();
-          finish_stream(s, std::move(out));
-        }
-      } else {
-        // The step admitted requests: count them out of the queue before any client hears of
-        // it, so that a submit() prompted by a first token never sees them as still waiting.
-        {
-          const int waiting = engine_->stats().num_waiting;
-          std::lock_guard lock(mu_);
-          engine_waiting_ = waiting;
-        }
-        for (RequestOutput& o : *outputs) deliver(std::move(o));
-      }
-    }
+    if (engine_->has_unfinished()) run_step();
     flush_ready();
     publish_stats();
   }
-  // Destruction without a drain: whatever is left ends as aborted.
+  end_remaining();
+}
+
+void AsyncEngine::end_remaining() {
   {
     std::lock_guard lock(mu_);
     loop_exited_ = true;
@@ -437,4 +432,4 @@ void AsyncEngine::loop() {
   stopped_.store(true, std::memory_order_release);
 }
 
-}  // namespace tachyon::server
+}  // namespace tachyon

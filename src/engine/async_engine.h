@@ -1,7 +1,7 @@
 // AsyncEngine: the bridge between many connection threads and the one thread that drives an Engine.
 //
 //   submit()   any thread: queues a request (prompt ids + GenerationParams) and returns its
-//              RequestStream at once; past --max-waiting queued requests it refuses (the server
+//              RequestStream at once; past max_waiting queued requests it refuses (a server
 //              answers 503)
 //   abort()    any thread: the request is aborted before the next engine step (its KV blocks freed)
 //   n > 1      the choices of one prompt: choice 0 runs first, the others join once it has its first
@@ -10,17 +10,20 @@
 //              deadline, runs Engine::step(), and pushes each RequestOutput to its stream. When the
 //              engine has nothing to do it sleeps on a condition variable; it never spins.
 //
-// Disaggregation (server/disagg_worker.h wires it to the KV transport):
+// Disaggregation (the loop only calls back; server/disagg_worker.h wires the callbacks to
+// disagg/kv_export.h and the KV transport):
 //   prefill   a request run with GenerationParams::prefill_only ends with FinishReason::kTransfer
-//              after its first token: the loop delivers that token (as a not-finished output),
-//              calls Engine::export_kv() at once (the blocks are freed) and hands the export to
-//              AsyncEngineOptions::on_transfer, which ships it; whoever ships it ends the stream
-//              with RequestStream::finish_handoff(). A stream cancelled by then is not shipped.
-//   decode     submit_adoption(): a received transfer for a stream the server registered; the loop
-//              calls Engine::adopt() and the stream then runs like any other. No room now
-//              (kOutOfRange while other requests run) is backpressure: the adoption is retried
-//              after each step, for at most adopt_wait seconds; then, or on any other error, the
-//              stream ends with an error. `done` reports the outcome once (for the transfer's ack).
+//              after its first token: the loop has AsyncEngineOptions::on_transfer take the
+//              request's KV out of the engine at once (the blocks are freed), delivers that token
+//              (as a not-finished output), then calls the shipper on_transfer returned; whoever
+//              ships it ends the stream with RequestStream::finish_handoff(). A stream cancelled
+//              by then is not shipped.
+//   decode     submit_adoption(): a sequence received for a stream the server registered; the
+//              loop calls its ImportedSequence::adopt and the stream then runs like any other. No
+//              room now (kOutOfRange while other requests run) is backpressure: the adoption is
+//              retried after each step, for at most adopt_wait seconds; then, or on any other
+//              error, the stream ends with an error. `done` reports the outcome once (for the
+//              transfer's ack).
 //
 // Backpressure: the loop never waits for a consumer. A stream buffers its outputs (at most one per
 // generated token, so bounded by max_tokens) and is notified once when the buffer goes from empty
@@ -36,6 +39,7 @@
 // The Engine belongs to the loop thread alone: nothing else may call it after start().
 #pragma once
 
+#include <any>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -43,35 +47,41 @@
 #include <functional>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <thread>
 #include <unordered_map>
 #include <vector>
 
 #include "core/status.h"
-#include "disagg/kv_sender.h"
+#include "engine/async_engine_metrics.h"
 #include "engine/engine.h"
-#include "server/metrics.h"
 
-namespace tachyon::server {
+namespace tachyon {
 
 class RequestStream;
+
+// Prefill role: ships a request's KV, already taken out of the engine, to where its stream's
+// transfer target says (on the loop thread; must not block).
+using ShipTransfer = std::function<void(std::shared_ptr<RequestStream> stream)>;
 
 struct AsyncEngineOptions {
   int max_waiting = 1024;         // queued requests not yet running, past which submit() refuses
   double request_timeout = 600.0; // seconds from submission; 0 = none. A late request is aborted.
-  // Prefill role: receives each exported sequence (on the loop thread; must not block).
-  std::function<void(std::shared_ptr<RequestStream>, KvExport)> on_transfer;
-  // Prefill role: exports go into this arena's device memory where it has room (CUDA IPC to a
-  // decode worker on the same host), else to the host. Kept alive by the options' owner.
-  std::shared_ptr<KvExportArena> kv_arena;
+  // Prefill role, on the loop thread (must not block): takes the KV of request `id`, which ended
+  // with kTransfer, out of `engine` (its blocks are free when this returns, whatever happened) and
+  // returns what ships it, which the loop calls once it delivered the request's first token; or
+  // the error that ends the request's stream.
+  std::function<Result<ShipTransfer>(Engine& engine, RequestId id)> on_transfer;
   double adopt_wait = 10.0;       // seconds a received transfer may wait for room in the engine
 };
 
-// Where a prefill-only request's KV goes.
-struct TransferTarget {
-  disagg::KvDestination to;
-  uint64_t transfer_id = 0;
+// Decode role: a sequence another engine prefilled, for submit_adoption().
+struct ImportedSequence {
+  std::vector<int32_t> tokens;  // the prompt, then the tokens the other engine generated (and reported)
+  int num_prompt_tokens = 0;
+  // On the loop thread: adopts the sequence into `engine` with `params`, the registered request's,
+  // as Engine::adopt_sequence() does (its id; kOutOfRange with nothing changed when there is no
+  // room now).
+  std::function<Result<RequestId>(Engine& engine, const GenerationParams& params)> adopt;
 };
 
 // One request's outputs, from the loop thread to one consumer.
@@ -99,9 +109,11 @@ class RequestStream {
   bool timed_out() const { return timed_out_.load(std::memory_order_acquire); }
   int num_prompt_tokens() const { return num_prompt_tokens_; }
 
-  // Prefill role: where this request's KV goes after its first token. Set before submit().
-  void set_transfer_target(TransferTarget target) { transfer_target_ = std::move(target); }
-  const std::optional<TransferTarget>& transfer_target() const { return transfer_target_; }
+  // Prefill role: where this request's KV goes after its first token (server/disagg_worker.h's
+  // TransferTarget), for the shipper. Opaque to the loop, which hands over only requests that have
+  // one. Set before submit().
+  void set_transfer_target(std::any target) { transfer_target_ = std::move(target); }
+  const std::any& transfer_target() const { return transfer_target_; }
   // Decode role: the generated tokens that came with an adopted transfer (reported by the prefill
   // worker); set before the stream's first output, so read it after take().
   const std::vector<int32_t>& imported_tokens() const { return imported_tokens_; }
@@ -135,7 +147,7 @@ class RequestStream {
   RequestId engine_id_ = 0;  // 0 until added to the engine
   double deadline_ = 0.0;    // engine clock; 0 = none
   bool started_ = false;     // an output arrived (the prompt is prefilled) or it finished
-  std::optional<TransferTarget> transfer_target_;
+  std::any transfer_target_;
   std::vector<int32_t> imported_tokens_;
 };
 
@@ -144,7 +156,7 @@ enum class SubmitError { kNone, kQueueFull, kDraining };
 
 class AsyncEngine {
  public:
-  AsyncEngine(std::unique_ptr<Engine> engine, AsyncEngineOptions options, ServerMetrics& metrics);
+  AsyncEngine(std::unique_ptr<Engine> engine, AsyncEngineOptions options, AsyncEngineMetrics& metrics);
   ~AsyncEngine();  // drains nothing: aborts what is left and joins the loop
   AsyncEngine(const AsyncEngine&) = delete;
   AsyncEngine& operator=(const AsyncEngine&) = delete;
@@ -159,9 +171,10 @@ class AsyncEngine {
   bool stopped() const { return stopped_.load(std::memory_order_acquire); }
   // Requests submitted and not finished (queued, waiting or running).
   int num_unfinished() const { return unfinished_.load(std::memory_order_acquire); }
-  // Decode role: continue `stream` from a received transfer (see the top of this file). `done`
+  // Decode role: continue `stream` from a received sequence (see the top of this file). `done`
   // runs once, on the loop thread (or here, when the loop has exited), with the adoption's outcome.
-  void submit_adoption(std::shared_ptr<RequestStream> stream, KvImport kv, std::function<void(const Status&)> done);
+  void submit_adoption(std::shared_ptr<RequestStream> stream, ImportedSequence seq,
+                       std::function<void(const Status&)> done);
   // Received transfers not yet adopted (queued or waiting for room).
   int num_pending_adoptions() const { return pending_adoption_count_.load(std::memory_order_acquire); }
 
@@ -178,6 +191,10 @@ class AsyncEngine {
 
  private:
   void loop();
+  // One Engine::step(), its outputs delivered; a failed step fails every request.
+  void run_step();
+  // After the loop (destruction without a drain): whatever is left ends as aborted, then stopped().
+  void end_remaining();
   void admit(std::shared_ptr<RequestStream> stream, double now);
   void deliver(RequestOutput output);
   // Queues an output on a stream (loop thread); the stream is notified at the next flush_ready().
@@ -187,18 +204,18 @@ class AsyncEngine {
   void publish_stats();
   struct Adoption {
     std::shared_ptr<RequestStream> stream;
-    KvImport kv;
+    ImportedSequence seq;
     std::function<void(const Status&)> done;
     double deadline = 0.0;  // engine clock; set when the loop first tries it
   };
   // Tries each adoption; keeps those with no room yet (while anything runs, until their deadline).
   void adopt_pending(double now);
-  // A kTransfer output: export the KV and hand it over (or drop it for a cancelled stream).
+  // A kTransfer output: take the KV out and hand it over (or drop it for a cancelled stream).
   void hand_over(std::shared_ptr<RequestStream> stream, RequestOutput output);
 
   std::unique_ptr<Engine> engine_;
   AsyncEngineOptions options_;
-  ServerMetrics& metrics_;
+  AsyncEngineMetrics& metrics_;
   const int max_model_len_;
   const int vocab_size_;
 
@@ -229,4 +246,4 @@ class AsyncEngine {
   std::thread thread_;
 };
 
-}  // namespace tachyon::server
+}  // namespace tachyon

@@ -1,24 +1,41 @@
-// AsyncEngine's disaggregation paths without the network: a prefill-only request's first token is
-// delivered and its export handed to on_transfer at once (its blocks freed); a decode engine's
+// AsyncEngine's disaggregation paths without the network, wired to export_kv() and adopt() as a
+// server's workers wire them: a prefill-only request's first token is delivered and its KV
+// exported through on_transfer at once (its blocks freed); a decode engine's
 // submit_adoption() continues it exactly as one engine alone would; adoption without room is
 // retried after steps while anything runs (backpressure) and fails at once otherwise; a cancelled
 // stream is never adopted.
-#include <condition_variable>
+#include <any>
 #include <future>
 #include <mutex>
-#include <thread>
 
 #include <gtest/gtest.h>
 
+#include "disagg/kv_export.h"
+#include "engine/async_engine.h"
+#include "engine/recording_metrics.h"
+#include "engine/stream_collector.h"
 #include "model/model_loader.h"
-#include "server/async_engine.h"
-#include "server/stream_collector.h"
 #include "test_util.h"
 
-namespace tachyon::server {
+namespace tachyon::disagg {
 namespace {
 
 using Collector = testing::StreamCollector;
+using Metrics = testing::RecordingMetrics;
+
+// A prefill-only request's destination, as a server sets it: the loop only carries it.
+struct Target {
+  uint64_t transfer_id = 0;
+};
+
+// What a decode worker hands the loop for a received transfer.
+ImportedSequence imported(const KvImport& kv) {
+  ImportedSequence seq;
+  seq.tokens = kv.tokens;
+  seq.num_prompt_tokens = kv.num_prompt_tokens;
+  seq.adopt = [kv](Engine& engine, const GenerationParams& params) { return adopt(engine, kv, params); };
+  return seq;
+}
 
 class AsyncEngineDisaggTest : public ::testing::Test {
  protected:
@@ -31,7 +48,7 @@ class AsyncEngineDisaggTest : public ::testing::Test {
   }
   static void TearDownTestSuite() { delete model_; }
 
-  std::unique_ptr<AsyncEngine> make(AsyncEngineOptions ao, ServerMetrics& metrics, int num_kv_blocks = 128,
+  std::unique_ptr<AsyncEngine> make(AsyncEngineOptions ao, Metrics& metrics, int num_kv_blocks = 128,
                                     int max_seqs = 16) {
     EngineOptions eo;
     eo.num_kv_blocks = num_kv_blocks;
@@ -53,19 +70,22 @@ class AsyncEngineDisaggTest : public ::testing::Test {
     return p;
   }
 
-  // Runs the prompt prefill-only; returns the export handed to on_transfer and the stream's outputs.
-  KvExport prefill(int max_tokens, Collector& seen, ServerMetrics& metrics) {
+  // Runs the prompt prefill-only; returns the export the shipper got and the stream's outputs.
+  KvExport prefill(int max_tokens, Collector& seen, Metrics& metrics) {
     std::promise<KvExport> exported;
     AsyncEngineOptions ao;
-    ao.on_transfer = [&exported](std::shared_ptr<RequestStream> s, KvExport kv) {
-      EXPECT_EQ(s->transfer_target()->transfer_id, 77u);
-      exported.set_value(std::move(kv));
+    ao.on_transfer = [&exported](Engine& engine, RequestId id) -> Result<ShipTransfer> {
+      TACHYON_ASSIGN_OR_RETURN(KvExport kv, export_kv(engine, id));
+      return ShipTransfer([&exported, kv = std::move(kv)](std::shared_ptr<RequestStream> s) {
+        EXPECT_EQ(std::any_cast<const Target&>(s->transfer_target()).transfer_id, 77u);
+        exported.set_value(kv);
+      });
     };
     auto engine = make(ao, metrics);
     GenerationParams p = params(max_tokens);
     p.prefill_only = true;
     auto s = std::make_shared<RequestStream>(prompt(), p);
-    s->set_transfer_target(TransferTarget{disagg::KvDestination{"127.0.0.1", 1}, 77});
+    s->set_transfer_target(Target{77});
     seen.attach(s);
     EXPECT_EQ(engine->submit({s}), SubmitError::kNone);
     auto f = exported.get_future();
@@ -73,7 +93,7 @@ class AsyncEngineDisaggTest : public ::testing::Test {
     KvExport kv = f.get();
     EXPECT_TRUE(seen.wait_outputs(1));
     engine->begin_drain();
-    while (!engine->stopped()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    EXPECT_TRUE(testing::wait_stopped(*engine)) << "the loop did not stop after the drain";
     return kv;
   }
 
@@ -82,7 +102,7 @@ class AsyncEngineDisaggTest : public ::testing::Test {
 
 TEST_F(AsyncEngineDisaggTest, PrefillHandsOverAndDecodeAdoptionEqualsColocated) {
   // One engine alone.
-  ServerMetrics colocated_metrics;
+  Metrics colocated_metrics;
   auto colocated = make({}, colocated_metrics);
   auto alone = std::make_shared<RequestStream>(prompt(), params(12));
   Collector want;
@@ -90,7 +110,7 @@ TEST_F(AsyncEngineDisaggTest, PrefillHandsOverAndDecodeAdoptionEqualsColocated) 
   ASSERT_EQ(colocated->submit({alone}), SubmitError::kNone);
   ASSERT_TRUE(want.wait_finished());
 
-  ServerMetrics prefill_metrics;
+  Metrics prefill_metrics;
   Collector first;
   KvExport kv = prefill(12, first, prefill_metrics);
   ASSERT_EQ(first.outputs.size(), 1u);
@@ -98,17 +118,16 @@ TEST_F(AsyncEngineDisaggTest, PrefillHandsOverAndDecodeAdoptionEqualsColocated) 
   EXPECT_EQ(first.outputs[0].finish_reason, FinishReason::kTransfer);
   ASSERT_EQ(first.outputs[0].new_token_ids.size(), 1u);
   EXPECT_EQ(prefill_metrics.engine_stats().kv_blocks_used, 0);  // freed at export
-  EXPECT_NE(prefill_metrics.render().find("tachyon_requests_finished_total{finish_reason=\"transfer\"} 1"),
-            std::string::npos);
+  EXPECT_EQ(prefill_metrics.finished(FinishReason::kTransfer), 1);
   EXPECT_EQ(kv.tokens.size(), prompt().size() + 1);
 
-  ServerMetrics decode_metrics;
+  Metrics decode_metrics;
   auto decode = make({}, decode_metrics);
   auto cont = std::make_shared<RequestStream>(prompt(), params(12));
   Collector rest;
   rest.attach(cont);
   std::promise<Status> adopted;
-  decode->submit_adoption(cont, kv, [&adopted](const Status& st) { adopted.set_value(st); });
+  decode->submit_adoption(cont, imported(kv), [&adopted](const Status& st) { adopted.set_value(st); });
   auto f = adopted.get_future();
   ASSERT_EQ(f.wait_for(std::chrono::seconds(60)), std::future_status::ready);
   EXPECT_TRUE(f.get().ok());
@@ -119,7 +138,7 @@ TEST_F(AsyncEngineDisaggTest, PrefillHandsOverAndDecodeAdoptionEqualsColocated) 
   EXPECT_EQ(joined, want.tokens());
   EXPECT_EQ(rest.outputs.back().num_generated_tokens, 12);
   EXPECT_EQ(decode_metrics.engine_stats().prompt_tokens_computed, 0);  // the prompt never ran here
-  EXPECT_NE(decode_metrics.render().find("tachyon_kv_adoptions_total{outcome=\"ok\"} 1"), std::string::npos);
+  EXPECT_EQ(decode_metrics.adoptions(true), 1);
 
   // The shipper's outcome ends the prefill stream.
   Collector end;
@@ -132,12 +151,12 @@ TEST_F(AsyncEngineDisaggTest, PrefillHandsOverAndDecodeAdoptionEqualsColocated) 
 }
 
 TEST_F(AsyncEngineDisaggTest, AdoptionWaitsForRoomWhileOthersRunAndFailsWhenNothingCanFree) {
-  ServerMetrics pm;
+  Metrics pm;
   Collector first;
   const KvExport kv = prefill(8, first, pm);
 
   // max_seqs 1 and a long request running: the adoption waits for it, then runs.
-  ServerMetrics dm;
+  Metrics dm;
   AsyncEngineOptions ao;
   ao.adopt_wait = 60.0;
   auto decode = make(ao, dm, 128, 1);
@@ -150,7 +169,7 @@ TEST_F(AsyncEngineDisaggTest, AdoptionWaitsForRoomWhileOthersRunAndFailsWhenNoth
   Collector rest;
   rest.attach(cont);
   std::promise<Status> adopted;
-  decode->submit_adoption(cont, kv, [&](const Status& st) {
+  decode->submit_adoption(cont, imported(kv), [&](const Status& st) {
     std::lock_guard lock(busy_out.mu);  // the loop delivered its end before trying again
     EXPECT_TRUE(busy_out.finished) << "adopted while max_seqs requests ran";
     adopted.set_value(st);
@@ -162,26 +181,26 @@ TEST_F(AsyncEngineDisaggTest, AdoptionWaitsForRoomWhileOthersRunAndFailsWhenNoth
   EXPECT_EQ(rest.outputs.back().finish_reason, FinishReason::kLength);
 
   // A cache too small for the sequence and nothing running: no step can make room, so it fails now.
-  ServerMetrics tm;
+  Metrics tm;
   ASSERT_GT(kv.num_computed, 16);
   auto tiny = make({}, tm, 1, 4);  // one block of 16 tokens
   auto none = std::make_shared<RequestStream>(prompt(), params(8));
   Collector failed;
   failed.attach(none);
   std::promise<Status> refused;
-  tiny->submit_adoption(none, kv, [&refused](const Status& st) { refused.set_value(st); });
+  tiny->submit_adoption(none, imported(kv), [&refused](const Status& st) { refused.set_value(st); });
   auto r = refused.get_future();
   ASSERT_EQ(r.wait_for(std::chrono::seconds(60)), std::future_status::ready);
   const Status st = r.get();
   EXPECT_EQ(st.code(), ErrorCode::kOutOfRange) << st.to_string();
   ASSERT_TRUE(failed.wait_finished());
   EXPECT_EQ(failed.outputs.back().finish_reason, FinishReason::kError);
-  EXPECT_NE(tm.render().find("tachyon_kv_adoptions_total{outcome=\"error\"} 1"), std::string::npos);
+  EXPECT_EQ(tm.adoptions(false), 1);
 
   // Another request's prompt under this transfer id: refused, never adopted.
   auto other = std::make_shared<RequestStream>(model_->tokenizer->encode("Something else entirely"), params(8));
   std::promise<Status> mismatch;
-  decode->submit_adoption(other, kv, [&mismatch](const Status& st) { mismatch.set_value(st); });
+  decode->submit_adoption(other, imported(kv), [&mismatch](const Status& st) { mismatch.set_value(st); });
   auto m = mismatch.get_future();
   ASSERT_EQ(m.wait_for(std::chrono::seconds(60)), std::future_status::ready);
   EXPECT_EQ(m.get().code(), ErrorCode::kInvalidArgument);
@@ -190,16 +209,15 @@ TEST_F(AsyncEngineDisaggTest, AdoptionWaitsForRoomWhileOthersRunAndFailsWhenNoth
   auto gone = std::make_shared<RequestStream>(prompt(), params(8));
   decode->abort(gone);
   std::promise<Status> cancelled;
-  decode->submit_adoption(gone, kv, [&cancelled](const Status& st) { cancelled.set_value(st); });
+  decode->submit_adoption(gone, imported(kv), [&cancelled](const Status& st) { cancelled.set_value(st); });
   auto c = cancelled.get_future();
   ASSERT_EQ(c.wait_for(std::chrono::seconds(60)), std::future_status::ready);
   EXPECT_FALSE(c.get().ok());
   decode->begin_drain();
-  for (int i = 0; i < 2000 && !decode->stopped(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  EXPECT_TRUE(decode->stopped());
+  EXPECT_TRUE(testing::wait_stopped(*decode)) << "the loop did not stop after the drain";
   EXPECT_EQ(dm.engine_stats().kv_blocks_used, 0);
   EXPECT_EQ(decode->num_pending_adoptions(), 0);
 }
 
 }  // namespace
-}  // namespace tachyon::server
+}  // namespace tachyon::disagg

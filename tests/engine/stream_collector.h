@@ -1,20 +1,21 @@
 // Collects a RequestStream's outputs through its notify callback, as a connection does, for the
-// AsyncEngine tests. Waits are bounded (2 minutes): a lost notification fails, never hangs.
+// AsyncEngine tests. Waits are bounded (2 minutes): a lost notification fails, never hangs; so is
+// the wait for a draining loop to stop.
 #pragma once
 
 #include <chrono>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <thread>
 #include <vector>
 
-#include "server/async_engine.h"
+#include "engine/async_engine.h"
+#include "wall_clock_scale.h"
 
 namespace tachyon::testing {
 
 struct StreamCollector {
-  using RequestStream = server::RequestStream;
-
   std::mutex mu;
   std::condition_variable cv;
   std::vector<RequestOutput> outputs;
@@ -59,5 +60,17 @@ struct StreamCollector {
 
   static constexpr std::chrono::seconds kWait{120};
 };
+
+// Waits for `engine`'s loop to exit after begin_drain(); false once 30 s (scaled for slow builds)
+// have passed without it.
+inline bool wait_stopped(const AsyncEngine& engine) {
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::duration<double>(30.0 * kWallClockScale);
+  while (!engine.stopped()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return true;
+}
 
 }  // namespace tachyon::testing
