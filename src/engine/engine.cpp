@@ -364,32 +364,7 @@ void Engine::fail_step(const SchedulerStep& plan, const Status& error, std::vect
   }
 }
 
-Result<std::vector<RequestOutput>> Engine::step() {
-  std::vector<RequestOutput> outputs;
-  outputs.swap(aborted_);
-  if (scheduler_.idle()) return outputs;
-  Timer step_timer;
-  const int running_before = scheduler_.num_running();
-  if (spec_) {
-    if (Status proposed = propose_drafts(); !proposed.ok()) {
-      // The draft side failed (its forward): this step runs without drafts, and the proposer
-      // starts over for these sequences. The target's output does not depend on drafts.
-      TACHYON_LOG_WARN("speculative proposal failed, the step runs without drafts: {}", proposed.to_string());
-      ++stats_.num_failed_proposals;
-      for (auto& [id, req] : requests_) {
-        req->seq.set_draft({});
-        spec_->release(id);
-      }
-    }
-  }
-  Timer phase;
-  const SchedulerStep plan = scheduler_.schedule();
-  ++stats_.num_steps;
-  if (plan.empty()) {
-    stats_.schedule_seconds += phase.seconds();
-    return outputs;
-  }
-  cache_.copy_blocks(plan.copies);
+ForwardBatch Engine::batch_of(const SchedulerStep& plan) {
   std::vector<SequenceChunk> chunks;
   chunks.reserve(plan.chunks.size());
   std::vector<std::vector<int32_t>> verify_tokens;  // speculative chunks: the last token, then the draft
@@ -418,38 +393,10 @@ Result<std::vector<RequestOutput>> Engine::step() {
     Request& req = *requests_.at(c.seq->id());
     if (req.timing.first_scheduled < 0) req.timing.first_scheduled = t_sched;
   }
-  const ForwardBatch batch = build_forward_batch(chunks);
-  stats_.prompt_tokens_computed += plan.num_prefill_tokens;
-  stats_.kv_blocks_used_peak = std::max(stats_.kv_blocks_used_peak, blocks_.num_used());
-  stats_.schedule_seconds += phase.seconds();
+  return build_forward_batch(chunks);
+}
 
-  phase.reset();
-  ForwardOptions fo;
-  fo.linear_mode = options_.batch_invariant ? ops::LinearMode::kBatchInvariant : ops::LinearMode::kFastest;
-  fo.cuda_graphs = options_.cuda_graphs;
-  // The rows to sample, in logits order: one per sampled chunk, 1 + K for a draft of K.
-  std::vector<SampleRow> rows;
-  for (const ScheduledChunk& c : plan.chunks) {
-    if (c.sample) rows.push_back({&requests_.at(c.seq->id())->sampler, c.num_draft});
-  }
-  BatchSampler::Place place = BatchSampler::Place::kHost;
-  const Status ran = [&]() -> Status {
-    TACHYON_ASSIGN_OR_RETURN(place, sampler_.begin(rows));
-    if (place == BatchSampler::Place::kHost) {
-      TACHYON_RETURN_IF_ERROR(model_.forward(batch, cache_, sampler_.logits(), fo));
-    } else {
-      TACHYON_RETURN_IF_ERROR(model_.forward_on_device(batch, cache_, sampler_.logits(), fo));
-    }
-    return sampler_.finish(rows);  // on the device, waits for the step
-  }();
-  stats_.forward_seconds += phase.seconds();
-  if (!ran.ok()) {
-    fail_step(plan, ran, outputs);
-    return outputs;
-  }
-
-  phase.reset();
-  scheduler_.complete(plan);
+void Engine::emit_outputs(const SchedulerStep& plan, BatchSampler::Place place, std::vector<RequestOutput>& outputs) {
   int row = 0;
   size_t entry = 0;  // of rows
   for (const ScheduledChunk& c : plan.chunks) {
@@ -485,6 +432,56 @@ Result<std::vector<RequestOutput>> Engine::step() {
       requests_.erase(it);
     }
   }
+}
+
+Result<std::vector<RequestOutput>> Engine::step() {
+  std::vector<RequestOutput> outputs;
+  outputs.swap(aborted_);
+  if (scheduler_.idle()) return outputs;
+  Timer step_timer;
+  const int running_before = scheduler_.num_running();
+  if (spec_) propose_drafts();
+  Timer phase;
+  const SchedulerStep plan = scheduler_.schedule();
+  ++stats_.num_steps;
+  if (plan.empty()) {
+    stats_.schedule_seconds += phase.seconds();
+    return outputs;
+  }
+  cache_.copy_blocks(plan.copies);
+  const ForwardBatch batch = batch_of(plan);
+  stats_.prompt_tokens_computed += plan.num_prefill_tokens;
+  stats_.kv_blocks_used_peak = std::max(stats_.kv_blocks_used_peak, blocks_.num_used());
+  stats_.schedule_seconds += phase.seconds();
+
+  phase.reset();
+  ForwardOptions fo;
+  fo.linear_mode = options_.batch_invariant ? ops::LinearMode::kBatchInvariant : ops::LinearMode::kFastest;
+  fo.cuda_graphs = options_.cuda_graphs;
+  // The rows to sample, in logits order: one per sampled chunk, 1 + K for a draft of K.
+  std::vector<SampleRow> rows;
+  for (const ScheduledChunk& c : plan.chunks) {
+    if (c.sample) rows.push_back({&requests_.at(c.seq->id())->sampler, c.num_draft});
+  }
+  BatchSampler::Place place = BatchSampler::Place::kHost;
+  const Status ran = [&]() -> Status {
+    TACHYON_ASSIGN_OR_RETURN(place, sampler_.begin(rows));
+    if (place == BatchSampler::Place::kHost) {
+      TACHYON_RETURN_IF_ERROR(model_.forward(batch, cache_, sampler_.logits(), fo));
+    } else {
+      TACHYON_RETURN_IF_ERROR(model_.forward_on_device(batch, cache_, sampler_.logits(), fo));
+    }
+    return sampler_.finish(rows);  // on the device, waits for the step
+  }();
+  stats_.forward_seconds += phase.seconds();
+  if (!ran.ok()) {
+    fail_step(plan, ran, outputs);
+    return outputs;
+  }
+
+  phase.reset();
+  scheduler_.complete(plan);
+  emit_outputs(plan, place, outputs);
   stats_.sample_seconds += phase.seconds();
   if (spec_ && plan.num_prefill_tokens == 0) {  // a decode step: what speculation's gate compares
     int64_t tokens = 0;
@@ -614,7 +611,7 @@ Result<RequestId> Engine::adopt_sequence(const TransferredSequence& seq, const G
 
 // ---- Speculative decoding hooks (the work is in speculative/spec_decoder.h) ----
 
-Status Engine::propose_drafts() {
+void Engine::propose_drafts() {
   std::vector<SpecCandidate> candidates;
   for (auto& [id, req] : requests_) {
     Sequence& seq = req->seq;
@@ -626,7 +623,16 @@ Status Engine::propose_drafts() {
   // In request order, so that a step's draft batch does not depend on the hash map's order.
   std::sort(candidates.begin(), candidates.end(),
             [](const SpecCandidate& a, const SpecCandidate& b) { return a.seq->id() < b.seq->id(); });
-  return spec_->propose(candidates, scheduler_.num_running());
+  if (Status proposed = spec_->propose(candidates, scheduler_.num_running()); !proposed.ok()) {
+    // The draft side failed (its forward): this step runs without drafts, and the proposer
+    // starts over for these sequences. The target's output does not depend on drafts.
+    TACHYON_LOG_WARN("speculative proposal failed, the step runs without drafts: {}", proposed.to_string());
+    ++stats_.num_failed_proposals;
+    for (const SpecCandidate& c : candidates) {
+      c.seq->set_draft({});
+      spec_->release(c.seq->id());
+    }
+  }
 }
 
 bool Engine::verify_draft(Request& req, const float* logits, RequestOutput& out) {

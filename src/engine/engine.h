@@ -166,10 +166,16 @@ class Engine {
   // allocated, a launch that failed): every sequence it scheduled ends with kError and `error`,
   // its blocks freed; the others wait for the next step, which may succeed.
   void fail_step(const SchedulerStep& plan, const Status& error, std::vector<RequestOutput>& outputs);
+  // The forward batch of a step's chunks (a draft's chunk carries the draft's tokens after the last).
+  ForwardBatch batch_of(const SchedulerStep& plan);
+  // Each sampled chunk's tokens (drawn where `place` says) through verification or emission, in
+  // plan order; finished requests leave requests_ (to transfers_ when held for transfer).
+  void emit_outputs(const SchedulerStep& plan, BatchSampler::Place place, std::vector<RequestOutput>& outputs);
   // Speculative decoding (speculative/spec_decoder.h does the work): drafts for the decoding
-  // sequences before scheduling; the verification of one sequence's K + 1 logits rows, emitting
-  // its tokens in order until one finishes the request.
-  Status propose_drafts();
+  // sequences before scheduling (a failed proposal leaves the step without drafts, counted in
+  // EngineStats); the verification of one sequence's K + 1 logits rows, emitting its tokens in
+  // order until one finishes the request.
+  void propose_drafts();
   // The draft verified from its K + 1 logits rows on the host (any sampling), or from the rows'
   // argmax ids and logprobs taken on the device (plain greedy requests).
   bool verify_draft(Request& req, const float* logits, RequestOutput& out);
