@@ -142,7 +142,8 @@ Result<std::unique_ptr<Engine>> Engine::create(const LlamaModel& model, const To
                    max_model_len);
   std::unique_ptr<Engine> engine(
       new Engine(model, tokenizer, std::move(eos_token_ids), options, max_model_len, std::move(cache)));
-  SpecCacheGeometry spec_cache{engine->cache_.config().num_blocks, options.block_size, engine->cache_.config().dtype,
+  SpecCacheGeometry spec_cache{engine->cache_.config().num_blocks, engine->cache_.config().block_size,
+                               engine->cache_.config().dtype,
                                max_model_len,
                                options.batch_invariant ? ops::LinearMode::kBatchInvariant : ops::LinearMode::kFastest};
   TACHYON_ASSIGN_OR_RETURN(engine->spec_, SpecDecoder::create(options.spec, c, spec_cache));
@@ -157,7 +158,7 @@ Engine::Engine(const LlamaModel& model, const Tokenizer* tokenizer, std::vector<
       options_(options),
       max_model_len_(max_model_len),
       cache_(std::move(cache)),
-      blocks_(BlockManagerOptions{cache_.config().num_blocks, options.block_size, options.prefix_caching}),
+      blocks_(BlockManagerOptions{cache_.config().num_blocks, cache_.config().block_size, options.prefix_caching}),
       scheduler_(SchedulerOptions{options.max_batched_tokens, options.max_seqs, options.chunked_prefill}, blocks_),
       sampler_(model.device(), model.config().vocab_size) {}
 
@@ -207,7 +208,8 @@ Result<std::unique_ptr<Engine::Request>> Engine::make_request(std::vector<int32_
   TACHYON_ASSIGN_OR_RETURN(Sampler sampler, Sampler::create(params.sampling, model_.config().vocab_size));
   sampler.set_prompt(prompt_ids);
   const RequestId id = next_id_++;
-  auto req = std::make_unique<Request>(id, std::move(prompt_ids), options_.block_size, params, std::move(sampler));
+  auto req =
+      std::make_unique<Request>(id, std::move(prompt_ids), cache_.config().block_size, params, std::move(sampler));
   if (params.detokenize && tokenizer_ != nullptr) {
     DetokenizerOptions dopt;
     dopt.skip_special = params.skip_special_tokens;
@@ -268,7 +270,7 @@ void Engine::finish(Request& req, FinishReason reason, RequestOutput& out) {
     out.text += req.stops.flush();
     if (req.stops.matched()) {  // the held-back tail completed a stop string
       reason = FinishReason::kStop;
-      out.stop_reason = req.stops.matched_string();
+      out.stop = {StopCause::Kind::kString, -1, req.stops.matched_string()};
     }
   }
   out.finished = true;
@@ -307,14 +309,14 @@ bool Engine::emit_token(Request& req, SampleResult sampled, RequestOutput& out) 
     return std::find(ids.begin(), ids.end(), token) != ids.end();
   };
   if ((!req.params.ignore_eos && is_in(eos_token_ids_)) || is_in(req.params.stop_token_ids)) {
-    out.stop_reason = "token " + std::to_string(token);
+    out.stop = {StopCause::Kind::kToken, token, {}};
     finish(req, FinishReason::kStop, out);
     return true;
   }
   if (req.detok) {
     out.text += req.stops.push(req.detok->push(token));
     if (req.stops.matched()) {
-      out.stop_reason = req.stops.matched_string();
+      out.stop = {StopCause::Kind::kString, -1, req.stops.matched_string()};
       finish(req, FinishReason::kStop, out);
       return true;
     }

@@ -58,6 +58,18 @@ struct TokenLogprob {
   std::vector<std::pair<int32_t, float>> top;  // when GenerationParams::sampling.logprobs > 0
 };
 
+// What ended a request that finished with FinishReason::kStop.
+struct StopCause {
+  enum class Kind : uint8_t {
+    kNone,    // not stopped (yet), or ended by something else
+    kToken,   // an EOS or stop token: the last of new_token_ids, which has no text
+    kString,  // a stop string: it matched in the text and is not part of it
+  };
+  Kind kind = Kind::kNone;
+  int32_t token = -1;  // kToken
+  std::string text;    // kString
+};
+
 // One request's news from one step.
 struct RequestOutput {
   RequestId id = 0;
@@ -66,7 +78,7 @@ struct RequestOutput {
   std::string text;                    // new text, stop strings held back until they cannot match
   bool finished = false;
   FinishReason finish_reason = FinishReason::kLength;
-  std::string stop_reason;             // the stop string or "token <id>" that ended it
+  StopCause stop;                      // what ended it, when finish_reason is kStop
   Status error;                        // for kError
   int num_prompt_tokens = 0;
   int num_generated_tokens = 0;        // in all so far

@@ -240,7 +240,7 @@ void CompletionJob::detokenize(Choice& c, RequestOutput& o) const {
   // stop token that ended the request (the engine finishes before detokenizing it), then what the
   // detokenizer holds back once the request ends normally.
   size_t count = o.new_token_ids.size();
-  if (o.finished && o.finish_reason == FinishReason::kStop && count > 0 && o.stop_reason.rfind("token ", 0) == 0) {
+  if (o.finished && o.finish_reason == FinishReason::kStop && count > 0 && o.stop.kind == StopCause::Kind::kToken) {
     --count;
   }
   for (size_t i = 0; i < count; ++i) o.text += c.detok->push(o.new_token_ids[i]);

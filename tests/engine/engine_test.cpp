@@ -26,6 +26,7 @@ struct Result1 {
   std::vector<int32_t> tokens;
   std::string text;
   FinishReason reason = FinishReason::kLength;
+  StopCause stop;
 };
 
 class EngineTest : public ::testing::Test {
@@ -108,6 +109,7 @@ class EngineTest : public ::testing::Test {
         EXPECT_EQ(o.logprobs.size(), o.new_token_ids.size());
         if (o.finished) {
           r.reason = o.finish_reason;
+          r.stop = o.stop;
           const RequestTiming& t = o.timing;
           if (o.finish_reason != FinishReason::kAbort) {
             EXPECT_LE(t.arrival, t.first_scheduled);
@@ -346,7 +348,7 @@ TEST_F(EngineTest, StopStringsSplitAcrossTokensEndTheTextBeforeThem) {
     auto id = e->add_request(c.prompt, c.params);
     ASSERT_TRUE(id.ok());
     std::map<RequestId, Result1> out;
-    std::string stop_reason;
+    StopCause stop_cause;
     while (e->has_unfinished()) {
       auto outputs = e->step();
       ASSERT_TRUE(outputs.ok());
@@ -356,13 +358,14 @@ TEST_F(EngineTest, StopStringsSplitAcrossTokensEndTheTextBeforeThem) {
         EXPECT_LE(out[o.id].text.size(), first);
         if (o.finished) {
           out[o.id].reason = o.finish_reason;
-          stop_reason = o.stop_reason;
+          stop_cause = o.stop;
         }
       }
     }
     EXPECT_EQ(out[*id].text, solo.text.substr(0, first)) << "stop '" << stop << "'";
     EXPECT_EQ(out[*id].reason, FinishReason::kStop);
-    EXPECT_EQ(stop_reason, stop);
+    EXPECT_EQ(stop_cause.kind, StopCause::Kind::kString);
+    EXPECT_EQ(stop_cause.text, stop);
     EXPECT_TRUE(e->check_no_leaks().ok());
     ++tested;
   }
@@ -385,6 +388,8 @@ TEST_F(EngineTest, FinishReasons) {
                                               solo.tokens.begin());
   EXPECT_EQ(out[*id].tokens, std::vector<int32_t>(solo.tokens.begin(), solo.tokens.begin() + first_at + 1));
   EXPECT_EQ(out[*id].reason, FinishReason::kStop);
+  EXPECT_EQ(out[*id].stop.kind, StopCause::Kind::kToken);
+  EXPECT_EQ(out[*id].stop.token, solo.tokens[2]);
   // The context: a 500-token limit on a 512-token model stops a long generation.
   EngineOptions o = base_options();
   o.max_model_len = c.prompt.size() + 4;
