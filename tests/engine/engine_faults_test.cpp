@@ -15,11 +15,7 @@ namespace {
 class EngineFaults : public ::testing::TestWithParam<ops::Fault> {
  protected:
   static void SetUpTestSuite() {
-    LoadOptions o;
-    o.path = testing::source_dir() + "/models/tachyon-demo";
-    auto m = load_model(o);
-    ASSERT_TRUE(m.ok()) << m.status().to_string();
-    model_ = new LoadedModel(std::move(m).value());
+    model_ = new LoadedModel(testing::load_model_or_fail(testing::source_dir() + "/models/tachyon-demo"));
   }
   static void TearDownTestSuite() {
     delete model_;

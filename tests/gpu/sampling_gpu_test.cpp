@@ -19,6 +19,7 @@
 #include "ops/cuda/launch.h"
 #include "ops/ops.h"
 #include "sampling/batch_sampler.h"
+#include "sampling/mixed_requests.h"
 #include "test_util.h"
 
 namespace tachyon {
@@ -237,19 +238,6 @@ TEST(GpuOps, AdjustLogitsEqualsTheCpuOp) {
   EXPECT_TRUE(testing::bitwise_equal(to_host(*dx), x, "adjusted logits"));
 }
 
-// Requests of every kind in one batch, each with its own seeded stream and a history.
-std::vector<Sampler> batch_samplers(const std::vector<SamplingParams>& ps) {
-  std::vector<Sampler> s;
-  for (const SamplingParams& p : ps) {
-    s.emplace_back(p);
-    const std::vector<int32_t> prompt = {1, 7, 7, 42, 299};
-    s.back().set_prompt(prompt);
-    s.back().accept(7);
-    s.back().accept(13);
-  }
-  return s;
-}
-
 int32_t host_argmax(const float* row, int64_t n) {
   return static_cast<int32_t>(std::max_element(row, row + n) - row);
 }
@@ -263,21 +251,9 @@ TEST(GpuBatchSampler, DevicePlacesDrawWhatTheHostPlaceDraws) {
   SCOPED_TRACE(fmt::format("seed {} (TACHYON_TEST_SEED={} reproduces)", seed, seed));
   std::mt19937 rng(seed);
   constexpr int64_t kVocab = 1000;
-  std::vector<SamplingParams> ps(5);
-  ps[0].temperature = 0.0f;  // plain greedy, verifying a draft of 2
-  ps[1].temperature = 0.8f;
-  ps[1].top_k = 20;
-  ps[2].temperature = 1.0f;
-  ps[2].repetition_penalty = 1.3f;
-  ps[2].frequency_penalty = 0.5f;
-  ps[2].logit_bias = {{7, 5.0f}, {11, -3.0f}};
-  ps[3].temperature = 0.0f;
-  ps[3].presence_penalty = 1.0f;
-  ps[4].temperature = 0.7f;
-  ps[4].top_p = 0.9f;
-  ps[4].min_p = 0.05f;
-  for (size_t i = 0; i < ps.size(); ++i) ps[i].seed = 1000 + seed % 1000 + i;
-  std::vector<Sampler> on_device = batch_samplers(ps), on_host = batch_samplers(ps);
+  // Entry 0 (plain greedy) verifies a draft of 2.
+  const std::vector<SamplingParams> ps = testing::mixed_sampling_params(1000 + seed % 1000);
+  std::vector<Sampler> on_device = testing::samplers_with_history(ps), on_host = testing::samplers_with_history(ps);
   std::vector<SampleRow> device_rows, host_rows;
   for (size_t i = 0; i < ps.size(); ++i) {
     device_rows.push_back({&on_device[i], i == 0 ? 2 : 0});

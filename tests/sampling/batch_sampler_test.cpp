@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "sampling/batch_sampler.h"
+#include "sampling/mixed_requests.h"
 #include "test_util.h"
 
 namespace tachyon {
@@ -15,42 +16,12 @@ namespace {
 
 constexpr int kVocab = 300;
 
-std::vector<SamplingParams> mixed_params() {
-  std::vector<SamplingParams> ps(5);
-  ps[0].temperature = 0.0f;  // plain greedy
-  ps[1].temperature = 0.8f;
-  ps[1].top_k = 20;
-  ps[2].temperature = 1.0f;
-  ps[2].repetition_penalty = 1.3f;
-  ps[2].frequency_penalty = 0.5f;
-  ps[2].logit_bias = {{7, 5.0f}, {11, -3.0f}};
-  ps[3].temperature = 0.0f;
-  ps[3].presence_penalty = 1.0f;  // greedy with a penalty
-  ps[4].temperature = 0.7f;
-  ps[4].top_p = 0.9f;
-  ps[4].min_p = 0.05f;
-  for (size_t i = 0; i < ps.size(); ++i) ps[i].seed = 1000 + i;
-  return ps;
-}
-
-std::vector<Sampler> samplers_for(const std::vector<SamplingParams>& ps) {
-  std::vector<Sampler> s;
-  for (const SamplingParams& p : ps) {
-    s.emplace_back(p);
-    const std::vector<int32_t> prompt = {1, 7, 7, 42, 299};
-    s.back().set_prompt(prompt);
-    s.back().accept(7);
-    s.back().accept(13);
-  }
-  return s;
-}
-
 TEST(BatchSampler, HostRowsDrawAsTheirSamplersWouldAndLeaveDraftsToTheVerifier) {
   const uint32_t seed = testing::fresh_seed();
   SCOPED_TRACE(fmt::format("seed {} (TACHYON_TEST_SEED={} reproduces)", seed, seed));
   std::mt19937 rng(seed);
-  const std::vector<SamplingParams> ps = mixed_params();
-  std::vector<Sampler> batch = samplers_for(ps), alone = samplers_for(ps);
+  const std::vector<SamplingParams> ps = testing::mixed_sampling_params(1000);
+  std::vector<Sampler> batch = testing::samplers_with_history(ps), alone = testing::samplers_with_history(ps);
   // Entry 1 verifies a draft of 3 tokens: 4 rows.
   std::vector<SampleRow> rows;
   for (size_t i = 0; i < batch.size(); ++i) rows.push_back({&batch[i], i == 1 ? 3 : 0});
@@ -82,8 +53,8 @@ TEST(BatchSampler, HostRowsDrawAsTheirSamplersWouldAndLeaveDraftsToTheVerifier) 
 }
 
 TEST(BatchSampler, LogitsOfTheWrongShapeAreAnError) {
-  const std::vector<SamplingParams> ps = mixed_params();
-  std::vector<Sampler> batch = samplers_for(ps);
+  const std::vector<SamplingParams> ps = testing::mixed_sampling_params(1000);
+  std::vector<Sampler> batch = testing::samplers_with_history(ps);
   std::vector<SampleRow> rows;
   for (Sampler& s : batch) rows.push_back({&s, 0});
   BatchSampler sampler(Device::cpu(), kVocab);
