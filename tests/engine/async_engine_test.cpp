@@ -19,11 +19,7 @@ namespace {
 class AsyncEngineTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    LoadOptions lo;
-    lo.path = testing::source_dir() + "/models/tachyon-demo";
-    auto m = load_model(lo);
-    ASSERT_TRUE(m.ok()) << m.status().to_string();
-    model_ = new LoadedModel(std::move(*m));
+    model_ = new LoadedModel(testing::load_model_or_fail(testing::source_dir() + "/models/tachyon-demo"));
   }
   static void TearDownTestSuite() { delete model_; }
 
