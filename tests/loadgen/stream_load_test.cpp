@@ -228,17 +228,16 @@ TEST(StreamLoad, RefusingAndSilentServersFailEachRequestWithoutHanging) {
     EXPECT_FALSE(r.ok);
     EXPECT_NE(r.error.find("connect"), std::string::npos) << r.error;
   }
-  // Listening, never accepting: the kernel completes the handshakes, nothing ever answers.
+  // Listening, never accepting: the kernel completes the handshakes, nothing ever answers. Each
+  // request ends on its own timeout (its error says so), not on anything else: no wall-clock
+  // bound needed, which ctest -j's load would make flaky.
   ASSERT_EQ(listen(fd, 16), 0);
-  const auto t0 = std::chrono::steady_clock::now();
   auto silent = loadgen::run_stream_load(options, requests);
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   ASSERT_TRUE(silent.ok());
   for (const StreamLoadResult& r : *silent) {
     EXPECT_FALSE(r.ok);
     EXPECT_NE(r.error.find("timed out"), std::string::npos) << r.error;
   }
-  EXPECT_LT(seconds, 10.0);
   close(fd);
   // Bad options are an error of the call.
   options.threads = 0;
