@@ -104,11 +104,11 @@ CommandResult run_command(const std::string& command) {
 std::vector<int32_t> greedy_ids(const LlamaModel& model, const std::vector<int32_t>& prompt, int max_tokens,
                                 std::optional<DType> kv_dtype) {
   EngineOptions eo;
-  eo.kv_dtype = kv_dtype;
+  eo.kv.dtype = kv_dtype;
   eo.max_model_len = std::min<int>(model.config().max_position_embeddings,
                                    static_cast<int>(prompt.size()) + max_tokens + 1);
-  eo.num_kv_blocks = (eo.max_model_len + eo.block_size - 1) / eo.block_size;
-  eo.max_seqs = 1;
+  eo.kv.num_blocks = (eo.max_model_len + eo.kv.block_size - 1) / eo.kv.block_size;
+  eo.scheduler.max_seqs = 1;
   auto engine = Engine::create(model, nullptr, {}, eo);
   if (!engine.ok()) {
     ADD_FAILURE() << engine.status().to_string();

@@ -621,14 +621,14 @@ int run_bench(BenchArgs& a) {
   j["device"] = m.model->device().to_string();
   j["threads"] = num_threads();
   j["config"] = workload_json(a, latency, measured, a.concurrency);
-  j["config"].update({{"max_batched_tokens", eo->max_batched_tokens},
-                 {"max_seqs", eo->max_seqs},
-                 {"chunked_prefill", eo->chunked_prefill},
-                 {"prefix_caching", eo->prefix_caching},
-                 {"block_size", eo->block_size},
+  j["config"].update({{"max_batched_tokens", eo->scheduler.max_batched_tokens},
+                 {"max_seqs", eo->scheduler.max_seqs},
+                 {"chunked_prefill", eo->scheduler.chunked_prefill},
+                 {"prefix_caching", eo->kv.prefix_caching},
+                 {"block_size", eo->kv.block_size},
                  {"kv_dtype", dtype_name(e.kv_cache().config().dtype)},
                  {"kv_blocks", after.kv_blocks_total},
-                 {"kv_tokens", static_cast<int64_t>(after.kv_blocks_total) * eo->block_size},
+                 {"kv_tokens", static_cast<int64_t>(after.kv_blocks_total) * eo->kv.block_size},
                  {"kv_cache_bytes", after.kv_cache_bytes},
                  {"max_model_len", e.max_model_len()}});
   j["duration_s"] = duration;

@@ -46,10 +46,10 @@ int run_chat(ChatArgs& a) {
 
   // One conversation at a time: unless told otherwise, a KV cache for one full context.
   EngineOptions one = *eo;
-  one.max_seqs = 1;
+  one.scheduler.max_seqs = 1;
   if (a.engine.kv_cache_mem.empty()) {
     const int ctx = one.max_model_len > 0 ? one.max_model_len : m.model->config().max_position_embeddings;
-    one.num_kv_blocks = (ctx + one.block_size - 1) / one.block_size;
+    one.kv.num_blocks = (ctx + one.kv.block_size - 1) / one.kv.block_size;
   }
   auto engine = Engine::create(*m.model, m.tokenizer.get(), m.eos_token_ids, one);
   if (!engine.ok()) return report(engine.status());

@@ -212,7 +212,7 @@ void add_engine_options(CLI::App& cmd, EngineArgs& a) {
   cmd.add_option("--kv,--kv-dtype", a.kv_dtype,
                  "KV cache dtype: f32, f16, bf16, or quantized int8 / fp8 (e4m3, a scale per token and head) "
                  "(default: f32 on the CPU, bf16 on a GPU)");
-  cmd.add_option("--block-size", a.block_size, "tokens per KV block (default 16)")->check(CLI::Range(1, 1024));
+  cmd.add_option("--block-size", a.block_size, fmt::format("tokens per KV block (default {})", kDefaultBlockSize))->check(CLI::Range(1, 1024));
   cmd.add_option("--max-model-len", a.max_model_len, "context length (default: the model's)")
       ->check(non_negative_int());
   cmd.add_option("--max-batched-tokens", a.max_batched_tokens, "tokens per engine step (default 2048)")
@@ -267,19 +267,19 @@ Result<DType> parse_kv_dtype(const std::string& name) {
 Result<EngineOptions> engine_options(const EngineArgs& a) {
   EngineOptions o;
   if (!a.kv_cache_mem.empty()) {
-    TACHYON_ASSIGN_OR_RETURN(o.kv_cache_bytes, parse_bytes(a.kv_cache_mem));
-    if (o.kv_cache_bytes == 0) return make_error(ErrorCode::kInvalidArgument, "--kv-cache-mem must be positive");
+    TACHYON_ASSIGN_OR_RETURN(o.kv.bytes, parse_bytes(a.kv_cache_mem));
+    if (o.kv.bytes == 0) return make_error(ErrorCode::kInvalidArgument, "--kv-cache-mem must be positive");
   }
-  o.kv_cache_fraction = a.kv_cache_fraction;
+  o.kv.fraction = a.kv_cache_fraction;
   if (a.kv_dtype != "auto") {
-    TACHYON_ASSIGN_OR_RETURN(o.kv_dtype, parse_kv_dtype(a.kv_dtype));
+    TACHYON_ASSIGN_OR_RETURN(o.kv.dtype, parse_kv_dtype(a.kv_dtype));
   }
-  o.block_size = a.block_size;
+  o.kv.block_size = a.block_size;
   o.max_model_len = a.max_model_len;
-  o.max_batched_tokens = a.max_batched_tokens;
-  o.max_seqs = a.max_seqs;
-  o.chunked_prefill = !a.no_chunked_prefill;
-  o.prefix_caching = !a.no_prefix_caching;
+  o.scheduler.max_batched_tokens = a.max_batched_tokens;
+  o.scheduler.max_seqs = a.max_seqs;
+  o.scheduler.chunked_prefill = !a.no_chunked_prefill;
+  o.kv.prefix_caching = !a.no_prefix_caching;
   o.batch_invariant = a.batch_invariant;
   o.cuda_graphs = !a.enforce_eager;
   return o;

@@ -45,7 +45,7 @@ struct EngineArgs {
   std::string kv_cache_mem;        // "2GiB", "512M", "1e9"; empty: a fraction of free memory
   double kv_cache_fraction = 0.0;  // 0: 0.25 of available host memory, 0.9 of a GPU's free memory
   std::string kv_dtype = "auto";
-  int block_size = 16;
+  int block_size = kDefaultBlockSize;
   int max_model_len = 0;
   int max_batched_tokens = 2048;
   int max_seqs = 256;

@@ -202,7 +202,7 @@ int run_generate(GenerateArgs& a) {
     const int64_t need = static_cast<int64_t>(prompt.size()) + a.max_new_tokens + 1;
     const int ctx = one.max_model_len > 0 ? one.max_model_len : config.max_position_embeddings;
     if (need < ctx) one.max_model_len = static_cast<int>(need);
-    one.num_kv_blocks = ((one.max_model_len > 0 ? one.max_model_len : ctx) + one.block_size - 1) / one.block_size;
+    one.kv.num_blocks = ((one.max_model_len > 0 ? one.max_model_len : ctx) + one.kv.block_size - 1) / one.kv.block_size;
   }
   auto engine = Engine::create(*m.model, m.tokenizer.get(), m.eos_token_ids, one);
   if (!engine.ok()) return report(engine.status());

@@ -165,7 +165,7 @@ class WindowRunner {
   }
 
  private:
-  static constexpr int kBlockSize = 16;
+  static constexpr int kBlockSize = kDefaultBlockSize;
 
   WindowRunner(const LlamaModel& model, KvCache cache, int num_blocks)
       : model_(model), cache_(std::move(cache)), blocks_(BlockManagerOptions{num_blocks, kBlockSize, false}),

@@ -190,7 +190,7 @@ int run_serve(ServeArgs& a) {
                "tachyon serve: model '%s' (%s) loaded in %.2f s | max_model_len %d | kv cache %d blocks of %d tokens "
                "(%.1f MiB) | max_seqs %d, max_waiting %d | chat template: %s\n",
                context.model_name.c_str(), m.path.c_str(), m.load_seconds, context.max_model_len, stats.kv_blocks_total,
-               eo->block_size, static_cast<double>(stats.kv_cache_bytes) / (1 << 20), eo->max_seqs, a.max_waiting,
+               eo->kv.block_size, static_cast<double>(stats.kv_cache_bytes) / (1 << 20), eo->scheduler.max_seqs, a.max_waiting,
                template_source);
   if (decode_worker) {
     std::fprintf(stderr, "tachyon serve: role decode | kv transfers on %s:%d\n",

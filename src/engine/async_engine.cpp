@@ -268,8 +268,8 @@ void AsyncEngine::admit(std::shared_ptr<RequestStream> s, double now) {
   }
   // Holding is worth it only when there is a full block to share.
   const RequestStream* leader = s->leader_.get();
-  const bool shareable = engine_->options().prefix_caching &&
-                         s->prompt_ids_.size() > static_cast<size_t>(engine_->options().block_size);
+  const bool shareable = engine_->options().kv.prefix_caching &&
+                         s->prompt_ids_.size() > static_cast<size_t>(engine_->kv_config().block_size);
   if (leader != nullptr && shareable && !leader->started_ && !leader->cancelled_.load(std::memory_order_acquire)) {
     held_.push_back(std::move(s));
     return;

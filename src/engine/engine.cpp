@@ -60,19 +60,19 @@ struct Engine::Request {
 Result<std::unique_ptr<Engine>> Engine::create(const LlamaModel& model, const Tokenizer* tokenizer,
                                                std::vector<int32_t> eos_token_ids, const EngineOptions& options) {
   const ModelConfig& c = model.config();
-  if (options.block_size <= 0 || options.block_size > 1024) {
-    return make_error(ErrorCode::kInvalidArgument, "block size {} must be in [1, 1024]", options.block_size);
+  if (options.kv.block_size <= 0 || options.kv.block_size > 1024) {
+    return make_error(ErrorCode::kInvalidArgument, "block size {} must be in [1, 1024]", options.kv.block_size);
   }
-  if (options.max_batched_tokens <= 0 || options.max_seqs <= 0) {
+  if (options.scheduler.max_batched_tokens <= 0 || options.scheduler.max_seqs <= 0) {
     return make_error(ErrorCode::kInvalidArgument, "max_batched_tokens ({}) and max_seqs ({}) must be positive",
-                      options.max_batched_tokens, options.max_seqs);
+                      options.scheduler.max_batched_tokens, options.scheduler.max_seqs);
   }
   if (options.max_model_len < 0 || options.max_model_len > c.max_position_embeddings) {
     return make_error(ErrorCode::kInvalidArgument, "max_model_len {} must be in [1, {}] (the model's context)",
                       options.max_model_len, c.max_position_embeddings);
   }
   const Device device = model.device();
-  const DType kv_dtype = options.kv_dtype.value_or(device.is_cpu() ? DType::kF32 : DType::kBF16);
+  const DType kv_dtype = options.kv.dtype.value_or(device.is_cpu() ? DType::kF32 : DType::kBF16);
   if (!ops::is_kv_cache_dtype(kv_dtype)) {
     return make_error(ErrorCode::kUnsupported, "kv cache dtype {} (f32, f16, bf16, i8 or f8e4m3)",
                       dtype_name(kv_dtype));
@@ -83,10 +83,10 @@ Result<std::unique_ptr<Engine>> Engine::create(const LlamaModel& model, const To
   kv.num_layers = c.num_layers;
   kv.num_kv_heads = c.num_kv_heads;
   kv.head_dim = c.head_dim;
-  kv.block_size = options.block_size;
+  kv.block_size = options.kv.block_size;
   kv.dtype = kv_dtype;
   kv.device = device;
-  const int64_t blocks_per_seq = (max_model_len + options.block_size - 1) / options.block_size;
+  const int64_t blocks_per_seq = (max_model_len + options.kv.block_size - 1) / options.kv.block_size;
   // A draft model's cache has as many blocks as the target's: a memory budget pays for both.
   KvCacheConfig budgeted = kv;
   if (options.spec.method == SpecMethod::kDraftModel && options.spec.draft_model != nullptr) {
@@ -99,12 +99,12 @@ Result<std::unique_ptr<Engine>> Engine::create(const LlamaModel& model, const To
     budgeted.num_kv_heads = 1;
     budgeted.head_dim = static_cast<int>((kv.bytes_per_token() + draft.bytes_per_token()) / (2 * dtype_size(kv.dtype)));
   }
-  if (options.num_kv_blocks > 0) {
-    kv.num_blocks = options.num_kv_blocks;
-  } else if (options.kv_cache_bytes > 0) {
-    kv.num_blocks = budgeted.blocks_for_budget(options.kv_cache_bytes);
+  if (options.kv.num_blocks > 0) {
+    kv.num_blocks = options.kv.num_blocks;
+  } else if (options.kv.bytes > 0) {
+    kv.num_blocks = budgeted.blocks_for_budget(options.kv.bytes);
   } else {
-    const double fraction = options.kv_cache_fraction > 0.0 ? options.kv_cache_fraction : device.is_cpu() ? 0.25 : 0.9;
+    const double fraction = options.kv.fraction > 0.0 ? options.kv.fraction : device.is_cpu() ? 0.25 : 0.9;
     if (!(fraction > 0.0 && fraction <= 0.95)) {
       return make_error(ErrorCode::kInvalidArgument, "kv cache fraction {} must be in (0, 0.95]", fraction);
     }
@@ -114,13 +114,13 @@ Result<std::unique_ptr<Engine>> Engine::create(const LlamaModel& model, const To
       TACHYON_RETURN_IF_ERROR(memory_info(device, available, total));
     }
     const size_t budget = static_cast<size_t>(static_cast<double>(available) * fraction);
-    const int64_t wanted = blocks_per_seq * options.max_seqs;
+    const int64_t wanted = blocks_per_seq * options.scheduler.max_seqs;
     kv.num_blocks = static_cast<int>(std::min<int64_t>(wanted, budgeted.blocks_for_budget(budget)));
   }
   if (kv.num_blocks < 1) {
     return make_error(ErrorCode::kOutOfMemory, "kv cache: the budget holds no block of {} bytes", kv.bytes_per_block());
   }
-  const int64_t capacity = static_cast<int64_t>(kv.num_blocks) * options.block_size;
+  const int64_t capacity = static_cast<int64_t>(kv.num_blocks) * options.kv.block_size;
   if (capacity < max_model_len) {
     if (options.max_model_len > 0) {
       return make_error(ErrorCode::kOutOfMemory,
@@ -131,14 +131,14 @@ Result<std::unique_ptr<Engine>> Engine::create(const LlamaModel& model, const To
     TACHYON_LOG_WARN("kv cache holds {} tokens: max_model_len lowered from {} to {}", capacity, max_model_len, capacity);
     max_model_len = static_cast<int>(capacity);
   }
-  if (!options.chunked_prefill && options.max_batched_tokens < max_model_len) {
+  if (!options.scheduler.chunked_prefill && options.scheduler.max_batched_tokens < max_model_len) {
     return make_error(ErrorCode::kInvalidArgument,
                       "without chunked prefill, max_batched_tokens ({}) must be at least max_model_len ({})",
-                      options.max_batched_tokens, max_model_len);
+                      options.scheduler.max_batched_tokens, max_model_len);
   }
   TACHYON_ASSIGN_OR_RETURN(KvCache cache, KvCache::create(kv));
   TACHYON_LOG_INFO("kv cache: {} blocks of {} tokens, {} on {} ({:.1f} MiB); max_model_len {}", kv.num_blocks,
-                   options.block_size, dtype_name(kv.dtype), device.to_string(), static_cast<double>(cache.nbytes()) / (1 << 20),
+                   options.kv.block_size, dtype_name(kv.dtype), device.to_string(), static_cast<double>(cache.nbytes()) / (1 << 20),
                    max_model_len);
   std::unique_ptr<Engine> engine(
       new Engine(model, tokenizer, std::move(eos_token_ids), options, max_model_len, std::move(cache)));
@@ -158,8 +158,8 @@ Engine::Engine(const LlamaModel& model, const Tokenizer* tokenizer, std::vector<
       options_(options),
       max_model_len_(max_model_len),
       cache_(std::move(cache)),
-      blocks_(BlockManagerOptions{cache_.config().num_blocks, cache_.config().block_size, options.prefix_caching}),
-      scheduler_(SchedulerOptions{options.max_batched_tokens, options.max_seqs, options.chunked_prefill}, blocks_),
+      blocks_(BlockManagerOptions{cache_.config().num_blocks, cache_.config().block_size, options.kv.prefix_caching}),
+      scheduler_(options.scheduler, blocks_),
       sampler_(model.device(), model.config().vocab_size) {}
 
 Engine::~Engine() = default;

@@ -42,21 +42,26 @@
 
 namespace tachyon {
 
-struct EngineOptions {
-  int block_size = 16;              // tokens per KV block
-  // KV cache size, the first that is set: num_kv_blocks, kv_cache_bytes, else kv_cache_fraction
-  // of the memory available now on the model's device (0: 0.25 of the host's, 0.9 of a GPU's free
-  // memory after the weights), capped at what max_seqs sequences of max_model_len tokens need.
-  // The cache lives where the model does.
-  int num_kv_blocks = 0;
-  size_t kv_cache_bytes = 0;
-  double kv_cache_fraction = 0.0;
-  std::optional<DType> kv_dtype;    // f32, f16, bf16, i8 or f8e4m3; default f32 on the CPU, bf16 on a GPU
-  int max_model_len = 0;            // 0: the model's context length
-  int max_batched_tokens = 2048;    // tokens per step
-  int max_seqs = 256;               // sequences running at once
-  bool chunked_prefill = true;
+// The engine's paged KV cache: its geometry and how much memory it takes. The block size lives
+// here until the cache exists; from then on the cache's config is its one owner
+// (Engine::kv_config()), which the scheduler, the block manager and the draft cache all read.
+struct KvCacheOptions {
+  int block_size = kDefaultBlockSize;  // tokens per KV block
+  // The cache's size, the first that is set: num_blocks, bytes, else `fraction` of the memory
+  // available now on the model's device (0: 0.25 of the host's, 0.9 of a GPU's free memory after
+  // the weights), capped at what max_seqs sequences of max_model_len tokens need. The cache
+  // lives where the model does.
+  int num_blocks = 0;
+  size_t bytes = 0;
+  double fraction = 0.0;
+  std::optional<DType> dtype;  // f32, f16, bf16, i8 or f8e4m3; default f32 on the CPU, bf16 on a GPU
   bool prefix_caching = true;
+};
+
+struct EngineOptions {
+  KvCacheOptions kv;
+  SchedulerOptions scheduler;       // tokens per step, sequences at once, chunked prefill
+  int max_model_len = 0;            // 0: the model's context length
   bool batch_invariant = false;     // outputs bit-identical whatever else is in the batch (slower)
   bool cuda_graphs = true;          // on a GPU, replay decode steps as CUDA graphs (false: eager)
   SpecDecodeOptions spec;           // speculative decoding (off by default)
@@ -133,6 +138,7 @@ class Engine {
 
   EngineStats stats() const;
   const EngineOptions& options() const { return options_; }
+  const KvCacheConfig& kv_config() const { return cache_.config(); }  // the block size's one owner
   int max_model_len() const { return max_model_len_; }
   const LlamaModel& model() const { return model_; }
   const Tokenizer* tokenizer() const { return tokenizer_; }

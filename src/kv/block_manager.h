@@ -33,7 +33,7 @@ namespace tachyon {
 
 struct BlockManagerOptions {
   int num_blocks = 0;
-  int block_size = 16;  // tokens per block
+  int block_size = 0;   // tokens per block: the KV cache config's (KvCacheConfig::block_size)
   bool prefix_caching = true;
 };
 
@@ -54,7 +54,7 @@ struct SlotCopy {
 // blocks()[p / block_size] at offset p % block_size. Changed only through a BlockManager.
 class BlockTable {
  public:
-  explicit BlockTable(int block_size = 16) : block_size_(block_size) {}
+  explicit BlockTable(int block_size) : block_size_(block_size) {}
 
   int block_size() const { return block_size_; }
   int num_tokens() const { return num_tokens_; }  // positions the table has room for

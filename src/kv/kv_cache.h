@@ -18,11 +18,14 @@
 
 namespace tachyon {
 
+// Tokens per KV block when nothing else is asked for.
+inline constexpr int kDefaultBlockSize = 16;
+
 struct KvCacheConfig {
   int num_layers = 0;
   int num_kv_heads = 0;
   int head_dim = 0;
-  int block_size = 16;
+  int block_size = kDefaultBlockSize;
   int num_blocks = 0;
   DType dtype = DType::kF32;  // f32 (the CPU reference), f16, bf16, or quantized i8 / f8e4m3
   Device device = Device::cpu();

@@ -45,7 +45,7 @@ class CalibrationForward {
     const ModelConfig& c = model.config();
     auto f = std::unique_ptr<CalibrationForward>(new CalibrationForward(model));
     f->n_ = static_cast<int64_t>(tokens.size());
-    const int block_size = 16;
+    const int block_size = kDefaultBlockSize;
     // Whole sequences into batches of at most kTokensPerBatch tokens (or one sequence).
     int64_t max_batch = 0;
     for (int64_t begin = 0; begin < f->n_;) {

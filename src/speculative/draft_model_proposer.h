@@ -37,7 +37,7 @@ namespace tachyon {
 
 struct DraftModelOptions {
   int num_kv_blocks = 0;  // the draft cache: as many blocks as the target's
-  int block_size = 16;
+  int block_size = 0;     // the target cache's (KvCacheConfig::block_size)
   DType kv_dtype = DType::kF32;
   int max_model_len = 0;  // positions the draft may write, at most its context
   ops::LinearMode linear_mode = ops::LinearMode::kFastest;

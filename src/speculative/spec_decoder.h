@@ -87,7 +87,7 @@ struct SpecCandidate {
 // Where the draft model's cache comes from (kDraftModel): the engine's cache geometry.
 struct SpecCacheGeometry {
   int num_kv_blocks = 0;
-  int block_size = 16;
+  int block_size = 0;     // the target cache's (KvCacheConfig::block_size)
   DType kv_dtype = DType::kF32;
   int max_model_len = 0;
   ops::LinearMode linear_mode = ops::LinearMode::kFastest;

@@ -47,8 +47,8 @@ class AsyncEngineDisaggTest : public ::testing::Test {
   std::unique_ptr<AsyncEngine> make(AsyncEngineOptions ao, Metrics& metrics, int num_kv_blocks = 128,
                                     int max_seqs = 16) {
     EngineOptions eo;
-    eo.num_kv_blocks = num_kv_blocks;
-    eo.max_seqs = max_seqs;
+    eo.kv.num_blocks = num_kv_blocks;
+    eo.scheduler.max_seqs = max_seqs;
     eo.batch_invariant = true;
     auto e = Engine::create(*model_->model, model_->tokenizer.get(), model_->eos_token_ids, eo);
     EXPECT_TRUE(e.ok()) << e.status().to_string();

@@ -144,9 +144,9 @@ class DisaggTest : public ::testing::Test {
   static EngineOptions base_options() {
     EngineOptions o;
     o.max_model_len = 512;
-    o.num_kv_blocks = 512 / 16 * 32;
-    o.max_batched_tokens = 512;
-    o.max_seqs = 32;
+    o.kv.num_blocks = 512 / 16 * 32;
+    o.scheduler.max_batched_tokens = 512;
+    o.scheduler.max_seqs = 32;
     o.batch_invariant = true;
     return o;
   }
@@ -378,7 +378,7 @@ TEST_F(DisaggTest, QuantizedCachesOverTcpEqualColocated) {
   for (DType dtype : {DType::kI8, DType::kF8E4M3}) {
     SCOPED_TRACE(dtype_name(dtype));
     EngineOptions o = base_options();
-    o.kv_dtype = dtype;
+    o.kv.dtype = dtype;
     const std::vector<Case> cases = odd_cases(greedy_);
     const std::vector<Outcome> colocated = run_colocated(cases, o);
     const DisaggResult r = run_over_tcp(cases, o, o);
@@ -388,7 +388,7 @@ TEST_F(DisaggTest, QuantizedCachesOverTcpEqualColocated) {
   }
   // An i8 export is refused by an engine with an f32 cache.
   EngineOptions i8 = base_options();
-  i8.kv_dtype = DType::kI8;
+  i8.kv.dtype = DType::kI8;
   const KvExport kv = export_one(greedy_[5], i8);
   EXPECT_EQ(kv.layers[0].size(), static_cast<size_t>(kv.num_computed) * 2 * kv.num_kv_heads * (kv.head_dim + 4));
   auto plain = make(base_options());
@@ -487,13 +487,13 @@ TEST_F(DisaggTest, LargerBlocksOnThePrefillSideAndASmallDecodeCache) {
   // Prefill: blocks of 32 in a cache just large enough; decode: blocks of 8, a cache of just the
   // context's 512 tokens, no prefix caching.
   EngineOptions prefill = base_options();
-  prefill.block_size = 32;
-  prefill.num_kv_blocks = 512 / 32 + 4;
-  prefill.max_batched_tokens = 160;
+  prefill.kv.block_size = 32;
+  prefill.kv.num_blocks = 512 / 32 + 4;
+  prefill.scheduler.max_batched_tokens = 160;
   EngineOptions decode = base_options();
-  decode.block_size = 8;
-  decode.num_kv_blocks = 512 / 8;
-  decode.prefix_caching = false;
+  decode.kv.block_size = 8;
+  decode.kv.num_blocks = 512 / 8;
+  decode.kv.prefix_caching = false;
   const std::vector<Case> cases = odd_cases(greedy_);
   const DisaggResult r = run_over_tcp(cases, prefill, decode);
   expect_same(r.outcomes, run_colocated(cases), "block sizes 32 -> 8");
@@ -504,12 +504,12 @@ TEST_F(DisaggTest, SmallerBlocksOnThePrefillSideAndAFullDecodeSide) {
   // Blocks of 8 -> 16, over the in-process transport; the decode side runs at most three
   // sequences in a small cache, so adoptions wait for room.
   EngineOptions prefill = base_options();
-  prefill.block_size = 8;
-  prefill.num_kv_blocks = 200;
+  prefill.kv.block_size = 8;
+  prefill.kv.num_blocks = 200;
   EngineOptions decode = base_options();
-  decode.block_size = 16;
-  decode.num_kv_blocks = 512 / 16;
-  decode.max_seqs = 3;
+  decode.kv.block_size = 16;
+  decode.kv.num_blocks = 512 / 16;
+  decode.scheduler.max_seqs = 3;
   auto p = make(prefill);
   auto d = make(decode);
   auto [send_end, receive_end] = make_local_transport_pair();
@@ -685,7 +685,7 @@ TEST_F(DisaggTest, ModelShapeMismatchIsInvalidArgument) {
   EXPECT_EQ(r.status().code(), ErrorCode::kInvalidArgument) << r.status().to_string();
   // The same model with a cache of another dtype.
   EngineOptions f16 = base_options();
-  f16.kv_dtype = DType::kF16;
+  f16.kv.dtype = DType::kF16;
   auto half = make(f16);
   EXPECT_EQ(adopt(*half, kv, greedy_[5].params).status().code(), ErrorCode::kInvalidArgument);
   expect_no_leaks(*half, "f16 cache");
@@ -733,7 +733,7 @@ TEST_F(DisaggTest, BadImportsAreRejectedWithoutLeaks) {
   rejected(kv, p, ErrorCode::kInvalidArgument, "max_tokens already reached");
   EngineOptions small = base_options();
   small.max_model_len = static_cast<int>(kv.tokens.size());
-  small.num_kv_blocks = 64;
+  small.kv.num_blocks = 64;
   auto short_context = make(small);
   EXPECT_EQ(adopt(*short_context, kv, c.params).status().code(), ErrorCode::kOutOfRange);
   expect_no_leaks(*short_context, "context too short");

@@ -25,8 +25,8 @@ class AsyncEngineTest : public ::testing::Test {
 
   std::unique_ptr<AsyncEngine> make(AsyncEngineOptions ao, int max_seqs = 64) {
     EngineOptions eo;
-    eo.num_kv_blocks = 256;
-    eo.max_seqs = max_seqs;
+    eo.kv.num_blocks = 256;
+    eo.scheduler.max_seqs = max_seqs;
     auto e = Engine::create(*model_->model, model_->tokenizer.get(), model_->eos_token_ids, eo);
     EXPECT_TRUE(e.ok()) << e.status().to_string();
     return std::make_unique<AsyncEngine>(std::move(*e), ao, metrics_);

@@ -24,8 +24,8 @@ class EngineFaults : public ::testing::TestWithParam<ops::Fault> {
 
   static std::unique_ptr<Engine> make(int max_seqs) {
     EngineOptions o;
-    o.num_kv_blocks = 64;
-    o.max_seqs = max_seqs;
+    o.kv.num_blocks = 64;
+    o.scheduler.max_seqs = max_seqs;
     auto e = Engine::create(*model_->model, model_->tokenizer.get(), model_->eos_token_ids, o);
     EXPECT_TRUE(e.ok()) << e.status().to_string();
     return e.ok() ? std::move(e).value() : nullptr;

@@ -65,9 +65,9 @@ class EngineTest : public ::testing::Test {
   static EngineOptions base_options() {
     EngineOptions o;
     o.max_model_len = 512;
-    o.num_kv_blocks = 512 / 16 * 32;
-    o.max_batched_tokens = 256;
-    o.max_seqs = 32;
+    o.kv.num_blocks = 512 / 16 * 32;
+    o.scheduler.max_batched_tokens = 256;
+    o.scheduler.max_seqs = 32;
     o.batch_invariant = true;
     return o;
   }
@@ -80,9 +80,9 @@ class EngineTest : public ::testing::Test {
 
   static Result1 run_alone(const Case& c) {
     EngineOptions o = base_options();
-    o.max_seqs = 1;
-    o.num_kv_blocks = 512 / 16;
-    o.prefix_caching = false;
+    o.scheduler.max_seqs = 1;
+    o.kv.num_blocks = 512 / 16;
+    o.kv.prefix_caching = false;
     auto e = make(o);
     std::map<RequestId, Result1> out;
     auto id = e->add_request(c.prompt, c.params);
@@ -188,11 +188,11 @@ TEST_F(EngineTest, QuantizedKvCachesKeepGreedyOutputs) {
   for (Case& c : cases) c.params.max_tokens = 32;
   const auto run = [&](DType dtype, bool small_cache) {
     EngineOptions o = base_options();
-    o.kv_dtype = dtype;
+    o.kv.dtype = dtype;
     if (small_cache) {
       o.max_model_len = 320;
-      o.num_kv_blocks = 24;  // far less than the 32 requests need: preemptions
-      o.max_batched_tokens = 96;
+      o.kv.num_blocks = 24;  // far less than the 32 requests need: preemptions
+      o.scheduler.max_batched_tokens = 96;
     }
     auto e = make(o);
     std::vector<Result1> r = run_together(*e, cases);
@@ -224,8 +224,8 @@ TEST_F(EngineTest, QuantizedKvCachesKeepGreedyOutputs) {
 
 TEST_F(EngineTest, BatchedWithoutChunkedPrefillEqualsAlone) {
   EngineOptions o = base_options();
-  o.chunked_prefill = false;
-  o.max_batched_tokens = 512;
+  o.scheduler.chunked_prefill = false;
+  o.scheduler.max_batched_tokens = 512;
   auto e = make(o);
   expect_same_as_alone(run_together(*e, cases_), "unchunked");
 }
@@ -234,10 +234,10 @@ TEST_F(EngineTest, PreemptionUnderASmallCacheKeepsOutputs) {
   for (bool chunked : {true, false}) {
     EngineOptions o = base_options();
     o.max_model_len = 320;
-    o.num_kv_blocks = 20;  // 320 tokens for 32 requests that need ~2900
-    o.chunked_prefill = chunked;
-    o.max_batched_tokens = chunked ? 96 : 320;
-    o.prefix_caching = false;
+    o.kv.num_blocks = 20;  // 320 tokens for 32 requests that need ~2900
+    o.scheduler.chunked_prefill = chunked;
+    o.scheduler.max_batched_tokens = chunked ? 96 : 320;
+    o.kv.prefix_caching = false;
     auto e = make(o);
     expect_same_as_alone(run_together(*e, cases_), chunked ? "preempted, chunked" : "preempted, unchunked");
     EXPECT_GT(e->stats().num_preemptions, 0);
@@ -246,7 +246,7 @@ TEST_F(EngineTest, PreemptionUnderASmallCacheKeepsOutputs) {
 
 TEST_F(EngineTest, PrefixCacheHitsOnASecondRunAndKeepsOutputs) {
   EngineOptions o = base_options();
-  o.num_kv_blocks = 1024;
+  o.kv.num_blocks = 1024;
   auto e = make(o);
   expect_same_as_alone(run_together(*e, cases_), "prefix cache, first run");
   const PrefixCacheStats first = e->stats().prefix;
@@ -260,8 +260,8 @@ TEST_F(EngineTest, PrefixCacheHitsOnASecondRunAndKeepsOutputs) {
 
 TEST_F(EngineTest, PrefixCacheWithEvictionAndPreemption) {
   EngineOptions o = base_options();
-  o.num_kv_blocks = 48;
-  o.max_batched_tokens = 128;
+  o.kv.num_blocks = 48;
+  o.scheduler.max_batched_tokens = 128;
   auto e = make(o);
   expect_same_as_alone(run_together(*e, cases_), "small cache with prefix caching, first run");
   expect_same_as_alone(run_together(*e, cases_), "small cache with prefix caching, second run");
@@ -321,8 +321,8 @@ TEST_F(EngineTest, SeededSamplingSurvivesPreemption) {
   for (const Case& c : sampled) alone.push_back(run_alone(c));
   EngineOptions o = base_options();
   o.max_model_len = 320;
-  o.num_kv_blocks = 20;
-  o.max_batched_tokens = 96;
+  o.kv.num_blocks = 20;
+  o.scheduler.max_batched_tokens = 96;
   auto e = make(o);
   const auto got = run_together(*e, sampled);
   EXPECT_GT(e->stats().num_preemptions, 0);
@@ -424,7 +424,7 @@ TEST_F(EngineTest, TransferHookFreesBlocksWhateverTheCopyReturns) {
     EXPECT_EQ(blocks.cache, &e->kv_cache());
     EXPECT_EQ(blocks.begin, 0);
     EXPECT_EQ(blocks.end, seq.num_computed);
-    EXPECT_GE(static_cast<int>(blocks.block_table.size()) * e->options().block_size, seq.num_computed);
+    EXPECT_GE(static_cast<int>(blocks.block_table.size()) * e->options().kv.block_size, seq.num_computed);
     return make_error(ErrorCode::kIo, "the copy failed");
   });
   EXPECT_EQ(read.code(), ErrorCode::kIo) << read.to_string();
@@ -479,11 +479,11 @@ TEST_F(EngineTest, BadRequestsAreErrors) {
   EXPECT_FALSE(e->has_unfinished());
   // Engine options that cannot work.
   EngineOptions o = base_options();
-  o.num_kv_blocks = 4;  // 64 tokens < max_model_len 512, set explicitly
+  o.kv.num_blocks = 4;  // 64 tokens < max_model_len 512, set explicitly
   EXPECT_EQ(Engine::create(*model_->model, nullptr, {}, o).status().code(), ErrorCode::kOutOfMemory);
   o = base_options();
-  o.chunked_prefill = false;
-  o.max_batched_tokens = 100;
+  o.scheduler.chunked_prefill = false;
+  o.scheduler.max_batched_tokens = 100;
   EXPECT_FALSE(Engine::create(*model_->model, nullptr, {}, o).ok());
   o = base_options();
   o.max_model_len = 100000;

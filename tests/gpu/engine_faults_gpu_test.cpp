@@ -41,9 +41,9 @@ TEST(GpuEngine, AFailedStepEndsItsRequestsAndTheEngineGoesOn) {
       SCOPED_TRACE(fmt::format("cuda graphs {}, {} fault", graphs ? "on" : "off",
                                fault == ops::Fault::kWorkspace ? "workspace" : "kernel"));
       EngineOptions eo;
-      eo.num_kv_blocks = 64;
+      eo.kv.num_blocks = 64;
       eo.max_model_len = 256;
-      eo.max_seqs = 1;  // the second request waits while the first runs
+      eo.scheduler.max_seqs = 1;  // the second request waits while the first runs
       eo.cuda_graphs = graphs;
       const auto run = [&](Engine& e, std::map<RequestId, std::vector<int32_t>>& got) {
         while (e.has_unfinished()) {

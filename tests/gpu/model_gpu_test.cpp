@@ -769,9 +769,9 @@ TEST(GpuEngine, ServesRequestsWithPrefixCachingAndReturnsEveryBlock) {
   LoadedModel gpu = testing::load_model_or_fail(testing::source_dir() + "/models/tachyon-demo", kGpu);
   LoadedModel cpu = testing::load_model_or_fail(testing::source_dir() + "/models/tachyon-demo", Device::cpu());
   EngineOptions eo;
-  eo.num_kv_blocks = 64;
+  eo.kv.num_blocks = 64;
   eo.max_model_len = 256;
-  eo.kv_dtype = DType::kF32;
+  eo.kv.dtype = DType::kF32;
   auto engine = Engine::create(*gpu.model, gpu.tokenizer.get(), gpu.eos_token_ids, eo);
   ASSERT_TRUE(engine.ok()) << engine.status().to_string();
   GenerationParams p;
@@ -817,14 +817,14 @@ TEST(GpuEngine, DisaggregatedPrefillAndDecodeEqualColocated) {
   TACHYON_START_GPU();
   LoadedModel m = testing::load_model_or_fail(testing::source_dir() + "/models/tachyon-demo", kGpu);
   EngineOptions eo;
-  eo.num_kv_blocks = 96;
+  eo.kv.num_blocks = 96;
   eo.max_model_len = 512;
-  eo.kv_dtype = DType::kBF16;
+  eo.kv.dtype = DType::kBF16;
   auto colocated = Engine::create(*m.model, m.tokenizer.get(), m.eos_token_ids, eo);
   auto prefill = Engine::create(*m.model, m.tokenizer.get(), m.eos_token_ids, eo);
   EngineOptions decode_options = eo;
-  decode_options.block_size = 32;  // the sides' block sizes need not agree
-  decode_options.num_kv_blocks = 40;
+  decode_options.kv.block_size = 32;  // the sides' block sizes need not agree
+  decode_options.kv.num_blocks = 40;
   auto decode = Engine::create(*m.model, m.tokenizer.get(), m.eos_token_ids, decode_options);
   ASSERT_TRUE(colocated.ok() && prefill.ok() && decode.ok());
   auto [to_decode, from_prefill] = disagg::make_local_transport_pair();
@@ -917,7 +917,7 @@ TEST(GpuEngine, SamplingOnTheDeviceEqualsTheHostSampler) {
                                             "The cat sat"};
   const auto run = [&](int logprobs) {
     EngineOptions eo;
-    eo.num_kv_blocks = 64;
+    eo.kv.num_blocks = 64;
     eo.max_model_len = 256;
     auto engine = Engine::create(*m.model, m.tokenizer.get(), m.eos_token_ids, eo);
     EXPECT_TRUE(engine.ok());
@@ -970,9 +970,9 @@ TEST(GpuEngine, SpeculativeTreesAndChainsEqualPlainGreedy) {
   }
   const auto run = [&](SpecMethod method, int tree_nodes, SpecStats* stats) {
     EngineOptions eo;
-    eo.num_kv_blocks = 256;
+    eo.kv.num_blocks = 256;
     eo.max_model_len = 512;
-    eo.kv_dtype = DType::kF32;
+    eo.kv.dtype = DType::kF32;
     eo.spec.method = method;
     eo.spec.draft_model = draft.model.get();
     eo.spec.k = method == SpecMethod::kNone ? 0 : 4;

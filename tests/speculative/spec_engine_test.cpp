@@ -45,9 +45,9 @@ struct Outcome {
 EngineOptions small_options(int max_seqs = 8) {
   EngineOptions o;
   o.max_model_len = 512;
-  o.num_kv_blocks = 512 / 16 * max_seqs;
-  o.max_batched_tokens = 256;
-  o.max_seqs = max_seqs;
+  o.kv.num_blocks = 512 / 16 * max_seqs;
+  o.scheduler.max_batched_tokens = 256;
+  o.scheduler.max_seqs = max_seqs;
   o.batch_invariant = true;
   return o;
 }
@@ -332,9 +332,9 @@ TEST_F(SpecEngineTest, MixedBatchOfSpeculativeAndPlainRequestsUnderPreemption) {
     EngineOptions o = small_options(16);
     if (small_cache) {
       o.max_model_len = 192;
-      o.num_kv_blocks = 12;  // 192 tokens for 12 requests that need ~1300
-      o.max_batched_tokens = 64;
-      o.prefix_caching = false;
+      o.kv.num_blocks = 12;  // 192 tokens for 12 requests that need ~1300
+      o.scheduler.max_batched_tokens = 64;
+      o.kv.prefix_caching = false;
     }
     o.spec = spec_options(SpecMethod::kDraftModel, draft_->model.get(), 0);
     auto e = make_engine(*target_, o);
@@ -387,7 +387,7 @@ TEST_F(SpecEngineTest, RejectedPositionsAreRolledBackToWhatAPlainRunHolds) {
            {SpecMethod::kDraftModel, 0}, {SpecMethod::kNgram, 0}, {SpecMethod::kDraftModel, 12}, {SpecMethod::kNgram, 12}}) {
     SCOPED_TRACE(fmt::format("{} tree {}", spec_method_name(method), tree_nodes));
     EngineOptions o = small_options(1);
-    o.prefix_caching = false;
+    o.kv.prefix_caching = false;
     EngineOptions so = o;
     so.spec = spec_options(method, draft_->model.get(), 4);
     so.spec.tree_nodes = tree_nodes;
@@ -440,6 +440,7 @@ TEST_F(SpecEngineTest, RejectedPositionsAreRolledBackToWhatAPlainRunHolds) {
 TEST_F(SpecEngineTest, DraftModelCacheCatchesUpWithoutTheRejectedTokens) {
   DraftModelOptions o;
   o.num_kv_blocks = 64;
+  o.block_size = kDefaultBlockSize;
   o.max_model_len = 512;
   o.linear_mode = ops::LinearMode::kBatchInvariant;
   auto used = DraftModelProposer::create(*draft_->model, o);
@@ -479,6 +480,7 @@ TEST_F(SpecEngineTest, DraftModelCacheCatchesUpWithoutTheRejectedTokens) {
 TEST_F(SpecEngineTest, DraftChainDraftsWhatStepwiseDrafting) {
   DraftModelOptions o;
   o.num_kv_blocks = 96;
+  o.block_size = kDefaultBlockSize;
   o.max_model_len = 512;
   o.linear_mode = ops::LinearMode::kBatchInvariant;
   DraftModelOptions stepwise_options = o;
@@ -646,8 +648,8 @@ TEST_F(SpecEngineTest, SampledOutputKeepsTheTargetDistribution) {
     const auto& law = laws[penalty ? 0 : 1];
     EngineOptions o = small_options(64);
     o.max_model_len = 64;
-    o.num_kv_blocks = 5 * 64;
-    o.max_batched_tokens = 2048;
+    o.kv.num_blocks = 5 * 64;
+    o.scheduler.max_batched_tokens = 2048;
     o.batch_invariant = false;  // not needed for a law, and faster
     // K fixed: the controller would turn speculation off for a batch this large.
     o.spec = spec_options(method, draft, 2);
@@ -733,16 +735,16 @@ TEST_F(SpecEngineTest, BadOptionsAreClearErrors) {
 // A memory budget pays for the target's cache and the draft's (as many blocks each).
 TEST_F(SpecEngineTest, KvBudgetPaysForTheDraftCacheToo) {
   EngineOptions o = small_options();
-  o.num_kv_blocks = 0;
-  o.kv_dtype = DType::kF32;
+  o.kv.num_blocks = 0;
+  o.kv.dtype = DType::kF32;
   const ModelConfig& t = target_->model->config();
   const ModelConfig& d = draft_->model->config();
   const size_t target_block = 2ull * t.num_layers * t.num_kv_heads * t.head_dim * 4 * 16;
   const size_t draft_block = 2ull * d.num_layers * d.num_kv_heads * d.head_dim * 4 * 16;
-  o.kv_cache_bytes = 100 * (target_block + draft_block) + target_block / 2;
+  o.kv.bytes = 100 * (target_block + draft_block) + target_block / 2;
   auto plain = make_engine(*target_, o);
   ASSERT_TRUE(plain);
-  EXPECT_EQ(plain->stats().kv_blocks_total, static_cast<int>(o.kv_cache_bytes / target_block));
+  EXPECT_EQ(plain->stats().kv_blocks_total, static_cast<int>(o.kv.bytes / target_block));
   o.spec = spec_options(SpecMethod::kDraftModel, draft_->model.get(), 2);
   auto spec = make_engine(*target_, o);
   ASSERT_TRUE(spec);
