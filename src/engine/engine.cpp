@@ -10,7 +10,7 @@
 #include "engine/stop_strings.h"
 #include "model/forward_batch.h"
 #include "ops/ops.h"
-#include "tokenizer/detokenizer.h"
+#include "engine/request_text.h"
 
 namespace tachyon {
 namespace {
@@ -46,13 +46,12 @@ const char* finish_reason_name(FinishReason reason) {
 
 struct Engine::Request {
   Request(RequestId id, std::vector<int32_t> prompt, int block_size, GenerationParams p, Sampler s)
-      : seq(id, std::move(prompt), block_size), params(std::move(p)), sampler(std::move(s)), stops(params.stop) {}
+      : seq(id, std::move(prompt), block_size), params(std::move(p)), sampler(std::move(s)) {}
 
   Sequence seq;
   GenerationParams params;
   Sampler sampler;
-  StopStringMatcher stops;
-  std::unique_ptr<IncrementalDetokenizer> detok;  // null when not detokenizing
+  std::optional<RequestText> text;  // unset when not detokenizing
   RequestTiming timing;
   uint64_t rng_draws = 0;  // values sample() drew from the sampler's stream (one per non-greedy token)
 };
@@ -210,13 +209,7 @@ Result<std::unique_ptr<Engine::Request>> Engine::make_request(std::vector<int32_
   const RequestId id = next_id_++;
   auto req =
       std::make_unique<Request>(id, std::move(prompt_ids), cache_.config().block_size, params, std::move(sampler));
-  if (params.detokenize && tokenizer_ != nullptr) {
-    DetokenizerOptions dopt;
-    dopt.skip_special = params.skip_special_tokens;
-    req->detok = std::make_unique<IncrementalDetokenizer>(*tokenizer_, dopt);
-    // Primed with the prompt, so the first generated piece keeps its leading space.
-    for (int32_t t : req->seq.tokens()) req->detok->push(t);
-  }
+  if (params.detokenize && tokenizer_ != nullptr) req->text.emplace(*tokenizer_, req->params, req->seq.tokens());
   req->timing.arrival = now();
   return req;
 }
@@ -265,12 +258,11 @@ void Engine::fill_counts(const Request& req, RequestOutput& out) const {
 void Engine::finish(Request& req, FinishReason reason, RequestOutput& out) {
   scheduler_.finish(&req.seq);
   if (spec_) spec_->release(req.seq.id());
-  if (req.detok && reason != FinishReason::kAbort && reason != FinishReason::kError && !req.stops.matched()) {
-    out.text += req.stops.push(req.detok->flush());
-    out.text += req.stops.flush();
-    if (req.stops.matched()) {  // the held-back tail completed a stop string
+  if (req.text && !req.text->matched()) {
+    out.text += req.text->finish(reason);
+    if (req.text->matched()) {  // the held-back tail completed a stop string
       reason = FinishReason::kStop;
-      out.stop = {StopCause::Kind::kString, -1, req.stops.matched_string()};
+      out.stop = {StopCause::Kind::kString, -1, req.text->matched_string()};
     }
   }
   out.finished = true;
@@ -313,10 +305,10 @@ bool Engine::emit_token(Request& req, SampleResult sampled, RequestOutput& out) 
     finish(req, FinishReason::kStop, out);
     return true;
   }
-  if (req.detok) {
-    out.text += req.stops.push(req.detok->push(token));
-    if (req.stops.matched()) {
-      out.stop = {StopCause::Kind::kString, -1, req.stops.matched_string()};
+  if (req.text) {
+    out.text += req.text->push(token);
+    if (req.text->matched()) {
+      out.stop = {StopCause::Kind::kString, -1, req.text->matched_string()};
       finish(req, FinishReason::kStop, out);
       return true;
     }
@@ -590,7 +582,7 @@ Result<RequestId> Engine::adopt_sequence(const TransferredSequence& seq, const G
   for (auto t = prompt_end; t != seq.tokens.end(); ++t) {
     req->sampler.accept(*t);
     req->seq.append_token(*t);
-    if (req->detok) (void)req->stops.push(req->detok->push(*t));
+    if (req->text) (void)req->text->push(*t);
     req->timing.token_times.push_back(req->timing.arrival);
   }
   for (uint64_t i = 0; i < seq.rng_draws; ++i) (void)req->sampler.rng().next_u64();

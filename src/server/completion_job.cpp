@@ -63,11 +63,7 @@ CompletionJob::CompletionJob(const ServingContext& context, ApiRequest request, 
       Choice c;
       c.prompt = p;
       if (!request_.params.detokenize && context_.tokenizer != nullptr) {
-        DetokenizerOptions dopt;
-        dopt.skip_special = request_.params.skip_special_tokens;
-        c.detok = std::make_shared<IncrementalDetokenizer>(*context_.tokenizer, dopt);
-        // Primed with the prompt, as the engine primes its own, so the first piece keeps its space.
-        for (int32_t t : request_.prompts[p].ids) (void)c.detok->push(t);
+        c.own_text = std::make_shared<RequestText>(*context_.tokenizer, request_.params, request_.prompts[p].ids);
       }
       choices_.push_back(std::move(c));
     }
@@ -153,7 +149,7 @@ void CompletionJob::on_output(size_t index, RequestOutput& o, std::string& event
     const Tokenizer& tok = *context_.tokenizer;
     for (int32_t t : streams_[index]->imported_tokens()) {
       if (!tok.is_special(t)) c.text_offset += count_code_points(sanitize_utf8(tok.token_to_piece(t)));
-      if (c.detok) (void)c.detok->push(t);  // their text went out from the prefill worker
+      if (c.own_text) (void)c.own_text->push(t);  // their text went out from the prefill worker
     }
   }
   if (o.finished && o.finish_reason == FinishReason::kTransfer) {
@@ -193,7 +189,7 @@ void CompletionJob::on_output(size_t index, RequestOutput& o, std::string& event
     return;
   }
   const bool chat = request_.endpoint == Endpoint::kChatCompletions;
-  if (c.detok) detokenize(c, o);
+  if (c.own_text) c.own_text->append(o);
   c.num_generated = o.num_generated_tokens;
   if (request_.stream) {
     const bool with_logprobs = request_.logprobs && !o.logprobs.empty();
@@ -232,21 +228,6 @@ void CompletionJob::on_output(size_t index, RequestOutput& o, std::string& event
     c.finished = true;
     c.reason = o.finish_reason;
     ++num_finished_;
-  }
-}
-
-void CompletionJob::detokenize(Choice& c, RequestOutput& o) const {
-  // What Engine does with a detokenizer and no stop strings: every new token's text, except a
-  // stop token that ended the request (the engine finishes before detokenizing it), then what the
-  // detokenizer holds back once the request ends normally.
-  size_t count = o.new_token_ids.size();
-  if (o.finished && o.finish_reason == FinishReason::kStop && count > 0 && o.stop.kind == StopCause::Kind::kToken) {
-    --count;
-  }
-  for (size_t i = 0; i < count; ++i) o.text += c.detok->push(o.new_token_ids[i]);
-  if (o.finished && o.finish_reason != FinishReason::kAbort && o.finish_reason != FinishReason::kError &&
-      o.finish_reason != FinishReason::kTransfer) {
-    o.text += c.detok->flush();
   }
 }
 

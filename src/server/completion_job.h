@@ -29,7 +29,7 @@
 
 #include "engine/async_engine.h"
 #include "server/openai_api.h"
-#include "tokenizer/detokenizer.h"
+#include "engine/request_text.h"
 
 namespace tachyon::server {
 
@@ -73,14 +73,12 @@ class CompletionJob {
     size_t text_offset = 0;             // code points of text returned so far (completions logprobs)
     bool finished = false;
     FinishReason reason = FinishReason::kLength;
-    // The text of the choice's tokens, made here (on the connection's thread) when the engine
-    // does not detokenize (requests without stop strings); null otherwise.
-    std::shared_ptr<IncrementalDetokenizer> detok;  // shared: body() works on copies of choices
+    // The text of the choice's tokens, made here (on the connection's thread) by the engine's
+    // rules when the engine does not make it (requests without stop strings); null otherwise.
+    std::shared_ptr<RequestText> own_text;  // shared: body() works on copies of choices
   };
 
   void on_output(size_t index, RequestOutput& output, std::string& events);
-  // Fills output.text from its tokens when the choice detokenizes here (as the engine would have).
-  void detokenize(Choice& choice, RequestOutput& output) const;
   void fail(ApiError error, std::string& events);
   // {"id":...,"object":...,"created":...,"model":..., of every event but the final usage chunk.
   const std::string& chunk_header() const;

@@ -11,6 +11,7 @@
 
 #include "core/mapped_file.h"
 #include "engine/engine.h"
+#include "engine/request_text.h"
 #include "model/model_loader.h"
 #include "test_util.h"
 
@@ -403,6 +404,57 @@ TEST_F(EngineTest, FinishReasons) {
   drain(*small, out2);
   EXPECT_EQ(out2[*id2].tokens.size(), 4u);
   EXPECT_EQ(out2[*id2].reason, FinishReason::kContext);
+}
+
+// One set of text rules (engine/request_text.h): text a consumer makes from the engine's outputs
+// with RequestText::append (what the server does for requests without stop strings) equals the
+// text the engine makes itself, for requests that end at their length, at a stop token (which has
+// no text) and at EOS, run together.
+TEST_F(EngineTest, TextMadeFromOutputsEqualsTheEnginesText) {
+  std::vector<Case> cases(cases_.begin(), cases_.begin() + 12);
+  for (size_t i = 0; i < cases.size(); i += 3) {
+    const Result1& solo = (*alone_)[i];
+    if (solo.tokens.size() > 2) cases[i].params.stop_token_ids = {solo.tokens[2]};
+  }
+  const auto run = [&](bool engine_text, std::map<RequestId, Result1>& out, std::vector<RequestId>& ids) {
+    auto e = make(base_options());
+    std::map<RequestId, std::unique_ptr<RequestText>> texts;
+    for (const Case& c : cases) {
+      GenerationParams p = c.params;
+      p.detokenize = engine_text;
+      auto id = e->add_request(c.prompt, p);
+      ASSERT_TRUE(id.ok());
+      ids.push_back(*id);
+      if (!engine_text) texts[*id] = std::make_unique<RequestText>(*model_->tokenizer, p, c.prompt);
+    }
+    while (e->has_unfinished()) {
+      auto outputs = e->step();
+      ASSERT_TRUE(outputs.ok());
+      for (RequestOutput& o : *outputs) {
+        if (!engine_text) {
+          ASSERT_TRUE(o.text.empty());
+          texts[o.id]->append(o);
+        }
+        out[o.id].text += o.text;
+        out[o.id].tokens.insert(out[o.id].tokens.end(), o.new_token_ids.begin(), o.new_token_ids.end());
+        if (o.finished) out[o.id].reason = o.finish_reason;
+      }
+    }
+  };
+  std::map<RequestId, Result1> engine_out, consumer_out;
+  std::vector<RequestId> engine_ids, consumer_ids;
+  run(true, engine_out, engine_ids);
+  run(false, consumer_out, consumer_ids);
+  int stopped_by_token = 0;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Result1& a = engine_out[engine_ids[i]];
+    const Result1& b = consumer_out[consumer_ids[i]];
+    EXPECT_EQ(a.tokens, b.tokens) << i;
+    EXPECT_EQ(a.text, b.text) << i;
+    EXPECT_FALSE(a.text.empty()) << i;
+    stopped_by_token += a.reason == FinishReason::kStop;
+  }
+  EXPECT_GE(stopped_by_token, 2);
 }
 
 // The disaggregation hook (engine/kv_hook.h) without disagg/'s copies: a held request's blocks go

@@ -1,0 +1,45 @@
+#include "engine/request_text.h"
+
+namespace tachyon {
+namespace {
+
+DetokenizerOptions detokenizer_options(const GenerationParams& params) {
+  DetokenizerOptions o;
+  o.skip_special = params.skip_special_tokens;
+  return o;
+}
+
+}  // namespace
+
+RequestText::RequestText(const Tokenizer& tokenizer, const GenerationParams& params, std::span<const int32_t> prompt)
+    : detok_(tokenizer, detokenizer_options(params)), stops_(params.stop) {
+  for (int32_t t : prompt) (void)detok_.push(t);
+}
+
+std::string RequestText::push(int32_t token) {
+  if (stops_.matched()) return {};
+  return stops_.push(detok_.push(token));
+}
+
+bool RequestText::releases_held_text(FinishReason reason) {
+  return reason != FinishReason::kAbort && reason != FinishReason::kError && reason != FinishReason::kTransfer;
+}
+
+std::string RequestText::finish(FinishReason reason) {
+  if (!releases_held_text(reason) || stops_.matched()) return {};
+  std::string text = stops_.push(detok_.flush());
+  if (!stops_.matched()) text += stops_.flush();
+  return text;
+}
+
+void RequestText::append(RequestOutput& o) {
+  size_t count = o.new_token_ids.size();
+  // An EOS or stop token that ended the request is the last new token, and has no text.
+  if (o.finished && o.finish_reason == FinishReason::kStop && count > 0 && o.stop.kind == StopCause::Kind::kToken) {
+    --count;
+  }
+  for (size_t i = 0; i < count; ++i) o.text += push(o.new_token_ids[i]);
+  if (o.finished) o.text += finish(o.finish_reason);
+}
+
+}  // namespace tachyon
