@@ -278,7 +278,7 @@ void AsyncEngine::admit(std::shared_ptr<RequestStream> s, double now) {
   // Its timings count from when the server read it, not from here: the wait for this loop (the
   // step that was running when it came) is part of its TTFT.
   const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - s->created_).count();
-  auto id = engine_->add_request(std::move(s->prompt_ids_), s->params_, engine_->now() - waited);
+  auto id = engine_->add_request(std::move(s->prompt_ids_), std::move(s->params_), engine_->now() - waited);
   if (!id.ok()) {
     RequestOutput out;
     out.finished = true;

@@ -138,7 +138,9 @@ class RequestStream {
   std::function<void()> notify_;  // set before submit(), then read only
   std::atomic<bool> cancelled_{false};
   std::atomic<bool> timed_out_{false};
-  // Set before submit(), then the loop thread's alone.
+  // Set before submit(), then the loop thread's alone. The prompt and parameters are handed over
+  // (moved) to the engine's request when it is added: from then on the engine's record is their
+  // one owner (an adoption keeps its parameters until the engine has room).
   std::vector<int32_t> prompt_ids_;
   GenerationParams params_;
   std::chrono::steady_clock::time_point created_;  // when the request was read

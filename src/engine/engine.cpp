@@ -163,14 +163,14 @@ Engine::Engine(const LlamaModel& model, const Tokenizer* tokenizer, std::vector<
 
 Engine::~Engine() = default;
 
-Result<RequestId> Engine::add_request(std::string_view prompt, const GenerationParams& params) {
+Result<RequestId> Engine::add_request(std::string_view prompt, GenerationParams params) {
   if (tokenizer_ == nullptr) {
     return make_error(ErrorCode::kInvalidArgument, "the model has no tokenizer: give the prompt as token ids");
   }
   EncodeOptions eo;
   eo.add_bos = params.add_bos;
   eo.parse_special = params.parse_special;
-  return add_request(tokenizer_->encode(prompt, eo), params);
+  return add_request(tokenizer_->encode(prompt, eo), std::move(params));
 }
 
 Status Engine::validate_token_ids(std::span<const int32_t> ids, const char* what) const {
@@ -202,19 +202,19 @@ Status Engine::validate_params(const GenerationParams& params) const {
 }
 
 Result<std::unique_ptr<Engine::Request>> Engine::make_request(std::vector<int32_t> prompt_ids,
-                                                              const GenerationParams& params) {
+                                                              GenerationParams params) {
   TACHYON_RETURN_IF_ERROR(validate_params(params));
   TACHYON_ASSIGN_OR_RETURN(Sampler sampler, Sampler::create(params.sampling, model_.config().vocab_size));
   sampler.set_prompt(prompt_ids);
   const RequestId id = next_id_++;
   auto req =
-      std::make_unique<Request>(id, std::move(prompt_ids), cache_.config().block_size, params, std::move(sampler));
-  if (params.detokenize && tokenizer_ != nullptr) req->text.emplace(*tokenizer_, req->params, req->seq.tokens());
+      std::make_unique<Request>(id, std::move(prompt_ids), cache_.config().block_size, std::move(params), std::move(sampler));
+  if (req->params.detokenize && tokenizer_ != nullptr) req->text.emplace(*tokenizer_, req->params, req->seq.tokens());
   req->timing.arrival = now();
   return req;
 }
 
-Result<RequestId> Engine::add_request(std::vector<int32_t> prompt_ids, const GenerationParams& params,
+Result<RequestId> Engine::add_request(std::vector<int32_t> prompt_ids, GenerationParams params,
                                       std::optional<double> arrival) {
   if (prompt_ids.empty()) return make_error(ErrorCode::kInvalidArgument, "the prompt is empty (no tokens)");
   TACHYON_RETURN_IF_ERROR(validate_token_ids(prompt_ids, "prompt"));
@@ -223,7 +223,7 @@ Result<RequestId> Engine::add_request(std::vector<int32_t> prompt_ids, const Gen
                       "the prompt has {} tokens; the context holds {} (prompt and generated tokens together)",
                       prompt_ids.size(), max_model_len_);
   }
-  TACHYON_ASSIGN_OR_RETURN(std::unique_ptr<Request> req, make_request(std::move(prompt_ids), params));
+  TACHYON_ASSIGN_OR_RETURN(std::unique_ptr<Request> req, make_request(std::move(prompt_ids), std::move(params)));
   if (arrival) req->timing.arrival = std::min(*arrival, req->timing.arrival);
   const RequestId id = req->seq.id();
   TACHYON_RETURN_IF_ERROR(scheduler_.add(&req->seq));
@@ -578,7 +578,7 @@ Result<RequestId> Engine::adopt_sequence(const TransferredSequence& seq, const G
   GenerationParams p = params;
   p.sampling.seed = seq.sampler_seed;
   const auto prompt_end = seq.tokens.begin() + seq.num_prompt_tokens;
-  TACHYON_ASSIGN_OR_RETURN(std::unique_ptr<Request> req, make_request(std::vector<int32_t>(seq.tokens.begin(), prompt_end), p));
+  TACHYON_ASSIGN_OR_RETURN(std::unique_ptr<Request> req, make_request(std::vector<int32_t>(seq.tokens.begin(), prompt_end), std::move(p)));
   for (auto t = prompt_end; t != seq.tokens.end(); ++t) {
     req->sampler.accept(*t);
     req->seq.append_token(*t);

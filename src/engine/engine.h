@@ -102,11 +102,12 @@ class Engine {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  Result<RequestId> add_request(std::string_view prompt, const GenerationParams& params);
+  // The request keeps `params` as its own (pass an rvalue to hand them over without a copy).
+  Result<RequestId> add_request(std::string_view prompt, GenerationParams params);
   // `arrival`: when the request reached the caller, on this engine's clock (now() less the time it
   // waited before this call), where it queued first (a server's hand-over to its engine loop);
   // unset: now. Its TTFT, queue time and end-to-end latency count from there.
-  Result<RequestId> add_request(std::vector<int32_t> prompt_ids, const GenerationParams& params,
+  Result<RequestId> add_request(std::vector<int32_t> prompt_ids, GenerationParams params,
                                 std::optional<double> arrival = std::nullopt);
   // Runs one step; returns the news of every request that got a token, finished or was aborted.
   Result<std::vector<RequestOutput>> step();
@@ -159,7 +160,7 @@ class Engine {
   Status validate_token_ids(std::span<const int32_t> ids, const char* what) const;
   // A new request with `prompt_ids` (checked by the caller) and `params` (checked here): its
   // sampler and detokenizer primed with the prompt. Not yet known to the scheduler.
-  Result<std::unique_ptr<Request>> make_request(std::vector<int32_t> prompt_ids, const GenerationParams& params);
+  Result<std::unique_ptr<Request>> make_request(std::vector<int32_t> prompt_ids, GenerationParams params);
   // Post-processes one sequence's sample (drawn from its logits row by its Sampler on the host);
   // fills `out`; true if it finished.
   bool process_sample(Request& req, Result<SampleResult> sampled, RequestOutput& out);
