@@ -11,6 +11,7 @@
 
 #include "core/status.h"
 #include "core/tensor.h"
+#include "ops/kernel_types.h"
 #include "ops/ops.h"
 
 namespace tachyon::ops {
@@ -71,6 +72,25 @@ class Backend {
   // (workspaces grown for a larger shape): graphs captured before a change must not be replayed.
   virtual uint64_t scratch_epoch() const { return 0; }
 };
+
+// The kernels' view (ops/kernel_types.h) of one layer of the cache, whose tensors have passed
+// check_kv_layer(): the same for every backend, the pointers in that backend's memory. The scale
+// pools' [.., 1] is packed, so they are plain [num_blocks, block_size, num_kv_heads] arrays.
+inline KvCacheView kv_cache_view(const KvLayer& layer) {
+  KvCacheView view;
+  view.k = layer.k.raw_data();
+  view.v = layer.v.raw_data();
+  if (layer.k_scales.defined()) {
+    view.k_scales = layer.k_scales.data<float>();
+    view.v_scales = layer.v_scales.data<float>();
+  }
+  view.dtype = layer.k.dtype();
+  view.num_blocks = layer.k.size(0);
+  view.block_size = layer.k.size(1);
+  view.num_kv_heads = layer.k.size(2);
+  view.head_dim = layer.k.size(3);
+  return view;
+}
 
 // Registers (null: removes) the backend of a device type.
 void register_backend(DeviceType type, Backend* backend);

@@ -27,8 +27,6 @@
 namespace tachyon {
 namespace {
 
-using ops::cpu::RowLayout;
-
 std::array<std::atomic<ops::Backend*>, 2> g_backends{};
 
 // The backend of `t`'s device, or null when t is on the host. A device without a running
@@ -104,25 +102,15 @@ bool use_reference(const char* op) {
 }
 
 // One layer of the cache, checked, as the CPU kernels see it.
-ops::cpu::KvCacheView cache_view(const char* op, const KvLayer& cache) {
+ops::KvCacheView cache_view(const char* op, const KvLayer& cache) {
   ops::check_kv_layer(op, cache);
   require_cpu(op, "k_cache", cache.k);
   require_cpu(op, "v_cache", cache.v);
-  ops::cpu::KvCacheView view;
-  view.k = cache.k.raw_data();
-  view.v = cache.v.raw_data();
   if (cache.k_scales.defined()) {
     require_cpu(op, "k_scales", cache.k_scales);
     require_cpu(op, "v_scales", cache.v_scales);
-    view.k_scales = cache.k_scales.data<float>();
-    view.v_scales = cache.v_scales.data<float>();
   }
-  view.dtype = cache.k.dtype();
-  view.num_blocks = cache.k.size(0);
-  view.block_size = cache.k.size(1);
-  view.num_kv_heads = cache.k.size(2);
-  view.head_dim = cache.k.size(3);
-  return view;
+  return ops::kv_cache_view(cache);
 }
 
 }  // namespace
@@ -296,7 +284,7 @@ void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& y) {
     reference::rms_norm(x, w32, eps, y);
     return;
   }
-  cpu::rms_norm(x.data<float>(), RowLayout::of(x), w32.data<float>(), eps, y.data<float>(), RowLayout::of(y));
+  cpu::rms_norm(x.data<float>(), cpu::row_layout(x), w32.data<float>(), eps, y.data<float>(), cpu::row_layout(y));
 }
 
 void add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& weight, float eps, Tensor& y) {
@@ -322,8 +310,8 @@ void add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& weight, float
     reference::add_rms_norm(residual, x, w32, eps, y);
     return;
   }
-  cpu::add_rms_norm(residual.data<float>(), RowLayout::of(residual), x.data<float>(), RowLayout::of(x),
-                    w32.data<float>(), eps, y.data<float>(), RowLayout::of(y));
+  cpu::add_rms_norm(residual.data<float>(), cpu::row_layout(residual), x.data<float>(), cpu::row_layout(x),
+                    w32.data<float>(), eps, y.data<float>(), cpu::row_layout(y));
 }
 
 void rope(Tensor& x, const Tensor& positions, const RopeTable& table) {
@@ -429,8 +417,8 @@ void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) {
     reference::silu_mul(gate, up, out);
     return;
   }
-  cpu::silu_mul(gate.data<float>(), RowLayout::of(gate), up.data<float>(), RowLayout::of(up), out.data<float>(),
-                RowLayout::of(out));
+  cpu::silu_mul(gate.data<float>(), cpu::row_layout(gate), up.data<float>(), cpu::row_layout(up), out.data<float>(),
+                cpu::row_layout(out));
 }
 
 void embedding(const Tensor& table, const Tensor& ids, Tensor& out) {
@@ -467,7 +455,7 @@ void softmax(Tensor& x) {
     reference::softmax(x);
     return;
   }
-  cpu::softmax(x.data<float>(), RowLayout::of(x));
+  cpu::softmax(x.data<float>(), cpu::row_layout(x));
 }
 
 void store_kv(const Tensor& k, const Tensor& v, const Tensor& slot_mapping, KvLayer& kv) {
@@ -475,7 +463,7 @@ void store_kv(const Tensor& k, const Tensor& v, const Tensor& slot_mapping, KvLa
   if (Backend* b = device_backend(op, k)) return b->store_kv(k, v, slot_mapping, kv);
   require_cpu(op, "k", k);
   require_cpu(op, "v", v);
-  const cpu::KvCacheView cache = cache_view(op, kv);
+  const KvCacheView cache = cache_view(op, kv);
   require_rank(op, "k", k, 3);
   require_dtype(op, "k", k, DType::kF32);
   require_dtype(op, "v", v, DType::kF32);
@@ -516,7 +504,7 @@ void paged_attention(const Tensor& q, const KvLayer& kv, const AttentionMetadata
   }
   require_cpu(op, "q", q);
   require_cpu(op, "out", out);
-  const cpu::KvCacheView cache = cache_view(op, kv);
+  const KvCacheView cache = cache_view(op, kv);
   require_rank(op, "q", q, 3);
   require_dtype(op, "q", q, DType::kF32);
   require_dtype(op, "out", out, DType::kF32);
@@ -594,12 +582,14 @@ void paged_attention(const Tensor& q, const KvLayer& kv, const AttentionMetadata
     reference::paged_attention(q, kv, meta, params, out);
     return;
   }
-  cpu::AttentionBatch batch;
+  AttentionBatch batch;
   batch.num_seqs = num_seqs;
   batch.query_start = query_start;
   batch.context_lens = context_lens;
   batch.block_tables = block_tables;
   batch.max_blocks_per_seq = max_blocks;
+  batch.max_query_len = meta.max_query_len;
+  batch.max_context_len = meta.max_context_len;
   batch.tree_masks = tree_masks;
   cpu::paged_attention(q.data<float>(), q.stride(0), q.stride(1), num_heads, cache, batch, params, out.data<float>(),
                        out.stride(0), out.stride(1));

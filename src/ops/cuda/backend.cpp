@@ -47,18 +47,8 @@ GgufFormat gguf_format_of(QuantFormat format) {
   }
 }
 
-Rows rows_of(const Tensor& t) {
-  const cpu::RowLayout l = cpu::RowLayout::of(t);
-  Rows r;
-  r.rows = l.rows;
-  r.cols = l.cols;
-  r.size1 = l.size1;
-  r.size2 = l.size2;
-  r.stride0 = l.stride0;
-  r.stride1 = l.stride1;
-  r.stride2 = l.stride2;
-  return r;
-}
+// The kernels' rows of an activation (ops/kernel_types.h RowLayout).
+Rows rows_of(const Tensor& t) { return cpu::row_layout(t); }
 
 class CudaBackend final : public ops::Backend, public DeviceMemory {
  public:
@@ -759,25 +749,12 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
   }
 
   // One layer of the cache, checked (ops.h's shapes, dtypes and scales, all on this device), as
-  // the kernels see it. The scale pools' [.., 1] is packed, so they are plain
-  // [num_blocks, block_size, num_kv_heads] arrays.
+  // the kernels see it.
   KvCacheView cache_view(const char* op, const KvLayer& layer) const {
     ops::check_kv_layer(op, layer);
     const bool quantized = layer.k_scales.defined();
     on_device(op, {&layer.k, &layer.v, quantized ? &layer.k_scales : nullptr, quantized ? &layer.v_scales : nullptr});
-    KvCacheView view;
-    view.k = layer.k.raw_data();
-    view.v = layer.v.raw_data();
-    if (quantized) {
-      view.k_scales = layer.k_scales.data<float>();
-      view.v_scales = layer.v_scales.data<float>();
-    }
-    view.dtype = layer.k.dtype();
-    view.num_blocks = layer.k.size(0);
-    view.block_size = layer.k.size(1);
-    view.num_kv_heads = layer.k.size(2);
-    view.head_dim = layer.k.size(3);
-    return view;
+    return kv_cache_view(layer);
   }
 
   // The table's frequencies on the device, uploaded on first use. Keyed by the table's address but
