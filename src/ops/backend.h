@@ -1,8 +1,10 @@
-// A device backend of the op interface: ops.cpp sends every op whose tensors live on a device of
-// the backend's type here (the CPU ops never come through this). The backend checks what its
-// kernels need and runs them in order on its stream; ops never wait for the device, so errors
-// raised while kernels run surface at synchronize(). Backends register when they start
-// (ops/cuda: ops::cuda::start_backend()).
+// A backend of the op interface: ops.cpp checks each op's arguments once (the rules that hold on
+// every device: ranks, dtypes, shapes, one device for all its tensors) and sends it to the backend
+// of its tensors' device. The CPU's (ops/cpu/backend.h) is built in; a device backend registers
+// when it starts (ops/cuda: ops::cuda::start_backend()). A backend runs its kernels on checked
+// arguments; it checks only what it alone cannot do (its capability checks) and, where it can read
+// them, the values of index tensors. A device backend runs its kernels in order on its stream and
+// ops never wait for the device, so errors raised while kernels run surface at synchronize().
 #pragma once
 
 #include <cstdint>
@@ -92,9 +94,10 @@ inline KvCacheView kv_cache_view(const KvLayer& layer) {
   return view;
 }
 
-// Registers (null: removes) the backend of a device type.
+// Registers (null: removes) the backend of a device type other than the CPU.
 void register_backend(DeviceType type, Backend* backend);
-// The backend running `device`'s type, or null (then ops on it fail their checks).
+// The backend running `device`'s type: the CPU's for the CPU, else the registered one or null
+// (then ops on it fail their checks).
 Backend* backend_for(Device device);
 
 }  // namespace tachyon::ops

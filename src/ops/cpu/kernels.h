@@ -1,7 +1,9 @@
 // The fast CPU kernels behind ops:: (x86-64: AVX2 + FMA + F16C baseline, AVX-512 variants for
 // linear). They take raw pointers, strides (in elements) and sizes — no Tensors, nothing of the
-// engine; ops.cpp checks arguments and unwraps them. Each kernel parallelises itself with
-// parallel_for and logs once which variant ran. Only called when active_isa() != kScalar.
+// engine; ops.cpp checks arguments and the CPU backend (backend.cpp) unwraps them. The row layout,
+// the cache view and the attention batch are ops/kernel_types.h's, shared with the CUDA kernels.
+// Each kernel parallelises itself with parallel_for and logs once which variant ran. Only called
+// when active_isa() != kScalar.
 #pragma once
 
 #include <cstdint>
