@@ -51,8 +51,9 @@ void require_on(const char* op, Device device, std::initializer_list<Arg> args) 
   for (const Arg& a : args) {
     if (a.tensor == nullptr) continue;
     TACHYON_CHECK(a.tensor->defined(), "{}: {} is undefined", op, a.name);
-    TACHYON_CHECK(a.tensor->device() == device, "{}: {} is on {}, but this op runs on {} (all its tensors on one device)",
-                  op, a.name, a.tensor->device().to_string(), device.to_string());
+    TACHYON_CHECK(a.tensor->device() == device,
+                  "{}: {} is on {}, but this op runs on {} (all its tensors on one device)", op, a.name,
+                  a.tensor->device().to_string(), device.to_string());
   }
 }
 
