@@ -1,8 +1,10 @@
-// A device backend of the op interface: ops.cpp sends every op whose tensors live on a device of
-// the backend's type here (the CPU ops never come through this). The backend checks what its
-// kernels need and runs them in order on its stream; ops never wait for the device, so errors
-// raised while kernels run surface at synchronize(). Backends register when they start
-// (ops/cuda: ops::cuda::start_backend()).
+// A backend of the op interface: ops.cpp checks each op's arguments once (the rules that hold on
+// every device: ranks, dtypes, shapes, one device for all its tensors) and sends it to the backend
+// of its tensors' device. The CPU's (ops/cpu/backend.h) is built in; a device backend registers
+// when it starts (ops/cuda: ops::cuda::start_backend()). A backend runs its kernels on checked
+// arguments; it checks only what it alone cannot do (its capability checks) and, where it can read
+// them, the values of index tensors. A device backend runs its kernels in order on its stream and
+// ops never wait for the device, so errors raised while kernels run surface at synchronize().
 #pragma once
 
 #include <cstdint>
@@ -11,6 +13,7 @@
 
 #include "core/status.h"
 #include "core/tensor.h"
+#include "ops/kernel_types.h"
 #include "ops/ops.h"
 
 namespace tachyon::ops {
@@ -72,9 +75,29 @@ class Backend {
   virtual uint64_t scratch_epoch() const { return 0; }
 };
 
-// Registers (null: removes) the backend of a device type.
+// The kernels' view (ops/kernel_types.h) of one layer of the cache, whose tensors have passed
+// check_kv_layer(): the same for every backend, the pointers in that backend's memory. The scale
+// pools' [.., 1] is packed, so they are plain [num_blocks, block_size, num_kv_heads] arrays.
+inline KvCacheView kv_cache_view(const KvLayer& layer) {
+  KvCacheView view;
+  view.k = layer.k.raw_data();
+  view.v = layer.v.raw_data();
+  if (layer.k_scales.defined()) {
+    view.k_scales = layer.k_scales.data<float>();
+    view.v_scales = layer.v_scales.data<float>();
+  }
+  view.dtype = layer.k.dtype();
+  view.num_blocks = layer.k.size(0);
+  view.block_size = layer.k.size(1);
+  view.num_kv_heads = layer.k.size(2);
+  view.head_dim = layer.k.size(3);
+  return view;
+}
+
+// Registers (null: removes) the backend of a device type other than the CPU.
 void register_backend(DeviceType type, Backend* backend);
-// The backend running `device`'s type, or null (then ops on it fail their checks).
+// The backend running `device`'s type: the CPU's for the CPU, else the registered one or null
+// (then ops on it fail their checks).
 Backend* backend_for(Device device);
 
 }  // namespace tachyon::ops

@@ -5,7 +5,6 @@
 #include <cstdlib>
 #include <string>
 #include <string_view>
-#include <utility>
 
 #include "core/log.h"
 #include "ops/backend.h"
@@ -15,7 +14,6 @@ namespace {
 
 // [device type][fault]: points of that kind still to pass before one fails (0: none armed).
 std::array<std::array<std::atomic<int>, 2>, 2> g_countdown{};
-thread_local Status t_cpu_error;
 
 std::atomic<int>& countdown(DeviceType type, Fault fault) {
   return g_countdown[static_cast<size_t>(type)][static_cast<size_t>(fault)];
@@ -47,7 +45,6 @@ const bool g_env_read = [] {
 }  // namespace
 
 Status take_error(Device device) {
-  if (device.is_cpu()) return std::exchange(t_cpu_error, Status::Ok());
   Backend* b = backend_for(device);
   return b != nullptr ? b->take_error() : Status::Ok();
 }
@@ -69,10 +66,6 @@ Status injected_error(Fault fault, const char* what) {
   return fault == Fault::kWorkspace
              ? make_error(ErrorCode::kOutOfMemory, "out of memory allocating {} (injected fault)", what)
              : make_error(ErrorCode::kInternal, "{}: kernel launch failed (injected fault)", what);
-}
-
-void record_cpu_error(const Status& status) {
-  if (!status.ok() && t_cpu_error.ok()) t_cpu_error = status;
 }
 
 }  // namespace detail

@@ -32,8 +32,6 @@ namespace detail {
 bool consume_fault(DeviceType type, Fault fault);
 // Backends: the error of an injected fault at `what`.
 Status injected_error(Fault fault, const char* what);
-// The CPU ops: records `status` as this thread's first error unless one is already held.
-void record_cpu_error(const Status& status);
 }  // namespace detail
 
 }  // namespace tachyon::ops

@@ -1,6 +1,7 @@
-// The op interface the model forward is written against. Each op checks shapes/dtypes of its
-// arguments (internal invariants: TACHYON_CHECK) and dispatches on the device of its tensors to a
-// backend (ops/cpu today; ops/cuda plugs in here). Activations are row-major [n_tokens, ...] f32
+// The op interface the model forward is written against. Each op checks its arguments once
+// (shapes, dtypes, one device for all its tensors: internal invariants, TACHYON_CHECK) and
+// dispatches on the device of its tensors to that device's backend (ops/backend.h: the CPU's of
+// ops/cpu, or the CUDA one of ops/cuda once started). Activations are row-major [n_tokens, ...] f32
 // with a packed last dim; their leading dims may be strided views (e.g. q/k/v slices of a fused
 // QKV output, gate/up halves of a fused gate_up output) — every op accepts that. Weights, norm
 // weights and caches are packed. Nothing here knows about requests or schedulers: a batch is
@@ -240,7 +241,7 @@ void quantize_int4_groups(const Tensor& w, int group, bool f16_scales, Tensor& p
 // them raised.
 Status synchronize(Device device);
 
-// In place softmax over the last dim of x[n, d] (f32).
+// In place softmax over the last dim of x[n, d] (f32), on the CPU (no device backend has one).
 void softmax(Tensor& x);
 
 // The KV cache dtypes: f32, f16, bf16, and the quantized i8 and f8e4m3.

@@ -79,18 +79,7 @@ class Mirror {
   cu::DeviceBuffer dev_;
 };
 
-inline cu::Rows rows_of(const Tensor& t) {
-  const ops::cpu::RowLayout l = ops::cpu::RowLayout::of(t);
-  cu::Rows r;
-  r.rows = l.rows;
-  r.cols = l.cols;
-  r.size1 = l.size1;
-  r.size2 = l.size2;
-  r.stride0 = l.stride0;
-  r.stride1 = l.stride1;
-  r.stride2 = l.stride2;
-  return r;
-}
+inline cu::Rows rows_of(const Tensor& t) { return ops::cpu::row_layout(t); }
 
 // ||actual - expected|| / ||expected|| over all elements (NaN anywhere gives +inf).
 inline double relative_l2(const Tensor& actual, const Tensor& expected) {

@@ -1,13 +1,15 @@
 // The fast CPU kernels behind ops:: (x86-64: AVX2 + FMA + F16C baseline, AVX-512 variants for
 // linear). They take raw pointers, strides (in elements) and sizes — no Tensors, nothing of the
-// engine; ops.cpp checks arguments and unwraps them. Each kernel parallelises itself with
-// parallel_for and logs once which variant ran. Only called when active_isa() != kScalar.
+// engine; ops.cpp checks arguments and the CPU backend (backend.cpp) unwraps them. The row layout,
+// the cache view and the attention batch are ops/kernel_types.h's, shared with the CUDA kernels.
+// Each kernel parallelises itself with parallel_for and logs once which variant ran. Only called
+// when active_isa() != kScalar.
 #pragma once
 
 #include <cstdint>
 
 #include "core/dtype.h"
-#include "ops/cpu/rows.h"
+#include "ops/kernel_types.h"
 #include "ops/ops.h"
 
 namespace tachyon::ops::cpu {
@@ -67,33 +69,11 @@ void embedding(const void* table, DType table_dtype, int64_t table_stride,  // [
 uint64_t fill_uniform_base(uint64_t seed, uint64_t stream);
 void fill_uniform(void* data, DType dtype, int64_t count, uint64_t seed, uint64_t stream, float bound, float offset);
 
-// The paged K/V cache of one layer: [num_blocks, block_size, num_kv_heads, head_dim], contiguous.
-struct KvCacheView {
-  void* k = nullptr;  // [num_blocks, block_size, num_kv_heads, head_dim]: f32 / f16 / bf16 / i8 / f8e4m3 (dtype)
-  void* v = nullptr;
-  // i8 / f8e4m3 caches: [num_blocks, block_size, num_kv_heads] f32, element = code * scale of its
-  // (slot, kv head) row (ops.h KvLayer); null for the others.
-  float* k_scales = nullptr;
-  float* v_scales = nullptr;
-  DType dtype = DType::kF32;
-  int64_t num_blocks = 0, block_size = 0, num_kv_heads = 0, head_dim = 0;
-};
-
 // k/v[t, h, :] at k + t * k_token_stride + h * k_head_stride (and likewise for v).
 void store_kv(const float* k, int64_t k_token_stride, int64_t k_head_stride,  // [n, num_kv_heads, head_dim] f32
               const float* v, int64_t v_token_stride, int64_t v_head_stride,  // [n, num_kv_heads, head_dim] f32
               int64_t n, const int32_t* slot_mapping,                         // [n] i32; < 0: skip the token
               const KvCacheView& cache);
-
-// One step's batch, as paged_attention reads it.
-struct AttentionBatch {
-  int num_seqs = 0;
-  const int32_t* query_start = nullptr;   // [num_seqs + 1] i32
-  const int32_t* context_lens = nullptr;  // [num_seqs] i32
-  const int32_t* block_tables = nullptr;  // [num_seqs, max_blocks_per_seq] i32
-  int64_t max_blocks_per_seq = 0;
-  const uint64_t* tree_masks = nullptr;   // [n] or null (ops.h AttentionMetadata::tree_masks)
-};
 
 // q[t, h, :] at q + t * q_token_stride + h * q_head_stride; out likewise.
 void paged_attention(const float* q, int64_t q_token_stride, int64_t q_head_stride,  // [n, num_heads, head_dim] f32

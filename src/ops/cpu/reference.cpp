@@ -61,8 +61,8 @@ void linear(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& y) {
 }
 
 void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& y) {
-  const auto xl = cpu::RowLayout::of(x);
-  const auto yl = cpu::RowLayout::of(y);
+  const auto xl = cpu::row_layout(x);
+  const auto yl = cpu::row_layout(y);
   const int64_t d = xl.cols;
   for (int64_t r = 0; r < xl.rows; ++r) {
     const float* xr = x.data<float>() + xl.offset(r);
@@ -77,8 +77,8 @@ void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& y) {
 }
 
 void add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& weight, float eps, Tensor& y) {
-  const auto rl = cpu::RowLayout::of(residual);
-  const auto xl = cpu::RowLayout::of(x);
+  const auto rl = cpu::row_layout(residual);
+  const auto xl = cpu::row_layout(x);
   const int64_t d = rl.cols;
   for (int64_t r = 0; r < rl.rows; ++r) {
     float* rr = residual.data<float>() + rl.offset(r);
@@ -110,9 +110,9 @@ void rope(Tensor& x, const Tensor& positions, const RopeTable& table) {
 }
 
 void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) {
-  const auto gl = cpu::RowLayout::of(gate);
-  const auto ul = cpu::RowLayout::of(up);
-  const auto ol = cpu::RowLayout::of(out);
+  const auto gl = cpu::row_layout(gate);
+  const auto ul = cpu::row_layout(up);
+  const auto ol = cpu::row_layout(out);
   for (int64_t r = 0; r < gl.rows; ++r) {
     const float* g = gate.data<float>() + gl.offset(r);
     const float* u = up.data<float>() + ul.offset(r);
@@ -136,7 +136,7 @@ void embedding(const Tensor& table, const Tensor& ids, Tensor& out) {
 }
 
 void softmax(Tensor& x) {
-  const auto l = cpu::RowLayout::of(x);
+  const auto l = cpu::row_layout(x);
   for (int64_t r = 0; r < l.rows; ++r) {
     float* v = x.data<float>() + l.offset(r);
     double mx = -std::numeric_limits<double>::infinity();

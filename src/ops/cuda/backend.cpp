@@ -1,10 +1,11 @@
-// The CUDA backend of ops.h: unwraps Tensors into the raw-pointer launchers of cuda_ops.h, all on
-// one stream, and provides core's device memory (a stream-ordered pool) so that Tensors can live
-// on the GPU. A tensor the backend's checks refuse is a caller's bug (the model built the
-// tensors) and aborts, like the CPU ops' checks. A workspace that cannot be allocated or a launch
-// that fails is recorded instead (ops/errors.h): the ops after it do nothing until the model takes
-// the error at the end of its forward. Execution errors surface at synchronize() or the next copy
-// to the host.
+// The CUDA backend of ops.h: unwraps the Tensors that ops.cpp checked into the raw-pointer
+// launchers of cuda_ops.h, all on one stream, and provides core's device memory (a stream-ordered
+// pool) so that Tensors can live on the GPU. Its own checks are capability checks only (what these
+// kernels cannot run: a weight format without a kernel, a strided bias or norm weight, a tensor on
+// another GPU), and abort like ops.cpp's. A workspace that cannot be allocated or a launch that
+// fails is recorded instead (ops/errors.h): the ops after it do nothing until the model takes the
+// error at the end of its forward. Execution errors surface at synchronize() or the next copy to
+// the host.
 #include <cuda_runtime.h>
 
 #include <cstdlib>
@@ -17,7 +18,6 @@
 #include <vector>
 
 #include "core/device_memory.h"
-#include "core/ggml_blocks.h"
 #include "core/log.h"
 #include "ops/backend.h"
 #include "ops/device_backends.h"
@@ -47,18 +47,8 @@ GgufFormat gguf_format_of(QuantFormat format) {
   }
 }
 
-Rows rows_of(const Tensor& t) {
-  const cpu::RowLayout l = cpu::RowLayout::of(t);
-  Rows r;
-  r.rows = l.rows;
-  r.cols = l.cols;
-  r.size1 = l.size1;
-  r.size2 = l.size2;
-  r.stride0 = l.stride0;
-  r.stride1 = l.stride1;
-  r.stride2 = l.stride2;
-  return r;
-}
+// The kernels' rows of an activation (ops/kernel_types.h RowLayout).
+Rows rows_of(const Tensor& t) { return cpu::row_layout(t); }
 
 class CudaBackend final : public ops::Backend, public DeviceMemory {
  public:
@@ -203,23 +193,21 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
   std::string describe() const override { return fmt::format("cuda:{} {}", device_, props_.to_string()); }
 
   // The arguments of cuda::linear for linear(x, w, bias) into y (swiglu: y holds half the
-  // weight's rows), checked.
-  LinearArgs linear_args(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& y, bool swiglu) {
+  // weight's rows), whose shapes and layouts ops.cpp checked.
+  LinearArgs linear_args(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& y) const {
+    // Capability: the weight formats these kernels read (every QuantFormat today; a new one
+    // needs its kernel here before it can run on the GPU).
     const QuantFormat format = w.quant ? w.quant->format : QuantFormat::kInt8Channel;
-    TACHYON_CHECK(w.defined() && (!w.quant || format == QuantFormat::kInt8Channel || format == QuantFormat::kW8A8 ||
-                                  format == QuantFormat::kFp8Channel || format == QuantFormat::kInt4Group ||
-                                  format == QuantFormat::kTernary || is_gguf_block_format(format)),
+    TACHYON_CHECK(!w.quant || format == QuantFormat::kInt8Channel || format == QuantFormat::kW8A8 ||
+                      format == QuantFormat::kFp8Channel || format == QuantFormat::kInt4Group ||
+                      format == QuantFormat::kTernary || is_gguf_block_format(format),
                   "linear: the CUDA backend runs dense f32/f16/bf16, per-channel int8, w8a8, fp8, group-wise int4, "
                   "ternary and GGUF q8_0/q4_1/q5_0/q5_1/iq4_nl/q4_k/q5_k/q6_k weights (got {})",
-                  w.quant ? quant_format_name(format) : "none");
+                  quant_format_name(format));
+    // Capability: the kernels read the bias packed (the CPU's copies a strided one).
+    TACHYON_CHECK(bias == nullptr || bias->is_contiguous(), "linear: the CUDA kernels read a packed bias (got {})",
+                  bias->shape_string());
     const Tensor& wd = w.quant ? w.quant->packed : w.dense;
-    on_device("linear", {&x, &y, &wd, bias});
-    TACHYON_CHECK(x.dim() == 2 && y.dim() == 2 && wd.dim() == 2 && x.dtype() == DType::kF32 &&
-                      y.dtype() == DType::kF32 &&
-                      (is_float(wd.dtype()) || wd.dtype() == DType::kI8 || wd.dtype() == DType::kU8 ||
-                       wd.dtype() == DType::kF8E4M3) &&
-                      x.stride(1) == 1 && y.stride(1) == 1 && wd.stride(1) == 1,
-                  "linear: x {} w {} y {}", x.shape_string(), wd.shape_string(), y.shape_string());
     LinearArgs a;
     a.x = x.data<float>();
     a.x_stride = x.stride(0);
@@ -233,76 +221,26 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
       return env == nullptr || std::string_view(env) != "0";
     }();
     a.w_constant = w.constant && early_weights;
-    int64_t in_features = wd.size(1);
-    if (w.quant && w.quant->format == QuantFormat::kInt4Group) {
+    if (w.quant) {
       const QuantWeight& q = *w.quant;
-      on_device("linear", {&q.scales, &q.zeros});
-      const int64_t groups = q.group_size > 0 ? q.in_features / q.group_size : 0;
-      TACHYON_CHECK(wd.dtype() == DType::kU8 && q.group_size > 0 && q.in_features % q.group_size == 0 &&
-                        wd.size(1) * 2 == q.in_features && q.scales.dtype() == DType::kF32 &&
-                        q.zeros.dtype() == DType::kF32 && q.scales.dim() == 2 && q.scales.size(0) == wd.size(0) &&
-                        q.scales.size(1) == groups && q.zeros.shape() == q.scales.shape() &&
-                        q.scales.is_contiguous() && q.zeros.is_contiguous(),
-                    "linear: int4 weight {} (in {}, group {}) with scales {} zeros {}", wd.shape_string(),
-                    q.in_features, q.group_size, q.scales.shape_string(), q.zeros.shape_string());
-      a.w_scales = q.scales.data<float>();
-      a.w_zeros = q.zeros.data<float>();
-      a.w_group = q.group_size;
-      in_features = q.in_features;
-    } else if (w.quant && format == QuantFormat::kTernary) {
-      const QuantWeight& q = *w.quant;
-      on_device("linear", {&q.scales});
-      const int64_t groups = q.group_size > 0 ? q.in_features / q.group_size : 0;
-      TACHYON_CHECK(wd.dtype() == DType::kU8 && q.group_size > 0 && q.in_features % q.group_size == 0 &&
-                        wd.size(1) * 4 == q.in_features && q.scales.dtype() == DType::kF32 && q.scales.dim() == 2 &&
-                        q.scales.size(0) == wd.size(0) && q.scales.size(1) == groups && q.scales.is_contiguous(),
-                    "linear: ternary weight {} (in {}, group {}) with scales {}", wd.shape_string(), q.in_features,
-                    q.group_size, q.scales.shape_string());
-      a.w_scales = q.scales.data<float>();
-      a.w_group = q.group_size;
-      a.scheme = QuantScheme::kTernary;
-      in_features = q.in_features;
-    } else if (w.quant && is_gguf_block_format(w.quant->format)) {
-      // quant/quantize.h's kGguf* layouts: Q8_0 codes [out, in] i8 and d [out, in / 32] f16; Q6_K
-      // blocks less d [out, in / 256 * 208] u8 and d [out, in / 256] f16; the other formats' blocks
-      // as stored [out, gguf_row_bytes] u8 (their d inside).
-      const QuantWeight& q = *w.quant;
-      const bool q8_0 = q.format == QuantFormat::kGgufQ8_0, q6_k = q.format == QuantFormat::kGgufQ6_K;
-      const bool separate_d = q8_0 || q6_k;
-      const int64_t block = gguf_block_weights(q.format);
-      const int64_t blocks = q.in_features / block;
-      const int64_t packed_cols = q8_0   ? q.in_features
-                                  : q6_k ? blocks * kQ6_KD
-                                         : gguf_row_bytes(q.format, q.in_features);
-      if (separate_d) on_device("linear", {&q.scales});
-      TACHYON_CHECK(q.in_features > 0 && q.in_features % block == 0 &&
-                        wd.dtype() == (q8_0 ? DType::kI8 : DType::kU8) && wd.size(1) == packed_cols &&
-                        !q.zeros.defined() &&
-                        (!separate_d ? !q.scales.defined()
-                                     : q.scales.dtype() == DType::kF16 && q.scales.dim() == 2 &&
-                                           q.scales.size(0) == wd.size(0) && q.scales.size(1) == blocks &&
-                                           q.scales.is_contiguous()),
-                    "linear: {} weight {} {} (in {}, expected [{}, {}]) with scales {} {}", quant_format_name(q.format),
-                    wd.shape_string(), dtype_name(wd.dtype()), q.in_features, wd.size(0), packed_cols,
-                    q.scales.defined() ? q.scales.shape_string() : "undefined",
-                    q.scales.defined() ? dtype_name(q.scales.dtype()) : "");
-      a.gguf = gguf_format_of(q.format);
-      if (separate_d) a.w_scales_f16 = q.scales.data<uint16_t>();
-      in_features = q.in_features;
-    } else if (w.quant) {
-      const Tensor& sc = w.quant->scales;
-      on_device("linear", {&sc});
-      const DType codes = format == QuantFormat::kFp8Channel ? DType::kF8E4M3 : DType::kI8;
-      TACHYON_CHECK(wd.dtype() == codes && sc.dtype() == DType::kF32 && sc.dim() == 1 && sc.size(0) == wd.size(0) &&
-                        sc.is_contiguous(),
-                    "linear: {} weight {} {} with scales {}", quant_format_name(format), wd.shape_string(),
-                    dtype_name(wd.dtype()), sc.shape_string());
-      a.w_scales = sc.data<float>();
-      if (format == QuantFormat::kW8A8) a.scheme = QuantScheme::kW8A8;
+      if (format == QuantFormat::kInt4Group) {
+        a.w_scales = q.scales.data<float>();
+        a.w_zeros = q.zeros.data<float>();
+        a.w_group = q.group_size;
+      } else if (format == QuantFormat::kTernary) {
+        a.w_scales = q.scales.data<float>();
+        a.w_group = q.group_size;
+        a.scheme = QuantScheme::kTernary;
+      } else if (is_gguf_block_format(format)) {
+        // Q8_0 and Q6_K keep their blocks' d apart (f16), the other formats' blocks hold it.
+        a.gguf = gguf_format_of(format);
+        if (q.scales.defined()) a.w_scales_f16 = q.scales.data<uint16_t>();
+      } else {  // per output channel: int8, w8a8, fp8
+        a.w_scales = q.scales.data<float>();
+        if (format == QuantFormat::kW8A8) a.scheme = QuantScheme::kW8A8;
+      }
     }
     if (bias != nullptr) {
-      TACHYON_CHECK(bias->dim() == 1 && bias->size(0) == wd.size(0) && bias->is_contiguous() && is_float(bias->dtype()),
-                    "linear: bias {} for w {}", bias->shape_string(), wd.shape_string());
       a.bias = bias->raw_data();
       a.bias_dtype = bias->dtype();
     }
@@ -311,18 +249,16 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
     a.n = x.size(0);
     a.in = x.size(1);
     a.out = wd.size(0);
-    TACHYON_CHECK(in_features == a.in && y.size(0) == a.n && y.size(1) * (swiglu ? 2 : 1) == a.out,
-                  "linear: x {} w {} y {}", x.shape_string(), wd.shape_string(), y.shape_string());
     return a;
   }
 
   void linear(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& y, ops::LinearMode mode) override {
-    if (failed()) return;
+    if (!runnable("linear", x)) return;
     if (ops::detail::consume_fault(DeviceType::kCuda, ops::Fault::kKernel)) {
       require_ok(ops::detail::injected_error(ops::Fault::kKernel, "linear"));
       return;
     }
-    const LinearArgs a = linear_args(x, w, bias, y, false);
+    const LinearArgs a = linear_args(x, w, bias, y);
     if (a.n == 0) return;
     if (mode == ops::LinearMode::kBatchInvariant) {
       // Every token through the GEMV, whose per-output summation order does not depend on n: a
@@ -346,7 +282,7 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
 
   bool try_linear_fused(const Tensor& x, const Weight& w, const Tensor* bias, const ops::LinearFusion& f, Tensor& y,
                         ops::LinearMode mode) override {
-    if (failed()) return true;
+    if (!runnable("linear_fused", x)) return true;
     // TACHYON_FUSED_LINEAR=0: always the separate ops (the same bits; for measuring the fusion).
     static const bool enabled = [] {
       const char* env = std::getenv("TACHYON_FUSED_LINEAR");
@@ -356,7 +292,7 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
     // more than the norm kernel it saved: the norm runs apart (docs/perf.md, 2026-12-02).
     if (!enabled || mode != ops::LinearMode::kFastest) return false;
     if (f.norm_weight != nullptr) return norm_then_linear(x, w, bias, f, y);
-    const LinearArgs a = linear_args(x, w, bias, y, f.swiglu);
+    const LinearArgs a = linear_args(x, w, bias, y);
     detail::GemvFusion g;
     g.epilogue = f.swiglu ? detail::GemvEpilogue::kSwiGLU
                  : f.add_to_output ? detail::GemvEpilogue::kAdd
@@ -368,35 +304,22 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
   }
 
   void add(Tensor& y, const Tensor& x) override {
-    if (failed()) return;
-    on_device("add", {&y, &x});
-    TACHYON_CHECK(y.dim() == 2 && y.shape() == x.shape() && y.dtype() == DType::kF32 && x.dtype() == DType::kF32 &&
-                      y.stride(1) == 1 && x.stride(1) == 1,
-                  "add: y {} x {}", y.shape_string(), x.shape_string());
+    if (!begin("add", y)) return;
     require_ok(cuda::add(y.data<float>(), rows_of(y), x.data<float>(), rows_of(x), stream_));
   }
 
   void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& y) override {
-    if (failed()) return;
-    on_device("rms_norm", {&x, &weight, &y});
+    if (!begin("rms_norm", x)) return;
     norm(nullptr, x, weight, eps, y, Rows16{});
   }
 
   void add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& weight, float eps, Tensor& y) override {
-    if (failed()) return;
-    on_device("add_rms_norm", {&residual, &x, &weight, &y});
+    if (!begin("add_rms_norm", x)) return;
     norm(&residual, x, weight, eps, y, Rows16{});
   }
 
   void rope(Tensor& x, const Tensor& positions, const RopeTable& table) override {
-    if (failed()) return;
-    on_device("rope", {&x, &positions});
-    TACHYON_CHECK(x.dim() == 3 && x.stride(2) == 1 && positions.dtype() == DType::kI32 && positions.dim() == 1 &&
-                      positions.size(0) == x.size(0) && positions.is_contiguous(),
-                  "rope: x {} positions {}", x.shape_string(), positions.shape_string());
-    TACHYON_CHECK(table.rotary_dim > 0 && table.rotary_dim % 2 == 0 && table.rotary_dim <= x.size(2) &&
-                      table.inv_freq.size() == static_cast<size_t>(table.rotary_dim / 2),
-                  "rope: table with rotary_dim {} for x {}", table.rotary_dim, x.shape_string());
+    if (!begin("rope", x)) return;
     const float* inv_freq = inv_freq_on_device(table);
     if (inv_freq == nullptr) return;
     require_ok(cuda::rope(x.data<float>(), x.size(0), x.size(1), x.size(2), x.stride(0), x.stride(1),
@@ -405,18 +328,12 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
   }
 
   void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) override {
-    if (failed()) return;
-    on_device("silu_mul", {&gate, &up, &out});
+    if (!begin("silu_mul", gate)) return;
     silu_mul_rows(gate, up, out, Rows16{});
   }
 
   void embedding(const Tensor& table, const Tensor& ids, Tensor& out) override {
-    if (failed()) return;
-    on_device("embedding", {&table, &ids, &out});
-    TACHYON_CHECK(table.dim() == 2 && table.stride(1) == 1 && out.dim() == 2 && out.stride(1) == 1 &&
-                      out.size(1) == table.size(1) && ids.dim() == 1 && ids.size(0) == out.size(0) &&
-                      ids.dtype() == DType::kI32 && ids.is_contiguous(),
-                  "embedding: table {} ids {} out {}", table.shape_string(), ids.shape_string(), out.shape_string());
+    if (!begin("embedding", out)) return;
     // The ids were checked against the vocabulary on the host (LlamaModel::forward); one outside
     // the table gives a NaN row rather than a read out of bounds.
     require_ok(cuda::embedding(table.raw_data(), table.dtype(), table.stride(0), table.size(0), table.size(1),
@@ -424,39 +341,18 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
   }
 
   void store_kv(const Tensor& k, const Tensor& v, const Tensor& slot_mapping, KvLayer& layer) override {
-    if (failed()) return;
-    const KvCacheView cache = cache_view("store_kv", layer);
-    on_device("store_kv", {&k, &v, &slot_mapping});
-    TACHYON_CHECK(k.dim() == 3 && k.shape() == v.shape() && k.size(1) == cache.num_kv_heads &&
-                      k.size(2) == cache.head_dim && k.stride(2) == 1 && v.stride(2) == 1 &&
-                      slot_mapping.dim() == 1 && slot_mapping.size(0) == k.size(0) &&
-                      slot_mapping.dtype() == DType::kI32,
-                  "store_kv: k {} v {} slots {} cache {}", k.shape_string(), v.shape_string(),
-                  slot_mapping.shape_string(), layer.k.shape_string());
+    if (!begin("store_kv", k)) return;
+    const KvCacheView cache = kv_cache_view(layer);
     require_ok(cuda::store_kv(k.data<float>(), k.stride(0), k.stride(1), v.data<float>(), v.stride(0), v.stride(1),
                               k.size(0), slot_mapping.data<int32_t>(), cache, stream_));
   }
 
   void rope_store_kv(Tensor& q, Tensor& k, const Tensor& v, const Tensor& positions, const RopeTable& table,
                      const Tensor& slot_mapping, KvLayer& layer) override {
-    if (failed()) return;
-    const KvCacheView cache = cache_view("rope_store_kv", layer);
+    if (!begin("rope_store_kv", q)) return;
+    const KvCacheView cache = kv_cache_view(layer);
+    // The one-launch kernel writes 16- and 32-bit caches; a quantized one takes the separate ops.
     if (!is_float(cache.dtype)) return Backend::rope_store_kv(q, k, v, positions, table, slot_mapping, layer);
-    on_device("rope_store_kv", {&q, &k, &v, &positions, &slot_mapping});
-    TACHYON_CHECK(q.dim() == 3 && k.dim() == 3 && k.shape() == v.shape() && q.size(0) == k.size(0) &&
-                      q.size(2) == cache.head_dim && k.size(1) == cache.num_kv_heads && k.size(2) == cache.head_dim &&
-                      q.stride(2) == 1 && k.stride(2) == 1 && v.stride(2) == 1 && q.dtype() == DType::kF32 &&
-                      k.dtype() == DType::kF32 && v.dtype() == DType::kF32,
-                  "rope_store_kv: q {} k {} v {} cache {}", q.shape_string(), k.shape_string(), v.shape_string(),
-                  layer.k.shape_string());
-    TACHYON_CHECK(positions.dtype() == DType::kI32 && positions.dim() == 1 && positions.size(0) == q.size(0) &&
-                      positions.is_contiguous() && slot_mapping.dtype() == DType::kI32 && slot_mapping.dim() == 1 &&
-                      slot_mapping.size(0) == q.size(0) && slot_mapping.is_contiguous(),
-                  "rope_store_kv: positions {} slots {} for {} tokens", positions.shape_string(),
-                  slot_mapping.shape_string(), q.size(0));
-    TACHYON_CHECK(table.rotary_dim > 0 && table.rotary_dim % 2 == 0 && table.rotary_dim <= q.size(2) &&
-                      table.inv_freq.size() == static_cast<size_t>(table.rotary_dim / 2),
-                  "rope_store_kv: table with rotary_dim {} for q {}", table.rotary_dim, q.shape_string());
     RopeStoreArgs a;
     a.q = q.data<float>();
     a.q_heads = q.size(1);
@@ -481,15 +377,8 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
 
   void paged_attention(const Tensor& q, const KvLayer& layer, const AttentionMetadata& meta,
                        const AttentionParams& params, Tensor& out) override {
-    if (failed()) return;
-    const KvCacheView cache = cache_view("paged_attention", layer);
-    on_device("paged_attention", {&q, &out, &meta.query_start, &meta.context_lens, &meta.block_tables});
-    TACHYON_CHECK(q.dim() == 3 && q.shape() == out.shape() && q.stride(2) == 1 && out.stride(2) == 1 &&
-                      q.size(2) == cache.head_dim && meta.block_size == cache.block_size &&
-                      meta.block_tables.dim() == 2 && meta.block_tables.size(0) == meta.num_seqs &&
-                      meta.block_tables.is_contiguous(),
-                  "paged_attention: q {} out {} cache {} block_tables {}", q.shape_string(), out.shape_string(),
-                  layer.k.shape_string(), meta.block_tables.shape_string());
+    if (!begin("paged_attention", q)) return;
+    const KvCacheView cache = kv_cache_view(layer);
     if (q.size(0) == 0) return;
     AttentionBatch batch;
     batch.num_seqs = meta.num_seqs;
@@ -499,15 +388,7 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
     batch.max_blocks_per_seq = meta.block_tables.size(1);
     batch.max_query_len = meta.max_query_len;
     batch.max_context_len = meta.max_context_len;
-    if (meta.tree_masks.defined()) {
-      on_device("paged_attention", {&meta.tree_masks});
-      TACHYON_CHECK(meta.tree_masks.dtype() == DType::kI64 && meta.tree_masks.dim() == 1 &&
-                        meta.tree_masks.size(0) == q.size(0) && meta.tree_masks.is_contiguous() &&
-                        params.sliding_window == 0,
-                    "paged_attention: tree_masks {} for {} queries (no sliding window)", meta.tree_masks.shape_string(),
-                    q.size(0));
-      batch.tree_masks = static_cast<const uint64_t*>(meta.tree_masks.raw_data());
-    }
+    if (meta.tree_masks.defined()) batch.tree_masks = static_cast<const uint64_t*>(meta.tree_masks.raw_data());
     auto plan = plan_paged_attention(batch, q.size(1), cache, params, props_.multiprocessors);
     if (!require_ok(plan.status())) return;
     if (ops::detail::consume_fault(DeviceType::kCuda, ops::Fault::kWorkspace)) {
@@ -533,14 +414,7 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
   }
 
   void argmax(const Tensor& x, Tensor& ids, Tensor* logprobs) override {
-    if (failed()) return;
-    on_device("argmax", {&x, &ids, logprobs});
-    TACHYON_CHECK(logprobs == nullptr || (logprobs->dim() == 1 && logprobs->size(0) == x.size(0) &&
-                                          logprobs->dtype() == DType::kF32 && logprobs->is_contiguous()),
-                  "argmax: logprobs {} for x {}", logprobs->shape_string(), x.shape_string());
-    TACHYON_CHECK(x.dim() == 2 && x.stride(1) == 1 && x.dtype() == DType::kF32 && ids.dim() == 1 &&
-                      ids.size(0) == x.size(0) && ids.dtype() == DType::kI32 && ids.is_contiguous(),
-                  "argmax: x {} ids {}", x.shape_string(), ids.shape_string());
+    if (!begin("argmax", x)) return;
     if (!grow_scratch(argmax_workspace_, argmax_workspace_bytes(x.size(0), x.size(1)), "argmax workspace")) return;
     require_ok(cuda::argmax(x.data<float>(), x.stride(0), x.size(0), x.size(1), ids.data<int32_t>(),
                             logprobs != nullptr ? logprobs->data<float>() : nullptr, stream_,
@@ -548,13 +422,7 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
   }
 
   void top_tokens(const Tensor& x, Tensor& ids, Tensor& probs) override {
-    if (failed()) return;
-    on_device("top_tokens", {&x, &ids, &probs});
-    TACHYON_CHECK(x.dim() == 2 && x.stride(1) == 1 && x.dtype() == DType::kF32 && ids.dim() == 2 &&
-                      ids.size(0) == x.size(0) && ids.size(1) >= 1 && ids.size(1) <= kMaxTopTokens &&
-                      ids.dtype() == DType::kI32 && ids.is_contiguous() && probs.shape() == ids.shape() &&
-                      probs.dtype() == DType::kF32 && probs.is_contiguous(),
-                  "top_tokens: x {} ids {} probs {}", x.shape_string(), ids.shape_string(), probs.shape_string());
+    if (!begin("top_tokens", x)) return;
     const int m = static_cast<int>(ids.size(1));
     if (!grow_scratch(top_workspace_, top_tokens_workspace_bytes(x.size(0), x.size(1), m), "top tokens workspace")) return;
     require_ok(cuda::top_tokens(x.data<float>(), x.stride(0), x.size(0), x.size(1), m, ids.data<int32_t>(),
@@ -563,84 +431,42 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
 
   void advance_decode(const Tensor& next_ids, Tensor& token_ids, Tensor& positions, Tensor& context_lens,
                       const Tensor& block_tables, int block_size, Tensor& slot_mapping) override {
-    if (failed()) return;
-    on_device("advance_decode", {&next_ids, &token_ids, &positions, &context_lens, &block_tables, &slot_mapping});
+    if (!begin("advance_decode", token_ids)) return;
     const int64_t n = token_ids.size(0);
-    for (const Tensor* t : std::initializer_list<const Tensor*>{&next_ids, &token_ids, &positions, &context_lens, &slot_mapping}) {
-      TACHYON_CHECK(t->dim() == 1 && t->size(0) == n && t->dtype() == DType::kI32 && t->is_contiguous(),
-                    "advance_decode: {} {} for {} sequences", t->shape_string(), dtype_name(t->dtype()), n);
-    }
-    TACHYON_CHECK(block_tables.dim() == 2 && block_tables.size(0) == n && block_tables.dtype() == DType::kI32 &&
-                      block_tables.is_contiguous(),
-                  "advance_decode: block tables {} for {} sequences", block_tables.shape_string(), n);
     require_ok(cuda::advance_decode(next_ids.data<int32_t>(), token_ids.data<int32_t>(), positions.data<int32_t>(),
                                     context_lens.data<int32_t>(), block_tables.data<int32_t>(), block_tables.size(1),
                                     block_size, slot_mapping.data<int32_t>(), n, stream_));
   }
 
   void sample(const Tensor& x, const Tensor& params, Tensor& ids, Tensor& logprobs, Tensor* probs) override {
-    if (failed()) return;
-    on_device("sample", {&x, &params, &ids, &logprobs, probs});
-    TACHYON_CHECK(probs == nullptr || (probs->shape() == x.shape() && probs->dtype() == DType::kF32 &&
-                                       probs->is_contiguous()),
-                  "sample: probs {} for x {}", probs->shape_string(), x.shape_string());
-    TACHYON_CHECK(x.dim() == 2 && x.stride(1) == 1 && x.dtype() == DType::kF32 && params.dim() == 2 &&
-                      params.size(0) == x.size(0) && params.size(1) == kSampleParams && params.dtype() == DType::kF32 &&
-                      params.is_contiguous() && ids.dim() == 1 && ids.size(0) == x.size(0) &&
-                      ids.dtype() == DType::kI32 && ids.is_contiguous() && logprobs.dim() == 1 &&
-                      logprobs.size(0) == x.size(0) && logprobs.dtype() == DType::kF32 && logprobs.is_contiguous(),
-                  "sample: x {} params {} ids {} logprobs {}", x.shape_string(), params.shape_string(),
-                  ids.shape_string(), logprobs.shape_string());
+    if (!begin("sample", x)) return;
     require_ok(cuda::sample(x.data<float>(), x.stride(0), x.size(0), x.size(1), params.data<float>(),
                             ids.data<int32_t>(), logprobs.data<float>(), stream_,
                             probs != nullptr ? probs->data<float>() : nullptr));
   }
 
   void quantize_int8_rows(const Tensor& w, Tensor& packed, Tensor& scales) override {
-    if (failed()) return;
-    on_device("quantize_int8_rows", {&w, &packed, &scales});
-    TACHYON_CHECK(w.dim() == 2 && is_float(w.dtype()) && (w.size(1) <= 1 || w.stride(1) == 1) &&
-                      packed.dtype() == DType::kI8 && packed.shape() == w.shape() && packed.is_contiguous() &&
-                      scales.dtype() == DType::kF32 && scales.dim() == 1 && scales.size(0) == w.size(0) &&
-                      scales.is_contiguous(),
-                  "quantize_int8_rows: w {} packed {} scales {}", w.shape_string(), packed.shape_string(),
-                  scales.shape_string());
+    if (!begin("quantize_int8_rows", w)) return;
     require_ok(cuda::quantize_int8_rows(w.raw_data(), w.dtype(), w.stride(0), w.size(0), w.size(1),
                                         packed.data<int8_t>(), scales.data<float>(), stream_));
   }
 
   void quantize_int4_groups(const Tensor& w, int group, bool f16_scales, Tensor& packed, Tensor& scales,
                             Tensor& zeros) override {
-    if (failed()) return;
-    on_device("quantize_int4_groups", {&w, &packed, &scales, &zeros});
-    const int64_t groups = group > 0 ? w.size(1) / group : 0;
-    TACHYON_CHECK(w.dim() == 2 && is_float(w.dtype()) && (w.size(1) <= 1 || w.stride(1) == 1) && group > 0 &&
-                      w.size(1) % group == 0 && packed.dtype() == DType::kU8 && packed.dim() == 2 &&
-                      packed.size(0) == w.size(0) && packed.size(1) == w.size(1) / 2 && packed.is_contiguous() &&
-                      scales.dtype() == DType::kF32 && scales.dim() == 2 && scales.size(0) == w.size(0) &&
-                      scales.size(1) == groups && scales.is_contiguous() && zeros.dtype() == DType::kF32 &&
-                      zeros.shape() == scales.shape() && zeros.is_contiguous(),
-                  "quantize_int4_groups: w {} group {} packed {} scales {} zeros {}", w.shape_string(), group,
-                  packed.shape_string(), scales.shape_string(), zeros.shape_string());
+    if (!begin("quantize_int4_groups", w)) return;
     require_ok(cuda::quantize_int4_groups(w.raw_data(), w.dtype(), w.stride(0), w.size(0), w.size(1), group,
                                           f16_scales, packed.data<uint8_t>(), scales.data<float>(),
                                           zeros.data<float>(), stream_));
   }
 
   void adjust_logits(Tensor& x, const Tensor& edits) override {
-    if (failed()) return;
-    on_device("adjust_logits", {&x, &edits});
-    TACHYON_CHECK(x.dim() == 2 && x.stride(1) == 1 && x.dtype() == DType::kF32 && edits.dim() == 2 &&
-                      edits.size(1) == kLogitEditColumns && edits.dtype() == DType::kF32 && edits.is_contiguous(),
-                  "adjust_logits: x {} edits {}", x.shape_string(), edits.shape_string());
+    if (!begin("adjust_logits", x)) return;
     require_ok(cuda::adjust_logits(x.data<float>(), x.stride(0), x.size(0), x.size(1), edits.data<float>(),
                                    edits.size(0), stream_));
   }
 
   void fill_uniform(Tensor& t, uint64_t seed, uint64_t stream, float bound, float offset) override {
-    if (failed()) return;
-    on_device("fill_uniform", {&t});
-    TACHYON_CHECK(t.is_contiguous() && is_float(t.dtype()), "fill_uniform: {}", t.shape_string());
+    if (!begin("fill_uniform", t)) return;
     require_ok(cuda::fill_uniform(t.raw_data(), t.dtype(), t.numel(), seed, stream, bound, offset, stream_));
   }
 
@@ -679,11 +505,9 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
 
   // rms_norm (residual null) or add_rms_norm on checked tensors; copy16: y again in 16 bits.
   void norm(Tensor* residual, const Tensor& x, const Tensor& weight, float eps, Tensor& y, const Rows16& copy16) {
-    const char* op = residual != nullptr ? "add_rms_norm" : "rms_norm";
-    TACHYON_CHECK(weight.dim() == 1 && weight.size(0) == x.size(-1) && weight.is_contiguous() &&
-                      x.shape() == y.shape() && (residual == nullptr || x.shape() == residual->shape()),
-                  "{}: x {} weight {} y {}{}", op, x.shape_string(), weight.shape_string(), y.shape_string(),
-                  residual != nullptr ? " residual " + residual->shape_string() : std::string());
+    // Capability: the kernels read the weight packed (the CPU's copies a strided one).
+    TACHYON_CHECK(weight.is_contiguous(), "{}: the CUDA kernels read a packed norm weight (got {})",
+                  residual != nullptr ? "add_rms_norm" : "rms_norm", weight.shape_string());
     if (residual != nullptr) {
       require_ok(cuda::add_rms_norm(residual->data<float>(), rows_of(*residual), x.data<float>(), rows_of(x),
                                     weight.raw_data(), weight.dtype(), eps, y.data<float>(), rows_of(y), stream_,
@@ -695,8 +519,6 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
   }
 
   void silu_mul_rows(const Tensor& gate, const Tensor& up, Tensor& out, const Rows16& copy16) {
-    TACHYON_CHECK(gate.shape() == up.shape() && gate.shape() == out.shape(), "silu_mul: gate {} up {} out {}",
-                  gate.shape_string(), up.shape_string(), out.shape_string());
     require_ok(cuda::silu_mul(gate.data<float>(), rows_of(gate), up.data<float>(), rows_of(up), out.data<float>(),
                               rows_of(out), stream_, copy16));
   }
@@ -708,15 +530,14 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
   // down projection) runs a conversion pass. The same bits as the separate ops. False, having done
   // nothing, elsewhere and with a residual add after the linear.
   bool norm_then_linear(const Tensor& x, const Weight& w, const Tensor* bias, const ops::LinearFusion& f, Tensor& y) {
-    if (f.add_to_output || f.scratch_x == nullptr || (f.swiglu && f.scratch_y == nullptr)) return false;
+    if (f.add_to_output || x.size(0) <= kLinearAutoGemvMaxTokens) return false;
     Tensor& normed = *f.scratch_x;
     Tensor& product = f.swiglu ? *f.scratch_y : y;
-    if (x.dim() != 2 || x.size(0) <= kLinearAutoGemvMaxTokens) return false;
-    const LinearArgs a = linear_args(normed, w, bias, product, false);
+    const LinearArgs a = linear_args(normed, w, bias, product);
     const DType rounded = cuda::linear_activation_dtype(*linear_, a);
     if (rounded == DType::kF32) return false;
     activation_rounding_ = rounded;
-    on_device("linear_fused", {&x, f.norm_weight, &normed, f.pending_add, &y});
+    linear_->forget_staged();  // the norm writes rows a staged copy may hold
     // x is the residual stream when an add is pending (it becomes x + pending_add).
     Tensor residual = x;
     auto copy = linear_->stage_activations(a.x, a.x_stride, a.n, a.in, rounded);
@@ -730,7 +551,6 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
     if (f.swiglu) {
       const int64_t half = y.size(1);
       const Tensor gate = product.slice(1, 0, half), up = product.slice(1, half, 2 * half);
-      TACHYON_CHECK(y.stride(1) == 1, "linear_fused: y {} is not packed along its rows", y.shape_string());
       // For the down projection, at this linear's rounding.
       auto next = linear_->stage_activations(y.data<float>(), y.stride(0), y.size(0), half, rounded);
       if (!require_ok(next.status())) return true;
@@ -745,39 +565,21 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
                       device.to_string(), device_);
   }
 
-  // Also the point where every op but linear() passes: activations staged for the next linear
-  // (LinearContext::stage_activations) are forgotten, since the op may write their f32 rows.
-  void on_device(const char* op, std::initializer_list<const Tensor*> tensors) const {
-    if (std::string_view(op) != "linear") linear_->forget_staged();
-    for (const Tensor* t : tensors) {
-      if (t == nullptr) continue;
-      TACHYON_CHECK(t->defined(), "{}: an argument is undefined", op);
-      TACHYON_CHECK(t->device().type == DeviceType::kCuda && t->device().index == device_,
-                    "{}: a {} tensor is on {}, the others on cuda:{}", op, t->shape_string(), t->device().to_string(),
-                    device_);
-    }
+  // The start of every op: false (the op does nothing) while an earlier op's error is not taken
+  // (ops/errors.h). Capability: this backend runs one device; ops.cpp put all the op's tensors on
+  // the device of `t`.
+  bool runnable(const char* op, const Tensor& t) const {
+    TACHYON_CHECK(t.device().index == device_, "{}: a tensor is on {}, but the CUDA backend runs cuda:{}", op,
+                  t.device().to_string(), device_);
+    return !failed();
   }
 
-  // One layer of the cache, checked (ops.h's shapes, dtypes and scales, all on this device), as
-  // the kernels see it. The scale pools' [.., 1] is packed, so they are plain
-  // [num_blocks, block_size, num_kv_heads] arrays.
-  KvCacheView cache_view(const char* op, const KvLayer& layer) const {
-    ops::check_kv_layer(op, layer);
-    const bool quantized = layer.k_scales.defined();
-    on_device(op, {&layer.k, &layer.v, quantized ? &layer.k_scales : nullptr, quantized ? &layer.v_scales : nullptr});
-    KvCacheView view;
-    view.k = layer.k.raw_data();
-    view.v = layer.v.raw_data();
-    if (quantized) {
-      view.k_scales = layer.k_scales.data<float>();
-      view.v_scales = layer.v_scales.data<float>();
-    }
-    view.dtype = layer.k.dtype();
-    view.num_blocks = layer.k.size(0);
-    view.block_size = layer.k.size(1);
-    view.num_kv_heads = layer.k.size(2);
-    view.head_dim = layer.k.size(3);
-    return view;
+  // runnable() for every op but linear(), which may also write rows of activations staged for the
+  // next linear (LinearContext::stage_activations): those are forgotten.
+  bool begin(const char* op, const Tensor& t) {
+    if (!runnable(op, t)) return false;
+    linear_->forget_staged();
+    return true;
   }
 
   // The table's frequencies on the device, uploaded on first use. Keyed by the table's address but

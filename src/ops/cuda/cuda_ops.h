@@ -3,7 +3,7 @@
 // raw device pointers, strides in elements, sizes and a stream. Launchers check their arguments,
 // return Status (with the values and file:line of a failing CUDA call) and never synchronise:
 // execution errors surface at the caller's next synchronize(). Nothing here knows about tensors,
-// requests or schedulers; ops.cpp will unwrap Tensors into these calls.
+// requests or schedulers; the backend (backend.cpp) unwraps Tensors into these calls.
 //
 // Numerics follow ops.h and ops/cpu/reference.h: f32 activations, f32 accumulation, f16/bf16
 // stored with round-to-nearest-even. linear() has a GEMV for 1..16 tokens (exact f32 math on the

@@ -1,6 +1,7 @@
 // Plain argument structs of the CUDA kernels, shared by the host API (cuda_ops.h) and the .cu
-// files. Everything here is raw device pointers, strides in elements and sizes: nothing of the
-// engine, and no header that nvcc cannot parse (fmt is kept out of every .cu translation unit).
+// files: the CUDA-only ones here, beside those every backend shares (ops/kernel_types.h).
+// Everything here is raw device pointers, strides in elements and sizes: nothing of the engine,
+// and no header that nvcc cannot parse (fmt is kept out of every .cu translation unit).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -8,46 +9,16 @@
 #include <cstdint>
 
 #include "core/dtype.h"
-
-#if defined(__CUDACC__)
-#define TACHYON_HOST_DEVICE __host__ __device__
-#else
-#define TACHYON_HOST_DEVICE
-#endif
+#include "ops/kernel_types.h"
 
 namespace tachyon::ops::cuda {
 
 using Stream = cudaStream_t;
 
-// The rows of an activation tensor whose last dim is packed and whose leading dims (up to three)
-// have any strides; the same description as ops/cpu/rows.h's RowLayout, field for field.
-struct Rows {
-  int64_t rows = 0;   // product of the leading dims
-  int64_t cols = 0;   // the last dim
-  int64_t size1 = 1;  // leading dims, innermost last: rows = size0 * size1 * size2
-  int64_t size2 = 1;
-  int64_t stride0 = 0;  // strides in elements of the leading dims
-  int64_t stride1 = 0;
-  int64_t stride2 = 0;
-
-  TACHYON_HOST_DEVICE int64_t offset(int64_t r) const {
-    const int64_t i2 = r % size2;
-    const int64_t r1 = r / size2;
-    const int64_t i1 = r1 % size1;
-    const int64_t i0 = r1 / size1;
-    return i0 * stride0 + i1 * stride1 + i2 * stride2;
-  }
-
-  // Packed rows: [rows, cols] with rows `stride` elements apart.
-  static Rows packed(int64_t rows, int64_t cols, int64_t stride) {
-    Rows r;
-    r.rows = rows;
-    r.cols = cols;
-    r.stride2 = stride;
-    r.size2 = rows > 0 ? rows : 1;
-    return r;
-  }
-};
+// The kernel types every backend shares (ops/kernel_types.h), under the names the CUDA code uses.
+using Rows = ops::RowLayout;
+using ops::AttentionBatch;
+using ops::KvCacheView;
 
 // A 16-bit copy of an op's f32 output rows: row r at data + r * stride, each value rounded to
 // nearest even (the rounding linear() applies to activations before multiplying them in 16 bits),
@@ -104,18 +75,6 @@ struct LinearArgs {
   int64_t n = 0, in = 0, out = 0;
 };
 
-// The paged K/V cache of one layer: [num_blocks, block_size, num_kv_heads, head_dim], packed.
-struct KvCacheView {
-  void* k = nullptr;  // [num_blocks, block_size, num_kv_heads, head_dim]: f32 / f16 / bf16 / i8 / f8e4m3 (dtype)
-  void* v = nullptr;
-  // i8 / f8e4m3 caches: [num_blocks, block_size, num_kv_heads] f32, element = code * scale of its
-  // (slot, kv head) row (ops.h KvLayer); null for the others.
-  float* k_scales = nullptr;
-  float* v_scales = nullptr;
-  DType dtype = DType::kBF16;
-  int64_t num_blocks = 0, block_size = 0, num_kv_heads = 0, head_dim = 0;
-};
-
 // rope_store_kv: q [n, q_heads, head_dim] and k [n, cache.num_kv_heads, head_dim] rotated in place
 // (f32; x[t, h, :] at x + t * token_stride + h * head_stride), then k and v stored into the cache
 // at slot_mapping (< 0: skip). positions, inv_freq ([rotary_dim / 2]) and slot_mapping on the
@@ -134,19 +93,6 @@ struct RopeStoreArgs {
   bool interleaved = false;
   float attention_scale = 1.0f;
   const int32_t* slot_mapping = nullptr;
-};
-
-// One step's batch as attention reads it (ops.h AttentionMetadata): the arrays on the device,
-// the maxima on the host (they size the launch grids).
-struct AttentionBatch {
-  int num_seqs = 0;
-  const int32_t* query_start = nullptr;   // [num_seqs + 1] i32, device
-  const int32_t* context_lens = nullptr;  // [num_seqs] i32, device
-  const int32_t* block_tables = nullptr;  // [num_seqs, max_blocks_per_seq] i32, device
-  int64_t max_blocks_per_seq = 0;
-  int max_query_len = 0;    // host: max over sequences of query_start[s + 1] - query_start[s]
-  int max_context_len = 0;  // host: max of context_lens
-  const uint64_t* tree_masks = nullptr;   // [n_tokens] device, or null (ops.h AttentionMetadata::tree_masks)
 };
 
 }  // namespace tachyon::ops::cuda
