@@ -319,14 +319,23 @@ LlamaModel::LlamaModel(ModelConfig config, ModelWeights weights)
 
 Status LlamaModel::forward(const ForwardBatch& batch, KvCache& cache, Tensor& logits, const ForwardOptions& options) const {
   if (device().is_cpu()) return forward_on_device(batch, cache, logits, options);
-  Tensor on_device;
-  TACHYON_RETURN_IF_ERROR(forward_on_device(batch, cache, on_device, options));
+  Tensor on_device, hidden_on_device;
+  ForwardOptions device_options = options;
+  if (options.hidden != nullptr) device_options.hidden = &hidden_on_device;
+  TACHYON_RETURN_IF_ERROR(forward_on_device(batch, cache, on_device, device_options));
   const int64_t n_logits = batch.logits_rows.size(0);
-  if (!logits.defined() || !logits.device().is_cpu() || logits.dtype() != DType::kF32 || logits.dim() != 2 ||
-      logits.size(0) != n_logits || logits.size(1) != config_.vocab_size) {
-    logits = Tensor::empty({n_logits, config_.vocab_size}, DType::kF32);
-  }
+  const auto host_rows = [&](Tensor& t, int64_t cols) {
+    if (!t.defined() || !t.device().is_cpu() || t.dtype() != DType::kF32 || t.dim() != 2 || t.size(0) != n_logits ||
+        t.size(1) != cols || !t.is_contiguous()) {
+      t = Tensor::empty({n_logits, cols}, DType::kF32);
+    }
+  };
+  host_rows(logits, config_.vocab_size);
   if (n_logits > 0) TACHYON_RETURN_IF_ERROR(copy_into(logits, on_device));  // waits for the device
+  if (options.hidden != nullptr) {
+    host_rows(*options.hidden, config_.hidden_size);
+    if (n_logits > 0) TACHYON_RETURN_IF_ERROR(copy_into(*options.hidden, hidden_on_device));
+  }
   return ops::synchronize(device());
 }
 
@@ -358,11 +367,11 @@ Status LlamaModel::forward_on_device(const ForwardBatch& batch, KvCache& cache, 
     return make_error(ErrorCode::kInvalidArgument, "forward: the model runs on {} but its kv cache is on {}",
                       dev.to_string(), cache.config().device.to_string());
   }
-  if (dev.is_cpu()) return run_layers(batch, cache, logits, mode);
+  if (dev.is_cpu()) return run_layers(batch, cache, logits, options.hidden, mode);
   const bool decode = batch.attention.max_query_len == 1 && n == batch.attention.num_seqs && n_logits == n;
   if (decode) return forward_decode_on_device(batch, cache, logits, options);
   TACHYON_ASSIGN_OR_RETURN(ForwardBatch device_batch, batch_on(batch, dev));
-  return run_layers(device_batch, cache, logits, mode);
+  return run_layers(device_batch, cache, logits, options.hidden, mode);
 }
 
 // A decode batch on a device (one token and one logits row per sequence) runs with its block
@@ -376,6 +385,7 @@ Status LlamaModel::forward_decode_on_device(const ForwardBatch& batch, KvCache& 
   TACHYON_ASSIGN_OR_RETURN(DecodeGraph * g, decode_graph_for(batch, cache, options));
   TACHYON_RETURN_IF_ERROR(run_decode_graph(*g, cache, options));
   logits = g->logits;
+  if (options.hidden != nullptr) *options.hidden = g->hidden;
   return Status::Ok();
 }
 
@@ -411,6 +421,7 @@ Result<LlamaModel::DecodeGraph*> LlamaModel::decode_graph_for(const ForwardBatch
     DecodeGraph g;
     TACHYON_ASSIGN_OR_RETURN(g.input, batch_on(padded, dev));
     TACHYON_ASSIGN_OR_RETURN(g.logits, empty_on({n, config_.vocab_size}, DType::kF32, dev, "logits"));
+    TACHYON_ASSIGN_OR_RETURN(g.hidden, empty_on({n, config_.hidden_size}, DType::kF32, dev, "hidden rows"));
     it = graphs_.emplace(key, std::move(g)).first;
   } else {
     TACHYON_RETURN_IF_ERROR(upload_into(padded, it->second.input));
@@ -423,14 +434,14 @@ Status LlamaModel::run_decode_graph(DecodeGraph& g, KvCache& cache, const Forwar
   if (g.graph && backend->scratch_epoch() == graphs_epoch_) return backend->replay(g.graph);
   // Eager: the result of this step, and the warm-up (workspaces sized, tables uploaded) that
   // makes a capture of the same shape touch no allocation outside the graph.
-  TACHYON_RETURN_IF_ERROR(run_layers(g.input, cache, g.logits, options.linear_mode));
+  TACHYON_RETURN_IF_ERROR(run_layers(g.input, cache, g.logits, &g.hidden, options.linear_mode));
   if (!options.cuda_graphs) return Status::Ok();
   if (backend->scratch_epoch() != graphs_epoch_) {  // the eager step grew a workspace
     for (auto& [k, other] : graphs_) other.graph.reset();
     graphs_epoch_ = backend->scratch_epoch();
   }
   TACHYON_RETURN_IF_ERROR(backend->begin_capture());
-  const Status captured = run_layers(g.input, cache, g.logits, options.linear_mode);
+  const Status captured = run_layers(g.input, cache, g.logits, &g.hidden, options.linear_mode);
   auto graph = backend->end_capture();
   TACHYON_RETURN_IF_ERROR(captured);
   TACHYON_RETURN_IF_ERROR(graph.status());
@@ -480,7 +491,7 @@ Status LlamaModel::decode_steps(const ForwardBatch& batch, const Tensor& first_i
                             b.attention.block_tables, b.attention.block_size, b.attention.slot_mapping);
         ++b.attention.max_context_len;
       }
-      TACHYON_RETURN_IF_ERROR(run_layers(b, cache, logits, options.linear_mode));
+      TACHYON_RETURN_IF_ERROR(run_layers(b, cache, logits, nullptr, options.linear_mode));
       Tensor next = ids.select(0, s);
       pick(logits, s, next);
     }
@@ -503,7 +514,8 @@ Status LlamaModel::decode_steps(const ForwardBatch& batch, const Tensor& first_i
   return ops::take_error(dev);  // what the picks raised (the steps' own errors came back above)
 }
 
-Status LlamaModel::run_layers(const ForwardBatch& batch, KvCache& cache, Tensor& logits, ops::LinearMode mode) const {
+Status LlamaModel::run_layers(const ForwardBatch& batch, KvCache& cache, Tensor& logits, Tensor* hidden_rows,
+                              ops::LinearMode mode) const {
   const ModelConfig& c = config_;
   const ForwardBatch* b = &batch;
   const Device dev = device();
@@ -546,7 +558,18 @@ Status LlamaModel::run_layers(const ForwardBatch& batch, KvCache& cache, Tensor&
     q_normed = scratch({n * c.num_heads, c.head_dim});
     k_normed = scratch({n * c.num_kv_heads, c.head_dim});
   }
-  Tensor normed = scratch({n_logits, hidden});
+  // The final hidden rows, the LM head's input: the caller's tensor when it wants them.
+  Tensor normed;
+  if (hidden_rows == nullptr) {
+    normed = scratch({n_logits, hidden});
+  } else {
+    Tensor& t = *hidden_rows;
+    if (!t.defined() || !(t.device() == dev) || t.dtype() != DType::kF32 || t.dim() != 2 || t.size(0) != n_logits ||
+        t.size(1) != hidden || !t.is_contiguous()) {
+      t = scratch({n_logits, hidden});
+    }
+    normed = t;
+  }
   TACHYON_RETURN_IF_ERROR(alloc_status);
   AttentionParams params;
   params.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));

@@ -29,6 +29,12 @@ struct ForwardBatch {
 struct ForwardOptions {
   ops::LinearMode linear_mode = ops::LinearMode::kFastest;  // kBatchInvariant: outputs independent of batching
   bool cuda_graphs = true;  // on a GPU, decode steps replay a graph captured once per batch shape
+  // When set: the final hidden state of each logits row (after the final norm: what the LM head
+  // reads), [n_logits, hidden] f32, where the logits are (forward: the host; forward_on_device:
+  // device(), allocated there unless it is that shape there already; a GPU decode step hands
+  // back its graph's buffer, as it does the logits, valid until the next forward). What
+  // proposers that read the target's features take (speculative/).
+  Tensor* hidden = nullptr;
 };
 
 class LlamaModel {
@@ -62,7 +68,9 @@ class LlamaModel {
                       const PickNext& pick, const ForwardOptions& options = {}) const;
 
  private:
-  Status run_layers(const ForwardBatch& batch, KvCache& cache, Tensor& logits, ops::LinearMode mode) const;
+  // `hidden` null: the final hidden rows go to a scratch tensor.
+  Status run_layers(const ForwardBatch& batch, KvCache& cache, Tensor& logits, Tensor* hidden,
+                    ops::LinearMode mode) const;
   Status forward_decode_on_device(const ForwardBatch& batch, KvCache& cache, Tensor& logits,
                                   const ForwardOptions& options) const;
   struct DecodeGraph;
@@ -85,6 +93,7 @@ class LlamaModel {
   struct DecodeGraph {
     ForwardBatch input;
     Tensor logits;
+    Tensor hidden;  // [tokens, hidden]: the LM head's input rows
     std::shared_ptr<void> graph;
   };
 

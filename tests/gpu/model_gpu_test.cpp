@@ -466,10 +466,28 @@ TEST_P(GpuConformance, LogitsMatchTransformers) {
   for (DType kv : {DType::kF32, DType::kBF16}) {
     const double tol = kv == DType::kF32 ? 1e-3 : 3e-2;
     Sessions whole = Sessions::make(*m.model, 1, P + 20, kv, 4);
-    Tensor logits = whole.run({f.prompt_ids}, LogitsWanted::kAll);
+    Tensor hidden;
+    ForwardOptions with_hidden;
+    with_hidden.hidden = &hidden;
+    Tensor logits = whole.run({f.prompt_ids}, LogitsWanted::kAll, with_hidden);
     for (int i = 0; i < P; ++i) {
       EXPECT_LE(relative_error(logits.data<float>() + i * vocab, ref_prompt.data<float>() + i * vocab, vocab), tol)
           << f.dir << " kv " << dtype_name(kv) << " position " << i;
+    }
+    // The final hidden rows times the LM head (on the host, in double) give the reference logits.
+    const Tensor head = to_host(m.model->weights().lm_head.dense).to_f32();
+    ASSERT_TRUE(hidden.defined() && hidden.device().is_cpu());
+    ASSERT_EQ(hidden.size(0), P);
+    const int64_t d = hidden.size(1);
+    std::vector<float> row(static_cast<size_t>(vocab));
+    for (int i = 0; i < P; ++i) {
+      for (int64_t v = 0; v < vocab; ++v) {
+        double acc = 0.0;
+        for (int64_t j = 0; j < d; ++j) acc += static_cast<double>(hidden.data<float>()[i * d + j]) * head.data<float>()[v * d + j];
+        row[static_cast<size_t>(v)] = static_cast<float>(acc);
+      }
+      EXPECT_LE(relative_error(row.data(), ref_prompt.data<float>() + i * vocab, vocab), tol)
+          << f.dir << " kv " << dtype_name(kv) << " hidden rows x LM head, position " << i;
     }
     Sessions chunked = Sessions::make(*m.model, 1, P + 4, kv, 16);
     for (int start = 0; start < P; start += 5) {
@@ -637,17 +655,25 @@ TEST(GpuModel, GraphReplayEqualsEagerBitForBit) {
   for (int num : {1, 3}) {
     Sessions graphs = Sessions::make(*m.model, num, 400, DType::kBF16);
     Sessions eager = Sessions::make(*m.model, num, 400, DType::kBF16);
+    // The final hidden rows come back too (ForwardOptions::hidden), from the graph's buffer.
+    Tensor hg, he;
+    ForwardOptions with_graphs;
+    with_graphs.hidden = &hg;
     ForwardOptions no_graphs;
     no_graphs.cuda_graphs = false;
+    no_graphs.hidden = &he;
     std::vector<std::vector<int32_t>> chunk(num);
     for (int i = 0; i < num; ++i) chunk[i] = {static_cast<int32_t>(5 + i), 17, 42, static_cast<int32_t>(99 + 3 * i)};
-    Tensor lg = graphs.run(chunk, LogitsWanted::kLast);
+    Tensor lg = graphs.run(chunk, LogitsWanted::kLast, with_graphs);
     Tensor le = eager.run(chunk, LogitsWanted::kLast, no_graphs);
     for (int step = 0; step < 300; ++step) {
       for (int i = 0; i < num; ++i) chunk[i] = {argmax(le.data<float>() + i * vocab, vocab)};
-      lg = graphs.run(chunk, LogitsWanted::kLast);
+      lg = graphs.run(chunk, LogitsWanted::kLast, with_graphs);
       le = eager.run(chunk, LogitsWanted::kLast, no_graphs);
       ASSERT_EQ(std::memcmp(lg.raw_data(), le.raw_data(), le.nbytes()), 0) << num << " sequences, step " << step;
+      ASSERT_TRUE(hg.defined() && hg.device().is_cpu() && hg.shape() == he.shape());
+      ASSERT_EQ(hg.size(0), num);
+      ASSERT_EQ(std::memcmp(hg.raw_data(), he.raw_data(), he.nbytes()), 0) << num << " sequences, step " << step;
     }
   }
 }

@@ -51,14 +51,17 @@ struct Session {
                    BlockTable(block_size)};
   }
 
-  // Appends `tokens`, returning logits of every one of them [len, vocab].
-  Tensor run(std::span<const int32_t> tokens) {
+  // Appends `tokens`, returning logits of every one of them [len, vocab] (and, when `hidden` is
+  // given, their final hidden rows [len, hidden_size] there).
+  Tensor run(std::span<const int32_t> tokens, Tensor* hidden = nullptr) {
     const int start = table.num_tokens();
     EXPECT_TRUE(blocks.grow_to(table, start + static_cast<int>(tokens.size())).ok());
     SequenceChunk chunk{&table, start, tokens, LogitsWanted::kAll};
     ForwardBatch batch = build_forward_batch({chunk});
     Tensor logits;
-    const Status s = model->forward(batch, cache, logits);
+    ForwardOptions options;
+    options.hidden = hidden;
+    const Status s = model->forward(batch, cache, logits, options);
     EXPECT_TRUE(s.ok()) << s.to_string();
     return logits;
   }
@@ -73,10 +76,33 @@ void check_against_fixture(const LlamaModel& model, const ModelFixture& f, const
   ASSERT_EQ(vocab, model.config().vocab_size);
   const int P = static_cast<int>(f.prompt_ids.size());
   Session s = Session::make(model, P + 20, /*block_size=*/4);  // small blocks: many block boundaries
-  Tensor logits = s.run(f.prompt_ids);
+  Tensor hidden;
+  Tensor logits = s.run(f.prompt_ids, &hidden);
   for (int i = 0; i < P; ++i) {
     EXPECT_LE(relative_error(logits.data<float>() + i * vocab, ref_prompt.data<float>() + i * vocab, vocab), tolerance)
         << f.dir << " " << prompt_key << " position " << i;
+  }
+  // The final hidden rows (what proposers reading the target's features take) are the LM head's
+  // input: multiplied by its weights here, in double, they give the reference logits.
+  ASSERT_TRUE(hidden.defined());
+  ASSERT_EQ(hidden.size(0), P);
+  ASSERT_EQ(hidden.size(1), model.config().hidden_size);
+  const Weight& head = model.weights().lm_head;
+  const DType head_dtype = head.dense.defined() ? head.dense.dtype() : DType::kU8;
+  if (!head.quant && (head_dtype == DType::kF32 || head_dtype == DType::kF16 || head_dtype == DType::kBF16)) {
+    const Tensor w = head.dense.to_f32();
+    const int64_t d = hidden.size(1);
+    std::vector<float> row(static_cast<size_t>(vocab));
+    for (int i = 0; i < P; ++i) {
+      const float* x = hidden.data<float>() + i * d;
+      for (int64_t v = 0; v < vocab; ++v) {
+        double acc = 0.0;
+        for (int64_t j = 0; j < d; ++j) acc += static_cast<double>(x[j]) * w.data<float>()[v * d + j];
+        row[static_cast<size_t>(v)] = static_cast<float>(acc);
+      }
+      EXPECT_LE(relative_error(row.data(), ref_prompt.data<float>() + i * vocab, vocab), tolerance)
+          << f.dir << " hidden rows x LM head, position " << i;
+    }
   }
   // Chunked prefill over the paged cache gives the same logits.
   Session chunked = Session::make(model, P + 4, /*block_size=*/16);
