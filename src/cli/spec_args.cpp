@@ -12,6 +12,9 @@ void add_spec_options(CLI::App& cmd, SpecArgs& a) {
   cmd.add_flag("--spec-ngram", a.ngram, "speculative decoding with n-gram (prompt lookup) proposals");
   cmd.add_option("--draft-model", a.draft_model,
                  "speculative decoding with this draft model (same tokenizer as -m; HF dir, GGUF, llama2.c)");
+  cmd.add_option("--spec-heads", a.heads,
+                 "speculative decoding with proposal heads over the target's features (a heads file made for -m, "
+                 "or a directory holding heads.safetensors)");
   cmd.add_option("--spec-k", a.k, "draft tokens per step, fixed (default: chosen per request, up to --spec-k-max)")
       ->check(positive_int());
   cmd.add_option("--spec-k-max", a.k_max, "most draft tokens per step for the dynamic choice (default 8)")
@@ -25,20 +28,29 @@ void add_spec_options(CLI::App& cmd, SpecArgs& a) {
 Status apply_spec_options(const SpecArgs& a, const LoadedModel& target, std::unique_ptr<LoadedModel>& draft,
                           EngineOptions& options) {
   const bool with_draft = !a.draft_model.empty();
-  if (a.ngram && with_draft) {
-    return make_error(ErrorCode::kInvalidArgument, "--spec-ngram and --draft-model exclude each other: pick one");
+  const bool with_heads = !a.heads.empty();
+  if (static_cast<int>(a.ngram) + static_cast<int>(with_draft) + static_cast<int>(with_heads) > 1) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "--spec-ngram, --draft-model and --spec-heads exclude each other: pick one");
   }
-  if (!a.ngram && !with_draft) {
-    if (a.k != -1) return make_error(ErrorCode::kInvalidArgument, "--spec-k needs --spec-ngram or --draft-model");
+  if (!a.ngram && !with_draft && !with_heads) {
+    if (a.k != -1) {
+      return make_error(ErrorCode::kInvalidArgument, "--spec-k needs --spec-ngram, --draft-model or --spec-heads");
+    }
     if (a.tree != 0) return make_error(ErrorCode::kInvalidArgument, "--spec-tree needs --spec-ngram or --draft-model");
     return Status::Ok();
   }
   if (a.k != -1 && a.k < 1) return make_error(ErrorCode::kInvalidArgument, "--spec-k {} must be at least 1", a.k);
   SpecDecodeOptions& s = options.spec;
-  s.method = a.ngram ? SpecMethod::kNgram : SpecMethod::kDraftModel;
+  s.method = a.ngram ? SpecMethod::kNgram : with_heads ? SpecMethod::kHeads : SpecMethod::kDraftModel;
   s.k = a.k == -1 ? 0 : a.k;
   s.k_max = a.k_max;
   s.tree_nodes = a.tree;
+  if (with_heads) {
+    auto heads = load_spec_heads(a.heads, target.model->config(), target.model->device());
+    if (!heads.ok()) return heads.status().with_context("--spec-heads");
+    s.heads = std::make_shared<const SpecHeads>(std::move(heads).value());
+  }
   if (with_draft) {
     LoadOptions lo;
     lo.path = a.draft_model;

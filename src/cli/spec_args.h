@@ -1,5 +1,5 @@
 // Speculative-decoding flags shared by generate, bench and serve: `--spec-ngram`,
-// `--draft-model PATH`, `--spec-k N`, `--spec-k-max N`, `--spec-tree N`; and the lines that report
+// `--draft-model PATH`, `--spec-heads PATH`, `--spec-k N`, `--spec-k-max N`, `--spec-tree N`; and the lines that report
 // what it did.
 #pragma once
 
@@ -17,6 +17,7 @@ namespace tachyon::cli {
 struct SpecArgs {
   bool ngram = false;
   std::string draft_model;
+  std::string heads;  // --spec-heads PATH
   int k = -1;      // -1: not given (the controller picks K)
   int k_max = 8;
   int tree = 0;    // --spec-tree N: token trees of up to N nodes

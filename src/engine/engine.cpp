@@ -145,7 +145,7 @@ Result<std::unique_ptr<Engine>> Engine::create(const LlamaModel& model, const To
                                engine->cache_.config().dtype,
                                max_model_len,
                                options.batch_invariant ? ops::LinearMode::kBatchInvariant : ops::LinearMode::kFastest};
-  TACHYON_ASSIGN_OR_RETURN(engine->spec_, SpecDecoder::create(options.spec, c, spec_cache));
+  TACHYON_ASSIGN_OR_RETURN(engine->spec_, SpecDecoder::create(options.spec, model, spec_cache));
   return engine;
 }
 
@@ -390,7 +390,8 @@ ForwardBatch Engine::batch_of(const SchedulerStep& plan) {
   return build_forward_batch(chunks);
 }
 
-void Engine::emit_outputs(const SchedulerStep& plan, BatchSampler::Place place, std::vector<RequestOutput>& outputs) {
+void Engine::emit_outputs(const SchedulerStep& plan, BatchSampler::Place place, const Tensor* features,
+                          std::vector<RequestOutput>& outputs) {
   int row = 0;
   size_t entry = 0;  // of rows
   for (const ScheduledChunk& c : plan.chunks) {
@@ -416,6 +417,12 @@ void Engine::emit_outputs(const SchedulerStep& plan, BatchSampler::Place place, 
         r.logprob = sampler_.device_logprobs(row, 1)[0];
         done = emit_token(req, std::move(r), out);
       }
+    }
+    if (!done && features != nullptr && features->defined() && !out.new_token_ids.empty()) {
+      // The row that sampled the sequence's last token: a chain's last accepted position.
+      const int64_t r = row + static_cast<int64_t>(out.new_token_ids.size()) - 1;
+      const int64_t d = features->size(1);
+      spec_->observe_features(id, std::span<const float>(features->data<float>() + r * d, static_cast<size_t>(d)));
     }
     row += n;
     ++entry;
@@ -452,6 +459,8 @@ Result<std::vector<RequestOutput>> Engine::step() {
   ForwardOptions fo;
   fo.linear_mode = options_.batch_invariant ? ops::LinearMode::kBatchInvariant : ops::LinearMode::kFastest;
   fo.cuda_graphs = options_.cuda_graphs;
+  const bool with_features = spec_ && spec_->wants_features();
+  if (with_features) fo.hidden = &features_;
   // The rows to sample, in logits order: one per sampled chunk, 1 + K for a draft of K.
   std::vector<SampleRow> rows;
   for (const ScheduledChunk& c : plan.chunks) {
@@ -475,7 +484,19 @@ Result<std::vector<RequestOutput>> Engine::step() {
 
   phase.reset();
   scheduler_.complete(plan);
-  emit_outputs(plan, place, outputs);
+  const Tensor* features = with_features ? &features_ : nullptr;
+  if (with_features && features_.defined() && !features_.device().is_cpu()) {
+    // The proposer keeps each sequence's row on the host: [rows, hidden] f32, a small copy.
+    auto host = copy_to(features_, Device::cpu(), "hidden rows");
+    if (host.ok()) {
+      host_features_ = std::move(host).value();
+      features = &host_features_;
+    } else {
+      TACHYON_LOG_WARN("hidden rows for the proposer not copied: {}", host.status().to_string());
+      features = nullptr;
+    }
+  }
+  emit_outputs(plan, place, features, outputs);
   stats_.sample_seconds += phase.seconds();
   if (spec_ && plan.num_prefill_tokens == 0) {  // a decode step: what speculation's gate compares
     int64_t tokens = 0;

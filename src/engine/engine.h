@@ -177,7 +177,9 @@ class Engine {
   ForwardBatch batch_of(const SchedulerStep& plan);
   // Each sampled chunk's tokens (drawn where `place` says) through verification or emission, in
   // plan order; finished requests leave requests_ (to transfers_ when held for transfer).
-  void emit_outputs(const SchedulerStep& plan, BatchSampler::Place place, std::vector<RequestOutput>& outputs);
+  // `features`: the step's final hidden rows on the host, when the proposer reads them.
+  void emit_outputs(const SchedulerStep& plan, BatchSampler::Place place, const Tensor* features,
+                    std::vector<RequestOutput>& outputs);
   // Speculative decoding (speculative/spec_decoder.h does the work): drafts for the decoding
   // sequences before scheduling (a failed proposal leaves the step without drafts, counted in
   // EngineStats); the verification of one sequence's K + 1 logits rows, emitting its tokens in
@@ -208,6 +210,10 @@ class Engine {
   BatchSampler sampler_;  // the step's token choice, on the host or the device, and its buffers
   EngineStats stats_;
   std::unique_ptr<SpecDecoder> spec_;   // null: no speculative decoding
+  // The last step's final hidden rows, for a proposer that reads them (where the forward left
+  // them; host_features_: their host copy when that was a device).
+  Tensor features_;
+  Tensor host_features_;
 };
 
 }  // namespace tachyon

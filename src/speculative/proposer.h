@@ -52,6 +52,11 @@ class Proposer {
   virtual void release(uint64_t id) {}
   // Every resource kept for released requests is back (tests).
   virtual Status check_no_leaks() const { return Status::Ok(); }
+  // Proposers that read the target's features (head_proposer.h): the engine asks the target's
+  // forward for its final hidden rows and, after each step, hands over each sequence's row that
+  // sampled its last token.
+  virtual bool wants_features() const { return false; }
+  virtual void observe_features(uint64_t id, std::span<const float> hidden) { (void)id, (void)hidden; }
 };
 
 }  // namespace tachyon

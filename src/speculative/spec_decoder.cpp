@@ -5,6 +5,7 @@
 #include "core/log.h"
 #include "core/timer.h"
 #include "speculative/draft_model_proposer.h"
+#include "speculative/head_proposer.h"
 #include "speculative/ngram_lookup_proposer.h"
 
 namespace tachyon {
@@ -14,6 +15,7 @@ const char* spec_method_name(SpecMethod method) {
     case SpecMethod::kNone: return "none";
     case SpecMethod::kNgram: return "ngram";
     case SpecMethod::kDraftModel: return "draft";
+    case SpecMethod::kHeads: return "heads";
   }
   return "?";
 }
@@ -39,6 +41,20 @@ Status SpecDecodeOptions::validate(const ModelConfig& target) const {
                       "window of {}",
                       target.sliding_window);
   }
+  if (method == SpecMethod::kHeads) {
+    if (heads == nullptr || heads->heads.empty()) {
+      return make_error(ErrorCode::kInvalidArgument, "speculative decoding with heads: no heads given");
+    }
+    if (heads->hidden_size != target.hidden_size || heads->vocab_size != target.vocab_size) {
+      return make_error(ErrorCode::kInvalidArgument,
+                        "the heads were made for a target of hidden size {} and {} tokens; this target has {} and {}",
+                        heads->hidden_size, heads->vocab_size, target.hidden_size, target.vocab_size);
+    }
+    if (tree_nodes > 0) {
+      return make_error(ErrorCode::kUnsupported, "speculative decoding with heads drafts chains; --spec-tree is not "
+                                                 "supported with --spec-heads");
+    }
+  }
   if (method == SpecMethod::kDraftModel) {
     if (draft_model == nullptr) {
       return make_error(ErrorCode::kInvalidArgument, "speculative decoding with a draft model: no draft model given");
@@ -55,13 +71,16 @@ Status SpecDecodeOptions::validate(const ModelConfig& target) const {
   return Status::Ok();
 }
 
-Result<std::unique_ptr<SpecDecoder>> SpecDecoder::create(const SpecDecodeOptions& options, const ModelConfig& target,
+Result<std::unique_ptr<SpecDecoder>> SpecDecoder::create(const SpecDecodeOptions& options,
+                                                         const LlamaModel& target_model,
                                                          const SpecCacheGeometry& geometry) {
+  const ModelConfig& target = target_model.config();
   TACHYON_RETURN_IF_ERROR(options.validate(target));
   std::unique_ptr<Proposer> proposer;
   switch (options.method) {
     case SpecMethod::kNone: return std::unique_ptr<SpecDecoder>();
     case SpecMethod::kNgram: proposer = std::make_unique<NgramLookupProposer>(options.ngram); break;
+    case SpecMethod::kHeads: proposer = std::make_unique<HeadProposer>(target_model, options.heads); break;
     case SpecMethod::kDraftModel: {
       DraftModelOptions o;
       o.num_kv_blocks = geometry.num_kv_blocks;

@@ -28,6 +28,7 @@
 #include "speculative/draft_length.h"
 #include "speculative/ngram_proposer.h"
 #include "speculative/proposer.h"
+#include "speculative/spec_heads.h"
 #include "speculative/verifier.h"
 
 namespace tachyon {
@@ -36,12 +37,14 @@ enum class SpecMethod : uint8_t {
   kNone,        // plain decoding
   kNgram,       // `--spec-ngram`: prompt lookup
   kDraftModel,  // `--draft-model PATH`
+  kHeads,       // `--spec-heads PATH`: proposal heads over the target's features (head_proposer.h)
 };
 const char* spec_method_name(SpecMethod method);
 
 struct SpecDecodeOptions {
   SpecMethod method = SpecMethod::kNone;
   const LlamaModel* draft_model = nullptr;  // kDraftModel: borrowed, must outlive the engine
+  std::shared_ptr<const SpecHeads> heads;   // kHeads: on the target's device
   int k = 0;       // > 0: K fixed at this (`--spec-k`); 0: the controller picks K in [0, k_max]
   int k_max = 8;   // `--spec-k-max`
   // `--spec-tree N` > 0: proposers may return token trees of up to N nodes (K levels deep),
@@ -53,7 +56,7 @@ struct SpecDecodeOptions {
   // kInvalidArgument naming the bad value: k_max outside [1, kLargestK], k outside [0, k_max],
   // tree_nodes outside [0, kMaxTreeTokens - 1] or set for a sliding-window target, a draft model
   // missing, or with a larger vocabulary than the target's (a smaller one lacks padding rows: see
-  // DraftModelOptions::target_vocab).
+  // DraftModelOptions::target_vocab); heads missing, made for another target, or asked for trees.
   Status validate(const ModelConfig& target) const;
 };
 
@@ -97,7 +100,7 @@ class SpecDecoder {
  public:
   // Validates the options against the target (see SpecDecodeOptions::validate) and builds the
   // proposer; null when options.method is kNone.
-  static Result<std::unique_ptr<SpecDecoder>> create(const SpecDecodeOptions& options, const ModelConfig& target,
+  static Result<std::unique_ptr<SpecDecoder>> create(const SpecDecodeOptions& options, const LlamaModel& target,
                                                      const SpecCacheGeometry& geometry);
 
   // Sets every candidate's draft (empty for those not speculating this step). `num_running` is
@@ -118,6 +121,10 @@ class SpecDecoder {
 
   const SpecStats& stats() const { return stats_; }
   const Proposer& proposer() const { return *proposer_; }
+  // The proposer reads the target's features: each step's forward returns its final hidden rows,
+  // and each sequence's row that sampled its last token comes here.
+  bool wants_features() const { return proposer_->wants_features(); }
+  void observe_features(uint64_t id, std::span<const float> hidden) { proposer_->observe_features(id, hidden); }
   Status check_no_leaks() const { return proposer_->check_no_leaks(); }
 
  private:

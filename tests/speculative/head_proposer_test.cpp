@@ -1,0 +1,264 @@
+// Proposal heads over the target's features (speculative/spec_heads.h, head_proposer.h): the file
+// is checked on load; the proposer's drafts follow a plain double-precision reference of the heads;
+// greedy decoding with heads equals plain greedy decoding, token for token, and returns every block.
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+
+#include <gtest/gtest.h>
+
+#include "core/mapped_file.h"
+#include "engine/engine.h"
+#include "io/safetensors_writer.h"
+#include "model/model_loader.h"
+#include "speculative/head_proposer.h"
+#include "test_util.h"
+
+namespace tachyon {
+namespace {
+
+struct HeadsSpec {
+  int num_heads = 3;
+  int hidden = 256;
+  int ffn = 64;
+  int vocab = 8192;
+  float scale = 0.05f;
+};
+
+std::vector<NamedTensor> random_heads(const HeadsSpec& s, std::mt19937& rng) {
+  std::vector<NamedTensor> t;
+  for (int i = 0; i < s.num_heads; ++i) {
+    const std::string p = "heads." + std::to_string(i) + ".";
+    t.push_back({p + "in_norm.weight", testing::random_tensor({s.hidden}, rng, 0.5f, 1.5f)});
+    t.push_back({p + "x_proj.weight", testing::random_tensor({2 * s.ffn, s.hidden}, rng, -s.scale, s.scale)});
+    t.push_back({p + "e_proj.weight", testing::random_tensor({2 * s.ffn, s.hidden}, rng, -s.scale, s.scale)});
+    t.push_back({p + "down_proj.weight", testing::random_tensor({s.hidden, s.ffn}, rng, -s.scale, s.scale)});
+    t.push_back({p + "out_norm.weight", testing::random_tensor({s.hidden}, rng, 0.5f, 1.5f)});
+  }
+  return t;
+}
+
+std::map<std::string, std::string> heads_metadata(const HeadsSpec& s) {
+  return {{"format", "tachyon-spec-heads"},         {"version", "1"},
+          {"num_heads", std::to_string(s.num_heads)}, {"hidden_size", std::to_string(s.hidden)},
+          {"ffn_size", std::to_string(s.ffn)},        {"vocab_size", std::to_string(s.vocab)},
+          {"rms_norm_eps", "1e-05"}};
+}
+
+std::string write_heads(const std::string& name, const std::vector<NamedTensor>& tensors,
+                        const std::map<std::string, std::string>& meta) {
+  const std::string path = testing::scratch_dir("heads") + "/" + name + ".safetensors";
+  const Status s = write_safetensors(path, tensors, meta);
+  EXPECT_TRUE(s.ok()) << s.to_string();
+  return path;
+}
+
+class HeadProposerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    target_ = new LoadedModel(testing::load_model_or_fail(testing::source_dir() + "/models/tachyon-demo"));
+  }
+  static void TearDownTestSuite() {
+    delete target_;
+    target_ = nullptr;
+  }
+  static LoadedModel* target_;
+};
+LoadedModel* HeadProposerTest::target_ = nullptr;
+
+TEST_F(HeadProposerTest, TheFileIsCheckedOnLoad) {
+  std::mt19937 rng(testing::fresh_seed());
+  const HeadsSpec spec;
+  const ModelConfig& c = target_->model->config();
+  const auto good = random_heads(spec, rng);
+  auto loaded = load_spec_heads(write_heads("good", good, heads_metadata(spec)), c, Device::cpu());
+  ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
+  EXPECT_EQ(loaded->heads.size(), 3u);
+
+  const auto expect_error = [&](const std::string& name, std::vector<NamedTensor> tensors,
+                                std::map<std::string, std::string> meta, const std::string& needle) {
+    auto r = load_spec_heads(write_heads(name, tensors, meta), c, Device::cpu());
+    ASSERT_FALSE(r.ok()) << name;
+    EXPECT_NE(r.status().message().find(needle), std::string::npos) << name << ": " << r.status().to_string();
+    EXPECT_NE(r.status().to_string().find(name), std::string::npos) << "the error names the file";
+  };
+  HeadsSpec other = spec;
+  other.hidden = 128;
+  expect_error("other_target", random_heads(other, rng), heads_metadata(other), "hidden size 128");
+  auto meta = heads_metadata(spec);
+  meta["format"] = "pt";
+  expect_error("not_heads", good, meta, "not a heads file");
+  meta = heads_metadata(spec);
+  meta["num_heads"] = "4";
+  expect_error("missing", good, meta, "heads.3.in_norm.weight is missing");
+  meta = heads_metadata(spec);
+  meta["version"] = "2";
+  expect_error("version", good, meta, "version 2");
+  auto bad = good;
+  bad[1].tensor = testing::random_tensor({2 * spec.ffn, spec.hidden + 1}, rng);
+  expect_error("shape", bad, heads_metadata(spec), "has shape");
+  bad = good;  // tensors share storage: the NaN goes into a fresh one
+  bad[2].tensor = testing::random_tensor({2 * spec.ffn, spec.hidden}, rng);
+  bad[2].tensor.data<float>()[7] = std::nanf("");
+  expect_error("nan", bad, heads_metadata(spec), "NaN");
+  bad = good;
+  bad.push_back({"heads.0.extra.weight", testing::random_tensor({4}, rng)});
+  expect_error("extra", bad, heads_metadata(spec), "unexpected tensor heads.0.extra.weight");
+  // A truncated file: a clear error, no crash.
+  const std::string path = write_heads("truncated", good, heads_metadata(spec));
+  std::filesystem::resize_file(path, std::filesystem::file_size(path) / 2);
+  auto r = load_spec_heads(path, c, Device::cpu());
+  EXPECT_FALSE(r.ok());
+  EXPECT_FALSE(load_spec_heads("/nonexistent/heads", c, Device::cpu()).ok());
+}
+
+// The heads in double, teacher-forced on the proposer's own tokens: at each depth the proposed
+// token's logit is the largest (within float rounding).
+TEST_F(HeadProposerTest, DraftsFollowTheScalarReference) {
+  const uint32_t seed = testing::fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  HeadsSpec spec;
+  spec.num_heads = 4;
+  spec.scale = 0.2f;
+  const ModelConfig& c = target_->model->config();
+  auto heads = load_spec_heads(write_heads("reference", random_heads(spec, rng), heads_metadata(spec)), c,
+                               Device::cpu());
+  ASSERT_TRUE(heads.ok()) << heads.status().to_string();
+  auto shared = std::make_shared<const SpecHeads>(std::move(heads).value());
+  HeadProposer proposer(*target_->model, shared);
+  const int d = c.hidden_size, m = spec.ffn, vocab = c.vocab_size;
+  const Tensor embed = target_->model->weights().embed_tokens.to_f32();
+  const Tensor lm_head = target_->model->weights().lm_head.dense.to_f32();
+  std::vector<std::vector<float>> features(3, std::vector<float>(static_cast<size_t>(d)));
+  std::vector<std::vector<int32_t>> tokens = {{5, 17}, {99}, {1000, 2, 3}};
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (size_t s = 0; s < features.size(); ++s) {
+    for (float& v : features[s]) v = normal(rng);
+    proposer.observe_features(s + 1, features[s]);
+  }
+  std::vector<DraftRequest> requests;
+  for (size_t s = 0; s < features.size(); ++s) requests.push_back({s + 1, tokens[s], s == 1 ? 2 : 4, nullptr, 0});
+  requests.push_back({77, tokens[0], 4, nullptr, 0});  // no features: no draft
+  std::vector<Draft> drafts;
+  ASSERT_TRUE(proposer.propose(requests, drafts).ok());
+  ASSERT_EQ(drafts.size(), 4u);
+  EXPECT_TRUE(drafts[3].tokens.empty());
+  const auto rms_norm = [&](const std::vector<double>& x, const Tensor& w) {
+    double ss = 0.0;
+    for (double v : x) ss += v * v;
+    const double inv = 1.0 / std::sqrt(ss / d + shared->rms_norm_eps);
+    std::vector<double> y(x.size());
+    for (int j = 0; j < d; ++j) y[static_cast<size_t>(j)] = x[static_cast<size_t>(j)] * inv * w.to_f32().data<float>()[j];
+    return y;
+  };
+  const auto matvec = [](const Tensor& w, const std::vector<double>& x) {
+    const Tensor f = w.to_f32();
+    std::vector<double> y(static_cast<size_t>(f.size(0)));
+    for (int64_t r = 0; r < f.size(0); ++r) {
+      double acc = 0.0;
+      for (int64_t j = 0; j < f.size(1); ++j) acc += f.data<float>()[r * f.size(1) + j] * x[static_cast<size_t>(j)];
+      y[static_cast<size_t>(r)] = acc;
+    }
+    return y;
+  };
+  for (size_t s = 0; s < features.size(); ++s) {
+    ASSERT_EQ(drafts[s].tokens.size(), static_cast<size_t>(requests[s].k)) << s;
+    EXPECT_TRUE(drafts[s].probs.empty());
+    std::vector<double> x(features[s].begin(), features[s].end());
+    int32_t prev = tokens[s].back();
+    for (size_t i = 0; i < drafts[s].tokens.size(); ++i) {
+      const SpecHead& h = shared->heads[i];
+      std::vector<double> e(static_cast<size_t>(d));
+      for (int j = 0; j < d; ++j) e[static_cast<size_t>(j)] = embed.data<float>()[static_cast<int64_t>(prev) * d + j];
+      const std::vector<double> gx = matvec(h.x_proj, rms_norm(x, h.in_norm)), ge = matvec(h.e_proj, e);
+      std::vector<double> act(static_cast<size_t>(m));
+      for (int j = 0; j < m; ++j) {
+        const double g = gx[static_cast<size_t>(j)] + ge[static_cast<size_t>(j)];
+        const double u = gx[static_cast<size_t>(j + m)] + ge[static_cast<size_t>(j + m)];
+        act[static_cast<size_t>(j)] = g / (1.0 + std::exp(-g)) * u;
+      }
+      const std::vector<double> delta = matvec(h.down_proj, act);
+      for (int j = 0; j < d; ++j) x[static_cast<size_t>(j)] += delta[static_cast<size_t>(j)];
+      const std::vector<double> logits = matvec(lm_head, rms_norm(x, h.out_norm));
+      const double best = *std::max_element(logits.begin(), logits.end());
+      const int32_t t = drafts[s].tokens[i];
+      ASSERT_TRUE(t >= 0 && t < vocab);
+      EXPECT_GE(logits[static_cast<size_t>(t)], best - 1e-3 * (std::abs(best) + 1.0)) << "sequence " << s << " depth " << i;
+      prev = t;
+    }
+  }
+  for (uint64_t id = 1; id <= 3; ++id) proposer.release(id);
+  EXPECT_TRUE(proposer.check_no_leaks().ok());
+}
+
+// Greedy requests with heads (K fixed and dynamic) emit what plain greedy decoding emits; the
+// heads propose and some of it is verified.
+TEST_F(HeadProposerTest, GreedyWithHeadsEqualsPlainGreedy) {
+  std::mt19937 rng(testing::fresh_seed());
+  HeadsSpec spec;
+  const ModelConfig& c = target_->model->config();
+  auto heads = load_spec_heads(write_heads("engine", random_heads(spec, rng), heads_metadata(spec)), c, Device::cpu());
+  ASSERT_TRUE(heads.ok()) << heads.status().to_string();
+  auto shared = std::make_shared<const SpecHeads>(std::move(heads).value());
+  auto prose = read_text_file(testing::source_dir() + "/tests/data/eval/prose.txt");
+  ASSERT_TRUE(prose.ok());
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 4; ++i) {
+    prompts.push_back(target_->tokenizer->encode(prose->substr(static_cast<size_t>(i) * 3001, 200 + 40 * i)));
+  }
+  GenerationParams p;
+  p.sampling.temperature = 0.0f;
+  p.max_tokens = 40;
+  const auto run = [&](const SpecDecodeOptions& spec_options, SpecStats* stats) {
+    EngineOptions o;
+    o.max_model_len = 512;
+    o.kv.num_blocks = 512 / 16 * 4;
+    o.batch_invariant = true;
+    o.spec = spec_options;
+    auto e = Engine::create(*target_->model, target_->tokenizer.get(), target_->eos_token_ids, o);
+    EXPECT_TRUE(e.ok()) << e.status().to_string();
+    std::map<RequestId, std::vector<int32_t>> out;
+    std::vector<RequestId> ids;
+    for (const auto& prompt : prompts) ids.push_back((*e)->add_request(prompt, p).value());
+    while ((*e)->has_unfinished()) {
+      auto outputs = (*e)->step();
+      EXPECT_TRUE(outputs.ok()) << outputs.status().to_string();
+      if (!outputs.ok()) break;
+      for (const RequestOutput& r : *outputs) out[r.id].insert(out[r.id].end(), r.new_token_ids.begin(), r.new_token_ids.end());
+    }
+    EXPECT_TRUE((*e)->check_no_leaks().ok());
+    if (stats != nullptr) *stats = (*e)->stats().spec;
+    std::vector<std::vector<int32_t>> tokens;
+    for (RequestId id : ids) tokens.push_back(out[id]);
+    return tokens;
+  };
+  const auto plain = run(SpecDecodeOptions{}, nullptr);
+  for (int k : {3, 0}) {
+    SpecDecodeOptions s;
+    s.method = SpecMethod::kHeads;
+    s.heads = shared;
+    s.k = k;
+    s.k_max = 3;
+    SpecStats stats;
+    EXPECT_EQ(run(s, &stats), plain) << "K " << (k > 0 ? std::to_string(k) : "dynamic");
+    EXPECT_EQ(stats.proposer, "heads");
+    EXPECT_GT(stats.num_proposed, 0);
+  }
+  // Trees are not drafted by heads: a clear error at engine creation.
+  SpecDecodeOptions tree;
+  tree.method = SpecMethod::kHeads;
+  tree.heads = shared;
+  tree.tree_nodes = 8;
+  EngineOptions o;
+  o.kv.num_blocks = 64;
+  o.spec = tree;
+  auto e = Engine::create(*target_->model, target_->tokenizer.get(), target_->eos_token_ids, o);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.status().message().find("--spec-tree"), std::string::npos) << e.status().to_string();
+}
+
+}  // namespace
+}  // namespace tachyon
