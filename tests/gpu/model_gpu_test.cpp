@@ -25,6 +25,7 @@
 #include "disagg/kv_transport.h"
 #include "fixture.h"
 #include "gpu_test_util.h"
+#include "io/safetensors_writer.h"
 #include "kv/block_manager.h"
 #include "kv/kv_cache.h"
 #include "model/forward_batch.h"
@@ -35,6 +36,7 @@
 #include "ops/cuda/launch.h"
 #include "quant/quantize.h"
 #include "ops/ops.h"
+#include "speculative/spec_heads.h"
 #include "test_util.h"
 
 namespace tachyon {
@@ -994,6 +996,32 @@ TEST(GpuEngine, SpeculativeTreesAndChainsEqualPlainGreedy) {
   for (int i = 0; i < 4; ++i) {
     prompts.push_back(target.tokenizer->encode(code->substr(static_cast<size_t>(i) * 5003 % (code->size() - 400), 300)));
   }
+  // Proposal heads of random weights on the device (few drafts accepted: the verification, the
+  // hidden rows' hand-over and the heads' ops on the device are what is tested).
+  std::shared_ptr<const SpecHeads> heads;
+  {
+    std::mt19937 rng(testing::fresh_seed());
+    const int d = target.model->config().hidden_size, m = 64, k = 4;
+    std::vector<NamedTensor> t;
+    for (int i = 0; i < k; ++i) {
+      const std::string p = fmt::format("heads.{}.", i);
+      t.push_back({p + "in_norm.weight", testing::random_tensor({d}, rng, 0.5f, 1.5f)});
+      t.push_back({p + "x_proj.weight", testing::random_tensor({2 * m, d}, rng, -0.05f, 0.05f)});
+      t.push_back({p + "e_proj.weight", testing::random_tensor({2 * m, d}, rng, -0.05f, 0.05f)});
+      t.push_back({p + "down_proj.weight", testing::random_tensor({d, m}, rng, -0.05f, 0.05f)});
+      t.push_back({p + "out_norm.weight", testing::random_tensor({d}, rng, 0.5f, 1.5f)});
+    }
+    const std::string path = testing::scratch_dir("gpu-heads") + "/heads.safetensors";
+    ASSERT_TRUE(write_safetensors(path, t,
+                                  {{"format", "tachyon-spec-heads"}, {"version", "1"}, {"num_heads", std::to_string(k)},
+                                   {"hidden_size", std::to_string(d)}, {"ffn_size", std::to_string(m)},
+                                   {"vocab_size", std::to_string(target.model->config().vocab_size)},
+                                   {"rms_norm_eps", "1e-05"}})
+                    .ok());
+    auto loaded = load_spec_heads(path, target.model->config(), kGpu);
+    ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
+    heads = std::make_shared<const SpecHeads>(std::move(loaded).value());
+  }
   const auto run = [&](SpecMethod method, int tree_nodes, SpecStats* stats) {
     EngineOptions eo;
     eo.kv.num_blocks = 256;
@@ -1001,6 +1029,7 @@ TEST(GpuEngine, SpeculativeTreesAndChainsEqualPlainGreedy) {
     eo.kv.dtype = DType::kF32;
     eo.spec.method = method;
     eo.spec.draft_model = draft.model.get();
+    eo.spec.heads = heads;
     eo.spec.k = method == SpecMethod::kNone ? 0 : 4;
     eo.spec.tree_nodes = tree_nodes;
     auto engine = Engine::create(*target.model, target.tokenizer.get(), target.eos_token_ids, eo);
@@ -1037,6 +1066,11 @@ TEST(GpuEngine, SpeculativeTreesAndChainsEqualPlainGreedy) {
                   static_cast<long long>(st.num_off_first_branch));
     }
   }
+  SpecStats st;
+  EXPECT_EQ(run(SpecMethod::kHeads, 0, &st), plain) << "heads";
+  EXPECT_GT(st.num_proposed, 0) << "heads";
+  std::printf("heads: %lld verify steps, %lld accepted of %lld proposed\n", static_cast<long long>(st.num_verify_steps),
+              static_cast<long long>(st.num_accepted), static_cast<long long>(st.num_proposed));
 }
 
 TEST(GpuKvCache, CopyBlocksOnTheDevice) {
