@@ -25,6 +25,7 @@
 #include "model/synthetic.h"
 #include "server/metrics.h"
 #include "speculative/draft_model_proposer.h"
+#include "random_heads.h"
 #include "test_util.h"
 
 namespace tachyon {
@@ -626,6 +627,13 @@ TEST_F(SpecEngineTest, SampledOutputKeepsTheTargetDistribution) {
   }
   // The last cases: a draft without the target's last rows, whose q the verifier sees padded with zeros.
   const std::unique_ptr<LlamaModel> small = truncated_draft(*draft_->model, 7900);
+  // Proposal heads of random weights: their one-hot guesses are rarely in the top 2, so this
+  // checks the law through rejections (the residual draws) more than through acceptances.
+  std::mt19937 rng(testing::fresh_seed());
+  auto heads = load_spec_heads(testing::write_heads("law", testing::random_heads({}, rng), testing::heads_metadata({})),
+                               target_->model->config(), Device::cpu());
+  ASSERT_TRUE(heads.ok()) << heads.status().to_string();
+  const auto shared_heads = std::make_shared<const SpecHeads>(std::move(heads).value());
   struct Run {
     SpecMethod method;
     int tree_nodes;
@@ -640,7 +648,9 @@ TEST_F(SpecEngineTest, SampledOutputKeepsTheTargetDistribution) {
                         {SpecMethod::kDraftModel, 0, small.get(), true},
                         {SpecMethod::kDraftModel, 0, draft_->model.get(), false},
                         {SpecMethod::kDraftModel, 4, draft_->model.get(), false},
-                        {SpecMethod::kDraftModel, 0, small.get(), false}}) {
+                        {SpecMethod::kDraftModel, 0, small.get(), false},
+                        {SpecMethod::kHeads, 0, nullptr, true},
+                        {SpecMethod::kHeads, 0, nullptr, false}}) {
     SCOPED_TRACE(fmt::format("{} tree {}{}{}", spec_method_name(method), tree_nodes,
                              draft == small.get() ? ", a draft of 7900 rows" : "",
                              penalty ? ", frequency penalty" : ", no penalty"));
@@ -654,6 +664,7 @@ TEST_F(SpecEngineTest, SampledOutputKeepsTheTargetDistribution) {
     // K fixed: the controller would turn speculation off for a batch this large.
     o.spec = spec_options(method, draft, 2);
     o.spec.tree_nodes = tree_nodes;
+    o.spec.heads = shared_heads;
     auto e = make_engine(*target_, o);
     ASSERT_NE(e, nullptr);
     constexpr int kRequests = 800;
@@ -674,7 +685,7 @@ TEST_F(SpecEngineTest, SampledOutputKeepsTheTargetDistribution) {
       ++counts[r.tokens];
     }
     const SpecStats s = e->stats().spec;
-    EXPECT_GT(s.num_accepted, 0);
+    EXPECT_GT(method == SpecMethod::kHeads ? s.num_proposed : s.num_accepted, 0);
     EXPECT_LT(s.num_accepted, s.num_proposed);
     // Pearson's chi-square over outcomes expected at least 5 times, the rest pooled.
     double stat = 0.0, pooled_e = 0.0;
