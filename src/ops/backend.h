@@ -94,6 +94,21 @@ inline KvCacheView kv_cache_view(const KvLayer& layer) {
   return view;
 }
 
+// The kernels' view of a step's batch (AttentionMetadata, checked by ops.cpp): its index arrays
+// pointers, in the backend's memory, and the maxima.
+inline AttentionBatch attention_batch(const AttentionMetadata& meta) {
+  AttentionBatch batch;
+  batch.num_seqs = meta.num_seqs;
+  batch.query_start = meta.query_start.data<int32_t>();
+  batch.context_lens = meta.context_lens.data<int32_t>();
+  batch.block_tables = meta.block_tables.data<int32_t>();
+  batch.max_blocks_per_seq = meta.block_tables.size(1);
+  batch.max_query_len = meta.max_query_len;
+  batch.max_context_len = meta.max_context_len;
+  if (meta.tree_masks.defined()) batch.tree_masks = static_cast<const uint64_t*>(meta.tree_masks.raw_data());
+  return batch;
+}
+
 // Registers (null: removes) the backend of a device type other than the CPU.
 void register_backend(DeviceType type, Backend* backend);
 // The backend running `device`'s type: the CPU's for the CPU, else the registered one or null

@@ -255,15 +255,7 @@ void CpuBackend::paged_attention(const Tensor& q, const KvLayer& layer, const At
     reference::paged_attention(q, layer, meta, params, out);
     return;
   }
-  AttentionBatch batch;
-  batch.num_seqs = meta.num_seqs;
-  batch.query_start = meta.query_start.data<int32_t>();
-  batch.context_lens = meta.context_lens.data<int32_t>();
-  batch.block_tables = meta.block_tables.data<int32_t>();
-  batch.max_blocks_per_seq = meta.block_tables.size(1);
-  batch.max_query_len = meta.max_query_len;
-  batch.max_context_len = meta.max_context_len;
-  if (meta.tree_masks.defined()) batch.tree_masks = static_cast<const uint64_t*>(meta.tree_masks.raw_data());
+  const AttentionBatch batch = attention_batch(meta);
   cpu::paged_attention(q.data<float>(), q.stride(0), q.stride(1), q.size(1), cache, batch, params, out.data<float>(),
                        out.stride(0), out.stride(1));
 }

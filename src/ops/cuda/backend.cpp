@@ -380,15 +380,7 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
     if (!begin("paged_attention", q)) return;
     const KvCacheView cache = kv_cache_view(layer);
     if (q.size(0) == 0) return;
-    AttentionBatch batch;
-    batch.num_seqs = meta.num_seqs;
-    batch.query_start = meta.query_start.data<int32_t>();
-    batch.context_lens = meta.context_lens.data<int32_t>();
-    batch.block_tables = meta.block_tables.data<int32_t>();
-    batch.max_blocks_per_seq = meta.block_tables.size(1);
-    batch.max_query_len = meta.max_query_len;
-    batch.max_context_len = meta.max_context_len;
-    if (meta.tree_masks.defined()) batch.tree_masks = static_cast<const uint64_t*>(meta.tree_masks.raw_data());
+    AttentionBatch batch = attention_batch(meta);
     auto plan = plan_paged_attention(batch, q.size(1), cache, params, props_.multiprocessors);
     if (!require_ok(plan.status())) return;
     if (ops::detail::consume_fault(DeviceType::kCuda, ops::Fault::kWorkspace)) {
