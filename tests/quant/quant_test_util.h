@@ -12,8 +12,9 @@
 
 namespace tachyon::testing {
 
-// Logits [tokens.size(), vocab] of one sequence in one forward (on the host).
-inline Tensor prompt_logits(const LlamaModel& model, std::span<const int32_t> tokens) {
+// Logits [tokens.size(), vocab] of one sequence in one forward (on the host); with `hidden`, the
+// final hidden rows [tokens.size(), hidden_size] there too.
+inline Tensor prompt_logits(const LlamaModel& model, std::span<const int32_t> tokens, Tensor* hidden = nullptr) {
   const ModelConfig& c = model.config();
   KvCacheConfig kv;
   kv.num_layers = c.num_layers;
@@ -28,7 +29,9 @@ inline Tensor prompt_logits(const LlamaModel& model, std::span<const int32_t> to
   EXPECT_TRUE(blocks.grow_to(table, static_cast<int>(tokens.size())).ok());
   ForwardBatch batch = build_forward_batch({SequenceChunk{&table, 0, tokens, LogitsWanted::kAll, {}}});
   Tensor logits;
-  const Status s = model.forward(batch, *cache, logits);
+  ForwardOptions options;
+  options.hidden = hidden;
+  const Status s = model.forward(batch, *cache, logits, options);
   EXPECT_TRUE(s.ok()) << s.to_string();
   return logits;
 }
