@@ -550,8 +550,8 @@ int run_bench(BenchArgs& a) {
   auto loaded = load(a.common, *dtype);
   if (!loaded.ok()) return report(loaded.status());
   LoadedModel& m = *loaded;
-  std::unique_ptr<LoadedModel> draft;  // --draft-model, alive as long as the engine
-  Status spec = apply_spec_options(a.spec, m, draft, *eo);
+  SpecModels drafts;  // --draft-model, alive as long as the engine
+  Status spec = apply_spec_options(a.spec, m, drafts, *eo);
   if (!spec.ok()) return report(spec);
   std::vector<int32_t> text;
   if (!a.prompt_text.empty()) {
@@ -657,7 +657,7 @@ int run_bench(BenchArgs& a) {
     const int64_t proposed = s1.num_proposed - s0.num_proposed, accepted = s1.num_accepted - s0.num_accepted;
     const int64_t verify_steps = s1.num_verify_steps - s0.num_verify_steps;
     j["spec"] = {{"proposer", s1.proposer},
-                 {"draft_model", a.spec.draft_model},
+                 {"draft_model", fmt::format("{}", fmt::join(a.spec.draft_models, ","))},
                  {"k", eo->spec.k},
                  {"k_max", eo->spec.k_max},
                  {"tree_nodes", eo->spec.tree_nodes},
@@ -670,6 +670,29 @@ int run_bench(BenchArgs& a) {
                  {"propose_seconds", s1.propose_seconds - s0.propose_seconds},
                  {"tree_steps", s1.num_tree_steps - s0.num_tree_steps},
                  {"gated_steps", s1.num_gated_steps - s0.num_gated_steps}};
+    // Per proposer (named drafts) and per kind of prompt (with a classifier), over this run.
+    const auto breakdown = [](const std::map<std::string, SpecCounts>& after_by,
+                              const std::map<std::string, SpecCounts>& before_by) {
+      nlohmann::json out = nlohmann::json::object();
+      for (const auto& [label, c1] : after_by) {
+        SpecCounts c = c1;
+        if (auto b = before_by.find(label); b != before_by.end()) {
+          c.num_verify_steps -= b->second.num_verify_steps;
+          c.num_proposed -= b->second.num_proposed;
+          c.num_accepted -= b->second.num_accepted;
+          c.num_emitted -= b->second.num_emitted;
+          c.propose_seconds -= b->second.propose_seconds;
+        }
+        out[label] = {{"verify_steps", c.num_verify_steps}, {"proposed", c.num_proposed},
+                      {"accepted", c.num_accepted},         {"acceptance_rate", c.acceptance_rate()},
+                      {"mean_accepted_length", c.mean_accepted_length()},
+                      {"tokens_per_verify_step", c.tokens_per_step()}};
+        if (c.propose_seconds > 0) out[label]["propose_seconds"] = c.propose_seconds;
+      }
+      return out;
+    };
+    j["spec"]["by_proposer"] = breakdown(s1.by_proposer, s0.by_proposer);
+    if (!s1.by_kind.empty()) j["spec"]["by_kind"] = breakdown(s1.by_kind, s0.by_kind);
     // Where a step's time goes: the draft (proposing) and the target's verifying forward, as
     // shares of proposing + scheduling + forward + sampling.
     const double propose = s1.propose_seconds - s0.propose_seconds, spec_total = step_total + propose;
@@ -730,6 +753,17 @@ int run_bench(BenchArgs& a) {
                 s["mean_accepted_length"].get<double>(), s["propose_seconds"].get<double>(),
                 100.0 * s["draft_time_fraction"].get<double>(), 100.0 * s["verify_time_fraction"].get<double>(),
                 gated > 0 ? fmt::format(", {} steps held plain (measured slower)", gated).c_str() : "", versus.c_str());
+    const auto lines = [](const char* what, const nlohmann::json& by) {
+      for (const auto& [label, c] : by.items()) {
+        std::printf("  %s %s: %lld proposed, %.1f%% accepted, %.2f accepted per verify step, %.2f tokens per verify "
+                    "step, %lld verify steps\n",
+                    what, label.c_str(), static_cast<long long>(c["proposed"].get<int64_t>()),
+                    100.0 * c["acceptance_rate"].get<double>(), c["mean_accepted_length"].get<double>(),
+                    c["tokens_per_verify_step"].get<double>(), static_cast<long long>(c["verify_steps"].get<int64_t>()));
+      }
+    };
+    if (s["by_proposer"].size() > 1) lines("proposer", s["by_proposer"]);
+    if (s.contains("by_kind")) lines("prompt kind", s["by_kind"]);
   }
   return 0;
 }

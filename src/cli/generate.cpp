@@ -156,8 +156,8 @@ int run_generate(GenerateArgs& a) {
   const ModelConfig& config = m.model->config();
   Status valid = a.sampling.validate(config.vocab_size);
   if (!valid.ok()) return report(valid);
-  std::unique_ptr<LoadedModel> draft;  // --draft-model, alive as long as the engine
-  Status spec = apply_spec_options(a.spec, m, draft, *eo);
+  SpecModels drafts;  // --draft-model, alive as long as the engine
+  Status spec = apply_spec_options(a.spec, m, drafts, *eo);
   if (!spec.ok()) return report(spec);
 
   GenerationParams gp;

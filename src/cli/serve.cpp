@@ -104,8 +104,8 @@ int run_serve(ServeArgs& a) {
   if (!m.tokenizer) {
     return report(make_error(ErrorCode::kInvalidArgument, "{} has no tokenizer: the server needs one", m.path));
   }
-  std::unique_ptr<LoadedModel> draft;  // --draft-model, alive as long as the server
-  Status spec = apply_spec_options(a.spec, m, draft, *eo);
+  SpecModels drafts;  // --draft-model, alive as long as the server
+  Status spec = apply_spec_options(a.spec, m, drafts, *eo);
   if (!spec.ok()) return report(spec);
   auto chat_template = server::load_server_chat_template(*m.tokenizer, a.chat_template);
   if (!chat_template.ok()) return report(chat_template.status());
@@ -123,6 +123,9 @@ int run_serve(ServeArgs& a) {
   context.vocab_size = m.model->config().vocab_size;
   context.max_choices = a.max_waiting;
   context.stream_timestamps = a.stream_timestamps;
+  for (const NamedDraft& d : eo->spec.drafts) {
+    if (!d.name.empty()) context.drafts.push_back(d.name);
+  }
 
   server::ServerMetrics metrics;
   AsyncEngineOptions ao;

@@ -1,6 +1,8 @@
 #include "cli/spec_args.h"
 
 #include <algorithm>
+#include <cctype>
+#include <filesystem>
 
 #include <fmt/format.h>
 
@@ -10,8 +12,13 @@ namespace tachyon::cli {
 
 void add_spec_options(CLI::App& cmd, SpecArgs& a) {
   cmd.add_flag("--spec-ngram", a.ngram, "speculative decoding with n-gram (prompt lookup) proposals");
-  cmd.add_option("--draft-model", a.draft_model,
-                 "speculative decoding with this draft model (same tokenizer as -m; HF dir, GGUF, llama2.c)");
+  cmd.add_option("--draft-model", a.draft_models,
+                 "speculative decoding with this draft model (same tokenizer as -m; HF dir, GGUF, llama2.c); "
+                 "repeat as NAME=PATH for several, which a request picks by name (\"draft\": NAME) or the engine "
+                 "by the prompt's kind");
+  cmd.add_option("--draft-classifier", a.classifier,
+                 "token profiles that tell a prompt's kind (code, prose) to pick the draft named after it "
+                 "(default: the target directory's domains.safetensors, if any; \"none\": off)");
   cmd.add_option("--spec-heads", a.heads,
                  "speculative decoding with proposal heads over the target's features (a heads file made for -m, "
                  "or a directory holding heads.safetensors)");
@@ -25,9 +32,53 @@ void add_spec_options(CLI::App& cmd, SpecArgs& a) {
       ->check(non_negative_int());
 }
 
-Status apply_spec_options(const SpecArgs& a, const LoadedModel& target, std::unique_ptr<LoadedModel>& draft,
-                          EngineOptions& options) {
-  const bool with_draft = !a.draft_model.empty();
+namespace {
+
+// "NAME=PATH" -> (NAME, PATH) when NAME is a plain name (letters, digits, '-', '_', '.'), else ("", arg).
+std::pair<std::string, std::string> split_named(const std::string& arg) {
+  const size_t eq = arg.find('=');
+  if (eq == std::string::npos || eq == 0) return {"", arg};
+  const std::string name = arg.substr(0, eq);
+  for (char ch : name) {
+    if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '-' && ch != '_' && ch != '.') return {"", arg};
+  }
+  return {name, arg.substr(eq + 1)};
+}
+
+Status load_draft(const std::string& what, const std::string& path, const LoadedModel& target,
+                  std::unique_ptr<LoadedModel>& draft) {
+  LoadOptions lo;
+  lo.path = path;
+  lo.device = target.model->device();  // beside the target
+  auto loaded = load_model(lo);
+  if (!loaded.ok()) return loaded.status().with_context(what);
+  draft = std::make_unique<LoadedModel>(std::move(loaded).value());
+  const int tv = target.model->config().vocab_size, dv = draft->model->config().vocab_size;
+  // A draft may lack the target's last rows when no token of the tokenizer is among them (the
+  // matrices of one family are padded to different sizes: Qwen2.5-0.5B 151,936, 7B 152,064).
+  const int real = target.tokenizer ? target.tokenizer->vocab_size() : tv;
+  if (dv > tv || dv < std::min(tv, real)) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "{}: its vocabulary has {} tokens, the target's {}{}; a draft must share the target's tokenizer",
+                      what, dv, tv, dv < tv ? fmt::format(" (of which its tokenizer uses {})", std::min(tv, real)) : "");
+  }
+  if (target.tokenizer && draft->tokenizer) {
+    for (int32_t id = 0; id < std::min({tv, dv, draft->tokenizer->vocab_size(), real}); ++id) {
+      if (target.tokenizer->token_to_piece(id) != draft->tokenizer->token_to_piece(id)) {
+        return make_error(ErrorCode::kInvalidArgument,
+                          "{}: token {} is '{}' for the draft, '{}' for the target; a draft must share the target's "
+                          "tokenizer",
+                          what, id, draft->tokenizer->token_to_piece(id), target.tokenizer->token_to_piece(id));
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status apply_spec_options(const SpecArgs& a, const LoadedModel& target, SpecModels& drafts, EngineOptions& options) {
+  const bool with_draft = !a.draft_models.empty();
   const bool with_heads = !a.heads.empty();
   if (static_cast<int>(a.ngram) + static_cast<int>(with_draft) + static_cast<int>(with_heads) > 1) {
     return make_error(ErrorCode::kInvalidArgument,
@@ -38,6 +89,9 @@ Status apply_spec_options(const SpecArgs& a, const LoadedModel& target, std::uni
       return make_error(ErrorCode::kInvalidArgument, "--spec-k needs --spec-ngram, --draft-model or --spec-heads");
     }
     if (a.tree != 0) return make_error(ErrorCode::kInvalidArgument, "--spec-tree needs --spec-ngram or --draft-model");
+    if (!a.classifier.empty()) {
+      return make_error(ErrorCode::kInvalidArgument, "--draft-classifier needs --draft-model, --spec-ngram or --spec-heads");
+    }
     return Status::Ok();
   }
   if (a.k != -1 && a.k < 1) return make_error(ErrorCode::kInvalidArgument, "--spec-k {} must be at least 1", a.k);
@@ -51,36 +105,28 @@ Status apply_spec_options(const SpecArgs& a, const LoadedModel& target, std::uni
     if (!heads.ok()) return heads.status().with_context("--spec-heads");
     s.heads = std::make_shared<const SpecHeads>(std::move(heads).value());
   }
-  if (with_draft) {
-    LoadOptions lo;
-    lo.path = a.draft_model;
-    lo.device = target.model->device();  // beside the target
-    auto loaded = load_model(lo);
-    if (!loaded.ok()) return loaded.status().with_context("--draft-model");
-    draft = std::make_unique<LoadedModel>(std::move(loaded).value());
-    const int tv = target.model->config().vocab_size, dv = draft->model->config().vocab_size;
-    // A draft may lack the target's last rows when no token of the tokenizer is among them (the
-    // matrices of one family are padded to different sizes: Qwen2.5-0.5B 151,936, 7B 152,064).
-    const int real = target.tokenizer ? target.tokenizer->vocab_size() : tv;
-    if (dv > tv || dv < std::min(tv, real)) {
+  for (const std::string& arg : a.draft_models) {
+    auto [name, path] = split_named(arg);
+    if (a.draft_models.size() > 1 && name.empty()) {
       return make_error(ErrorCode::kInvalidArgument,
-                        "--draft-model {}: its vocabulary has {} tokens, the target's {}{}; a draft must share the "
-                        "target's tokenizer",
-                        a.draft_model, dv, tv,
-                        dv < tv ? fmt::format(" (of which its tokenizer uses {})", std::min(tv, real)) : "");
+                        "--draft-model {}: with several draft models, name each: --draft-model NAME=PATH", arg);
     }
-    if (target.tokenizer && draft->tokenizer) {
-      for (int32_t id = 0; id < std::min({tv, dv, draft->tokenizer->vocab_size(), real}); ++id) {
-        if (target.tokenizer->token_to_piece(id) != draft->tokenizer->token_to_piece(id)) {
-          return make_error(ErrorCode::kInvalidArgument,
-                            "--draft-model {}: token {} is '{}' for the draft, '{}' for the target; a draft must "
-                            "share the target's tokenizer",
-                            a.draft_model, id, draft->tokenizer->token_to_piece(id),
-                            target.tokenizer->token_to_piece(id));
-        }
-      }
+    drafts.emplace_back();
+    TACHYON_RETURN_IF_ERROR(load_draft(fmt::format("--draft-model {}", arg), path, target, drafts.back()));
+    s.drafts.push_back({name, drafts.back()->model.get()});
+  }
+  std::string classifier = a.classifier;
+  if (classifier.empty()) {
+    std::error_code ec;
+    const std::filesystem::path own = std::filesystem::path(target.path) / "domains.safetensors";
+    if (std::filesystem::is_directory(target.path, ec) && std::filesystem::is_regular_file(own, ec)) {
+      classifier = own.string();
     }
-    s.draft_model = draft->model.get();
+  }
+  if (!classifier.empty() && classifier != "none") {
+    auto c = DomainClassifier::load(classifier, target.model->config().vocab_size);
+    if (!c.ok()) return c.status().with_context("--draft-classifier");
+    s.classifier = std::make_shared<const DomainClassifier>(std::move(c).value());
   }
   return Status::Ok();
 }
@@ -90,10 +136,21 @@ std::string spec_summary(const EngineOptions& options, const SpecStats& st) {
   std::string k = options.spec.k > 0 ? fmt::format("K {}", options.spec.k)
                                      : fmt::format("K dynamic <= {}", options.spec.k_max);
   if (options.spec.tree_nodes > 0) k += fmt::format(", trees <= {} nodes", options.spec.tree_nodes);
-  return fmt::format("speculative ({}, {}): {} proposed, {} accepted ({:.1f}%), {:.2f} accepted per step, {} verify "
-                     "steps, {:.2f} s proposing",
-                     st.proposer, k, st.num_proposed, st.num_accepted, 100.0 * st.acceptance_rate(),
-                     st.mean_accepted_length(), st.num_verify_steps, st.propose_seconds);
+  std::string out = fmt::format("speculative ({}, {}): {} proposed, {} accepted ({:.1f}%), {:.2f} accepted per step, {} "
+                                "verify steps, {:.2f} s proposing",
+                                st.proposer, k, st.num_proposed, st.num_accepted, 100.0 * st.acceptance_rate(),
+                                st.mean_accepted_length(), st.num_verify_steps, st.propose_seconds);
+  const auto lines = [&out](const char* what, const std::map<std::string, SpecCounts>& by) {
+    for (const auto& [label, c] : by) {
+      out += fmt::format("\n  {} {}: {} proposed, {} accepted ({:.1f}%), {:.2f} accepted per step, {:.2f} tokens per "
+                         "verify step, {} verify steps",
+                         what, label, c.num_proposed, c.num_accepted, 100.0 * c.acceptance_rate(),
+                         c.mean_accepted_length(), c.tokens_per_step(), c.num_verify_steps);
+    }
+  };
+  if (st.by_proposer.size() > 1) lines("proposer", st.by_proposer);
+  lines("prompt kind", st.by_kind);
+  return out;
 }
 
 }  // namespace tachyon::cli

@@ -88,15 +88,21 @@ Result<std::unique_ptr<Engine>> Engine::create(const LlamaModel& model, const To
   const int64_t blocks_per_seq = (max_model_len + options.kv.block_size - 1) / options.kv.block_size;
   // A draft model's cache has as many blocks as the target's: a memory budget pays for both.
   KvCacheConfig budgeted = kv;
-  if (options.spec.method == SpecMethod::kDraftModel && options.spec.draft_model != nullptr) {
-    const ModelConfig& d = options.spec.draft_model->config();
-    KvCacheConfig draft = kv;
-    draft.num_layers = d.num_layers;
-    draft.num_kv_heads = d.num_kv_heads;
-    draft.head_dim = d.head_dim;
+  // (each draft model its own: a request drafts with one of them, but each may serve any request).
+  if (options.spec.method == SpecMethod::kDraftModel && !options.spec.drafts.empty()) {
+    size_t bytes_per_token = kv.bytes_per_token();
+    for (const NamedDraft& named : options.spec.drafts) {
+      if (named.model == nullptr) continue;  // validate() reports it
+      const ModelConfig& d = named.model->config();
+      KvCacheConfig draft = kv;
+      draft.num_layers = d.num_layers;
+      draft.num_kv_heads = d.num_kv_heads;
+      draft.head_dim = d.head_dim;
+      bytes_per_token += draft.bytes_per_token();
+    }
     budgeted.num_layers = 1;
     budgeted.num_kv_heads = 1;
-    budgeted.head_dim = static_cast<int>((kv.bytes_per_token() + draft.bytes_per_token()) / (2 * dtype_size(kv.dtype)));
+    budgeted.head_dim = static_cast<int>(bytes_per_token / (2 * dtype_size(kv.dtype)));
   }
   if (options.kv.num_blocks > 0) {
     kv.num_blocks = options.kv.num_blocks;
@@ -197,6 +203,12 @@ Status Engine::validate_params(const GenerationParams& params) const {
   TACHYON_RETURN_IF_ERROR(validate_stop_strings(params.stop));
   if (!params.stop.empty() && !(params.detokenize && tokenizer_ != nullptr)) {
     return make_error(ErrorCode::kInvalidArgument, "stop strings need detokenized output (a tokenizer)");
+  }
+  if (!params.draft.empty() && (spec_ == nullptr || !spec_->has_draft(params.draft))) {
+    const std::string names = spec_ ? spec_->draft_names() : std::string();
+    return make_error(ErrorCode::kInvalidArgument, "draft \"{}\" is not loaded{}", params.draft,
+                      names.empty() ? std::string(" (no named draft model is loaded)")
+                                    : fmt::format(" (named drafts: {})", names));
   }
   return Status::Ok();
 }
@@ -633,7 +645,7 @@ void Engine::propose_drafts() {
     if (seq.state() != SequenceState::kDecoding) continue;
     // Up to K + 1 tokens come out of a step: K stops one short of max_tokens and of the context.
     const int room = std::min(req->params.max_tokens - seq.num_generated(), max_model_len_ - seq.num_tokens()) - 1;
-    candidates.push_back({&seq, &req->sampler, room});
+    candidates.push_back({&seq, &req->sampler, room, req->params.draft});
   }
   // In request order, so that a step's draft batch does not depend on the hash map's order.
   std::sort(candidates.begin(), candidates.end(),

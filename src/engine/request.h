@@ -24,6 +24,9 @@ struct GenerationParams {
   bool detokenize = true;               // text deltas (needs a tokenizer)
   std::optional<bool> add_bos;          // for text prompts; unset: the tokenizer's default
   bool parse_special = false;           // text prompts may spell special tokens
+  // Speculative decoding with named draft models: the one to draft with ("code"); empty: the
+  // engine's choice (the prompt's kind, else the first draft). A name not loaded is an error.
+  std::string draft;
   // Disaggregated prefill (disagg/): the request ends once its prompt is computed and its first
   // token sampled, with FinishReason::kTransfer, and its KV blocks stay held until
   // Engine::release_transfer() lets them go (disagg::export_kv() copies them out first), or

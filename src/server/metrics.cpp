@@ -179,6 +179,35 @@ std::string ServerMetrics::render() const {
     spec_line("tachyon_spec_gated_steps_total", "counter",
               "Steps held plain because speculating steps were measured slower at that batch size.",
               static_cast<double>(sp.num_gated_steps));
+    // Per proposer (each named draft model) and per kind of prompt text (with a classifier).
+    const auto by_line = [&](const char* name, const char* type, const char* help, const char* label,
+                             const std::map<std::string, SpecCounts>& by, double (*value)(const SpecCounts&)) {
+      if (by.empty()) return;
+      header(out, name, type, help);
+      for (const auto& [key, c] : by) out += fmt::format("{}{{{}=\"{}\"}} {}\n", name, label, key, number(value(c)));
+    };
+    const auto proposed = [](const SpecCounts& c) { return static_cast<double>(c.num_proposed); };
+    const auto accepted = [](const SpecCounts& c) { return static_cast<double>(c.num_accepted); };
+    const auto steps = [](const SpecCounts& c) { return static_cast<double>(c.num_verify_steps); };
+    const auto emitted = [](const SpecCounts& c) { return static_cast<double>(c.num_emitted); };
+    by_line("tachyon_spec_proposer_proposed_tokens_total", "counter", "Draft tokens proposed and verified, by proposer.",
+            "proposer", sp.by_proposer, proposed);
+    by_line("tachyon_spec_proposer_accepted_tokens_total", "counter", "Draft tokens accepted, by proposer.", "proposer",
+            sp.by_proposer, accepted);
+    by_line("tachyon_spec_proposer_verify_steps_total", "counter", "Sequence-steps that verified a draft, by proposer.",
+            "proposer", sp.by_proposer, steps);
+    by_line("tachyon_spec_proposer_emitted_tokens_total", "counter",
+            "Tokens verify steps emitted (accepted and the target's own), by proposer.", "proposer", sp.by_proposer,
+            emitted);
+    by_line("tachyon_spec_kind_proposed_tokens_total", "counter",
+            "Draft tokens proposed and verified, by the kind of the prompt's text.", "kind", sp.by_kind, proposed);
+    by_line("tachyon_spec_kind_accepted_tokens_total", "counter", "Draft tokens accepted, by the kind of the prompt's text.",
+            "kind", sp.by_kind, accepted);
+    by_line("tachyon_spec_kind_verify_steps_total", "counter",
+            "Sequence-steps that verified a draft, by the kind of the prompt's text.", "kind", sp.by_kind, steps);
+    by_line("tachyon_spec_kind_emitted_tokens_total", "counter",
+            "Tokens verify steps emitted (accepted and the target's own), by the kind of the prompt's text.", "kind",
+            sp.by_kind, emitted);
   }
   header(out, "tachyon_requests_finished_total", "counter", "Finished requests by finish reason.");
   for (size_t i = 0; i < finished_.size(); ++i) {

@@ -1,5 +1,6 @@
 #include "server/openai_api.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -363,6 +364,17 @@ std::optional<ApiError> read_sampling(const ojson& body, const ServingContext& c
   TACHYON_API_TRY(read_logit_bias(body, ctx.vocab_size, s));
   TACHYON_API_TRY(read_stop(body, p.stop));
   TACHYON_API_TRY(read_bool(body, "ignore_eos", p.ignore_eos));
+  if (const ojson* d = field(body, "draft")) {  // an extension: the named draft model to speculate with
+    if (!d->is_string()) return invalid(fmt::format("'draft' must be a string, got {}", d->type_name()), "draft");
+    p.draft = d->get<std::string>();
+    if (std::find(ctx.drafts.begin(), ctx.drafts.end(), p.draft) == ctx.drafts.end()) {
+      std::string names;
+      for (const std::string& n : ctx.drafts) names += (names.empty() ? "'" : ", '") + n + "'";
+      return invalid(names.empty() ? fmt::format("'draft' = '{}': this server runs no named draft model", p.draft)
+                                   : fmt::format("'draft' = '{}' is not loaded; the named drafts are {}", p.draft, names),
+                     "draft");
+    }
+  }
   TACHYON_API_TRY(read_bool(body, "stream", out.stream));
   if (const ojson* so = field(body, "stream_options")) {
     if (!so->is_object()) return invalid("'stream_options' must be an object", "stream_options");

@@ -64,6 +64,8 @@ struct ServingContext {
   // Streamed chunks carry "tachyon_handed_over": the CLOCK_MONOTONIC second the engine loop
   // handed their tokens over (a client on the same host measures what delivery adds).
   bool stream_timestamps = false;
+  // Named draft models a request may pick with "draft" (--draft-model NAME=PATH); empty: none.
+  std::vector<std::string> drafts;
 };
 
 struct PromptInput {

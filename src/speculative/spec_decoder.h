@@ -11,13 +11,20 @@
 // speculating steps are measured slower than plain ones (the engine reports each decode step).
 // K never reaches past the request's max_tokens or the context.
 //
-// Owns the proposer and each request's controller; holds no sequence. One engine thread only.
+// Per-request drafts: several named draft models may be loaded (`--draft-model NAME=PATH`,
+// repeatable); a request names one (GenerationParams::draft), or, with a DomainClassifier, gets the
+// draft named after its prompt's kind (the first draft when no draft has that name). Each draft
+// is its own proposer with its own cache; a step proposes for each draft's requests together.
+//
+// Owns the proposers and each request's controller; holds no sequence. One engine thread only.
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -25,6 +32,7 @@
 #include "model/llama_model.h"
 #include "sampling/sampler.h"
 #include "sched/sequence.h"
+#include "speculative/domain_classifier.h"
 #include "speculative/draft_length.h"
 #include "speculative/ngram_proposer.h"
 #include "speculative/proposer.h"
@@ -36,14 +44,22 @@ namespace tachyon {
 enum class SpecMethod : uint8_t {
   kNone,        // plain decoding
   kNgram,       // `--spec-ngram`: prompt lookup
-  kDraftModel,  // `--draft-model PATH`
+  kDraftModel,  // `--draft-model [NAME=]PATH`, one or more
   kHeads,       // `--spec-heads PATH`: proposal heads over the target's features (head_proposer.h)
 };
 const char* spec_method_name(SpecMethod method);
 
+struct NamedDraft {
+  std::string name;                   // what requests name it by; may be empty when it is the only one
+  const LlamaModel* model = nullptr;  // borrowed, must outlive the engine
+};
+
 struct SpecDecodeOptions {
   SpecMethod method = SpecMethod::kNone;
-  const LlamaModel* draft_model = nullptr;  // kDraftModel: borrowed, must outlive the engine
+  std::vector<NamedDraft> drafts;           // kDraftModel: one or more, the first is the default
+  // Optional: the kind of each prompt's text. A request that names no draft gets the draft named
+  // after its kind, and the stats are also kept per kind.
+  std::shared_ptr<const DomainClassifier> classifier;
   std::shared_ptr<const SpecHeads> heads;   // kHeads: on the target's device
   int k = 0;       // > 0: K fixed at this (`--spec-k`); 0: the controller picks K in [0, k_max]
   int k_max = 8;   // `--spec-k-max`
@@ -54,15 +70,39 @@ struct SpecDecodeOptions {
 
   static constexpr int kLargestK = 32;
   // kInvalidArgument naming the bad value: k_max outside [1, kLargestK], k outside [0, k_max],
-  // tree_nodes outside [0, kMaxTreeTokens - 1] or set for a sliding-window target, a draft model
-  // missing, or with a larger vocabulary than the target's (a smaller one lacks padding rows: see
-  // DraftModelOptions::target_vocab); heads missing, made for another target, or asked for trees.
+  // tree_nodes outside [0, kMaxTreeTokens - 1] or set for a sliding-window target, no draft model,
+  // a draft with a larger vocabulary than the target's (a smaller one lacks padding rows: see
+  // DraftModelOptions::target_vocab), several drafts not all named or named alike; heads missing,
+  // made for another target, or asked for trees; a classifier for another vocabulary.
+  // The proposer label of draft i: "draft" for a lone unnamed draft, else "draft:NAME".
+  std::string draft_label(size_t i) const;
   Status validate(const ModelConfig& target) const;
 };
 
-// Cumulative, per proposer (one proposer per engine; `proposer` names it).
+// Verification counts of one proposer or one kind of text.
+struct SpecCounts {
+  int64_t num_verify_steps = 0;
+  int64_t num_proposed = 0;
+  int64_t num_accepted = 0;
+  int64_t num_emitted = 0;
+  double propose_seconds = 0.0;  // per proposer only
+  double acceptance_rate() const {
+    return num_proposed > 0 ? static_cast<double>(num_accepted) / static_cast<double>(num_proposed) : 0.0;
+  }
+  double mean_accepted_length() const {
+    return num_verify_steps > 0 ? static_cast<double>(num_accepted) / static_cast<double>(num_verify_steps) : 0.0;
+  }
+  // Tokens a verifying sequence-step emits (accepted + the target's own): what a step of that
+  // sequence yields against plain decoding's one.
+  double tokens_per_step() const {
+    return num_verify_steps > 0 ? static_cast<double>(num_emitted) / static_cast<double>(num_verify_steps) : 0.0;
+  }
+};
+
+// Cumulative over the engine's proposers (`proposer` names them), and broken down per proposer
+// and per kind of text.
 struct SpecStats {
-  std::string proposer;           // "ngram", "draft"; empty when speculation is off
+  std::string proposer;           // "ngram", "draft", "heads", "draft:code,draft:prose"; empty when off
   int64_t num_verify_steps = 0;   // sequence-steps that verified a draft
   int64_t num_proposed = 0;       // draft tokens verified
   int64_t num_accepted = 0;       // of which accepted
@@ -71,6 +111,8 @@ struct SpecStats {
   int64_t num_off_first_branch = 0;  // tree steps whose accepted path left the first branch
   int64_t num_gated_steps = 0;    // steps held plain by the measured gate (speculation was slower there)
   double propose_seconds = 0.0;   // time in the proposer (draft model forwards, lookups)
+  std::map<std::string, SpecCounts> by_proposer;  // by proposer label ("draft:code"); every proposer listed
+  std::map<std::string, SpecCounts> by_kind;      // by the classifier's kind of the prompt; empty without one
   double acceptance_rate() const {
     return num_proposed > 0 ? static_cast<double>(num_accepted) / static_cast<double>(num_proposed) : 0.0;
   }
@@ -85,6 +127,7 @@ struct SpecCandidate {
   Sequence* seq = nullptr;
   const Sampler* sampler = nullptr;  // the request's
   int max_draft = 0;                 // K at most: tokens left to max_tokens and to the context, less one
+  std::string_view draft;            // the draft the request names (GenerationParams::draft); empty: any
 };
 
 // Where the draft model's cache comes from (kDraftModel): the engine's cache geometry.
@@ -99,7 +142,7 @@ struct SpecCacheGeometry {
 class SpecDecoder {
  public:
   // Validates the options against the target (see SpecDecodeOptions::validate) and builds the
-  // proposer; null when options.method is kNone.
+  // proposers; null when options.method is kNone.
   static Result<std::unique_ptr<SpecDecoder>> create(const SpecDecodeOptions& options, const LlamaModel& target,
                                                      const SpecCacheGeometry& geometry);
 
@@ -120,12 +163,15 @@ class SpecDecoder {
   void record_step(int num_running, bool speculated, int64_t tokens, double seconds);
 
   const SpecStats& stats() const { return stats_; }
-  const Proposer& proposer() const { return *proposer_; }
+  // Whether a request may name `draft` (GenerationParams::draft): a named draft model.
+  bool has_draft(std::string_view draft) const;
+  // "code, prose": the names requests may use; empty when none.
+  std::string draft_names() const;
   // The proposer reads the target's features: each step's forward returns its final hidden rows,
   // and each sequence's row that sampled its last token comes here.
-  bool wants_features() const { return proposer_->wants_features(); }
-  void observe_features(uint64_t id, std::span<const float> hidden) { proposer_->observe_features(id, hidden); }
-  Status check_no_leaks() const { return proposer_->check_no_leaks(); }
+  bool wants_features() const { return wants_features_; }
+  void observe_features(uint64_t id, std::span<const float> hidden);
+  Status check_no_leaks() const;
 
  private:
   struct RequestState {
@@ -133,20 +179,30 @@ class SpecDecoder {
     DraftLengthController controller;
     std::vector<float> draft_probs;  // [K, vocab] q of the current draft, or empty: one-hot
     int depth = 0;                   // levels of the current draft (its length for a chain)
+    int proposer = 0;                // index into proposers_
+    int kind = -1;                   // the classifier's kind of the prompt, -1 without one
   };
-  SpecDecoder(const SpecDecodeOptions& options, std::unique_ptr<Proposer> proposer);
+  struct Slot {
+    std::string label;  // stats key: "draft:code"
+    std::string name;   // what requests name (drafts only)
+    std::unique_ptr<Proposer> proposer;
+  };
+  SpecDecoder(const SpecDecodeOptions& options, std::vector<Slot> proposers);
+  // The proposer and kind for a request seen for the first time.
+  void assign(const SpecCandidate& c, RequestState& st) const;
   // The controller and the stats learn from one verification of seq's draft.
   void record(const Sequence& seq, RequestState& st, const Verification& v);
 
   SpecDecodeOptions options_;
   DraftLengthOptions controller_options_;
-  std::unique_ptr<Proposer> proposer_;
+  std::vector<Slot> proposers_;
+  bool wants_features_ = false;
   std::unordered_map<uint64_t, RequestState> requests_;
   SpecStats stats_;
   SpeculationGate gate_;
-  // Reused each step.
-  std::vector<DraftRequest> draft_requests_;
-  std::vector<Sequence*> draft_seqs_;
+  // Reused each step: per proposer, its requests and their sequences.
+  std::vector<std::vector<DraftRequest>> draft_requests_;
+  std::vector<std::vector<Sequence*>> draft_seqs_;
   std::vector<Draft> drafts_;
 };
 

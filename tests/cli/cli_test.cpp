@@ -184,5 +184,43 @@ TEST(Cli, BenchReportsSpeculationAgainstPlainDecodeInTheSameProcess) {
   EXPECT_FALSE(nlohmann::json::parse(nf).at("spec").contains("speedup"));
 }
 
+// Named drafts (--draft-model NAME=PATH, repeated): bench reports each draft and each prompt kind
+// (the target directory's domains.safetensors tells them); several unnamed drafts are an error.
+TEST(Cli, BenchReportsEachNamedDraftAndPromptKind) {
+  const std::string dir = testing::scratch_dir("bench-named");
+  const std::string demo = testing::source_dir() + "/models/tachyon-demo";
+  const std::string base = tachyon_binary() + " bench -m " + demo + " --spec-k 3 --workload latency --prompt-len 24 "
+                           "--output-len 24 --iters 2 --no-spec-baseline --prompt-text " + testing::source_dir() +
+                           "/tests/data/eval/code.txt";
+  auto r = run_command(base + " --draft-model code=" + demo + "-draft --draft-model prose=" + demo + "-draft --json " +
+                       dir + "/s.json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("  proposer draft:code:"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("  prompt kind "), std::string::npos) << r.out;
+  std::ifstream f(dir + "/s.json");
+  const auto s = nlohmann::json::parse(f).at("spec");
+  EXPECT_EQ(s.at("proposer").get<std::string>(), "draft:code,draft:prose");
+  const auto& by = s.at("by_proposer");
+  ASSERT_TRUE(by.contains("draft:code") && by.contains("draft:prose")) << by.dump();
+  EXPECT_EQ(by.at("draft:code").at("verify_steps").get<int>() + by.at("draft:prose").at("verify_steps").get<int>(),
+            s.at("verify_steps").get<int>());
+  ASSERT_TRUE(s.contains("by_kind")) << s.dump();
+  int kind_steps = 0;
+  for (const auto& [kind, c] : s.at("by_kind").items()) kind_steps += c.at("verify_steps").get<int>();
+  EXPECT_EQ(kind_steps, s.at("verify_steps").get<int>());
+  // Without the classifier there is no breakdown by kind.
+  auto off = run_command(base + " --draft-model " + demo + "-draft --draft-classifier none --json " + dir + "/o.json");
+  ASSERT_EQ(off.exit_code, 0) << off.err;
+  std::ifstream of(dir + "/o.json");
+  EXPECT_FALSE(nlohmann::json::parse(of).at("spec").contains("by_kind"));
+  expect_clean_error(run_command(base + " --draft-model " + demo + "-draft --draft-model " + demo + "-draft"),
+                     "name each");
+  expect_clean_error(run_command(base + " --draft-model code=" + demo + "-draft --draft-model code=" + demo + "-draft"),
+                     "two draft models are named 'code'");
+  expect_clean_error(run_command(base + " --draft-model " + demo + "-draft --draft-classifier " + demo +
+                                 "/model.safetensors"),
+                     "not a domain profiles file");
+}
+
 }  // namespace
 }  // namespace tachyon

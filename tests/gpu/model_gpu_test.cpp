@@ -1028,7 +1028,7 @@ TEST(GpuEngine, SpeculativeTreesAndChainsEqualPlainGreedy) {
     eo.max_model_len = 512;
     eo.kv.dtype = DType::kF32;
     eo.spec.method = method;
-    eo.spec.draft_model = draft.model.get();
+    if (method == SpecMethod::kDraftModel) eo.spec.drafts = {{"", draft.model.get()}};
     eo.spec.heads = heads;
     eo.spec.k = method == SpecMethod::kNone ? 0 : 4;
     eo.spec.tree_nodes = tree_nodes;

@@ -157,6 +157,31 @@ TEST_F(OpenAiApi, MistakesGetStatusAndParam) {
   expect_error(X, R"({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2})", 400, "top_logprobs");
   expect_error(X, R"({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": -3})", 400,
                "max_completion_tokens");
+  // "draft" names a loaded draft model; this context has none.
+  expect_error(C, R"({"prompt": "x", "draft": "code"})", 400, "draft");
+}
+
+// "draft": one of the server's named draft models (--draft-model NAME=PATH), or an error naming them.
+TEST_F(OpenAiApi, DraftPicksANamedDraftModel) {
+  ServingContext c = context();
+  c.drafts = {"code", "prose"};
+  ApiRequest r;
+  ASSERT_FALSE(parse_api_request(Endpoint::kCompletions, R"({"prompt": "x", "draft": "prose"})", c, r));
+  EXPECT_EQ(r.params.draft, "prose");
+  ApiRequest none;
+  ASSERT_FALSE(parse_api_request(Endpoint::kChatCompletions, R"({"messages": [{"role": "user", "content": "x"}]})", c,
+                                 none));
+  EXPECT_EQ(none.params.draft, "");
+  for (const char* body : {R"({"prompt": "x", "draft": "poetry"})", R"({"prompt": "x", "draft": 3})"}) {
+    ApiRequest bad;
+    auto error = parse_api_request(Endpoint::kCompletions, body, c, bad);
+    ASSERT_TRUE(error.has_value()) << body;
+    EXPECT_EQ(error->status, 400);
+    EXPECT_EQ(error->param, "draft");
+    if (std::string(body).find("poetry") != std::string::npos) {
+      EXPECT_NE(error->message.find("'code', 'prose'"), std::string::npos) << error->message;
+    }
+  }
 }
 
 TEST_F(OpenAiApi, ErrorBodyIsOpenAiShaped) {

@@ -24,6 +24,7 @@
 #include "model/model_loader.h"
 #include "model/synthetic.h"
 #include "server/metrics.h"
+#include "speculative/domain_classifier.h"
 #include "speculative/draft_model_proposer.h"
 #include "random_heads.h"
 #include "test_util.h"
@@ -56,7 +57,7 @@ EngineOptions small_options(int max_seqs = 8) {
 SpecDecodeOptions spec_options(SpecMethod method, const LlamaModel* draft, int k) {
   SpecDecodeOptions s;
   s.method = method;
-  s.draft_model = draft;
+  if (draft != nullptr) s.drafts = {{"", draft}};
   s.k = k;
   s.k_max = 8;
   return s;
@@ -741,6 +742,95 @@ TEST_F(SpecEngineTest, BadOptionsAreClearErrors) {
   const LlamaModel other(wide, std::move(wide_weights).value());
   s = spec_options(SpecMethod::kDraftModel, &other, 2);
   EXPECT_NE(error_of(s).find("vocabulary has 9000 tokens, the target's 8192"), std::string::npos) << error_of(s);
+  // Several drafts: each named, no name twice.
+  s = spec_options(SpecMethod::kDraftModel, draft_->model.get(), 2);
+  s.drafts.push_back({"prose", draft_->model.get()});
+  EXPECT_NE(error_of(s).find("name each (--draft-model NAME=PATH)"), std::string::npos) << error_of(s);
+  s.drafts[0].name = "prose";
+  EXPECT_NE(error_of(s).find("two draft models are named 'prose'"), std::string::npos) << error_of(s);
+}
+
+// Named drafts: a request drafts with the draft it names, else with the draft named after its
+// prompt's kind (the bundled profiles), else with the first; greedy output stays plain greedy's;
+// the stats, bench's and /metrics' figures are kept per draft and per kind; an unknown name is a
+// clear error.
+TEST_F(SpecEngineTest, NamedDraftsDraftForTheRequestsThatPickThem) {
+  auto classifier = DomainClassifier::load(testing::source_dir() + "/models/tachyon-demo/domains.safetensors",
+                                           target_->model->config().vocab_size);
+  ASSERT_TRUE(classifier.ok()) << classifier.status().to_string();
+  auto shared = std::make_shared<const DomainClassifier>(std::move(classifier).value());
+  // Two draft models: the bundled one and the same without its last rows (past every prompt's ids).
+  const std::unique_ptr<LlamaModel> small = truncated_draft(*draft_->model, 7900);
+  const auto options = [&](bool with_classifier) {
+    EngineOptions o = small_options();
+    o.spec = spec_options(SpecMethod::kDraftModel, nullptr, 0);
+    o.spec.drafts = {{"code", draft_->model.get()}, {"prose", small.get()}};
+    if (with_classifier) o.spec.classifier = shared;
+    return o;
+  };
+  // Cases 0, 2, 4 are code prompts, 1, 3 and the stop-string case 5 prose.
+  std::vector<Case> cases = *cases_;
+  cases[0].params.draft = "prose";  // against its kind
+  cases[3].params.draft = "code";
+  auto e = make_engine(*target_, options(true));
+  ASSERT_NE(e, nullptr);
+  expect_same(run_all(*e, cases), *plain_, "named drafts");
+  const SpecStats s = e->stats().spec;
+  EXPECT_EQ(s.proposer, "draft:code,draft:prose");
+  ASSERT_EQ(s.by_proposer.size(), 2u);
+  EXPECT_GT(s.by_proposer.at("draft:code").num_verify_steps, 0);
+  EXPECT_GT(s.by_proposer.at("draft:prose").num_verify_steps, 0);
+  EXPECT_GT(s.by_proposer.at("draft:code").propose_seconds, 0.0);
+  ASSERT_EQ(s.by_kind.size(), 2u);
+  int64_t steps = 0, proposed = 0, accepted = 0;
+  for (const auto& [label, c] : s.by_proposer) steps += c.num_verify_steps, proposed += c.num_proposed, accepted += c.num_accepted;
+  EXPECT_EQ(steps, s.num_verify_steps);
+  EXPECT_EQ(proposed, s.num_proposed);
+  EXPECT_EQ(accepted, s.num_accepted);
+  EXPECT_EQ(s.by_kind.at("code").num_verify_steps + s.by_kind.at("prose").num_verify_steps, s.num_verify_steps);
+
+  // Who drafts for whom, one request at a time: the named draft, else the prompt's kind, else
+  // (no classifier) the first.
+  const auto drafted_by = [&](const Case& c, bool with_classifier) {
+    auto one = make_engine(*target_, options(with_classifier));
+    run_all(*one, {c});
+    std::string who;
+    for (const auto& [label, counts] : one->stats().spec.by_proposer) {
+      if (counts.num_verify_steps > 0) who += (who.empty() ? "" : "+") + label;
+    }
+    return who;
+  };
+  EXPECT_EQ(drafted_by(cases[0], true), "draft:prose");
+  EXPECT_EQ(drafted_by((*cases_)[0], true), "draft:code");
+  EXPECT_EQ(drafted_by((*cases_)[1], true), "draft:prose");
+  EXPECT_EQ(drafted_by(cases[3], true), "draft:code");
+  EXPECT_EQ(drafted_by((*cases_)[1], false), "draft:code");
+
+  // /metrics carries the breakdown.
+  server::ServerMetrics metrics;
+  metrics.set_engine_stats(e->stats());
+  const std::string text = metrics.render();
+  EXPECT_NE(text.find("tachyon_spec_proposer_verify_steps_total{proposer=\"draft:prose\"} " +
+                      std::to_string(s.by_proposer.at("draft:prose").num_verify_steps)),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("tachyon_spec_kind_accepted_tokens_total{kind=\"code\"} " +
+                      std::to_string(s.by_kind.at("code").num_accepted)),
+            std::string::npos)
+      << text;
+
+  // A name not loaded, or a name without named drafts.
+  GenerationParams bad = cases[1].params;
+  bad.draft = "poetry";
+  auto id = e->add_request(cases[1].prompt, bad);
+  ASSERT_FALSE(id.ok());
+  EXPECT_EQ(id.status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(id.status().message().find("named drafts: code, prose"), std::string::npos) << id.status().to_string();
+  auto plain = make_engine(*target_, small_options());
+  bad.draft = "code";
+  id = plain->add_request(cases[1].prompt, bad);
+  ASSERT_FALSE(id.ok());
+  EXPECT_NE(id.status().message().find("no named draft"), std::string::npos) << id.status().to_string();
 }
 
 // A memory budget pays for the target's cache and the draft's (as many blocks each).
@@ -760,6 +850,12 @@ TEST_F(SpecEngineTest, KvBudgetPaysForTheDraftCacheToo) {
   auto spec = make_engine(*target_, o);
   ASSERT_TRUE(spec);
   EXPECT_EQ(spec->stats().kv_blocks_total, 100);
+  // Two named drafts: each has its own cache of as many blocks.
+  o.kv.bytes = 100 * (target_block + 2 * draft_block) + target_block / 2;
+  o.spec.drafts = {{"a", draft_->model.get()}, {"b", draft_->model.get()}};
+  auto two = make_engine(*target_, o);
+  ASSERT_TRUE(two);
+  EXPECT_EQ(two->stats().kv_blocks_total, 100);
 }
 
 TEST_F(SpecEngineTest, MetricsExportTheAcceptanceFigures) {
