@@ -88,7 +88,7 @@ Status apply_spec_options(const SpecArgs& a, const LoadedModel& target, SpecMode
     if (a.k != -1) {
       return make_error(ErrorCode::kInvalidArgument, "--spec-k needs --spec-ngram, --draft-model or --spec-heads");
     }
-    if (a.tree != 0) return make_error(ErrorCode::kInvalidArgument, "--spec-tree needs --spec-ngram or --draft-model");
+    if (a.tree != 0) return make_error(ErrorCode::kInvalidArgument, "--spec-tree needs --spec-ngram, --draft-model or --spec-heads");
     if (!a.classifier.empty()) {
       return make_error(ErrorCode::kInvalidArgument, "--draft-classifier needs --draft-model, --spec-ngram or --spec-heads");
     }

@@ -54,6 +54,9 @@ struct Engine::Request {
   std::optional<RequestText> text;  // unset when not detokenizing
   RequestTiming timing;
   uint64_t rng_draws = 0;  // values sample() drew from the sampler's stream (one per non-greedy token)
+  // The last verify step's row (of its K + 1, or a tree's nodes + 1) that sampled the token
+  // emitted last: 0 when no draft token was accepted, else 1 + the last accepted node.
+  int verified_row = 0;
 };
 
 Result<std::unique_ptr<Engine>> Engine::create(const LlamaModel& model, const Tokenizer* tokenizer,
@@ -431,8 +434,8 @@ void Engine::emit_outputs(const SchedulerStep& plan, BatchSampler::Place place, 
       }
     }
     if (!done && features != nullptr && features->defined() && !out.new_token_ids.empty()) {
-      // The row that sampled the sequence's last token: a chain's last accepted position.
-      const int64_t r = row + static_cast<int64_t>(out.new_token_ids.size()) - 1;
+      // The row that sampled the sequence's last token: after the last accepted draft node.
+      const int64_t r = row + (c.num_draft > 0 ? req.verified_row : 0);
       const int64_t d = features->size(1);
       spec_->observe_features(id, std::span<const float>(features->data<float>() + r * d, static_cast<size_t>(d)));
     }
@@ -689,6 +692,7 @@ bool Engine::emit_verified(Request& req, Result<Verification> verified, RequestO
   // the step wrote; the rest of the draft's positions are rolled back. A tree's accepted branch
   // moves into place.
   const std::span<const int32_t> path = std::span<const int32_t>(verified->path).first(static_cast<size_t>(emitted - 1));
+  req.verified_row = path.empty() ? 0 : 1 + path.back();
   cache_.copy_slots(scheduler_.accept_draft(&req.seq, path));
   return done;
 }

@@ -44,13 +44,17 @@ Status HeadProposer::propose(std::span<const DraftRequest> requests, std::vector
   drafts.assign(requests.size(), Draft{});
   const int64_t d = heads_->hidden_size, m = heads_->ffn_size;
   const int num_heads = static_cast<int>(heads_->heads.size());
-  // The sequences with a feature row, and the most positions any of them drafts.
+  // The sequences with a feature row, the most positions any of them drafts, and the runners-up
+  // a tree may take per level (its budget beside the chain).
   std::vector<size_t> active;
-  int depth = 0;
+  int depth = 0, top = 0;
   for (size_t i = 0; i < requests.size(); ++i) {
-    if (requests[i].k < 1 || !features_.count(requests[i].id) || requests[i].tokens.empty()) continue;
+    const DraftRequest& r = requests[i];
+    if (r.k < 1 || !features_.count(r.id) || r.tokens.empty()) continue;
     active.push_back(i);
-    depth = std::max(depth, std::min(requests[i].k, num_heads));
+    const int k = std::min(r.k, num_heads);
+    depth = std::max(depth, k);
+    if (r.max_nodes > k) top = std::max(top, static_cast<int>(std::min<int64_t>(r.max_nodes - k + 1, ops::kMaxTopTokens)));
   }
   if (active.empty()) return Status::Ok();
   const int64_t b = static_cast<int64_t>(active.size());
@@ -74,6 +78,11 @@ Status HeadProposer::propose(std::span<const DraftRequest> requests, std::vector
   TACHYON_ASSIGN_OR_RETURN(Tensor act, empty_on({b, m}, DType::kF32, dev, "head scratch"));
   TACHYON_ASSIGN_OR_RETURN(Tensor delta, empty_on({b, d}, DType::kF32, dev, "head scratch"));
   TACHYON_ASSIGN_OR_RETURN(Tensor logits, empty_on({b, vocab}, DType::kF32, dev, "head logits"));
+  Tensor top_ids, top_probs;  // [depth, b, top]: each level's likeliest tokens under the head's softmax
+  if (top > 0) {
+    TACHYON_ASSIGN_OR_RETURN(top_ids, empty_on({depth, b, top}, DType::kI32, dev, "head runners-up"));
+    TACHYON_ASSIGN_OR_RETURN(top_probs, empty_on({depth, b, top}, DType::kF32, dev, "head runners-up"));
+  }
   const ModelWeights& tw = target_.weights();
   const float eps = heads_->rms_norm_eps;
   for (int i = 0; i < depth; ++i) {
@@ -91,15 +100,58 @@ Status HeadProposer::propose(std::span<const DraftRequest> requests, std::vector
     ops::linear(normed, tw.lm_head, nullptr, logits);
     Tensor next = ids.select(0, i);
     ops::argmax(logits, next);
+    if (top > 0) {
+      Tensor level_ids = top_ids.select(0, i), level_probs = top_probs.select(0, i);
+      ops::top_tokens(logits, level_ids, level_probs);
+    }
   }
   TACHYON_RETURN_IF_ERROR(ops::take_error(dev));
   TACHYON_ASSIGN_OR_RETURN(Tensor host_ids, copy_to(ids, Device::cpu(), "head drafts"));
+  Tensor host_top_ids, host_top_probs;
+  if (top > 0) {
+    TACHYON_ASSIGN_OR_RETURN(host_top_ids, copy_to(top_ids, Device::cpu(), "head runners-up"));
+    TACHYON_ASSIGN_OR_RETURN(host_top_probs, copy_to(top_probs, Device::cpu(), "head runners-up"));
+  }
   TACHYON_RETURN_IF_ERROR(ops::synchronize(dev));
+  struct Alternative {
+    double score;  // the probability of its path under the heads' softmaxes
+    int level;
+    int32_t token;
+  };
+  std::vector<Alternative> alternatives;
   for (int64_t j = 0; j < b; ++j) {
     const DraftRequest& r = requests[active[static_cast<size_t>(j)]];
     Draft& draft = drafts[active[static_cast<size_t>(j)]];
     const int k = std::min(r.k, num_heads);
     for (int i = 0; i < k; ++i) draft.tokens.push_back(host_ids.data<int32_t>()[i * b + j]);
+    if (r.max_nodes <= k || top == 0) continue;
+    // A tree: the chain of each head's likeliest token, then the levels' runners-up as side
+    // branches (children of the chain's node one level up), likeliest path first, as many as the
+    // budget leaves room for. Each head ranks its level given the chain before it.
+    alternatives.clear();
+    double path = 1.0;
+    for (int i = 0; i < k; ++i) {
+      const int64_t at = (static_cast<int64_t>(i) * b + j) * top;
+      const int32_t* t = host_top_ids.data<int32_t>() + at;
+      const float* w = host_top_probs.data<float>() + at;
+      for (int c = 1; c < top && c <= r.max_nodes - k; ++c) {
+        if (t[c] >= 0 && w[c] > 0.0f) alternatives.push_back({path * w[c], i, t[c]});
+      }
+      path *= w[0];
+    }
+    const size_t n = std::min(alternatives.size(), static_cast<size_t>(r.max_nodes - k));
+    if (n == 0) continue;
+    std::partial_sort(alternatives.begin(), alternatives.begin() + static_cast<ptrdiff_t>(n), alternatives.end(),
+                      [](const Alternative& x, const Alternative& y) {
+                        return x.score != y.score ? x.score > y.score
+                                                  : (x.level != y.level ? x.level < y.level : x.token < y.token);
+                      });
+    draft.parents.resize(static_cast<size_t>(k));
+    for (int i = 0; i < k; ++i) draft.parents[static_cast<size_t>(i)] = i - 1;
+    for (size_t a = 0; a < n; ++a) {
+      draft.tokens.push_back(alternatives[a].token);
+      draft.parents.push_back(alternatives[a].level - 1);
+    }
   }
   return Status::Ok();
 }

@@ -5,8 +5,9 @@
 // with a row, all sequences together, one batch per draft position, on the target's device: the
 // token each head picks feeds the next head without a trip to the host, and the drafts come back
 // once. A draft is a greedy chain of one-hot guesses (Draft::probs empty), which keeps sampled
-// requests lossless too. A sequence the heads have no row for (its first step, an adopted one)
-// gets no draft.
+// requests lossless too; with a tree budget (`--spec-tree N`), each level's runners-up under its
+// head's softmax hang beside the chain, likeliest path first (one top_tokens per level, on the
+// device). A sequence the heads have no row for (its first step, an adopted one) gets no draft.
 #pragma once
 
 #include <cstdint>

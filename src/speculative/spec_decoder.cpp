@@ -51,10 +51,6 @@ Status SpecDecodeOptions::validate(const ModelConfig& target) const {
                         "the heads were made for a target of hidden size {} and {} tokens; this target has {} and {}",
                         heads->hidden_size, heads->vocab_size, target.hidden_size, target.vocab_size);
     }
-    if (tree_nodes > 0) {
-      return make_error(ErrorCode::kUnsupported, "speculative decoding with heads drafts chains; --spec-tree is not "
-                                                 "supported with --spec-heads");
-    }
   }
   if (method == SpecMethod::kDraftModel) {
     if (drafts.empty()) {

@@ -72,8 +72,8 @@ struct SpecDecodeOptions {
   // kInvalidArgument naming the bad value: k_max outside [1, kLargestK], k outside [0, k_max],
   // tree_nodes outside [0, kMaxTreeTokens - 1] or set for a sliding-window target, no draft model,
   // a draft with a larger vocabulary than the target's (a smaller one lacks padding rows: see
-  // DraftModelOptions::target_vocab), several drafts not all named or named alike; heads missing,
-  // made for another target, or asked for trees; a classifier for another vocabulary.
+  // DraftModelOptions::target_vocab), several drafts not all named or named alike; heads missing
+  // or made for another target; a classifier for a larger vocabulary than the target's.
   // The proposer label of draft i: "draft" for a lone unnamed draft, else "draft:NAME".
   std::string draft_label(size_t i) const;
   Status validate(const ModelConfig& target) const;

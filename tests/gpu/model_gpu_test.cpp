@@ -1066,11 +1066,15 @@ TEST(GpuEngine, SpeculativeTreesAndChainsEqualPlainGreedy) {
                   static_cast<long long>(st.num_off_first_branch));
     }
   }
-  SpecStats st;
-  EXPECT_EQ(run(SpecMethod::kHeads, 0, &st), plain) << "heads";
-  EXPECT_GT(st.num_proposed, 0) << "heads";
-  std::printf("heads: %lld verify steps, %lld accepted of %lld proposed\n", static_cast<long long>(st.num_verify_steps),
-              static_cast<long long>(st.num_accepted), static_cast<long long>(st.num_proposed));
+  for (int tree_nodes : {0, 12}) {
+    SpecStats st;
+    EXPECT_EQ(run(SpecMethod::kHeads, tree_nodes, &st), plain) << "heads tree " << tree_nodes;
+    EXPECT_GT(st.num_proposed, 0) << "heads tree " << tree_nodes;
+    if (tree_nodes > 0) EXPECT_GT(st.num_tree_steps, 0) << "heads tree " << tree_nodes;
+    std::printf("heads tree %d: %lld verify steps, %lld accepted of %lld proposed, %lld trees\n", tree_nodes,
+                static_cast<long long>(st.num_verify_steps), static_cast<long long>(st.num_accepted),
+                static_cast<long long>(st.num_proposed), static_cast<long long>(st.num_tree_steps));
+  }
 }
 
 TEST(GpuKvCache, CopyBlocksOnTheDevice) {
