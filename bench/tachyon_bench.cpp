@@ -4,6 +4,8 @@
 //   tachyon_bench gemv --rows R --cols C [--dtype bf16 | --quant FORMAT [--group G]] [--tokens 1] [--algo auto|gemv|gemm]
 //                      [--repeats 7] [--hot] [--read-gbps X]
 //   tachyon_bench suite            # bandwidth, then batch-1 bf16 GEMV on Qwen2.5-0.5B's shapes
+//   tachyon_bench classify --profiles FILE [--tokens 512] [--repeats 20000]
+//                                  # the prompt-kind choice of a draft, per prompt
 //   common: [--threads N] [--isa scalar|avx2|avx512] [--json FILE]
 //
 // JSON goes to stdout (or --json FILE), a one-line summary per measurement to stderr.
@@ -35,6 +37,7 @@
 #include "ops/cpu/kernels.h"
 #include "ops/cpu/quant_linear.h"
 #include "quant/quantize.h"
+#include "speculative/domain_classifier.h"
 
 namespace tachyon::bench {
 namespace {
@@ -67,6 +70,7 @@ struct Options {
                "                          [--tokens 1] [--algo auto|gemv|gemm]\n"
                "                          [--repeats 7] [--hot] [--read-gbps X]\n"
                "       tachyon_bench suite\n"
+               "       tachyon_bench classify --profiles FILE [--tokens 512] [--repeats 20000]\n"
                "       common: [--threads N] [--isa scalar|avx2|avx512] [--json FILE]\n",
                error.c_str());
   std::exit(2);
@@ -438,9 +442,29 @@ int run(const Options& o) {
     if (!isa || !ops::cpu::isa_supported(*isa)) usage("--isa " + o.get("isa", "") + " is unknown or unsupported here");
     ops::cpu::set_isa(*isa);
   }
-  if (ops::cpu::active_isa() == ops::cpu::Isa::kScalar) usage("the scalar ISA has no kernels to time here");
   json out;
-  if (o.command == "bandwidth") {
+  if (o.command == "classify") {
+    // DomainClassifier::classify on a prompt of --tokens random ids (the classifier reads at most
+    // its last kMaxTokens), once per request in the engine.
+    const auto c = DomainClassifier::load(o.get("profiles", ""), 1 << 24);
+    if (!c.ok()) usage(c.status().to_string());
+    const int64_t n = std::max<int64_t>(1, o.get_int("tokens", 512));
+    const int repeats = static_cast<int>(std::max<int64_t>(1, o.get_int("repeats", 20000)));
+    std::vector<int32_t> tokens(static_cast<size_t>(n));
+    uint32_t s = 12345;
+    for (int32_t& t : tokens) t = static_cast<int32_t>((s = s * 1664525u + 1013904223u) >> 8) % c->vocab_size();
+    int sink = c->classify(tokens);
+    Timer timer;
+    for (int r = 0; r < repeats; ++r) sink += c->classify(tokens);
+    const double us = timer.seconds() / repeats * 1e6;
+    out = {{"bench", "classify"}, {"profiles", o.get("profiles", "")}, {"kinds", c->kinds()},
+           {"prompt_tokens", n}, {"tokens_read", std::min<int64_t>(n, DomainClassifier::kMaxTokens)},
+           {"repeats", repeats}, {"us_per_prompt", us}, {"sink", sink}};
+    std::fprintf(stderr, "classify: %lld-token prompt, %zu kinds: %.2f us per prompt\n", static_cast<long long>(n),
+                 c->kinds().size(), us);
+  } else if (ops::cpu::active_isa() == ops::cpu::Isa::kScalar) {
+    usage("the scalar ISA has no kernels to time here");
+  } else if (o.command == "bandwidth") {
     const size_t bytes = static_cast<size_t>(o.get_int("size-mib", 1024)) << 20;
     const int repeats = static_cast<int>(std::max<int64_t>(1, o.get_int("repeats", 5)));
     const Bandwidth bw = measure_bandwidth(bytes, repeats);

@@ -26,6 +26,10 @@ void add_spec_options(CLI::App& cmd, SpecArgs& a) {
       ->check(positive_int());
   cmd.add_option("--spec-k-max", a.k_max, "most draft tokens per step for the dynamic choice (default 8)")
       ->check(positive_int());
+  cmd.add_option("--spec-prior", a.prior,
+                 "with the dynamic K, start a new request from the acceptance its population measured (same proposer, "
+                 "prompt kind and prompt-length class): on (default) or off (a fixed initial guess)")
+      ->check(CLI::IsMember({"on", "off"}));
   cmd.add_option("--spec-tree", a.tree,
                  "verify token trees of up to N nodes (K levels: the draft's runners-up, or several n-gram matches) "
                  "instead of single chains (default 0: chains)")
@@ -100,6 +104,7 @@ Status apply_spec_options(const SpecArgs& a, const LoadedModel& target, SpecMode
   s.k = a.k == -1 ? 0 : a.k;
   s.k_max = a.k_max;
   s.tree_nodes = a.tree;
+  s.population_prior = a.prior == "on";
   if (with_heads) {
     auto heads = load_spec_heads(a.heads, target.model->config(), target.model->device());
     if (!heads.ok()) return heads.status().with_context("--spec-heads");

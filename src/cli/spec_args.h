@@ -1,7 +1,7 @@
 // Speculative-decoding flags shared by generate, bench and serve: `--spec-ngram`,
 // `--draft-model [NAME=]PATH` (repeatable: named drafts a request picks by name, or the engine by
 // the prompt's kind), `--draft-classifier PATH|none`, `--spec-heads PATH`, `--spec-k N`,
-// `--spec-k-max N`, `--spec-tree N`; and the lines that report what it did.
+// `--spec-k-max N`, `--spec-tree N`, `--spec-prior on|off`; and the lines that report what it did.
 #pragma once
 
 #include <memory>
@@ -24,6 +24,7 @@ struct SpecArgs {
   int k = -1;      // -1: not given (the controller picks K)
   int k_max = 8;
   int tree = 0;    // --spec-tree N: token trees of up to N nodes
+  std::string prior = "on";  // --spec-prior on|off: new requests' draft length from their population
 };
 
 void add_spec_options(CLI::App& cmd, SpecArgs& args);

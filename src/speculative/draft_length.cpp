@@ -57,8 +57,15 @@ int DraftLengthController::next_k(int batch_sequences) {
   return best_k;
 }
 
+void DraftLengthController::seed(const DraftLengthController& population) {
+  if (updates_ > 0) return;
+  rates_ = population.rates_;
+  reached_ = population.reached_;
+}
+
 void DraftLengthController::update(int proposed, int accepted) {
   if (proposed <= 0) return;
+  ++updates_;
   // Positions 0 .. accepted were verified (the first rejection ends the step); all but the last
   // of them accepted unless the whole draft was.
   const int reached = std::min({accepted + 1, proposed, kPositions});

@@ -9,6 +9,11 @@
 // pass the point where the target turns compute-bound — plus K proposer steps. The controller
 // picks the K in [0, k_max] with the most tokens per unit of cost; K = 0 (speculation off) when
 // no K beats plain decoding, probing again with K = 1 every `probe_interval` steps.
+//
+// A new request need not start from `initial_acceptance`: seed() copies the per-position rates of
+// another controller, which the speculative decoder keeps per population of requests (the same
+// proposer, the same kind of prompt text, prompts of similar length) and updates from every one
+// of their verifications.
 #pragma once
 
 #include <array>
@@ -40,6 +45,11 @@ class DraftLengthController {
   int next_k(int batch_sequences);
   // After verification: `proposed` tokens were offered, `accepted` kept.
   void update(int proposed, int accepted);
+  // Starts from `population`'s per-position rates (and the depth they reach) instead of the
+  // initial guess; its own options stay. Only before this controller's first update.
+  void seed(const DraftLengthController& population);
+  // Verifications this controller has learnt from.
+  int64_t updates() const { return updates_; }
 
   // The acceptance rate of draft position `i` (0-based) among the steps that reached it.
   double acceptance(int i = 0) const;
@@ -53,6 +63,7 @@ class DraftLengthController {
   DraftLengthOptions options_;
   std::array<double, kPositions> rates_{};
   int reached_ = 0;  // positions some step has reached; later ones take rates_[reached_ - 1]
+  int64_t updates_ = 0;
   bool off_ = false;
   int steps_since_off_ = 0;
 };

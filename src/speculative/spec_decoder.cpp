@@ -160,6 +160,13 @@ std::string SpecDecoder::draft_names() const {
   return out;
 }
 
+uint32_t SpecDecoder::population_key(int proposer, int kind, int prompt_tokens) {
+  int length_class = 0;
+  for (int n = std::max(prompt_tokens, 1) / 16; n > 0 && length_class < 15; n /= 4) ++length_class;
+  return (static_cast<uint32_t>(proposer) << 16) | (static_cast<uint32_t>(kind + 1) << 8) |
+         static_cast<uint32_t>(length_class);
+}
+
 void SpecDecoder::assign(const SpecCandidate& c, RequestState& st) const {
   const std::span<const int32_t> prompt = c.seq->tokens().first(static_cast<size_t>(c.seq->num_prompt_tokens()));
   if (options_.classifier) st.kind = options_.classifier->classify(prompt);
@@ -196,7 +203,14 @@ Status SpecDecoder::propose(std::span<const SpecCandidate> candidates, int num_r
     if (c.max_draft < 1 || gated) continue;
     auto [it, fresh] = requests_.try_emplace(c.seq->id(), controller_options_);
     RequestState& st = it->second;
-    if (fresh) assign(c, st);
+    if (fresh) {
+      assign(c, st);
+      st.population = population_key(st.proposer, st.kind, c.seq->num_prompt_tokens());
+      if (options_.population_prior && options_.k == 0) {
+        auto p = populations_.find(st.population);
+        if (p != populations_.end() && p->second.updates() >= kMinPopulationUpdates) st.controller.seed(p->second);
+      }
+    }
     const int k = std::min(st.controller.next_k(num_running), c.max_draft);
     if (k < 1) continue;
     DraftRequest r;
@@ -279,6 +293,11 @@ void SpecDecoder::record(const Sequence& seq, RequestState& st, const Verificati
   const int proposed = static_cast<int>(seq.draft().size());
   // The controller sets K, the depth: it learns from how much of the depth was accepted.
   st.controller.update(std::max(st.depth, 1), v.num_accepted);
+  if (options_.population_prior && options_.k == 0) {
+    DraftLengthOptions population = controller_options_;
+    population.ema_weight = 0.05;
+    populations_.try_emplace(st.population, population).first->second.update(std::max(st.depth, 1), v.num_accepted);
+  }
   ++stats_.num_verify_steps;
   if (!seq.draft_parents().empty()) {
     ++stats_.num_tree_steps;

@@ -67,6 +67,10 @@ struct SpecDecodeOptions {
   // verified in one forward with tree attention; 0: chains of K tokens.
   int tree_nodes = 0;
   NgramProposerOptions ngram;
+  // A new request's draft length starts from what the requests like it measured (the same
+  // proposer, prompt kind and prompt-length class; `--spec-prior off` starts every request from
+  // the controller's fixed initial guess instead).
+  bool population_prior = true;
 
   static constexpr int kLargestK = 32;
   // kInvalidArgument naming the bad value: k_max outside [1, kLargestK], k outside [0, k_max],
@@ -181,7 +185,11 @@ class SpecDecoder {
     int depth = 0;                   // levels of the current draft (its length for a chain)
     int proposer = 0;                // index into proposers_
     int kind = -1;                   // the classifier's kind of the prompt, -1 without one
+    uint32_t population = 0;         // key of its population (population_key)
   };
+  // Requests alike for the draft length: the proposer, the prompt's kind and its length's class
+  // (powers of 4: < 16, < 64, < 256, < 1,024, ... tokens).
+  static uint32_t population_key(int proposer, int kind, int prompt_tokens);
   struct Slot {
     std::string label;  // stats key: "draft:code"
     std::string name;   // what requests name (drafts only)
@@ -198,6 +206,10 @@ class SpecDecoder {
   std::vector<Slot> proposers_;
   bool wants_features_ = false;
   std::unordered_map<uint64_t, RequestState> requests_;
+  // Per population: a controller fed every verification of its requests (a lighter weight per
+  // step than a request's own), which new requests start from once it has kMinPopulationUpdates.
+  std::unordered_map<uint32_t, DraftLengthController> populations_;
+  static constexpr int64_t kMinPopulationUpdates = 16;
   SpecStats stats_;
   SpeculationGate gate_;
   // Reused each step: per proposer, its requests and their sequences.

@@ -232,5 +232,62 @@ TEST_F(HeadProposerTest, GreedyWithHeadsEqualsPlainGreedy) {
   }
 }
 
+// The population prior (SpecDecodeOptions::population_prior): requests run one after another with
+// heads that are almost never right. Without the prior every request starts from the controller's
+// guess and drafts until its own rates fall; with it, the requests after the first few start from
+// what their population measured and draft far less. The output is plain greedy's either way.
+TEST_F(HeadProposerTest, NewRequestsStartFromWhatTheirPopulationMeasured) {
+  std::mt19937 rng(testing::fresh_seed());
+  HeadsSpec spec;
+  spec.num_heads = 4;
+  const ModelConfig& c = target_->model->config();
+  auto heads = load_spec_heads(write_heads("prior", random_heads(spec, rng), heads_metadata(spec)), c, Device::cpu());
+  ASSERT_TRUE(heads.ok()) << heads.status().to_string();
+  auto shared = std::make_shared<const SpecHeads>(std::move(heads).value());
+  auto prose = read_text_file(testing::source_dir() + "/tests/data/eval/prose.txt");
+  ASSERT_TRUE(prose.ok());
+  GenerationParams p;
+  p.sampling.temperature = 0.0f;
+  p.max_tokens = 24;
+  const auto run = [&](bool prior, bool spec, std::vector<std::vector<int32_t>>& outputs) {
+    EngineOptions o;
+    o.max_model_len = 512;
+    o.kv.num_blocks = 64;
+    if (spec) {
+      o.spec.method = SpecMethod::kHeads;
+      o.spec.heads = shared;
+      o.spec.k_max = 4;
+      o.spec.population_prior = prior;
+    }
+    auto e = Engine::create(*target_->model, target_->tokenizer.get(), target_->eos_token_ids, o);
+    EXPECT_TRUE(e.ok()) << e.status().to_string();
+    for (int i = 0; i < 24; ++i) {  // one at a time, prompts of one length class (64 to 255 tokens)
+      auto ids = target_->tokenizer->encode(prose->substr(static_cast<size_t>(i) * 1931, 400));
+      ids.resize(std::min<size_t>(ids.size(), 100));
+      auto id = (*e)->add_request(ids, p);
+      EXPECT_TRUE(id.ok());
+      std::vector<int32_t> out;
+      while ((*e)->has_unfinished()) {
+        auto step = (*e)->step();
+        EXPECT_TRUE(step.ok());
+        if (!step.ok()) break;
+        for (const RequestOutput& r : *step) out.insert(out.end(), r.new_token_ids.begin(), r.new_token_ids.end());
+      }
+      outputs.push_back(out);
+    }
+    EXPECT_TRUE((*e)->check_no_leaks().ok());
+    return (*e)->stats().spec.num_proposed;
+  };
+  std::vector<std::vector<int32_t>> plain, with_prior, without;
+  run(false, false, plain);
+  const int64_t proposed_with = run(true, true, with_prior);
+  const int64_t proposed_without = run(false, true, without);
+  EXPECT_EQ(with_prior, plain);
+  EXPECT_EQ(without, plain);
+  std::printf("proposed: %lld with the prior, %lld without\n", static_cast<long long>(proposed_with),
+              static_cast<long long>(proposed_without));
+  EXPECT_LT(proposed_with * 2, proposed_without);
+}
+
 }  // namespace
 }  // namespace tachyon

@@ -404,6 +404,35 @@ TEST(DraftLength, FollowsAcceptanceAndBatchSize) {
   }
 }
 
+// seed(): a new controller starts from a population's rates (its depth reached too), not from the
+// initial guess; once it has learnt from a step, seeding changes nothing.
+TEST(DraftLength, SeedStartsFromThePopulationsRates) {
+  DraftLengthOptions o;
+  o.k_max = 8;
+  DraftLengthController poor(o), rich(o);
+  for (int i = 0; i < 40; ++i) {
+    poor.update(4, 0);
+    rich.update(6, 6);
+  }
+  DraftLengthController fresh(o);
+  const int k_guess = fresh.next_k(1);
+  EXPECT_GE(k_guess, 2);  // the initial guess, 0.6 per position
+  DraftLengthController a(o), b(o);
+  a.seed(poor);
+  EXPECT_EQ(a.updates(), 0);
+  EXPECT_NEAR(a.acceptance(0), poor.acceptance(0), 1e-12);
+  EXPECT_EQ(a.next_k(1), 0);  // what the population measured: drafts do not pay
+  b.seed(rich);
+  EXPECT_NEAR(b.acceptance(7), rich.acceptance(7), 1e-12);
+  EXPECT_GT(b.next_k(1), k_guess);
+  DraftLengthController c(o);
+  c.update(4, 4);
+  const double before = c.acceptance(0);
+  c.seed(poor);
+  EXPECT_EQ(c.acceptance(0), before);
+  EXPECT_EQ(c.updates(), 1);
+}
+
 // Acceptance that comes in stretches (a draft right at its first position is right for the whole
 // draft; wrong otherwise, half the time each): an average rate of a half would ask for K of 2 or 3,
 // while the rates per position (first 0.5, the others ~1) show that long drafts pay.
