@@ -7,7 +7,9 @@
 # exported model.  Budgets (seconds of training): TARGET_S, DRAFT_S.
 # SKIP_TARGET=1 trains the draft alone, distilled from the committed
 # models/tachyon-demo (copied, not retrained; no target archive).
-# DRAFT_PRESET (default draft), DRAFT_LR (3e-3) choose the draft's shape and peak rate.
+# DRAFT_PRESET (default draft), DRAFT_LR (3e-3) choose the draft's shape and peak rate;
+# DRAFT_SPLIT (default train; train.code or train.prose) the text it is distilled on, DRAFT_NAME
+# (default tachyon-demo-draft) the directory it is written to.
 # EXTRA_TARGET, EXTRA_DRAFT, EXTRA_EVAL append arguments (for a quick CPU dry run);
 # WORK_DIR (default /tmp) holds the unpacked data and the exported models.
 set -euo pipefail
@@ -17,6 +19,7 @@ out="${2:-${OUT:?set OUT or pass OUT_DIR}}"
 TARGET_S="${TARGET_S:-270}"
 DRAFT_S="${DRAFT_S:-185}"
 SEED="${SEED:-1234}"
+draft_name="${DRAFT_NAME:-tachyon-demo-draft}"
 data="${WORK_DIR:-/tmp}/tachyon-data"
 models="${WORK_DIR:-/tmp}/tachyon-models"
 mkdir -p "$data" "$models" "$out"
@@ -27,6 +30,12 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader ||
 python3 -c 'import torch, transformers, tokenizers, safetensors; print("torch", torch.__version__, "transformers", transformers.__version__, "tokenizers", tokenizers.__version__, "safetensors", safetensors.__version__)'
 xz -d -T0 -c "$pack/train.bin.xz" > "$data/train.bin"
 cp "$pack/val.bin" "$pack/meta.json" "$data/"
+for kind in code prose; do
+  if [ -e "$pack/train.$kind.bin.xz" ]; then
+    xz -d -T0 -c "$pack/train.$kind.bin.xz" > "$data/train.$kind.bin"
+    cp "$pack/val.$kind.bin" "$data/"
+  fi
+done
 sha256sum "$data/train.bin" "$data/val.bin"
 
 if [ "${SKIP_TARGET:-0}" = 1 ]; then
@@ -45,13 +54,13 @@ echo "target done at $(( $(date +%s) - t0 )) s"
 fi
 
 python3 tools/train/train.py draft --data "$data" --tokenizer "$pack/tok" \
-  --teacher "$models/tachyon-demo" --out "$models/tachyon-demo-draft" --seed "$SEED" \
-  --preset "${DRAFT_PRESET:-draft}" \
+  --teacher "$models/tachyon-demo" --out "$models/$draft_name" --seed "$SEED" \
+  --preset "${DRAFT_PRESET:-draft}" --split "${DRAFT_SPLIT:-train}" \
   --budget-s "$DRAFT_S" --batch 256 --lr "${DRAFT_LR:-3e-3}" --warmup 200 --alpha "${ALPHA:-0.0}" \
   --log "$out/train_draft.jsonl" ${EXTRA_DRAFT:-}
-tar -C "$models" -cf "$out/tachyon-demo-draft.tar" tachyon-demo-draft
+tar -C "$models" -cf "$out/$draft_name.tar" "$draft_name"
 echo "draft done at $(( $(date +%s) - t0 )) s"
 
-python3 tools/train/eval.py --target "$models/tachyon-demo" --draft "$models/tachyon-demo-draft" \
+python3 tools/train/eval.py --target "$models/tachyon-demo" --draft "$models/$draft_name" \
   --val "$data/val.bin" --positions "${POSITIONS:-2000}" --json "$out/eval_gpu.json" ${EXTRA_EVAL:-}
 echo "all done at $(( $(date +%s) - t0 )) s"

@@ -9,7 +9,9 @@ training documents is wrapped as a ChatML exchange -- the user gives the
 opening of the document and asks for a continuation, the assistant answers
 with the rest and closes with <|im_end|> -- so that the chat template the
 tokenizer ships produces sensible turns.  Validation documents are never
-wrapped.  Writes OUT_DIR/{train,val}.bin (uint16) and meta.json.
+wrapped.  Writes OUT_DIR/{train,val}.bin (uint16) and meta.json, and the same documents split
+by kind: OUT_DIR/{train,val}.code.bin (Go and Python) and {train,val}.prose.bin (documentation
+and literature), for drafts trained on one kind (train.py --split train.code).
 """
 import argparse
 import hashlib
@@ -20,6 +22,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 LANG = {"code-go": "Go code", "code-python": "Python code"}
+KINDS = {"code": ("code-go", "code-python"), "prose": ("prose-docs", "prose-lit")}
 
 
 def doc_hash(rec):
@@ -87,6 +90,11 @@ def main():
                              + [ime] + nl + [eos])
         stream = np.fromiter((t for i in range(len(recs)) for t in pieces[i]), dtype=np.uint16)
         stream.tofile(os.path.join(args.out_dir, split + ".bin"))
+        for kind, cats in KINDS.items():
+            part = np.fromiter((t for i in range(len(recs)) if recs[i]["cat"] in cats for t in pieces[i]),
+                               dtype=np.uint16)
+            part.tofile(os.path.join(args.out_dir, split + "." + kind + ".bin"))
+            meta.setdefault("kinds", {})[split + "." + kind] = int(part.size)
         nbytes = sum(len(r["text"].encode("utf-8")) for r in recs)
         meta["splits"][split] = {"docs": len(recs), "chat_docs": len(chat), "tokens": int(stream.size),
                                  "text_bytes": nbytes, "bytes_per_token": nbytes / stream.size}

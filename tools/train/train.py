@@ -4,7 +4,8 @@
   train.py target --data DATA --tokenizer TOK --out DIR [--budget-s 300 | --steps N]
   train.py draft  --data DATA --tokenizer TOK --out DIR --teacher TARGET_DIR [...]
 
-DATA holds train.bin / val.bin (uint16 token streams from tokenize_corpus.py).
+DATA holds train.bin / val.bin (uint16 token streams from tokenize_corpus.py); --split train.code
+(or train.prose) trains on one kind of text, validated on val.code (val.prose).
 The model is transformers' LlamaForCausalLM (RMSNorm, RoPE, SwiGLU, GQA), so
 the export is a plain Hugging Face directory: config.json, model.safetensors
 (bf16), generation_config.json and the tokenizer files.
@@ -165,6 +166,8 @@ def main():
     ap.add_argument("--log-every", type=int, default=50)
     ap.add_argument("--log", default=None)
     ap.add_argument("--no-fused", action="store_true", help="eager KL (draft)")
+    ap.add_argument("--split", default="train",
+                    help="training stream: train, train.code or train.prose (validated on the matching val)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = ap.parse_args()
 
@@ -181,8 +184,8 @@ def main():
     with open(os.path.join(args.data, "meta.json")) as f:
         meta = json.load(f)
     vocab = meta["vocab_size"]
-    train = load_stream(os.path.join(args.data, "train.bin"), dev)
-    val = load_stream(os.path.join(args.data, "val.bin"), dev)
+    train = load_stream(os.path.join(args.data, args.split + ".bin"), dev)
+    val = load_stream(os.path.join(args.data, args.split.replace("train", "val", 1) + ".bin"), dev)
 
     preset = args.preset or args.role
     cfg = make_config(preset, vocab)
