@@ -46,13 +46,6 @@ void top_tokens(const std::vector<float>& w, int count, int32_t exclude, std::ve
   out.resize(n);
 }
 
-// A tree's side branch: a token the draft ranked below its choice at one level.
-struct Alternative {
-  double score;   // the draft's probability of the path to it
-  int level;      // its parent is the chain's node level - 1 (-1: the sequence's last token)
-  int32_t token;
-};
-
 // Without penalties or logit bias the draft's choice depends on its logits alone: greedy drafts
 // take the argmax, sampled ones a draw under temperature, top-k, top-p and min-p (ops::sample, which
 // also gives the q the verifier needs), trees (greedy or sampled) rank their side branches by the
@@ -118,7 +111,7 @@ struct DraftModelProposer::Active {
   // level, and the runners-up become side branches, ranked by the probability of their path.
   bool tree = false;
   double path_prob = 1.0;
-  std::vector<Alternative> alternatives{};
+  std::vector<SideBranch> alternatives{};
 };
 
 Status DraftModelProposer::propose(std::span<const DraftRequest> requests, std::vector<Draft>& drafts) {
@@ -192,22 +185,7 @@ Status DraftModelProposer::propose(std::span<const DraftRequest> requests, std::
   for (Active& a : finished) {
     const DraftRequest& r = requests[a.index];
     Draft& d = drafts[a.index];
-    const int chain_len = static_cast<int>(d.tokens.size());
-    std::erase_if(a.alternatives, [&](const Alternative& alt) { return alt.level >= chain_len; });
-    const size_t room = static_cast<size_t>(std::max(0, r.max_nodes - chain_len));
-    if (chain_len == 0 || room == 0 || a.alternatives.empty()) continue;
-    const size_t n = std::min(room, a.alternatives.size());
-    std::partial_sort(a.alternatives.begin(), a.alternatives.begin() + static_cast<ptrdiff_t>(n), a.alternatives.end(),
-                      [](const Alternative& x, const Alternative& y) {
-                        return x.score != y.score ? x.score > y.score
-                                                  : (x.level != y.level ? x.level < y.level : x.token < y.token);
-                      });
-    d.parents.resize(static_cast<size_t>(chain_len));
-    for (int i = 0; i < chain_len; ++i) d.parents[static_cast<size_t>(i)] = i - 1;
-    for (size_t i = 0; i < n; ++i) {
-      d.tokens.push_back(a.alternatives[i].token);
-      d.parents.push_back(a.alternatives[i].level - 1);
-    }
+    add_side_branches(d, a.alternatives, static_cast<size_t>(std::max(0, r.max_nodes - static_cast<int>(d.tokens.size()))));
   }
   // What the draft wrote beyond the last run token stays in the table; positions past the tokens
   // it ran are dropped now so that the table never claims positions it holds nothing for.

@@ -113,12 +113,7 @@ Status HeadProposer::propose(std::span<const DraftRequest> requests, std::vector
     TACHYON_ASSIGN_OR_RETURN(host_top_probs, copy_to(top_probs, Device::cpu(), "head runners-up"));
   }
   TACHYON_RETURN_IF_ERROR(ops::synchronize(dev));
-  struct Alternative {
-    double score;  // the probability of its path under the heads' softmaxes
-    int level;
-    int32_t token;
-  };
-  std::vector<Alternative> alternatives;
+  std::vector<SideBranch> alternatives;
   for (int64_t j = 0; j < b; ++j) {
     const DraftRequest& r = requests[active[static_cast<size_t>(j)]];
     Draft& draft = drafts[active[static_cast<size_t>(j)]];
@@ -139,19 +134,7 @@ Status HeadProposer::propose(std::span<const DraftRequest> requests, std::vector
       }
       path *= w[0];
     }
-    const size_t n = std::min(alternatives.size(), static_cast<size_t>(r.max_nodes - k));
-    if (n == 0) continue;
-    std::partial_sort(alternatives.begin(), alternatives.begin() + static_cast<ptrdiff_t>(n), alternatives.end(),
-                      [](const Alternative& x, const Alternative& y) {
-                        return x.score != y.score ? x.score > y.score
-                                                  : (x.level != y.level ? x.level < y.level : x.token < y.token);
-                      });
-    draft.parents.resize(static_cast<size_t>(k));
-    for (int i = 0; i < k; ++i) draft.parents[static_cast<size_t>(i)] = i - 1;
-    for (size_t a = 0; a < n; ++a) {
-      draft.tokens.push_back(alternatives[a].token);
-      draft.parents.push_back(alternatives[a].level - 1);
-    }
+    add_side_branches(draft, alternatives, static_cast<size_t>(r.max_nodes - k));
   }
   return Status::Ok();
 }

@@ -41,6 +41,18 @@ struct Draft {
   std::vector<int32_t> parents;
 };
 
+// A side branch of a drafted chain: a token ranked below the chain's choice at one level.
+struct SideBranch {
+  double score;   // the probability of the path to it
+  int level;      // its parent is the chain's node level - 1 (-1: the sequence's last token)
+  int32_t token;
+};
+
+// Makes `draft`, a chain, a tree: at most `room` of `branches` (those at levels the chain
+// reaches), likeliest first (ties: the shallower, then the smaller token), appended as nodes
+// whose parent is the chain's node one level above their own. Reorders `branches`.
+void add_side_branches(Draft& draft, std::vector<SideBranch>& branches, size_t room);
+
 class Proposer {
  public:
   virtual ~Proposer() = default;
