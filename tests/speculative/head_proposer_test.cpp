@@ -34,6 +34,14 @@ class HeadProposerTest : public ::testing::Test {
     delete target_;
     target_ = nullptr;
   }
+  // Random heads for the target, written to a file named `name` and loaded on the host.
+  static std::shared_ptr<const SpecHeads> random_loaded(const HeadsSpec& spec, std::mt19937& rng,
+                                                        const std::string& name) {
+    auto heads = load_spec_heads(write_heads(name, random_heads(spec, rng), heads_metadata(spec)),
+                                 target_->model->config(), Device::cpu());
+    EXPECT_TRUE(heads.ok()) << heads.status().to_string();
+    return heads.ok() ? std::make_shared<const SpecHeads>(std::move(heads).value()) : nullptr;
+  }
   static LoadedModel* target_;
 };
 LoadedModel* HeadProposerTest::target_ = nullptr;
@@ -94,10 +102,8 @@ TEST_F(HeadProposerTest, DraftsFollowTheScalarReference) {
   spec.num_heads = 4;
   spec.scale = 0.2f;
   const ModelConfig& c = target_->model->config();
-  auto heads = load_spec_heads(write_heads("reference", random_heads(spec, rng), heads_metadata(spec)), c,
-                               Device::cpu());
-  ASSERT_TRUE(heads.ok()) << heads.status().to_string();
-  auto shared = std::make_shared<const SpecHeads>(std::move(heads).value());
+  auto shared = random_loaded(spec, rng, "reference");
+  ASSERT_NE(shared, nullptr);
   HeadProposer proposer(*target_->model, shared);
   const int d = c.hidden_size, m = spec.ffn, vocab = c.vocab_size;
   const Tensor embed = target_->model->weights().embed_tokens.to_f32();
@@ -169,10 +175,8 @@ TEST_F(HeadProposerTest, DraftsFollowTheScalarReference) {
 TEST_F(HeadProposerTest, GreedyWithHeadsEqualsPlainGreedy) {
   std::mt19937 rng(testing::fresh_seed());
   HeadsSpec spec;
-  const ModelConfig& c = target_->model->config();
-  auto heads = load_spec_heads(write_heads("engine", random_heads(spec, rng), heads_metadata(spec)), c, Device::cpu());
-  ASSERT_TRUE(heads.ok()) << heads.status().to_string();
-  auto shared = std::make_shared<const SpecHeads>(std::move(heads).value());
+  auto shared = random_loaded(spec, rng, "engine");
+  ASSERT_NE(shared, nullptr);
   auto prose = read_text_file(testing::source_dir() + "/tests/data/eval/prose.txt");
   ASSERT_TRUE(prose.ok());
   std::vector<std::vector<int32_t>> prompts;
@@ -240,10 +244,8 @@ TEST_F(HeadProposerTest, NewRequestsStartFromWhatTheirPopulationMeasured) {
   std::mt19937 rng(testing::fresh_seed());
   HeadsSpec spec;
   spec.num_heads = 4;
-  const ModelConfig& c = target_->model->config();
-  auto heads = load_spec_heads(write_heads("prior", random_heads(spec, rng), heads_metadata(spec)), c, Device::cpu());
-  ASSERT_TRUE(heads.ok()) << heads.status().to_string();
-  auto shared = std::make_shared<const SpecHeads>(std::move(heads).value());
+  auto shared = random_loaded(spec, rng, "prior");
+  ASSERT_NE(shared, nullptr);
   auto prose = read_text_file(testing::source_dir() + "/tests/data/eval/prose.txt");
   ASSERT_TRUE(prose.ok());
   GenerationParams p;

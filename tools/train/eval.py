@@ -45,7 +45,9 @@ def file_stream(tok, path, dev):
 
 
 @torch.no_grad()
-def acceptance(target, draft, stream, k=4, positions=2000, ctx=256, batch=128, seed=0):
+def acceptance(target, draft, stream, k=4, positions=2000, ctx=256, batch=128, seed=0, propose=None):
+    """Greedy acceptance at sampled positions. The proposer is `draft` (a model, proposing greedily)
+    or `propose(context) -> [n, k] tokens`; top-1 agreement on the text is reported for a draft."""
     dev = stream.device
     g = np.random.default_rng(seed)
     pos = g.choice(np.arange(ctx, stream.numel() - k), size=min(positions, stream.numel() - ctx - k),
@@ -57,26 +59,34 @@ def acceptance(target, draft, stream, k=4, positions=2000, ctx=256, batch=128, s
     for b in range(0, len(pos), batch):
         p = torch.tensor(pos[b:b + batch], device=dev)
         x = stream[p[:, None] + torch.arange(-ctx, 0, device=dev)[None, :]]
-        cur = x
         with ac:
-            for _ in range(k):
-                nxt = draft(input_ids=cur).logits[:, -1].float().argmax(-1)
-                cur = torch.cat([cur, nxt[:, None]], dim=1)
-            props = cur[:, ctx:]
+            if propose is not None:
+                props = propose(x)
+            else:
+                cur = x
+                for _ in range(k):
+                    nxt = draft(input_ids=cur).logits[:, -1].float().argmax(-1)
+                    cur = torch.cat([cur, nxt[:, None]], dim=1)
+                props = cur[:, ctx:]
+            cur = torch.cat([x, props], dim=1)
             tl = target(input_ids=cur).logits[:, ctx - 1:ctx - 1 + k].float().argmax(-1)
-            # teacher-forced top-1 agreement on the real text
-            dl = draft(input_ids=x).logits.float().argmax(-1)
-            tl2 = target(input_ids=x).logits.float().argmax(-1)
+            if draft is not None:
+                # teacher-forced top-1 agreement on the real text
+                dl = draft(input_ids=x).logits.float().argmax(-1)
+                tl2 = target(input_ids=x).logits.float().argmax(-1)
+                agree += (dl == tl2).sum().item()
+                agree_n += dl.numel()
         match = (props == tl).int()
         acc = match.cumprod(dim=1).sum(dim=1)
         hist += np.bincount(acc.cpu().numpy(), minlength=k + 1)
-        agree += (dl == tl2).sum().item()
-        agree_n += dl.numel()
     n = hist.sum()
     mean_acc = float((hist * np.arange(k + 1)).sum() / n)
-    return {"k": k, "positions": int(n), "context": ctx, "mean_accepted": mean_acc,
-            "acceptance_rate": mean_acc / k, "tokens_per_target_pass": mean_acc + 1,
-            "accepted_histogram": hist.tolist(), "top1_agreement": agree / agree_n}
+    out = {"k": k, "positions": int(n), "context": ctx, "mean_accepted": mean_acc,
+           "acceptance_rate": mean_acc / k, "tokens_per_target_pass": mean_acc + 1,
+           "accepted_histogram": hist.tolist()}
+    if agree_n:
+        out["top1_agreement"] = agree / agree_n
+    return out
 
 
 @torch.no_grad()

@@ -224,30 +224,11 @@ def heads_propose(heads, target, x, k):
     return torch.stack(props, dim=1)
 
 
-@torch.no_grad()
-def heads_acceptance(heads, target, stream, k=4, positions=2000, ctx=256, batch=128, seed=0):
-    """eval.py's acceptance() protocol with the heads as the proposer (same positions)."""
-    dev = stream.device
-    g = np.random.default_rng(seed)
-    pos = g.choice(np.arange(ctx, stream.numel() - k), size=min(positions, stream.numel() - ctx - k),
-                   replace=False)
-    pos.sort()
-    hist = np.zeros(k + 1, dtype=np.int64)
-    ac = torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda")
-    for b in range(0, len(pos), batch):
-        p = torch.tensor(pos[b:b + batch], device=dev)
-        x = stream[p[:, None] + torch.arange(-ctx, 0, device=dev)[None, :]]
-        with ac:
-            props = heads_propose(heads, target, x, k)
-            cur = torch.cat([x, props], dim=1)
-            tl = target(input_ids=cur).logits[:, ctx - 1:ctx - 1 + k].float().argmax(-1)
-        acc = (props == tl).int().cumprod(dim=1).sum(dim=1)
-        hist += np.bincount(acc.cpu().numpy(), minlength=k + 1)
-    n = hist.sum()
-    mean_acc = float((hist * np.arange(k + 1)).sum() / n)
-    return {"k": k, "positions": int(n), "context": ctx, "mean_accepted": mean_acc,
-            "acceptance_rate": mean_acc / k, "tokens_per_target_pass": mean_acc + 1,
-            "accepted_histogram": hist.tolist()}
+def heads_acceptance(heads, target, stream, k=4, positions=2000):
+    """eval.py's acceptance() protocol with the heads as the proposer (the same positions)."""
+    from eval import acceptance
+    return acceptance(target, None, stream, k=k, positions=positions,
+                      propose=lambda x: heads_propose(heads, target, x, k))
 
 
 def evaluate(heads, target, args, dev, fh):
