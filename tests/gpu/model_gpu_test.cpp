@@ -36,6 +36,7 @@
 #include "ops/cuda/launch.h"
 #include "quant/quantize.h"
 #include "ops/ops.h"
+#include "speculative/domain_classifier.h"
 #include "speculative/spec_heads.h"
 #include "test_util.h"
 
@@ -1022,13 +1023,22 @@ TEST(GpuEngine, SpeculativeTreesAndChainsEqualPlainGreedy) {
     ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
     heads = std::make_shared<const SpecHeads>(std::move(loaded).value());
   }
-  const auto run = [&](SpecMethod method, int tree_nodes, SpecStats* stats) {
+  // Named drafts pick by the prompt's kind (these prompts are code).
+  auto classifier = DomainClassifier::load(testing::source_dir() + "/models/tachyon-demo/domains.safetensors",
+                                           target.model->config().vocab_size);
+  ASSERT_TRUE(classifier.ok()) << classifier.status().to_string();
+  auto kinds = std::make_shared<const DomainClassifier>(std::move(classifier).value());
+  const auto run = [&](SpecMethod method, int tree_nodes, SpecStats* stats, bool named = false) {
     EngineOptions eo;
     eo.kv.num_blocks = 256;
     eo.max_model_len = 512;
     eo.kv.dtype = DType::kF32;
     eo.spec.method = method;
     if (method == SpecMethod::kDraftModel) eo.spec.drafts = {{"", draft.model.get()}};
+    if (named) {
+      eo.spec.drafts = {{"prose", draft.model.get()}, {"code", draft.model.get()}};
+      eo.spec.classifier = kinds;
+    }
     eo.spec.heads = heads;
     eo.spec.k = method == SpecMethod::kNone ? 0 : 4;
     eo.spec.tree_nodes = tree_nodes;
@@ -1075,6 +1085,13 @@ TEST(GpuEngine, SpeculativeTreesAndChainsEqualPlainGreedy) {
                 static_cast<long long>(st.num_verify_steps), static_cast<long long>(st.num_accepted),
                 static_cast<long long>(st.num_proposed), static_cast<long long>(st.num_tree_steps));
   }
+  SpecStats named;
+  EXPECT_EQ(run(SpecMethod::kDraftModel, 0, &named, true), plain) << "named drafts";
+  EXPECT_GT(named.by_proposer["draft:code"].num_accepted, 0);
+  EXPECT_EQ(named.by_proposer["draft:prose"].num_verify_steps, 0);
+  std::printf("named drafts: code %lld verify steps, prose %lld\n",
+              static_cast<long long>(named.by_proposer["draft:code"].num_verify_steps),
+              static_cast<long long>(named.by_proposer["draft:prose"].num_verify_steps));
 }
 
 TEST(GpuKvCache, CopyBlocksOnTheDevice) {
