@@ -463,6 +463,7 @@ Status run_plan(Engine& e, const std::vector<PlannedRequest>& plan, const BenchA
   out = Measured{};
   size_t next = 0, done = 0, in_flight = 0;
   const size_t measured_from = latency ? 1 : 0;  // the latency workload's first request warms up
+  const bool speculating = !e.stats().spec.proposer.empty();
   const size_t limit = latency ? 1 : (a.concurrency > 0 ? static_cast<size_t>(a.concurrency) : plan.size());
   double start = e.now();
   Timer wall;
@@ -479,6 +480,7 @@ Status run_plan(Engine& e, const std::vector<PlannedRequest>& plan, const BenchA
       gp.max_tokens = plan[next].output_len;
       gp.ignore_eos = true;
       gp.detokenize = false;
+      if (speculating) gp.draft = a.spec.request_draft;  // the plain baseline runs no draft
       TACHYON_RETURN_IF_ERROR(e.add_request(plan[next].prompt, gp).status());
       ++next;
       ++in_flight;

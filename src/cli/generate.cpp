@@ -164,6 +164,7 @@ int run_generate(GenerateArgs& a) {
   gp.sampling = a.sampling;
   gp.max_tokens = a.max_new_tokens;
   gp.ignore_eos = a.ignore_eos;
+  gp.draft = a.spec.request_draft;
   gp.stop = a.stop;
   if (a.no_bos) gp.add_bos = false;
   gp.parse_special = a.special;

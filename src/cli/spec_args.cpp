@@ -26,6 +26,9 @@ void add_spec_options(CLI::App& cmd, SpecArgs& a) {
       ->check(positive_int());
   cmd.add_option("--spec-k-max", a.k_max, "most draft tokens per step for the dynamic choice (default 8)")
       ->check(positive_int());
+  cmd.add_option("--draft", a.request_draft,
+                 "every request drafts with this named draft model (--draft-model NAME=PATH), as a request body's "
+                 "\"draft\" does (default: the draft named after the prompt's kind)");
   cmd.add_option("--spec-prior", a.prior,
                  "with the dynamic K, start a new request from the acceptance its population measured (same proposer, "
                  "prompt kind and prompt-length class): on (default) or off (a fixed initial guess)")
@@ -96,6 +99,7 @@ Status apply_spec_options(const SpecArgs& a, const LoadedModel& target, SpecMode
     if (!a.classifier.empty()) {
       return make_error(ErrorCode::kInvalidArgument, "--draft-classifier needs --draft-model, --spec-ngram or --spec-heads");
     }
+    if (!a.request_draft.empty()) return make_error(ErrorCode::kInvalidArgument, "--draft needs --draft-model NAME=PATH");
     return Status::Ok();
   }
   if (a.k != -1 && a.k < 1) return make_error(ErrorCode::kInvalidArgument, "--spec-k {} must be at least 1", a.k);

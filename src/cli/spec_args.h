@@ -25,6 +25,7 @@ struct SpecArgs {
   int k_max = 8;
   int tree = 0;    // --spec-tree N: token trees of up to N nodes
   std::string prior = "on";  // --spec-prior on|off: new requests' draft length from their population
+  std::string request_draft;  // --draft NAME: every request names this draft (GenerationParams::draft)
 };
 
 void add_spec_options(CLI::App& cmd, SpecArgs& args);

@@ -215,6 +215,15 @@ TEST(Cli, BenchReportsEachNamedDraftAndPromptKind) {
   EXPECT_FALSE(nlohmann::json::parse(of).at("spec").contains("by_kind"));
   expect_clean_error(run_command(base + " --draft-model " + demo + "-draft --draft-model " + demo + "-draft"),
                      "name each");
+  // --draft: every request names one draft (the oracle choice for a file of one kind).
+  auto named = run_command(base + " --draft-model code=" + demo + "-draft --draft-model prose=" + demo +
+                           "-draft --draft prose --json " + dir + "/p.json");
+  ASSERT_EQ(named.exit_code, 0) << named.err;
+  std::ifstream pf(dir + "/p.json");
+  const auto p = nlohmann::json::parse(pf).at("spec").at("by_proposer");
+  EXPECT_EQ(p.at("draft:code").at("verify_steps").get<int>(), 0) << p.dump();
+  EXPECT_GT(p.at("draft:prose").at("verify_steps").get<int>(), 0) << p.dump();
+  expect_clean_error(run_command(base + " --draft-model code=" + demo + "-draft --draft poetry"), "draft \"poetry\"");
   expect_clean_error(run_command(base + " --draft-model code=" + demo + "-draft --draft-model code=" + demo + "-draft"),
                      "two draft models are named 'code'");
   expect_clean_error(run_command(base + " --draft-model " + demo + "-draft --draft-classifier " + demo +
