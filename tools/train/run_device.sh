@@ -28,7 +28,8 @@ exec > >(tee -a "$out/run.log") 2>&1
 t0=$(date +%s)
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 python3 -c 'import torch, transformers, tokenizers, safetensors; print("torch", torch.__version__, "transformers", transformers.__version__, "tokenizers", tokenizers.__version__, "safetensors", safetensors.__version__)'
-xz -d -T0 -c "$pack/train.bin.xz" > "$data/train.bin"
+# (a pack of the kind streams alone serves a draft of one kind: SKIP_TARGET=1, DRAFT_SPLIT)
+if [ -e "$pack/train.bin.xz" ]; then xz -d -T0 -c "$pack/train.bin.xz" > "$data/train.bin"; fi
 cp "$pack/val.bin" "$pack/meta.json" "$data/"
 for kind in code prose; do
   if [ -e "$pack/train.$kind.bin.xz" ]; then
@@ -36,7 +37,7 @@ for kind in code prose; do
     cp "$pack/val.$kind.bin" "$data/"
   fi
 done
-sha256sum "$data/train.bin" "$data/val.bin"
+sha256sum "$data"/*.bin
 
 if [ "${SKIP_TARGET:-0}" = 1 ]; then
   rm -rf "$models/tachyon-demo"
