@@ -603,7 +603,8 @@ std::map<std::vector<int32_t>, double> exact_law(const LlamaModel& model, const 
 // Sampling stays lossless through the engine: over many seeded requests the first four generated
 // tokens (one plain sample, then drafts verified with K up to 2 and the bonus token) follow the
 // target's exact joint law. top-k 2 keeps the outcome space at 16; a frequency penalty makes
-// the verifier's per-row history matter.
+// the verifier's per-row history matter. With two named drafts, requests alternating between
+// them, each request's draft distribution q must be its own draft's.
 TEST_F(SpecEngineTest, SampledOutputKeepsTheTargetDistribution) {
   // Code that repeats itself, so that n-gram lookup finds drafts too; cut to 49 tokens, so that
   // after the first request only the last one is not in the prefix caches (cost stays low).
@@ -640,8 +641,9 @@ TEST_F(SpecEngineTest, SampledOutputKeepsTheTargetDistribution) {
     int tree_nodes;
     const LlamaModel* draft;
     bool penalty;
+    bool named = false;  // two named drafts (the bundled one and `small`), requests alternating
   };
-  for (auto [method, tree_nodes, draft, penalty] :
+  for (auto [method, tree_nodes, draft, penalty, named] :
        std::vector<Run>{{SpecMethod::kDraftModel, 0, draft_->model.get(), true},
                         {SpecMethod::kNgram, 0, nullptr, true},
                         {SpecMethod::kDraftModel, 4, draft_->model.get(), true},
@@ -651,10 +653,12 @@ TEST_F(SpecEngineTest, SampledOutputKeepsTheTargetDistribution) {
                         {SpecMethod::kDraftModel, 4, draft_->model.get(), false},
                         {SpecMethod::kDraftModel, 0, small.get(), false},
                         {SpecMethod::kHeads, 0, nullptr, true},
-                        {SpecMethod::kHeads, 0, nullptr, false}}) {
-    SCOPED_TRACE(fmt::format("{} tree {}{}{}", spec_method_name(method), tree_nodes,
+                        {SpecMethod::kHeads, 0, nullptr, false},
+                        {SpecMethod::kDraftModel, 0, draft_->model.get(), true, true},
+                        {SpecMethod::kDraftModel, 0, draft_->model.get(), false, true}}) {
+    SCOPED_TRACE(fmt::format("{} tree {}{}{}{}", spec_method_name(method), tree_nodes,
                              draft == small.get() ? ", a draft of 7900 rows" : "",
-                             penalty ? ", frequency penalty" : ", no penalty"));
+                             penalty ? ", frequency penalty" : ", no penalty", named ? ", two named drafts" : ""));
     const SamplingParams& sp = penalty ? penalized : plain;
     const auto& law = laws[penalty ? 0 : 1];
     EngineOptions o = small_options(64);
@@ -666,6 +670,7 @@ TEST_F(SpecEngineTest, SampledOutputKeepsTheTargetDistribution) {
     o.spec = spec_options(method, draft, 2);
     o.spec.tree_nodes = tree_nodes;
     o.spec.heads = shared_heads;
+    if (named) o.spec.drafts = {{"full", draft}, {"small", small.get()}};
     auto e = make_engine(*target_, o);
     ASSERT_NE(e, nullptr);
     constexpr int kRequests = 800;
@@ -678,6 +683,7 @@ TEST_F(SpecEngineTest, SampledOutputKeepsTheTargetDistribution) {
       g.max_tokens = kDepth;
       g.ignore_eos = true;
       g.detokenize = false;
+      if (named) g.draft = i % 2 == 0 ? "full" : "small";
     }
     std::map<std::vector<int32_t>, int64_t> counts;
     for (const Outcome& r : run_all(*e, cases)) {
@@ -688,6 +694,10 @@ TEST_F(SpecEngineTest, SampledOutputKeepsTheTargetDistribution) {
     const SpecStats s = e->stats().spec;
     EXPECT_GT(method == SpecMethod::kHeads ? s.num_proposed : s.num_accepted, 0);
     EXPECT_LT(s.num_accepted, s.num_proposed);
+    if (named) {
+      EXPECT_GT(s.by_proposer.at("draft:full").num_accepted, 0);
+      EXPECT_GT(s.by_proposer.at("draft:small").num_accepted, 0);
+    }
     // Pearson's chi-square over outcomes expected at least 5 times, the rest pooled.
     double stat = 0.0, pooled_e = 0.0;
     int64_t pooled_n = 0;
