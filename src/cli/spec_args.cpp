@@ -31,7 +31,7 @@ void add_spec_options(CLI::App& cmd, SpecArgs& a) {
                  "\"draft\" does (default: the draft named after the prompt's kind)");
   cmd.add_option("--spec-prior", a.prior,
                  "with the dynamic K, start a new request from the acceptance its population measured (same proposer, "
-                 "prompt kind and prompt-length class): on (default) or off (a fixed initial guess)")
+                 "prompt kind and prompt-length class): on, or off (default: a fixed initial guess)")
       ->check(CLI::IsMember({"on", "off"}));
   cmd.add_option("--spec-tree", a.tree,
                  "verify token trees of up to N nodes (K levels: the draft's runners-up, or several n-gram matches) "

@@ -24,7 +24,7 @@ struct SpecArgs {
   int k = -1;      // -1: not given (the controller picks K)
   int k_max = 8;
   int tree = 0;    // --spec-tree N: token trees of up to N nodes
-  std::string prior = "on";  // --spec-prior on|off: new requests' draft length from their population
+  std::string prior = "off";  // --spec-prior on|off: new requests' draft length from their population
   std::string request_draft;  // --draft NAME: every request names this draft (GenerationParams::draft)
 };
 

@@ -67,10 +67,11 @@ struct SpecDecodeOptions {
   // verified in one forward with tree attention; 0: chains of K tokens.
   int tree_nodes = 0;
   NgramProposerOptions ngram;
-  // A new request's draft length starts from what the requests like it measured (the same
-  // proposer, prompt kind and prompt-length class; `--spec-prior off` starts every request from
-  // the controller's fixed initial guess instead).
-  bool population_prior = true;
+  // `--spec-prior on`: a new request's draft length starts from what the requests like it
+  // measured (the same proposer, prompt kind and prompt-length class) instead of the controller's
+  // fixed initial guess. Off by default: on the CPU it lengthened drafts and slowed batch-1
+  // decoding (docs/perf.md); not yet measured on the GPU.
+  bool population_prior = false;
 
   static constexpr int kLargestK = 32;
   // kInvalidArgument naming the bad value: k_max outside [1, kLargestK], k outside [0, k_max],
