@@ -210,29 +210,21 @@ TEST_F(HeadProposerTest, GreedyWithHeadsEqualsPlainGreedy) {
     return tokens;
   };
   const auto plain = run(SpecDecodeOptions{}, nullptr);
-  for (int k : {3, 0}) {
-    SpecDecodeOptions s;
-    s.method = SpecMethod::kHeads;
-    s.heads = shared;
-    s.k = k;
-    s.k_max = 3;
-    SpecStats stats;
-    EXPECT_EQ(run(s, &stats), plain) << "K " << (k > 0 ? std::to_string(k) : "dynamic");
-    EXPECT_EQ(stats.proposer, "heads");
-    EXPECT_GT(stats.num_proposed, 0);
-  }
-  // Trees: each level's runners-up beside the chain, verified with tree attention; the output is
-  // plain greedy's and some steps verify trees whose accepted path leaves the chain.
-  for (int k : {3, 0}) {
-    SpecDecodeOptions s;
-    s.method = SpecMethod::kHeads;
-    s.heads = shared;
-    s.k = k;
-    s.k_max = 3;
-    s.tree_nodes = 8;
-    SpecStats stats;
-    EXPECT_EQ(run(s, &stats), plain) << "trees, K " << (k > 0 ? std::to_string(k) : "dynamic");
-    EXPECT_GT(stats.num_tree_steps, 0);
+  // Chains, then trees (each level's runners-up beside the chain, verified with tree attention).
+  for (int tree_nodes : {0, 8}) {
+    for (int k : {3, 0}) {
+      SpecDecodeOptions s;
+      s.method = SpecMethod::kHeads;
+      s.heads = shared;
+      s.k = k;
+      s.k_max = 3;
+      s.tree_nodes = tree_nodes;
+      SpecStats stats;
+      EXPECT_EQ(run(s, &stats), plain) << "K " << (k > 0 ? std::to_string(k) : "dynamic") << ", tree " << tree_nodes;
+      EXPECT_EQ(stats.proposer, "heads");
+      EXPECT_GT(stats.num_proposed, 0);
+      if (tree_nodes > 0) EXPECT_GT(stats.num_tree_steps, 0);
+    }
   }
 }
 
