@@ -9,7 +9,8 @@
 # models/tachyon-demo (copied, not retrained; no target archive).
 # DRAFT_PRESET (default draft), DRAFT_LR (3e-3) choose the draft's shape and peak rate;
 # DRAFT_SPLIT (default train; train.code or train.prose) the text it is distilled on, DRAFT_NAME
-# (default tachyon-demo-draft) the directory it is written to.
+# (default tachyon-demo-draft) the directory it is written to, DRAFT_INIT a draft to start from
+# (fine-tuning the bundled draft on one kind: DRAFT_INIT=models/tachyon-demo-draft DRAFT_PRESET=draft7).
 # EXTRA_TARGET, EXTRA_DRAFT, EXTRA_EVAL append arguments (for a quick CPU dry run);
 # WORK_DIR (default /tmp) holds the unpacked data and the exported models.
 set -euo pipefail
@@ -56,7 +57,7 @@ fi
 
 python3 tools/train/train.py draft --data "$data" --tokenizer "$pack/tok" \
   --teacher "$models/tachyon-demo" --out "$models/$draft_name" --seed "$SEED" \
-  --preset "${DRAFT_PRESET:-draft}" --split "${DRAFT_SPLIT:-train}" \
+  --preset "${DRAFT_PRESET:-draft}" --split "${DRAFT_SPLIT:-train}" ${DRAFT_INIT:+--init "$DRAFT_INIT"} \
   --budget-s "$DRAFT_S" --batch 256 --lr "${DRAFT_LR:-3e-3}" --warmup 200 --alpha "${ALPHA:-0.0}" \
   --log "$out/train_draft.jsonl" ${EXTRA_DRAFT:-}
 tar -C "$models" -cf "$out/$draft_name.tar" "$draft_name"

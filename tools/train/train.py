@@ -166,6 +166,8 @@ def main():
     ap.add_argument("--log-every", type=int, default=50)
     ap.add_argument("--log", default=None)
     ap.add_argument("--no-fused", action="store_true", help="eager KL (draft)")
+    ap.add_argument("--init", default=None,
+                    help="start from this exported model's weights (same preset): fine-tune a draft on one kind")
     ap.add_argument("--split", default="train",
                     help="training stream: train, train.code or train.prose (validated on the matching val)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -190,6 +192,13 @@ def main():
     preset = args.preset or args.role
     cfg = make_config(preset, vocab)
     model = LlamaForCausalLM._from_config(cfg, attn_implementation="sdpa").to(dev)
+    if args.init:
+        init = AutoModelForCausalLM.from_pretrained(args.init, dtype=torch.float32)
+        missing, unexpected = model.load_state_dict(init.state_dict(), strict=False)
+        # a tied LM head is not a separate tensor; anything else missing is a shape mismatch
+        bad = [k for k in missing if k != "lm_head.weight"] + list(unexpected)
+        assert not bad, "--init %s does not match preset %s: %s" % (args.init, preset, bad[:4])
+        del init
     model.train()
     n_params = sum(p.numel() for p in model.parameters())
     teacher = None
