@@ -279,6 +279,27 @@ def main():
             else:
                 used += n
 
+    # Calibration text shares no source file with the evaluation text: a quantizer calibrated on
+    # one part of a file would flatter its own scores on another.  Candidates are the chunks of
+    # files outside the evaluation set that training never reads (the calib, val and unused
+    # splits), lowest hash first, so calib keeps every chunk it had whose file is not evaluated;
+    # a val chunk chosen stays in val too, and train and val are exactly as before.
+    eval_files = {(docs[di][1], docs[di][2]) for (di, ci), s in split.items() if s == "eval"}
+    calib_units = set()
+    for cat in CALIB_BYTES:
+        pool = sorted((unit_hash(pkg, path, str(ci)), di, ci, len(piece.encode("utf-8")))
+                      for di, (c, pkg, path, ch) in enumerate(docs) if c == cat and (pkg, path) not in eval_files
+                      for ci, piece in enumerate(ch) if split[(di, ci)] in ("calib", "val", "unused"))
+        used = 0
+        for h, di, ci, n in pool:
+            if used >= CALIB_BYTES[cat]:
+                break
+            calib_units.add((di, ci))
+            used += n
+    for key, s in split.items():
+        if s == "calib" and key not in calib_units:
+            split[key] = "unused"
+
     held = {"eval": {}, "calib": {}}
     sizes = {}
     with open(os.path.join(out_dir, "train.jsonl"), "w") as ftr, \
@@ -295,8 +316,12 @@ def main():
                 s = split[(di, ci)]
                 key = (s, cat)
                 sizes[key] = sizes.get(key, 0) + len(piece.encode("utf-8"))
-                if s in held:
+                if s == "eval":
                     held[s].setdefault(cat, []).append((pkg, path, ci, piece))
+                if (di, ci) in calib_units:
+                    held["calib"].setdefault(cat, []).append((pkg, path, ci, piece))
+                    if s != "calib":  # (counted above when it was a calib chunk already)
+                        sizes[("calib", cat)] = sizes.get(("calib", cat), 0) + len(piece.encode("utf-8"))
                 if s != run_split:
                     flush()
                     run, run_split = [], s
