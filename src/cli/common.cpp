@@ -6,6 +6,7 @@
 #include <cmath>
 #include <random>
 #include <cstdio>
+#include <filesystem>
 #include <optional>
 
 #include <fmt/format.h>
@@ -80,8 +81,19 @@ Result<LoadedModel> load(const CommonOptions& options, DType synthetic_dtype) {
   lo.synthetic_dtype = synthetic_dtype;
   lo.device = device;
   std::optional<QuantPolicy> policy;
-  if (!options.quant_policy.empty()) {
-    TACHYON_ASSIGN_OR_RETURN(policy, QuantPolicy::read_file(options.quant_policy));
+  std::string policy_path = options.quant_policy;
+  if (policy_path.empty() && options.quant.empty() && !options.as_stored) {
+    // A directory `tachyon quantize --budget` wrote: the 16-bit weights and the rules it chose,
+    // applied when loading (unless --quant or --quant-policy says otherwise).
+    std::error_code ec;
+    const std::filesystem::path dir_policy = std::filesystem::path(options.model) / kDirectoryQuantPolicy;
+    if (std::filesystem::is_directory(options.model, ec) && std::filesystem::is_regular_file(dir_policy, ec)) {
+      policy_path = dir_policy.string();
+      TACHYON_LOG_INFO("{}: applying its {} (from tachyon quantize --budget)", options.model, kDirectoryQuantPolicy);
+    }
+  }
+  if (!policy_path.empty()) {
+    TACHYON_ASSIGN_OR_RETURN(policy, QuantPolicy::read_file(policy_path));
   }
   std::optional<QuantSpec> head_spec;
   if (!options.quant_lm_head.empty()) {
@@ -89,7 +101,7 @@ Result<LoadedModel> load(const CommonOptions& options, DType synthetic_dtype) {
   }
   TACHYON_ASSIGN_OR_RETURN(LoadedModel loaded, load_model(lo));
   if (options.quant.empty() && !policy && !head_spec) return loaded;
-  std::string what = policy ? "--quant-policy " + options.quant_policy
+  std::string what = policy ? "--quant-policy " + policy_path
                      : options.quant.empty() ? std::string()
                                              : "--quant " + options.quant;
   if (head_spec) what += (what.empty() ? "" : " ") + std::string("--quant-lm-head ") + options.quant_lm_head;

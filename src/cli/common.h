@@ -25,9 +25,15 @@ struct CommonOptions {
   std::string quant_policy;
   // The LM head's format ("" keeps it as stored; int8: per channel), apart from --quant.
   std::string quant_lm_head;
+  // The weights exactly as stored: no directory quant_policy.txt (the reference of --kl).
+  bool as_stored = false;
 };
 
 void add_common_options(CLI::App& cmd, CommonOptions& options);
+
+// A model directory holding this file (`tachyon quantize --budget` writes one) is loaded with it
+// as its --quant-policy, unless --quant or --quant-policy is given.
+inline constexpr const char* kDirectoryQuantPolicy = "quant_policy.txt";
 
 // Checks for option values whose messages stay one short line (CLI11's NonNegativeNumber prints
 // the largest double, 309 digits). Each refuses NaN and values its option cannot hold.
@@ -65,7 +71,7 @@ Result<size_t> parse_bytes(const std::string& text);
 // "cpu", "cuda" (device 0) or "cuda:N".
 Result<Device> parse_device(const std::string& text);
 // Applies threads/verbosity, starts the device's backend, loads the model onto the device and
-// quantizes its linear weights when --quant asks; weight_dtypes then names the format too. A
+// quantizes its linear weights when --quant, --quant-policy or the directory's quant_policy.txt asks; weight_dtypes then names the format too. A
 // quantized model whose logits on a short probe are not all finite is dropped, with a warning, for
 // the weights as stored (cli/quant_check.h).
 Result<LoadedModel> load(const CommonOptions& options, DType synthetic_dtype = DType::kBF16);

@@ -29,9 +29,11 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "cli/scoring.h"
+#include "core/log.h"
 #include "core/mapped_file.h"
 #include "core/thread_pool.h"
 #include "core/timer.h"
+#include "quant/calib_audit.h"
 
 namespace tachyon::cli {
 namespace {
@@ -107,7 +109,10 @@ class Progress {
 };
 
 Status validate_before_load(const PerplexityArgs& a) {
-  if (a.kl && a.common.quant.empty() && a.common.quant_policy.empty() && a.kv_dtype.empty()) {
+  std::error_code ec;
+  const bool dir_policy =
+      std::filesystem::is_regular_file(std::filesystem::path(a.common.model) / kDirectoryQuantPolicy, ec);
+  if (a.kl && a.common.quant.empty() && a.common.quant_policy.empty() && a.kv_dtype.empty() && !dir_policy) {
     return make_error(ErrorCode::kInvalidArgument,
                       "--kl compares a quantized model (or KV cache) with the model as stored: give --quant FORMAT, "
                       "--quant-policy FILE or --kv int8|fp8");
@@ -125,6 +130,31 @@ Status validate_before_load(const PerplexityArgs& a) {
   return Status::Ok();
 }
 
+// A model `tachyon quantize` wrote names its calibration text in quantize_report.json: scoring it
+// on text that overlaps that (quant/calib_audit.h) flatters the quantized model, so say so.
+void warn_if_calibrated_on(const std::string& model, const std::string& text_path) {
+  std::error_code ec;
+  const std::filesystem::path report_path = std::filesystem::path(model) / "quantize_report.json";
+  if (!std::filesystem::is_regular_file(report_path, ec)) return;
+  auto report_text = read_text_file(report_path.string());
+  if (!report_text.ok()) return;
+  const auto j = nlohmann::json::parse(*report_text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("calibration") || !j["calibration"].is_object() ||
+      !j["calibration"].contains("file") || !j["calibration"]["file"].is_string()) {
+    return;
+  }
+  const std::string calib = j["calibration"]["file"].get<std::string>();
+  auto c = read_audit_document(calib);
+  auto e = read_audit_document(text_path);
+  if (!c.ok() || !e.ok()) return;  // the calibration file moved: nothing to compare
+  const AuditOptions options;
+  const OverlapReport r = audit_overlap({*c}, {*e}, options);
+  if (r.fails(options)) {
+    TACHYON_LOG_WARN("{} was calibrated on {}, which overlaps -f {}: {}; these scores flatter the quantized model "
+                     "(tachyon calib-audit says more)", model, calib, text_path, r.summary(options));
+  }
+}
+
 Result<std::string> read_text(const std::string& path) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) {
@@ -140,6 +170,7 @@ int run_perplexity(const PerplexityArgs& a) {
   if (Status s = validate_before_load(a); !s.ok()) return report(s);
   auto text = read_text(a.text_path);
   if (!text.ok()) return report(text.status());
+  warn_if_calibrated_on(a.common.model, a.text_path);
 
   // The model under test (with --quant / --quant-policy), and under --kl the same model as stored.
   auto model = load(a.common);
@@ -149,6 +180,7 @@ int run_perplexity(const PerplexityArgs& a) {
     CommonOptions stored = a.common;
     stored.quant.clear();
     stored.quant_policy.clear();
+    stored.as_stored = true;  // not the directory's quant_policy.txt either
     auto r = load(stored);
     if (!r.ok()) return report(r.status());
     reference = std::move(r).value();

@@ -7,7 +7,16 @@
 // compressed-tensors float-quantized), and
 // quantize_report.json (per module: format, AWQ alpha, relative output error on calibration
 // data; totals). Progress goes to stderr, one line per layer.
+//
+// `tachyon quantize -m MODEL --budget E --calib FILE [--formats LIST] -o OUTDIR`: mixed precision
+// under an error budget (model/quantize_model.h measure_formats / choose_formats): every module
+// gets the cheapest candidate whose relative output error is at most E. OUTDIR holds the model's
+// own files (hard links where possible) and quant_policy.txt, the chosen rules, which loading
+// `-m OUTDIR` applies on the CPU or a GPU, and quantize_report.json: every candidate's bytes and
+// error per module, the KL to the 16-bit model on the calibration text measured and predicted, and
+// what other budgets would choose.
 #include <cmath>
+#include <map>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -16,10 +25,15 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "cli/scoring.h"
 #include "core/mapped_file.h"
 #include "core/timer.h"
 #include "model/quantize_model.h"
+#include "model/quantize_weights.h"
 #include "model/quantized_checkpoint.h"
+#include "core/log.h"
+#include "quant/calib_audit.h"
+#include "quant/quant_policy.h"
 
 namespace tachyon::cli {
 
@@ -34,6 +48,9 @@ struct QuantizeArgs {
   std::string calib;
   int64_t calib_tokens = 4096;
   double max_layer_error = 0.0;
+  double budget = 0.0;       // > 0: choose formats per module (no --method)
+  std::string formats;       // --formats: the candidates, comma-separated (empty: the default list)
+  std::string eval;          // --eval: held-out text for --budget's end-to-end check (default: the calibration text)
   float smooth_alpha = 0.5f;
   bool no_clip = false;
   std::string out;
@@ -64,7 +81,279 @@ void print_progress(const LayerQuantReport& r, int num_layers) {
   std::fprintf(stderr, "%s\n", line.c_str());
 }
 
+// Calibration tokens: a prefix of the text (tokens average far fewer than 16 bytes), at most
+// `max_tokens`.
+Result<std::vector<int32_t>> calibration_tokens(const LoadedModel& loaded, const std::string& path,
+                                                int64_t max_tokens) {
+  if (!loaded.tokenizer) return make_error(ErrorCode::kInvalidArgument, "{} has no tokenizer", loaded.path);
+  TACHYON_ASSIGN_OR_RETURN(std::string text, read_text_file(path));
+  const size_t prefix = static_cast<size_t>(std::min<int64_t>(max_tokens, int64_t{1} << 26)) * 16;
+  std::vector<int32_t> tokens = loaded.tokenizer->encode(std::string_view(text).substr(0, prefix));
+  if (static_cast<int64_t>(tokens.size()) > max_tokens) tokens.resize(static_cast<size_t>(max_tokens));
+  return tokens;
+}
+
+// "int4:g64,q5_k,int8" -> specs, in order.
+Result<std::vector<QuantSpec>> parse_formats(const std::string& list) {
+  std::vector<QuantSpec> specs;
+  size_t begin = 0;
+  while (begin <= list.size()) {
+    const size_t end = std::min(list.find(',', begin), list.size());
+    const std::string name = list.substr(begin, end - begin);
+    // One policy line parses the name exactly as --quant-policy will read it back.
+    TACHYON_ASSIGN_OR_RETURN(QuantPolicy p, QuantPolicy::parse("* " + name, "--formats"));
+    if (p.rules().empty() || !p.rules()[0].spec) {
+      return make_error(ErrorCode::kInvalidArgument, "--formats: '{}' is not a quantized format", name);
+    }
+    specs.push_back(*p.rules()[0].spec);
+    begin = end + 1;
+  }
+  return specs;
+}
+
+// The end-to-end comparison of `model` with `reference` over the calibration tokens, in windows
+// of `ctx` (non-overlapping, every position scored).
+struct EndToEnd {
+  double kl = 0.0;             // mean KL(reference || model), nats
+  double top1 = 0.0;           // share of positions whose argmax agrees
+  double perplexity = 0.0;     // of the model on the calibration text
+  double reference_perplexity = 0.0;
+  int64_t positions = 0;
+};
+
+Result<EndToEnd> compare_end_to_end(const LlamaModel& reference, const LlamaModel& model,
+                                    std::span<const int32_t> tokens, int ctx) {
+  TACHYON_ASSIGN_OR_RETURN(auto ref_runner, WindowRunner::create(reference, ctx));
+  TACHYON_ASSIGN_OR_RETURN(auto runner, WindowRunner::create(model, ctx));
+  const int64_t vocab = model.config().vocab_size;
+  double kl = 0.0, nll = 0.0, ref_nll = 0.0;
+  int64_t agree = 0, n = 0;
+  for (const ScoreWindow& w : plan_windows(static_cast<int64_t>(tokens.size()) - 1, ctx, ctx)) {
+    const auto input = tokens.subspan(static_cast<size_t>(w.begin), static_cast<size_t>(w.end - w.begin));
+    Tensor ref_logits, logits;
+    TACHYON_RETURN_IF_ERROR(ref_runner->run(input, 0, &ref_logits));
+    TACHYON_RETURN_IF_ERROR(runner->run(input, 0, &logits));
+    for (int64_t i = w.score_begin - w.begin; i < w.end - w.begin; ++i) {
+      const std::span<const float> r(ref_logits.data<float>() + i * vocab, static_cast<size_t>(vocab));
+      const std::span<const float> q(logits.data<float>() + i * vocab, static_cast<size_t>(vocab));
+      const PositionComparison c = compare_distributions(r, q, tokens[static_cast<size_t>(w.begin + i + 1)]);
+      kl += c.kl;
+      nll += c.nll;
+      ref_nll += c.reference_nll;
+      agree += c.same_argmax ? 1 : 0;
+      ++n;
+    }
+  }
+  EndToEnd e;
+  e.positions = n;
+  if (n > 0) {
+    e.kl = kl / n;
+    e.top1 = static_cast<double>(agree) / n;
+    e.perplexity = std::exp(nll / n);
+    e.reference_perplexity = std::exp(ref_nll / n);
+  }
+  return e;
+}
+
+// The model with `choice`'s formats, quantized on the host as --quant-policy does.
+Result<std::unique_ptr<LlamaModel>> apply_choice(const LlamaModel& model, const FormatChoice& choice) {
+  TACHYON_ASSIGN_OR_RETURN(QuantPolicy policy, QuantPolicy::parse(format_policy_text(choice, "check"), "the choice"));
+  ModelWeights weights = model.weights();
+  TACHYON_RETURN_IF_ERROR(quantize_linear_weights(weights, policy, std::nullopt).status());
+  return std::make_unique<LlamaModel>(model.config(), std::move(weights));
+}
+
+// Every file of the source directory into `out` (hard links where the file system allows, else
+// copies), but a quant_policy.txt or report of its own.
+Status copy_model_files(const std::string& source, const std::string& out) {
+  std::error_code ec;
+  fs::create_directories(out, ec);
+  if (ec) return make_error(ErrorCode::kIo, "-o {}: {}", out, ec.message());
+  for (const fs::directory_entry& e : fs::directory_iterator(source, ec)) {
+    if (!e.is_regular_file()) continue;
+    const std::string name = e.path().filename().string();
+    if (name == kDirectoryQuantPolicy || name == "quantize_report.json") continue;
+    const fs::path dst = fs::path(out) / name;
+    fs::remove(dst, ec);
+    fs::create_hard_link(e.path(), dst, ec);
+    if (ec) {
+      ec.clear();
+      fs::copy_file(e.path(), dst, fs::copy_options::overwrite_existing, ec);
+      if (ec) return make_error(ErrorCode::kIo, "copying {} to {}: {}", e.path().string(), dst.string(), ec.message());
+    }
+  }
+  if (ec) return make_error(ErrorCode::kIo, "reading {}: {}", source, ec.message());
+  return Status::Ok();
+}
+
+nlohmann::json choice_json(const FormatChoice& c) {
+  return {{"bytes", c.bytes},
+          {"dense_bytes", c.dense_bytes},
+          {"fewer_bytes", c.dense_bytes > 0 ? 1.0 - static_cast<double>(c.bytes) / c.dense_bytes : 0.0},
+          {"sum_squared_error", c.sum_squared_error}};
+}
+
+int run_budget(const QuantizeArgs& a) {
+  Timer total;
+  if (a.calib.empty()) {
+    return report(make_error(ErrorCode::kInvalidArgument, "quantize: --budget needs calibration text (--calib FILE) to "
+                             "measure errors on"));
+  }
+  if (!fs::is_directory(a.model) || !fs::exists(fs::path(a.model) / "config.json")) {
+    return report(make_error(ErrorCode::kInvalidArgument, "quantize: -m {}: expected a Hugging Face directory "
+                             "(config.json + *.safetensors)", a.model));
+  }
+  std::error_code ec;
+  if (fs::exists(a.out, ec) && fs::equivalent(a.model, a.out, ec)) {
+    return report(make_error(ErrorCode::kInvalidArgument, "quantize: -o {} is the source model's directory; choose "
+                             "another", a.out));
+  }
+  MeasureFormatsOptions options;
+  if (!a.formats.empty()) {
+    auto specs = parse_formats(a.formats);
+    if (!specs.ok()) return report(specs.status());
+    options.candidates = std::move(specs).value();
+  }
+  CommonOptions common;
+  common.model = a.model;
+  common.threads = a.threads;
+  common.verbose = a.verbose;
+  common.as_stored = true;
+  auto loaded = load(common);
+  if (!loaded.ok()) return report(loaded.status());
+  auto calibration = calibration_tokens(*loaded, a.calib, a.calib_tokens);
+  if (!calibration.ok()) return report(calibration.status());
+  std::fprintf(stderr, "calibrating on %zu tokens of %s\n", calibration->size(), a.calib.c_str());
+  const LlamaModel& model = *loaded->model;
+  const int num_layers = model.config().num_layers;
+  options.sequence_length = std::min(512, model.config().max_position_embeddings);
+  options.on_layer = [num_layers](int layer, double seconds) {
+    std::fprintf(stderr, "layer %d/%d measured (%.2f s)\n", layer + 1, num_layers, seconds);
+  };
+  auto measured = measure_formats(model, *calibration, options);
+  if (!measured.ok()) return report(measured.status().with_context(loaded->path));
+
+  const FormatChoice choice = choose_formats(*measured, a.budget);
+  const FormatChoice cheapest = cheapest_formats(*measured);
+  // End to end on the calibration text: the choice, and the cheapest format everywhere, whose KL
+  // per unit of summed squared module error predicts the choice's KL from its own module errors.
+  auto mix = apply_choice(model, choice);
+  if (!mix.ok()) return report(mix.status());
+  auto low = apply_choice(model, cheapest);
+  if (!low.ok()) return report(low.status());
+  std::vector<int32_t> held_out;
+  if (!a.eval.empty()) {
+    auto c = read_audit_document(a.calib);
+    auto e = read_audit_document(a.eval);
+    if (!e.ok()) return report(e.status().with_context("--eval"));
+    if (c.ok()) {
+      const AuditOptions audit;
+      const OverlapReport r = audit_overlap({*c}, {*e}, audit);
+      if (r.fails(audit)) {
+        TACHYON_LOG_WARN("--calib {} overlaps --eval {}: {}; the end-to-end numbers flatter the choice (tachyon "
+                         "calib-audit says more)", a.calib, a.eval, r.summary(audit));
+      }
+    }
+    auto tokens = calibration_tokens(*loaded, a.eval, a.calib_tokens);
+    if (!tokens.ok()) return report(tokens.status());
+    held_out = std::move(tokens).value();
+    if (held_out.size() < 2) return report(make_error(ErrorCode::kInvalidArgument, "--eval {}: too short", a.eval));
+  }
+  const std::vector<int32_t>& check_tokens = a.eval.empty() ? *calibration : held_out;
+  auto mix_e2e = compare_end_to_end(model, **mix, check_tokens, options.sequence_length);
+  if (!mix_e2e.ok()) return report(mix_e2e.status());
+  auto low_e2e = compare_end_to_end(model, **low, check_tokens, options.sequence_length);
+  if (!low_e2e.ok()) return report(low_e2e.status());
+  const double kl_per_error = cheapest.sum_squared_error > 0.0 ? low_e2e->kl / cheapest.sum_squared_error : 0.0;
+  const double predicted_kl = kl_per_error * choice.sum_squared_error;
+
+  if (Status s = copy_model_files(loaded->path, a.out); !s.ok()) return report(s);
+  const std::string what = fmt::format("budget {} on {} calibration tokens of {}", a.budget, calibration->size(), a.calib);
+  const std::string policy_path = (fs::path(a.out) / kDirectoryQuantPolicy).string();
+  {
+    std::ofstream f(policy_path, std::ios::trunc);
+    f << format_policy_text(choice, what);
+    f.flush();
+    if (!f) return report(make_error(ErrorCode::kIo, "{}: cannot write the policy", policy_path));
+  }
+
+  nlohmann::json modules = nlohmann::json::array();
+  std::map<std::string, int> counts;
+  for (size_t i = 0; i < choice.modules.size(); ++i) {
+    const ModuleChoice& m = choice.modules[i];
+    nlohmann::json candidates = nlohmann::json::array();
+    for (const MeasuredFormat& f : measured->modules[i].measured) {
+      candidates.push_back({{"format", quant_spec_name(f.spec)}, {"bytes", f.bytes}, {"relative_error", f.error}});
+    }
+    const std::string name = m.spec ? quant_spec_name(*m.spec) : std::string("dense");
+    ++counts[name];
+    modules.push_back({{"module", m.module}, {"format", name}, {"bytes", m.bytes}, {"dense_bytes", m.dense_bytes},
+                       {"relative_error", m.error}, {"candidates", candidates}});
+  }
+  // What other budgets would choose (from the same measurements; no forward runs).
+  nlohmann::json sweep = nlohmann::json::array();
+  for (const double factor : {0.25, 0.5, 1.0, 2.0, 4.0}) {
+    const FormatChoice c = choose_formats(*measured, a.budget * factor);
+    sweep.push_back({{"budget", a.budget * factor}, {"bytes", c.bytes},
+                     {"fewer_bytes", c.dense_bytes > 0 ? 1.0 - static_cast<double>(c.bytes) / c.dense_bytes : 0.0},
+                     {"predicted_kl", kl_per_error * c.sum_squared_error}});
+  }
+  const auto e2e_json = [](const EndToEnd& e) {
+    return nlohmann::json{{"kl", e.kl}, {"top1_agreement", e.top1}, {"perplexity", e.perplexity},
+                          {"reference_perplexity", e.reference_perplexity}, {"positions", e.positions}};
+  };
+  nlohmann::json out = {
+      {"model", loaded->path},
+      {"output", a.out},
+      {"budget", a.budget},
+      {"relative_error", "||X Wq^T - X W^T|| / ||X W^T|| (Frobenius) over the calibration tokens, per module; "
+                         "w8a8 with its activations rounded per token"},
+      {"calibration", {{"file", a.calib}, {"tokens", measured->calibration_tokens}}},
+      {"formats", counts},
+      {"choice", choice_json(choice)},
+      {"end_to_end", {{"text", a.eval.empty() ? a.calib : a.eval},
+                      {"held_out", !a.eval.empty()},
+                      {"choice", e2e_json(*mix_e2e)},
+                      {"predicted_kl", predicted_kl},
+                      {"cheapest_everywhere", e2e_json(*low_e2e)},
+                      {"cheapest_choice", choice_json(cheapest)},
+                      {"prediction", "KL = (KL of the cheapest format everywhere / its summed squared module errors) "
+                                     "x the choice's summed squared module errors"}}},
+      {"budgets", sweep},
+      {"modules", modules},
+      {"seconds", total.seconds()}};
+  const std::string report_path = (fs::path(a.out) / "quantize_report.json").string();
+  std::ofstream f(report_path, std::ios::trunc);
+  f << out.dump(2) << "\n";
+  f.flush();
+  if (!f) return report(make_error(ErrorCode::kIo, "{}: cannot write the report", report_path));
+  std::string formats;
+  for (const auto& [name, n] : counts) formats += fmt::format("{}{} {}", formats.empty() ? "" : ", ", n, name);
+  std::printf("wrote %s: budget %g: %s; linear weights %.2f MiB -> %.2f MiB (%.1f %% fewer); KL on the %s text "
+              "%.5f (predicted %.5f), perplexity %.4f vs %.4f; %.2f s\n",
+              a.out.c_str(), a.budget, formats.c_str(), static_cast<double>(choice.dense_bytes) / (1 << 20),
+              static_cast<double>(choice.bytes) / (1 << 20),
+              100.0 * (1.0 - static_cast<double>(choice.bytes) / std::max<int64_t>(choice.dense_bytes, 1)),
+              a.eval.empty() ? "calibration" : "held-out", mix_e2e->kl,
+              predicted_kl, mix_e2e->perplexity, mix_e2e->reference_perplexity, total.seconds());
+  return 0;
+}
+
 int run_quantize(const QuantizeArgs& a) {
+  if (a.budget > 0.0) {
+    if (!a.method.empty() || a.max_layer_error > 0.0) {
+      return report(make_error(ErrorCode::kInvalidArgument, "quantize: --budget chooses the format of every module; "
+                               "it takes no --method or --max-layer-error"));
+    }
+    return run_budget(a);
+  }
+  if (a.method.empty()) {
+    return report(make_error(ErrorCode::kInvalidArgument, "quantize: give --method METHOD, or --budget E to choose "
+                             "formats per module"));
+  }
+  if (!a.formats.empty()) {
+    return report(make_error(ErrorCode::kInvalidArgument, "quantize: --formats lists the candidates of --budget"));
+  }
   Timer total;
   auto method = parse_quant_method(a.method);
   if (!method.ok()) return report(method.status());
@@ -97,13 +386,9 @@ int run_quantize(const QuantizeArgs& a) {
 
   std::vector<int32_t> calibration;
   if (!a.calib.empty()) {
-    if (!loaded->tokenizer) return report(make_error(ErrorCode::kInvalidArgument, "{} has no tokenizer", loaded->path));
-    auto text = read_text_file(a.calib);
-    if (!text.ok()) return report(text.status());
-    // A prefix of the text is enough: tokens average far fewer than 16 bytes.
-    const size_t prefix = static_cast<size_t>(std::min<int64_t>(a.calib_tokens, int64_t{1} << 26)) * 16;
-    calibration = loaded->tokenizer->encode(std::string_view(*text).substr(0, prefix));
-    if (static_cast<int64_t>(calibration.size()) > a.calib_tokens) calibration.resize(static_cast<size_t>(a.calib_tokens));
+    auto tokens = calibration_tokens(*loaded, a.calib, a.calib_tokens);
+    if (!tokens.ok()) return report(tokens.status());
+    calibration = std::move(tokens).value();
     std::fprintf(stderr, "calibrating on %zu tokens of %s\n", calibration.size(), a.calib.c_str());
   }
 
@@ -194,8 +479,15 @@ void add_quantize(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--method", args->method, "rtn-int4, awq-int4 (needs --calib), int8, w8a8 (int8 weights and "
                   "activations; SmoothQuant needs --calib), fp8 (e4m3 weights per channel), or ternary ({-1, 0, +1} "
                   "x a group absmean scale; the engine's own checkpoint layout)")
-      ->required()
       ->check(CLI::IsMember({"rtn-int4", "awq-int4", "int8", "w8a8", "fp8", "ternary"}));
+  cmd->add_option("--budget", args->budget, "instead of --method: measure every candidate format of every linear "
+                  "module on the calibration data (--calib) and give each the cheapest whose relative output error "
+                  "is at most this (e.g. 0.05), else 16 bits; writes -o as the model plus quant_policy.txt, which "
+                  "loading applies")->check(non_negative_real());
+  cmd->add_option("--eval", args->eval, "--budget: held-out text for the end-to-end check (KL, perplexity, top-1 "
+                  "against the model as stored); default the calibration text. Warns when it overlaps --calib");
+  cmd->add_option("--formats", args->formats, "--budget's candidates, comma-separated (default "
+                  "int4:g128,q4_k,int4:g64,q5_k,int4:g32,q6_k,int8,q8_0,w8a8,fp8; among equal sizes the first listed)");
   cmd->add_option("--group", args->group, "int4: inputs per scale, 32, 64 or 128; ternary also 256 (default 128)")
       ->check(CLI::IsMember({32, 64, 128, 256}));
   cmd->add_option("--calib", args->calib, "calibration text (plain text file)");

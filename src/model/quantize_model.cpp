@@ -537,15 +537,16 @@ Status quantize_layer(const QuantizeModelOptions& o, const ModelConfig& c, const
         if (!rtn.ok()) return rtn.status().with_context(fmt::format("layer {} {}", report.layer, r.name));
         r.rtn_relative_error = relative_error(source[m]->dense.to_f32(), *rtn->quant, {}, *error_of[m]);
       }
-      if (o.max_layer_error > 0.0 && *r.relative_error > o.max_layer_error) {
-        // Stays 16-bit: the (scaled) weight in the dtype the module came in.
-        chosen = Weight();
-        chosen.dense = !column_scales[m].empty() || !row_scales[m].empty()
-                           ? cast_from_f32(folded[m], source[m]->dense.dtype())
-                           : source[m]->dense;
-        r.kept_dense = true;
-        r.format = dtype_name(chosen.dense.dtype());
-      }
+    }
+    if (o.max_layer_error > 0.0 && r.relative_error && *r.relative_error > o.max_layer_error) {
+      // Stays 16-bit: the (scaled) weight in the dtype the module came in (every method: W8A8's
+      // error, measured above with its activations rounded, is checked like the others).
+      chosen = Weight();
+      chosen.dense = !column_scales[m].empty() || !row_scales[m].empty()
+                         ? cast_from_f32(folded[m], source[m]->dense.dtype())
+                         : source[m]->dense;
+      r.kept_dense = true;
+      r.format = dtype_name(chosen.dense.dtype());
     }
     *target[m] = std::move(chosen);
     report.modules.push_back(std::move(r));
@@ -647,6 +648,159 @@ Result<QuantizedModel> quantize_model(const LlamaModel& model, std::span<const i
     result.layers.push_back(std::move(report));
   }
   return result;
+}
+
+std::vector<QuantSpec> default_budget_candidates() {
+  std::vector<QuantSpec> out;
+  for (const char* name : {"int4:g128", "q4_k", "int4:g64", "q5_k", "int4:g32", "q6_k", "int8", "q8_0", "w8a8", "fp8"}) {
+    const std::string n = name;
+    const size_t colon = n.find(":g");
+    auto spec = colon == std::string::npos ? parse_quant_spec(n, 128)
+                                           : parse_quant_spec(n.substr(0, colon), std::stoi(n.substr(colon + 2)));
+    out.push_back(*spec);  // the names above are valid
+  }
+  return out;
+}
+
+namespace {
+
+bool same_spec(const QuantSpec& a, const QuantSpec& b) {
+  return a.format == b.format && a.group_size == b.group_size && a.gguf_q4_0 == b.gguf_q4_0;
+}
+
+}  // namespace
+
+Result<FormatMeasurements> measure_formats(const LlamaModel& model, std::span<const int32_t> calibration,
+                                           const MeasureFormatsOptions& options) {
+  const ModelConfig& c = model.config();
+  const ModelWeights& weights = model.weights();
+  if (!model.device().is_cpu()) {
+    return make_error(ErrorCode::kUnsupported, "measuring formats runs on the host; the model is on {}",
+                      model.device().to_string());
+  }
+  if (calibration.size() < 2) {
+    return make_error(ErrorCode::kInvalidArgument, "an error budget needs calibration text: got {} tokens",
+                      calibration.size());
+  }
+  if (options.sequence_length < 1) {
+    return make_error(ErrorCode::kInvalidArgument, "sequence length {}: must be positive", options.sequence_length);
+  }
+  for (size_t i = 0; i < calibration.size(); ++i) {
+    if (calibration[i] < 0 || calibration[i] >= c.vocab_size) {
+      return make_error(ErrorCode::kInvalidArgument, "calibration token {} at {} is outside the vocabulary [0, {})",
+                        calibration[i], i, c.vocab_size);
+    }
+  }
+  for (size_t l = 0; l < weights.layers.size(); ++l) {
+    const LayerWeights& w = weights.layers[l];
+    for (const Weight* m : {&w.q_proj, &w.k_proj, &w.v_proj, &w.o_proj, &w.gate_proj, &w.up_proj, &w.down_proj}) {
+      if (m->quant || !m->dense.defined() || w.qkv_proj.defined() || w.gate_up_proj.defined()) {
+        return make_error(ErrorCode::kInvalidArgument, "layer {}: the linear weights must be dense and unfused "
+                          "(a model already quantized cannot be measured again)", l);
+      }
+    }
+  }
+  const std::vector<QuantSpec> candidates =
+      options.candidates.empty() ? default_budget_candidates() : options.candidates;
+  FormatMeasurements result;
+  result.calibration_tokens = static_cast<int64_t>(calibration.size());
+  const int length = std::min(options.sequence_length, c.max_position_embeddings);
+  TACHYON_ASSIGN_OR_RETURN(std::unique_ptr<CalibrationForward> forward,
+                           CalibrationForward::create(model, calibration, length));
+  for (int l = 0; l < c.num_layers; ++l) {
+    Timer timer;
+    LayerInputs inputs;
+    TACHYON_RETURN_IF_ERROR(forward->run_layer(l, inputs));
+    const LayerWeights& src = weights.layers[static_cast<size_t>(l)];
+    const Weight* source[kModules] = {&src.q_proj, &src.k_proj, &src.v_proj, &src.o_proj,
+                                      &src.gate_proj, &src.up_proj, &src.down_proj};
+    const Tensor* input_of[kModules] = {&inputs.attn, &inputs.attn, &inputs.attn, &inputs.o,
+                                        &inputs.mlp,  &inputs.mlp,  &inputs.down};
+    const OutputError error_attn(inputs.attn), error_o(inputs.o), error_mlp(inputs.mlp), error_down(inputs.down);
+    const OutputError* error_of[kModules] = {&error_attn, &error_attn, &error_attn, &error_o,
+                                             &error_mlp,  &error_mlp,  &error_down};
+    for (int m = 0; m < kModules; ++m) {
+      ModuleFormats mf;
+      mf.module = fmt::format("model.layers.{}.{}.{}", l, m <= kO ? "self_attn" : "mlp", kModuleNames[m]);
+      mf.dense_bytes = static_cast<int64_t>(source[m]->nbytes());
+      const Tensor w = source[m]->dense.to_f32();
+      const int64_t in = w.size(1);
+      for (QuantSpec spec : candidates) {
+        k_quant_fallback(spec, in);
+        if (spec.group_size > 0 && in % spec.group_size != 0) continue;  // the format does not fit this width
+        if (std::any_of(mf.measured.begin(), mf.measured.end(),
+                        [&](const MeasuredFormat& f) { return same_spec(f.spec, spec); })) {
+          continue;  // a K-quant's fallback that is also a candidate of its own
+        }
+        auto q = quantize_weight(*source[m], spec);
+        if (!q.ok()) return q.status().with_context(fmt::format("{} as {}", mf.module, quant_spec_name(spec)));
+        MeasuredFormat f;
+        f.spec = spec;
+        f.bytes = static_cast<int64_t>(q->nbytes());
+        f.error = spec.format == QuantFormat::kW8A8
+                      ? w8a8_relative_error(*input_of[m], source[m]->dense, *q->quant, {}, {})
+                      : relative_error(w, *q->quant, {}, *error_of[m]);
+        mf.measured.push_back(f);
+      }
+      result.modules.push_back(std::move(mf));
+    }
+    if (options.on_layer) options.on_layer(l, timer.seconds());
+  }
+  return result;
+}
+
+namespace {
+
+// The cheapest measured format of `m` whose error is at most `budget` (nullptr: none).
+const MeasuredFormat* cheapest_within(const ModuleFormats& m, double budget) {
+  const MeasuredFormat* best = nullptr;
+  for (const MeasuredFormat& f : m.measured) {
+    if (!(f.error <= budget) || f.bytes >= m.dense_bytes) continue;
+    if (best == nullptr || f.bytes < best->bytes) best = &f;  // ties: the earlier candidate
+  }
+  return best;
+}
+
+FormatChoice choose_with(const FormatMeasurements& measured, double budget) {
+  FormatChoice choice;
+  for (const ModuleFormats& m : measured.modules) {
+    ModuleChoice c;
+    c.module = m.module;
+    c.dense_bytes = m.dense_bytes;
+    if (const MeasuredFormat* f = cheapest_within(m, budget)) {
+      c.spec = f->spec;
+      c.bytes = f->bytes;
+      c.error = f->error;
+    } else {
+      c.bytes = m.dense_bytes;
+    }
+    choice.bytes += c.bytes;
+    choice.dense_bytes += c.dense_bytes;
+    choice.sum_squared_error += c.error * c.error;
+    choice.modules.push_back(std::move(c));
+  }
+  return choice;
+}
+
+}  // namespace
+
+FormatChoice choose_formats(const FormatMeasurements& measured, double budget) { return choose_with(measured, budget); }
+
+FormatChoice cheapest_formats(const FormatMeasurements& measured) {
+  return choose_with(measured, std::numeric_limits<double>::infinity());
+}
+
+std::string format_policy_text(const FormatChoice& choice, const std::string& what) {
+  std::string text = "# tachyon quantize --budget: one rule per linear module, the cheapest format whose\n"
+                     "# measured relative output error fits (" + what + ")\n";
+  text += fmt::format("# linear weights: {} bytes as chosen, {} as stored ({:.1f} % fewer)\n", choice.bytes,
+                      choice.dense_bytes,
+                      choice.dense_bytes > 0 ? 100.0 * (1.0 - static_cast<double>(choice.bytes) / choice.dense_bytes) : 0.0);
+  for (const ModuleChoice& m : choice.modules) {
+    text += fmt::format("{:<40} {:<10} # error {:.5f}\n", m.module, m.spec ? quant_spec_name(*m.spec) : std::string("dense"),
+                        m.error);
+  }
+  return text;
 }
 
 }  // namespace tachyon

@@ -31,6 +31,7 @@
 
 #include "core/status.h"
 #include "model/llama_model.h"
+#include "quant/quantize.h"
 
 namespace tachyon {
 
@@ -82,5 +83,69 @@ struct QuantizedModel {
 // and unchanged tensors with `model`.
 Result<QuantizedModel> quantize_model(const LlamaModel& model, std::span<const int32_t> calibration,
                                       const QuantizeModelOptions& options);
+
+// ---- Mixed precision under an error budget (`tachyon quantize --budget E`) ----
+// measure_formats runs the calibration forward as quantize_model does and measures, for every
+// linear module of every layer, each candidate format's relative output error on the module's
+// captured input, ||X Wq^T - X W^T|| / ||X W^T|| (W8A8 with its activations rounded per token, by
+// running the layer), and its bytes as the engine holds it in memory (packed codes, scales and
+// zeros). Round to nearest only, no AWQ scales or SmoothQuant: a `--quant-policy` rule per module
+// then rebuilds exactly the weights measured, on the CPU and on a GPU. choose_formats gives each
+// module the candidate with the fewest bytes whose error is at most the budget (ties: the
+// candidate listed first), or 16 bits when none fits; a larger budget never chooses more bytes.
+
+// int4 g128, q4_k, int4 g64, q5_k, int4 g32, q6_k, int8, q8_0, w8a8, fp8 (ternary only when asked:
+// it suits models trained for it).
+std::vector<QuantSpec> default_budget_candidates();
+
+struct MeasuredFormat {
+  QuantSpec spec;         // as it applies to the module (a K-quant's block fallback already taken)
+  int64_t bytes = 0;
+  double error = 0.0;
+};
+
+struct ModuleFormats {
+  std::string module;     // "model.layers.3.mlp.down_proj"
+  int64_t dense_bytes = 0;  // as stored
+  std::vector<MeasuredFormat> measured;  // the candidates that apply, in candidate order, no duplicates
+};
+
+struct FormatMeasurements {
+  std::vector<ModuleFormats> modules;  // layer by layer, q k v o gate up down
+  int64_t calibration_tokens = 0;
+};
+
+struct MeasureFormatsOptions {
+  std::vector<QuantSpec> candidates;  // empty: default_budget_candidates()
+  int sequence_length = 512;
+  std::function<void(int layer, double seconds)> on_layer;
+};
+
+// `model` on the host, dense and unfused; at least 2 calibration tokens.
+Result<FormatMeasurements> measure_formats(const LlamaModel& model, std::span<const int32_t> calibration,
+                                           const MeasureFormatsOptions& options);
+
+struct ModuleChoice {
+  std::string module;
+  std::optional<QuantSpec> spec;  // nullopt: 16-bit
+  int64_t bytes = 0;
+  int64_t dense_bytes = 0;
+  double error = 0.0;             // of the choice (0 for 16-bit)
+};
+
+struct FormatChoice {
+  std::vector<ModuleChoice> modules;
+  int64_t bytes = 0;        // the linear modules', as chosen
+  int64_t dense_bytes = 0;  // the same modules as stored
+  double sum_squared_error = 0.0;
+};
+
+FormatChoice choose_formats(const FormatMeasurements& measured, double budget);
+// The cheapest candidate everywhere (the budget that fits all): for calibrating the prediction
+// of end-to-end error from per-module errors.
+FormatChoice cheapest_formats(const FormatMeasurements& measured);
+// The choice as `--quant-policy` rules, one per module in model order (`dense` for 16-bit), under
+// a comment header naming `what` (the budget and the calibration).
+std::string format_policy_text(const FormatChoice& choice, const std::string& what);
 
 }  // namespace tachyon

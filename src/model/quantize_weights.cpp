@@ -16,23 +16,6 @@
 namespace tachyon {
 namespace {
 
-// The K-quants need in_features in whole super-blocks of 256; a weight that has none (a 640-wide
-// down_proj, Qwen2.5-0.5B's 896-wide inputs) takes the 32-wide block format llama.cpp's quantizer
-// falls back to: Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0. Returns whether it fell back.
-bool k_quant_fallback(QuantSpec& spec, int64_t in_features) {
-  QuantFormat fallback;
-  switch (spec.format) {
-    case QuantFormat::kGgufQ4_K: fallback = QuantFormat::kGgufQ5_0; break;
-    case QuantFormat::kGgufQ5_K: fallback = QuantFormat::kGgufQ5_1; break;
-    case QuantFormat::kGgufQ6_K: fallback = QuantFormat::kGgufQ8_0; break;
-    default: return false;
-  }
-  if (in_features % kGgmlBlockK == 0) return false;
-  spec.format = fallback;
-  spec.group_size = 32;
-  return true;
-}
-
 // A dense weight on a device quantized by the host's quantizer (the formats with no device
 // quantizer: fp8, ternary, the GGUF blocks): the rows go to the host and the packed tensors come
 // back.
@@ -218,6 +201,95 @@ Status quantize_on_host(ModelWeights& weights,
   return Status::Ok();
 }
 
+// What quantize_on_host does, for weights on a device: each module as its spec says (on the
+// device for int8/w8a8/int4, through the host for the other formats). A fused projection (qkv,
+// gate_up) stays fused when every layer gives its parts one spec; otherwise the parts are
+// quantized apart and no layer keeps the fused matrix (the forward takes all layers fused or none).
+Status quantize_policy_on_device(ModelWeights& weights,
+                                 const std::function<std::optional<QuantSpec>(const std::string&)>& spec_of,
+                                 bool lm_head, std::map<std::string, int>* counts) {
+  std::vector<LayerWeights> layers = weights.layers;
+  const auto same = [](const std::optional<QuantSpec>& a, const std::optional<QuantSpec>& b) {
+    if (a.has_value() != b.has_value()) return false;
+    return !a || (a->format == b->format && a->group_size == b->group_size && a->gguf_q4_0 == b->gguf_q4_0);
+  };
+  const auto module = [](size_t layer, const char* name) {
+    return "model.layers." + std::to_string(layer) + "." + name;
+  };
+  bool keep_qkv = true, keep_gate_up = true;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const auto q = spec_of(module(i, "self_attn.q_proj"));
+    keep_qkv = keep_qkv && layers[i].qkv_proj.defined() && same(q, spec_of(module(i, "self_attn.k_proj"))) &&
+               same(q, spec_of(module(i, "self_attn.v_proj")));
+    keep_gate_up = keep_gate_up && layers[i].gate_up_proj.defined() &&
+                   same(spec_of(module(i, "mlp.gate_proj")), spec_of(module(i, "mlp.up_proj")));
+  }
+  const auto count = [&](const std::optional<QuantSpec>& spec, int64_t in, int n) {
+    if (!spec) {
+      (*counts)["dense"] += n;
+      return;
+    }
+    QuantSpec s = *spec;
+    k_quant_fallback(s, in);
+    const bool grouped = (s.format == QuantFormat::kInt4Group && !s.gguf_q4_0) || s.format == QuantFormat::kTernary;
+    (*counts)[grouped ? fmt::format("{}-g{}", quant_format_name(s.format), s.group_size)
+                      : std::string(s.gguf_q4_0 ? "q4_0" : quant_format_name(s.format))] += n;
+  };
+  for (size_t i = 0; i < layers.size(); ++i) {
+    LayerWeights& l = layers[i];
+    const auto quantize = [&](Weight& w, const char* name) -> Status {
+      const std::optional<QuantSpec> spec = spec_of(module(i, name));
+      count(spec, w.in_features(), 1);
+      if (!spec) return Status::Ok();
+      TACHYON_ASSIGN_OR_RETURN(w, quantize_on_device(w, *spec, name, i));
+      return Status::Ok();
+    };
+    if (keep_qkv) {
+      const std::optional<QuantSpec> spec = spec_of(module(i, "self_attn.q_proj"));
+      count(spec, l.qkv_proj.in_features(), 3);
+      if (spec) {
+        TACHYON_ASSIGN_OR_RETURN(l.qkv_proj, quantize_on_device(l.qkv_proj, *spec, "qkv_proj", i));
+        const int64_t q = l.q_proj.out_features(), k = l.k_proj.out_features(), v = l.v_proj.out_features();
+        l.q_proj = quant_rows(l.qkv_proj, 0, q);
+        l.k_proj = quant_rows(l.qkv_proj, q, q + k);
+        l.v_proj = quant_rows(l.qkv_proj, q + k, q + k + v);
+      }
+    } else {
+      l.qkv_proj = Weight();
+      TACHYON_RETURN_IF_ERROR(quantize(l.q_proj, "self_attn.q_proj"));
+      TACHYON_RETURN_IF_ERROR(quantize(l.k_proj, "self_attn.k_proj"));
+      TACHYON_RETURN_IF_ERROR(quantize(l.v_proj, "self_attn.v_proj"));
+    }
+    if (keep_gate_up) {
+      const std::optional<QuantSpec> spec = spec_of(module(i, "mlp.gate_proj"));
+      count(spec, l.gate_up_proj.in_features(), 2);
+      if (spec) {
+        TACHYON_ASSIGN_OR_RETURN(l.gate_up_proj, quantize_on_device(l.gate_up_proj, *spec, "gate_up_proj", i));
+        const int64_t g = l.gate_proj.out_features(), u = l.up_proj.out_features();
+        l.gate_proj = quant_rows(l.gate_up_proj, 0, g);
+        l.up_proj = quant_rows(l.gate_up_proj, g, g + u);
+      }
+    } else {
+      l.gate_up_proj = Weight();
+      TACHYON_RETURN_IF_ERROR(quantize(l.gate_proj, "mlp.gate_proj"));
+      TACHYON_RETURN_IF_ERROR(quantize(l.up_proj, "mlp.up_proj"));
+    }
+    TACHYON_RETURN_IF_ERROR(quantize(l.o_proj, "self_attn.o_proj"));
+    TACHYON_RETURN_IF_ERROR(quantize(l.down_proj, "mlp.down_proj"));
+  }
+  Weight head = weights.lm_head;
+  if (lm_head) {
+    const std::optional<QuantSpec> spec = spec_of("lm_head");
+    count(spec, head.in_features(), 1);
+    if (spec) {
+      TACHYON_ASSIGN_OR_RETURN(head, quantize_on_device(head, *spec, "lm_head", layers.size()));
+    }
+  }
+  weights.layers = std::move(layers);
+  weights.lm_head = std::move(head);
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status quantize_linear_weights(ModelWeights& weights, const QuantSpec& spec) {
@@ -249,27 +321,25 @@ Status quantize_lm_head(ModelWeights& weights, const QuantSpec& spec) {
 
 Result<std::map<std::string, int>> quantize_linear_weights(ModelWeights& weights, const QuantPolicy& policy,
                                                            const std::optional<QuantSpec>& fallback) {
-  if (weights.embed_tokens.defined() && !weights.embed_tokens.device().is_cpu()) {
-    return make_error(ErrorCode::kUnsupported, "--quant-policy runs on the host; the weights are on {}",
-                      weights.embed_tokens.device().to_string());
-  }
   // A tied LM head is the embedding table itself, which stays as stored.
   const bool tied = weights.lm_head.dense.defined() && weights.embed_tokens.defined() &&
                     weights.lm_head.dense.raw_data() == weights.embed_tokens.raw_data();
+  const auto spec_of = [&](const std::string& module) -> std::optional<QuantSpec> {
+    // The LM head only by a rule naming it; `*` rules and the fallback are for the layers.
+    if (module == "lm_head") {
+      for (const QuantPolicyRule& r : policy.rules()) {
+        if (r.pattern == "lm_head") return r.spec;
+      }
+      return std::nullopt;
+    }
+    return policy.spec_for(module, fallback);
+  };
   std::map<std::string, int> counts;
-  TACHYON_RETURN_IF_ERROR(quantize_on_host(
-      weights,
-      [&](const std::string& module) -> std::optional<QuantSpec> {
-        // The LM head only by a rule naming it; `*` rules and the fallback are for the layers.
-        if (module == "lm_head") {
-          for (const QuantPolicyRule& r : policy.rules()) {
-            if (r.pattern == "lm_head") return r.spec;
-          }
-          return std::nullopt;
-        }
-        return policy.spec_for(module, fallback);
-      },
-      /*lm_head=*/!tied && !weights.lm_head.quant, &counts));
+  if (weights.embed_tokens.defined() && !weights.embed_tokens.device().is_cpu()) {
+    TACHYON_RETURN_IF_ERROR(quantize_policy_on_device(weights, spec_of, !tied && !weights.lm_head.quant, &counts));
+    return counts;
+  }
+  TACHYON_RETURN_IF_ERROR(quantize_on_host(weights, spec_of, /*lm_head=*/!tied && !weights.lm_head.quant, &counts));
   return counts;
 }
 

@@ -23,10 +23,11 @@ namespace tachyon {
 // projections as one matrix, the separate ones becoming row views of it).
 Status quantize_linear_weights(ModelWeights& weights, const QuantSpec& spec);
 
-// In place, on the host only: each linear layer (and an untied LM head, when a rule names
-// `lm_head` exactly) in the format `policy` gives it (quant/quant_policy.h), `fallback` for
-// modules no rule matches (nullopt: as stored). Returns the number of modules per format
-// ("int4-g64", "int8", "dense", ...). Fails, changing nothing, as the uniform form does.
+// In place: each linear layer (and an untied LM head, when a rule names `lm_head` exactly) in the
+// format `policy` gives it (quant/quant_policy.h), `fallback` for modules no rule matches
+// (nullopt: as stored). Returns the number of modules per format ("int4-g64", "int8", ...).
+// Fails, changing nothing, as the uniform form does. On a GPU a fused projection (qkv, gate_up)
+// stays fused when every layer gives its parts one format, else all layers run them apart.
 Result<std::map<std::string, int>> quantize_linear_weights(ModelWeights& weights, const QuantPolicy& policy,
                                                            const std::optional<QuantSpec>& fallback);
 

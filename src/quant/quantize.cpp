@@ -382,6 +382,28 @@ Result<QuantSpec> parse_quant_spec(const std::string& name, int group) {
   return spec;
 }
 
+std::string quant_spec_name(const QuantSpec& spec) {
+  if (spec.format == QuantFormat::kInt4Group) {
+    return spec.gguf_q4_0 ? std::string("q4_0") : fmt::format("int4:g{}", spec.group_size);
+  }
+  if (spec.format == QuantFormat::kTernary) return fmt::format("ternary:g{}", spec.group_size);
+  return quant_format_name(spec.format);
+}
+
+bool k_quant_fallback(QuantSpec& spec, int64_t in_features) {
+  QuantFormat fallback;
+  switch (spec.format) {
+    case QuantFormat::kGgufQ4_K: fallback = QuantFormat::kGgufQ5_0; break;
+    case QuantFormat::kGgufQ5_K: fallback = QuantFormat::kGgufQ5_1; break;
+    case QuantFormat::kGgufQ6_K: fallback = QuantFormat::kGgufQ8_0; break;
+    default: return false;
+  }
+  if (in_features % kGgmlBlockK == 0) return false;
+  spec.format = fallback;
+  spec.group_size = 32;
+  return true;
+}
+
 Result<Weight> quantize_weight(const Weight& w, const QuantSpec& spec) {
   if (w.quant) {
     return make_error(ErrorCode::kInvalidArgument, "the weight is already quantized ({})",

@@ -110,6 +110,14 @@ struct QuantSpec {
 // else is an error naming the choices.
 Result<QuantSpec> parse_quant_spec(const std::string& name, int group);
 
+// The name parse_quant_spec and `--quant-policy` rules read back: "int8", "int4:g64", "q4_0",
+// "q5_k", "ternary:g128", ...
+std::string quant_spec_name(const QuantSpec& spec);
+// The K-quants need in_features in whole super-blocks of 256; a weight that has none (a 640-wide
+// down_proj, Qwen2.5-0.5B's 896-wide inputs) takes the 32-wide block format llama.cpp's quantizer
+// falls back to: Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0. Returns whether `spec` changed.
+bool k_quant_fallback(QuantSpec& spec, int64_t in_features);
+
 // A dense weight on the host quantized as `spec`; an already quantized weight is an error.
 Result<Weight> quantize_weight(const Weight& w, const QuantSpec& spec);
 

@@ -34,6 +34,7 @@
 #include "model/quantize_weights.h"
 #include "model/quantized_checkpoint.h"
 #include "ops/cuda/launch.h"
+#include "quant/quant_policy.h"
 #include "quant/quantize.h"
 #include "ops/ops.h"
 #include "speculative/domain_classifier.h"
@@ -399,6 +400,72 @@ TEST(GpuModel, PackedWeightsMatchTheCpuPath) {
       std::printf("%s GPU vs CPU over 32 steps (\"%s\"): worst logits error %.2e, %d near-tie argmax flips\n", name,
                   text, worst, near_ties);
     }
+  }
+}
+
+// --quant-policy on a GPU: the bundled model loaded there (fused qkv and gate_up) takes a policy
+// module by module. Where q/k/v (or gate/up) get one format in every layer the fused matrix is
+// quantized whole; where they differ every layer runs them apart. Each module ends in the format
+// the rule gives it (K-quant fallbacks as on the host), and the step-by-step logits agree with the
+// same policy applied on the CPU as in PackedWeightsMatchTheCpuPath.
+TEST(GpuModel, QuantPolicyOnTheGpuMatchesTheCpu) {
+  TACHYON_START_GPU();
+  const testing::ExactQuantizedLinears exact;
+  LoadedModel cpu = testing::load_model_or_fail(testing::source_dir() + "/models/tachyon-demo", Device::cpu());
+  LoadedModel gpu = testing::load_model_or_fail(testing::source_dir() + "/models/tachyon-demo", kGpu);
+  const int64_t vocab = cpu.model->config().vocab_size;
+  struct Case {
+    const char* rules;
+    bool fused_qkv, fused_gate_up;
+  };
+  for (const Case& c : {Case{"*.self_attn.v_proj int8\n*.self_attn.* int4:g64\n*.mlp.gate_proj q4_k\n"
+                             "model.layers.1.* dense\n* q8_0\n", false, false},
+                        Case{"*.self_attn.o_proj w8a8\n*.self_attn.* int4:g128\n*.mlp.down_proj q5_k\n* int8\n",
+                             true, true}}) {
+    SCOPED_TRACE(c.rules);
+    auto policy = QuantPolicy::parse(c.rules, "policy");
+    ASSERT_TRUE(policy.ok()) << policy.status().to_string();
+    ModelWeights cw = cpu.model->weights(), gw = gpu.model->weights();
+    auto cc = quantize_linear_weights(cw, *policy, std::nullopt);
+    ASSERT_TRUE(cc.ok()) << cc.status().to_string();
+    auto gc = quantize_linear_weights(gw, *policy, std::nullopt);
+    ASSERT_TRUE(gc.ok()) << gc.status().to_string();
+    EXPECT_EQ(*cc, *gc);  // the same modules per format
+    for (size_t l = 0; l < gw.layers.size(); ++l) {
+      const LayerWeights& g = gw.layers[l];
+      const LayerWeights& h = cw.layers[l];
+      EXPECT_EQ(g.qkv_proj.defined(), c.fused_qkv) << "layer " << l;
+      EXPECT_EQ(g.gate_up_proj.defined(), c.fused_gate_up) << "layer " << l;
+      const Weight* gm[] = {&g.q_proj, &g.k_proj, &g.v_proj, &g.o_proj, &g.gate_proj, &g.up_proj, &g.down_proj};
+      const Weight* hm[] = {&h.q_proj, &h.k_proj, &h.v_proj, &h.o_proj, &h.gate_proj, &h.up_proj, &h.down_proj};
+      for (int m = 0; m < 7; ++m) {
+        ASSERT_EQ(gm[m]->quant != nullptr, hm[m]->quant != nullptr) << "layer " << l << " module " << m;
+        if (hm[m]->quant) {
+          EXPECT_EQ(gm[m]->quant->format, hm[m]->quant->format) << "layer " << l << " module " << m;
+          EXPECT_EQ(gm[m]->quant->packed.device(), kGpu);
+        }
+      }
+    }
+    LlamaModel cm(cpu.model->config(), std::move(cw)), gm(gpu.model->config(), std::move(gw));
+    std::vector<int32_t> chunk = cpu.tokenizer->encode("Once upon a time");
+    const int P = static_cast<int>(chunk.size());
+    Sessions cs = Sessions::make(cm, 1, P + 40, DType::kF32), gs = Sessions::make(gm, 1, P + 40, DType::kF32);
+    double worst = 0.0;
+    int near_ties = 0;
+    for (int step = 0; step < 32; ++step) {
+      const Tensor lc = cs.run({chunk}, LogitsWanted::kLast), lg = to_host(gs.run({chunk}, LogitsWanted::kLast));
+      const float* a = lc.data<float>();
+      const float* b = lg.data<float>();
+      const double err = relative_error(b, a, vocab);
+      worst = std::max(worst, err);
+      ASSERT_LE(err, 2e-2) << "step " << step;
+      const int64_t top = std::max_element(a, a + vocab) - a, got = std::max_element(b, b + vocab) - b;
+      if (got != top) ++near_ties;
+      chunk = {static_cast<int32_t>(top)};
+    }
+    EXPECT_LE(near_ties, 3);
+    std::printf("policy on the GPU vs the CPU over 32 steps: worst logits error %.2e, %d near-tie flips\n", worst,
+                near_ties);
   }
 }
 

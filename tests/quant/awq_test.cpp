@@ -4,6 +4,7 @@
 // folding of 1/s into norms and rows (checked exact by keeping every module 16-bit); and the
 // per-module error budget.
 #include <gtest/gtest.h>
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
@@ -423,37 +424,62 @@ TEST(AwqModel, FoldedScalesLeaveTheModelUnchanged) {
   EXPECT_LT(diff, 1e-4);
 }
 
-TEST(AwqModel, ErrorBudgetKeepsTheWorstModules16Bit) {
+// --max-layer-error for every method (w8a8 with and without SmoothQuant included): a module stays
+// 16-bit exactly when its measured error exceeds the budget, and a budget nothing meets keeps all.
+TEST(AwqModel, ErrorBudgetKeepsTheWorstModules16BitForEveryMethod) {
   LoadedModel loaded;
   const LlamaModel model = demo_f32(2, &loaded);
   const std::vector<int32_t> calib = text_tokens(loaded, "calib/calib.txt", 0, 256);
-  QuantizeModelOptions o;
-  o.method = QuantMethod::kRtnInt4;
-  o.sequence_length = 128;
-  auto all = quantize_model(model, calib, o);
-  ASSERT_TRUE(all.ok()) << all.status().to_string();
-  std::vector<double> errors;
-  for (const auto& l : all->layers) {
-    for (const auto& m : l.modules) errors.push_back(*m.relative_error);
-  }
-  std::sort(errors.begin(), errors.end());
-  o.max_layer_error = (errors[errors.size() / 2] + errors[errors.size() / 2 + 1]) / 2;  // between two measured
-  auto budget = quantize_model(model, calib, o);
-  ASSERT_TRUE(budget.ok()) << budget.status().to_string();
-  int kept = 0, packed = 0;
-  for (size_t l = 0; l < budget->layers.size(); ++l) {
-    const LayerWeights& w = budget->weights.layers[l];
-    const Weight* weights[] = {&w.q_proj, &w.k_proj, &w.v_proj, &w.o_proj, &w.gate_proj, &w.up_proj, &w.down_proj};
-    for (size_t m = 0; m < budget->layers[l].modules.size(); ++m) {
-      const ModuleQuantReport& r = budget->layers[l].modules[m];
-      EXPECT_EQ(r.kept_dense, *r.relative_error > o.max_layer_error) << r.name;
-      EXPECT_EQ(weights[m]->quant == nullptr, r.kept_dense) << r.name;
-      (r.kept_dense ? kept : packed) += 1;
+  struct Case {
+    QuantMethod method;
+    float smooth_alpha;
+  };
+  for (const Case& c : {Case{QuantMethod::kRtnInt4, 0.0f}, Case{QuantMethod::kAwqInt4, 0.0f},
+                        Case{QuantMethod::kInt8, 0.0f}, Case{QuantMethod::kW8A8, 0.0f},
+                        Case{QuantMethod::kW8A8, 0.5f}, Case{QuantMethod::kFp8, 0.0f}}) {
+    SCOPED_TRACE(fmt::format("{} smooth {}", quant_method_name(c.method), c.smooth_alpha));
+    QuantizeModelOptions o;
+    o.method = c.method;
+    o.smooth_alpha = c.smooth_alpha;
+    o.sequence_length = 128;
+    o.grid = 5;
+    o.max_layer_error = 1e9;  // measures every module, keeps none
+    auto all = quantize_model(model, calib, o);
+    ASSERT_TRUE(all.ok()) << all.status().to_string();
+    std::vector<double> errors;
+    for (const auto& l : all->layers) {
+      for (const auto& m : l.modules) {
+        ASSERT_TRUE(m.relative_error.has_value()) << m.name;
+        EXPECT_FALSE(m.kept_dense) << m.name;
+        errors.push_back(*m.relative_error);
+      }
+    }
+    std::sort(errors.begin(), errors.end());
+    ASSERT_LT(errors[errors.size() / 2], errors[errors.size() / 2 + 1]);
+    for (const double budget : {(errors[errors.size() / 2] + errors[errors.size() / 2 + 1]) / 2, 1e-7}) {
+      o.max_layer_error = budget;
+      auto chosen = quantize_model(model, calib, o);
+      ASSERT_TRUE(chosen.ok()) << chosen.status().to_string();
+      int kept = 0, packed = 0;
+      for (size_t l = 0; l < chosen->layers.size(); ++l) {
+        const LayerWeights& w = chosen->weights.layers[l];
+        const Weight* weights[] = {&w.q_proj, &w.k_proj, &w.v_proj, &w.o_proj, &w.gate_proj, &w.up_proj, &w.down_proj};
+        for (size_t m = 0; m < chosen->layers[l].modules.size(); ++m) {
+          const ModuleQuantReport& r = chosen->layers[l].modules[m];
+          EXPECT_EQ(r.kept_dense, *r.relative_error > budget) << r.name;
+          EXPECT_EQ(weights[m]->quant == nullptr, r.kept_dense) << r.name;
+          (r.kept_dense ? kept : packed) += 1;
+        }
+      }
+      EXPECT_EQ(kept + packed, 14);
+      if (budget < 1e-6) {
+        EXPECT_EQ(kept, 14);
+      } else {
+        EXPECT_GT(kept, 0);
+        EXPECT_GT(packed, 0);
+      }
     }
   }
-  EXPECT_EQ(kept + packed, 14);
-  EXPECT_GT(kept, 0);
-  EXPECT_GT(packed, 0);
 }
 
 TEST(AwqModel, BadRequestsAreErrors) {
