@@ -11,7 +11,11 @@
 
 #include <fmt/format.h>
 
+#include <nlohmann/json.hpp>
+
 #include "cli/quant_check.h"
+#include "core/mapped_file.h"
+#include "io/safetensors.h"
 #include "core/log.h"
 #include "core/thread_pool.h"
 #include "core/timer.h"
@@ -47,6 +51,11 @@ void add_common_options(CLI::App& cmd, CommonOptions& options) {
                  "size is not a multiple of 256). Off by default: the head is the module most sensitive to "
                  "rounding, and a tied head gets a copy of its own")
       ->check(CLI::IsMember({"int8", "q8_0", "q6_k"}));
+  cmd.add_option("--quant-guard-kl", options.quant_guard_kl,
+                 "every quantized load runs a 16-token probe: non-finite logits, or a mean KL to the 16-bit model "
+                 "above this (nats; default 0.5, 0: finiteness only), return modules to 16 bits, worst first, "
+                 "with a warning naming them")
+      ->check(non_negative_real());
   cmd.add_option("--quant-group", options.quant_group,
                  "inputs per scale of --quant int4 (32, 64 or 128) or ternary (also 256); default 128")
       ->check(CLI::IsMember({32, 64, 128, 256}));
@@ -61,6 +70,83 @@ Result<Device> parse_device(const std::string& text) {
   }
   return make_error(ErrorCode::kInvalidArgument, "--device '{}': expected cpu, cuda or cuda:N", text);
 }
+
+namespace {
+
+bool has_packed_linears(const ModelWeights& w) {
+  for (const LayerWeights& l : w.layers) {
+    for (const Weight* m : {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj, &l.up_proj, &l.down_proj}) {
+      if (m->quant) return true;
+    }
+  }
+  return w.lm_head.quant != nullptr;
+}
+
+// A checkpoint stored quantized: the guard (cli/quant_check.h) against the 16-bit model's probe
+// logits that `tachyon quantize` stored beside it (finiteness only without them), falling back
+// module by module to the source model its quantize_report.json names when the check fails.
+Status guard_checkpoint(LoadedModel& loaded, const CommonOptions& options, const LoadOptions& lo) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path dir = fs::is_directory(loaded.path, ec) ? fs::path(loaded.path) : fs::path(loaded.path).parent_path();
+  const ModelConfig config = loaded.model->config();
+  std::vector<int32_t> probe = guard_probe_tokens(loaded.tokenizer.get(), loaded.bos_token_id, config.vocab_size);
+  Tensor reference;
+  if (fs::is_regular_file(dir / kQuantProbeFile, ec)) {
+    auto file = SafetensorsFile::open((dir / kQuantProbeFile).string());
+    if (!file.ok()) return file.status().with_context("the stored probe");
+    auto tokens = (*file)->tensor("tokens");
+    auto logits = (*file)->tensor("logits");
+    if (!tokens.ok() || !logits.ok() || tokens->dtype() != DType::kI32 || tokens->dim() != 1 ||
+        logits->dtype() != DType::kF32 || logits->dim() != 2 || logits->size(0) != tokens->size(0) ||
+        logits->size(1) != config.vocab_size || tokens->size(0) < 1) {
+      return make_error(ErrorCode::kCorruptFile, "{}: expected tokens [n] i32 and logits [n, {}] f32",
+                        (dir / kQuantProbeFile).string(), config.vocab_size);
+    }
+    probe.assign(tokens->data<int32_t>(), tokens->data<int32_t>() + tokens->numel());
+    for (int32_t t : probe) {
+      if (t < 0 || t >= config.vocab_size) {
+        return make_error(ErrorCode::kCorruptFile, "{}: token {} outside the vocabulary", (dir / kQuantProbeFile).string(), t);
+      }
+    }
+    reference = logits->contiguous();
+  }
+  ModelWeights weights = loaded.model->weights();
+  TACHYON_ASSIGN_OR_RETURN(QuantGuardResult g, guard_quantized_weights(config, weights, nullptr, probe, reference,
+                                                                       options.quant_guard_kl));
+  if (g.passed) {
+    TACHYON_LOG_INFO("{}: quantized checkpoint: {} on a {}-token probe", loaded.path,
+                     g.measured_kl ? fmt::format("KL {:.5f} nats to the stored model", g.kl) : "logits finite",
+                     probe.size());
+    return Status::Ok();
+  }
+  // The source model, when the report names one that is still there.
+  std::string source;
+  if (auto report_text = read_text_file((dir / "quantize_report.json").string()); report_text.ok()) {
+    const auto j = nlohmann::json::parse(*report_text, nullptr, /*allow_exceptions=*/false);
+    if (j.is_object() && j.contains("model") && j["model"].is_string()) source = j["model"].get<std::string>();
+  }
+  const std::string what = !g.finite ? g.first_non_finite : fmt::format("KL {:.4f} nats over the probe", g.kl);
+  if (source.empty() || !fs::exists(source, ec)) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "{}: the quantized checkpoint fails the guard ({}, limit {} nats){}", loaded.path, what,
+                      options.quant_guard_kl,
+                      source.empty() ? "; it names no 16-bit source model to fall back to"
+                                     : fmt::format("; its source model {} is not there to fall back to", source));
+  }
+  LoadOptions source_options = lo;
+  source_options.path = source;
+  auto stored = load_model(source_options);
+  if (!stored.ok()) return stored.status().with_context(fmt::format("{}: loading its source model", loaded.path));
+  const std::string format = "stored quantized";
+  auto quantized = std::move(loaded.model);
+  TACHYON_ASSIGN_OR_RETURN(bool kept, guard_quantized_load(loaded, std::move(quantized), &stored->model->weights(),
+                                                           reference, format, options.quant_guard_kl));
+  (void)kept;  // guard_quantized_load errs when nothing could be repaired
+  return Status::Ok();
+}
+
+}  // namespace
 
 Result<LoadedModel> load(const CommonOptions& options, DType synthetic_dtype) {
   if (options.verbose) set_log_level(LogLevel::kInfo);
@@ -100,7 +186,10 @@ Result<LoadedModel> load(const CommonOptions& options, DType synthetic_dtype) {
     TACHYON_ASSIGN_OR_RETURN(head_spec, parse_quant_spec(options.quant_lm_head, options.quant_group));
   }
   TACHYON_ASSIGN_OR_RETURN(LoadedModel loaded, load_model(lo));
-  if (options.quant.empty() && !policy && !head_spec) return loaded;
+  if (options.quant.empty() && !policy && !head_spec) {
+    if (has_packed_linears(loaded.model->weights())) TACHYON_RETURN_IF_ERROR(guard_checkpoint(loaded, options, lo));
+    return loaded;
+  }
   std::string what = policy ? "--quant-policy " + policy_path
                      : options.quant.empty() ? std::string()
                                              : "--quant " + options.quant;
@@ -136,7 +225,7 @@ Result<LoadedModel> load(const CommonOptions& options, DType synthetic_dtype) {
   // the check fails.
   auto quantized = std::make_unique<LlamaModel>(loaded.model->config(), std::move(weights));
   // When the weights as stored are kept, a warning has said so.
-  if (auto kept = keep_quantized_if_finite(loaded, std::move(quantized), format); !kept.ok()) {
+  if (auto kept = keep_quantized_if_finite(loaded, std::move(quantized), format, options.quant_guard_kl); !kept.ok()) {
     return make_error(kept.status().code(), "{}: {}: checking the quantized model: {}", loaded.path, what,
                       kept.status().message());
   }

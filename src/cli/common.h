@@ -27,6 +27,9 @@ struct CommonOptions {
   std::string quant_lm_head;
   // The weights exactly as stored: no directory quant_policy.txt (the reference of --kl).
   bool as_stored = false;
+  // The guard of quantized loads (cli/quant_check.h): mean KL over the probe past which modules
+  // return to 16 bits; 0 checks finiteness only.
+  double quant_guard_kl = 0.5;  // cli/quant_check.h kDefaultGuardKl
 };
 
 void add_common_options(CLI::App& cmd, CommonOptions& options);

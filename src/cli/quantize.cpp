@@ -25,9 +25,11 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "cli/quant_check.h"
 #include "cli/scoring.h"
 #include "core/mapped_file.h"
 #include "core/timer.h"
+#include "io/safetensors_writer.h"
 #include "model/quantize_model.h"
 #include "model/quantize_weights.h"
 #include "model/quantized_checkpoint.h"
@@ -381,6 +383,7 @@ int run_quantize(const QuantizeArgs& a) {
   common.model = a.model;
   common.threads = a.threads;
   common.verbose = a.verbose;
+  common.as_stored = true;
   auto loaded = load(common);
   if (!loaded.ok()) return report(loaded.status());
 
@@ -415,6 +418,20 @@ int run_quantize(const QuantizeArgs& a) {
                                                    : CheckpointQuantMethod::kAwqGemm;
   auto saved = save_quantized_checkpoint(save, loaded->model->config(), quantized->weights);
   if (!saved.ok()) return report(saved.status());
+  // The 16-bit model's logits on the guard's probe: what loading the checkpoint checks it against.
+  {
+    const std::vector<int32_t> probe = guard_probe_tokens(loaded->tokenizer.get(), loaded->bos_token_id,
+                                                          loaded->model->config().vocab_size);
+    auto logits = probe_logits(*loaded->model, probe);
+    if (!logits.ok()) return report(logits.status().with_context("the guard's probe"));
+    Tensor tokens = Tensor::empty({static_cast<int64_t>(probe.size())}, DType::kI32);
+    std::copy(probe.begin(), probe.end(), tokens.data<int32_t>());
+    if (Status s = write_safetensors((fs::path(a.out) / kQuantProbeFile).string(),
+                                     {NamedTensor{"tokens", tokens}, NamedTensor{"logits", *logits}});
+        !s.ok()) {
+      return report(s);
+    }
+  }
 
   nlohmann::json layers = nlohmann::json::array();
   int packed = 0, dense = 0;

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <random>
 #include <span>
@@ -17,6 +18,8 @@
 
 #include "cli/quant_check.h"
 #include "cli/scoring.h"
+#include "io/safetensors.h"
+#include "io/safetensors_writer.h"
 #include "core/mapped_file.h"
 #include "kv/block_manager.h"
 #include "kv/kv_cache.h"
@@ -300,12 +303,14 @@ TEST(PerplexityCli, BadInputsAreOneLineErrors) {
 
 // A NaN in one scale of one quantized weight poisons every logit (attention and the residual
 // stream spread it); the check catches it and the model as stored stays loaded.
-TEST(QuantCheck, NonFiniteQuantizedWeightsFallBackToTheWeightsAsStored) {
+// A NaN in one module's scales: the guard returns that module alone to 16 bits (its weight as
+// stored), and the rest stays quantized; the same weights without the NaN pass untouched.
+TEST(QuantCheck, NonFiniteModuleFallsBackAloneToTheWeightsAsStored) {
   for (const QuantSpec spec : {QuantSpec{QuantFormat::kInt8Channel, 0}, QuantSpec{QuantFormat::kInt4Group, 64}}) {
     SCOPED_TRACE(quant_format_name(spec.format));
     LoadedModel loaded = load_demo();
     const std::string stored_dtypes = loaded.weight_dtypes;
-    const LlamaModel* stored = loaded.model.get();
+    const Weight stored_down = loaded.model->weights().layers[4].down_proj;
 
     ModelWeights clean = loaded.model->weights();
     ASSERT_TRUE(quantize_linear_weights(clean, spec).ok());
@@ -317,29 +322,153 @@ TEST(QuantCheck, NonFiniteQuantizedWeightsFallBackToTheWeightsAsStored) {
     poisoned.layers[4].down_proj.quant = bad;
 
     auto poisoned_model = std::make_unique<LlamaModel>(loaded.model->config(), std::move(poisoned));
-    auto check = cli::check_finite_logits(*poisoned_model, loaded.bos_token_id);
+    auto check = cli::check_finite_logits(*poisoned_model, loaded.bos_token_id, loaded.tokenizer.get());
     ASSERT_TRUE(check.ok()) << check.status().to_string();
     EXPECT_FALSE(check->finite);
     EXPECT_NE(check->first_non_finite.find("nan"), std::string::npos) << check->first_non_finite;
     auto kept = cli::keep_quantized_if_finite(loaded, std::move(poisoned_model), "test-format");
     ASSERT_TRUE(kept.ok()) << kept.status().to_string();
-    EXPECT_FALSE(*kept);
-    EXPECT_EQ(loaded.model.get(), stored);
-    EXPECT_EQ(loaded.model->weights().layers[4].down_proj.quant, nullptr);
-    EXPECT_EQ(loaded.weight_dtypes, stored_dtypes);
+    EXPECT_TRUE(*kept);
+    const ModelWeights& w = loaded.model->weights();
+    EXPECT_EQ(w.layers[4].down_proj.quant, nullptr);
+    EXPECT_EQ(w.layers[4].down_proj.dense.raw_data(), stored_down.dense.raw_data());  // the weight as stored
+    for (size_t l = 0; l < w.layers.size(); ++l) {
+      for (const Weight* m : {&w.layers[l].q_proj, &w.layers[l].o_proj, &w.layers[l].gate_proj, &w.layers[l].up_proj}) {
+        EXPECT_NE(m->quant, nullptr) << "layer " << l;
+      }
+      if (l != 4) {
+        EXPECT_NE(w.layers[l].down_proj.quant, nullptr) << "layer " << l;
+      }
+    }
+    EXPECT_EQ(loaded.weight_dtypes, "test-format, 1 module 16-bit (embedding, lm head: " + stored_dtypes + ")");
 
-    // The same weights without the NaN pass, quickly, and replace the model as stored.
-    auto clean_model = std::make_unique<LlamaModel>(loaded.model->config(), std::move(clean));
-    auto ok = cli::check_finite_logits(*clean_model, loaded.bos_token_id);
+    // The same weights without the NaN pass, quickly, and replace the model as stored whole.
+    LoadedModel again = load_demo();
+    auto clean_model = std::make_unique<LlamaModel>(again.model->config(), std::move(clean));
+    auto ok = cli::check_finite_logits(*clean_model, again.bos_token_id, again.tokenizer.get());
     ASSERT_TRUE(ok.ok()) << ok.status().to_string();
     EXPECT_TRUE(ok->finite) << ok->first_non_finite;
     std::printf("%s: finite-logits check %.2f ms\n", quant_format_name(spec.format), ok->seconds * 1e3);
-    kept = cli::keep_quantized_if_finite(loaded, std::move(clean_model), "test-format");
+    kept = cli::keep_quantized_if_finite(again, std::move(clean_model), "test-format");
     ASSERT_TRUE(kept.ok()) << kept.status().to_string();
     EXPECT_TRUE(*kept);
-    EXPECT_NE(loaded.model->weights().layers[4].down_proj.quant, nullptr);
-    EXPECT_EQ(loaded.weight_dtypes, "test-format (embedding, lm head: " + stored_dtypes + ")");
+    EXPECT_NE(again.model->weights().layers[4].down_proj.quant, nullptr);
+    EXPECT_EQ(again.weight_dtypes, "test-format (embedding, lm head: " + stored_dtypes + ")");
   }
+}
+
+// Finite but wrong: one module's scales 300 times too large. The probe's KL to the stored model is
+// far past the limit; the guard measures each module's own damage and returns the broken one first,
+// which is enough. Ternary rounding on a model not trained for it fails everywhere: modules return
+// worst first until the limit holds; with the limit at 0 only finiteness is checked and all stay.
+TEST(QuantCheck, KlPastTheLimitFallsBackModuleByModule) {
+  LoadedModel loaded = load_demo();
+  const std::vector<int32_t> probe =
+      cli::guard_probe_tokens(loaded.tokenizer.get(), loaded.bos_token_id, loaded.model->config().vocab_size);
+  ASSERT_EQ(probe.size(), static_cast<size_t>(cli::kFiniteCheckTokens));
+  EXPECT_EQ(probe[0], loaded.bos_token_id);
+  ModelWeights w = loaded.model->weights();
+  ASSERT_TRUE(quantize_linear_weights(w, QuantSpec{QuantFormat::kInt8Channel, 0}).ok());
+  auto bad = std::make_shared<QuantWeight>(*w.layers[6].up_proj.quant);
+  bad->scales = bad->scales.to_f32();
+  for (int64_t i = 0; i < bad->scales.numel(); ++i) bad->scales.data<float>()[i] *= 300.0f;
+  w.layers[6].up_proj.quant = bad;
+  auto g = cli::guard_quantized_weights(loaded.model->config(), w, &loaded.model->weights(), probe, Tensor(),
+                                        cli::kDefaultGuardKl);
+  ASSERT_TRUE(g.ok()) << g.status().to_string();
+  EXPECT_TRUE(g->finite);
+  EXPECT_GT(g->kl, 1.0);
+  EXPECT_TRUE(g->passed);
+  ASSERT_EQ(g->fell_back, std::vector<std::string>{"model.layers.6.mlp.up_proj"});
+  EXPECT_LT(g->final_kl, 0.01);
+  EXPECT_EQ(w.layers[6].up_proj.quant, nullptr);
+  EXPECT_NE(w.layers[5].up_proj.quant, nullptr);
+  std::printf("one broken module: KL %.3f -> %.5f after %d probes (%.1f ms)\n", g->kl, g->final_kl, g->probes,
+              g->seconds * 1e3);
+
+  ModelWeights ternary = loaded.model->weights();
+  ASSERT_TRUE(quantize_linear_weights(ternary, QuantSpec{QuantFormat::kTernary, 128}).ok());
+  ModelWeights finite_only = ternary;
+  auto t = cli::guard_quantized_weights(loaded.model->config(), ternary, &loaded.model->weights(), probe, Tensor(),
+                                        cli::kDefaultGuardKl);
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  EXPECT_TRUE(t->passed);
+  EXPECT_GT(t->kl, cli::kDefaultGuardKl);
+  EXPECT_LE(t->final_kl, cli::kDefaultGuardKl);
+  EXPECT_GT(t->fell_back.size(), 1u);
+  EXPECT_LT(t->fell_back.size(), 70u);
+  std::printf("ternary: KL %.3f -> %.3f with %zu of 70 modules back to 16 bits\n", t->kl, t->final_kl,
+              t->fell_back.size());
+  auto f = cli::guard_quantized_weights(loaded.model->config(), finite_only, &loaded.model->weights(), probe, Tensor(), 0.0);
+  ASSERT_TRUE(f.ok());
+  EXPECT_TRUE(f->passed);
+  EXPECT_TRUE(f->fell_back.empty());
+}
+
+// A checkpoint `tachyon quantize` wrote holds the 16-bit model's probe logits; one module's scales
+// corrupted (finite, 300x) fail the guard at load, and that module alone comes back from the source
+// model the report names. Without the source the load is a one-line error; a NaN scale is refused
+// by the loader itself.
+TEST(QuantCheck, CorruptedCheckpointScaleFallsBackForThatModuleOnly) {
+  const std::string dir = testing::scratch_dir("quant_guard_checkpoint");
+  const std::string demo = testing::source_dir() + "/models/tachyon-demo";
+  auto q = run_command(testing::tachyon_binary() + " quantize -m " + demo + " --method int8 -t 2 -o " + dir + "/ck");
+  ASSERT_EQ(q.exit_code, 0) << q.err;
+  ASSERT_TRUE(std::filesystem::exists(dir + "/ck/" + cli::kQuantProbeFile));
+  auto clean = run_command(testing::tachyon_binary() + " generate -m " + dir + "/ck -p 'Once upon a time' -n 4 --temp 0 -t 2");
+  ASSERT_EQ(clean.exit_code, 0) << clean.err;
+  EXPECT_EQ(clean.err.find("guard"), std::string::npos) << clean.err;
+
+  // Corrupt one module's weight_scale in a copy of the checkpoint.
+  const auto corrupt = [&](const std::string& to, float factor) {
+    std::filesystem::create_directories(to);
+    for (const auto& e : std::filesystem::directory_iterator(dir + "/ck")) {
+      std::filesystem::copy_file(e.path(), to + "/" + e.path().filename().string(),
+                                 std::filesystem::copy_options::overwrite_existing);
+    }
+    auto file = SafetensorsFile::open(dir + "/ck/model.safetensors");
+    ASSERT_TRUE(file.ok()) << file.status().to_string();
+    std::vector<NamedTensor> tensors;
+    for (const TensorMeta& m : (*file)->tensors()) {
+      auto t = (*file)->tensor(m.name);
+      ASSERT_TRUE(t.ok()) << m.name;
+      Tensor copy = *t;
+      if (m.name == "model.layers.4.mlp.down_proj.weight_scale") {
+        copy = t->to_f32();  // a copy of its own
+        ASSERT_EQ(copy.dtype(), DType::kF32);
+        for (int64_t i = 0; i < copy.numel(); ++i) copy.data<float>()[i] *= factor;
+      }
+      tensors.push_back(NamedTensor{m.name, copy});
+    }
+    ASSERT_TRUE(write_safetensors(to + "/model.safetensors", tensors).ok());
+  };
+  corrupt(dir + "/bad", 300.0f);
+  auto r = run_command(testing::tachyon_binary() + " generate -m " + dir + "/bad -p 'Once upon a time' -n 4 --temp 0 -t 2");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("1 module back to 16 bits: model.layers.4.mlp.down_proj (KL now"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("[tachyon warn]", r.err.find("[tachyon warn]") + 1), std::string::npos) << r.err;  // one warning
+
+  // Without the source model: an error naming the failure.
+  {
+    std::ifstream in(dir + "/bad/quantize_report.json");
+    nlohmann::json j = nlohmann::json::parse(in);
+    j["model"] = dir + "/nowhere";
+    std::ofstream out(dir + "/bad/quantize_report.json", std::ios::trunc);
+    out << j.dump();
+  }
+  auto e = run_command(testing::tachyon_binary() + " generate -m " + dir + "/bad -p 'Once upon a time' -n 4 --temp 0 -t 2");
+  EXPECT_NE(e.exit_code, 0);
+  EXPECT_NE(e.err.find("fails the guard"), std::string::npos) << e.err;
+  EXPECT_NE(e.err.find("is not there to fall back to"), std::string::npos) << e.err;
+  // --quant-guard-kl 0: finiteness only, and the scales are finite.
+  auto off = run_command(testing::tachyon_binary() + " generate -m " + dir +
+                         "/bad -p 'Once upon a time' -n 4 --temp 0 -t 2 --quant-guard-kl 0");
+  EXPECT_EQ(off.exit_code, 0) << off.err;
+
+  corrupt(dir + "/nan", NAN);
+  auto n = run_command(testing::tachyon_binary() + " generate -m " + dir + "/nan -p 'Once upon a time' -n 4 --temp 0 -t 2");
+  EXPECT_NE(n.exit_code, 0);
+  EXPECT_NE(n.err.find("model.layers.4.mlp.down_proj"), std::string::npos) << n.err;
 }
 
 }  // namespace
