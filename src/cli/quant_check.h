@@ -282,14 +282,16 @@ inline Result<bool> guard_quantized_load(LoadedModel& loaded, std::unique_ptr<Ll
   }
   std::string fell_back;
   if (!g.fell_back.empty()) {
-    for (const std::string& m : g.fell_back) fell_back += (fell_back.empty() ? "" : ", ") + m;
+    constexpr size_t kNamed = 12;  // the worst ones by name, then a count
+    for (size_t i = 0; i < g.fell_back.size() && i < kNamed; ++i) fell_back += (i ? ", " : "") + g.fell_back[i];
+    if (g.fell_back.size() > kNamed) fell_back += fmt::format(" and {} more", g.fell_back.size() - kNamed);
     TACHYON_LOG_WARN("{}: the {} weights failed the guard ({}, limit {}); {} module{} back to 16 bits: {} (KL now "
                      "{:.4f})", loaded.path, format, what, max_kl, g.fell_back.size(),
                      g.fell_back.size() == 1 ? "" : "s", fell_back, g.final_kl);
   } else {
-    TACHYON_LOG_INFO("{} weights: {} on a {}-token probe ({} probes, {:.1f} ms)", format,
+    TACHYON_LOG_INFO("{} weights: {} on a {}-token probe ({} forward{}, {:.1f} ms)", format,
                      g.measured_kl ? fmt::format("KL {:.5f} nats", g.kl) : std::string("logits finite"),
-                     probe.size(), g.probes, g.seconds * 1e3);
+                     probe.size(), g.probes, g.probes == 1 ? "" : "s", g.seconds * 1e3);
   }
   const std::string dtypes = loaded.weight_dtypes;
   loaded.model = std::make_unique<LlamaModel>(config, std::move(weights));
