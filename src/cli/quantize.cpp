@@ -83,6 +83,20 @@ void print_progress(const LayerQuantReport& r, int num_layers) {
   std::fprintf(stderr, "%s\n", line.c_str());
 }
 
+// -m a Hugging Face directory, -o not that directory.
+Status check_directories(const QuantizeArgs& a) {
+  if (!fs::is_directory(a.model) || !fs::exists(fs::path(a.model) / "config.json")) {
+    return make_error(ErrorCode::kInvalidArgument, "quantize: -m {}: expected a Hugging Face directory "
+                      "(config.json + *.safetensors)", a.model);
+  }
+  std::error_code ec;
+  if (fs::exists(a.out, ec) && fs::equivalent(a.model, a.out, ec)) {
+    return make_error(ErrorCode::kInvalidArgument, "quantize: -o {} is the source model's directory; choose another",
+                      a.out);
+  }
+  return Status::Ok();
+}
+
 // Calibration tokens: a prefix of the text (tokens average far fewer than 16 bytes), at most
 // `max_tokens`.
 Result<std::vector<int32_t>> calibration_tokens(const LoadedModel& loaded, const std::string& path,
@@ -201,15 +215,7 @@ int run_budget(const QuantizeArgs& a) {
     return report(make_error(ErrorCode::kInvalidArgument, "quantize: --budget needs calibration text (--calib FILE) to "
                              "measure errors on"));
   }
-  if (!fs::is_directory(a.model) || !fs::exists(fs::path(a.model) / "config.json")) {
-    return report(make_error(ErrorCode::kInvalidArgument, "quantize: -m {}: expected a Hugging Face directory "
-                             "(config.json + *.safetensors)", a.model));
-  }
-  std::error_code ec;
-  if (fs::exists(a.out, ec) && fs::equivalent(a.model, a.out, ec)) {
-    return report(make_error(ErrorCode::kInvalidArgument, "quantize: -o {} is the source model's directory; choose "
-                             "another", a.out));
-  }
+  if (Status s = check_directories(a); !s.ok()) return report(s);
   MeasureFormatsOptions options;
   if (!a.formats.empty()) {
     auto specs = parse_formats(a.formats);
@@ -359,15 +365,7 @@ int run_quantize(const QuantizeArgs& a) {
   Timer total;
   auto method = parse_quant_method(a.method);
   if (!method.ok()) return report(method.status());
-  if (!fs::is_directory(a.model) || !fs::exists(fs::path(a.model) / "config.json")) {
-    return report(make_error(ErrorCode::kInvalidArgument, "quantize: -m {}: expected a Hugging Face directory "
-                             "(config.json + *.safetensors)", a.model));
-  }
-  std::error_code ec;
-  if (fs::exists(a.out, ec) && fs::equivalent(a.model, a.out, ec)) {
-    return report(make_error(ErrorCode::kInvalidArgument, "quantize: -o {} is the source model's directory; choose "
-                             "another", a.out));
-  }
+  if (Status s = check_directories(a); !s.ok()) return report(s);
   if (*method == QuantMethod::kAwqInt4 && a.calib.empty()) {
     return report(make_error(ErrorCode::kInvalidArgument, "quantize: awq-int4 needs calibration text (--calib FILE)"));
   }

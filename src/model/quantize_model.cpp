@@ -577,6 +577,33 @@ Result<QuantMethod> parse_quant_method(const std::string& name) {
                     "method '{}': expected rtn-int4, awq-int4, int8, w8a8, fp8 or ternary", name);
 }
 
+namespace {
+
+// What quantize_model and measure_formats both need: calibration ids inside the vocabulary, and
+// linear weights dense and unfused.
+Status check_quantizable(const LlamaModel& model, std::span<const int32_t> calibration) {
+  const int32_t vocab = model.config().vocab_size;
+  for (size_t i = 0; i < calibration.size(); ++i) {
+    if (calibration[i] < 0 || calibration[i] >= vocab) {
+      return make_error(ErrorCode::kInvalidArgument, "calibration token {} at {} is outside the vocabulary [0, {})",
+                        calibration[i], i, vocab);
+    }
+  }
+  const ModelWeights& weights = model.weights();
+  for (size_t l = 0; l < weights.layers.size(); ++l) {
+    const LayerWeights& w = weights.layers[l];
+    for (const Weight* m : {&w.q_proj, &w.k_proj, &w.v_proj, &w.o_proj, &w.gate_proj, &w.up_proj, &w.down_proj}) {
+      if (m->quant || !m->dense.defined() || w.qkv_proj.defined() || w.gate_up_proj.defined()) {
+        return make_error(ErrorCode::kInvalidArgument, "layer {}: the linear weights must be dense and unfused "
+                          "(a model already quantized cannot be quantized again)", l);
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 Result<QuantizedModel> quantize_model(const LlamaModel& model, std::span<const int32_t> calibration,
                                       const QuantizeModelOptions& options) {
   const ModelConfig& c = model.config();
@@ -610,21 +637,7 @@ Result<QuantizedModel> quantize_model(const LlamaModel& model, std::span<const i
   if (!(options.smooth_alpha >= 0.0f && options.smooth_alpha <= 1.0f)) {
     return make_error(ErrorCode::kInvalidArgument, "SmoothQuant alpha {}: expected 0..1", options.smooth_alpha);
   }
-  for (size_t i = 0; i < calibration.size(); ++i) {
-    if (calibration[i] < 0 || calibration[i] >= c.vocab_size) {
-      return make_error(ErrorCode::kInvalidArgument, "calibration token {} at {} is outside the vocabulary [0, {})",
-                        calibration[i], i, c.vocab_size);
-    }
-  }
-  for (size_t l = 0; l < weights.layers.size(); ++l) {
-    const LayerWeights& w = weights.layers[l];
-    for (const Weight* m : {&w.q_proj, &w.k_proj, &w.v_proj, &w.o_proj, &w.gate_proj, &w.up_proj, &w.down_proj}) {
-      if (m->quant || !m->dense.defined() || w.qkv_proj.defined() || w.gate_up_proj.defined()) {
-        return make_error(ErrorCode::kInvalidArgument, "layer {}: the linear weights must be dense and unfused "
-                          "(a model already quantized cannot be quantized again)", l);
-      }
-    }
-  }
+  TACHYON_RETURN_IF_ERROR(check_quantizable(model, calibration));
 
   QuantizedModel result;
   result.weights = weights;
@@ -685,21 +698,7 @@ Result<FormatMeasurements> measure_formats(const LlamaModel& model, std::span<co
   if (options.sequence_length < 1) {
     return make_error(ErrorCode::kInvalidArgument, "sequence length {}: must be positive", options.sequence_length);
   }
-  for (size_t i = 0; i < calibration.size(); ++i) {
-    if (calibration[i] < 0 || calibration[i] >= c.vocab_size) {
-      return make_error(ErrorCode::kInvalidArgument, "calibration token {} at {} is outside the vocabulary [0, {})",
-                        calibration[i], i, c.vocab_size);
-    }
-  }
-  for (size_t l = 0; l < weights.layers.size(); ++l) {
-    const LayerWeights& w = weights.layers[l];
-    for (const Weight* m : {&w.q_proj, &w.k_proj, &w.v_proj, &w.o_proj, &w.gate_proj, &w.up_proj, &w.down_proj}) {
-      if (m->quant || !m->dense.defined() || w.qkv_proj.defined() || w.gate_up_proj.defined()) {
-        return make_error(ErrorCode::kInvalidArgument, "layer {}: the linear weights must be dense and unfused "
-                          "(a model already quantized cannot be measured again)", l);
-      }
-    }
-  }
+  TACHYON_RETURN_IF_ERROR(check_quantizable(model, calibration));
   const std::vector<QuantSpec> candidates =
       options.candidates.empty() ? default_budget_candidates() : options.candidates;
   FormatMeasurements result;

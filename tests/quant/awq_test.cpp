@@ -154,25 +154,8 @@ TEST(AwqSearch, BadInputsAreErrors) {
 
 // ---- on the bundled model ----
 
-// The first `layers` blocks of the demo model with every linear weight in f32 (so that the
-// injected rescaling below is exact up to f32 rounding).
-LlamaModel demo_f32(int layers, LoadedModel* loaded) {
-  LoadOptions o;
-  o.path = testing::source_dir() + "/models/tachyon-demo";
-  auto m = load_model(o);
-  EXPECT_TRUE(m.ok()) << m.status().to_string();
-  *loaded = std::move(m).value();
-  ModelConfig c = loaded->model->config();
-  ModelWeights w = loaded->model->weights();
-  c.num_layers = layers;
-  w.layers.resize(static_cast<size_t>(layers));
-  for (LayerWeights& l : w.layers) {
-    for (Weight* p : {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj, &l.up_proj, &l.down_proj}) {
-      p->dense = p->dense.to_f32();
-    }
-  }
-  return LlamaModel(c, std::move(w));
-}
+// testing::demo_f32: the first blocks of the demo model with every linear weight in f32 (so that
+// the injected rescaling below is exact up to f32 rounding).
 
 // Activation outliers without changing the function: norm weight channel c times `factor`, the
 // columns c of the linears reading that norm divided by it.
@@ -194,6 +177,7 @@ void inject_outliers(ModelWeights& w, const std::vector<int64_t>& channels, floa
   }
 }
 
+using testing::demo_f32;
 using testing::prompt_logits;
 
 double relative_difference(const Tensor& reference, const Tensor& got) {

@@ -16,29 +16,13 @@
 #include "model/quantize_model.h"
 #include "model/quantize_weights.h"
 #include "quant/quant_policy.h"
+#include "quant_test_util.h"
 #include "test_util.h"
 
 namespace tachyon {
 namespace {
 
-// The bundled model cut to `layers` layers, linear weights in f32.
-LlamaModel demo_f32(int layers, LoadedModel* loaded) {
-  LoadOptions o;
-  o.path = testing::source_dir() + "/models/tachyon-demo";
-  auto m = load_model(o);
-  EXPECT_TRUE(m.ok()) << m.status().to_string();
-  *loaded = std::move(m).value();
-  ModelConfig c = loaded->model->config();
-  ModelWeights w = loaded->model->weights();
-  c.num_layers = layers;
-  w.layers.resize(static_cast<size_t>(layers));
-  for (LayerWeights& l : w.layers) {
-    for (Weight* p : {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj, &l.up_proj, &l.down_proj}) {
-      p->dense = p->dense.to_f32();
-    }
-  }
-  return LlamaModel(c, std::move(w));
-}
+using testing::demo_f32;
 
 std::vector<int32_t> calib_tokens(const LoadedModel& m, size_t count) {
   auto text = read_text_file(testing::source_dir() + "/tests/data/calib/calib.txt");

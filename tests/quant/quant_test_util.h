@@ -9,6 +9,8 @@
 #include "kv/kv_cache.h"
 #include "model/forward_batch.h"
 #include "model/llama_model.h"
+#include "model/model_loader.h"
+#include "test_util.h"
 
 namespace tachyon::testing {
 
@@ -34,6 +36,26 @@ inline Tensor prompt_logits(const LlamaModel& model, std::span<const int32_t> to
   const Status s = model.forward(batch, *cache, logits, options);
   EXPECT_TRUE(s.ok()) << s.to_string();
   return logits;
+}
+
+// The bundled model cut to its first `layers` layers, linear weights in f32 (`loaded` keeps the
+// rest: tokenizer, config).
+inline LlamaModel demo_f32(int layers, LoadedModel* loaded) {
+  LoadOptions o;
+  o.path = source_dir() + "/models/tachyon-demo";
+  auto m = load_model(o);
+  EXPECT_TRUE(m.ok()) << m.status().to_string();
+  *loaded = std::move(m).value();
+  ModelConfig c = loaded->model->config();
+  ModelWeights w = loaded->model->weights();
+  c.num_layers = layers;
+  w.layers.resize(static_cast<size_t>(layers));
+  for (LayerWeights& l : w.layers) {
+    for (Weight* p : {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj, &l.up_proj, &l.down_proj}) {
+      p->dense = p->dense.to_f32();
+    }
+  }
+  return LlamaModel(c, std::move(w));
 }
 
 }  // namespace tachyon::testing
