@@ -97,6 +97,16 @@ Status check_directories(const QuantizeArgs& a) {
   return Status::Ok();
 }
 
+// The model to quantize, its weights as stored (no directory quant_policy.txt).
+Result<LoadedModel> load_as_stored(const QuantizeArgs& a) {
+  CommonOptions common;
+  common.model = a.model;
+  common.threads = a.threads;
+  common.verbose = a.verbose;
+  common.as_stored = true;
+  return load(common);
+}
+
 // Calibration tokens: a prefix of the text (tokens average far fewer than 16 bytes), at most
 // `max_tokens`.
 Result<std::vector<int32_t>> calibration_tokens(const LoadedModel& loaded, const std::string& path,
@@ -222,12 +232,7 @@ int run_budget(const QuantizeArgs& a) {
     if (!specs.ok()) return report(specs.status());
     options.candidates = std::move(specs).value();
   }
-  CommonOptions common;
-  common.model = a.model;
-  common.threads = a.threads;
-  common.verbose = a.verbose;
-  common.as_stored = true;
-  auto loaded = load(common);
+  auto loaded = load_as_stored(a);
   if (!loaded.ok()) return report(loaded.status());
   auto calibration = calibration_tokens(*loaded, a.calib, a.calib_tokens);
   if (!calibration.ok()) return report(calibration.status());
@@ -377,12 +382,7 @@ int run_quantize(const QuantizeArgs& a) {
     return report(make_error(ErrorCode::kInvalidArgument, "quantize: --max-layer-error needs calibration text "
                              "(--calib FILE) to measure errors on"));
   }
-  CommonOptions common;
-  common.model = a.model;
-  common.threads = a.threads;
-  common.verbose = a.verbose;
-  common.as_stored = true;
-  auto loaded = load(common);
+  auto loaded = load_as_stored(a);
   if (!loaded.ok()) return report(loaded.status());
 
   std::vector<int32_t> calibration;

@@ -675,14 +675,6 @@ std::vector<QuantSpec> default_budget_candidates() {
   return out;
 }
 
-namespace {
-
-bool same_spec(const QuantSpec& a, const QuantSpec& b) {
-  return a.format == b.format && a.group_size == b.group_size && a.gguf_q4_0 == b.gguf_q4_0;
-}
-
-}  // namespace
-
 Result<FormatMeasurements> measure_formats(const LlamaModel& model, std::span<const int32_t> calibration,
                                            const MeasureFormatsOptions& options) {
   const ModelConfig& c = model.config();
@@ -728,7 +720,7 @@ Result<FormatMeasurements> measure_formats(const LlamaModel& model, std::span<co
         k_quant_fallback(spec, in);
         if (spec.group_size > 0 && in % spec.group_size != 0) continue;  // the format does not fit this width
         if (std::any_of(mf.measured.begin(), mf.measured.end(),
-                        [&](const MeasuredFormat& f) { return same_spec(f.spec, spec); })) {
+                        [&](const MeasuredFormat& f) { return quant_spec_name(f.spec) == quant_spec_name(spec); })) {
           continue;  // a K-quant's fallback that is also a candidate of its own
         }
         auto q = quantize_weight(*source[m], spec);

@@ -211,7 +211,7 @@ Status quantize_policy_on_device(ModelWeights& weights,
   std::vector<LayerWeights> layers = weights.layers;
   const auto same = [](const std::optional<QuantSpec>& a, const std::optional<QuantSpec>& b) {
     if (a.has_value() != b.has_value()) return false;
-    return !a || (a->format == b->format && a->group_size == b->group_size && a->gguf_q4_0 == b->gguf_q4_0);
+    return !a || quant_spec_name(*a) == quant_spec_name(*b);  // the name is the format's identity
   };
   const auto module = [](size_t layer, const char* name) {
     return "model.layers." + std::to_string(layer) + "." + name;
