@@ -25,6 +25,7 @@ struct Options {
   bool quick = false;
   bool prefill_only = false;  // the matmul (the prefill table's yardstick) and prefill attention only
   bool quant_only = false;    // the copy (the packed table's yardstick) and the packed weights only
+  std::vector<std::string> quant_formats;  // --quant-formats: the packed table's formats (bf16 always); empty: all
   bool cublaslt_candidates = false;  // the cuBLASLt algorithm candidates table only
   bool cublaslt_splitk = false;      // ... with each candidate's K split 1..16 ways
   bool int4_only = false;  // the copy, the 16-bit linears (the yardstick) and the int4 linears only

@@ -1,6 +1,7 @@
 // tachyon_cuda_bench: the CUDA backend against the device's own ceilings, on random data.
 //
-//   tachyon_cuda_bench [--json FILE] [--quick] [--prefill-only | --quant-only | --int4-only | --read-patterns |
+//   tachyon_cuda_bench [--json FILE] [--quick] [--quant-formats A,B,...] [--prefill-only | --quant-only |
+//                      --int4-only | --read-patterns |
 //                      --decode-probe | --int4-slices | --int4-sol | --int4-stream-probe | --cublaslt-candidates |
 //                      --cublaslt-splitk]
 //
@@ -9,10 +10,12 @@
 //   gemv       the custom GEMV on Llama-3-8B's decode shapes (bf16 weights) at n = 1, 2, 4, 8, 16 tokens:
 //              GB/s of weight bytes, and as a fraction of the measured copy bandwidth; cuBLASLt
 //              on the same problem beside it
-//   packed     bf16 and the packed formats (GGUF Q8_0 / Q4_K / Q6_K, W8A8, fp8, ternary) on
+//   packed     bf16 and the packed formats (GGUF Q8_0 / Q4_K / Q6_K, W8A8 and fp8 with per-token or
+//              static activation scales, ternary) on
 //              Llama-3-8B's linear shapes through kAuto at n = 1, 2, 4, 8, 32, 256: GB/s of the
 //              bytes one pass reads (packed rows + scales), the fraction of the copy bandwidth,
-//              TFLOP/s, and the time against bf16's (--quant-only: the copy and this alone)
+//              TFLOP/s, and the time against bf16's (--quant-only: the copy and this alone;
+//              --quant-formats w8a8,w8a8-st: those formats and bf16 alone)
 //   attention  decode attention (Llama-3-8B heads: 32 q / 8 kv, head_dim 128, bf16 and i8 caches,
 //              blocks of 16) at batch 1 and 32, context 1k / 4k / 16k: GB/s of K/V bytes read
 //              (an i8 cache's scales included)
@@ -323,7 +326,8 @@ struct PackedRow {
 };
 
 // bf16 (the yardstick, dense) and every packed format the backend runs — GGUF Q8_0 / Q4_1 / Q5_0 /
-// Q5_1 / IQ4_NL / Q4_K / Q5_K / Q6_K, W8A8, per-channel fp8, ternary g128 — on the decode shapes
+// Q5_1 / IQ4_NL / Q4_K / Q5_K / Q6_K, W8A8, per-channel fp8 (both also with a static activation
+// scale: w8a8-st, fp8-st), ternary g128 — on the decode shapes
 // through linear()'s kAuto at 1, 2, 4, 8 tokens (the formats' GEMVs), 32 and 256 (their GEMMs:
 // cuBLASLt int8 for W8A8, fp8 for fp8, the weight expanded to bf16 for the others). Bytes read:
 // the packed rows plus their scales. The weights are a quantized 512-row slab of random values
@@ -340,19 +344,26 @@ Status bench_packed_gemv(cu::LinearContext& ctx, double copy_gbps, nlohmann::jso
     const char* name;
     bool dense;
     QuantFormat format;
+    float x_scale = 0.0f;  // a static activation scale (w8a8-st, fp8-st)
   };
   const Format formats[] = {{"bf16", true, QuantFormat::kInt8Channel},      {"q8_0", false, QuantFormat::kGgufQ8_0},
                             {"q4_1", false, QuantFormat::kGgufQ4_1},        {"q5_0", false, QuantFormat::kGgufQ5_0},
                             {"q5_1", false, QuantFormat::kGgufQ5_1},        {"iq4_nl", false, QuantFormat::kGgufIq4Nl},
                             {"q4_k", false, QuantFormat::kGgufQ4_K},        {"q5_k", false, QuantFormat::kGgufQ5_K},
                             {"q6_k", false, QuantFormat::kGgufQ6_K},        {"w8a8", false, QuantFormat::kW8A8},
-                            {"fp8", false, QuantFormat::kFp8Channel},       {"ternary", false, QuantFormat::kTernary}};
+                            {"w8a8-st", false, QuantFormat::kW8A8, 0.01f},  {"fp8", false, QuantFormat::kFp8Channel},
+                            {"fp8-st", false, QuantFormat::kFp8Channel, 0.003f},
+                            {"ternary", false, QuantFormat::kTernary}};
   const size_t rotate_bytes = opt.quick ? kGiB / 2 : 2 * kGiB;
   constexpr int64_t kSlabRows = 512, kMaxTokens = 256;
   nlohmann::json list = nlohmann::json::array();
   std::mt19937 rng(13);
   std::uniform_real_distribution<float> uniform(-0.05f, 0.05f);
   for (const Format& f : formats) {
+    if (!f.dense && !opt.quant_formats.empty() &&
+        std::find(opt.quant_formats.begin(), opt.quant_formats.end(), f.name) == opt.quant_formats.end()) {
+      continue;
+    }
     for (const Shape& s : shapes) {
       tachyon::Tensor dense = tachyon::Tensor::empty({kSlabRows, s.in}, DType::kF32);
       for (int64_t i = 0; i < dense.numel(); ++i) dense.data<float>()[i] = uniform(rng);
@@ -430,6 +441,7 @@ Status bench_packed_gemv(cu::LinearContext& ctx, double copy_gbps, nlohmann::jso
               a.w_scales = reinterpret_cast<const float*>(w + packed_bytes);
             }
           }
+          a.x_scale = f.x_scale;
           a.y = y.as<float>();
           a.y_stride = s.out;
           a.n = n;
@@ -1012,6 +1024,14 @@ int run(int argc, char** argv) {
       opt.prefill_only = true;
     } else if (a == "--quant-only") {
       opt.quant_only = true;
+    } else if (a == "--quant-formats" && i + 1 < argc) {
+      // A comma-separated list of the packed table's format names (w8a8,w8a8-st,...).
+      std::string list = argv[++i];
+      for (size_t start = 0; start <= list.size();) {
+        const size_t comma = std::min(list.find(',', start), list.size());
+        if (comma > start) opt.quant_formats.push_back(list.substr(start, comma - start));
+        start = comma + 1;
+      }
     } else if (a == "--cublaslt-candidates") {
       opt.cublaslt_candidates = true;
     } else if (a == "--cublaslt-splitk") {
@@ -1031,7 +1051,8 @@ int run(int argc, char** argv) {
       opt.int4_stream_probe = true;
     } else {
       std::fprintf(stderr,
-                   "usage: tachyon_cuda_bench [--json FILE] [--quick] [--prefill-only | --quant-only | --int4-only | "
+                   "usage: tachyon_cuda_bench [--json FILE] [--quick] [--quant-formats A,B,...] [--prefill-only | "
+                   "--quant-only | --int4-only | "
                    "--read-patterns | --decode-probe | --int4-slices | --int4-sol | --int4-stream-probe | "
                    "--cublaslt-candidates | --cublaslt-splitk]\n");
       return 2;

@@ -1,10 +1,11 @@
 // `tachyon quantize -m MODEL --method rtn-int4|awq-int4|int8|w8a8|fp8 [--group G] [--calib FILE]
-// [--calib-tokens N] [--smooth-alpha A] [--max-layer-error E] -o OUTDIR`: quantizes a Hugging Face model's linear
+// [--calib-tokens N] [--smooth-alpha A] [--act-observer OBS] [--max-layer-error E] -o OUTDIR`: quantizes a Hugging Face model's linear
 // layers and writes OUTDIR as a Hugging Face directory that `-m OUTDIR` (and AutoAWQ-aware
 // tools) load: config.json with a quantization_config, the tokenizer files, model.safetensors
 // (int4 in the AutoAWQ GEMM layout, int8 as compressed-tensors per-channel int8, w8a8 the same
 // with dynamic per-token int8 activations, SmoothQuant folded into the norms and rows, fp8 as
-// compressed-tensors float-quantized), and
+// compressed-tensors float-quantized; with --act-observer both get static per-tensor activation
+// scales, <module>.input_scale), and
 // quantize_report.json (per module: format, AWQ alpha, relative output error on calibration
 // data; totals). Progress goes to stderr, one line per layer.
 //
@@ -54,6 +55,9 @@ struct QuantizeArgs {
   std::string formats;       // --formats: the candidates, comma-separated (empty: the default list)
   std::string eval;          // --eval: held-out text for --budget's end-to-end check (default: the calibration text)
   float smooth_alpha = 0.5f;
+  std::string act_observer;     // --act-observer: static activation scales (w8a8, fp8)
+  double act_percentile = 99.99;
+  double act_fallback_ratio = 3.0;
   bool no_clip = false;
   std::string out;
   int threads = 0;
@@ -77,6 +81,8 @@ void print_progress(const LayerQuantReport& r, int num_layers) {
     if (m.relative_error) line += fmt::format(" err={:.4f}", *m.relative_error);
     if (m.rtn_relative_error) line += fmt::format(" (rtn {:.4f})", *m.rtn_relative_error);
     if (m.clip_ratio) line += fmt::format(" clip={:.3f}", *m.clip_ratio);
+    if (m.input_scale) line += fmt::format(" sx={:.4g}", *m.input_scale);
+    if (m.static_error && !m.input_scale) line += fmt::format(" (static {:.4f}, fell back)", *m.static_error);
     line += ",";
   }
   line.pop_back();
@@ -378,6 +384,23 @@ int run_quantize(const QuantizeArgs& a) {
     return report(make_error(ErrorCode::kInvalidArgument, "quantize: w8a8 with SmoothQuant needs calibration text "
                              "(--calib FILE), or --smooth-alpha 0 for plain w8a8"));
   }
+  std::optional<ObserverOptions> observer;
+  if (!a.act_observer.empty()) {
+    if (*method != QuantMethod::kW8A8 && *method != QuantMethod::kFp8) {
+      return report(make_error(ErrorCode::kInvalidArgument, "quantize: --act-observer calibrates the static "
+                               "activation scales of w8a8 and fp8 (method {})", quant_method_name(*method)));
+    }
+    if (a.calib.empty()) {
+      return report(make_error(ErrorCode::kInvalidArgument, "quantize: --act-observer needs calibration text "
+                               "(--calib FILE)"));
+    }
+    auto kind = parse_observer(a.act_observer);
+    if (!kind.ok()) return report(kind.status());
+    ObserverOptions o;
+    o.kind = *kind;
+    o.percentile = a.act_percentile;
+    observer = o;
+  }
   if (a.max_layer_error > 0.0 && a.calib.empty()) {
     return report(make_error(ErrorCode::kInvalidArgument, "quantize: --max-layer-error needs calibration text "
                              "(--calib FILE) to measure errors on"));
@@ -399,6 +422,8 @@ int run_quantize(const QuantizeArgs& a) {
   options.max_layer_error = a.max_layer_error;
   options.smooth_alpha = a.smooth_alpha;
   options.awq_clip = !a.no_clip;
+  options.act_observer = observer;
+  options.act_fallback_ratio = a.act_fallback_ratio;
   const int num_layers = loaded->model->config().num_layers;
   options.on_layer = [num_layers](const LayerQuantReport& r) { print_progress(r, num_layers); };
   Timer quantize_timer;
@@ -414,6 +439,7 @@ int run_quantize(const QuantizeArgs& a) {
                 : *method == QuantMethod::kFp8  ? CheckpointQuantMethod::kFp8Channel
                 : *method == QuantMethod::kTernary ? CheckpointQuantMethod::kTernary
                                                    : CheckpointQuantMethod::kAwqGemm;
+  if (observer) save.activation_observer = observer_name(observer->kind);
   auto saved = save_quantized_checkpoint(save, loaded->model->config(), quantized->weights);
   if (!saved.ok()) return report(saved.status());
   // The 16-bit model's logits on the guard's probe: what loading the checkpoint checks it against.
@@ -444,7 +470,9 @@ int run_quantize(const QuantizeArgs& a) {
                          {"alpha", m.alpha ? nlohmann::json(std::round(*m.alpha * 1e4) / 1e4) : nlohmann::json()},
                          {"relative_error", optional_number(m.relative_error)},
                          {"rtn_relative_error", optional_number(m.rtn_relative_error)},
-                         {"clip_ratio", optional_number(m.clip_ratio)}});
+                         {"clip_ratio", optional_number(m.clip_ratio)},
+                         {"input_scale", m.input_scale ? nlohmann::json(*m.input_scale) : nlohmann::json()},
+                         {"static_relative_error", optional_number(m.static_error)}});
     }
     layers.push_back({{"layer", l.layer}, {"seconds", l.seconds}, {"modules", modules}});
   }
@@ -460,6 +488,16 @@ int run_quantize(const QuantizeArgs& a) {
                          : nlohmann::json()},
       {"smooth_alpha", *method == QuantMethod::kW8A8 ? nlohmann::json(a.smooth_alpha) : nlohmann::json()},
       {"awq_clip", *method == QuantMethod::kAwqInt4 ? nlohmann::json(!a.no_clip) : nlohmann::json()},
+      {"activation_scales",
+       *method == QuantMethod::kW8A8 || *method == QuantMethod::kFp8
+           ? (observer ? nlohmann::json{{"static", true},
+                                        {"observer", observer_name(observer->kind)},
+                                        {"percentile", observer->kind == ObserverKind::kPercentile
+                                                           ? nlohmann::json(observer->percentile)
+                                                           : nlohmann::json()},
+                                        {"fallback_ratio", a.act_fallback_ratio}}
+                       : nlohmann::json{{"static", false}})
+           : nlohmann::json()},
       {"checkpoint_format", saved->quantization.describe()},
       {"calibration", a.calib.empty() ? nlohmann::json()
                                       : nlohmann::json{{"file", a.calib}, {"tokens", quantized->calibration_tokens}}},
@@ -511,6 +549,17 @@ void add_quantize(CLI::App& app, std::function<int()>& run) {
   cmd->add_flag("--no-clip", args->no_clip, "awq-int4: skip the search of each group's clipping range (scales only)");
   cmd->add_option("--smooth-alpha", args->smooth_alpha, "w8a8: SmoothQuant migration strength, 0..1 (default 0.5; "
                   "0: none)")->check(CLI::Range(0.0f, 1.0f));
+  cmd->add_option("--act-observer", args->act_observer, "w8a8, fp8: static activation scales, one per module "
+                  "input, calibrated on --calib by minmax, moving-average, percentile or entropy (TensorRT's KL "
+                  "calibration); stored as each module's input_scale. Default: none (w8a8 per token, fp8 16-bit "
+                  "activations)")
+      ->check(CLI::IsMember({"minmax", "moving-average", "percentile", "entropy"}));
+  cmd->add_option("--act-fallback-ratio", args->act_fallback_ratio, "--act-observer: an input group (q/k/v, o, "
+                  "gate/up, down) whose static scale gives some module more than this many times the output error "
+                  "of per-token (w8a8) or unrounded (fp8) activations keeps those (default 3; 0: every module "
+                  "static)")->check(non_negative_real());
+  cmd->add_option("--act-percentile", args->act_percentile, "--act-observer percentile: the percentile of |x| kept "
+                  "(default 99.99)")->check(CLI::Range(1e-6, 100.0));
   cmd->add_option("--max-layer-error", args->max_layer_error, "keep 16-bit any module whose relative output error on "
                   "the calibration data exceeds this (e.g. 0.05); needs --calib")->check(non_negative_real());
   cmd->add_option("-o,--output", args->out, "the directory to write (created if absent)")->required();

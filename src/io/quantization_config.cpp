@@ -160,10 +160,57 @@ Result<CheckpointQuantization> read_gptq(const json& q, const std::string& where
   return c;
 }
 
+// Whether a config group's input_activations are quantized with one static scale per tensor
+// (dynamic false, strategy "tensor", 8 bits of `type`, symmetric).
+bool static_tensor_activations(const json* activations, const char* type) {
+  if (activations == nullptr || !activations->is_object()) return false;
+  const auto is = [&](const char* key, const json& want) {
+    const json* v = find_any(*activations, {key});
+    return v != nullptr && *v == want;
+  };
+  const json* symmetric = find_any(*activations, {"symmetric"});
+  return is("num_bits", 8) && is("type", type) && is("strategy", "tensor") && is("dynamic", false) &&
+         (symmetric == nullptr || *symmetric == true);
+}
+
+// The observer a static group names (informational).
+std::string observer_of(const json* activations) {
+  const json* o = activations != nullptr && activations->is_object() ? find_any(*activations, {"observer"}) : nullptr;
+  return o != nullptr && o->is_string() ? o->get<std::string>() : std::string();
+}
+
+// A config group's "targets" when each is a full module name (not "Linear" or a "re:" pattern):
+// appended to `names`; false otherwise.
+bool collect_module_names(const json& group, std::vector<std::string>& names) {
+  const json* targets = group.is_object() ? find_any(group, {"targets"}) : nullptr;
+  if (targets == nullptr || !targets->is_array() || targets->empty()) return false;
+  for (const json& t : *targets) {
+    if (!t.is_string()) return false;
+    const std::string name = t.get<std::string>();
+    if (name == "Linear" || name.starts_with("re:") || name.find('.') == std::string::npos) return false;
+    names.push_back(name);
+  }
+  return true;
+}
+
+// Static groups beside groups without static scales: those must name their modules (which then
+// run per token / unrounded); without a static group, the others are the whole checkpoint.
+Status check_unscaled_groups(CheckpointQuantization& c, bool other_groups, bool names_only,
+                             std::vector<std::string> names, const std::string& where) {
+  if (!c.static_activations || !other_groups) return Status::Ok();
+  if (!names_only) {
+    return make_error(ErrorCode::kUnsupported, "{}: config groups mix static activation scales with other input "
+                      "activations by class or pattern; supported is a static group beside groups whose targets are "
+                      "module names", where);
+  }
+  c.unscaled_modules = std::move(names);
+  return Status::Ok();
+}
+
 // compressed-tensors "float-quantized": every config group's weights fp8 e4m3 (num_bits 8, type
-// float) per channel or per tensor. Quantized input activations (FP8 W8A8, static or dynamic) are
-// accepted and run unquantized: the weights are what the checkpoint stores, the activations keep
-// the model's precision.
+// float) per channel or per tensor. Static fp8 input activations per tensor (FP8 W8A8 with an
+// input_scale per module) run as such; dynamic ones (per token) run unquantized: the weights are
+// what the checkpoint stores, the activations keep the model's precision.
 Result<CheckpointQuantization> read_compressed_fp8(const json& q, const std::string& where) {
   CheckpointQuantization c;
   c.method = CheckpointQuantMethod::kFp8Channel;
@@ -172,6 +219,9 @@ Result<CheckpointQuantization> read_compressed_fp8(const json& q, const std::str
   if (groups == nullptr || !groups->is_object() || groups->empty()) {
     return make_error(ErrorCode::kCorruptFile, "{}: quantization_config.config_groups is missing or empty", where);
   }
+  std::vector<std::string> other_targets;  // of the groups without static scales
+  bool other_names_only = true;
+  bool other_groups = false;
   for (const auto& [name, group] : groups->items()) {
     const json* weights = group.is_object() ? find_any(group, {"weights"}) : nullptr;
     const auto is = [](const json& j, const char* key, const json& want) {
@@ -184,7 +234,23 @@ Result<CheckpointQuantization> read_compressed_fp8(const json& q, const std::str
                         "fp8 (num_bits 8, type float) per channel or per tensor", where, name,
                         weights != nullptr ? excerpt(weights->dump()) : "missing");
     }
+    const json* activations = find_any(group, {"input_activations"});
+    const bool quantized = activations != nullptr && activations->is_object();
+    const bool static_fp8 = static_tensor_activations(activations, "float");
+    if (quantized && !static_fp8 && !is(*activations, "dynamic", true)) {
+      return make_error(ErrorCode::kUnsupported, "{}: quantization_config.config_groups.{}.input_activations {}: "
+                        "supported are 16-bit, dynamic, or static fp8 per tensor", where, name,
+                        excerpt(activations->dump()));
+    }
+    if (static_fp8) {
+      c.static_activations = true;
+      c.activation_observer = observer_of(activations);
+    } else {
+      other_groups = true;
+      other_names_only = other_names_only && collect_module_names(group, other_targets);
+    }
   }
+  TACHYON_RETURN_IF_ERROR(check_unscaled_groups(c, other_groups, other_names_only, std::move(other_targets), where));
   TACHYON_ASSIGN_OR_RETURN(c.dense_modules, string_list(q, "ignore", where));
   return c;
 }
@@ -207,6 +273,8 @@ Result<CheckpointQuantization> read_compressed_tensors(const json& q, const std:
     return make_error(ErrorCode::kCorruptFile, "{}: quantization_config.config_groups is missing or empty", where);
   }
   bool first = true;
+  std::vector<std::string> token_targets;  // of the per-token groups
+  bool token_names_only = true, token_groups = false;
   for (const auto& [name, group] : groups->items()) {
     const std::string at = fmt::format("{}: quantization_config.config_groups.{}", where, name);
     const json* weights = group.is_object() ? find_any(group, {"weights"}) : nullptr;
@@ -225,18 +293,30 @@ Result<CheckpointQuantization> read_compressed_tensors(const json& q, const std:
     const bool int8_tokens = activations != nullptr && activations->is_object() && is(*activations, "num_bits", 8) &&
                              is(*activations, "type", "int") && is(*activations, "strategy", "token") &&
                              is(*activations, "dynamic", true) && is(*activations, "symmetric", true);
-    if (!int8_channel || (activations != nullptr && !int8_tokens)) {
+    const bool int8_static = static_tensor_activations(activations, "int");
+    const bool quantized_activations = activations != nullptr && !activations->is_null();
+    if (!int8_channel || (quantized_activations && !int8_tokens && !int8_static)) {
       return make_error(ErrorCode::kUnsupported, "{}: weights {}{}; supported is symmetric int8 per channel with "
-                        "16-bit activations or dynamic symmetric int8 activations per token", at, excerpt(weights->dump()),
-                        activations != nullptr ? " with input activations " + excerpt(activations->dump()) : "");
+                        "16-bit activations, dynamic symmetric int8 activations per token or static ones per tensor",
+                        at, excerpt(weights->dump()),
+                        quantized_activations ? " with input activations " + excerpt(activations->dump()) : "");
     }
-    const CheckpointQuantMethod method = int8_tokens ? CheckpointQuantMethod::kW8A8 : CheckpointQuantMethod::kInt8Channel;
+    const CheckpointQuantMethod method =
+        int8_tokens || int8_static ? CheckpointQuantMethod::kW8A8 : CheckpointQuantMethod::kInt8Channel;
     if (!first && method != c.method) {
       return make_error(ErrorCode::kUnsupported, "{}: config groups mix 16-bit and int8 activations", at);
     }
     c.method = method;
+    if (int8_static) {
+      c.static_activations = true;
+      c.activation_observer = observer_of(activations);
+    } else if (int8_tokens) {
+      token_groups = true;
+      token_names_only = token_names_only && collect_module_names(group, token_targets);
+    }
     first = false;
   }
+  TACHYON_RETURN_IF_ERROR(check_unscaled_groups(c, token_groups, token_names_only, std::move(token_targets), where));
   TACHYON_ASSIGN_OR_RETURN(c.dense_modules, string_list(q, "ignore", where));
   return c;
 }
@@ -250,8 +330,16 @@ std::string CheckpointQuantization::describe() const {
     case CheckpointQuantMethod::kGptq:
       return fmt::format("int4 gptq{} g{}", gptq_format == GptqFormat::kV2 ? "_v2" : "", group_size);
     case CheckpointQuantMethod::kInt8Channel: return "int8 per channel";
-    case CheckpointQuantMethod::kW8A8: return "w8a8";
-    case CheckpointQuantMethod::kFp8Channel: return "fp8 per channel";
+    case CheckpointQuantMethod::kW8A8:
+      if (!static_activations) return "w8a8";
+      return unscaled_modules.empty()
+                 ? "w8a8 (static activation scales)"
+                 : fmt::format("w8a8 (static activation scales; {} modules per token)", unscaled_modules.size());
+    case CheckpointQuantMethod::kFp8Channel:
+      if (!static_activations) return "fp8 per channel";
+      return unscaled_modules.empty() ? "fp8 per channel (static activation scales)"
+                                      : fmt::format("fp8 per channel (static activation scales; {} modules "
+                                                    "16-bit activations)", unscaled_modules.size());
     case CheckpointQuantMethod::kTernary: return fmt::format("ternary g{}", group_size);
   }
   return "?";
@@ -275,6 +363,17 @@ Result<CheckpointQuantization> read_quantization_config(const json& config, cons
                     "compressed-tensors int8 / w8a8 / fp8, tachyon ternary)", path, method);
 }
 
+namespace {
+
+// compressed-tensors' input_activations of static per-tensor scales (<module>.input_scale).
+json static_activations_json(const char* type, const std::string& observer) {
+  return {{"num_bits", 8},         {"type", type},     {"symmetric", true},
+          {"strategy", "tensor"},  {"group_size", nullptr}, {"dynamic", false},
+          {"observer", observer.empty() ? json("minmax") : json(observer)}};
+}
+
+}  // namespace
+
 json quantization_config_json(const CheckpointQuantization& q) {
   json dense = q.dense_modules;
   switch (q.method) {
@@ -289,29 +388,48 @@ json quantization_config_json(const CheckpointQuantization& q) {
       json weights = {{"num_bits", 8},        {"type", "int"},     {"symmetric", true}, {"strategy", "channel"},
                       {"group_size", nullptr}, {"dynamic", false}, {"observer", "minmax"}};
       json activations = nullptr;
-      if (q.method == CheckpointQuantMethod::kW8A8) {
+      if (q.method == CheckpointQuantMethod::kW8A8 && q.static_activations) {
+        activations = static_activations_json("int", q.activation_observer);
+      } else if (q.method == CheckpointQuantMethod::kW8A8) {
         activations = {{"num_bits", 8},         {"type", "int"},    {"symmetric", true}, {"strategy", "token"},
                        {"group_size", nullptr}, {"dynamic", true},  {"observer", nullptr}};
       }
       json group = {{"targets", {"Linear"}}, {"weights", weights}, {"input_activations", activations},
                     {"output_activations", nullptr}};
+      json groups = {{"group_0", group}};
+      if (q.static_activations && !q.unscaled_modules.empty()) {
+        json per_token = group;
+        per_token["targets"] = q.unscaled_modules;
+        per_token["input_activations"] = {{"num_bits", 8},         {"type", "int"},   {"symmetric", true},
+                                          {"strategy", "token"},   {"group_size", nullptr},
+                                          {"dynamic", true},       {"observer", nullptr}};
+        groups["group_1"] = per_token;
+      }
       json ignore = dense;
       ignore.insert(ignore.begin(), "lm_head");
       return {{"quant_method", "compressed-tensors"}, {"format", "int-quantized"},
-              {"quantization_status", "compressed"},  {"config_groups", {{"group_0", group}}},
+              {"quantization_status", "compressed"},  {"config_groups", groups},
               {"ignore", ignore}};
     }
     case CheckpointQuantMethod::kFp8Channel: {
       // fp8 e4m3 per output channel, weight [out, in] F8_E4M3 and weight_scale [out, 1] f32:
-      // compressed-tensors' "float-quantized" with 16-bit activations.
+      // compressed-tensors' "float-quantized" with 16-bit activations, or static fp8 ones.
       json weights = {{"num_bits", 8},        {"type", "float"},   {"symmetric", true}, {"strategy", "channel"},
                       {"group_size", nullptr}, {"dynamic", false}, {"observer", "minmax"}};
-      json group = {{"targets", {"Linear"}}, {"weights", weights}, {"input_activations", nullptr},
+      json activations = q.static_activations ? static_activations_json("float", q.activation_observer) : json();
+      json group = {{"targets", {"Linear"}}, {"weights", weights}, {"input_activations", activations},
                     {"output_activations", nullptr}};
+      json groups = {{"group_0", group}};
+      if (q.static_activations && !q.unscaled_modules.empty()) {
+        json unrounded = group;
+        unrounded["targets"] = q.unscaled_modules;
+        unrounded["input_activations"] = nullptr;
+        groups["group_1"] = unrounded;
+      }
       json ignore = dense;
       ignore.insert(ignore.begin(), "lm_head");
       return {{"quant_method", "compressed-tensors"}, {"format", "float-quantized"},
-              {"quantization_status", "compressed"},  {"config_groups", {{"group_0", group}}},
+              {"quantization_status", "compressed"},  {"config_groups", groups},
               {"ignore", ignore}};
     }
     case CheckpointQuantMethod::kTernary:

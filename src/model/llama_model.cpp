@@ -154,6 +154,7 @@ bool stackable(std::initializer_list<Weight*> parts) {
     if (!w->quant) return false;
     const QuantWeight& b = *w->quant;
     if (b.format != a.format || b.in_features != a.in_features || b.group_size != a.group_size ||
+        b.input_scale != a.input_scale ||
         !same_rows(a.packed, b.packed) || !same_rows(a.scales, b.scales) || !same_rows(a.zeros, b.zeros)) {
       return false;
     }

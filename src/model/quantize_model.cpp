@@ -324,11 +324,12 @@ void tie_over_kv_heads(const ModelConfig& c, std::vector<float>& v) {
   }
 }
 
-// ||W8A8(x diag(1/s)) - x W^T diag(r)|| / ||x W^T diag(r)||: the output error of a W8A8 layer,
-// activations rounded per token as the kernels do, on the input the (smoothed) model gives it,
-// against what the layer computes there exactly (r: the next group's 1/s folded into its rows).
-// x [n, in] f32, w [out, in] as stored; s, r empty for 1.
-double w8a8_relative_error(const Tensor& x, const Tensor& w, const QuantWeight& q, std::span<const float> s,
+// ||Q(x diag(1/s)) - x W^T diag(r)|| / ||x W^T diag(r)||: the output error of a layer whose
+// activations are rounded too (W8A8 per token or to its static scale, fp8 to its static scale),
+// run as the kernels run it, on the input the (smoothed) model gives it, against what the layer
+// computes there exactly (r: the next group's 1/s folded into its rows). x [n, in] f32, w
+// [out, in] as stored; s, r empty for 1.
+double run_relative_error(const Tensor& x, const Tensor& w, const QuantWeight& q, std::span<const float> s,
                            std::span<const float> r) {
   const int64_t n = x.size(0), in = x.size(1), out = w.size(0);
   Tensor xs = Tensor::empty({n, in}, DType::kF32);
@@ -509,6 +510,68 @@ Status quantize_layer(const QuantizeModelOptions& o, const ModelConfig& c, const
                                                     : QuantFormat::kInt4Group;
   spec.group_size = o.group_size;
   spec.int4_scales = Int4Scales::kF16;
+  // Static activation scales: each input as the quantized model reads it (divided by
+  // SmoothQuant's s), one observer per distinct input, fed one calibration sequence at a time.
+  // Then per input group (q/k/v, o, gate/up, down): where one scale per tensor costs more than
+  // act_fallback_ratio times the output error of activations per token (w8a8) or unrounded (fp8)
+  // on some module, the whole group keeps those (a group shares one input, so fused matrices stay
+  // fused).
+  float input_scale[kModules] = {};
+  std::optional<double> static_error[kModules];
+  const Tensor* input_of[kModules] = {};
+  if (inputs != nullptr) {
+    const Tensor* in_of[kModules] = {&inputs->attn, &inputs->attn, &inputs->attn, &inputs->o,
+                                     &inputs->mlp,  &inputs->mlp,  &inputs->down};
+    std::copy(in_of, in_of + kModules, input_of);
+  }
+  if (o.act_observer && inputs != nullptr && (o.method == QuantMethod::kW8A8 || o.method == QuantMethod::kFp8)) {
+    const float qmax = o.method == QuantMethod::kW8A8 ? 127.0f : kF8E4M3Max;
+    const int64_t length = std::max(1, std::min(o.sequence_length, c.max_position_embeddings));
+    for (int m = 0; m < kModules; ++m) {
+      if (m > 0 && input_of[m] == input_of[m - 1] && column_scales[m] == column_scales[m - 1]) {
+        input_scale[m] = input_scale[m - 1];
+        continue;
+      }
+      const Tensor& x = *input_of[m];
+      const int64_t n = x.size(0), in = x.size(1);
+      const std::vector<float>& s = column_scales[m];
+      ActivationObserver observer(*o.act_observer);
+      std::vector<float> batch;
+      for (int64_t t0 = 0; t0 < n; t0 += length) {
+        const int64_t t1 = std::min(n, t0 + length);
+        batch.resize(static_cast<size_t>((t1 - t0) * in));
+        for (int64_t t = t0; t < t1; ++t) {
+          const float* row = x.data<float>() + t * x.stride(0);
+          float* dst = batch.data() + (t - t0) * in;
+          for (int64_t i = 0; i < in; ++i) dst[i] = s.empty() ? row[i] : row[i] / s[static_cast<size_t>(i)];
+        }
+        observer.observe(batch);
+      }
+      input_scale[m] = observer.scale(qmax);  // 0 (nothing nonzero seen): per token / none
+    }
+    if (o.act_fallback_ratio > 0.0) {
+      bool fall_back[kModules] = {};
+      for (int m = 0; m < kModules; ++m) {
+        if (input_scale[m] <= 0.0f) continue;
+        Weight dense;
+        dense.dense = scaled[m];
+        auto q = quantize_weight(dense, spec);
+        if (!q.ok()) return q.status().with_context(fmt::format("layer {} {}", report.layer, kModuleNames[m]));
+        QuantWeight with_scale = *q->quant;
+        with_scale.input_scale = input_scale[m];
+        static_error[m] =
+            run_relative_error(*input_of[m], source[m]->dense, with_scale, column_scales[m], row_scales[m]);
+        const double unscaled =
+            run_relative_error(*input_of[m], source[m]->dense, *q->quant, column_scales[m], row_scales[m]);
+        fall_back[m] = *static_error[m] > o.act_fallback_ratio * unscaled;
+      }
+      for (int m = 0; m < kModules; ++m) {
+        bool group = false;
+        for (int k = 0; k < kModules; ++k) group = group || (input_of[k] == input_of[m] && fall_back[k]);
+        if (group) input_scale[m] = 0.0f;
+      }
+    }
+  }
   for (int m = 0; m < kModules; ++m) {
     ModuleQuantReport r;
     r.name = kModuleNames[m];
@@ -520,14 +583,21 @@ Status quantize_layer(const QuantizeModelOptions& o, const ModelConfig& c, const
     if (!q.ok()) return q.status().with_context(fmt::format("layer {} {}", report.layer, r.name));
     Weight chosen = std::move(q).value();
     r.format = quant_format_name(spec.format);
-    if (inputs != nullptr && spec.format == QuantFormat::kW8A8) {
+    if (input_scale[m] > 0.0f && chosen.quant) {
+      auto with_scale = std::make_shared<QuantWeight>(*chosen.quant);
+      with_scale->input_scale = input_scale[m];
+      chosen.quant = std::move(with_scale);
+      r.input_scale = input_scale[m];
+    }
+    r.static_error = static_error[m];
+    if (inputs != nullptr && (spec.format == QuantFormat::kW8A8 || input_scale[m] > 0.0f)) {
       // The activations are rounded too: measured by running the layer, against plain W8A8.
-      const Tensor* x = m <= kV ? &inputs->attn : m == kO ? &inputs->o : m == kDown ? &inputs->down : &inputs->mlp;
-      r.relative_error = w8a8_relative_error(*x, source[m]->dense, *chosen.quant, column_scales[m], row_scales[m]);
+      const Tensor* x = input_of[m];
+      r.relative_error = run_relative_error(*x, source[m]->dense, *chosen.quant, column_scales[m], row_scales[m]);
       if (!column_scales[m].empty()) {
         auto plain = quantize_weight(*source[m], spec);
         if (!plain.ok()) return plain.status().with_context(fmt::format("layer {} {}", report.layer, r.name));
-        r.rtn_relative_error = w8a8_relative_error(*x, source[m]->dense, *plain->quant, {}, {});
+        r.rtn_relative_error = run_relative_error(*x, source[m]->dense, *plain->quant, {}, {});
       }
     } else if (inputs != nullptr) {
       const Tensor w = folded[m].dtype() == DType::kF32 ? folded[m] : folded[m].to_f32();
@@ -626,11 +696,17 @@ Result<QuantizedModel> quantize_model(const LlamaModel& model, std::span<const i
                       options.sequence_length, options.grid);
   }
   const bool smooth = options.method == QuantMethod::kW8A8 && options.smooth_alpha > 0.0f;
-  const bool needs_calibration = options.method == QuantMethod::kAwqInt4 || smooth || options.max_layer_error > 0.0;
+  if (options.act_observer && options.method != QuantMethod::kW8A8 && options.method != QuantMethod::kFp8) {
+    return make_error(ErrorCode::kInvalidArgument, "static activation scales are for w8a8 and fp8 (method {})",
+                      quant_method_name(options.method));
+  }
+  const bool needs_calibration = options.method == QuantMethod::kAwqInt4 || smooth || options.max_layer_error > 0.0 ||
+                                 options.act_observer.has_value();
   if (needs_calibration && calibration.size() < 2) {
     return make_error(ErrorCode::kInvalidArgument, "{} needs calibration text: got {} tokens",
                       options.method == QuantMethod::kAwqInt4 ? "awq-int4"
                       : smooth                                ? "w8a8 with SmoothQuant (alpha > 0)"
+                      : options.act_observer                  ? "static activation scales (an activation observer)"
                                                               : "--max-layer-error",
                       calibration.size());
   }
@@ -729,7 +805,7 @@ Result<FormatMeasurements> measure_formats(const LlamaModel& model, std::span<co
         f.spec = spec;
         f.bytes = static_cast<int64_t>(q->nbytes());
         f.error = spec.format == QuantFormat::kW8A8
-                      ? w8a8_relative_error(*input_of[m], source[m]->dense, *q->quant, {}, {})
+                      ? run_relative_error(*input_of[m], source[m]->dense, *q->quant, {}, {})
                       : relative_error(w, *q->quant, {}, *error_of[m]);
         mf.measured.push_back(f);
       }

@@ -17,8 +17,9 @@
 // X^T X [in, in] when there are more tokens than input channels). Each module's relative output error
 // ||X Wq^T - X W^T|| / ||X W^T|| is that of the weight the saved model holds (dequantized as
 // quant/quantize.h defines it) on the input it will see; with max_layer_error set, a module above
-// it stays 16-bit. For W8A8 the error is measured by running the layer (activations rounded per
-// token too) and rtn_relative_error is plain W8A8's without smoothing. The embedding and LM head stay 16-bit. No clipping search (AutoAWQ's second
+// it stays 16-bit. For W8A8, and fp8 with static activation scales, the error is measured by
+// running the layer (activations rounded per token, or to the static scale, too) and
+// rtn_relative_error is plain W8A8's without smoothing (per token). The embedding and LM head stay 16-bit. No clipping search (AutoAWQ's second
 // step) is done.
 #pragma once
 
@@ -31,6 +32,7 @@
 
 #include "core/status.h"
 #include "model/llama_model.h"
+#include "quant/observers.h"
 #include "quant/quantize.h"
 
 namespace tachyon {
@@ -52,6 +54,9 @@ struct ModuleQuantReport {
   std::optional<double> rtn_relative_error;  // AWQ: what round-to-nearest int4 gives instead;
                                              // W8A8: what it gives without smoothing
   std::optional<double> clip_ratio;          // AWQ with clipping: the mean range kept per (row, group)
+  std::optional<float> input_scale;          // W8A8 / fp8 with an activation observer: the static scale
+                                             // (nullopt where the group fell back, act_fallback_ratio)
+  std::optional<double> static_error;        // with act_fallback_ratio: the error the static scale gave
 };
 
 struct LayerQuantReport {
@@ -68,6 +73,17 @@ struct QuantizeModelOptions {
   bool awq_clip = true;       // AWQ: also search each (row, group)'s clipping range (quant/awq.h)
   double max_layer_error = 0; // > 0: modules whose relative output error exceeds it stay 16-bit
   float smooth_alpha = 0.5f;  // w8a8: SmoothQuant's migration strength (0: none); > 0 needs calibration
+  // w8a8 and fp8: static activation scales (QuantWeight::input_scale) calibrated by this observer
+  // on each module's input as the quantized model sees it (after SmoothQuant's division), fed one
+  // calibration sequence per batch; the scale is the threshold over 127 (int8) or 448 (e4m3).
+  // Modules reading one input share its scale. Unset: per-token activations (w8a8) or none (fp8).
+  // Needs calibration.
+  std::optional<ObserverOptions> act_observer;
+  // With act_observer: an input group (q/k/v, o, gate/up, down) where a module's output error with
+  // the static scale exceeds this many times its error with per-token (w8a8) or unrounded (fp8)
+  // activations keeps those instead (one scale per tensor clips heavy-tailed inputs such as the
+  // down projections'). 0: every module static.
+  double act_fallback_ratio = 3.0;
   std::function<void(const LayerQuantReport&)> on_layer;  // progress, after each layer
 };
 

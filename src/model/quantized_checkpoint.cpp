@@ -2,6 +2,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <algorithm>
+#include <cmath>
 #include <memory>
 
 #include "io/json_file.h"
@@ -82,6 +84,35 @@ Result<std::optional<Weight>> read_fp8(const WeightSource& source, const std::st
   return std::optional<Weight>(packed_weight(std::move(w).value()));
 }
 
+// A module's static activation scale, <module>.input_scale: one finite, positive value (shape []
+// or [1], any float dtype), set on its packed weight.
+Status read_input_scale(const WeightSource& source, const CheckpointQuantization& q, const std::string& module,
+                        std::optional<Weight>& w) {
+  if (!w || !w->quant) return Status::Ok();
+  if (std::find(q.unscaled_modules.begin(), q.unscaled_modules.end(), module) != q.unscaled_modules.end()) {
+    return Status::Ok();  // a group without static scales names it
+  }
+  const std::string name = module + ".input_scale";
+  if (!source.has(name)) {
+    return make_error(ErrorCode::kNotFound, "{}: tensor '{}' is missing (the config gives static activation scales)",
+                      module, name);
+  }
+  TACHYON_ASSIGN_OR_RETURN(Tensor t, source.tensor(name));
+  const bool float_dtype = t.dtype() == DType::kF32 || t.dtype() == DType::kF16 || t.dtype() == DType::kBF16;
+  if (t.numel() != 1 || t.dim() > 1 || !float_dtype) {
+    return make_error(ErrorCode::kCorruptFile, "{}: '{}' is {} {}; expected one float", module, name,
+                      dtype_name(t.dtype()), t.shape_string());
+  }
+  const float scale = t.to_f32().data<float>()[0];
+  if (!std::isfinite(scale) || scale <= 0.0f) {
+    return make_error(ErrorCode::kCorruptFile, "{}: '{}' is {}; expected a finite scale > 0", module, name, scale);
+  }
+  auto scaled = std::make_shared<QuantWeight>(*w->quant);
+  scaled->input_scale = scale;
+  w->quant = std::move(scaled);
+  return Status::Ok();
+}
+
 Result<std::optional<Weight>> read_ternary(const WeightSource& source, const CheckpointQuantization& q,
                                            const std::string& module, int64_t out, int64_t in) {
   if (!source.has(module + ".weight_packed")) return std::optional<Weight>();  // stored dense
@@ -132,6 +163,18 @@ class TensorList {
       const Int8ChannelTensors t = pack_int8_channel(qw);
       add(module + ".weight", t.weight);
       add(module + ".weight_scale", t.weight_scale);
+      if (qw.format != QuantFormat::kInt8Channel) {
+        // A static activation scale as <module>.input_scale; the modules without one are listed
+        // (a config group of their own once some module has one).
+        if (qw.input_scale > 0.0f) {
+          q_.static_activations = true;
+          Tensor scale = Tensor::empty({1}, DType::kF32);
+          scale.data<float>()[0] = qw.input_scale;
+          add(module + ".input_scale", scale);
+        } else {
+          q_.unscaled_modules.push_back(module);
+        }
+      }
       return Status::Ok();
     }
     if (qw.format == QuantFormat::kTernary && q_.method == CheckpointQuantMethod::kTernary) {
@@ -171,7 +214,11 @@ Result<std::optional<Weight>> read_quantized_linear(const WeightSource& source, 
     case CheckpointQuantMethod::kAwqGemm:
     case CheckpointQuantMethod::kGptq: return read_int4(source, q, module, out, in);
     case CheckpointQuantMethod::kInt8Channel: return read_int8(source, module, out, in);
-    case CheckpointQuantMethod::kFp8Channel: return read_fp8(source, module, out, in);
+    case CheckpointQuantMethod::kFp8Channel: {
+      TACHYON_ASSIGN_OR_RETURN(std::optional<Weight> w, read_fp8(source, module, out, in));
+      if (q.static_activations) TACHYON_RETURN_IF_ERROR(read_input_scale(source, q, module, w));
+      return w;
+    }
     case CheckpointQuantMethod::kTernary: return read_ternary(source, q, module, out, in);
     case CheckpointQuantMethod::kW8A8: {
       // The same stored weight; its activations are quantized when the layer runs.
@@ -181,6 +228,7 @@ Result<std::optional<Weight>> read_quantized_linear(const WeightSource& source, 
         q8->format = QuantFormat::kW8A8;
         w->quant = std::move(q8);
       }
+      if (q.static_activations) TACHYON_RETURN_IF_ERROR(read_input_scale(source, q, module, w));
       return w;
     }
   }
@@ -214,6 +262,7 @@ Result<SavedCheckpoint> save_quantized_checkpoint(const SaveCheckpointOptions& o
   CheckpointQuantization& q = saved.quantization;
   q.method = options.method;
   q.bits = options.method == CheckpointQuantMethod::kAwqGemm ? 4 : 8;
+  q.activation_observer = options.activation_observer;
   TensorList list(q);
   list.add("model.embed_tokens.weight", weights.embed_tokens);
   for (size_t i = 0; i < weights.layers.size(); ++i) {
@@ -245,6 +294,7 @@ Result<SavedCheckpoint> save_quantized_checkpoint(const SaveCheckpointOptions& o
     TACHYON_RETURN_IF_ERROR(list.add_linear("lm_head", weights.lm_head, /*listed=*/false));
   }
   if (q.method == CheckpointQuantMethod::kAwqGemm && q.group_size == 0) q.group_size = 128;  // every module dense
+  if (!q.static_activations) q.unscaled_modules.clear();  // no static scales: the config's one group says it all
 
   fs::create_directories(out, ec);
   if (ec) return make_error(ErrorCode::kIo, "{}: cannot create the directory: {}", options.out_dir, ec.message());

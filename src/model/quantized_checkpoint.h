@@ -34,6 +34,9 @@ struct SaveCheckpointOptions {
   // (ternary modules, the engine's own layout). Modules left dense
   // are written as <module>.weight and listed in the config (modules_to_not_convert / ignore).
   CheckpointQuantMethod method = CheckpointQuantMethod::kAwqGemm;
+  // W8A8 / fp8 modules with static activation scales (QuantWeight::input_scale, all of them or
+  // none) are written with <module>.input_scale; this names their observer in the config.
+  std::string activation_observer;
 };
 
 struct SavedCheckpoint {

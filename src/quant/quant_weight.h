@@ -38,6 +38,10 @@ struct QuantWeight {
   Tensor packed;  // format-specific packed values
   Tensor scales;  // [out, in / group] (or [out] per channel)
   Tensor zeros;   // same shape as scales where the format is asymmetric; else undefined
+  // Static activation scale (one per tensor, calibrated offline; quant/observers.h): kW8A8 rounds
+  // its input to int8 codes x input_scale and kFp8Channel to fp8 e4m3 codes x input_scale, instead
+  // of a per-token absmax (W8A8) or no activation rounding (FP8). 0: dynamic / none.
+  float input_scale = 0.0f;
 };
 
 // The weight of a linear layer: dense [out_features, in_features] (f32/f16/bf16), or quantized.

@@ -198,6 +198,25 @@ float quantize_activation_row(const float* x, int64_t n, int8_t* codes) {
   return amax / 127.0f;
 }
 
+float quantize_activation_row_static(const float* x, int64_t n, float scale, int8_t* codes) {
+  bool finite = true;
+  for (int64_t i = 0; i < n; ++i) finite = finite && std::isfinite(x[i]);
+  if (!finite) {
+    std::memset(codes, 0, static_cast<size_t>(n));
+    return std::numeric_limits<float>::quiet_NaN();
+  }
+  const float inv = 1.0f / scale;
+  for (int64_t i = 0; i < n; ++i) {
+    codes[i] = static_cast<int8_t>(std::clamp(std::nearbyint(x[i] * inv), -127.0f, 127.0f));
+  }
+  return scale;
+}
+
+void round_activation_row_fp8(const float* x, int64_t n, float scale, float* out) {
+  const float inv = 1.0f / scale;
+  for (int64_t i = 0; i < n; ++i) out[i] = f8e4m3_to_f32(f32_to_f8e4m3(x[i] * inv)) * scale;
+}
+
 Result<QuantWeight> quantize_ternary(const Tensor& w_dense, int group) {
   TACHYON_RETURN_IF_ERROR(check_dense(w_dense, "ternary quantization"));
   const int64_t out = w_dense.size(0), in = w_dense.size(1);

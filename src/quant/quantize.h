@@ -17,10 +17,13 @@
 //   activations quantized per token when the linear runs (quantize_activation_row):
 //     y[t, o] = fma(f32(sum_i qx[t, i] * packed[o, i]), sx[t] * scales[o], bias[o])
 //   (without a bias, the product alone), the integer sum exact (int32), so every kernel gives
-//   the same bits. dequantize() gives the weight alone.
+//   the same bits. dequantize() gives the weight alone. A static input_scale s > 0 replaces sx[t]
+//   by s (quantize_activation_row_static).
 // - kFp8Channel: packed [out, in] f8e4m3 codes (core/dtype.h's OCP e4m3fn), scales [out] f32;
 //   w[o, i] = f8e4m3_to_f32(packed[o, i]) * scales[o], scales[o] = max_i |w[o, i]| / 448 (0 for
-//   an all-zero row), codes = f32_to_f8e4m3(w * (1 / scales[o])) rounded to nearest even.
+//   an all-zero row), codes = f32_to_f8e4m3(w * (1 / scales[o])) rounded to nearest even. With
+//   a static input_scale s > 0 the activations are first rounded to e4m3 codes times s
+//   (round_activation_row_fp8); without one they stay as they are.
 // - kTernary (BitNet b1.58's weights): packed [out, in / 4] u8 in blocks of 32 weights = 8 bytes;
 //   byte j of a block holds weights j, j + 8, j + 16, j + 24 in bits 0-1, 2-3, 4-5, 6-7 as
 //   t + 1 (0: -1, 1: 0, 2: +1; 3 never appears), so one 8-byte load and a shift give 8
@@ -86,6 +89,14 @@ inline float int4_code(float w, const Int4GroupParams& p) {
 // codes; a row holding NaN or Inf gives sx = NaN (its outputs become NaN) and zero codes. What
 // every W8A8 kernel runs on its inputs.
 float quantize_activation_row(const float* x, int64_t n, int8_t* codes);
+// The same with a static scale s > 0 (QuantWeight::input_scale, calibrated offline): codes[i] =
+// clamp(rint(x[i] * (1 / s)), -127, 127); returns s, or NaN with zero codes for a row holding NaN
+// or Inf. What W8A8 kernels run on a weight with an input scale.
+float quantize_activation_row_static(const float* x, int64_t n, float scale, int8_t* codes);
+// An fp8 weight's static activation scale s > 0: each x[i] rounded to s times an e4m3 code,
+// out[i] = f8e4m3_to_f32(f32_to_f8e4m3(x[i] * (1 / s))) * s (saturating at +-448 s, NaN stays
+// NaN) -- the activations of a W8A8 fp8 checkpoint, which every kernel then multiplies as f32.
+void round_activation_row_fp8(const float* x, int64_t n, float scale, float* out);
 
 // Row o of a dense weight [out, in] (f32/f16/bf16 on the host, unit column stride) as f32 into
 // row[0, in): what the quantizers read.

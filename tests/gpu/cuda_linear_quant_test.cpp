@@ -73,6 +73,7 @@ struct PackedWeight {
     a.w_dtype = q.packed.dtype();
     a.w_stride = q.packed.stride(0);
     a.w_scales = scales.ptr<float>();
+    if (q.format == QuantFormat::kW8A8 || q.format == QuantFormat::kFp8Channel) a.x_scale = q.input_scale;
     if (q.format == QuantFormat::kW8A8) a.scheme = cu::QuantScheme::kW8A8;
     if (q.format == QuantFormat::kTernary) {
       a.scheme = cu::QuantScheme::kTernary;
@@ -155,7 +156,7 @@ TEST(CudaLinearQuant, ActivationCodesMatchTheHost) {
     Mirror codes(testing::nan_tensor({n, ld / 4}));  // poisoned bytes
     Mirror sx(testing::nan_tensor({n}));
     ASSERT_EQ(cu::detail::launch_quantize_activations(dx.ptr<float>(), in, n, in, dtype, codes.ptr<void>(), ld,
-                                                      sx.ptr<float>(), nullptr),
+                                                      sx.ptr<float>(), 0.0f, nullptr),
               cudaSuccess);
     ASSERT_OK(cu::synchronize(nullptr));
     ASSERT_OK(codes.download());
@@ -186,6 +187,145 @@ TEST(CudaLinearQuant, ActivationCodesMatchTheHost) {
       for (int64_t i = 0; i < ld; ++i) {
         ASSERT_EQ(got[t * ld + i], want[static_cast<size_t>(i)])
             << dtype_name(dtype) << " row " << t << " column " << i << " (x " << (i < in ? xr[i] : 0.0f) << ")";
+      }
+    }
+  }
+}
+
+// A static scale s (QuantWeight::input_scale): int8 codes and sx are
+// quantize_activation_row_static's bit for bit (clipped past 127 s, NaN rows NaN), e4m3 codes
+// f32_to_f8e4m3(x / s) with sx = s.
+TEST(CudaLinearQuant, StaticActivationCodesMatchTheHost) {
+  TACHYON_SKIP_WITHOUT_GPU();
+  SEEDED_RNG(rng);
+  const int64_t n = 4, in = 1000, ld = 1008;
+  const float scale = 0.01f;  // int8 clips past 1.27, e4m3 past 4.48
+  Tensor x = testing::random_tensor({n, in}, rng, -6.0f, 6.0f);
+  x.data<float>()[2 * in + 17] = NAN;
+  for (int64_t i = 0; i < in; ++i) x.data<float>()[3 * in + i] *= 1e-3f;  // e4m3 subnormal codes
+  Mirror dx(x);
+  for (DType dtype : {DType::kI8, DType::kF8E4M3}) {
+    Mirror codes(testing::nan_tensor({n, ld / 4}));
+    Mirror sx(testing::nan_tensor({n}));
+    ASSERT_EQ(cu::detail::launch_quantize_activations(dx.ptr<float>(), in, n, in, dtype, codes.ptr<void>(), ld,
+                                                      sx.ptr<float>(), scale, nullptr),
+              cudaSuccess);
+    ASSERT_OK(cu::synchronize(nullptr));
+    ASSERT_OK(codes.download());
+    ASSERT_OK(sx.download());
+    const uint8_t* got = static_cast<const uint8_t*>(codes.host().raw_data());
+    for (int64_t t = 0; t < n; ++t) {
+      const float* xr = x.data<float>() + t * in;
+      std::vector<uint8_t> want(static_cast<size_t>(ld), 0);
+      float want_sx = scale;
+      if (dtype == DType::kI8) {
+        want_sx = quantize_activation_row_static(xr, in, scale, reinterpret_cast<int8_t*>(want.data()));
+      } else if (t == 2) {
+        want_sx = NAN;
+      } else {
+        for (int64_t i = 0; i < in; ++i) want[static_cast<size_t>(i)] = f32_to_f8e4m3(xr[i] * (1.0f / scale));
+      }
+      const float got_sx = sx.host().data<float>()[t];
+      EXPECT_TRUE((std::isnan(want_sx) && std::isnan(got_sx)) || got_sx == want_sx)
+          << dtype_name(dtype) << " row " << t << ": sx " << got_sx << " vs " << want_sx;
+      for (int64_t i = 0; i < ld; ++i) {
+        ASSERT_EQ(got[t * ld + i], want[static_cast<size_t>(i)])
+            << dtype_name(dtype) << " row " << t << " column " << i << " (x " << (i < in ? xr[i] : 0.0f) << ")";
+      }
+    }
+  }
+}
+
+// The rounding of activations to an fp8 weight's static scale: round_activation_row_fp8's bits
+// (saturation, subnormals, NaN kept), rows read x_stride apart.
+TEST(CudaLinearQuant, Fp8StaticRoundingMatchesTheHost) {
+  TACHYON_SKIP_WITHOUT_GPU();
+  SEEDED_RNG(rng);
+  const int64_t n = 3, in = 777, stride = 800;
+  const float scale = 0.003f;
+  Tensor x = testing::random_tensor({n, stride}, rng, -2.0f, 2.0f);
+  x.data<float>()[5] = NAN;
+  x.data<float>()[stride + 6] = -INFINITY;
+  for (int64_t i = 0; i < in; ++i) x.data<float>()[2 * stride + i] *= 1e-3f;
+  Mirror dx(x);
+  Mirror dy(testing::nan_tensor({n, in}));
+  ASSERT_EQ(cu::detail::launch_round_activations_fp8(dx.ptr<float>(), stride, n, in, scale, dy.ptr<float>(), nullptr),
+            cudaSuccess);
+  ASSERT_OK(cu::synchronize(nullptr));
+  ASSERT_OK(dy.download());
+  std::vector<float> want(static_cast<size_t>(in));
+  for (int64_t t = 0; t < n; ++t) {
+    round_activation_row_fp8(x.data<float>() + t * stride, in, scale, want.data());
+    for (int64_t i = 0; i < in; ++i) {
+      const float got = dy.host().data<float>()[t * in + i], w = want[static_cast<size_t>(i)];
+      ASSERT_TRUE(f32_bits(got) == f32_bits(w) || (std::isnan(got) && std::isnan(w)))
+          << "row " << t << " column " << i << ": " << got << " vs " << w;
+    }
+  }
+}
+
+// W8A8 with a static activation scale through the GEMV and cuBLASLt's int8 GEMM: the CPU's bits
+// (activations in [-1, 1] clipped past 127 * 0.005 = 0.635).
+TEST(CudaLinearQuant, W8A8WithAStaticScaleEqualsTheCpuBitForBit) {
+  TACHYON_SKIP_WITHOUT_GPU();
+  SEEDED_RNG(rng);
+  auto ctx = cu::LinearContext::create();
+  ASSERT_TRUE(ctx.ok()) << ctx.status().to_string();
+  for (auto [in, out] : std::vector<std::pair<int64_t, int64_t>>{{1024, 4099}, {4608, 515}, {1000, 77}}) {
+    auto w = make_weight(QuantFormat::kW8A8, in, out, rng);
+    ASSERT_TRUE(w != nullptr);
+    w->q.input_scale = 0.005f;
+    for (int64_t n : {1, 3, 8, 9, 33}) {
+      for (cu::LinearAlgo algo : {cu::LinearAlgo::kAuto, cu::LinearAlgo::kGemv, cu::LinearAlgo::kCublasLt}) {
+        if (algo == cu::LinearAlgo::kGemv && n > cu::detail::kGemvW8A8MaxTokens) continue;
+        RunOptions o;
+        o.n = n;
+        o.algo = algo;
+        o.bias = n % 2 == 1;
+        o.x_pad = n == 3 ? 4 : 0;
+        LinearRun r;
+        ASSERT_TRUE(run_linear(**ctx, *w, o, rng, &r)) << describe(*w, o);
+        ASSERT_TRUE(testing::bitwise_equal(r.y, cpu_w8a8(*w, r), describe(*w, o) + " static"));
+      }
+    }
+  }
+}
+
+// fp8 with a static activation scale: every path computes on the activations rounded to it (the
+// GEMV on round_activation_row_fp8's values in f32; cuBLASLt's fp8 GEMM on their codes; the bf16
+// expansion on them rounded to bf16), held as the per-token paths are to their references.
+TEST(CudaLinearQuant, Fp8WithAStaticScaleMatchesTheCpu) {
+  TACHYON_SKIP_WITHOUT_GPU();
+  SEEDED_RNG(rng);
+  auto ctx = cu::LinearContext::create();
+  ASSERT_TRUE(ctx.ok()) << ctx.status().to_string();
+  for (auto [in, out] : std::vector<std::pair<int64_t, int64_t>>{{1024, 512}, {4608, 515}, {256, 37}}) {
+    auto w = make_weight(QuantFormat::kFp8Channel, in, out, rng);
+    ASSERT_TRUE(w != nullptr);
+    w->q.input_scale = 0.0015f;  // activations in [-1, 1] saturate past 0.672
+    for (int64_t n : {1, 5, 9, 33, 130}) {
+      RunOptions o;
+      o.n = n;
+      o.bias = n % 2 == 1;
+      o.x_pad = n == 5 ? 1 : 0;
+      LinearRun r;
+      ASSERT_TRUE(run_linear(**ctx, *w, o, rng, &r)) << describe(*w, o);
+      const Tensor xc = r.x.contiguous();
+      Tensor rounded = Tensor::empty(xc.shape(), DType::kF32);
+      for (int64_t t = 0; t < n; ++t) {
+        round_activation_row_fp8(xc.data<float>() + t * in, in, w->q.input_scale, rounded.data<float>() + t * in);
+      }
+      if (n <= cu::kLinearAutoGemvMaxTokensFp8) {
+        ASSERT_TRUE(within(r.y, reference(w->dense, rounded, r.bias), kGemvTolerance, describe(*w, o) + " static"));
+        continue;
+      }
+      auto fp8 = within(r.y, reference(w->dense, rounded, r.bias), kFp8QuantizedTolerance,
+                        describe(*w, o) + " static, fp8 GEMM");
+      if (out % 16 == 0 || fp8) {
+        ASSERT_TRUE(fp8);
+      } else {
+        ASSERT_TRUE(within(r.y, reference(rounded_to_bf16(w->dense), rounded_to_bf16(rounded), r.bias),
+                           kExpandedRoundedTolerance, describe(*w, o) + " static (no fp8 GEMM: expanded to bf16)"));
       }
     }
   }

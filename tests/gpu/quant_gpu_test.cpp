@@ -1,6 +1,7 @@
 // Quantized weights on the GPU: the device quantizers against the host's bytes, linear() with
 // packed weights against the reference, and whole models (int8, int4, every packed format, a
-// --quant-policy mix, an AutoAWQ checkpoint) against the same weights on the CPU. Skips without a
+// --quant-policy mix, an AutoAWQ checkpoint, checkpoints with static activation scales) against
+// the same weights on the CPU. Skips without a
 // device.
 #ifdef TACHYON_HAS_CUDA
 
@@ -424,6 +425,50 @@ TEST(GpuModel, AwqCheckpointRunsPackedAndAgreesWithTheCpu) {
     // The GPU's tensor-core GEMM rounds activations to bf16 (the CPU keeps f32): a near-tie may
     // flip late; the start must agree.
     EXPECT_GE(agree, 16u) << text;
+  }
+}
+
+// Checkpoints with static activation scales (W8A8 with SmoothQuant and an entropy observer; fp8
+// with min-max) load on the GPU with their scales (fused q/k/v and gate/up keep the shared one) and
+// agree step by step with the same checkpoint on the CPU: W8A8's static codes are the CPU's, fp8's
+// GEMV rounds the activations as the CPU does.
+TEST(GpuModel, StaticActivationScaleCheckpointsMatchTheCpu) {
+  TACHYON_START_GPU();
+  const testing::ExactQuantizedLinears exact;
+  LoadedModel original = testing::load_model_or_fail(testing::source_dir() + "/models/tachyon-demo", Device::cpu());
+  std::vector<int32_t> calib = original.tokenizer->encode(
+      "Once upon a time there was a little girl who lived in a village near the forest. Whenever she went out, "
+      "the little girl wore a red riding cloak, so everyone in the village called her Little Red Riding Hood.");
+  struct Case {
+    QuantMethod method;
+    CheckpointQuantMethod checkpoint;
+    ObserverKind observer;
+    double tolerance;
+  };
+  for (const Case& c : {Case{QuantMethod::kW8A8, CheckpointQuantMethod::kW8A8, ObserverKind::kEntropy, 2e-2},
+                        Case{QuantMethod::kFp8, CheckpointQuantMethod::kFp8Channel, ObserverKind::kMinMax, 2e-2}}) {
+    SCOPED_TRACE(quant_method_name(c.method));
+    QuantizeModelOptions o;
+    o.method = c.method;
+    o.sequence_length = 32;
+    ObserverOptions observer;
+    observer.kind = c.observer;
+    o.act_observer = observer;
+    auto q = quantize_model(*original.model, calib, o);
+    ASSERT_TRUE(q.ok()) << q.status().to_string();
+    const std::string out = testing::scratch_dir("gpu_static_scales") + "/out";
+    auto saved = save_quantized_checkpoint({original.path, out, c.checkpoint, observer_name(c.observer)},
+                                           original.model->config(), q->weights);
+    ASSERT_TRUE(saved.ok()) << saved.status().to_string();
+    LoadedModel cpu = testing::load_model_or_fail(out, Device::cpu());
+    LoadedModel gpu = testing::load_model_or_fail(out, kGpu);
+    const LayerWeights& g = gpu.model->weights().layers[0];
+    const float want = cpu.model->weights().layers[0].q_proj.quant->input_scale;
+    EXPECT_GT(want, 0.0f);
+    if (g.qkv_proj.defined()) EXPECT_EQ(g.qkv_proj.quant->input_scale, want) << "the fused q/k/v";
+    EXPECT_EQ(g.q_proj.quant->input_scale, want);
+    expect_steps_agree(*cpu.model, *gpu.model, cpu.tokenizer->encode("Once upon a time"), c.tolerance,
+                       fmt::format("{} static scales", quant_method_name(c.method)));
   }
 }
 

@@ -670,6 +670,12 @@ TEST(QuantLinear, Fp8KernelMatchesReference) {
         auto q = quantize_fp8_channel(random_weight(43, in, rng));
         ASSERT_TRUE(q.ok());
         expect_kernel_matches_reference(*q, n, n != 3, rng);
+        // A static activation scale: the activations rounded to e4m3 codes of it first (0.001
+        // saturates the inputs past 0.448).
+        for (float input_scale : {0.01f, 0.001f}) {
+          q->input_scale = input_scale;
+          expect_kernel_matches_reference(*q, n, n != 3, rng);
+        }
       }
     }
     set_num_threads(saved);
@@ -707,6 +713,35 @@ TEST(QuantizeW8A8, ActivationRowsAsDefined) {
   EXPECT_EQ(codes[0], 0);
 }
 
+// A static scale s: codes rint(x / s) clamped to +-127, s returned; a non-finite row gives NaN and
+// zero codes.
+TEST(QuantizeW8A8, StaticActivationRowsAsDefined) {
+  const float x[6] = {1.0f, -2.0f, 0.5f, 4.0f, -300.0f, 0.025f};
+  int8_t codes[6];
+  EXPECT_EQ(quantize_activation_row_static(x, 6, 0.05f, codes), 0.05f);
+  // x * 20: 20, -40, 10, 80, -6000 (clamped), 0.5 (ties to even: 0).
+  const int8_t want[6] = {20, -40, 10, 80, -127, 0};
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(codes[i], want[i]) << i;
+  const float nan_row[3] = {1.0f, std::nanf(""), 2.0f};
+  EXPECT_TRUE(std::isnan(quantize_activation_row_static(nan_row, 3, 0.05f, codes)));
+  EXPECT_EQ(codes[0], 0);
+  EXPECT_EQ(codes[2], 0);
+}
+
+// An fp8 weight's static activation scale s: x / s rounded to the nearest e4m3 value (saturating
+// at 448), times s; NaN stays NaN.
+TEST(QuantizeFp8, StaticActivationRoundingAsDefined) {
+  const float x[6] = {1.0f, 0.3f, 1000.0f, -INFINITY, 0.0f, std::nanf("")};
+  float y[6];
+  round_activation_row_fp8(x, 6, 0.5f, y);
+  EXPECT_EQ(y[0], 1.0f);     // 2 is an e4m3 value
+  EXPECT_EQ(y[1], 0.3125f);  // 0.6 -> 0.625 (steps of 1/16 in [0.5, 1))
+  EXPECT_EQ(y[2], 224.0f);   // 2000 saturates to 448
+  EXPECT_EQ(y[3], -224.0f);
+  EXPECT_EQ(y[4], 0.0f);
+  EXPECT_TRUE(std::isnan(y[5]));
+}
+
 // y = f32(sum qx * qw) * (sx * sw) + bias, on a hand-made weight.
 TEST(QuantizeW8A8, LinearAsDefined) {
   QuantWeight q;
@@ -736,11 +771,37 @@ TEST(QuantizeW8A8, LinearAsDefined) {
 }
 
 // The AVX2 and AVX-512 VNNI kernels equal the definition bit for bit (the sums are exact), on odd
-// widths (row tails), token counts around the tiles, strided views, a NaN row, both thread counts.
+// widths (row tails), token counts around the tiles, strided views, a NaN row, both thread counts,
+// with per-token scales and with a static one that clips the inputs past 127 * 0.02 = 2.54.
 TEST(QuantizeW8A8, KernelsEqualTheReferenceBitForBit) {
   const uint32_t seed = testing::fresh_seed();
   SCOPED_TRACE(fmt::format("seed {}", seed));
   std::mt19937 rng(seed);
+  const auto check = [&](const Weight& w, int64_t n) {
+    const int64_t in = w.in_features();
+    const Tensor x_storage = testing::random_tensor({n, in + 3}, rng, -4.0f, 4.0f);
+    const Tensor x = x_storage.slice(1, 1, 1 + in);
+    if (n == 5) x.data<float>()[2 * x.stride(0) + in / 2] = std::nanf("");
+    const Tensor bias = testing::random_tensor({37}, rng);
+    const bool with_bias = n % 2 == 1;
+    Tensor expected = Tensor::empty({n, 37}, DType::kF32);
+    ops::cpu::quant_linear_reference(x, *w.quant, with_bias ? &bias : nullptr, expected);
+    for (Isa isa : {Isa::kAvx2, Isa::kAvx512}) {
+      if (!ops::cpu::isa_supported(isa)) continue;
+      ops::cpu::set_isa(isa);
+      Tensor y = Tensor::empty({n, 37}, DType::kF32);
+      for (int64_t i = 0; i < y.numel(); ++i) y.data<float>()[i] = -12345.0f;
+      ops::linear(x, w, with_bias ? &bias : nullptr, y);
+      ops::cpu::clear_isa_override();
+      for (int64_t i = 0; i < n * 37; ++i) {
+        const float got = y.data<float>()[i], want = expected.data<float>()[i];
+        ASSERT_TRUE(f32_bits(got) == f32_bits(want) || (std::isnan(got) && std::isnan(want)))
+            << ops::cpu::isa_name(isa) << (ops::cpu::cpu_has_avx512_vnni() ? " (vnni)" : "") << " in=" << in
+            << " n=" << n << " input scale " << w.quant->input_scale << " element " << i << ": " << got << " vs "
+            << want;
+      }
+    }
+  };
   for (int threads : {1, 2}) {
     const int saved = num_threads();
     set_num_threads(threads);
@@ -751,27 +812,12 @@ TEST(QuantizeW8A8, KernelsEqualTheReferenceBitForBit) {
         auto w = quantize_weight(dense, QuantSpec{QuantFormat::kW8A8, 0});
         ASSERT_TRUE(w.ok()) << w.status().to_string();
         ASSERT_EQ(w->quant->format, QuantFormat::kW8A8);
-        const Tensor x_storage = testing::random_tensor({n, in + 3}, rng, -4.0f, 4.0f);
-        const Tensor x = x_storage.slice(1, 1, 1 + in);
-        if (n == 5) x.data<float>()[2 * x.stride(0) + in / 2] = std::nanf("");
-        const Tensor bias = testing::random_tensor({37}, rng);
-        const bool with_bias = n % 2 == 1;
-        Tensor expected = Tensor::empty({n, 37}, DType::kF32);
-        ops::cpu::quant_linear_reference(x, *w->quant, with_bias ? &bias : nullptr, expected);
-        for (Isa isa : {Isa::kAvx2, Isa::kAvx512}) {
-          if (!ops::cpu::isa_supported(isa)) continue;
-          ops::cpu::set_isa(isa);
-          Tensor y = Tensor::empty({n, 37}, DType::kF32);
-          for (int64_t i = 0; i < y.numel(); ++i) y.data<float>()[i] = -12345.0f;
-          ops::linear(x, *w, with_bias ? &bias : nullptr, y);
-          ops::cpu::clear_isa_override();
-          for (int64_t i = 0; i < n * 37; ++i) {
-            const float got = y.data<float>()[i], want = expected.data<float>()[i];
-            ASSERT_TRUE(f32_bits(got) == f32_bits(want) || (std::isnan(got) && std::isnan(want)))
-                << ops::cpu::isa_name(isa) << (ops::cpu::cpu_has_avx512_vnni() ? " (vnni)" : "") << " in=" << in
-                << " n=" << n << " element " << i << ": " << got << " vs " << want;
-          }
-        }
+        check(*w, n);
+        auto scaled = std::make_shared<QuantWeight>(*w->quant);
+        scaled->input_scale = 0.02f;
+        Weight with_scale;
+        with_scale.quant = scaled;
+        check(with_scale, n);
       }
     }
     set_num_threads(saved);

@@ -206,6 +206,21 @@ json int8_config() {
               {"weights", {{"num_bits", 8}, {"type", "int"}, {"symmetric", true}, {"strategy", "channel"}}}}}}}};
 }
 
+// compressed-tensors W8A8 with static int8 activation scales per tensor (<module>.input_scale).
+json int8_static_config() {
+  json c = int8_config();
+  c["config_groups"]["group_0"]["input_activations"] = {
+      {"num_bits", 8}, {"type", "int"}, {"symmetric", true}, {"strategy", "tensor"}, {"dynamic", false}};
+  return c;
+}
+
+// Every module of the int8 layout with an input_scale (`value`, an f32 [1]).
+void add_input_scales(std::vector<StTensor>& t, float value) {
+  for (const ModuleShape& m : kModules) {
+    t.push_back({"model.layers.0." + m.name + ".input_scale", "F32", {1}, f32_bytes({value})});
+  }
+}
+
 std::string write_model(const std::string& tag, const json& config, const std::vector<StTensor>& tensors) {
   const std::string dir = testing::scratch_dir(tag);
   io_test::write_text(dir + "/config.json", config.dump(2));
@@ -379,6 +394,16 @@ TEST(QuantizedCheckpoint, CorruptOrUnsupportedAreCleanErrors) {
       {"int8 scale shape", int8_config(),
        [&](auto& t) { find(t, q + ".weight_scale")->shape = {1, 64}; }, Layout::kInt8, ErrorCode::kCorruptFile,
        {"weight_scale is [1, 64] f32, expected [64, 1]"}},
+      {"static w8a8 without input_scale", int8_static_config(), none, Layout::kInt8, ErrorCode::kNotFound,
+       {"q_proj.input_scale", "missing", "static activation scales"}},
+      {"static w8a8 negative input_scale", int8_static_config(), [](auto& t) { add_input_scales(t, -0.5f); },
+       Layout::kInt8, ErrorCode::kCorruptFile, {"input_scale", "finite scale > 0"}},
+      {"static w8a8 input_scale shape", int8_static_config(),
+       [](auto& t) {
+         add_input_scales(t, 0.5f);
+         t.back().shape = {1, 1};
+       },
+       Layout::kInt8, ErrorCode::kCorruptFile, {"down_proj.input_scale", "expected one float"}},
       {"unknown method", json{{"quant_method", "bitsandbytes"}}, none, Layout::kAwq, ErrorCode::kUnsupported,
        {"'bitsandbytes'"}},
       {"config not an object", json::array({1, 2}), none, Layout::kAwq, ErrorCode::kCorruptFile,
@@ -618,6 +643,149 @@ TEST(QuantizedCheckpoint, SmoothQuantW8A8ReloadsAsSaved) {
   const LlamaModel in_memory(original->model->config(), q->weights);
   const std::vector<int32_t> tokens = demo_tokens(*original);
   expect_same_bits(prompt_logits(in_memory, tokens), prompt_logits(*reloaded->model, tokens), "w8a8");
+}
+
+// Static activation scales (W8A8 with SmoothQuant and an entropy observer, fp8 with min-max):
+// every module gets a positive scale, shared by the modules reading one input; the checkpoint
+// holds them (<module>.input_scale, config input_activations strategy "tensor", dynamic false)
+// and reloads bit for bit; the static scales change the result (they are used).
+TEST(QuantizedCheckpoint, StaticActivationScalesReloadAsSaved) {
+  auto original = load(demo());
+  ASSERT_TRUE(original.ok());
+  auto text = read_text_file(testing::source_dir() + "/tests/data/calib/calib.txt");
+  ASSERT_TRUE(text.ok());
+  std::vector<int32_t> calib = original->tokenizer->encode(text->substr(0, 4000));
+  calib.resize(std::min<size_t>(calib.size(), 96));
+  struct Case {
+    QuantMethod method;
+    CheckpointQuantMethod checkpoint;
+    ObserverKind observer;
+    const char* type;
+    double fallback_ratio;  // 0: every module static
+  };
+  for (const Case& c :
+       {Case{QuantMethod::kW8A8, CheckpointQuantMethod::kW8A8, ObserverKind::kEntropy, "int", 0.0},
+        Case{QuantMethod::kFp8, CheckpointQuantMethod::kFp8Channel, ObserverKind::kMinMax, "float", 0.0},
+        Case{QuantMethod::kW8A8, CheckpointQuantMethod::kW8A8, ObserverKind::kEntropy, "int", 3.0}}) {
+    SCOPED_TRACE(fmt::format("{} fallback ratio {}", quant_method_name(c.method), c.fallback_ratio));
+    QuantizeModelOptions o;
+    o.method = c.method;
+    o.sequence_length = 32;
+    ObserverOptions observer;
+    observer.kind = c.observer;
+    o.act_observer = observer;
+    o.act_fallback_ratio = c.fallback_ratio;
+    auto q = quantize_model(*original->model, calib, o);
+    ASSERT_TRUE(q.ok()) << q.status().to_string();
+    size_t fell_back = 0;
+    for (const auto& l : q->layers) {
+      ASSERT_EQ(l.modules.size(), 7u);
+      for (const auto& m : l.modules) {
+        ASSERT_TRUE(m.relative_error) << m.name;
+        if (c.fallback_ratio == 0.0) {
+          ASSERT_TRUE(m.input_scale && *m.input_scale > 0.0f) << m.name;
+          // One scale per tensor clips the down projections' heavy-tailed inputs (up to 0.24 on
+          // 96 tokens); the others stay near per-token W8A8's few percent.
+          EXPECT_LT(*m.relative_error, m.name == "down_proj" ? 0.5 : 0.1) << "layer " << l.layer << " " << m.name;
+        } else {
+          ASSERT_TRUE(m.static_error) << m.name;  // measured either way
+          fell_back += m.input_scale ? 0 : 1;
+        }
+      }
+      if (c.fallback_ratio > 0.0) {
+        // A group that fell back has a module whose static error is past the ratio times its
+        // per-token error (the error it now reports).
+        for (const std::vector<int>& group : std::vector<std::vector<int>>{{0, 1, 2}, {3}, {4, 5}, {6}}) {
+          if (l.modules[static_cast<size_t>(group[0])].input_scale) continue;
+          bool past = false;
+          for (int m : group) {
+            const auto& r = l.modules[static_cast<size_t>(m)];
+            past = past || *r.static_error > c.fallback_ratio * *r.relative_error;
+          }
+          EXPECT_TRUE(past) << "layer " << l.layer << " group of " << l.modules[static_cast<size_t>(group[0])].name;
+        }
+      }
+      // Modules reading one input share its scale, or its fallback.
+      EXPECT_EQ(l.modules[0].input_scale, l.modules[2].input_scale) << "q and v read one input";
+      EXPECT_EQ(l.modules[4].input_scale, l.modules[5].input_scale) << "gate and up read one input";
+    }
+    if (c.fallback_ratio > 0.0) {
+      EXPECT_GT(fell_back, 0u) << "the down projections' static errors are 4-19x per-token's";
+      EXPECT_LT(fell_back, 70u);
+    }
+    const LayerWeights& layer0 = q->weights.layers[0];
+    EXPECT_EQ(layer0.q_proj.quant->input_scale, q->layers[0].modules[0].input_scale.value_or(0.0f));
+    const std::string out = testing::scratch_dir("qckpt_static") + "/out";
+    auto saved = save_quantized_checkpoint({original->path, out, c.checkpoint, observer_name(c.observer)},
+                                           original->model->config(), q->weights);
+    ASSERT_TRUE(saved.ok()) << saved.status().to_string();
+    const json groups = quantization_config(out).at("config_groups");
+    const json activations = groups.at("group_0").at("input_activations");
+    EXPECT_EQ(activations.at("strategy"), "tensor");
+    EXPECT_EQ(activations.at("dynamic"), false);
+    EXPECT_EQ(activations.at("type"), c.type);
+    EXPECT_EQ(activations.at("observer"), observer_name(c.observer));
+    EXPECT_EQ(saved->quantization.unscaled_modules.size(), fell_back);
+    if (fell_back > 0) {
+      // The modules without a static scale: a per-token group naming them.
+      EXPECT_EQ(groups.at("group_1").at("targets").size(), fell_back);
+      EXPECT_EQ(groups.at("group_1").at("input_activations").at("strategy"), "token");
+    } else {
+      EXPECT_FALSE(groups.contains("group_1"));
+    }
+    auto reloaded = load(out);
+    ASSERT_TRUE(reloaded.ok()) << reloaded.status().to_string();
+    EXPECT_EQ(reloaded->model->weights().layers[0].q_proj.quant->input_scale, layer0.q_proj.quant->input_scale);
+    EXPECT_NE(reloaded->weight_dtypes.find("static activation scales"), std::string::npos) << reloaded->weight_dtypes;
+    const LlamaModel in_memory(original->model->config(), q->weights);
+    const std::vector<int32_t> tokens = demo_tokens(*original);
+    const Tensor logits = prompt_logits(in_memory, tokens);
+    expect_same_bits(logits, prompt_logits(*reloaded->model, tokens), quant_method_name(c.method));
+    // The same weights without their static scales compute something else.
+    ModelWeights dynamic = q->weights;
+    for (LayerWeights& l : dynamic.layers) {
+      for (Weight* w : {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj, &l.up_proj, &l.down_proj}) {
+        auto unscaled = std::make_shared<QuantWeight>(*w->quant);
+        unscaled->input_scale = 0.0f;
+        w->quant = unscaled;
+      }
+    }
+    const Tensor dynamic_logits = prompt_logits(LlamaModel(original->model->config(), std::move(dynamic)), tokens);
+    EXPECT_NE(std::memcmp(logits.raw_data(), dynamic_logits.raw_data(), logits.nbytes()), 0);
+  }
+}
+
+// A static group beside a per-token group must name its modules; by class or pattern the split is
+// ambiguous and refused.
+TEST(QuantizedCheckpoint, StaticAndPerTokenGroupsByPatternAreRefused) {
+  json config = int8_static_config();
+  json per_token = config["config_groups"]["group_0"];
+  per_token["targets"] = {"re:.*down_proj$"};
+  per_token["input_activations"] = {
+      {"num_bits", 8}, {"type", "int"}, {"symmetric", true}, {"strategy", "token"}, {"dynamic", true}};
+  config["config_groups"]["group_1"] = per_token;
+  auto q = read_quantization_config(json{{"quantization_config", config}}, "config.json");
+  ASSERT_FALSE(q.ok());
+  EXPECT_EQ(q.status().code(), ErrorCode::kUnsupported) << q.status().to_string();
+  per_token["targets"] = {"model.layers.0.mlp.down_proj"};
+  config["config_groups"]["group_1"] = per_token;
+  q = read_quantization_config(json{{"quantization_config", config}}, "config.json");
+  ASSERT_TRUE(q.ok()) << q.status().to_string();
+  EXPECT_TRUE(q->static_activations);
+  EXPECT_EQ(q->unscaled_modules, std::vector<std::string>{"model.layers.0.mlp.down_proj"});
+  // Loaded: every module but the named one needs its input_scale.
+  std::vector<StTensor> tensors = tiny_tensors(Layout::kInt8, 32);
+  for (const ModuleShape& m : kModules) {
+    if (m.name != "mlp.down_proj") {
+      tensors.push_back({"model.layers.0." + m.name + ".input_scale", "F32", {1}, f32_bytes({0.25f})});
+    }
+  }
+  auto model = load(write_model("qckpt_mixed", tiny_config(config), tensors));
+  ASSERT_TRUE(model.ok()) << model.status().to_string();
+  const LayerWeights& l = model->model->weights().layers[0];
+  EXPECT_EQ(l.q_proj.quant->input_scale, 0.25f);
+  EXPECT_EQ(l.down_proj.quant->input_scale, 0.0f);
+  EXPECT_EQ(l.down_proj.quant->format, QuantFormat::kW8A8);
 }
 
 // AWQ in-process: quantize, save, load; the loaded model is the saved one, bit for bit, and

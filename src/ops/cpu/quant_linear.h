@@ -47,7 +47,7 @@ struct QuantLinearArgs {
   // same alone and in any batch (ops::LinearMode::kBatchInvariant).
   bool batch_invariant = false;
   // W8A8 only, filled by quant_linear: the activations quantized per token
-  // (quantize_activation_row), codes [n, qx_stride] with zero codes from in to qx_stride (a
+  // (quantize_activation_row, or quantize_activation_row_static with the weight's input_scale), codes [n, qx_stride] with zero codes from in to qx_stride (a
   // multiple of 64), and their scales [n].
   const int8_t* qx = nullptr;
   int64_t qx_stride = 0;

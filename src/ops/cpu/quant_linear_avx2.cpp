@@ -696,6 +696,22 @@ void quant_linear(const QuantLinearArgs& args) {
   const QuantWeight& q = *args.w;
   const int64_t out = q.out_features;
   if (args.n == 0 || out == 0) return;
+  if (q.format == QuantFormat::kFp8Channel && q.input_scale > 0.0f) {
+    // A static fp8 activation scale: the activations rounded to it once, then the fp8 linear.
+    std::vector<float> rounded(static_cast<size_t>(args.n * q.in_features));
+    for (int64_t t = 0; t < args.n; ++t) {
+      round_activation_row_fp8(args.x + t * args.x_stride, q.in_features, q.input_scale,
+                               rounded.data() + t * q.in_features);
+    }
+    QuantWeight unscaled = q;  // shares the tensors' storage
+    unscaled.input_scale = 0.0f;
+    QuantLinearArgs a = args;
+    a.x = rounded.data();
+    a.x_stride = q.in_features;
+    a.w = &unscaled;
+    quant_linear(a);
+    return;
+  }
   if (args.n >= kQuantGemmMinTokens && !args.batch_invariant && q.in_features > 0) {
     const RowDecoder decoder = row_decoder(q);
     if (decoder.decode != nullptr) {
@@ -781,12 +797,16 @@ void quant_linear(const QuantLinearArgs& args) {
     qx.assign(static_cast<size_t>(a.n * a.qx_stride), 0);
     qx_scales.resize(static_cast<size_t>(a.n));
     for (int64_t t = 0; t < a.n; ++t) {
-      qx_scales[static_cast<size_t>(t)] =
-          quantize_activation_row(a.x + t * a.x_stride, q.in_features, qx.data() + t * a.qx_stride);
+      const float* x_row = a.x + t * a.x_stride;
+      int8_t* codes = qx.data() + t * a.qx_stride;
+      qx_scales[static_cast<size_t>(t)] = q.input_scale > 0.0f
+                                              ? quantize_activation_row_static(x_row, q.in_features, q.input_scale, codes)
+                                              : quantize_activation_row(x_row, q.in_features, codes);
     }
     a.qx = qx.data();
     a.qx_scales = qx_scales.data();
-    log_path_once("linear: {} w8a8", vnni ? "avx512-vnni" : "avx2");
+    log_path_once("linear: {} w8a8 ({} activation scales)", vnni ? "avx512-vnni" : "avx2",
+                  q.input_scale > 0.0f ? "static" : "per-token");
   }
   const int64_t row_bytes = q.format == QuantFormat::kInt4Group ? q.in_features / 2
                             : q.format == QuantFormat::kTernary ? q.in_features / 4

@@ -237,6 +237,7 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
         if (q.scales.defined()) a.w_scales_f16 = q.scales.data<uint16_t>();
       } else {  // per output channel: int8, w8a8, fp8
         a.w_scales = q.scales.data<float>();
+        if (format != QuantFormat::kInt8Channel) a.x_scale = q.input_scale;
         if (format == QuantFormat::kW8A8) a.scheme = QuantScheme::kW8A8;
       }
     }

@@ -61,6 +61,10 @@ struct LinearArgs {
   const float* w_zeros = nullptr;
   int w_group = 0;
   QuantScheme scheme = QuantScheme::kNone;
+  // A static activation scale s > 0 (QuantWeight::input_scale): kW8A8 codes clamp(rint(x / s))
+  // in place of the per-token ones (quantize_activation_row_static); f8e4m3 weights take their
+  // activations rounded to e4m3 codes times s (round_activation_row_fp8). 0: per token / as is.
+  float x_scale = 0.0f;
   // GGUF block weights (gguf != kNone; w_dtype i8 for Q8_0, u8 for the others): w the packed rows,
   // w_stride bytes apart (base and stride 16-byte aligned; Q4_1's 4-, Q5_0's and IQ4_NL's 2-,
   // Q5_1's 8-byte aligned, as their blocks lie), and w_scales_f16 the blocks' d [out, in / block]

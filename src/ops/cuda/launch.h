@@ -188,9 +188,15 @@ cudaError_t launch_dequantize_gguf(const LinearArgs& a, uint16_t* dst, int64_t d
 
 // 8-bit activations (linear_w8a8.cu). Per token: codes [n, codes_stride] (i8: quant/quantize.h's
 // quantize_activation_row, bit for bit; f8e4m3: sx = max|x| / 448 and codes x * (448 / max|x|)
-// rounded to nearest even) and sx [n] f32; columns [in, codes_stride) get zero codes.
+// rounded to nearest even) and sx [n] f32; columns [in, codes_stride) get zero codes. A static
+// scale s > 0 (LinearArgs::x_scale) replaces the per-token one: sx = s (NaN for a non-finite row),
+// codes x * (1 / s) rounded alike (i8: quantize_activation_row_static, bit for bit).
 cudaError_t launch_quantize_activations(const float* x, int64_t x_stride, int64_t n, int64_t in, DType codes_dtype,
-                                        void* codes, int64_t codes_stride, float* sx, Stream stream);
+                                        void* codes, int64_t codes_stride, float* sx, float static_scale,
+                                        Stream stream);
+// y [n, in] packed f32 = quant/quantize.h's round_activation_row_fp8 of each row of x, scale > 0.
+cudaError_t launch_round_activations_fp8(const float* x, int64_t x_stride, int64_t n, int64_t in, float scale,
+                                         float* y, Stream stream);
 // The W8A8 GEMV: LinearArgs with scheme kW8A8, x_codes / sx from launch_quantize_activations
 // (rows x_stride apart), 1..kGemvW8A8MaxTokens tokens, in < 2^17. With splits > 1 the slices'
 // int32 sums go to partial [splits, n, out] and a second kernel finishes them.

@@ -89,6 +89,7 @@ struct LinearContext::Impl {
   DeviceBuffer activations;  // x converted to 16 bits for cuBLASLt
   DeviceBuffer dequantized;  // an int8 weight expanded to bf16 for cuBLASLt
   DeviceBuffer partial;      // GEMV split-K partial sums
+  DeviceBuffer rounded;      // f32 activations rounded to an fp8 weight's static scale
   DeviceBuffer split_counters;  // kSplitKCounters arrival counts for kernels that finish split-K themselves
   // Activations a producer kernel wrote in 16 bits for the next linear (stage_activations): which
   // f32 rows they mirror, at what rounding. `staged_for` is what the last stage_activations() set;
@@ -392,8 +393,8 @@ Status linear_gguf(LinearContext::Impl& ctx, const LinearArgs& a, Stream stream,
   return linear_cublaslt(ctx, a, (a.in + 7) / 8 * 8, stream);
 }
 
-// The activations quantized per token into the activation scratch: codes [n, ld] (ld: in rounded
-// up to 16) and sx [n] after them.
+// The activations quantized per token (or to the weight's static scale) into the activation
+// scratch: codes [n, ld] (ld: in rounded up to 16) and sx [n] after them.
 struct QuantizedActivations {
   void* codes = nullptr;
   int64_t ld = 0;
@@ -410,7 +411,7 @@ Result<QuantizedActivations> quantize_activations(LinearContext::Impl& ctx, cons
   q.codes = ctx.activations.data();
   q.sx = reinterpret_cast<float*>(static_cast<char*>(ctx.activations.data()) + codes_bytes);
   TACHYON_CUDA_RETURN_IF_ERROR(
-      detail::launch_quantize_activations(a.x, a.x_stride, a.n, a.in, codes_dtype, q.codes, q.ld, q.sx, stream));
+      detail::launch_quantize_activations(a.x, a.x_stride, a.n, a.in, codes_dtype, q.codes, q.ld, q.sx, a.x_scale, stream));
   return q;
 }
 
@@ -440,12 +441,13 @@ Status linear_w8a8(LinearContext::Impl& ctx, const LinearArgs& a, Stream stream,
     return Status::Ok();
   };
   if (algo == LinearAlgo::kGemv) {
-    log_path_once("cuda linear: w8a8 gemv (int8 activations, dp4a)");
+    log_path_once("cuda linear: w8a8 gemv (int8 activations, dp4a; {} scales)", a.x_scale > 0.0f ? "static" : "per-token");
     return gemv(a, 0);
   }
   Status s = ctx.matmul(codes, q.ld, a.w, a.w_stride, DType::kI8, nullptr, a.y, a.y_stride, a.n, a.in, a.out, stream);
   if (s.ok()) {
-    log_path_once("cuda linear: w8a8 cuBLASLt int8 x int8 -> int32, scaled in place");
+    log_path_once("cuda linear: w8a8 cuBLASLt int8 x int8 -> int32, scaled in place ({} activation scales)",
+                  a.x_scale > 0.0f ? "static" : "per-token");
     TACHYON_CUDA_RETURN_IF_ERROR(detail::launch_scale_sums(a.y, a.y_stride, a.n, a.out, /*int_sums=*/true, q.sx,
                                                            a.w_scales, a.bias, a.bias_dtype, stream));
     return Status::Ok();
@@ -463,18 +465,36 @@ Status linear_w8a8(LinearContext::Impl& ctx, const LinearArgs& a, Stream stream,
 
 // Per-channel fp8 (e4m3) weights: the GEMV (f32 activations, like the CPU) up to
 // kLinearAutoGemvMaxTokensFp8 tokens; beyond, on sm_89+, cuBLASLt's fp8 GEMM on activations
-// quantized per token to e4m3, the sums scaled in place; elsewhere (or where cuBLASLt has no fp8
-// algorithm) the weight expanded to bf16.
-Status linear_fp8(LinearContext::Impl& ctx, const LinearArgs& a, Stream stream, LinearAlgo algo) {
-  TACHYON_CUDA_REQUIRE(a.w_scales != nullptr && a.w_stride >= a.in,
+// quantized per token to e4m3 (to the static scale where the weight has one), the sums scaled in
+// place; elsewhere (or where cuBLASLt has no fp8 algorithm) the weight expanded to bf16. A static
+// activation scale rounds the activations for the GEMV and the bf16 path first
+// (round_activation_row_fp8); the fp8 GEMM's codes are those same values.
+Status linear_fp8(LinearContext::Impl& ctx, const LinearArgs& args, Stream stream, LinearAlgo algo) {
+  TACHYON_CUDA_REQUIRE(args.w_scales != nullptr && args.w_stride >= args.in,
                        "linear: an fp8 weight needs its per-row scales (got {}, row stride {})",
-                       static_cast<const void*>(a.w_scales), a.w_stride);
-  TACHYON_RETURN_IF_ERROR(check_bias_and_strides(a));
-  if (a.n == 0) return Status::Ok();
-  const bool fp8_cores = ctx.compute_capability >= 89 && a.in % 16 == 0 && a.w_stride % 16 == 0;
-  if (algo == LinearAlgo::kAuto) algo = a.n <= kLinearAutoGemvMaxTokensFp8 ? LinearAlgo::kGemv : LinearAlgo::kCublasLt;
+                       static_cast<const void*>(args.w_scales), args.w_stride);
+  TACHYON_RETURN_IF_ERROR(check_bias_and_strides(args));
+  if (args.n == 0) return Status::Ok();
+  const bool fp8_cores = ctx.compute_capability >= 89 && args.in % 16 == 0 && args.w_stride % 16 == 0;
+  if (algo == LinearAlgo::kAuto) {
+    algo = args.n <= kLinearAutoGemvMaxTokensFp8 ? LinearAlgo::kGemv : LinearAlgo::kCublasLt;
+  }
   TACHYON_CUDA_REQUIRE(algo != LinearAlgo::kMma && algo != LinearAlgo::kStream,
                        "linear: fp8 weights run the GEMV or cuBLASLt");
+  LinearArgs a = args;
+  const auto round_static = [&]() -> Status {
+    if (!(a.x_scale > 0.0f) || a.x != args.x) return Status::Ok();
+    TACHYON_RETURN_IF_ERROR(
+        ctx.grow(ctx.rounded, static_cast<size_t>(a.n * a.in) * sizeof(float), "fp8-rounded activations"));
+    float* rounded = static_cast<float*>(ctx.rounded.data());
+    TACHYON_CUDA_RETURN_IF_ERROR(
+        detail::launch_round_activations_fp8(args.x, args.x_stride, a.n, a.in, a.x_scale, rounded, stream));
+    log_path_once("cuda linear: fp8 activations rounded to their static scale");
+    a.x = rounded;
+    a.x_stride = a.in;
+    return Status::Ok();
+  };
+  if (algo == LinearAlgo::kGemv) TACHYON_RETURN_IF_ERROR(round_static());
   if (algo == LinearAlgo::kGemv) {
     TACHYON_CUDA_REQUIRE(a.n <= detail::kGemvMaxTokens, "linear: the GEMV takes at most {} tokens, got {}",
                          detail::kGemvMaxTokens, a.n);
@@ -489,7 +509,8 @@ Status linear_fp8(LinearContext::Impl& ctx, const LinearArgs& a, Stream stream, 
     Status s = ctx.matmul(q.codes, q.ld, a.w, a.w_stride, DType::kF8E4M3, nullptr, a.y, a.y_stride, a.n, a.in, a.out,
                           stream);
     if (s.ok()) {
-      log_path_once("cuda linear: fp8 cuBLASLt e4m3 x e4m3 -> f32 (activations quantized per token), scaled in place");
+      log_path_once("cuda linear: fp8 cuBLASLt e4m3 x e4m3 -> f32 ({} activation scales), scaled in place",
+                    a.x_scale > 0.0f ? "static" : "per-token");
       TACHYON_CUDA_RETURN_IF_ERROR(detail::launch_scale_sums(a.y, a.y_stride, a.n, a.out, /*int_sums=*/false, q.sx,
                                                              a.w_scales, a.bias, a.bias_dtype, stream));
       return Status::Ok();
@@ -497,6 +518,7 @@ Status linear_fp8(LinearContext::Impl& ctx, const LinearArgs& a, Stream stream, 
     if (s.code() != ErrorCode::kUnsupported) return s;
     log_path_once("cuda linear: no cuBLASLt fp8 algorithm ({}): the weight expanded to bf16", s.message());
   }
+  TACHYON_RETURN_IF_ERROR(round_static());
   return linear_cublaslt(ctx, a, (a.in + 7) / 8 * 8, stream);
 }
 
@@ -549,6 +571,7 @@ Status linear_fused(LinearContext& context, const LinearArgs& a, const detail::G
     return linear_int4_swiglu(context, a, stream);
   }
   if (a.n == 0 || a.n > kLinearFusedMaxTokens || a.gguf != GgufFormat::kNone || a.scheme != QuantScheme::kNone ||
+      a.x_scale > 0.0f ||
       ((a.w_dtype == DType::kI8 || a.w_dtype == DType::kF8E4M3) && a.w_scales == nullptr) ||
       !detail::gemv_fused_supported(a, f)) {
     return unsupported();

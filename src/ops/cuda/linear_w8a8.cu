@@ -1,5 +1,6 @@
-// 8-bit activations for linear(): the per-token quantization of f32 activation rows (int8 for W8A8
-// weights, e4m3 for fp8 weights on the tensor cores), the W8A8 GEMV (int8 x int8 dot products with
+// 8-bit activations for linear(): the per-token (or static-scale) quantization of f32 activation
+// rows (int8 for W8A8 weights, e4m3 for fp8 weights on the tensor cores), an fp8 weight's static
+// activation rounding, the W8A8 GEMV (int8 x int8 dot products with
 // exact int32 sums, dp4a), and the epilogue that turns the sums of a cuBLASLt int8 or fp8 GEMM
 // into y = sum * sx[t] * sw[o] + bias in place.
 // W8A8 results are the CPU's bits: the codes are quantize_activation_row's, the sums are exact
@@ -20,11 +21,12 @@ constexpr int kQuantizeThreads = 256;
 // One block per row: max |x| (exact in any order) and finiteness, then every code. int8:
 // sx = max / 127, codes rint(x * (127 / max)) clamped to +-127; e4m3: sx = max / 448, codes
 // x * (448 / max) rounded to nearest even (saturating). An all-zero row: sx 0, codes 0; a row with
-// a non-finite value: sx NaN, codes 0. Columns [in, codes_stride) get zero codes.
+// a non-finite value: sx NaN, codes 0. Columns [in, codes_stride) get zero codes. A static scale
+// s > 0 stands for max / 127 (max / 448): sx = s, codes x * (1 / s) rounded alike.
 template <DType D>
 __global__ void __launch_bounds__(kQuantizeThreads)
     quantize_activations_kernel(const float* __restrict__ x, int64_t x_stride, int64_t in, uint8_t* __restrict__ codes,
-                                int64_t codes_stride, float* __restrict__ sx) {
+                                int64_t codes_stride, float* __restrict__ sx, float static_scale) {
   constexpr float kMax = D == DType::kI8 ? 127.0f : 448.0f;
   const int64_t t = blockIdx.x;
   const float* xr = x + t * x_stride;
@@ -50,8 +52,9 @@ __global__ void __launch_bounds__(kQuantizeThreads)
     amax = fmaxf(amax, warp_amax[w]);
     finite = finite && warp_finite[w];
   }
-  const bool zero = !finite || amax == 0.0f;
-  const float inv = zero ? 0.0f : __fdiv_rn(kMax, amax);
+  const bool dynamic = !(static_scale > 0.0f);
+  const bool zero = !finite || (dynamic && amax == 0.0f);
+  const float inv = zero ? 0.0f : dynamic ? __fdiv_rn(kMax, amax) : __fdiv_rn(1.0f, static_scale);
   for (int64_t i = threadIdx.x; i < codes_stride; i += kQuantizeThreads) {
     uint8_t c = 0;
     if (i < in && !zero) {
@@ -64,7 +67,23 @@ __global__ void __launch_bounds__(kQuantizeThreads)
     }
     cr[i] = c;
   }
-  if (threadIdx.x == 0) sx[t] = !finite ? NAN : (amax == 0.0f ? 0.0f : __fdiv_rn(amax, kMax));
+  if (threadIdx.x == 0) {
+    sx[t] = !finite ? NAN : !dynamic ? static_scale : (amax == 0.0f ? 0.0f : __fdiv_rn(amax, kMax));
+  }
+}
+
+// quant/quantize.h's round_activation_row_fp8: y = e4m3(x * (1 / s)) * s, saturating, NaN kept.
+__global__ void round_activations_fp8_kernel(const float* __restrict__ x, int64_t x_stride, int64_t n, int64_t in,
+                                             float scale, float* __restrict__ y) {
+  const float inv = __fdiv_rn(1.0f, scale);
+  const int64_t total = n * in;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t t = i / in, c = i % in;
+    const float v = x[t * x_stride + c];
+    const uint8_t code = static_cast<uint8_t>(__nv_cvt_float_to_fp8(__fmul_rn(v, inv), __NV_SATFINITE, __NV_E4M3));
+    y[i] = isnan(v) ? v : __fmul_rn(Elem<DType::kF8E4M3>::load(&code, 0), scale);
+  }
 }
 
 // quant/quantize.h's W8A8 output: fma(f32(sum), sx * sw, bias), without a bias the product alone.
@@ -259,19 +278,30 @@ int w8a8_rows_per_warp(int64_t n) {
 }  // namespace
 
 cudaError_t launch_quantize_activations(const float* x, int64_t x_stride, int64_t n, int64_t in, DType codes_dtype,
-                                        void* codes, int64_t codes_stride, float* sx, Stream stream) {
+                                        void* codes, int64_t codes_stride, float* sx, float static_scale,
+                                        Stream stream) {
   if (n == 0) return cudaSuccess;
   if (n > 0x7fffffff || codes_stride < in) return cudaErrorInvalidValue;
   uint8_t* c = static_cast<uint8_t*>(codes);
   const unsigned grid = static_cast<unsigned>(n);
   if (codes_dtype == DType::kI8) {
-    quantize_activations_kernel<DType::kI8><<<grid, kQuantizeThreads, 0, stream>>>(x, x_stride, in, c, codes_stride, sx);
+    quantize_activations_kernel<DType::kI8>
+        <<<grid, kQuantizeThreads, 0, stream>>>(x, x_stride, in, c, codes_stride, sx, static_scale);
   } else if (codes_dtype == DType::kF8E4M3) {
     quantize_activations_kernel<DType::kF8E4M3>
-        <<<grid, kQuantizeThreads, 0, stream>>>(x, x_stride, in, c, codes_stride, sx);
+        <<<grid, kQuantizeThreads, 0, stream>>>(x, x_stride, in, c, codes_stride, sx, static_scale);
   } else {
     return cudaErrorInvalidValue;
   }
+  return cudaGetLastError();
+}
+
+cudaError_t launch_round_activations_fp8(const float* x, int64_t x_stride, int64_t n, int64_t in, float scale,
+                                         float* y, Stream stream) {
+  if (n == 0 || in == 0) return cudaSuccess;
+  if (!(scale > 0.0f)) return cudaErrorInvalidValue;
+  const int threads = 256;
+  round_activations_fp8_kernel<<<grid_for(n * in, threads), threads, 0, stream>>>(x, x_stride, n, in, scale, y);
   return cudaGetLastError();
 }
 
