@@ -17,6 +17,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -139,6 +140,38 @@ Tensor e4m3_rows(const Tensor& x) {
   SCOPED_TRACE(fmt::format("seed {} (TACHYON_TEST_SEED={} reproduces)", seed_, seed_)); \
   std::mt19937 rng(seed_)
 
+// The device's activation quantizer (static_scale 0: per token) on x [n, in] into codes rows ld
+// apart against `host(dtype, row, in, codes)`, which fills one row's expected codes (zero beyond
+// in, as they start) and returns its sx: every byte and every sx equal.
+using HostCodes = std::function<float(DType, const float*, int64_t, uint8_t*)>;
+void expect_codes_match_the_host(const Tensor& x, int64_t ld, float static_scale, const HostCodes& host) {
+  const int64_t n = x.size(0), in = x.size(1);
+  Mirror dx(x);
+  for (DType dtype : {DType::kI8, DType::kF8E4M3}) {
+    Mirror codes(testing::nan_tensor({n, ld / 4}));  // poisoned bytes
+    Mirror sx(testing::nan_tensor({n}));
+    ASSERT_EQ(cu::detail::launch_quantize_activations(dx.ptr<float>(), in, n, in, dtype, codes.ptr<void>(), ld,
+                                                      sx.ptr<float>(), static_scale, nullptr),
+              cudaSuccess);
+    ASSERT_OK(cu::synchronize(nullptr));
+    ASSERT_OK(codes.download());
+    ASSERT_OK(sx.download());
+    const uint8_t* got = static_cast<const uint8_t*>(codes.host().raw_data());
+    for (int64_t t = 0; t < n; ++t) {
+      const float* xr = x.data<float>() + t * in;
+      std::vector<uint8_t> want(static_cast<size_t>(ld), 0);
+      const float want_sx = host(dtype, xr, in, want.data());
+      const float got_sx = sx.host().data<float>()[t];
+      EXPECT_TRUE((std::isnan(want_sx) && std::isnan(got_sx)) || got_sx == want_sx)
+          << dtype_name(dtype) << " row " << t << ": sx " << got_sx << " vs " << want_sx;
+      for (int64_t i = 0; i < ld; ++i) {
+        ASSERT_EQ(got[t * ld + i], want[static_cast<size_t>(i)])
+            << dtype_name(dtype) << " row " << t << " column " << i << " (x " << (i < in ? xr[i] : 0.0f) << ")";
+      }
+    }
+  }
+}
+
 // Per-token quantization of activations: int8 codes and scales are quantize_activation_row's bit
 // for bit, e4m3 codes are f32_to_f8e4m3's; zero rows, rows with a NaN, tiny values (e4m3
 // subnormals) and the zero padding up to the codes' row stride.
@@ -151,50 +184,25 @@ TEST(CudaLinearQuant, ActivationCodesMatchTheHost) {
   x.data<float>()[2 * in + 17] = NAN;
   for (int64_t i = 0; i < in; ++i) x.data<float>()[3 * in + i] *= (i % 7 == 0 ? 1.0f : 1e-5f);  // e4m3 subnormal codes
   x.data<float>()[4 * in + 999] = 250.0f;  // one outlier
-  Mirror dx(x);
-  for (DType dtype : {DType::kI8, DType::kF8E4M3}) {
-    Mirror codes(testing::nan_tensor({n, ld / 4}));  // poisoned bytes
-    Mirror sx(testing::nan_tensor({n}));
-    ASSERT_EQ(cu::detail::launch_quantize_activations(dx.ptr<float>(), in, n, in, dtype, codes.ptr<void>(), ld,
-                                                      sx.ptr<float>(), 0.0f, nullptr),
-              cudaSuccess);
-    ASSERT_OK(cu::synchronize(nullptr));
-    ASSERT_OK(codes.download());
-    ASSERT_OK(sx.download());
-    const uint8_t* got = static_cast<const uint8_t*>(codes.host().raw_data());
-    for (int64_t t = 0; t < n; ++t) {
-      const float* xr = x.data<float>() + t * in;
-      std::vector<uint8_t> want(static_cast<size_t>(ld), 0);
-      float want_sx = 0.0f;
-      if (dtype == DType::kI8) {
-        want_sx = quantize_activation_row(xr, in, reinterpret_cast<int8_t*>(want.data()));
-      } else {
-        float amax = 0.0f;
-        bool finite = true;
-        for (int64_t i = 0; i < in; ++i) {
-          finite = finite && std::isfinite(xr[i]);
-          amax = std::max(amax, std::fabs(xr[i]));
-        }
-        want_sx = !finite ? NAN : amax / kF8E4M3Max;
-        if (finite && amax > 0.0f) {
-          const float inv = kF8E4M3Max / amax;
-          for (int64_t i = 0; i < in; ++i) want[static_cast<size_t>(i)] = f32_to_f8e4m3(xr[i] * inv);
-        }
-      }
-      const float got_sx = sx.host().data<float>()[t];
-      EXPECT_TRUE((std::isnan(want_sx) && std::isnan(got_sx)) || got_sx == want_sx)
-          << dtype_name(dtype) << " row " << t << ": sx " << got_sx << " vs " << want_sx;
-      for (int64_t i = 0; i < ld; ++i) {
-        ASSERT_EQ(got[t * ld + i], want[static_cast<size_t>(i)])
-            << dtype_name(dtype) << " row " << t << " column " << i << " (x " << (i < in ? xr[i] : 0.0f) << ")";
-      }
+  expect_codes_match_the_host(x, ld, 0.0f, [](DType dtype, const float* xr, int64_t len, uint8_t* want) {
+    if (dtype == DType::kI8) return quantize_activation_row(xr, len, reinterpret_cast<int8_t*>(want));
+    float amax = 0.0f;
+    bool finite = true;
+    for (int64_t i = 0; i < len; ++i) {
+      finite = finite && std::isfinite(xr[i]);
+      amax = std::max(amax, std::fabs(xr[i]));
     }
-  }
+    if (finite && amax > 0.0f) {
+      const float inv = kF8E4M3Max / amax;
+      for (int64_t i = 0; i < len; ++i) want[i] = f32_to_f8e4m3(xr[i] * inv);
+    }
+    return !finite ? NAN : amax / kF8E4M3Max;
+  });
 }
 
 // A static scale s (QuantWeight::input_scale): int8 codes and sx are
 // quantize_activation_row_static's bit for bit (clipped past 127 s, NaN rows NaN), e4m3 codes
-// f32_to_f8e4m3(x / s) with sx = s.
+// f32_to_f8e4m3(x / s) with sx = s (NaN for the NaN row, its codes zero).
 TEST(CudaLinearQuant, StaticActivationCodesMatchTheHost) {
   TACHYON_SKIP_WITHOUT_GPU();
   SEEDED_RNG(rng);
@@ -203,37 +211,17 @@ TEST(CudaLinearQuant, StaticActivationCodesMatchTheHost) {
   Tensor x = testing::random_tensor({n, in}, rng, -6.0f, 6.0f);
   x.data<float>()[2 * in + 17] = NAN;
   for (int64_t i = 0; i < in; ++i) x.data<float>()[3 * in + i] *= 1e-3f;  // e4m3 subnormal codes
-  Mirror dx(x);
-  for (DType dtype : {DType::kI8, DType::kF8E4M3}) {
-    Mirror codes(testing::nan_tensor({n, ld / 4}));
-    Mirror sx(testing::nan_tensor({n}));
-    ASSERT_EQ(cu::detail::launch_quantize_activations(dx.ptr<float>(), in, n, in, dtype, codes.ptr<void>(), ld,
-                                                      sx.ptr<float>(), scale, nullptr),
-              cudaSuccess);
-    ASSERT_OK(cu::synchronize(nullptr));
-    ASSERT_OK(codes.download());
-    ASSERT_OK(sx.download());
-    const uint8_t* got = static_cast<const uint8_t*>(codes.host().raw_data());
-    for (int64_t t = 0; t < n; ++t) {
-      const float* xr = x.data<float>() + t * in;
-      std::vector<uint8_t> want(static_cast<size_t>(ld), 0);
-      float want_sx = scale;
-      if (dtype == DType::kI8) {
-        want_sx = quantize_activation_row_static(xr, in, scale, reinterpret_cast<int8_t*>(want.data()));
-      } else if (t == 2) {
-        want_sx = NAN;
-      } else {
-        for (int64_t i = 0; i < in; ++i) want[static_cast<size_t>(i)] = f32_to_f8e4m3(xr[i] * (1.0f / scale));
-      }
-      const float got_sx = sx.host().data<float>()[t];
-      EXPECT_TRUE((std::isnan(want_sx) && std::isnan(got_sx)) || got_sx == want_sx)
-          << dtype_name(dtype) << " row " << t << ": sx " << got_sx << " vs " << want_sx;
-      for (int64_t i = 0; i < ld; ++i) {
-        ASSERT_EQ(got[t * ld + i], want[static_cast<size_t>(i)])
-            << dtype_name(dtype) << " row " << t << " column " << i << " (x " << (i < in ? xr[i] : 0.0f) << ")";
+  expect_codes_match_the_host(x, ld, scale, [scale](DType dtype, const float* xr, int64_t len, uint8_t* want) {
+    if (dtype == DType::kI8) return quantize_activation_row_static(xr, len, scale, reinterpret_cast<int8_t*>(want));
+    for (int64_t i = 0; i < len; ++i) {
+      if (!std::isfinite(xr[i])) {
+        std::fill(want, want + len, uint8_t{0});
+        return NAN;
       }
     }
-  }
+    for (int64_t i = 0; i < len; ++i) want[i] = f32_to_f8e4m3(xr[i] * (1.0f / scale));
+    return scale;
+  });
 }
 
 // The rounding of activations to an fp8 weight's static scale: round_activation_row_fp8's bits
