@@ -67,6 +67,22 @@ void expect_steps_agree(const LlamaModel& cm, const LlamaModel& gm, std::vector<
               near_ties);
 }
 
+// Greedy decoding of the two prompts below on both models for 32 tokens: the GPU's tokens agree
+// with the CPU's for at least the first 16 (the GPU's GEMMs round activations to bf16 where the
+// CPU keeps f32, so a near-tie may flip late; the start must agree). Prints the agreement.
+void expect_greedy_start_agrees(const LlamaModel& cm, const LlamaModel& gm, const Tokenizer& tokenizer,
+                                const std::string& what) {
+  for (const char* text : {"Once upon a time", "The little dog ran to the park and"}) {
+    const std::vector<int32_t> prompt = tokenizer.encode(text);
+    const auto expected = testing::greedy_ids(cm, prompt, 32);
+    const auto got = testing::greedy_ids(gm, prompt, 32, DType::kF32);
+    size_t agree = 0;
+    while (agree < got.size() && agree < expected.size() && got[agree] == expected[agree]) ++agree;
+    std::printf("%s greedy agreement GPU vs CPU over 32 tokens (\"%s\"): %zu\n", what.c_str(), text, agree);
+    EXPECT_GE(agree, 16u) << what << " \"" << text << "\"";
+  }
+}
+
 // Per-channel int8 on the device: quantize_int8_rows makes the host quantizer's bytes and scales
 // (bf16 and f32 rows, odd shapes, a zero row); linear() with the packed weight matches the
 // reference product with the dequantized weight on every path kAuto takes: the GEMV (f32 sums),
@@ -150,17 +166,7 @@ TEST(GpuModel, Int8GreedyEqualsTheCpuInt8Path) {
   ASSERT_TRUE(testing::bitwise_equal(to_host(gw.layers[1].k_proj.quant->packed), cw.layers[1].k_proj.quant->packed,
                                      "layer 1 k_proj packed (a row view of the fused qkv)"));
   LlamaModel cm(cpu.model->config(), std::move(cw)), gm(gpu.model->config(), std::move(gw));
-  for (const char* text : {"Once upon a time", "The little dog ran to the park and"}) {
-    const std::vector<int32_t> prompt = cpu.tokenizer->encode(text);
-    const auto expected = testing::greedy_ids(cm, prompt, 32);
-    const auto got = testing::greedy_ids(gm, prompt, 32, DType::kF32);
-    size_t agree = 0;
-    while (agree < got.size() && agree < expected.size() && got[agree] == expected[agree]) ++agree;
-    std::printf("int8 greedy agreement with the CPU over 32 tokens (\"%s\"): %zu\n", text, agree);
-    // The prompt runs through the tensor-core GEMM, which rounds activations to bf16 (the CPU keeps
-    // f32): a near-tie may flip late; the start must agree.
-    EXPECT_GE(agree, 16u) << text;
-  }
+  expect_greedy_start_agrees(cm, gm, *cpu.tokenizer, "int8");
 }
 
 // Group-wise int4 on the device: quantize_int4_groups makes the host quantizer's bytes, scales and
@@ -289,17 +295,7 @@ TEST(GpuModel, Int4GreedyEqualsTheCpuInt4Path) {
   ASSERT_TRUE(testing::bitwise_equal(to_host(gw.layers[2].up_proj.quant->zeros), cw.layers[2].up_proj.quant->zeros,
                                      "layer 2 up_proj zeros (a row view of the fused gate_up)"));
   LlamaModel cm(cpu.model->config(), std::move(cw)), gm(gpu.model->config(), std::move(gw));
-  for (const char* text : {"Once upon a time", "The little dog ran to the park and"}) {
-    const std::vector<int32_t> prompt = cpu.tokenizer->encode(text);
-    const auto expected = testing::greedy_ids(cm, prompt, 32);
-    const auto got = testing::greedy_ids(gm, prompt, 32, DType::kF32);
-    size_t agree = 0;
-    while (agree < got.size() && agree < expected.size() && got[agree] == expected[agree]) ++agree;
-    std::printf("int4 greedy agreement with the CPU over 32 tokens (\"%s\"): %zu\n", text, agree);
-    // Prompts of more than 8 tokens run through the bf16 expansion (the CPU keeps f32): a
-    // near-tie may flip late; the start must agree.
-    EXPECT_GE(agree, 16u) << text;
-  }
+  expect_greedy_start_agrees(cm, gm, *cpu.tokenizer, "int4");
 }
 
 // The bundled model with its linear weights in each packed format quantized on the host — the
@@ -407,7 +403,7 @@ TEST(GpuModel, AwqCheckpointRunsPackedAndAgreesWithTheCpu) {
   auto q = quantize_model(*original.model, calib, o);
   ASSERT_TRUE(q.ok()) << q.status().to_string();
   const std::string out = testing::scratch_dir("gpu_awq") + "/out";
-  auto saved = save_quantized_checkpoint({original.path, out, CheckpointQuantMethod::kAwqGemm},
+  auto saved = save_quantized_checkpoint({original.path, out, CheckpointQuantMethod::kAwqGemm, ""},
                                          original.model->config(), q->weights);
   ASSERT_TRUE(saved.ok()) << saved.status().to_string();
   LoadedModel cpu = testing::load_model_or_fail(out, Device::cpu());
@@ -415,17 +411,7 @@ TEST(GpuModel, AwqCheckpointRunsPackedAndAgreesWithTheCpu) {
   const Weight& gate = gpu.model->weights().layers[0].gate_proj;
   ASSERT_TRUE(gate.quant != nullptr && gate.quant->format == QuantFormat::kInt4Group && gate.quant->group_size == 128);
   EXPECT_EQ(gate.quant->packed.device(), kGpu);
-  for (const char* text : {"Once upon a time", "The little dog ran to the park and"}) {
-    const std::vector<int32_t> prompt = cpu.tokenizer->encode(text);
-    const auto expected = testing::greedy_ids(*cpu.model, prompt, 32);
-    const auto got = testing::greedy_ids(*gpu.model, prompt, 32, DType::kF32);
-    size_t agree = 0;
-    while (agree < got.size() && agree < expected.size() && got[agree] == expected[agree]) ++agree;
-    std::printf("AWQ checkpoint greedy agreement GPU vs CPU over 32 tokens (\"%s\"): %zu\n", text, agree);
-    // The GPU's tensor-core GEMM rounds activations to bf16 (the CPU keeps f32): a near-tie may
-    // flip late; the start must agree.
-    EXPECT_GE(agree, 16u) << text;
-  }
+  expect_greedy_start_agrees(*cpu.model, *gpu.model, *cpu.tokenizer, "AWQ checkpoint");
 }
 
 // Checkpoints with static activation scales (W8A8 with SmoothQuant and an entropy observer; fp8
@@ -470,7 +456,9 @@ TEST(GpuModel, StaticActivationScaleCheckpointsMatchTheCpu) {
     const LayerWeights& g = gpu.model->weights().layers[0];
     const float want = cpu.model->weights().layers[0].q_proj.quant->input_scale;
     EXPECT_GT(want, 0.0f);
-    if (g.qkv_proj.defined()) EXPECT_EQ(g.qkv_proj.quant->input_scale, want) << "the fused q/k/v";
+    if (g.qkv_proj.defined()) {
+      EXPECT_EQ(g.qkv_proj.quant->input_scale, want) << "the fused q/k/v";
+    }
     EXPECT_EQ(g.q_proj.quant->input_scale, want);
     expect_steps_agree(*cpu.model, *gpu.model, cpu.tokenizer->encode("Once upon a time"), c.tolerance,
                        fmt::format("{} static scales", quant_method_name(c.method)));

@@ -634,7 +634,7 @@ TEST(QuantizedCheckpoint, SmoothQuantW8A8ReloadsAsSaved) {
     }
   }
   const std::string out = testing::scratch_dir("qckpt_w8a8") + "/out";
-  auto saved = save_quantized_checkpoint({original->path, out, CheckpointQuantMethod::kW8A8},
+  auto saved = save_quantized_checkpoint({original->path, out, CheckpointQuantMethod::kW8A8, ""},
                                          original->model->config(), q->weights);
   ASSERT_TRUE(saved.ok()) << saved.status().to_string();
   auto reloaded = load(out);
@@ -805,7 +805,7 @@ TEST(QuantizedCheckpoint, AwqCheckpointReloadsAsSaved) {
   auto q = quantize_model(*original->model, calib, o);
   ASSERT_TRUE(q.ok()) << q.status().to_string();
   const std::string out = testing::scratch_dir("qckpt_awq") + "/out";
-  auto saved = save_quantized_checkpoint({original->path, out, CheckpointQuantMethod::kAwqGemm},
+  auto saved = save_quantized_checkpoint({original->path, out, CheckpointQuantMethod::kAwqGemm, ""},
                                          original->model->config(), q->weights);
   ASSERT_TRUE(saved.ok()) << saved.status().to_string();
   auto reloaded = load(out);
