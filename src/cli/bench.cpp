@@ -629,6 +629,8 @@ int run_bench(BenchArgs& a) {
                  {"prefix_caching", eo->kv.prefix_caching},
                  {"block_size", eo->kv.block_size},
                  {"kv_dtype", dtype_name(e.kv_cache().config().dtype)},
+                 {"kv_window", e.kv_config().tiers.window},
+                 {"kv_history", kv_history_name(e.kv_config().tiers.history)},
                  {"kv_blocks", after.kv_blocks_total},
                  {"kv_tokens", static_cast<int64_t>(after.kv_blocks_total) * eo->kv.block_size},
                  {"kv_cache_bytes", after.kv_cache_bytes},

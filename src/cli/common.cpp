@@ -327,6 +327,32 @@ void add_engine_options(CLI::App& cmd, EngineArgs& a) {
   cmd.add_flag("--batch-invariant", a.batch_invariant,
                "outputs independent of what else is batched (bit-identical; slower)");
   cmd.add_flag("--enforce-eager", a.enforce_eager, "on a GPU, run every step eagerly (no CUDA graphs)");
+  add_kv_tier_options(cmd, a.kv_window, a.kv_history);
+}
+
+void add_kv_tier_options(CLI::App& cmd, int& window, std::string& history) {
+  cmd.add_option("--kv-window", window,
+                 "long context: the newest positions each sequence keeps in the KV cache dtype (0: all)")
+      ->check(non_negative_int());
+  cmd.add_option("--kv-history", history,
+                 "what becomes of positions older than --kv-window: same (kept as they are) or drop (freed: a "
+                 "sliding window of --kv-window positions)");
+}
+
+Result<KvTierOptions> parse_kv_tiers(int window, const std::string& history) {
+  KvTierOptions t;
+  t.window = window;
+  if (history == "same") {
+    t.history = KvHistory::kSame;
+  } else if (history == "drop") {
+    t.history = KvHistory::kDrop;
+  } else {
+    return make_error(ErrorCode::kInvalidArgument, "--kv-history '{}' (same or drop)", excerpt(history, 40));
+  }
+  if (t.history != KvHistory::kSame && window <= 0) {
+    return make_error(ErrorCode::kInvalidArgument, "--kv-history {} needs --kv-window (the positions kept)", history);
+  }
+  return t;
 }
 
 Result<size_t> parse_bytes(const std::string& text) {
@@ -386,6 +412,7 @@ Result<EngineOptions> engine_options(const EngineArgs& a) {
   o.kv.prefix_caching = !a.no_prefix_caching;
   o.batch_invariant = a.batch_invariant;
   o.cuda_graphs = !a.enforce_eager;
+  TACHYON_ASSIGN_OR_RETURN(o.kv.tiers, parse_kv_tiers(a.kv_window, a.kv_history));
   return o;
 }
 

@@ -62,9 +62,15 @@ struct EngineArgs {
   bool no_prefix_caching = false;
   bool batch_invariant = false;
   bool enforce_eager = false;  // no CUDA graphs
+  int kv_window = 0;           // --kv-window: positions kept as they are (0: all)
+  std::string kv_history = "same";  // --kv-history: what becomes of older ones
 };
 void add_engine_options(CLI::App& cmd, EngineArgs& args);
+// --kv-window and --kv-history, bound to `window` and `history`.
+void add_kv_tier_options(CLI::App& cmd, int& window, std::string& history);
 Result<EngineOptions> engine_options(const EngineArgs& args);
+// --kv-window / --kv-history values (shared by the engine commands and perplexity).
+Result<KvTierOptions> parse_kv_tiers(int window, const std::string& history);
 // A `--kv` value: a KV cache dtype (f32, f16, bf16, int8, fp8 and their aliases), else an error
 // naming the choices.
 Result<DType> parse_kv_dtype(const std::string& name);

@@ -53,6 +53,8 @@ struct PerplexityArgs {
   std::optional<int> stride;       // unset: ctx / 2
   std::optional<int64_t> max_tokens;  // unset: every token of the text
   std::string kv_dtype;            // --kv: the scored run's KV cache dtype (empty: the default)
+  int kv_window = 0;               // --kv-window / --kv-history: the scored run's KV tiers
+  std::string kv_history = "same";
   bool kl = false;
   bool no_bos = false;
   std::string json_path;
@@ -112,12 +114,14 @@ Status validate_before_load(const PerplexityArgs& a) {
   std::error_code ec;
   const bool dir_policy =
       std::filesystem::is_regular_file(std::filesystem::path(a.common.model) / kDirectoryQuantPolicy, ec);
-  if (a.kl && a.common.quant.empty() && a.common.quant_policy.empty() && a.kv_dtype.empty() && !dir_policy) {
+  if (a.kl && a.common.quant.empty() && a.common.quant_policy.empty() && a.kv_dtype.empty() && !dir_policy &&
+      a.kv_history == "same") {
     return make_error(ErrorCode::kInvalidArgument,
                       "--kl compares a quantized model (or KV cache) with the model as stored: give --quant FORMAT, "
-                      "--quant-policy FILE or --kv int8|fp8");
+                      "--quant-policy FILE, --kv int8|fp8 or --kv-history");
   }
   if (!a.kv_dtype.empty()) TACHYON_RETURN_IF_ERROR(parse_kv_dtype(a.kv_dtype).status());
+  TACHYON_RETURN_IF_ERROR(parse_kv_tiers(a.kv_window, a.kv_history).status());
   if (a.ctx && *a.ctx < 2) {
     return make_error(ErrorCode::kInvalidArgument, "--ctx {}: a window needs at least 2 tokens", *a.ctx);
   }
@@ -219,7 +223,8 @@ int run_perplexity(const PerplexityArgs& a) {
       std::clamp<int64_t>(static_cast<int64_t>(kMaxLogitBytes / (sizeof(float) * static_cast<size_t>(vocab))), 1, ctx);
   std::optional<DType> kv_dtype;
   if (!a.kv_dtype.empty()) kv_dtype = parse_kv_dtype(a.kv_dtype).value();  // checked before loading
-  auto runner = WindowRunner::create(*model->model, ctx, kv_dtype);
+  const KvTierOptions tiers = parse_kv_tiers(a.kv_window, a.kv_history).value();  // checked before loading
+  auto runner = WindowRunner::create(*model->model, ctx, kv_dtype, tiers);
   if (!runner.ok()) return report(runner.status());
   std::unique_ptr<WindowRunner> reference_runner;
   if (reference) {
@@ -303,6 +308,8 @@ int run_perplexity(const PerplexityArgs& a) {
   j["weight_format"] = weight_format(model->model->weights());
   j["weights"] = model->weight_dtypes;
   j["kv_dtype"] = kv_dtype ? dtype_name(*kv_dtype) : "default";
+  j["kv_window"] = tiers.window;
+  j["kv_history"] = kv_history_name(tiers.history);
   j["device"] = model->model->device().to_string();
   j["threads"] = num_threads();
   j["seconds"] = seconds;
@@ -329,8 +336,10 @@ int run_perplexity(const PerplexityArgs& a) {
     if (!f) return report(make_error(ErrorCode::kIo, "cannot write {}", a.json_path));
   }
 
-  std::printf("model: %s | weights %s | kv %s | %s, %d threads\n", a.common.model.c_str(),
-              model->weight_dtypes.c_str(), j["kv_dtype"].get<std::string>().c_str(),
+  const std::string tier_text =
+      tiers.active() ? fmt::format(" (window {}, history {})", tiers.window, kv_history_name(tiers.history)) : "";
+  std::printf("model: %s | weights %s | kv %s%s | %s, %d threads\n", a.common.model.c_str(),
+              model->weight_dtypes.c_str(), j["kv_dtype"].get<std::string>().c_str(), tier_text.c_str(),
               j["device"].get<std::string>().c_str(), num_threads());
   std::printf("text: %s | %lld of %zu tokens scored in %zu windows of <= %d (stride %d) | %.2f s, %.0f tok/s\n",
               a.text_path.c_str(), static_cast<long long>(totals.scored), ids.size(), windows.size(), ctx, stride,
@@ -358,6 +367,7 @@ void add_perplexity(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--max-tokens", a->max_tokens, "score only the first T tokens of the text (default: all)");
   cmd->add_option("--kv", a->kv_dtype, "KV cache dtype of the scored run: f32, f16, bf16, int8, fp8 (default: f32 "
                                        "on the CPU, bf16 on a GPU; the --kl reference always keeps the default)");
+  add_kv_tier_options(*cmd, a->kv_window, a->kv_history);
   cmd->add_flag("--kl", a->kl, "also load the model as stored and report KL(stored || quantized) per token, top-1 "
                                "agreement and both perplexities (needs --quant or --kv)");
   cmd->add_flag("--no-bos", a->no_bos, "do not add the BOS token in front of the text");

@@ -126,8 +126,11 @@ inline double kl_divergence(std::span<const float> reference, std::span<const fl
 // Every window starts again at position 0 and overwrites the slots of the previous one.
 class WindowRunner {
  public:
+  // `tiers`: the cache's window and history, applied after every run() as an engine applies them
+  // after every step.
   static Result<std::unique_ptr<WindowRunner>> create(const LlamaModel& model, int max_tokens,
-                                                      std::optional<DType> kv_dtype = std::nullopt) {
+                                                      std::optional<DType> kv_dtype = std::nullopt,
+                                                      const KvTierOptions& tiers = {}) {
     const ModelConfig& c = model.config();
     KvCacheConfig kv;
     kv.num_layers = c.num_layers;
@@ -137,13 +140,14 @@ class WindowRunner {
     kv.num_blocks = (max_tokens + kBlockSize - 1) / kBlockSize;
     kv.device = model.device();
     kv.dtype = kv_dtype.value_or(kv.device.is_cpu() ? DType::kF32 : DType::kBF16);
+    kv.tiers = tiers;
     TACHYON_ASSIGN_OR_RETURN(KvCache cache, KvCache::create(kv));
-    std::unique_ptr<WindowRunner> runner(new WindowRunner(model, std::move(cache), kv.num_blocks));
+    std::unique_ptr<WindowRunner> runner(new WindowRunner(model, std::move(cache), kv.num_blocks, max_tokens));
     TACHYON_RETURN_IF_ERROR(runner->blocks_.grow_to(runner->table_, max_tokens));
     return runner;
   }
 
-  int max_tokens() const { return table_.num_tokens(); }
+  int max_tokens() const { return max_tokens_; }
 
   // Runs `tokens` at positions start_position .. of the current window: positions before
   // start_position were run by earlier calls for this window (start_position 0 starts a new
@@ -154,6 +158,13 @@ class WindowRunner {
       return make_error(ErrorCode::kOutOfRange, "window runner: {} tokens at position {} in a window of {}",
                         tokens.size(), start_position, max_tokens());
     }
+    if (start_position == 0 && table_.num_released() > 0) {  // a new window: the released blocks come back
+      blocks_.free(table_);
+      TACHYON_RETURN_IF_ERROR(blocks_.grow_to(table_, max_tokens_));
+    }
+    if (start_position < table_.first_resident_position()) {
+      return make_error(ErrorCode::kOutOfRange, "window runner: position {} was released", start_position);
+    }
     SequenceChunk chunk;
     chunk.block_table = &table_;
     chunk.start_position = start_position;
@@ -161,20 +172,26 @@ class WindowRunner {
     chunk.logits = logits != nullptr ? LogitsWanted::kAll : LogitsWanted::kNone;
     const ForwardBatch batch = build_forward_batch({chunk});
     Tensor none;
-    return model_.forward(batch, cache_, logits != nullptr ? *logits : none);
+    TACHYON_RETURN_IF_ERROR(model_.forward(batch, cache_, logits != nullptr ? *logits : none));
+    blocks_.retire(table_, start_position + static_cast<int>(tokens.size()));
+    return Status::Ok();
   }
 
  private:
   static constexpr int kBlockSize = kDefaultBlockSize;
 
-  WindowRunner(const LlamaModel& model, KvCache cache, int num_blocks)
-      : model_(model), cache_(std::move(cache)), blocks_(BlockManagerOptions{num_blocks, kBlockSize, false}),
-        table_(kBlockSize) {}
+  WindowRunner(const LlamaModel& model, KvCache cache, int num_blocks, int max_tokens)
+      : model_(model),
+        cache_(std::move(cache)),
+        blocks_(BlockManagerOptions{num_blocks, kBlockSize, false, cache_.config().tiers}),
+        table_(kBlockSize),
+        max_tokens_(max_tokens) {}
 
   const LlamaModel& model_;
   KvCache cache_;
   BlockManager blocks_;
   BlockTable table_;
+  int max_tokens_;
 };
 
 }  // namespace tachyon::cli

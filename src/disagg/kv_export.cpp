@@ -64,8 +64,8 @@ Status copy_layer(Tensor& staging, size_t layer, size_t bytes, uint8_t* host_byt
   return to_host ? copy_into(host, part) : copy_into(part, host);
 }
 
-// Copies positions [0, kv.num_computed) of every layer out of `blocks` into kv.device, or into
-// kv.layers (sized here) when kv.device is empty.
+// Copies positions [kv.first_position, kv.num_computed) of every layer out of `blocks` into
+// kv.device, or into kv.layers (sized here) when kv.device is empty.
 Status read_layers(const SequenceBlocks& blocks, KvExport& kv) {
   KvCache& cache = *blocks.cache;
   const Device device = cache.config().device;
@@ -92,9 +92,9 @@ Status read_layers(const SequenceBlocks& blocks, KvExport& kv) {
     // position-major.
     for (Tensor* pool : cache.pools(l)) {
       if (!st.ok()) break;
-      st = copy_positions(*pool, blocks.block_table, 0, kv.num_computed, at, KvCopy::kCacheToHost,
+      st = copy_positions(*pool, blocks.block_table, kv.first_position, kv.num_computed, at, KvCopy::kCacheToHost,
                           kv.device ? kv.device->device : staging.defined() ? device : Device::cpu());
-      at += static_cast<size_t>(kv.num_computed) * pool_row_bytes(*pool);
+      at += static_cast<size_t>(kv.num_positions()) * pool_row_bytes(*pool);
     }
     if (st.ok() && staging.defined()) {
       st = copy_layer(staging, static_cast<size_t>(l), layer_bytes, kv.layers[static_cast<size_t>(l)].data(), true);
@@ -107,7 +107,8 @@ Status read_layers(const SequenceBlocks& blocks, KvExport& kv) {
 }
 
 // Copies positions [blocks.begin, blocks.end) of every layer from `kv` (host layers or its
-// device region) into `blocks`; the positions before blocks.begin came from the prefix cache.
+// device region) into `blocks`; the positions before blocks.begin came from the prefix cache (or
+// lie before the window), and blocks.begin >= kv.first_position.
 Status write_layers(const KvImport& kv, const SequenceBlocks& blocks) {
   KvCache& cache = *blocks.cache;
   const size_t layer_bytes = kv.layer_bytes();
@@ -131,8 +132,9 @@ Status write_layers(const KvImport& kv, const SequenceBlocks& blocks) {
       if (!st.ok()) break;
       const size_t row_bytes = pool_row_bytes(*pool);
       st = copy_positions(*pool, blocks.block_table, blocks.begin, blocks.end,
-                          at + static_cast<size_t>(blocks.begin) * row_bytes, KvCopy::kHostToCache, source);
-      at += static_cast<size_t>(kv.num_computed) * row_bytes;
+                          at + static_cast<size_t>(blocks.begin - kv.first_position) * row_bytes, KvCopy::kHostToCache,
+                          source);
+      at += static_cast<size_t>(kv.num_positions()) * row_bytes;
     }
   }
   // The region is the exporter's (and the staging buffer goes when this returns): copies out of
@@ -147,7 +149,7 @@ size_t KvExport::position_bytes() const {
   return 2 * static_cast<size_t>(std::max(num_kv_heads, 0)) * ops::kv_row_bytes(dtype, std::max(head_dim, 0));
 }
 
-size_t KvExport::layer_bytes() const { return static_cast<size_t>(std::max(num_computed, 0)) * position_bytes(); }
+size_t KvExport::layer_bytes() const { return static_cast<size_t>(std::max(num_positions(), 0)) * position_bytes(); }
 
 size_t KvExport::total_bytes() const { return static_cast<size_t>(std::max(num_layers, 0)) * layer_bytes(); }
 
@@ -159,7 +161,7 @@ Status KvExport::check_host_layers(int expected_layers) const {
   for (size_t l = 0; l < layers.size(); ++l) {
     if (layers[l].size() != want) {
       return make_error(ErrorCode::kInvalidArgument, "layer {} has {} bytes; {} positions take {}", l, layers[l].size(),
-                        num_computed, want);
+                        num_positions(), want);
     }
   }
   return Status::Ok();
@@ -178,6 +180,7 @@ Result<KvExport> export_kv(Engine& engine, RequestId id, KvExportArena* arena) {
     kv.tokens.assign(seq.tokens.begin(), seq.tokens.end());
     kv.num_prompt_tokens = seq.num_prompt_tokens;
     kv.num_computed = seq.num_computed;
+    kv.first_position = seq.first_position;
     kv.sampler_seed = seq.sampler_seed;
     kv.rng_draws = seq.rng_draws;
     if (arena != nullptr && arena->device() == cc.device && kv.layer_bytes() > 0) {
@@ -218,6 +221,7 @@ Result<RequestId> adopt(Engine& engine, const KvImport& kv, const GenerationPara
   seq.tokens = kv.tokens;
   seq.num_prompt_tokens = kv.num_prompt_tokens;
   seq.num_computed = kv.num_computed;
+  seq.first_position = kv.first_position;
   seq.sampler_seed = kv.sampler_seed;
   seq.rng_draws = kv.rng_draws;
   return engine.adopt_sequence(seq, params, [&kv](const SequenceBlocks& blocks) { return write_layers(kv, blocks); });

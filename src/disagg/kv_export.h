@@ -58,19 +58,22 @@ struct KvExport {
   int block_size = 0;                    // the exporting cache's, for information
   std::vector<int32_t> tokens;           // [num_tokens]: the prompt, then the generated tokens
   int num_prompt_tokens = 0;
-  int num_computed = 0;                  // leading positions whose K/V follow (num_tokens - 1)
+  int num_computed = 0;                  // leading positions whose K/V exist (num_tokens - 1)
+  int first_position = 0;                // the K/V that follow are those of [first_position, num_computed):
+                                         // > 0 when the exporter dropped older history (KvHistory::kDrop)
   uint64_t sampler_seed = 0;             // the seed of the request's random stream (given or drawn)
   uint64_t rng_draws = 0;                // values the stream gave so far
-  // [num_layers] of K then V, each [num_computed, num_kv_heads, head_dim] in dtype, then for a
-  // quantized dtype (i8, f8e4m3) the K then V scales, each [num_computed, num_kv_heads] f32: the
-  // bytes of positions [0, num_computed) as the cache holds them.
+  // [num_layers] of K then V, each [num_positions(), num_kv_heads, head_dim] in dtype, then for a
+  // quantized dtype (i8, f8e4m3) the K then V scales, each [num_positions(), num_kv_heads] f32:
+  // the bytes of positions [first_position, num_computed) as the cache holds them.
   std::vector<std::vector<uint8_t>> layers;
   // Or, with `layers` empty, the same bytes layer after layer in device memory.
   std::optional<KvDeviceRegion> device;
 
   // Bytes of one position of one layer: K and V (and their scales).
   size_t position_bytes() const;
-  // Bytes of one layer: num_computed * position_bytes().
+  int num_positions() const { return num_computed - first_position; }
+  // Bytes of one layer: num_positions() * position_bytes().
   size_t layer_bytes() const;
   // Bytes of every layer: num_layers * layer_bytes() (what `device` holds).
   size_t total_bytes() const;

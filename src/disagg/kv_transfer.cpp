@@ -18,7 +18,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-constexpr size_t kHeaderFixedBytes = 72;  // up to and including rng_draws
+constexpr size_t kHeaderFixedBytes = 76;  // up to and including rng_draws
 constexpr size_t kAckFixedBytes = 24;     // up to and including the message length
 constexpr size_t kMaxAckMessage = 4096;
 constexpr size_t kRegionFixedBytes = 36;  // up to and including the handle's length
@@ -105,12 +105,12 @@ Millis remaining(Clock::time_point deadline) {
   return std::max(Millis(0), std::chrono::duration_cast<Millis>(deadline - Clock::now()));
 }
 
-// Bytes of one layer (K and V, and a quantized dtype's scales) of `num_computed` positions, or
+// Bytes of one layer (K and V, and a quantized dtype's scales) of `num_positions` positions, or
 // nullopt past 2^64.
-std::optional<uint64_t> layer_bytes_for(uint64_t num_computed, uint64_t heads, uint64_t head_dim, DType dtype) {
+std::optional<uint64_t> layer_bytes_for(uint64_t num_positions, uint64_t heads, uint64_t head_dim, DType dtype) {
   const uint64_t limit = ~uint64_t{0};
   uint64_t n = 2 * ops::kv_row_bytes(dtype, static_cast<int64_t>(head_dim));  // head_dim < 2^17: no overflow here
-  for (uint64_t f : {num_computed, heads}) {
+  for (uint64_t f : {num_positions, heads}) {
     if (f != 0 && n > limit / f) return std::nullopt;
     n *= f;
   }
@@ -161,7 +161,8 @@ Result<std::vector<uint8_t>> encode_kv_header(const KvExport& kv, uint64_t trans
   const uint32_t code = dtype_code(kv.dtype);
   if (code == 0) return make_error(ErrorCode::kUnsupported, "kv transfer: no wire code for dtype {}", dtype_name(kv.dtype));
   if (kv.num_layers < 1 || kv.num_kv_heads < 1 || kv.head_dim < 1 || kv.vocab_size < 1 || kv.num_prompt_tokens < 0 ||
-      kv.num_computed < 0 || static_cast<size_t>(kv.num_computed) > kv.tokens.size() ||
+      kv.num_computed < 0 || static_cast<size_t>(kv.num_computed) > kv.tokens.size() || kv.first_position < 0 ||
+      kv.first_position > kv.num_computed ||
       kv.tokens.size() > UINT32_MAX) {
     return make_error(ErrorCode::kInvalidArgument,
                       "kv transfer: {} layers, {} kv heads, head_dim {}, vocabulary {}, {} tokens, {} prompt, {} computed",
@@ -193,6 +194,7 @@ Result<std::vector<uint8_t>> encode_kv_header(const KvExport& kv, uint64_t trans
   w.u32(static_cast<uint32_t>(kv.tokens.size()));
   w.u32(static_cast<uint32_t>(kv.num_prompt_tokens));
   w.u32(static_cast<uint32_t>(kv.num_computed));
+  w.u32(static_cast<uint32_t>(kv.first_position));
   w.u64(transfer_id);
   w.u64(kv.sampler_seed);
   w.u64(kv.rng_draws);
@@ -240,7 +242,7 @@ Result<KvHeader> decode_kv_header(std::span<const uint8_t> message, const KvWire
   }
   const uint32_t num_layers = r.u32(), num_kv_heads = r.u32(), head_dim = r.u32(), code = r.u32();
   const uint32_t vocab_size = r.u32(), block_size = r.u32();
-  const uint32_t num_tokens = r.u32(), num_prompt = r.u32(), num_computed = r.u32();
+  const uint32_t num_tokens = r.u32(), num_prompt = r.u32(), num_computed = r.u32(), first_position = r.u32();
   KvHeader h;
   h.device_region = (flags & kKvFlagDeviceRegion) != 0;
   h.transfer_id = r.u64();
@@ -251,25 +253,26 @@ Result<KvHeader> decode_kv_header(std::span<const uint8_t> message, const KvWire
   if (num_layers < 1 || num_layers > static_cast<uint32_t>(limits.max_layers) || num_tokens < 1 ||
       num_tokens > static_cast<uint32_t>(limits.max_tokens) || num_kv_heads < 1 || num_kv_heads > (1u << 16) ||
       head_dim < 1 || head_dim > (1u << 16) || vocab_size < 1 || vocab_size > INT32_MAX || block_size > INT32_MAX ||
-      num_prompt > num_tokens || num_computed > num_tokens) {
+      num_prompt > num_tokens || num_computed > num_tokens || first_position > num_computed) {
     return make_error(ErrorCode::kCorruptFile,
                       "kv transfer: header announces {} layers (at most {}), {} kv heads, head_dim {}, vocabulary {}, "
-                      "block size {}, {} tokens (at most {}), {} prompt, {} computed",
+                      "block size {}, {} tokens (at most {}), {} prompt, {} computed from position {}",
                       num_layers, limits.max_layers, num_kv_heads, head_dim, vocab_size, block_size, num_tokens,
-                      limits.max_tokens, num_prompt, num_computed);
+                      limits.max_tokens, num_prompt, num_computed, first_position);
   }
   const size_t want_size = kHeaderFixedBytes + size_t{num_layers} * 12 + size_t{num_tokens} * 4 + 4;
   if (message.size() != want_size) {
     return make_error(ErrorCode::kCorruptFile, "kv transfer: a header of {} bytes for {} layers and {} tokens ({} expected)",
                       message.size(), num_layers, num_tokens, want_size);
   }
-  const std::optional<uint64_t> layer_bytes = layer_bytes_for(num_computed, num_kv_heads, head_dim, *dtype);
+  const uint32_t num_positions = num_computed - first_position;
+  const std::optional<uint64_t> layer_bytes = layer_bytes_for(num_positions, num_kv_heads, head_dim, *dtype);
   if (!layer_bytes || *layer_bytes > limits.max_layer_bytes ||
       *layer_bytes > limits.max_total_bytes / num_layers) {
     return make_error(ErrorCode::kCorruptFile,
                       "kv transfer: {} layers of {} positions x {} kv heads x head_dim {} exceed the limits ({} bytes per "
                       "layer, {} in all)",
-                      num_layers, num_computed, num_kv_heads, head_dim, limits.max_layer_bytes, limits.max_total_bytes);
+                      num_layers, num_positions, num_kv_heads, head_dim, limits.max_layer_bytes, limits.max_total_bytes);
   }
   h.layer_bytes.resize(num_layers);
   h.layer_crc.resize(num_layers);
@@ -278,7 +281,7 @@ Result<KvHeader> decode_kv_header(std::span<const uint8_t> message, const KvWire
   for (uint32_t l = 0; l < num_layers; ++l) {
     if (h.layer_bytes[l] != *layer_bytes) {
       return make_error(ErrorCode::kCorruptFile, "kv transfer: layer {} announced as {} bytes; {} positions take {}", l,
-                        h.layer_bytes[l], num_computed, *layer_bytes);
+                        h.layer_bytes[l], num_positions, *layer_bytes);
     }
   }
   KvExport& m = h.meta;
@@ -290,6 +293,7 @@ Result<KvHeader> decode_kv_header(std::span<const uint8_t> message, const KvWire
   m.block_size = static_cast<int>(block_size);
   m.num_prompt_tokens = static_cast<int>(num_prompt);
   m.num_computed = static_cast<int>(num_computed);
+  m.first_position = static_cast<int>(first_position);
   m.tokens.resize(num_tokens);
   for (int32_t& t : m.tokens) t = static_cast<int32_t>(r.u32());
   TACHYON_CHECK(r.position() == message.size() - 4, "kv header read to {} of {}", r.position(), message.size());

@@ -80,6 +80,22 @@ Result<std::unique_ptr<Engine>> Engine::create(const LlamaModel& model, const To
                       dtype_name(kv_dtype));
   }
   int max_model_len = options.max_model_len > 0 ? options.max_model_len : c.max_position_embeddings;
+  const KvTierOptions& tiers = options.kv.tiers;
+  if (tiers.window < 0 || (tiers.history != KvHistory::kSame && tiers.window == 0)) {
+    return make_error(ErrorCode::kInvalidArgument, "kv window {} with history '{}': a window of at least 1 position",
+                      tiers.window, kv_history_name(tiers.history));
+  }
+  if (tiers.attention_window() > 0 && options.spec.tree_nodes > 0) {
+    return make_error(ErrorCode::kUnsupported,
+                      "speculative decoding: token trees (--spec-tree) need full attention; --kv-history drop keeps a "
+                      "window of {}",
+                      tiers.window);
+  }
+  // What one sequence holds at once: every position, or with dropped history about the window's.
+  const bool drop = tiers.attention_window() > 0;
+  const int64_t resident_per_seq =
+      drop ? std::min<int64_t>(max_model_len, static_cast<int64_t>(tiers.window) + options.kv.block_size)
+           : max_model_len;
 
   KvCacheConfig kv;
   kv.num_layers = c.num_layers;
@@ -88,7 +104,8 @@ Result<std::unique_ptr<Engine>> Engine::create(const LlamaModel& model, const To
   kv.block_size = options.kv.block_size;
   kv.dtype = kv_dtype;
   kv.device = device;
-  const int64_t blocks_per_seq = (max_model_len + options.kv.block_size - 1) / options.kv.block_size;
+  kv.tiers = tiers;
+  const int64_t blocks_per_seq = (resident_per_seq + options.kv.block_size - 1) / options.kv.block_size;
   // A draft model's cache has as many blocks as the target's: a memory budget pays for both.
   KvCacheConfig budgeted = kv;
   // (each draft model its own: a request drafts with one of them, but each may serve any request).
@@ -122,14 +139,21 @@ Result<std::unique_ptr<Engine>> Engine::create(const LlamaModel& model, const To
       TACHYON_RETURN_IF_ERROR(memory_info(device, available, total));
     }
     const size_t budget = static_cast<size_t>(static_cast<double>(available) * fraction);
-    const int64_t wanted = blocks_per_seq * options.scheduler.max_seqs;
+    int64_t wanted = blocks_per_seq * options.scheduler.max_seqs;
+    // Dropped history: the windows, and room for one step's prompt chunks on top.
+    if (drop) wanted += (options.scheduler.max_batched_tokens + options.kv.block_size - 1) / options.kv.block_size;
     kv.num_blocks = static_cast<int>(std::min<int64_t>(wanted, budgeted.blocks_for_budget(budget)));
   }
   if (kv.num_blocks < 1) {
     return make_error(ErrorCode::kOutOfMemory, "kv cache: the budget holds no block of {} bytes", kv.bytes_per_block());
   }
   const int64_t capacity = static_cast<int64_t>(kv.num_blocks) * options.kv.block_size;
-  if (capacity < max_model_len) {
+  if (drop && capacity <= resident_per_seq) {
+    return make_error(ErrorCode::kOutOfMemory,
+                      "kv cache: {} blocks hold {} tokens; a sequence with a kv window of {} needs more than {}",
+                      kv.num_blocks, capacity, tiers.window, resident_per_seq);
+  }
+  if (!drop && capacity < max_model_len) {
     if (options.max_model_len > 0) {
       return make_error(ErrorCode::kOutOfMemory,
                         "kv cache: {} blocks hold {} tokens, less than max_model_len = {}; give the cache more memory "
@@ -145,9 +169,11 @@ Result<std::unique_ptr<Engine>> Engine::create(const LlamaModel& model, const To
                       options.scheduler.max_batched_tokens, max_model_len);
   }
   TACHYON_ASSIGN_OR_RETURN(KvCache cache, KvCache::create(kv));
-  TACHYON_LOG_INFO("kv cache: {} blocks of {} tokens, {} on {} ({:.1f} MiB); max_model_len {}", kv.num_blocks,
+  TACHYON_LOG_INFO("kv cache: {} blocks of {} tokens, {} on {} ({:.1f} MiB); max_model_len {}{}", kv.num_blocks,
                    options.kv.block_size, dtype_name(kv.dtype), device.to_string(), static_cast<double>(cache.nbytes()) / (1 << 20),
-                   max_model_len);
+                   max_model_len,
+                   tiers.active() ? fmt::format("; kv window {}, history {}", tiers.window, kv_history_name(tiers.history))
+                                  : std::string());
   std::unique_ptr<Engine> engine(
       new Engine(model, tokenizer, std::move(eos_token_ids), options, max_model_len, std::move(cache)));
   SpecCacheGeometry spec_cache{engine->cache_.config().num_blocks, engine->cache_.config().block_size,
@@ -166,7 +192,8 @@ Engine::Engine(const LlamaModel& model, const Tokenizer* tokenizer, std::vector<
       options_(options),
       max_model_len_(max_model_len),
       cache_(std::move(cache)),
-      blocks_(BlockManagerOptions{cache_.config().num_blocks, cache_.config().block_size, options.kv.prefix_caching}),
+      blocks_(BlockManagerOptions{cache_.config().num_blocks, cache_.config().block_size, options.kv.prefix_caching,
+                                  cache_.config().tiers}),
       scheduler_(options.scheduler, blocks_),
       sampler_(model.device(), model.config().vocab_size) {}
 
@@ -571,10 +598,12 @@ Status Engine::release_transfer(RequestId id, const HeldSequenceRead& read) {
   held.num_computed = seq.num_computed();
   held.sampler_seed = req->sampler.seed();
   held.rng_draws = req->rng_draws;
+  held.first_position = std::min(seq.block_table().first_resident_position(), held.num_computed);
   TACHYON_CHECK(held.num_computed == seq.num_tokens() - 1 && seq.block_table().num_tokens() >= held.num_computed,
                 "request {} held with {} of {} tokens computed, table of {}", id, held.num_computed, seq.num_tokens(),
                 seq.block_table().num_tokens());
-  const Status st = read(held, SequenceBlocks{&cache_, seq.block_table().blocks(), 0, held.num_computed});
+  const Status st =
+      read(held, SequenceBlocks{&cache_, seq.block_table().blocks(), held.first_position, held.num_computed});
   scheduler_.finish(&req->seq);  // the blocks go back whatever happened
   return st;
 }
@@ -599,6 +628,10 @@ Result<RequestId> Engine::adopt_sequence(const TransferredSequence& seq, const G
   if (num_generated >= params.max_tokens) {
     return make_error(ErrorCode::kInvalidArgument, "kv import: {} tokens generated already, max_tokens = {}",
                       num_generated, params.max_tokens);
+  }
+  if (seq.first_position < 0 || seq.first_position > seq.num_computed) {
+    return make_error(ErrorCode::kInvalidArgument, "kv import: K/V from position {} of {} computed", seq.first_position,
+                      seq.num_computed);
   }
   if (seq.rng_draws > static_cast<uint64_t>(num_generated)) {
     return make_error(ErrorCode::kInvalidArgument, "kv import: {} random draws for {} generated tokens", seq.rng_draws,
@@ -627,7 +660,16 @@ Result<RequestId> Engine::adopt_sequence(const TransferredSequence& seq, const G
   req->timing.first_token = req->timing.arrival;
 
   TACHYON_ASSIGN_OR_RETURN(const int cached, scheduler_.reserve_adopted(&req->seq, seq.num_computed));
-  // Positions [0, cached) came from the prefix cache; the rest are written by `fill`.
+  // Positions [0, cached) came from the prefix cache or lie before the window (dropped history);
+  // the rest are written by `fill`.
+  if (cached < seq.first_position) {
+    scheduler_.finish(&req->seq);
+    return make_error(ErrorCode::kInvalidArgument,
+                      "kv import: the K/V start at position {}; this engine needs them from position {} on (its KV "
+                      "window {}, history {})",
+                      seq.first_position, cached, cache_.config().tiers.window,
+                      kv_history_name(cache_.config().tiers.history));
+  }
   const Status st = fill(SequenceBlocks{&cache_, req->seq.block_table().blocks(), cached, seq.num_computed});
   if (!st.ok()) {
     scheduler_.finish(&req->seq);

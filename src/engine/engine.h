@@ -56,6 +56,9 @@ struct KvCacheOptions {
   double fraction = 0.0;
   std::optional<DType> dtype;  // f32, f16, bf16, i8 or f8e4m3; default f32 on the CPU, bf16 on a GPU
   bool prefix_caching = true;
+  // Long context: the window of recent positions kept as they are, and what becomes of older
+  // ones (drop: a true sliding window, each sequence holding about `window` positions of blocks).
+  KvTierOptions tiers;
 };
 
 struct EngineOptions {

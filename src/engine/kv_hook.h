@@ -21,6 +21,7 @@ struct TransferredSequence {
   std::span<const int32_t> tokens;  // [num_tokens]: the prompt, then the generated tokens
   int num_prompt_tokens = 0;
   int num_computed = 0;             // leading positions whose K/V exist (num_tokens - 1)
+  int first_position = 0;           // the K/V are known from here on (> 0: history dropped, KvHistory::kDrop)
   uint64_t sampler_seed = 0;        // the seed of the request's random stream (given or drawn)
   uint64_t rng_draws = 0;           // values the stream gave so far
 };

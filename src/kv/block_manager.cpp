@@ -18,16 +18,26 @@ uint64_t mix64(uint64_t x) {
 
 }  // namespace
 
+const char* kv_history_name(KvHistory history) {
+  switch (history) {
+    case KvHistory::kSame: return "same";
+    case KvHistory::kDrop: return "drop";
+  }
+  return "?";
+}
+
 int32_t BlockTable::slot(int position) const {
-  TACHYON_CHECK(position >= 0 && position < num_tokens_, "slot of position {} in a table of {} tokens", position,
-                num_tokens_);
+  TACHYON_CHECK(position >= first_resident_position() && position < num_tokens_,
+                "slot of position {} in a table of {} tokens (the first {} released)", position, num_tokens_,
+                first_resident_position());
   return blocks_[static_cast<size_t>(position / block_size_)] * block_size_ + position % block_size_;
 }
 
 BlockManager::BlockManager(const BlockManagerOptions& options)
-    : block_size_(options.block_size), prefix_caching_(options.prefix_caching) {
+    : block_size_(options.block_size), prefix_caching_(options.prefix_caching), tiers_(options.tiers) {
   TACHYON_CHECK(options.num_blocks >= 0 && options.block_size > 0, "block manager: {} blocks of {} tokens",
                 options.num_blocks, options.block_size);
+  TACHYON_CHECK(options.tiers.window >= 0, "block manager: kv window {}", options.tiers.window);
   meta_.resize(static_cast<size_t>(options.num_blocks));
   free_.reserve(meta_.size());
   for (int32_t b = options.num_blocks - 1; b >= 0; --b) free_.push_back(b);  // block 0 handed out first
@@ -159,6 +169,8 @@ Status BlockManager::prepare_write(BlockTable& table, int begin, int end, std::v
   TACHYON_CHECK(begin >= 0 && begin <= end && end <= table.num_tokens_, "prepare_write [{}, {}) of {} tokens", begin,
                 end, table.num_tokens_);
   if (begin == end) return Status::Ok();
+  TACHYON_CHECK(begin >= table.first_resident_position(), "prepare_write at {} before the first resident position {}",
+                begin, table.first_resident_position());
   const size_t first = static_cast<size_t>(begin / block_size_);
   const size_t last = static_cast<size_t>((end - 1) / block_size_);
   int shared = 0;
@@ -193,8 +205,8 @@ void BlockManager::commit(BlockTable& table, std::span<const int32_t> tokens, in
     const auto span = tokens.subspan(i * static_cast<size_t>(block_size_), static_cast<size_t>(block_size_));
     const uint64_t h = hash_block(parent, span);
     table.hashes_.push_back(h);
-    if (!prefix_caching_) continue;
     const int32_t b = table.blocks_[i];
+    if (!prefix_caching_ || b == kReleasedBlock) continue;
     Meta& m = meta_[static_cast<size_t>(b)];
     if (m.registered || map_.count(h) != 0) continue;  // already cached (this block or a twin)
     m.registered = true;
@@ -210,6 +222,8 @@ void BlockManager::truncate(BlockTable& table, int num_tokens) {
   num_tokens = std::max(num_tokens, 0);
   if (num_tokens >= table.num_tokens_) return;
   const size_t keep = static_cast<size_t>((num_tokens + block_size_ - 1) / block_size_);
+  TACHYON_CHECK(num_tokens >= table.first_resident_position(), "truncate to {} tokens, the first {} released",
+                num_tokens, table.first_resident_position());
   while (table.blocks_.size() > keep) {
     release(table.blocks_.back());
     table.blocks_.pop_back();
@@ -221,17 +235,50 @@ void BlockManager::truncate(BlockTable& table, int num_tokens) {
 
 void BlockManager::fork(const BlockTable& src, BlockTable& dst) {
   TACHYON_CHECK(dst.blocks_.empty() && dst.block_size_ == src.block_size_, "fork into a non-empty table");
-  for (int32_t b : src.blocks_) retain(b);
+  for (int32_t b : src.blocks_) {
+    if (b != kReleasedBlock) retain(b);
+  }
   dst.blocks_ = src.blocks_;
   dst.hashes_ = src.hashes_;
   dst.num_tokens_ = src.num_tokens_;
+  dst.num_released_ = src.num_released_;
 }
 
 void BlockManager::free(BlockTable& table) {
-  for (auto it = table.blocks_.rbegin(); it != table.blocks_.rend(); ++it) release(*it);
+  for (auto it = table.blocks_.rbegin(); it != table.blocks_.rend(); ++it) {
+    if (*it != kReleasedBlock) release(*it);
+  }
   table.blocks_.clear();
   table.hashes_.clear();
   table.num_tokens_ = 0;
+  table.num_released_ = 0;
+}
+
+void BlockManager::release_before(BlockTable& table, int position) {
+  const int whole = std::max(position, 0) / block_size_;  // blocks wholly before `position`
+  if (whole <= table.num_released_) return;
+  const int held = std::min<int>(whole, static_cast<int>(table.blocks_.size()));
+  for (int i = table.num_released_; i < held; ++i) {
+    release(table.blocks_[static_cast<size_t>(i)]);
+    table.blocks_[static_cast<size_t>(i)] = kReleasedBlock;
+  }
+  while (static_cast<int>(table.blocks_.size()) < whole) table.blocks_.push_back(kReleasedBlock);
+  table.num_released_ = whole;
+  table.num_tokens_ = std::max(table.num_tokens_, whole * block_size_);
+}
+
+void BlockManager::retire(BlockTable& table, int num_computed) {
+  if (!tiers_.active()) return;
+  // The next query, at position num_computed, sees keys from num_computed - window + 1 on.
+  const int first_visible = num_computed - tiers_.window + 1;
+  if (tiers_.history == KvHistory::kDrop) release_before(table, first_visible);
+}
+
+int64_t BlockManager::resident_tokens_needed(int64_t num_computed, int64_t chunk) const {
+  if (!tiers_.active() || tiers_.history != KvHistory::kDrop) return num_computed + chunk;
+  const int64_t first_visible = num_computed - tiers_.window + 1;
+  const int64_t released = std::max<int64_t>(first_visible, 0) / block_size_ * block_size_;
+  return num_computed + chunk - released;
 }
 
 void BlockManager::clear_prefix_cache() {
@@ -253,7 +300,17 @@ Status BlockManager::check(std::span<const BlockTable* const> tables) const {
       return make_error(ErrorCode::kInternal, "table of {} tokens has {} block hashes", t->num_tokens_,
                         t->hashes_.size());
     }
-    for (int32_t b : t->blocks_) {
+    if (t->num_released_ < 0 || static_cast<size_t>(t->num_released_) > t->blocks_.size()) {
+      return make_error(ErrorCode::kInternal, "table of {} blocks has {} released", t->blocks_.size(), t->num_released_);
+    }
+    for (size_t i = 0; i < t->blocks_.size(); ++i) {
+      const int32_t b = t->blocks_[i];
+      const bool released = i < static_cast<size_t>(t->num_released_);
+      if (released != (b == kReleasedBlock)) {
+        return make_error(ErrorCode::kInternal, "table entry {} is {} with {} leading entries released", i, b,
+                          t->num_released_);
+      }
+      if (released) continue;
       if (b < 0 || static_cast<size_t>(b) >= meta_.size()) return make_error(ErrorCode::kInternal, "block id {}", b);
       ++refs[static_cast<size_t>(b)];
     }

@@ -19,6 +19,13 @@
 // the range it is about to write that another table shares (copy-on-write), and unregisters a
 // private block from the prefix cache before its contents change (truncate then append).
 //
+// KV tiers (long context): with a window W, the blocks that every future query can only see as
+// history, those wholly before position num_computed - W + 1, leave the full-precision pool when
+// the scheduler retires them. KvHistory::kDrop releases them (a true sliding window: attention
+// sees the last W positions only, and a sequence holds about W positions of blocks however long
+// it runs); their table entries become kReleasedBlock. A table's released entries are always its
+// leading ones, and nothing is ever written to or read from them.
+//
 // Every operation that allocates is all-or-nothing: on OutOfRange nothing changed.
 #pragma once
 
@@ -31,10 +38,30 @@
 
 namespace tachyon {
 
+// What happens to a sequence's blocks once they leave the window of recent positions.
+enum class KvHistory : uint8_t {
+  kSame,  // they stay as they are (full attention, full precision)
+  kDrop,  // they are freed: attention sees only the window (a sliding window)
+};
+const char* kv_history_name(KvHistory history);
+
+// The KV cache's tiers: the KV cache config's (KvCacheConfig::tiers) one owner.
+struct KvTierOptions {
+  int window = 0;  // positions kept in the cache dtype, the newest; 0: no window (every position)
+  KvHistory history = KvHistory::kSame;
+  bool active() const { return window > 0 && history != KvHistory::kSame; }
+  // The attention window the tiers impose (0: none): drop attends to the window only.
+  int attention_window() const { return window > 0 && history == KvHistory::kDrop ? window : 0; }
+};
+
+// A table entry whose block was released (KvHistory::kDrop): never read, never written.
+inline constexpr int32_t kReleasedBlock = -1;
+
 struct BlockManagerOptions {
   int num_blocks = 0;
   int block_size = 0;   // tokens per block: the KV cache config's (KvCacheConfig::block_size)
   bool prefix_caching = true;
+  KvTierOptions tiers;  // the KV cache config's (KvCacheConfig::tiers)
 };
 
 // One copy-on-write: copy block src's K/V (every layer) into block dst before the step runs.
@@ -58,8 +85,14 @@ class BlockTable {
 
   int block_size() const { return block_size_; }
   int num_tokens() const { return num_tokens_; }  // positions the table has room for
+  // [ceil(num_tokens / block_size)]: the first num_released() are kReleasedBlock.
   const std::vector<int32_t>& blocks() const { return blocks_; }
   bool empty() const { return blocks_.empty(); }
+  int num_released() const { return num_released_; }
+  // Blocks the table holds (its entries less the released ones).
+  int num_resident() const { return static_cast<int>(blocks_.size()) - num_released_; }
+  // The first position whose K/V the table holds (0 unless blocks were released).
+  int first_resident_position() const { return num_released_ * block_size_; }
   // Slot (block * block_size + offset) of the token at `position` (< num_tokens).
   int32_t slot(int position) const;
   // Chained hashes of the leading full blocks whose K/V are known (committed or matched).
@@ -69,6 +102,7 @@ class BlockTable {
   friend class BlockManager;
   int block_size_;
   int num_tokens_ = 0;
+  int num_released_ = 0;          // leading entries of blocks_ that are kReleasedBlock
   std::vector<int32_t> blocks_;
   std::vector<uint64_t> hashes_;  // hashes_.size() <= num_tokens_ / block_size_
 };
@@ -87,6 +121,7 @@ class BlockManager {
   int num_blocks() const { return static_cast<int>(meta_.size()); }
   int block_size() const { return block_size_; }
   bool prefix_caching() const { return prefix_caching_; }
+  const KvTierOptions& tiers() const { return tiers_; }
   int num_used() const { return num_blocks() - num_free() - num_cached(); }
   int num_free() const { return static_cast<int>(free_.size()); }
   int num_cached() const { return num_cached_; }
@@ -118,7 +153,20 @@ class BlockManager {
   // prefix caching, registers them.
   void commit(BlockTable& table, std::span<const int32_t> tokens, int num_computed);
   // Keeps the first `num_tokens` positions (rolls back the rest), releasing blocks no longer needed.
+  // Never below the table's first resident position.
   void truncate(BlockTable& table, int num_tokens);
+  // Releases the table's blocks that lie wholly before `position` (their entries become
+  // kReleasedBlock), first the oldest; where the table is shorter, it grows with released entries
+  // up to the block that holds `position` (a sequence adopted with only its recent K/V).
+  void release_before(BlockTable& table, int position);
+  // After the K/V of positions [0, num_computed) are written (commit()): applies the tiers to the
+  // blocks no query from num_computed on can see in the window. Drop releases them; without
+  // active tiers nothing happens. Positions from num_computed on (a draft that may roll back)
+  // are never touched. A table shorter than the released range grows with released entries.
+  void retire(BlockTable& table, int num_computed);
+  // Positions a table needs resident to run a chunk of `chunk` tokens after `num_computed` ones:
+  // all of them, or with drop the window's blocks and the chunk's.
+  int64_t resident_tokens_needed(int64_t num_computed, int64_t chunk) const;
   // dst (empty) shares every block of src.
   void fork(const BlockTable& src, BlockTable& dst);
   // Releases every block of `table`, last block first (so a sequence's tail is evicted before
@@ -153,6 +201,7 @@ class BlockManager {
 
   int block_size_;
   bool prefix_caching_;
+  KvTierOptions tiers_;
   std::vector<Meta> meta_;                       // [num_blocks]
   std::vector<int32_t> free_;                    // LIFO
   int32_t lru_head_ = -1, lru_tail_ = -1;        // cached blocks, least recently released first

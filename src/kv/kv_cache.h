@@ -29,6 +29,7 @@ struct KvCacheConfig {
   int num_blocks = 0;
   DType dtype = DType::kF32;  // f32 (the CPU reference), f16, bf16, or quantized i8 / f8e4m3
   Device device = Device::cpu();
+  KvTierOptions tiers;        // the window of recent positions and what becomes of older ones
 
   bool quantized() const;
   // Bytes one token occupies across all layers (K and V, with their scales).

@@ -574,7 +574,11 @@ Status LlamaModel::run_layers(const ForwardBatch& batch, KvCache& cache, Tensor&
   TACHYON_RETURN_IF_ERROR(alloc_status);
   AttentionParams params;
   params.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  // The model's own window, or the cache's when it drops history (the narrower of the two).
   params.sliding_window = c.sliding_window;
+  if (const int w = cache.config().tiers.attention_window(); w > 0) {
+    params.sliding_window = params.sliding_window > 0 ? std::min(params.sliding_window, w) : w;
+  }
 
   ops::embedding(weights_.embed_tokens, b->token_ids, x);
   // Each sublayer reads norm(x) and adds its output into x. linear_fused lets a backend run the

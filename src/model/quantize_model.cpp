@@ -61,7 +61,7 @@ class CalibrationForward {
       b.end = end;
       int blocks = 0;
       for (const auto& s : seqs) blocks += static_cast<int>((s.size() + block_size - 1) / block_size);
-      BlockManager manager({blocks, block_size, false});
+      BlockManager manager({blocks, block_size, false, {}});
       std::vector<BlockTable> tables(seqs.size(), BlockTable(block_size));
       std::vector<SequenceChunk> chunks;
       for (size_t i = 0; i < seqs.size(); ++i) {

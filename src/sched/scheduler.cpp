@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <numeric>
 
+#include <fmt/format.h>
+
 namespace tachyon {
 
 const char* sequence_state_name(SequenceState state) {
@@ -27,9 +29,9 @@ Status Scheduler::add(Sequence* seq) {
                 "scheduler: sequence {} added twice", seq->id());
   if (seq->num_tokens() == 0) return make_error(ErrorCode::kInvalidArgument, "sequence {} has no tokens", seq->id());
   const int64_t capacity = static_cast<int64_t>(blocks_.num_blocks()) * blocks_.block_size();
-  if (seq->num_tokens() >= capacity) {
-    return make_error(ErrorCode::kOutOfRange, "the prompt has {} tokens; the KV cache holds {} tokens in all",
-                      seq->num_tokens(), capacity);
+  if (resident_bound(seq->num_tokens()) >= capacity) {
+    return make_error(ErrorCode::kOutOfRange, "the prompt has {} tokens; the KV cache holds {} tokens in all{}",
+                      seq->num_tokens(), capacity, window_note());
   }
   if (!options_.chunked_prefill && seq->num_tokens() > options_.max_batched_tokens) {
     return make_error(ErrorCode::kOutOfRange,
@@ -38,6 +40,19 @@ Status Scheduler::add(Sequence* seq) {
   }
   waiting_.push_back(seq);
   return Status::Ok();
+}
+
+int64_t Scheduler::resident_bound(int64_t num_tokens) const {
+  const KvTierOptions& tiers = blocks_.tiers();
+  if (tiers.history != KvHistory::kDrop || tiers.window <= 0) return num_tokens;
+  // A decode holds the window's blocks and one more (the window rarely starts on a boundary).
+  return std::min<int64_t>(num_tokens, static_cast<int64_t>(tiers.window) + blocks_.block_size());
+}
+
+std::string Scheduler::window_note() const {
+  const KvTierOptions& tiers = blocks_.tiers();
+  if (!tiers.active()) return {};
+  return fmt::format(" (of which a sequence keeps its last {} positions and their block)", tiers.window);
 }
 
 int Scheduler::room(const Sequence& seq) const {
@@ -151,6 +166,7 @@ SchedulerStep Scheduler::schedule() {
       if (seq->block_table_.empty()) {
         const int hit = blocks_.match_prefix(seq->block_table_, seq->tokens(), seq->num_tokens() - 1);
         seq->num_computed_ = hit;
+        blocks_.retire(seq->block_table_, hit);  // matched blocks already out of the window
       }
       const int remaining = seq->num_uncomputed();
       const bool whole = !options_.chunked_prefill && remaining <= options_.max_batched_tokens;
@@ -187,6 +203,7 @@ void Scheduler::complete(const SchedulerStep& step) {
                   seq.num_computed_);
     seq.num_computed_ += c.num_tokens - c.num_draft;  // draft positions wait for accept_draft()
     blocks_.commit(seq.block_table_, seq.tokens(), seq.num_computed_);
+    blocks_.retire(seq.block_table_, seq.num_computed_);
     if (c.sample) seq.state_ = SequenceState::kDecoding;
   }
 }
@@ -228,6 +245,7 @@ std::vector<SlotCopy> Scheduler::accept_draft(Sequence* seq, std::span<const int
   seq->num_computed_ += num_accepted;
   blocks_.truncate(seq->block_table_, seq->num_computed_);
   blocks_.commit(seq->block_table_, seq->tokens(), seq->num_computed_);
+  blocks_.retire(seq->block_table_, seq->num_computed_);
   return copies;
 }
 
@@ -246,15 +264,16 @@ Result<int> Scheduler::reserve_adopted(Sequence* seq, int num_computed) {
   TACHYON_CHECK(num_computed > 0 && num_computed == seq->num_tokens() - 1,
                 "sequence {}: {} computed positions of {} tokens", seq->id(), num_computed, seq->num_tokens());
   const int64_t capacity = static_cast<int64_t>(blocks_.num_blocks()) * blocks_.block_size();
-  if (seq->num_tokens() >= capacity) {
-    return make_error(ErrorCode::kOutOfRange, "the sequence has {} tokens; the KV cache holds {} tokens in all",
-                      seq->num_tokens(), capacity);
+  if (resident_bound(seq->num_tokens()) >= capacity) {
+    return make_error(ErrorCode::kOutOfRange, "the sequence has {} tokens; the KV cache holds {} tokens in all{}",
+                      seq->num_tokens(), capacity, window_note());
   }
   if (static_cast<int>(running_.size()) >= options_.max_seqs) {
     return make_error(ErrorCode::kOutOfRange, "{} sequences already run (max_seqs)", running_.size());
   }
   BlockTable& t = seq->block_table_;
   const int hit = blocks_.match_prefix(t, seq->tokens(), num_computed);
+  blocks_.retire(t, num_computed);  // with drop, only the window's blocks are taken
   if (Status st = blocks_.grow_to(t, num_computed); !st.ok()) {
     blocks_.free(t);
     return st;
@@ -263,7 +282,7 @@ Result<int> Scheduler::reserve_adopted(Sequence* seq, int num_computed) {
   seq->num_computed_ = num_computed;
   seq->num_cached_prompt_tokens_ = std::min(hit, seq->num_prompt_tokens());
   seq->state_ = SequenceState::kTransferring;
-  return hit;
+  return std::max(hit, t.first_resident_position());
 }
 
 void Scheduler::admit_adopted(Sequence* seq) {

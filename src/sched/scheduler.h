@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <deque>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "core/status.h"
@@ -91,8 +92,9 @@ class Scheduler {
   // Decode side, step 1: a new sequence (never add()ed) whose tokens are the prompt and the tokens
   // generated elsewhere, and whose first `num_computed` (== num_tokens - 1) positions' K/V come
   // from elsewhere, gets blocks for those positions: the prefix cache's full blocks where it holds
-  // them, fresh ones for the rest. Returns how many leading positions the prefix cache supplied
-  // (their K/V must not be written); state kTransferring. All-or-nothing: kOutOfRange (nothing
+  // them, fresh ones for the rest (with dropped history, only for the window's positions).
+  // Returns how many leading positions the prefix cache supplied or the window left out (their
+  // K/V must not be written); state kTransferring. All-or-nothing: kOutOfRange (nothing
   // changed) when max_seqs sequences already run or the blocks are not available.
   Result<int> reserve_adopted(Sequence* seq, int num_computed);
   // Step 2, once the caller wrote the K/V of positions [returned, num_computed): registers the
@@ -110,6 +112,10 @@ class Scheduler {
   void preempt(Sequence* seq);
   // Most tokens from seq->num_computed() on that its table can hold if it takes every available block.
   int room(const Sequence& seq) const;
+  // Positions of a sequence of `num_tokens` tokens that must be resident at once to decode its
+  // last one: all of them, or with dropped history about the window's.
+  int64_t resident_bound(int64_t num_tokens) const;
+  std::string window_note() const;  // for capacity errors: what the window keeps, or nothing
   // Allocates and makes writable [num_computed, num_computed + n); all-or-nothing.
   bool reserve(Sequence& seq, int n, SchedulerStep& step);
   void add_chunk(Sequence& seq, int n, SchedulerStep& step, int num_draft = 0);

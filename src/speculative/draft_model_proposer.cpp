@@ -96,7 +96,7 @@ DraftModelProposer::DraftModelProposer(const LlamaModel& draft, const DraftModel
       // Prefix caching, as the target's: requests that share a prompt share its draft K/V too.
       // Any token the draft ran is a valid cache entry (K/V depend on the tokens before them
       // only), so drafts the target rejects may stay registered until their blocks are rewritten.
-      blocks_(BlockManagerOptions{options.num_kv_blocks, options.block_size, true}) {}
+      blocks_(BlockManagerOptions{options.num_kv_blocks, options.block_size, true, {}}) {}
 
 // Per active request: its state, its hypothetical history (penalties see the drafts so far) and
 // the chunk it runs next.

@@ -12,6 +12,7 @@
 #include "core/mapped_file.h"
 #include "engine/engine.h"
 #include "engine/request_text.h"
+#include "model/forward_batch.h"
 #include "model/model_loader.h"
 #include "test_util.h"
 
@@ -547,6 +548,87 @@ TEST_F(EngineTest, BadRequestsAreErrors) {
   GenerationParams with_stop = p;
   with_stop.stop = {"x"};
   EXPECT_FALSE((*bare)->add_request(std::vector<int32_t>{1, 2}, with_stop).ok());
+}
+
+
+// --kv-window 64 --kv-history drop: eight requests of ~300 tokens each in a cache of 48 blocks
+// (768 tokens, a third of what they hold together) run batched, each holding about its window's
+// blocks, and give token for token what windowed attention over a cache that frees nothing gives
+// (a greedy decode of each prompt alone, forward by forward). Every block comes back.
+TEST_F(EngineTest, KvWindowDropEqualsWindowedAttentionAndHoldsOnlyTheWindow) {
+  constexpr int kWindow = 64, kBlock = 16;
+  std::vector<Case> cases;
+  for (size_t i = 0; i < cases_.size() && cases.size() < 8; i += 4) {
+    Case c = cases_[i];
+    c.params.max_tokens = 160 + static_cast<int>(i);
+    c.params.ignore_eos = true;
+    cases.push_back(c);
+  }
+  const KvTierOptions drop{kWindow, KvHistory::kDrop};
+  // The oracle: windowed attention (the cache's tiers) with a block manager that never releases.
+  const LlamaModel& model = *model_->model;
+  const int vocab = model.config().vocab_size;
+  std::vector<std::vector<int32_t>> expected;
+  for (const Case& c : cases) {
+    KvCacheConfig kv;
+    kv.num_layers = model.config().num_layers;
+    kv.num_kv_heads = model.config().num_kv_heads;
+    kv.head_dim = model.config().head_dim;
+    kv.block_size = kBlock;
+    kv.num_blocks = 512 / kBlock;
+    kv.tiers = drop;
+    auto cache = KvCache::create(kv);
+    ASSERT_TRUE(cache.ok());
+    BlockManager blocks({kv.num_blocks, kBlock, false, {}});
+    BlockTable table(kBlock);
+    ForwardOptions fo;
+    fo.linear_mode = ops::LinearMode::kBatchInvariant;
+    std::vector<int32_t> run = c.prompt, out;
+    int start = 0;
+    while (static_cast<int>(out.size()) < c.params.max_tokens) {
+      ASSERT_TRUE(blocks.grow_to(table, start + static_cast<int>(run.size())).ok());
+      SequenceChunk chunk{&table, start, run, LogitsWanted::kLast};
+      Tensor logits;
+      ASSERT_TRUE(model.forward(build_forward_batch({chunk}), *cache, logits, fo).ok());
+      const float* row = logits.data<float>();
+      const int32_t next = static_cast<int32_t>(std::max_element(row, row + vocab) - row);
+      start += static_cast<int>(run.size());
+      out.push_back(next);
+      run = {next};
+    }
+    expected.push_back(out);
+  }
+
+  EngineOptions o = base_options();
+  o.kv.tiers = drop;
+  o.kv.num_blocks = 48;
+  auto e = make(o);
+  ASSERT_NE(e, nullptr);
+  std::vector<RequestId> ids;
+  for (const Case& c : cases) {
+    auto id = e->add_request(c.prompt, c.params);
+    ASSERT_TRUE(id.ok()) << id.status().to_string();
+    ids.push_back(*id);
+  }
+  std::map<RequestId, Result1> out;
+  int decoding_seen = 0;
+  drain(*e, out, [&](Engine& engine, int) {
+    for (RequestId id : ids) {
+      const Sequence* seq = engine.find_sequence(id);
+      if (seq == nullptr || seq->state() != SequenceState::kDecoding) continue;
+      ++decoding_seen;
+      EXPECT_LE(seq->block_table().num_resident(), (kWindow + kBlock - 2) / kBlock + 2) << "request " << id;
+    }
+    return false;
+  });
+  EXPECT_GT(decoding_seen, 100);
+  int64_t total = 0;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    EXPECT_EQ(out[ids[i]].tokens, expected[i]) << "prompt " << i;
+    total += static_cast<int64_t>(cases[i].prompt.size()) + cases[i].params.max_tokens;
+  }
+  EXPECT_GT(total, 2 * 48 * kBlock);  // the requests hold far more positions than the cache
+  EXPECT_EQ(e->stats().kv_blocks_free + e->stats().kv_blocks_cached, 48);
 }
 
 }  // namespace

@@ -40,7 +40,7 @@ struct Sessions {
     kv.num_blocks = num_seqs * ((max_tokens + block_size - 1) / block_size + 1);
     auto cache = KvCache::create(kv);
     EXPECT_TRUE(cache.ok()) << cache.status().to_string();
-    Sessions s{&model, std::move(cache).value(), BlockManager({kv.num_blocks, block_size, false}), {}};
+    Sessions s{&model, std::move(cache).value(), BlockManager({kv.num_blocks, block_size, false, {}}), {}};
     for (int i = 0; i < num_seqs; ++i) s.tables.emplace_back(block_size);
     return s;
   }

@@ -23,7 +23,7 @@ void expect_ok(const BlockManager& m, std::vector<const BlockTable*> tables) {
 }
 
 TEST(BlockManager, GrowIsAllOrNothing) {
-  BlockManager m({4, 16, false});
+  BlockManager m({4, 16, false, {}});
   BlockTable a(16), b(16);
   ASSERT_TRUE(m.grow_to(a, 40).ok());  // 3 blocks
   EXPECT_EQ(m.num_used(), 3);
@@ -43,7 +43,7 @@ TEST(BlockManager, GrowIsAllOrNothing) {
 }
 
 TEST(BlockManager, PrefixCacheReusesFullBlocksAndCountsHits) {
-  BlockManager m({16, 4, true});
+  BlockManager m({16, 4, true, {}});
   const auto tokens = iota_tokens(10);  // blocks [0,4) [4,8) full, [8,10) partial
   BlockTable a(4);
   EXPECT_EQ(m.match_prefix(a, tokens, 9), 0);
@@ -86,7 +86,7 @@ TEST(BlockManager, PrefixCacheReusesFullBlocksAndCountsHits) {
 }
 
 TEST(BlockManager, EvictsLeastRecentlyReleasedOnlyWhenNeeded) {
-  BlockManager m({4, 2, true});
+  BlockManager m({4, 2, true, {}});
   const auto t1 = iota_tokens(4, 10), t2 = iota_tokens(4, 50);
   BlockTable a(2), b(2);
   ASSERT_TRUE(m.grow_to(a, 4).ok());
@@ -110,7 +110,7 @@ TEST(BlockManager, EvictsLeastRecentlyReleasedOnlyWhenNeeded) {
 }
 
 TEST(BlockManager, CopyOnWriteOfSharedBlocks) {
-  BlockManager m({8, 4, true});
+  BlockManager m({8, 4, true, {}});
   const auto tokens = iota_tokens(6);
   BlockTable a(4);
   ASSERT_TRUE(m.grow_to(a, 6).ok());
@@ -165,7 +165,7 @@ TEST(BlockManager, CopyOnWriteOfSharedBlocks) {
 }
 
 TEST(BlockManager, CopyOnWriteOfAFullSharedBlock) {
-  BlockManager m({8, 4, true});
+  BlockManager m({8, 4, true, {}});
   const auto tokens = iota_tokens(8);
   BlockTable a(4), b(4);
   ASSERT_TRUE(m.grow_to(a, 8).ok());
@@ -195,7 +195,7 @@ TEST(BlockManager, RandomOperationsKeepInvariants) {
   std::mt19937 rng(seed);
   constexpr int kBlocks = 48, kBlockSize = 4;
   for (bool caching : {false, true}) {
-    BlockManager m({kBlocks, kBlockSize, caching});
+    BlockManager m({kBlocks, kBlockSize, caching, {}});
     struct Seq {
       BlockTable table{kBlockSize};
       std::vector<int32_t> tokens;
@@ -233,8 +233,10 @@ TEST(BlockManager, RandomOperationsKeepInvariants) {
           m.commit(s.table, s.tokens, s.computed);
           break;
         }
-        case 1: {  // roll back
-          const int keep = static_cast<int>(rng() % (s.computed + 1));
+        case 1: {  // roll back (never into released history)
+          const int first = s.table.first_resident_position();
+          if (s.computed < first) break;
+          const int keep = first + static_cast<int>(rng() % static_cast<unsigned>(s.computed - first + 1));
           m.truncate(s.table, keep);
           s.computed = keep;
           s.tokens.resize(static_cast<size_t>(keep));
@@ -267,6 +269,7 @@ TEST(BlockManager, RandomOperationsKeepInvariants) {
         }
         case 5:
           if (rng() % 50 == 0) m.clear_prefix_cache();
+          if (rng() % 4 == 0) m.release_before(s.table, static_cast<int>(rng() % static_cast<unsigned>(s.computed + 1)));
           break;
       }
       const Status st = m.check(tables());
@@ -277,6 +280,97 @@ TEST(BlockManager, RandomOperationsKeepInvariants) {
     EXPECT_EQ(m.num_used(), 0);
     EXPECT_EQ(m.num_free() + m.num_cached(), kBlocks);
   }
+}
+
+TEST(BlockManager, ReleasedHistoryGoesBackToThePoolAndStaysHashed) {
+  BlockManager m({8, 4, true, {}});
+  const auto tokens = iota_tokens(20);
+  BlockTable a(4);
+  ASSERT_TRUE(m.grow_to(a, 20).ok());
+  m.commit(a, tokens, 20);
+  const std::vector<int32_t> before = a.blocks();
+  m.release_before(a, 9);  // positions 0..7 lie wholly before 9: blocks 0 and 1
+  EXPECT_EQ(a.num_released(), 2);
+  EXPECT_EQ(a.first_resident_position(), 8);
+  EXPECT_EQ(a.num_resident(), 3);
+  EXPECT_EQ(a.blocks()[0], kReleasedBlock);
+  EXPECT_EQ(a.blocks()[1], kReleasedBlock);
+  EXPECT_EQ(a.blocks()[2], before[2]);
+  EXPECT_EQ(a.slot(8), before[2] * 4);
+  EXPECT_EQ(a.block_hashes().size(), 5u);  // the hash chain continues past released blocks
+  EXPECT_EQ(m.num_cached(), 2);             // registered: reusable by a later prompt
+  EXPECT_EQ(m.num_used(), 3);
+  expect_ok(m, {&a});
+  // Releasing again, or less, changes nothing.
+  m.release_before(a, 4);
+  EXPECT_EQ(a.num_released(), 2);
+  // The same prompt again finds the released blocks in the prefix cache.
+  BlockTable b(4);
+  EXPECT_EQ(m.match_prefix(b, tokens, 19), 16);
+  EXPECT_EQ(b.blocks()[0], before[0]);
+  EXPECT_EQ(m.num_cached(), 0);
+  // A fork shares only what is resident.
+  m.free(b);
+  BlockTable c(4);
+  m.fork(a, c);
+  EXPECT_EQ(c.num_released(), 2);
+  EXPECT_EQ(m.ref_count(before[2]), 2);
+  expect_ok(m, {&a, &c});
+  // Growing and writing go on after the released entries; truncation stops at the first resident position.
+  ASSERT_TRUE(m.grow_to(a, 24).ok());
+  std::vector<BlockCopy> copies;
+  ASSERT_TRUE(m.prepare_write(a, 20, 24, copies).ok());
+  m.truncate(a, 8);
+  EXPECT_EQ(a.num_tokens(), 8);
+  EXPECT_EQ(a.num_resident(), 0);
+  expect_ok(m, {&a, &c});
+  m.free(a);
+  m.free(c);
+  expect_ok(m, {});
+  EXPECT_EQ(m.num_used(), 0);
+  EXPECT_EQ(m.num_free() + m.num_cached(), 8);
+}
+
+TEST(BlockManager, ReleaseBeforeGrowsAShortTableWithReleasedEntries) {
+  BlockManager m({4, 4, false, {}});
+  BlockTable t(4);
+  m.release_before(t, 10);  // an adopted sequence whose K/V start at position 8
+  EXPECT_EQ(t.num_released(), 2);
+  EXPECT_EQ(t.num_tokens(), 8);
+  EXPECT_EQ(m.num_used(), 0);
+  ASSERT_TRUE(m.grow_to(t, 12).ok());
+  EXPECT_EQ(t.num_resident(), 1);
+  EXPECT_EQ(m.num_used(), 1);
+  expect_ok(m, {&t});
+  m.free(t);
+  EXPECT_EQ(m.num_free(), 4);
+}
+
+TEST(BlockManager, RetireDropsWhatTheWindowNoLongerSees) {
+  BlockManager m({16, 4, false, KvTierOptions{6, KvHistory::kDrop}});
+  BlockTable t(4);
+  ASSERT_TRUE(m.grow_to(t, 20).ok());
+  // The next query (position 20) sees keys 15..20: blocks [0,4) [4,8) [8,12) go.
+  m.retire(t, 20);
+  EXPECT_EQ(t.num_released(), 3);
+  EXPECT_EQ(m.num_used(), 2);
+  EXPECT_EQ(m.resident_tokens_needed(20, 1), 21 - 12);
+  // Without the drop tier nothing is retired.
+  BlockManager same({16, 4, false, KvTierOptions{6, KvHistory::kSame}});
+  BlockTable u(4);
+  ASSERT_TRUE(same.grow_to(u, 20).ok());
+  same.retire(u, 20);
+  EXPECT_EQ(u.num_released(), 0);
+  EXPECT_EQ(same.resident_tokens_needed(20, 1), 21);
+  // A decode that runs on and on holds about the window's blocks.
+  for (int n = 20; n < 400; ++n) {
+    ASSERT_TRUE(m.grow_to(t, n + 1).ok()) << n;
+    m.retire(t, n + 1);
+    ASSERT_LE(t.num_resident(), (6 + 4 - 2) / 4 + 2) << n;
+    expect_ok(m, {&t});
+  }
+  m.free(t);
+  EXPECT_EQ(m.num_free(), 16);
 }
 
 TEST(KvCache, SizesFromBudgetAndCopiesBlocks) {

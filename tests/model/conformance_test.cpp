@@ -7,10 +7,13 @@
 #include <cctype>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <random>
 
 #include "fixture.h"
 #include "core/ggml_blocks.h"
+#include "core/mapped_file.h"
 #include "io/gguf.h"
 #include "io/gguf_writer.h"
 #include "kv/block_manager.h"
@@ -37,7 +40,7 @@ struct Session {
   BlockManager blocks;
   BlockTable table;
 
-  static Session make(const LlamaModel& model, int max_tokens, int block_size = 16) {
+  static Session make(const LlamaModel& model, int max_tokens, int block_size = 16, const KvTierOptions& tiers = {}) {
     const ModelConfig& c = model.config();
     KvCacheConfig kv;
     kv.num_layers = c.num_layers;
@@ -45,9 +48,10 @@ struct Session {
     kv.head_dim = c.head_dim;
     kv.block_size = block_size;
     kv.num_blocks = (max_tokens + block_size - 1) / block_size + 2;
+    kv.tiers = tiers;
     auto cache = KvCache::create(kv);
     EXPECT_TRUE(cache.ok());
-    return Session{&model, std::move(cache).value(), BlockManager({kv.num_blocks, block_size, false}),
+    return Session{&model, std::move(cache).value(), BlockManager({kv.num_blocks, block_size, false, tiers}),
                    BlockTable(block_size)};
   }
 
@@ -63,6 +67,7 @@ struct Session {
     options.hidden = hidden;
     const Status s = model->forward(batch, cache, logits, options);
     EXPECT_TRUE(s.ok()) << s.to_string();
+    blocks.retire(table, table.num_tokens());  // as the scheduler does after each step
     return logits;
   }
 };
@@ -150,6 +155,63 @@ INSTANTIATE_TEST_SUITE_P(Models, Conformance,
                            for (auto& ch : n) if (ch == '-') ch = '_';
                            return n;
                          });
+
+// A sliding window imposed by the KV cache (--kv-window 8 --kv-history drop) on a model that has
+// none is Mistral's window of 8 as transformers computes it: the Mistral fixture's directory with
+// "sliding_window" removed from its config, against the fixture's logits (made with the window),
+// while the blocks the window has passed are freed (blocks of 4: most of the 36 positions).
+TEST(Conformance, KvWindowDropIsTheSlidingWindowOfTransformers) {
+  const ModelFixture f = testing::read_model_fixture("mistral");
+  const std::string dir = testing::scratch_dir("mistral-no-window");
+  for (const char* name : {"model.safetensors", "generation_config.json"}) {
+    std::filesystem::copy_file(f.dir + "/" + name, dir + "/" + name);
+  }
+  auto config = read_text_file(f.dir + "/config.json");
+  ASSERT_TRUE(config.ok());
+  const std::string key = "\"sliding_window\": 8";
+  const size_t at = config->find(key);
+  ASSERT_NE(at, std::string::npos);
+  std::string text = *config;
+  text.replace(at, key.size(), "\"sliding_window\": null");
+  {
+    std::ofstream out(dir + "/config.json");
+    out << text;
+  }
+  LoadedModel m = testing::load_model_or_fail(dir);
+  ASSERT_EQ(m.model->config().sliding_window, 0);
+
+  const KvTierOptions drop{8, KvHistory::kDrop};
+  const Tensor& ref_prompt = f.arrays.at("prompt_logits");
+  const Tensor& ref_decode = f.arrays.at("decode_logits");
+  const int64_t vocab = ref_prompt.size(1);
+  const int P = static_cast<int>(f.prompt_ids.size());
+  // Token by token, and in chunks of 5, then the decodes: both release blocks as they go.
+  for (int chunk : {1, 5}) {
+    Session s = Session::make(*m.model, P + 20, /*block_size=*/4, drop);
+    for (int start = 0; start < P; start += chunk) {
+      const int len = std::min(chunk, P - start);
+      Tensor part =
+          s.run(std::span<const int32_t>(f.prompt_ids).subspan(static_cast<size_t>(start), static_cast<size_t>(len)));
+      for (int i = 0; i < len; ++i) {
+        EXPECT_LE(relative_error(part.data<float>() + i * vocab, ref_prompt.data<float>() + (start + i) * vocab, vocab),
+                  kTolerance)
+            << "chunks of " << chunk << ", position " << start + i;
+      }
+      EXPECT_LE(s.table.num_resident(), (8 + chunk + 3) / 4 + 1) << "position " << start;
+    }
+    for (size_t step = 0; step < f.decode_ids.size(); ++step) {
+      Tensor logits = s.run(std::span<const int32_t>(&f.decode_ids[step], 1));
+      EXPECT_LE(relative_error(logits.data<float>(), ref_decode.data<float>() + static_cast<int64_t>(step) * vocab, vocab),
+                kTolerance)
+          << "chunks of " << chunk << ", decode step " << step;
+    }
+    // 36 positions: the next query sees 29..36, so blocks [0, 28) are gone and two are held.
+    EXPECT_EQ(s.table.num_released(), 7);
+    EXPECT_EQ(s.blocks.num_used(), 2);
+    const BlockTable* tables[] = {&s.table};
+    EXPECT_TRUE(s.blocks.check(tables).ok());
+  }
+}
 
 // F16 and Q8_0 GGUF weights (dequantized on load) against a float64 numpy forward over the same
 // dequantized weights.
@@ -552,9 +614,9 @@ TEST(Conformance, BatchedEqualsAlone) {
   Tensor lb = alone_b.run(b);
 
   const ModelConfig& c = model.config();
-  KvCacheConfig kv{c.num_layers, c.num_kv_heads, c.head_dim, 16, 16, DType::kF32};
+  KvCacheConfig kv{c.num_layers, c.num_kv_heads, c.head_dim, 16, 16, DType::kF32, Device::cpu(), {}};
   KvCache cache = std::move(KvCache::create(kv)).value();
-  BlockManager blocks({kv.num_blocks, 16, false});
+  BlockManager blocks({kv.num_blocks, 16, false, {}});
   BlockTable ta(16), tb(16);
   ASSERT_TRUE(blocks.grow_to(ta, static_cast<int>(a.size())).ok());
   ASSERT_TRUE(blocks.grow_to(tb, static_cast<int>(b.size())).ok());

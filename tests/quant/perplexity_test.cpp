@@ -188,7 +188,7 @@ TEST(PerplexityCli, MatchesAnIndependentForwardAndLogSoftmax) {
     kv.num_blocks = kCtx / kv.block_size;
     auto cache = KvCache::create(kv);
     ASSERT_TRUE(cache.ok());
-    BlockManager blocks({kv.num_blocks, kv.block_size, false});
+    BlockManager blocks({kv.num_blocks, kv.block_size, false, {}});
     BlockTable table(kv.block_size);
     ASSERT_TRUE(blocks.grow_to(table, static_cast<int>(window.size())).ok());
     SequenceChunk chunk;

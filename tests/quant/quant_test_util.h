@@ -26,7 +26,7 @@ inline Tensor prompt_logits(const LlamaModel& model, std::span<const int32_t> to
   kv.num_blocks = static_cast<int>(tokens.size() + 15) / 16 + 1;
   auto cache = KvCache::create(kv);
   EXPECT_TRUE(cache.ok());
-  BlockManager blocks({kv.num_blocks, kv.block_size, false});
+  BlockManager blocks({kv.num_blocks, kv.block_size, false, {}});
   BlockTable table(kv.block_size);
   EXPECT_TRUE(blocks.grow_to(table, static_cast<int>(tokens.size())).ok());
   ForwardBatch batch = build_forward_batch({SequenceChunk{&table, 0, tokens, LogitsWanted::kAll, {}}});

@@ -22,7 +22,7 @@ std::unique_ptr<Sequence> decoding_sequence(Scheduler& s, int prompt_len, uint64
 }
 
 TEST(SchedulerDraft, ADraftIsChargedAtFullLengthAndRolledBackOnRejection) {
-  BlockManager blocks(BlockManagerOptions{16, 4, true});
+  BlockManager blocks(BlockManagerOptions{16, 4, true, {}});
   Scheduler s(SchedulerOptions{64, 4, true}, blocks);
   auto seq = decoding_sequence(s, 6);
   seq->set_draft({8, 9, 10, 11});
@@ -57,7 +57,7 @@ TEST(SchedulerDraft, ADraftIsChargedAtFullLengthAndRolledBackOnRejection) {
 // A draft tree: its nodes are charged like a chain; the accepted path's K/V are moved from where
 // the step wrote them (last token's index + 1 + node) to the positions they now hold, in order.
 TEST(SchedulerDraft, AnAcceptedTreePathMovesIntoPlace) {
-  BlockManager blocks(BlockManagerOptions{16, 4, false});
+  BlockManager blocks(BlockManagerOptions{16, 4, false, {}});
   Scheduler s(SchedulerOptions{64, 4, true}, blocks);
   auto seq = decoding_sequence(s, 6);  // the last token (7) sits at index 6
   // Branches 8 -> 9 (nodes 0, 1) and 10 -> 11 -> 12 (nodes 2, 3, 4).
@@ -96,7 +96,7 @@ TEST(SchedulerDraft, AnAcceptedTreePathMovesIntoPlace) {
 
 TEST(SchedulerDraft, ADraftThatDoesNotFitIsDroppedNotTheDecode) {
   // Budget: 3 tokens, a draft of 4 needs 5.
-  BlockManager blocks(BlockManagerOptions{16, 4, false});
+  BlockManager blocks(BlockManagerOptions{16, 4, false, {}});
   Scheduler s(SchedulerOptions{3, 4, true}, blocks);
   auto seq = decoding_sequence(s, 3);
   seq->set_draft({1, 2, 3, 4});
@@ -109,7 +109,7 @@ TEST(SchedulerDraft, ADraftThatDoesNotFitIsDroppedNotTheDecode) {
   s.finish(seq.get());
 
   // Blocks: a cache with room for the decode but not the draft. Nobody is preempted for it.
-  BlockManager few(BlockManagerOptions{3, 4, false});
+  BlockManager few(BlockManagerOptions{3, 4, false, {}});
   Scheduler s2(SchedulerOptions{64, 4, true}, few);
   auto a = std::make_unique<Sequence>(1, std::vector<int32_t>{1, 2, 3, 4, 5, 6, 7}, 4);  // 2 blocks
   auto b = std::make_unique<Sequence>(2, std::vector<int32_t>{1, 2}, 4);                 // 1 block
@@ -132,7 +132,7 @@ TEST(SchedulerDraft, ADraftThatDoesNotFitIsDroppedNotTheDecode) {
 }
 
 TEST(SchedulerDraft, PreemptionAndFinishClearTheDraft) {
-  BlockManager blocks(BlockManagerOptions{16, 4, false});
+  BlockManager blocks(BlockManagerOptions{16, 4, false, {}});
   Scheduler s(SchedulerOptions{64, 4, true}, blocks);
   auto seq = decoding_sequence(s, 5);
   seq->set_draft({1, 2});

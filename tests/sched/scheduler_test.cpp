@@ -89,7 +89,7 @@ struct Driver {
 };
 
 TEST(Scheduler, DecodesKeepFlowingWhileALongPromptIsChunked) {
-  Driver d({256, 16, false}, {64, 16, true});
+  Driver d({256, 16, false, {}}, {64, 16, true});
   Sequence* a = d.add(10, 40);
   d.step();  // a's prompt in one chunk
   EXPECT_EQ(a->state(), SequenceState::kDecoding);
@@ -114,7 +114,7 @@ TEST(Scheduler, DecodesKeepFlowingWhileALongPromptIsChunked) {
 }
 
 TEST(Scheduler, WithoutChunkingAPromptRunsWhole) {
-  Driver d({256, 16, false}, {300, 16, false});
+  Driver d({256, 16, false, {}}, {300, 16, false});
   Sequence* a = d.add(10, 30);
   d.step();
   Sequence* b = d.add(295, 2);  // does not fit next to a's decode token + budget? 1 + 295 <= 300: fits
@@ -129,14 +129,14 @@ TEST(Scheduler, WithoutChunkingAPromptRunsWhole) {
   EXPECT_EQ(p.chunks[2].num_tokens, 200);
   d.run();
   EXPECT_EQ(a->num_generated(), 30);
-  Driver e({256, 16, false}, {100, 16, false});
+  Driver e({256, 16, false, {}}, {100, 16, false});
   std::vector<int32_t> long_prompt(101, 1);
   Sequence too_long(99, long_prompt, 16);
   EXPECT_EQ(e.scheduler.add(&too_long).code(), ErrorCode::kOutOfRange);
 }
 
 TEST(Scheduler, AdmitsInArrivalOrderUpToTheSequenceLimit) {
-  Driver d({256, 16, false}, {1000, 3, true});
+  Driver d({256, 16, false, {}}, {1000, 3, true});
   std::vector<Sequence*> s;
   for (int i = 0; i < 6; ++i) s.push_back(d.add(5 + i, 3));
   SchedulerStep p = d.step();
@@ -149,7 +149,7 @@ TEST(Scheduler, AdmitsInArrivalOrderUpToTheSequenceLimit) {
 
 TEST(Scheduler, PreemptsTheNewestWhenBlocksRunOutAndResumesIt) {
   // 12 blocks of 4 tokens = 48 tokens for three sequences that each grow to 8 + 20 = 28.
-  Driver d({12, 4, false}, {64, 8, true});
+  Driver d({12, 4, false, {}}, {64, 8, true});
   Sequence* a = d.add(8, 20, 0);
   Sequence* b = d.add(8, 20, 100);
   Sequence* c = d.add(8, 20, 200);
@@ -174,7 +174,7 @@ TEST(Scheduler, PreemptsTheNewestWhenBlocksRunOutAndResumesIt) {
 }
 
 TEST(Scheduler, PrefixCacheServesARepeatedPromptAndAPreemptedResume) {
-  Driver d({64, 4, true}, {64, 8, true});
+  Driver d({64, 4, true, {}}, {64, 8, true});
   Sequence* a = d.add(18, 3);
   d.run();
   Sequence* b = d.add(18, 3);  // same tokens as a
@@ -188,7 +188,7 @@ TEST(Scheduler, PrefixCacheServesARepeatedPromptAndAPreemptedResume) {
 }
 
 TEST(Scheduler, FinishingFromAnyStateFreesEverything) {
-  Driver d({32, 4, true}, {8, 8, true});
+  Driver d({32, 4, true, {}}, {8, 8, true});
   Sequence* decoding = d.add(3, 100);
   d.step();
   Sequence* prefilling = d.add(40, 100);
@@ -217,7 +217,7 @@ TEST(Scheduler, RandomWorkloadsNeverLeakOrStall) {
     const int block_size = 1 + static_cast<int>(rng() % 8);
     const int num_blocks = 60 / block_size + 8;
     const int capacity = num_blocks * block_size;
-    Driver d({num_blocks, block_size, caching},
+    Driver d({num_blocks, block_size, caching, {}},
              {chunked ? 8 + static_cast<int>(rng() % 40) : capacity, 1 + static_cast<int>(rng() % 6), chunked});
     int added = 0;
     for (int step = 0; step < 3000 && (added < 30 || !d.scheduler.idle()); ++step) {
@@ -239,6 +239,47 @@ TEST(Scheduler, RandomWorkloadsNeverLeakOrStall) {
     for (const auto& s : d.seqs) EXPECT_TRUE(s->finished());
   }
   EXPECT_GT(preemptions, 0) << "the workloads never filled the cache; seed " << seed;
+}
+
+// With dropped history (a sliding window), sequences far longer than the whole cache run to the
+// end, each holding about its window's blocks, and every block comes back.
+TEST(Scheduler, DroppedHistoryRunsSequencesLongerThanTheCache) {
+  const uint32_t seed = testing::fresh_seed();
+  std::mt19937 rng(seed);
+  int64_t longest_overall = 0;  // the longest sequence's tokens per 1000 tokens of the cache
+  for (int round = 0; round < 12; ++round) {
+    const bool chunked = rng() % 2 == 0, caching = rng() % 2 == 0;
+    const int block_size = 1 + static_cast<int>(rng() % 8);
+    const int window = 1 + static_cast<int>(rng() % 24);
+    const int num_blocks = (window + 2 * block_size) * 3 / block_size + 4;
+    const int capacity = num_blocks * block_size;
+    const int budget = chunked ? 4 + static_cast<int>(rng() % 16) : capacity;
+    Driver d({num_blocks, block_size, caching, KvTierOptions{window, KvHistory::kDrop}},
+             {budget, 1 + static_cast<int>(rng() % 4), chunked});
+    const int resident_limit = (window + block_size - 2) / block_size + 2;
+    for (int i = 0; i < 10; ++i) {
+      // Prompts up to the whole cache when chunked, and outputs several times longer.
+      const int prompt = 1 + static_cast<int>(rng() % static_cast<unsigned>(chunked ? capacity : capacity / 4));
+      d.add(prompt, 1 + static_cast<int>(rng() % static_cast<unsigned>(3 * capacity)), static_cast<int32_t>(rng() % 2));
+    }
+    for (int step = 0; step < 200000 && !d.scheduler.idle(); ++step) {
+      d.step();
+      for (const auto& seq : d.seqs) {
+        if (seq->state() != SequenceState::kDecoding) continue;
+        ASSERT_LE(seq->block_table().num_resident(), resident_limit)
+            << "window " << window << " block size " << block_size << "; seed " << seed << " round " << round;
+        ASSERT_LE(seq->block_table().first_resident_position(), std::max(0, seq->num_computed() - window + 1));
+      }
+      ASSERT_FALSE(::testing::Test::HasFailure()) << "seed " << seed << " round " << round;
+    }
+    ASSERT_TRUE(d.scheduler.idle()) << "stalled; seed " << seed << " round " << round;
+    EXPECT_EQ(d.blocks.num_used(), 0);
+    EXPECT_EQ(d.blocks.num_free() + d.blocks.num_cached(), num_blocks);
+    int64_t longest = 0;
+    for (const auto& seq : d.seqs) longest = std::max<int64_t>(longest, seq->num_tokens());
+    longest_overall = std::max(longest_overall, longest * 1000 / capacity);
+  }
+  EXPECT_GT(longest_overall, 2000) << "no sequence outgrew the cache twice over; seed " << seed;
 }
 
 }  // namespace

@@ -276,7 +276,7 @@ TEST_F(SpecEngineTest, TreeForwardEqualsEachPathRunAsAChain) {
   kc.head_dim = c.head_dim;
   kc.num_blocks = 64;
   KvCache cache = *KvCache::create(kc);
-  BlockManager blocks(BlockManagerOptions{kc.num_blocks, kc.block_size, false});
+  BlockManager blocks(BlockManagerOptions{kc.num_blocks, kc.block_size, false, {}});
   const std::vector<int32_t>& prompt = (*cases_)[2].prompt;
   ASSERT_GE(prompt.size(), 30u);
   // The last prompt token is the root; 20 nodes with random parents.
@@ -569,7 +569,7 @@ std::map<std::vector<int32_t>, double> exact_law(const LlamaModel& model, const 
   kc.head_dim = model.config().head_dim;
   kc.num_blocks = 64;
   KvCache cache = *KvCache::create(kc);
-  BlockManager blocks(BlockManagerOptions{kc.num_blocks, kc.block_size, false});
+  BlockManager blocks(BlockManagerOptions{kc.num_blocks, kc.block_size, false, {}});
   Sampler sampler(params);
   std::map<std::vector<int32_t>, double> law{{{}, 1.0}};
   Tensor logits;
