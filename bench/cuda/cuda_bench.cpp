@@ -34,8 +34,8 @@
 //   stream     (--int4-stream-probe, alone) the streamed int4 GEMM (sm_90, 1-2 tokens) on the same
 //              shapes with 3..8 stages and one or two blocks per SM, the planner's K split
 //   prefill    causal prefill attention of one sequence (same heads, bf16 and i8 caches) at 512 to
-//              8k tokens: TFLOP/s, and as a fraction of the matmul's (--prefill-only: the matmul
-//              and this alone)
+//              32k tokens (the CUDA-core kernel up to 8k): TFLOP/s, and as a fraction of the
+//              matmul's (--prefill-only: the matmul and this alone)
 //
 // Every kernel is timed with CUDA events over many calls after warm-up, median of 5 repetitions;
 // GEMV and attention calls are captured in a CUDA graph and replayed (no host launch gaps).
@@ -738,7 +738,7 @@ Status bench_attention_prefill(double matmul_tflops, nlohmann::json& out, std::v
   std::mt19937 rng(12);
   for (DType cache_dtype : {DType::kBF16, DType::kI8}) {
     const bool quantized = cache_dtype == DType::kI8;
-    for (int tokens : {512, 2048, 4096, 8192}) {
+    for (int tokens : {512, 2048, 4096, 8192, 16384, 32768}) {
       const int64_t blocks = (tokens + block_size - 1) / block_size;
       const int64_t rows_count = blocks * block_size * kv_heads;  // (slot, kv head) rows
       const size_t cache_bytes = static_cast<size_t>(rows_count * head_dim) * tachyon::dtype_size(cache_dtype);
@@ -797,13 +797,14 @@ Status bench_attention_prefill(double matmul_tflops, nlohmann::json& out, std::v
       const double flops = 4.0 * head_dim * heads * (static_cast<double>(tokens) * (tokens + 1) / 2);
       for (bool tensor_cores : {true, false}) {
         if (tensor_cores && !planned.tensor_cores) continue;
+        if (!tensor_cores && tokens > 8192) continue;  // seconds a call: the tensor-core kernel is the one served
         cu::AttentionPlan plan = planned;
         plan.tensor_cores = tensor_cores;
         auto body = [&](int, cu::Stream st) {
           return cu::paged_attention(plan, q.as<float>(), heads * head_dim, head_dim, heads, cache, b, params,
                                      o.as<float>(), heads * head_dim, head_dim, nullptr, 0, st);
         };
-        const int iters = tokens >= 8192 ? 3 : 10;
+        const int iters = tokens >= 16384 ? 1 : tokens >= 8192 ? 3 : 10;
         TACHYON_ASSIGN_OR_RETURN(double ms, time_graph_ms(body, 1, iters, 3));
         PrefillRow r{cache_dtype, tokens, tensor_cores, ms * 1e3, flops / (ms * 1e-3) / 1e12};
         rows.push_back(r);

@@ -335,8 +335,9 @@ void add_kv_tier_options(CLI::App& cmd, int& window, std::string& history) {
                  "long context: the newest positions each sequence keeps in the KV cache dtype (0: all)")
       ->check(non_negative_int());
   cmd.add_option("--kv-history", history,
-                 "what becomes of positions older than --kv-window: same (kept as they are) or drop (freed: a "
-                 "sliding window of --kv-window positions)");
+                 "what becomes of positions older than --kv-window: same (kept as they are), drop (freed: a "
+                 "sliding window of --kv-window positions), int8 or int4 (re-quantized into a pool of history "
+                 "blocks, a scale (and int4: a minimum) per token and head; attention still sees every position)");
 }
 
 Result<KvTierOptions> parse_kv_tiers(int window, const std::string& history) {
@@ -346,8 +347,12 @@ Result<KvTierOptions> parse_kv_tiers(int window, const std::string& history) {
     t.history = KvHistory::kSame;
   } else if (history == "drop") {
     t.history = KvHistory::kDrop;
+  } else if (history == "int8") {
+    t.history = KvHistory::kInt8;
+  } else if (history == "int4") {
+    t.history = KvHistory::kInt4;
   } else {
-    return make_error(ErrorCode::kInvalidArgument, "--kv-history '{}' (same or drop)", excerpt(history, 40));
+    return make_error(ErrorCode::kInvalidArgument, "--kv-history '{}' (same, drop, int8 or int4)", excerpt(history, 40));
   }
   if (t.history != KvHistory::kSame && window <= 0) {
     return make_error(ErrorCode::kInvalidArgument, "--kv-history {} needs --kv-window (the positions kept)", history);

@@ -141,6 +141,7 @@ class WindowRunner {
     kv.device = model.device();
     kv.dtype = kv_dtype.value_or(kv.device.is_cpu() ? DType::kF32 : DType::kBF16);
     kv.tiers = tiers;
+    kv.num_history_blocks = tiers.history_bits() != 0 ? kv.num_blocks : 0;
     TACHYON_ASSIGN_OR_RETURN(KvCache cache, KvCache::create(kv));
     std::unique_ptr<WindowRunner> runner(new WindowRunner(model, std::move(cache), kv.num_blocks, max_tokens));
     TACHYON_RETURN_IF_ERROR(runner->blocks_.grow_to(runner->table_, max_tokens));
@@ -158,13 +159,32 @@ class WindowRunner {
       return make_error(ErrorCode::kOutOfRange, "window runner: {} tokens at position {} in a window of {}",
                         tokens.size(), start_position, max_tokens());
     }
-    if (start_position == 0 && table_.num_released() > 0) {  // a new window: the released blocks come back
+    if (start_position == 0 && (table_.num_released() > 0 || table_.num_history() > 0)) {  // a new window
       blocks_.free(table_);
       TACHYON_RETURN_IF_ERROR(blocks_.grow_to(table_, max_tokens_));
     }
     if (start_position < table_.first_resident_position()) {
       return make_error(ErrorCode::kOutOfRange, "window runner: position {} was released", start_position);
     }
+    // History tiers change what later queries read: one token per forward, as decode steps see
+    // them (a chunk's queries would read their chunk at full precision). Drop only masks, which a
+    // chunk does exactly.
+    const size_t step = cache_.config().tiers.history_bits() != 0 ? 1 : tokens.size();
+    if (step == tokens.size()) return run_chunk(tokens, start_position, logits);
+    Tensor row;
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      TACHYON_RETURN_IF_ERROR(
+          run_chunk(tokens.subspan(i, 1), start_position + static_cast<int>(i), logits != nullptr ? &row : nullptr));
+      if (logits == nullptr) continue;
+      if (i == 0) *logits = Tensor::empty({static_cast<int64_t>(tokens.size()), row.size(1)}, DType::kF32);
+      std::copy(row.data<float>(), row.data<float>() + row.size(1),
+                logits->data<float>() + static_cast<int64_t>(i) * row.size(1));
+    }
+    return Status::Ok();
+  }
+
+ private:
+  Status run_chunk(std::span<const int32_t> tokens, int start_position, Tensor* logits) {
     SequenceChunk chunk;
     chunk.block_table = &table_;
     chunk.start_position = start_position;
@@ -174,8 +194,10 @@ class WindowRunner {
     Tensor none;
     TACHYON_RETURN_IF_ERROR(model_.forward(batch, cache_, logits != nullptr ? *logits : none));
     blocks_.retire(table_, start_position + static_cast<int>(tokens.size()));
+    if (blocks_.has_compressions()) cache_.compress_blocks(blocks_.take_compressions());
     return Status::Ok();
   }
+
 
  private:
   static constexpr int kBlockSize = kDefaultBlockSize;
@@ -183,7 +205,8 @@ class WindowRunner {
   WindowRunner(const LlamaModel& model, KvCache cache, int num_blocks, int max_tokens)
       : model_(model),
         cache_(std::move(cache)),
-        blocks_(BlockManagerOptions{num_blocks, kBlockSize, false, cache_.config().tiers}),
+        blocks_(BlockManagerOptions{num_blocks, kBlockSize, false, cache_.config().tiers,
+                                    cache_.config().num_history_blocks}),
         table_(kBlockSize),
         max_tokens_(max_tokens) {}
 

@@ -91,21 +91,27 @@ Result<std::unique_ptr<Engine>> Engine::create(const LlamaModel& model, const To
                       "window of {}",
                       tiers.window);
   }
-  // What one sequence holds at once: every position, or with dropped history about the window's.
+  // What one sequence holds at once in full-precision blocks: every position, or with a window
+  // about the window's (dropped history frees the rest; int8 / int4 history keeps it, smaller, in
+  // the history pool).
   const bool drop = tiers.attention_window() > 0;
+  const int history_bits = tiers.history_bits();
+  const int bs = options.kv.block_size;
+  const int64_t window_tokens = static_cast<int64_t>(tiers.window) + bs;
   const int64_t resident_per_seq =
-      drop ? std::min<int64_t>(max_model_len, static_cast<int64_t>(tiers.window) + options.kv.block_size)
-           : max_model_len;
+      drop || history_bits != 0 ? std::min<int64_t>(max_model_len, window_tokens) : max_model_len;
+  const int64_t history_per_seq = history_bits != 0 ? std::max<int64_t>(0, max_model_len - tiers.window) : 0;
 
   KvCacheConfig kv;
   kv.num_layers = c.num_layers;
   kv.num_kv_heads = c.num_kv_heads;
   kv.head_dim = c.head_dim;
-  kv.block_size = options.kv.block_size;
+  kv.block_size = bs;
   kv.dtype = kv_dtype;
   kv.device = device;
   kv.tiers = tiers;
-  const int64_t blocks_per_seq = (resident_per_seq + options.kv.block_size - 1) / options.kv.block_size;
+  const int64_t blocks_per_seq = (resident_per_seq + bs - 1) / bs;
+  const int64_t history_blocks_per_seq = (history_per_seq + bs - 1) / bs;
   // A draft model's cache has as many blocks as the target's: a memory budget pays for both.
   KvCacheConfig budgeted = kv;
   // (each draft model its own: a request drafts with one of them, but each may serve any request).
@@ -124,44 +130,71 @@ Result<std::unique_ptr<Engine>> Engine::create(const LlamaModel& model, const To
     budgeted.num_kv_heads = 1;
     budgeted.head_dim = static_cast<int>(bytes_per_token / (2 * dtype_size(kv.dtype)));
   }
+  // Dropped or compressed history: the windows, and room for one step's prompt chunks on top.
+  const int64_t chunk_blocks =
+      drop || history_bits != 0 ? (options.scheduler.max_batched_tokens + bs - 1) / bs : 0;
   if (options.kv.num_blocks > 0) {
     kv.num_blocks = options.kv.num_blocks;
-  } else if (options.kv.bytes > 0) {
-    kv.num_blocks = budgeted.blocks_for_budget(options.kv.bytes);
+    kv.num_history_blocks =
+        history_bits == 0 ? 0 : options.kv.num_history_blocks > 0 ? options.kv.num_history_blocks : kv.num_blocks;
   } else {
-    const double fraction = options.kv.fraction > 0.0 ? options.kv.fraction : device.is_cpu() ? 0.25 : 0.9;
-    if (!(fraction > 0.0 && fraction <= 0.95)) {
-      return make_error(ErrorCode::kInvalidArgument, "kv cache fraction {} must be in (0, 0.95]", fraction);
+    size_t budget = options.kv.bytes;
+    if (budget == 0) {
+      const double fraction = options.kv.fraction > 0.0 ? options.kv.fraction : device.is_cpu() ? 0.25 : 0.9;
+      if (!(fraction > 0.0 && fraction <= 0.95)) {
+        return make_error(ErrorCode::kInvalidArgument, "kv cache fraction {} must be in (0, 0.95]", fraction);
+      }
+      size_t available = host_memory_available();
+      if (!device.is_cpu()) {
+        size_t total = 0;
+        TACHYON_RETURN_IF_ERROR(memory_info(device, available, total));
+      }
+      budget = static_cast<size_t>(static_cast<double>(available) * fraction);
     }
-    size_t available = host_memory_available();
-    if (!device.is_cpu()) {
-      size_t total = 0;
-      TACHYON_RETURN_IF_ERROR(memory_info(device, available, total));
+    const int64_t max_seqs = options.scheduler.max_seqs;
+    if (history_bits == 0) {
+      // Without a budget given, no more than max_seqs sequences of max_model_len need.
+      const int64_t wanted = blocks_per_seq * max_seqs + chunk_blocks;
+      const int64_t fits = budgeted.blocks_for_budget(budget);
+      kv.num_blocks = static_cast<int>(options.kv.bytes > 0 ? fits : std::min<int64_t>(wanted, fits));
+    } else {
+      // Split the budget as sequences of max_model_len use it: each a window of full-precision
+      // blocks and the rest in history blocks, plus one step's prompt chunks at full precision.
+      const size_t block_bytes = budgeted.bytes_per_block(), history_bytes = kv.bytes_per_history_block();
+      const size_t per_seq = static_cast<size_t>(blocks_per_seq) * block_bytes +
+                             static_cast<size_t>(history_blocks_per_seq) * history_bytes;
+      const size_t fixed = static_cast<size_t>(chunk_blocks) * block_bytes;
+      const int64_t seqs = std::clamp<int64_t>(
+          budget > fixed && per_seq > 0 ? static_cast<int64_t>((budget - fixed) / per_seq) : 0, 1, max_seqs);
+      kv.num_blocks = static_cast<int>(std::min<int64_t>(seqs * blocks_per_seq + chunk_blocks, INT32_MAX));
+      kv.num_history_blocks = static_cast<int>(std::min<int64_t>(std::max<int64_t>(1, seqs * history_blocks_per_seq), INT32_MAX));
+      if (fixed + static_cast<size_t>(seqs) * per_seq > budget) {  // not even one sequence of max_model_len
+        kv.num_blocks = std::max(1, static_cast<int>(std::min<size_t>(budget / 2 / std::max<size_t>(block_bytes, 1), INT32_MAX)));
+        kv.num_history_blocks = std::max(
+            1, static_cast<int>(std::min<size_t>(budget / 2 / std::max<size_t>(history_bytes, 1), INT32_MAX)));
+      }
     }
-    const size_t budget = static_cast<size_t>(static_cast<double>(available) * fraction);
-    int64_t wanted = blocks_per_seq * options.scheduler.max_seqs;
-    // Dropped history: the windows, and room for one step's prompt chunks on top.
-    if (drop) wanted += (options.scheduler.max_batched_tokens + options.kv.block_size - 1) / options.kv.block_size;
-    kv.num_blocks = static_cast<int>(std::min<int64_t>(wanted, budgeted.blocks_for_budget(budget)));
   }
   if (kv.num_blocks < 1) {
     return make_error(ErrorCode::kOutOfMemory, "kv cache: the budget holds no block of {} bytes", kv.bytes_per_block());
   }
-  const int64_t capacity = static_cast<int64_t>(kv.num_blocks) * options.kv.block_size;
-  if (drop && capacity <= resident_per_seq) {
+  const int64_t capacity = static_cast<int64_t>(kv.num_blocks) * bs;
+  if ((drop || history_bits != 0) && capacity <= resident_per_seq) {
     return make_error(ErrorCode::kOutOfMemory,
                       "kv cache: {} blocks hold {} tokens; a sequence with a kv window of {} needs more than {}",
                       kv.num_blocks, capacity, tiers.window, resident_per_seq);
   }
-  if (!drop && capacity < max_model_len) {
+  // Every position of a sequence somewhere: the full-precision blocks, or also the history pool.
+  const int64_t holds = capacity + static_cast<int64_t>(kv.num_history_blocks) * bs;
+  if (!drop && holds < max_model_len) {
     if (options.max_model_len > 0) {
       return make_error(ErrorCode::kOutOfMemory,
-                        "kv cache: {} blocks hold {} tokens, less than max_model_len = {}; give the cache more memory "
-                        "or lower max_model_len",
-                        kv.num_blocks, capacity, max_model_len);
+                        "kv cache: {} blocks ({} history blocks) hold {} tokens, less than max_model_len = {}; give "
+                        "the cache more memory or lower max_model_len",
+                        kv.num_blocks, kv.num_history_blocks, holds, max_model_len);
     }
-    TACHYON_LOG_WARN("kv cache holds {} tokens: max_model_len lowered from {} to {}", capacity, max_model_len, capacity);
-    max_model_len = static_cast<int>(capacity);
+    TACHYON_LOG_WARN("kv cache holds {} tokens: max_model_len lowered from {} to {}", holds, max_model_len, holds);
+    max_model_len = static_cast<int>(holds);
   }
   if (!options.scheduler.chunked_prefill && options.scheduler.max_batched_tokens < max_model_len) {
     return make_error(ErrorCode::kInvalidArgument,
@@ -172,7 +205,11 @@ Result<std::unique_ptr<Engine>> Engine::create(const LlamaModel& model, const To
   TACHYON_LOG_INFO("kv cache: {} blocks of {} tokens, {} on {} ({:.1f} MiB); max_model_len {}{}", kv.num_blocks,
                    options.kv.block_size, dtype_name(kv.dtype), device.to_string(), static_cast<double>(cache.nbytes()) / (1 << 20),
                    max_model_len,
-                   tiers.active() ? fmt::format("; kv window {}, history {}", tiers.window, kv_history_name(tiers.history))
+                   tiers.active() ? fmt::format("; kv window {}, history {}{}", tiers.window,
+                                                kv_history_name(tiers.history),
+                                                kv.num_history_blocks > 0
+                                                    ? fmt::format(" ({} history blocks)", kv.num_history_blocks)
+                                                    : std::string())
                                   : std::string());
   std::unique_ptr<Engine> engine(
       new Engine(model, tokenizer, std::move(eos_token_ids), options, max_model_len, std::move(cache)));
@@ -193,11 +230,15 @@ Engine::Engine(const LlamaModel& model, const Tokenizer* tokenizer, std::vector<
       max_model_len_(max_model_len),
       cache_(std::move(cache)),
       blocks_(BlockManagerOptions{cache_.config().num_blocks, cache_.config().block_size, options.kv.prefix_caching,
-                                  cache_.config().tiers}),
+                                  cache_.config().tiers, cache_.config().num_history_blocks}),
       scheduler_(options.scheduler, blocks_),
       sampler_(model.device(), model.config().vocab_size) {}
 
 Engine::~Engine() = default;
+
+void Engine::run_compressions() {
+  if (blocks_.has_compressions()) cache_.compress_blocks(blocks_.take_compressions());
+}
 
 Result<RequestId> Engine::add_request(std::string_view prompt, GenerationParams params) {
   if (tokenizer_ == nullptr) {
@@ -491,6 +532,7 @@ Result<std::vector<RequestOutput>> Engine::step() {
     stats_.schedule_seconds += phase.seconds();
     return outputs;
   }
+  run_compressions();  // before the copies: a copy may write a block that just went to history
   cache_.copy_blocks(plan.copies);
   const ForwardBatch batch = batch_of(plan);
   stats_.prompt_tokens_computed += plan.num_prefill_tokens;
@@ -526,6 +568,7 @@ Result<std::vector<RequestOutput>> Engine::step() {
 
   phase.reset();
   scheduler_.complete(plan);
+  run_compressions();
   const Tensor* features = with_features ? &features_ : nullptr;
   if (with_features && features_.defined() && !features_.device().is_cpu()) {
     // The proposer keeps each sequence's row on the host: [rows, hidden] f32, a small copy.
@@ -557,6 +600,8 @@ EngineStats Engine::stats() const {
   s.kv_blocks_used = blocks_.num_used();
   s.kv_blocks_cached = blocks_.num_cached();
   s.kv_blocks_free = blocks_.num_free();
+  s.kv_history_blocks_total = blocks_.num_history_blocks();
+  s.kv_history_blocks_used = blocks_.num_history_used();
   s.kv_cache_bytes = cache_.nbytes();
   s.prefix = blocks_.prefix_stats();
   s.num_preemptions = scheduler_.num_preemptions();
@@ -571,6 +616,10 @@ Status Engine::check_no_leaks() const {
   TACHYON_RETURN_IF_ERROR(blocks_.check(tables));
   if (requests_.empty() && transfers_.empty() && blocks_.num_used() != 0) {
     return make_error(ErrorCode::kInternal, "{} kv blocks still used with no request left", blocks_.num_used());
+  }
+  if (requests_.empty() && transfers_.empty() && blocks_.num_history_used() != 0) {
+    return make_error(ErrorCode::kInternal, "{} kv history blocks still used with no request left",
+                      blocks_.num_history_used());
   }
   if (spec_) TACHYON_RETURN_IF_ERROR(spec_->check_no_leaks());
   return Status::Ok();
@@ -598,7 +647,14 @@ Status Engine::release_transfer(RequestId id, const HeldSequenceRead& read) {
   held.num_computed = seq.num_computed();
   held.sampler_seed = req->sampler.seed();
   held.rng_draws = req->rng_draws;
-  held.first_position = std::min(seq.block_table().first_resident_position(), held.num_computed);
+  held.first_position = std::min(seq.block_table().first_known_position(), held.num_computed);
+  if (seq.block_table().num_history() > 0) {
+    scheduler_.finish(&req->seq);
+    return make_error(ErrorCode::kUnsupported,
+                      "request {}: its KV holds {}-bit history blocks, which a transfer does not carry yet (run "
+                      "disaggregated workers with --kv-history same or drop)",
+                      id, cache_.config().tiers.history_bits());
+  }
   TACHYON_CHECK(held.num_computed == seq.num_tokens() - 1 && seq.block_table().num_tokens() >= held.num_computed,
                 "request {} held with {} of {} tokens computed, table of {}", id, held.num_computed, seq.num_tokens(),
                 seq.block_table().num_tokens());
@@ -676,6 +732,7 @@ Result<RequestId> Engine::adopt_sequence(const TransferredSequence& seq, const G
     return st.with_context("kv import");
   }
   scheduler_.admit_adopted(&req->seq);
+  run_compressions();
   const RequestId id = req->seq.id();
   requests_.emplace(id, std::move(req));
   return id;
@@ -736,6 +793,7 @@ bool Engine::emit_verified(Request& req, Result<Verification> verified, RequestO
   const std::span<const int32_t> path = std::span<const int32_t>(verified->path).first(static_cast<size_t>(emitted - 1));
   req.verified_row = path.empty() ? 0 : 1 + path.back();
   cache_.copy_slots(scheduler_.accept_draft(&req.seq, path));
+  run_compressions();
   return done;
 }
 

@@ -57,8 +57,12 @@ struct KvCacheOptions {
   std::optional<DType> dtype;  // f32, f16, bf16, i8 or f8e4m3; default f32 on the CPU, bf16 on a GPU
   bool prefix_caching = true;
   // Long context: the window of recent positions kept as they are, and what becomes of older
-  // ones (drop: a true sliding window, each sequence holding about `window` positions of blocks).
+  // ones (drop: a true sliding window, each sequence holding about `window` positions of blocks;
+  // int8 / int4: re-quantized into a pool of history blocks). With int8 / int4 a memory budget is
+  // split as sequences of max_model_len use it (a window of full-precision blocks each, the rest
+  // in history blocks); with num_blocks given, num_history_blocks (0: as many as num_blocks).
   KvTierOptions tiers;
+  int num_history_blocks = 0;
 };
 
 struct EngineOptions {
@@ -79,6 +83,8 @@ struct EngineStats {
   int kv_blocks_cached = 0;  // unreferenced, kept for prefix hits
   int kv_blocks_free = 0;
   int kv_blocks_used_peak = 0;
+  int kv_history_blocks_total = 0;  // int8 / int4 history
+  int kv_history_blocks_used = 0;
   size_t kv_cache_bytes = 0;
   PrefixCacheStats prefix;
   int64_t num_preemptions = 0;
@@ -147,8 +153,8 @@ class Engine {
   const LlamaModel& model() const { return model_; }
   const Tokenizer* tokenizer() const { return tokenizer_; }
   double now() const { return clock_.seconds(); }  // the engine's clock
-  // Every block free or cached, and the block manager's invariants hold (no request running or
-  // held for transfer).
+  // Every block free or cached, every history block free, and the block manager's invariants
+  // hold (no request running or held for transfer).
   Status check_no_leaks() const;
   // Tests and tools: a running request's sequence (null when unknown or finished), the KV storage.
   const Sequence* find_sequence(RequestId id) const;
@@ -195,6 +201,8 @@ class Engine {
                         RequestOutput& out);
   bool emit_verified(Request& req, Result<Verification> verified, RequestOutput& out);
   void fill_counts(const Request& req, RequestOutput& out) const;
+  // Runs the block manager's queued history compressions (before anything writes the cache).
+  void run_compressions();
 
   const LlamaModel& model_;
   const Tokenizer* tokenizer_;

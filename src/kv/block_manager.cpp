@@ -22,6 +22,8 @@ const char* kv_history_name(KvHistory history) {
   switch (history) {
     case KvHistory::kSame: return "same";
     case KvHistory::kDrop: return "drop";
+    case KvHistory::kInt8: return "int8";
+    case KvHistory::kInt4: return "int4";
   }
   return "?";
 }
@@ -37,7 +39,10 @@ BlockManager::BlockManager(const BlockManagerOptions& options)
     : block_size_(options.block_size), prefix_caching_(options.prefix_caching), tiers_(options.tiers) {
   TACHYON_CHECK(options.num_blocks >= 0 && options.block_size > 0, "block manager: {} blocks of {} tokens",
                 options.num_blocks, options.block_size);
-  TACHYON_CHECK(options.tiers.window >= 0, "block manager: kv window {}", options.tiers.window);
+  TACHYON_CHECK(options.tiers.window >= 0 && options.num_history_blocks >= 0,
+                "block manager: kv window {}, {} history blocks", options.tiers.window, options.num_history_blocks);
+  history_refs_.assign(static_cast<size_t>(options.num_history_blocks), 0);
+  for (int32_t h = options.num_history_blocks - 1; h >= 0; --h) history_free_.push_back(h);
   meta_.resize(static_cast<size_t>(options.num_blocks));
   free_.reserve(meta_.size());
   for (int32_t b = options.num_blocks - 1; b >= 0; --b) free_.push_back(b);  // block 0 handed out first
@@ -109,6 +114,10 @@ int32_t BlockManager::take_block() {
 }
 
 void BlockManager::retain(int32_t b) {
+  if (is_history(b)) {
+    ++history_refs_[static_cast<size_t>(b - num_blocks())];
+    return;
+  }
   Meta& m = meta_[static_cast<size_t>(b)];
   if (m.ref_count == 0) {
     TACHYON_CHECK(m.registered, "retain of free block {}", b);
@@ -118,6 +127,12 @@ void BlockManager::retain(int32_t b) {
 }
 
 void BlockManager::release(int32_t b) {
+  if (is_history(b)) {
+    const int32_t h = b - num_blocks();
+    TACHYON_CHECK(history_refs_[static_cast<size_t>(h)] > 0, "release of unreferenced history block {}", h);
+    if (--history_refs_[static_cast<size_t>(h)] == 0) history_free_.push_back(h);
+    return;
+  }
   Meta& m = meta_[static_cast<size_t>(b)];
   TACHYON_CHECK(m.ref_count > 0, "release of unreferenced block {}", b);
   if (--m.ref_count > 0) return;
@@ -242,6 +257,7 @@ void BlockManager::fork(const BlockTable& src, BlockTable& dst) {
   dst.hashes_ = src.hashes_;
   dst.num_tokens_ = src.num_tokens_;
   dst.num_released_ = src.num_released_;
+  dst.num_history_ = src.num_history_;
 }
 
 void BlockManager::free(BlockTable& table) {
@@ -252,6 +268,7 @@ void BlockManager::free(BlockTable& table) {
   table.hashes_.clear();
   table.num_tokens_ = 0;
   table.num_released_ = 0;
+  table.num_history_ = 0;
 }
 
 void BlockManager::release_before(BlockTable& table, int position) {
@@ -271,7 +288,22 @@ void BlockManager::retire(BlockTable& table, int num_computed) {
   if (!tiers_.active()) return;
   // The next query, at position num_computed, sees keys from num_computed - window + 1 on.
   const int first_visible = num_computed - tiers_.window + 1;
-  if (tiers_.history == KvHistory::kDrop) release_before(table, first_visible);
+  if (tiers_.history == KvHistory::kDrop) {
+    release_before(table, first_visible);
+    return;
+  }
+  // int8 / int4: the leading full-precision blocks wholly before first_visible, in order.
+  const int whole = std::min<int>(std::max(first_visible, 0) / block_size_, static_cast<int>(table.blocks_.size()));
+  for (int i = table.num_released_ + table.num_history_; i < whole && !history_free_.empty(); ++i) {
+    int32_t& b = table.blocks_[static_cast<size_t>(i)];
+    const int32_t h = history_free_.back();
+    history_free_.pop_back();
+    history_refs_[static_cast<size_t>(h)] = 1;
+    compressions_.push_back({b, h});
+    release(b);  // registered: cached for prefix hits, its K/V kept until evicted
+    b = num_blocks() + h;
+    ++table.num_history_;
+  }
 }
 
 int64_t BlockManager::resident_tokens_needed(int64_t num_computed, int64_t chunk) const {
@@ -292,6 +324,7 @@ void BlockManager::clear_prefix_cache() {
 
 Status BlockManager::check(std::span<const BlockTable* const> tables) const {
   std::vector<int32_t> refs(meta_.size(), 0);
+  std::vector<int32_t> history_refs(history_refs_.size(), 0);
   for (const BlockTable* t : tables) {
     if (t->blocks_.size() != static_cast<size_t>((t->num_tokens_ + block_size_ - 1) / block_size_)) {
       return make_error(ErrorCode::kInternal, "table of {} tokens holds {} blocks", t->num_tokens_, t->blocks_.size());
@@ -300,18 +333,26 @@ Status BlockManager::check(std::span<const BlockTable* const> tables) const {
       return make_error(ErrorCode::kInternal, "table of {} tokens has {} block hashes", t->num_tokens_,
                         t->hashes_.size());
     }
-    if (t->num_released_ < 0 || static_cast<size_t>(t->num_released_) > t->blocks_.size()) {
-      return make_error(ErrorCode::kInternal, "table of {} blocks has {} released", t->blocks_.size(), t->num_released_);
+    if (t->num_released_ < 0 || t->num_history_ < 0 ||
+        static_cast<size_t>(t->num_released_ + t->num_history_) > t->blocks_.size()) {
+      return make_error(ErrorCode::kInternal, "table of {} blocks has {} released and {} history", t->blocks_.size(),
+                        t->num_released_, t->num_history_);
     }
     for (size_t i = 0; i < t->blocks_.size(); ++i) {
       const int32_t b = t->blocks_[i];
       const bool released = i < static_cast<size_t>(t->num_released_);
-      if (released != (b == kReleasedBlock)) {
-        return make_error(ErrorCode::kInternal, "table entry {} is {} with {} leading entries released", i, b,
-                          t->num_released_);
+      const bool history = !released && i < static_cast<size_t>(t->num_released_ + t->num_history_);
+      if (released != (b == kReleasedBlock) || history != (b >= num_blocks())) {
+        return make_error(ErrorCode::kInternal, "table entry {} is {} with {} leading entries released, {} history", i,
+                          b, t->num_released_, t->num_history_);
       }
       if (released) continue;
-      if (b < 0 || static_cast<size_t>(b) >= meta_.size()) return make_error(ErrorCode::kInternal, "block id {}", b);
+      if (history) {
+        if (b - num_blocks() >= num_history_blocks()) return make_error(ErrorCode::kInternal, "history block id {}", b);
+        ++history_refs[static_cast<size_t>(b - num_blocks())];
+        continue;
+      }
+      if (b < 0) return make_error(ErrorCode::kInternal, "block id {}", b);
       ++refs[static_cast<size_t>(b)];
     }
   }
@@ -349,6 +390,19 @@ Status BlockManager::check(std::span<const BlockTable* const> tables) const {
   }
   if (registered != map_.size()) {
     return make_error(ErrorCode::kInternal, "{} registered blocks, {} hash entries", registered, map_.size());
+  }
+  std::vector<uint8_t> history_free(history_refs_.size(), 0);
+  for (int32_t h : history_free_) {
+    if (h < 0 || h >= num_history_blocks() || history_free[static_cast<size_t>(h)] != 0) {
+      return make_error(ErrorCode::kInternal, "history block {} in the free list twice or out of range", h);
+    }
+    history_free[static_cast<size_t>(h)] = 1;
+  }
+  for (size_t h = 0; h < history_refs_.size(); ++h) {
+    if (history_refs_[h] != history_refs[h] || (history_refs_[h] == 0) != (history_free[h] == 1)) {
+      return make_error(ErrorCode::kInternal, "history block {}: ref count {} but {} owners, {}free", h,
+                        history_refs_[h], history_refs[h], history_free[h] ? "" : "not ");
+    }
   }
   if (num_used() + num_cached() + num_free() != num_blocks()) {
     return make_error(ErrorCode::kInternal, "accounting: used {} + cached {} + free {} != {}", num_used(), num_cached(),

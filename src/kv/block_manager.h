@@ -24,7 +24,13 @@
 // the scheduler retires them. KvHistory::kDrop releases them (a true sliding window: attention
 // sees the last W positions only, and a sequence holds about W positions of blocks however long
 // it runs); their table entries become kReleasedBlock. A table's released entries are always its
-// leading ones, and nothing is ever written to or read from them.
+// leading ones, and nothing is ever written to or read from them. KvHistory::kInt8 / kInt4 move
+// them into a second, smaller pool of history blocks (ops.h KvLayer): retire() takes a history
+// block, queues the re-quantization of the full-precision block into it (take_compressions();
+// the caller runs them before anything else writes the cache) and releases the full-precision
+// block. History block h has the table id num_blocks() + h; its entries follow the released
+// ones, and history blocks are never shared with the prefix cache (fork() shares them).
+// When the history pool is full a block simply stays as it is until a later retire().
 //
 // Every operation that allocates is all-or-nothing: on OutOfRange nothing changed.
 #pragma once
@@ -32,6 +38,7 @@
 #include <cstdint>
 #include <span>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "core/status.h"
@@ -42,6 +49,8 @@ namespace tachyon {
 enum class KvHistory : uint8_t {
   kSame,  // they stay as they are (full attention, full precision)
   kDrop,  // they are freed: attention sees only the window (a sliding window)
+  kInt8,  // re-quantized to int8 history blocks (full attention)
+  kInt4,  // re-quantized to int4 history blocks (full attention)
 };
 const char* kv_history_name(KvHistory history);
 
@@ -52,6 +61,10 @@ struct KvTierOptions {
   bool active() const { return window > 0 && history != KvHistory::kSame; }
   // The attention window the tiers impose (0: none): drop attends to the window only.
   int attention_window() const { return window > 0 && history == KvHistory::kDrop ? window : 0; }
+  // Bits per code of the history blocks (8, 4), or 0 without a history pool.
+  int history_bits() const {
+    return window <= 0 ? 0 : history == KvHistory::kInt8 ? 8 : history == KvHistory::kInt4 ? 4 : 0;
+  }
 };
 
 // A table entry whose block was released (KvHistory::kDrop): never read, never written.
@@ -62,6 +75,14 @@ struct BlockManagerOptions {
   int block_size = 0;   // tokens per block: the KV cache config's (KvCacheConfig::block_size)
   bool prefix_caching = true;
   KvTierOptions tiers;  // the KV cache config's (KvCacheConfig::tiers)
+  int num_history_blocks = 0;  // with int8 / int4 history: the history pool's (KvCacheConfig's)
+};
+
+// One block moving into history: block src's K/V (every layer) re-quantized into history block
+// dst (its index in the history pool, table id num_blocks + dst).
+struct BlockCompression {
+  int32_t src = -1;
+  int32_t dst = -1;
 };
 
 // One copy-on-write: copy block src's K/V (every layer) into block dst before the step runs.
@@ -89,10 +110,14 @@ class BlockTable {
   const std::vector<int32_t>& blocks() const { return blocks_; }
   bool empty() const { return blocks_.empty(); }
   int num_released() const { return num_released_; }
-  // Blocks the table holds (its entries less the released ones).
-  int num_resident() const { return static_cast<int>(blocks_.size()) - num_released_; }
-  // The first position whose K/V the table holds (0 unless blocks were released).
-  int first_resident_position() const { return num_released_ * block_size_; }
+  int num_history() const { return num_history_; }  // entries after the released ones: history blocks
+  // Full-precision blocks the table holds (its entries less the released and history ones).
+  int num_resident() const { return static_cast<int>(blocks_.size()) - num_released_ - num_history_; }
+  // The first position whose K/V the table holds at all (0 unless blocks were released).
+  int first_known_position() const { return num_released_ * block_size_; }
+  // The first position whose K/V lie in full-precision blocks: slots, writes and truncation start
+  // here (history and released blocks are never written).
+  int first_resident_position() const { return (num_released_ + num_history_) * block_size_; }
   // Slot (block * block_size + offset) of the token at `position` (< num_tokens).
   int32_t slot(int position) const;
   // Chained hashes of the leading full blocks whose K/V are known (committed or matched).
@@ -103,6 +128,7 @@ class BlockTable {
   int block_size_;
   int num_tokens_ = 0;
   int num_released_ = 0;          // leading entries of blocks_ that are kReleasedBlock
+  int num_history_ = 0;           // the entries after them that are history blocks
   std::vector<int32_t> blocks_;
   std::vector<uint64_t> hashes_;  // hashes_.size() <= num_tokens_ / block_size_
 };
@@ -122,6 +148,13 @@ class BlockManager {
   int block_size() const { return block_size_; }
   bool prefix_caching() const { return prefix_caching_; }
   const KvTierOptions& tiers() const { return tiers_; }
+  int num_history_blocks() const { return static_cast<int>(history_refs_.size()); }
+  int num_history_free() const { return static_cast<int>(history_free_.size()); }
+  int num_history_used() const { return num_history_blocks() - num_history_free(); }
+  // Re-quantizations queued by retire(), in order; the caller runs them (KvCache::compress_blocks)
+  // before anything writes the cache again (a source block may be handed out at once).
+  std::vector<BlockCompression> take_compressions() { return std::exchange(compressions_, {}); }
+  bool has_compressions() const { return !compressions_.empty(); }
   int num_used() const { return num_blocks() - num_free() - num_cached(); }
   int num_free() const { return static_cast<int>(free_.size()); }
   int num_cached() const { return num_cached_; }
@@ -160,7 +193,8 @@ class BlockManager {
   // up to the block that holds `position` (a sequence adopted with only its recent K/V).
   void release_before(BlockTable& table, int position);
   // After the K/V of positions [0, num_computed) are written (commit()): applies the tiers to the
-  // blocks no query from num_computed on can see in the window. Drop releases them; without
+  // blocks no query from num_computed on can see in the window. Drop releases them; int8 / int4
+  // move them into history blocks (queued compressions) while the history pool has room; without
   // active tiers nothing happens. Positions from num_computed on (a draft that may roll back)
   // are never touched. A table shorter than the released range grows with released entries.
   void retire(BlockTable& table, int num_computed);
@@ -199,9 +233,14 @@ class BlockManager {
     return registered_tokens_.data() + static_cast<size_t>(block) * static_cast<size_t>(block_size_);
   }
 
+  bool is_history(int32_t id) const { return id >= num_blocks(); }
+
   int block_size_;
   bool prefix_caching_;
   KvTierOptions tiers_;
+  std::vector<int32_t> history_refs_;            // [num_history_blocks]: ref counts
+  std::vector<int32_t> history_free_;            // LIFO of history indices
+  std::vector<BlockCompression> compressions_;   // queued by retire()
   std::vector<Meta> meta_;                       // [num_blocks]
   std::vector<int32_t> free_;                    // LIFO
   int32_t lru_head_ = -1, lru_tail_ = -1;        // cached blocks, least recently released first

@@ -13,6 +13,14 @@ size_t KvCacheConfig::bytes_per_token() const {
   return 2ull * static_cast<size_t>(num_layers) * static_cast<size_t>(num_kv_heads) * ops::kv_row_bytes(dtype, head_dim);
 }
 
+size_t KvCacheConfig::bytes_per_history_block() const {
+  const int bits = tiers.history_bits();
+  if (bits == 0) return 0;
+  const size_t row = bits == 8 ? static_cast<size_t>(head_dim) + 4 : static_cast<size_t>(head_dim) / 2 + 8;
+  return 2ull * static_cast<size_t>(num_layers) * static_cast<size_t>(num_kv_heads) * static_cast<size_t>(block_size) *
+         row;
+}
+
 int KvCacheConfig::blocks_for_budget(size_t budget_bytes) const {
   const size_t per_block = bytes_per_block();
   if (per_block == 0) return 0;
@@ -30,6 +38,15 @@ Result<KvCache> KvCache::create(const KvCacheConfig& config) {
   if (!ops::is_kv_cache_dtype(config.dtype)) {
     return make_error(ErrorCode::kUnsupported, "kv cache dtype {} (f32, f16, bf16, i8 or f8e4m3)",
                       dtype_name(config.dtype));
+  }
+  const int bits = config.tiers.history_bits();
+  if (config.num_history_blocks < 0 || (bits != 0 && config.num_history_blocks == 0)) {
+    return make_error(ErrorCode::kInvalidArgument, "kv cache: {} history blocks for {} history", config.num_history_blocks,
+                      kv_history_name(config.tiers.history));
+  }
+  if (bits == 4 && config.head_dim % 4 != 0) {
+    return make_error(ErrorCode::kUnsupported, "kv cache: int4 history needs head_dim a multiple of 4 (got {})",
+                      config.head_dim);
   }
   static std::atomic<uint64_t> next_id{1};
   KvCache cache;
@@ -54,6 +71,17 @@ Result<KvCache> KvCache::create(const KvCacheConfig& config) {
     if (config.quantized()) {
       TACHYON_RETURN_IF_ERROR(allocate(scale_shape, DType::kF32, layer.k_scales));
       TACHYON_RETURN_IF_ERROR(allocate(scale_shape, DType::kF32, layer.v_scales));
+    }
+    if (bits != 0) {
+      const int64_t nh = config.num_history_blocks;
+      const std::vector<int64_t> codes = {nh, config.block_size, config.num_kv_heads,
+                                          bits == 8 ? config.head_dim : config.head_dim / 2};
+      const std::vector<int64_t> params = {nh, config.block_size, config.num_kv_heads, bits == 8 ? 1 : 2};
+      const DType code_dtype = bits == 8 ? DType::kI8 : DType::kU8;
+      TACHYON_RETURN_IF_ERROR(allocate(codes, code_dtype, layer.hk));
+      TACHYON_RETURN_IF_ERROR(allocate(codes, code_dtype, layer.hv));
+      TACHYON_RETURN_IF_ERROR(allocate(params, DType::kF32, layer.hk_params));
+      TACHYON_RETURN_IF_ERROR(allocate(params, DType::kF32, layer.hv_params));
     }
   }
   return cache;
@@ -91,6 +119,32 @@ void KvCache::copy_blocks(std::span<const BlockCopy> copies) {
       }
     }
   }
+}
+
+void KvCache::compress_blocks(std::span<const BlockCompression> compressions) {
+  if (compressions.empty()) return;
+  Tensor pairs = Tensor::empty({static_cast<int64_t>(compressions.size()), 2}, DType::kI32);
+  for (size_t i = 0; i < compressions.size(); ++i) {
+    const BlockCompression& c = compressions[i];
+    TACHYON_CHECK(c.src >= 0 && c.src < config_.num_blocks && c.dst >= 0 && c.dst < config_.num_history_blocks,
+                  "compression of block {} into history block {} ({} blocks, {} history blocks)", c.src, c.dst,
+                  config_.num_blocks, config_.num_history_blocks);
+    pairs.data<int32_t>()[2 * i] = c.src;
+    pairs.data<int32_t>()[2 * i + 1] = c.dst;
+  }
+  if (!config_.device.is_cpu()) {
+    // One device buffer, kept: freeing one per call would wait for the device each time.
+    if (!pairs_device_.defined() || pairs_device_.size(0) < pairs.size(0)) {
+      auto t = empty_on({std::max<int64_t>(pairs.size(0), 64), 2}, DType::kI32, config_.device, "kv compressions");
+      TACHYON_CHECK(t.ok(), "kv cache compressions: {}", t.status().message());
+      pairs_device_ = std::move(t).value();
+    }
+    Tensor dst = pairs_device_.slice(0, 0, pairs.size(0));
+    const Status copied = copy_into(dst, pairs);
+    TACHYON_CHECK(copied.ok(), "kv cache compressions: {}", copied.message());
+    pairs = dst;
+  }
+  for (KvLayer& layer : layers_) ops::compress_kv_blocks(pairs, layer);
 }
 
 void KvCache::copy_slots(std::span<const SlotCopy> copies) {

@@ -1,3 +1,5 @@
+// History (long context): with int8 / int4 history the layers also hold the history pools of
+// ops.h KvLayer, [num_history_blocks, ...], filled by compress_blocks().
 // The paged KV cache storage: per layer, K and V pools of fixed-size blocks
 // [num_blocks, block_size, num_kv_heads, head_dim], and for a quantized cache (i8, f8e4m3) their
 // scale pools [num_blocks, block_size, num_kv_heads, 1] f32 (ops.h KvLayer). Which blocks a
@@ -30,8 +32,12 @@ struct KvCacheConfig {
   DType dtype = DType::kF32;  // f32 (the CPU reference), f16, bf16, or quantized i8 / f8e4m3
   Device device = Device::cpu();
   KvTierOptions tiers;        // the window of recent positions and what becomes of older ones
+  int num_history_blocks = 0; // int8 / int4 history (tiers.history_bits() > 0): the history pool's blocks
 
   bool quantized() const;
+  // Bytes one history block takes across all layers (K and V codes with their parameters; 0
+  // without history).
+  size_t bytes_per_history_block() const;
   // Bytes one token occupies across all layers (K and V, with their scales).
   size_t bytes_per_token() const;
   size_t bytes_per_block() const { return bytes_per_token() * static_cast<size_t>(block_size); }
@@ -49,7 +55,13 @@ class KvCache {
   KvLayer& layer(int layer) { return layers_[static_cast<size_t>(layer)]; }
   // The layer's pools in a fixed order: K, V, then (quantized) K scales, V scales.
   std::vector<Tensor*> pools(int layer);
-  size_t nbytes() const { return config_.bytes_per_block() * static_cast<size_t>(config_.num_blocks); }
+  size_t nbytes() const {
+    return config_.bytes_per_block() * static_cast<size_t>(config_.num_blocks) +
+           config_.bytes_per_history_block() * static_cast<size_t>(config_.num_history_blocks);
+  }
+  // Runs the block manager's queued compressions (BlockManager::take_compressions): block src
+  // re-quantized into history block dst, in every layer.
+  void compress_blocks(std::span<const BlockCompression> compressions);
   // Runs copy-on-write copies: block src's K and V, in every layer, into block dst.
   void copy_blocks(std::span<const BlockCopy> copies);
   // Copies slot src's K and V, in every layer, to slot dst, in order (a later copy may read what
@@ -60,6 +72,7 @@ class KvCache {
   KvCacheConfig config_;
   uint64_t id_ = 0;
   std::vector<KvLayer> layers_;
+  Tensor pairs_device_;  // [capacity, 2] i32 on a device: compress_blocks()' pairs
 };
 
 }  // namespace tachyon

@@ -46,6 +46,7 @@ class Backend {
     rope(k, positions, table);
     store_kv(k, v, slot_mapping, cache);
   }
+  virtual void compress_kv_blocks(const Tensor& pairs, KvLayer& cache) = 0;
   virtual void paged_attention(const Tensor& q, const KvLayer& cache, const AttentionMetadata& meta,
                                const AttentionParams& params, Tensor& out) = 0;
   virtual void argmax(const Tensor& x, Tensor& ids, Tensor* logprobs) = 0;
@@ -91,6 +92,14 @@ inline KvCacheView kv_cache_view(const KvLayer& layer) {
   view.block_size = layer.k.size(1);
   view.num_kv_heads = layer.k.size(2);
   view.head_dim = layer.k.size(3);
+  if (layer.hk.defined()) {
+    view.hk = layer.hk.raw_data();
+    view.hv = layer.hv.raw_data();
+    view.hk_params = layer.hk_params.data<float>();
+    view.hv_params = layer.hv_params.data<float>();
+    view.history_bits = layer.hk.dtype() == DType::kI8 ? 8 : 4;
+    view.num_history_blocks = layer.hk.size(0);
+  }
   return view;
 }
 

@@ -64,6 +64,15 @@ struct KvCacheView {
   float* v_scales = nullptr;
   DType dtype = DType::kF32;
   int64_t num_blocks = 0, block_size = 0, num_kv_heads = 0, head_dim = 0;
+  // History pools (ops.h KvLayer): block table entries >= num_blocks. history_bits 0: none; 8:
+  // hk/hv [num_history_blocks, block_size, num_kv_heads, head_dim] i8, params [.., 1] (s);
+  // 4: [.., head_dim / 2] u8, params [.., 2] (s, lo).
+  const void* hk = nullptr;
+  const void* hv = nullptr;
+  const float* hk_params = nullptr;
+  const float* hv_params = nullptr;
+  int history_bits = 0;
+  int64_t num_history_blocks = 0;
 };
 
 // One step's batch as paged attention reads it (ops.h AttentionMetadata): the arrays in the

@@ -70,7 +70,11 @@ void require_weight_on(const char* op, const Weight& w, Device device) {
 void require_cache_on(const char* op, const KvLayer& cache, Device device) {
   require_on(op, device, {{"k_cache", &cache.k}, {"v_cache", &cache.v},
                           {"k_scales", cache.k_scales.defined() ? &cache.k_scales : nullptr},
-                          {"v_scales", cache.v_scales.defined() ? &cache.v_scales : nullptr}});
+                          {"v_scales", cache.v_scales.defined() ? &cache.v_scales : nullptr},
+                          {"hk", cache.hk.defined() ? &cache.hk : nullptr},
+                          {"hv", cache.hv.defined() ? &cache.hv : nullptr},
+                          {"hk_params", cache.hk_params.defined() ? &cache.hk_params : nullptr},
+                          {"hv_params", cache.hv_params.defined() ? &cache.hv_params : nullptr}});
 }
 
 void require_dtype(const char* op, const char* name, const Tensor& t, DType dtype) {
@@ -323,14 +327,43 @@ void check_kv_layer(const char* op, const KvLayer& cache) {
   const bool quantized = is_quantized_kv_dtype(k.dtype());
   TACHYON_CHECK(cache.k_scales.defined() == quantized && cache.v_scales.defined() == quantized,
                 "{}: a {} cache {} scales", op, dtype_name(k.dtype()), quantized ? "needs" : "takes no");
-  if (!quantized) return;
-  for (const Tensor* sc : {&cache.k_scales, &cache.v_scales}) {
-    TACHYON_CHECK(has_shape(*sc, {k.size(0), k.size(1), k.size(2), 1}) && sc->dtype() == DType::kF32 &&
-                      sc->is_contiguous() && sc->device() == k.device(),
-                  "{}: scales {} {} on {} for cache {} on {} (expected [{}, {}, {}, 1] f32, packed)", op,
-                  sc->shape_string(), dtype_name(sc->dtype()), sc->device().to_string(), k.shape_string(),
-                  k.device().to_string(), k.size(0), k.size(1), k.size(2));
+  if (quantized) {
+    for (const Tensor* sc : {&cache.k_scales, &cache.v_scales}) {
+      TACHYON_CHECK(has_shape(*sc, {k.size(0), k.size(1), k.size(2), 1}) && sc->dtype() == DType::kF32 &&
+                        sc->is_contiguous() && sc->device() == k.device(),
+                    "{}: scales {} {} on {} for cache {} on {} (expected [{}, {}, {}, 1] f32, packed)", op,
+                    sc->shape_string(), dtype_name(sc->dtype()), sc->device().to_string(), k.shape_string(),
+                    k.device().to_string(), k.size(0), k.size(1), k.size(2));
+    }
   }
+  const bool history = cache.hk.defined();
+  TACHYON_CHECK(cache.hv.defined() == history && cache.hk_params.defined() == history &&
+                    cache.hv_params.defined() == history,
+                "{}: history pools hk/hv/hk_params/hv_params must be all defined or none", op);
+  if (!history) return;
+  const DType hd = cache.hk.dtype();
+  TACHYON_CHECK((hd == DType::kI8 || (hd == DType::kU8 && k.size(3) % 2 == 0)) && cache.hv.dtype() == hd,
+                "{}: history codes {} / {} (i8, or u8 int4 pairs for an even head_dim; head_dim {})", op,
+                dtype_name(hd), dtype_name(cache.hv.dtype()), k.size(3));
+  const int64_t nh = cache.hk.size(0);
+  const int64_t row = hd == DType::kI8 ? k.size(3) : k.size(3) / 2;
+  const int64_t params = hd == DType::kI8 ? 1 : 2;
+  for (const Tensor* t : {&cache.hk, &cache.hv}) {
+    TACHYON_CHECK(has_shape(*t, {nh, k.size(1), k.size(2), row}) && t->is_contiguous() && t->device() == k.device(),
+                  "{}: history pool {} for cache {} (expected [{}, {}, {}, {}], packed, on {})", op, t->shape_string(),
+                  k.shape_string(), nh, k.size(1), k.size(2), row, k.device().to_string());
+  }
+  for (const Tensor* t : {&cache.hk_params, &cache.hv_params}) {
+    TACHYON_CHECK(has_shape(*t, {nh, k.size(1), k.size(2), params}) && t->dtype() == DType::kF32 &&
+                      t->is_contiguous() && t->device() == k.device(),
+                  "{}: history params {} {} (expected [{}, {}, {}, {}] f32, packed, on {})", op, t->shape_string(),
+                  dtype_name(t->dtype()), nh, k.size(1), k.size(2), params, k.device().to_string());
+  }
+}
+
+int kv_history_bits(const KvLayer& cache) {
+  if (!cache.hk.defined()) return 0;
+  return cache.hk.dtype() == DType::kI8 ? 8 : 4;
 }
 
 void register_backend(DeviceType type, Backend* backend) {
@@ -489,6 +522,19 @@ void rope_store_kv(Tensor& q, Tensor& k, const Tensor& v, const Tensor& position
   check_rope(op, "k", k, positions, table);
   check_store_kv(op, k, v, slot_mapping, cache);
   b.rope_store_kv(q, k, v, positions, table, slot_mapping, cache);
+}
+
+void compress_kv_blocks(const Tensor& pairs, KvLayer& cache) {
+  constexpr const char* op = "compress_kv_blocks";
+  Backend& b = backend_of(op, "pairs", pairs);
+  require_cache_on(op, cache, pairs.device());
+  check_kv_layer(op, cache);
+  TACHYON_CHECK(cache.hk.defined(), "{}: the cache has no history pools", op);
+  require_dtype(op, "pairs", pairs, DType::kI32);
+  TACHYON_CHECK(pairs.dim() == 2 && pairs.size(1) == 2 && pairs.is_contiguous(), "{}: pairs {} (expected [m, 2] packed)",
+                op, pairs.shape_string());
+  if (pairs.size(0) == 0) return;
+  b.compress_kv_blocks(pairs, cache);
 }
 
 void paged_attention(const Tensor& q, const KvLayer& cache, const AttentionMetadata& meta,

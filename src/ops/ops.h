@@ -99,10 +99,24 @@ struct AttentionParams {
 // s = NaN (it reads back as NaN, as a 16-bit cache would carry it). The scale is per slot rather
 // than per block: a block fills one token at a time, and a block scale fixed by its first tokens
 // would clip later outliers, while rescaling the block would round its earlier codes twice.
+//
+// History (long context, kv/block_manager.h KvHistory int8 / int4): blocks re-quantized when they
+// left the window of recent positions live in separate pools, and a block table entry
+// b >= num_blocks (k.size(0)) names history block b - num_blocks. Rows are (slot, kv head) rows
+// as above, quantized from their values as the cache read them (code * scale for i8 / f8e4m3):
+//   int8  hk, hv [num_history_blocks, block_size, num_kv_heads, head_dim] i8, hk_params and
+//         hv_params [.., 1] f32: the i8 cache's rows (x ~ c * s).
+//   int4  hk, hv [.., head_dim / 2] u8 (element 2i in the low nibble, 2i + 1 in the high one),
+//         params [.., 2] f32 (s, lo): lo = min x, s = (max x - lo) / 15 (f32),
+//         c = clamp(rint((x - lo) / s), 0, 15) (0 when s = 0), x ~ lo + c * s. 72 bytes a row of
+//         128 where bf16 takes 256. A row holding a non-finite value gets s = lo = NaN.
 struct KvLayer {
   Tensor k, v;                // [num_blocks, block_size, num_kv_heads, head_dim]
   Tensor k_scales, v_scales;  // [num_blocks, block_size, num_kv_heads, 1] f32, quantized caches only
+  Tensor hk, hv;              // history codes (above), or undefined: no history pools
+  Tensor hk_params, hv_params;
 };
+
 
 namespace ops {
 
@@ -255,6 +269,15 @@ size_t kv_row_bytes(DType dtype, int64_t head_dim);
 // mismatch aborts with the shapes in the message.
 void check_kv_layer(const char* op, const KvLayer& cache);
 
+// Bits per history code of a layer: 0 (no history pools), 8 or 4.
+int kv_history_bits(const KvLayer& cache);
+
+// Moves blocks into history: for each row (src, dst) of pairs [m, 2] (i32, on the cache's device),
+// every (slot, kv head) row of K and V of block src (< num_blocks) is read as f32 and written,
+// quantized as KvLayer says, to history block dst (< num_history_blocks). Block src is left as it
+// was. The rows of one pair never depend on another's.
+void compress_kv_blocks(const Tensor& pairs, KvLayer& cache);
+
 // Writes k, v [n, num_kv_heads, head_dim] (f32) into the paged cache at slot_mapping[n] (f16/bf16
 // rounded to nearest even; quantized caches as above); a negative slot (a padding token) stores
 // nothing.
@@ -269,7 +292,7 @@ void rope_store_kv(Tensor& q, Tensor& k, const Tensor& v, const Tensor& position
 // cache, through block tables (GQA: query head h reads kv head h / (num_heads / num_kv_heads)).
 // The query at position p sees keys [p - sliding_window + 1, p] (all of [0, p] without a window);
 // blocks wholly outside every query's window are never read. A quantized cache's keys and values
-// are read as code * scale.
+// are read as code * scale, history blocks (entries >= num_blocks) as their codes decode.
 void paged_attention(const Tensor& q, const KvLayer& cache, const AttentionMetadata& meta,
                      const AttentionParams& params, Tensor& out);
 

@@ -44,9 +44,12 @@ Status Scheduler::add(Sequence* seq) {
 
 int64_t Scheduler::resident_bound(int64_t num_tokens) const {
   const KvTierOptions& tiers = blocks_.tiers();
-  if (tiers.history != KvHistory::kDrop || tiers.window <= 0) return num_tokens;
-  // A decode holds the window's blocks and one more (the window rarely starts on a boundary).
-  return std::min<int64_t>(num_tokens, static_cast<int64_t>(tiers.window) + blocks_.block_size());
+  if (!tiers.active()) return num_tokens;
+  // A decode holds the window's blocks and one more (the window rarely starts on a boundary);
+  // history tiers also what the history pool cannot take.
+  const int64_t window = std::min<int64_t>(num_tokens, static_cast<int64_t>(tiers.window) + blocks_.block_size());
+  if (tiers.history == KvHistory::kDrop) return window;
+  return std::max(window, num_tokens - static_cast<int64_t>(blocks_.num_history_blocks()) * blocks_.block_size());
 }
 
 std::string Scheduler::window_note() const {
@@ -273,7 +276,9 @@ Result<int> Scheduler::reserve_adopted(Sequence* seq, int num_computed) {
   }
   BlockTable& t = seq->block_table_;
   const int hit = blocks_.match_prefix(t, seq->tokens(), num_computed);
-  blocks_.retire(t, num_computed);  // with drop, only the window's blocks are taken
+  // With drop, only the window's blocks are taken; history tiers retire once the K/V are written
+  // (admit_adopted).
+  if (blocks_.tiers().attention_window() > 0) blocks_.retire(t, num_computed);
   if (Status st = blocks_.grow_to(t, num_computed); !st.ok()) {
     blocks_.free(t);
     return st;
@@ -289,6 +294,7 @@ void Scheduler::admit_adopted(Sequence* seq) {
   TACHYON_CHECK(seq->state_ == SequenceState::kTransferring && seq->num_computed_ > 0,
                 "sequence {}: admitted in state {}", seq->id(), sequence_state_name(seq->state_));
   blocks_.commit(seq->block_table_, seq->tokens(), seq->num_computed_);
+  blocks_.retire(seq->block_table_, seq->num_computed_);
   running_.push_back(seq);
   seq->state_ = SequenceState::kDecoding;
 }

@@ -98,7 +98,8 @@ class Scheduler {
   // changed) when max_seqs sequences already run or the blocks are not available.
   Result<int> reserve_adopted(Sequence* seq, int num_computed);
   // Step 2, once the caller wrote the K/V of positions [returned, num_computed): registers the
-  // full blocks in the prefix cache and runs the sequence as decoding (its prompt is done). To give
+  // full blocks in the prefix cache, retires what the window has passed (history tiers: queued
+  // compressions) and runs the sequence as decoding (its prompt is done). To give
   // up between the two steps instead, finish() it.
   void admit_adopted(Sequence* seq);
 

@@ -587,7 +587,7 @@ TEST_F(EngineTest, KvWindowDropEqualsWindowedAttentionAndHoldsOnlyTheWindow) {
     int start = 0;
     while (static_cast<int>(out.size()) < c.params.max_tokens) {
       ASSERT_TRUE(blocks.grow_to(table, start + static_cast<int>(run.size())).ok());
-      SequenceChunk chunk{&table, start, run, LogitsWanted::kLast};
+      SequenceChunk chunk{&table, start, run, LogitsWanted::kLast, {}};
       Tensor logits;
       ASSERT_TRUE(model.forward(build_forward_batch({chunk}), *cache, logits, fo).ok());
       const float* row = logits.data<float>();
@@ -629,6 +629,91 @@ TEST_F(EngineTest, KvWindowDropEqualsWindowedAttentionAndHoldsOnlyTheWindow) {
   }
   EXPECT_GT(total, 2 * 48 * kBlock);  // the requests hold far more positions than the cache
   EXPECT_EQ(e->stats().kv_blocks_free + e->stats().kv_blocks_cached, 48);
+}
+
+
+// --kv-window 64 --kv-history int4: eight requests of ~300 tokens each run batched, their blocks
+// moving into int4 history as the window passes them, and give token for token what the same
+// steps give one request at a time (its prompt in one forward, then one forward per token, the
+// block manager retiring after each and the cache compressing). The reference attention tests tie
+// attention over history blocks to the scalar reference; this ties the engine's bookkeeping to
+// that. Every block and history block comes back.
+TEST_F(EngineTest, KvHistoryInt4BatchedEqualsOneAtATimeAndFreesEverything) {
+  constexpr int kWindow = 64, kBlock = 16;
+  std::vector<Case> cases;
+  for (size_t i = 1; i < cases_.size() && cases.size() < 8; i += 4) {
+    Case c = cases_[i];
+    c.params.max_tokens = 150 + static_cast<int>(i);
+    c.params.ignore_eos = true;
+    cases.push_back(c);
+  }
+  const KvTierOptions int4{kWindow, KvHistory::kInt4};
+  const LlamaModel& model = *model_->model;
+  const int vocab = model.config().vocab_size;
+  std::vector<std::vector<int32_t>> expected;
+  for (const Case& c : cases) {
+    KvCacheConfig kv;
+    kv.num_layers = model.config().num_layers;
+    kv.num_kv_heads = model.config().num_kv_heads;
+    kv.head_dim = model.config().head_dim;
+    kv.block_size = kBlock;
+    kv.num_blocks = 512 / kBlock;
+    kv.tiers = int4;
+    kv.num_history_blocks = 512 / kBlock;
+    auto cache = KvCache::create(kv);
+    ASSERT_TRUE(cache.ok());
+    BlockManager blocks({kv.num_blocks, kBlock, false, int4, kv.num_history_blocks});
+    BlockTable table(kBlock);
+    ForwardOptions fo;
+    fo.linear_mode = ops::LinearMode::kBatchInvariant;
+    std::vector<int32_t> run = c.prompt, out;
+    int start = 0;
+    while (static_cast<int>(out.size()) < c.params.max_tokens) {
+      ASSERT_TRUE(blocks.grow_to(table, start + static_cast<int>(run.size())).ok());
+      SequenceChunk chunk{&table, start, run, LogitsWanted::kLast, {}};
+      Tensor logits;
+      ASSERT_TRUE(model.forward(build_forward_batch({chunk}), *cache, logits, fo).ok());
+      const float* row = logits.data<float>();
+      const int32_t next = static_cast<int32_t>(std::max_element(row, row + vocab) - row);
+      start += static_cast<int>(run.size());
+      blocks.retire(table, start);
+      cache->compress_blocks(blocks.take_compressions());
+      out.push_back(next);
+      run = {next};
+    }
+    EXPECT_GT(table.num_history(), 3);
+    expected.push_back(out);
+  }
+
+  EngineOptions o = base_options();
+  o.kv.tiers = int4;
+  o.kv.num_blocks = 200;
+  o.kv.num_history_blocks = 200;
+  o.scheduler.max_batched_tokens = 2048;  // every prompt in one chunk, as above
+  auto e = make(o);
+  ASSERT_NE(e, nullptr);
+  std::vector<RequestId> ids;
+  for (const Case& c : cases) {
+    auto id = e->add_request(c.prompt, c.params);
+    ASSERT_TRUE(id.ok()) << id.status().to_string();
+    ids.push_back(*id);
+  }
+  std::map<RequestId, Result1> out;
+  int history_peak = 0;
+  drain(*e, out, [&](Engine& engine, int) {
+    history_peak = std::max(history_peak, engine.stats().kv_history_blocks_used);
+    for (RequestId id : ids) {
+      const Sequence* seq = engine.find_sequence(id);
+      if (seq == nullptr || seq->state() != SequenceState::kDecoding) continue;
+      EXPECT_LE(seq->block_table().num_resident(), (kWindow + kBlock - 2) / kBlock + 2) << "request " << id;
+    }
+    return false;
+  });
+  EXPECT_EQ(e->stats().num_preemptions, 0);
+  EXPECT_GT(history_peak, 60);
+  for (size_t i = 0; i < cases.size(); ++i) EXPECT_EQ(out[ids[i]].tokens, expected[i]) << "prompt " << i;
+  EXPECT_EQ(e->stats().kv_history_blocks_used, 0);
+  EXPECT_EQ(e->stats().kv_blocks_free + e->stats().kv_blocks_cached, 200);
 }
 
 }  // namespace

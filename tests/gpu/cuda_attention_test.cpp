@@ -23,6 +23,7 @@
 #include "core/dtype.h"
 #include "gpu_test_util.h"
 #include "ops/cpu/reference.h"
+#include "ops/kv_history_util.h"
 #include "ops/ops.h"
 
 namespace tachyon {
@@ -41,11 +42,13 @@ struct Scenario {
   int num_heads = 4, num_kv_heads = 2, head_dim = 64, block_size = 16;
   int sliding_window = 0;
   DType cache_dtype = DType::kF32;
+  int history_bits = 0;  // 8 / 4: about half the blocks moved into history pools
   std::vector<SeqSpec> seqs;
 
   std::string describe() const {
-    std::string s = fmt::format("heads={} kv_heads={} head_dim={} block={} window={} cache={} seqs=", num_heads,
-                                num_kv_heads, head_dim, block_size, sliding_window, dtype_name(cache_dtype));
+    std::string s = fmt::format("heads={} kv_heads={} head_dim={} block={} window={} cache={} history={} seqs=",
+                                num_heads, num_kv_heads, head_dim, block_size, sliding_window,
+                                dtype_name(cache_dtype), history_bits);
     for (const auto& q : seqs) s += fmt::format("({} ctx, {} q)", q.context_len, q.q_len);
     return s;
   }
@@ -138,6 +141,7 @@ Batch build(const Scenario& sc, std::mt19937& rng) {
     b.meta.max_query_len = std::max(b.meta.max_query_len, s.q_len);
     b.meta.max_context_len = std::max(b.meta.max_context_len, s.context_len);
   }
+  if (sc.history_bits != 0) testing::move_blocks_to_history(b.cache, b.meta, sc.history_bits, rng);
   return b;
 }
 
@@ -172,13 +176,15 @@ Mirror mirror_if_defined(const Tensor& t) { return t.defined() ? Mirror(t) : Mir
 
 // The batch on the device.
 struct DeviceBatch {
-  Mirror k, v, k_scales, v_scales, query_start, context_lens, block_tables;
+  Mirror k, v, k_scales, v_scales, hk, hv, hk_params, hv_params, query_start, context_lens, block_tables;
   cu::KvCacheView cache;
   cu::AttentionBatch batch;
 
   explicit DeviceBatch(const Batch& b)
       : k(b.cache.k), v(b.cache.v), k_scales(mirror_if_defined(b.cache.k_scales)),
-        v_scales(mirror_if_defined(b.cache.v_scales)), query_start(b.meta.query_start),
+        v_scales(mirror_if_defined(b.cache.v_scales)), hk(mirror_if_defined(b.cache.hk)),
+        hv(mirror_if_defined(b.cache.hv)), hk_params(mirror_if_defined(b.cache.hk_params)),
+        hv_params(mirror_if_defined(b.cache.hv_params)), query_start(b.meta.query_start),
         context_lens(b.meta.context_lens), block_tables(b.meta.block_tables) {
     cache.k = k.ptr<void>();
     cache.v = v.ptr<void>();
@@ -191,6 +197,14 @@ struct DeviceBatch {
     cache.block_size = b.cache.k.size(1);
     cache.num_kv_heads = b.cache.k.size(2);
     cache.head_dim = b.cache.k.size(3);
+    if (b.cache.hk.defined()) {
+      cache.hk = hk.ptr<void>();
+      cache.hv = hv.ptr<void>();
+      cache.hk_params = hk_params.ptr<float>();
+      cache.hv_params = hv_params.ptr<float>();
+      cache.history_bits = ops::kv_history_bits(b.cache);
+      cache.num_history_blocks = b.cache.hk.size(0);
+    }
     batch.num_seqs = b.meta.num_seqs;
     batch.query_start = query_start.ptr<int32_t>();
     batch.context_lens = context_lens.ptr<int32_t>();
@@ -277,6 +291,7 @@ std::vector<Scenario> scenarios(std::mt19937& rng, bool decode_only, const std::
       s.block_size = (i % 4 == 3) ? 5 : 16;
       s.sliding_window = windows[static_cast<size_t>(i % 3)];
       s.cache_dtype = dtypes[static_cast<size_t>(i / 3) % dtypes.size()];
+      s.history_bits = i % 4 == 1 ? 4 : i % 4 == 2 ? 8 : 0;
       if (decode_only) {
         std::uniform_int_distribution<int> ctx(1, 2500);
         for (int j = 0; j < 5; ++j) s.seqs.push_back({ctx(rng), 1});
@@ -358,6 +373,73 @@ TEST(CudaPagedAttention, TensorCoresArePlannedWhereTheyApply) {
                     std::string::npos)
               << ran.message();
         }
+      }
+    }
+  }
+}
+
+// History blocks: the CUDA compression writes the reference's codes and parameters bit for bit
+// from every cache dtype, and a cache with history pools is planned on the CUDA-core kernels
+// (the only ones that read history blocks; the decode and prefill checks above run them on
+// batches with history blocks).
+TEST(CudaKvHistory, CompressionMatchesTheReferenceAndHistoryPlansCudaCores) {
+  TACHYON_SKIP_WITHOUT_GPU();
+  const uint32_t seed = testing::fresh_seed();
+  SCOPED_TRACE(fmt::format("seed {} (TACHYON_TEST_SEED={} reproduces)", seed, seed));
+  std::mt19937 rng(seed);
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16, DType::kI8, DType::kF8E4M3}) {
+    for (int bits : {8, 4}) {
+      for (int hd : {64, 128, 20}) {
+        Scenario sc;
+        sc.head_dim = hd;
+        sc.cache_dtype = dtype;
+        sc.seqs = {{70, 1}, {33, 1}};
+        Batch b = build(sc, rng);
+        if (dtype == DType::kF32) {  // an outlier and a constant row among the random values
+          b.cache.k.data<float>()[3] = 40.0f;
+          for (int64_t i = 0; i < hd; ++i) b.cache.k.data<float>()[hd + i] = 0.5f;
+        }
+        const DeviceBatch before(b);  // the primary pools on the device, before the move poisons them
+        const std::vector<int32_t> old_tables(b.meta.block_tables.data<int32_t>(),
+                                              b.meta.block_tables.data<int32_t>() + b.meta.block_tables.numel());
+        testing::move_blocks_to_history(b.cache, b.meta, bits, rng, 0.7);
+        const std::string what = fmt::format("{} cache, {}-bit history, head_dim {}", dtype_name(dtype), bits, hd);
+        // The same moves on the device: (primary block, history block) from the tables before and after.
+        std::vector<int32_t> pairs;
+        for (size_t i = 0; i < old_tables.size(); ++i) {
+          const int32_t id = b.meta.block_tables.data<int32_t>()[i];
+          if (id < b.cache.k.size(0)) continue;
+          pairs.push_back(old_tables[i]);
+          pairs.push_back(id - static_cast<int32_t>(b.cache.k.size(0)));
+        }
+        if (pairs.empty()) continue;
+        cu::KvCacheView view = before.cache;
+        Mirror hk(Tensor::zeros(b.cache.hk.shape(), b.cache.hk.dtype()));
+        Mirror hv(Tensor::zeros(b.cache.hv.shape(), b.cache.hv.dtype()));
+        Mirror hkp(Tensor::zeros(b.cache.hk_params.shape(), DType::kF32));
+        Mirror hvp(Tensor::zeros(b.cache.hv_params.shape(), DType::kF32));
+        view.hk = hk.ptr<void>();
+        view.hv = hv.ptr<void>();
+        view.hk_params = hkp.ptr<float>();
+        view.hv_params = hvp.ptr<float>();
+        view.history_bits = bits;
+        view.num_history_blocks = b.cache.hk.size(0);
+        Mirror dpairs(testing::i32_tensor(pairs));
+        ASSERT_TRUE(cu::compress_kv_blocks(dpairs.ptr<int32_t>(), static_cast<int64_t>(pairs.size() / 2), view, nullptr).ok());
+        ASSERT_TRUE(cu::synchronize(nullptr).ok());
+        for (auto [mirror, host] : {std::pair{&hk, &b.cache.hk}, std::pair{&hv, &b.cache.hv},
+                                    std::pair{&hkp, &b.cache.hk_params}, std::pair{&hvp, &b.cache.hv_params}}) {
+          ASSERT_TRUE(mirror->download().ok());
+          EXPECT_EQ(std::memcmp(mirror->host().raw_data(), host->raw_data(), host->nbytes()), 0) << what;
+        }
+        // Planned on CUDA cores, and the decode kernel reads the moved blocks as the reference does.
+        const DeviceBatch d(b);
+        auto plan = cu::plan_paged_attention(d.batch, sc.num_heads, d.cache, b.params, sm_count());
+        ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+        EXPECT_FALSE(plan->tensor_cores) << what;
+        Tensor out;
+        ASSERT_TRUE(run(b, d, *plan, false, &out)) << what;
+        EXPECT_TRUE(all_close(out, reference(b), 5e-5, what));
       }
     }
   }

@@ -194,8 +194,11 @@ TEST(BlockManager, RandomOperationsKeepInvariants) {
   const uint32_t seed = testing::fresh_seed();
   std::mt19937 rng(seed);
   constexpr int kBlocks = 48, kBlockSize = 4;
-  for (bool caching : {false, true}) {
-    BlockManager m({kBlocks, kBlockSize, caching, {}});
+  for (int config = 0; config < 3; ++config) {
+    const bool caching = config != 0;
+    const bool history = config == 2;  // retire into a small int4 history pool
+    BlockManager m({kBlocks, kBlockSize, caching, history ? KvTierOptions{6, KvHistory::kInt4} : KvTierOptions{},
+                    history ? 20 : 0});
     struct Seq {
       BlockTable table{kBlockSize};
       std::vector<int32_t> tokens;
@@ -269,7 +272,15 @@ TEST(BlockManager, RandomOperationsKeepInvariants) {
         }
         case 5:
           if (rng() % 50 == 0) m.clear_prefix_cache();
-          if (rng() % 4 == 0) m.release_before(s.table, static_cast<int>(rng() % static_cast<unsigned>(s.computed + 1)));
+          if (history) {
+            m.retire(s.table, s.computed);
+            for (const BlockCompression& c : m.take_compressions()) {
+              ASSERT_GE(c.src, 0);
+              ASSERT_LT(c.dst, m.num_history_blocks());
+            }
+          } else if (rng() % 4 == 0) {
+            m.release_before(s.table, static_cast<int>(rng() % static_cast<unsigned>(s.computed + 1)));
+          }
           break;
       }
       const Status st = m.check(tables());
@@ -278,6 +289,7 @@ TEST(BlockManager, RandomOperationsKeepInvariants) {
     for (auto& s : seqs) m.free(s.table);
     ASSERT_TRUE(m.check({}).ok());
     EXPECT_EQ(m.num_used(), 0);
+    EXPECT_EQ(m.num_history_used(), 0);
     EXPECT_EQ(m.num_free() + m.num_cached(), kBlocks);
   }
 }
@@ -371,6 +383,54 @@ TEST(BlockManager, RetireDropsWhatTheWindowNoLongerSees) {
   }
   m.free(t);
   EXPECT_EQ(m.num_free(), 16);
+}
+
+TEST(BlockManager, RetireMovesBlocksIntoHistoryWhileThePoolHasRoom) {
+  BlockManager m({8, 4, true, KvTierOptions{4, KvHistory::kInt4}, 3});
+  const auto tokens = iota_tokens(20);
+  BlockTable t(4);
+  ASSERT_TRUE(m.grow_to(t, 20).ok());
+  m.commit(t, tokens, 20);
+  const std::vector<int32_t> before = t.blocks();
+  // The next query (position 20) sees keys 17..20: blocks [0, 16) leave, but the pool holds 3.
+  m.retire(t, 20);
+  EXPECT_EQ(t.num_history(), 3);
+  EXPECT_EQ(t.num_released(), 0);
+  EXPECT_EQ(t.first_known_position(), 0);
+  EXPECT_EQ(t.first_resident_position(), 12);
+  EXPECT_EQ(m.num_history_used(), 3);
+  EXPECT_EQ(m.num_used(), 2);
+  EXPECT_EQ(m.num_cached(), 3);  // the full-precision copies stay reusable by a later prompt
+  const std::vector<BlockCompression> moves = m.take_compressions();
+  ASSERT_EQ(moves.size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(moves[static_cast<size_t>(i)].src, before[static_cast<size_t>(i)]);
+    EXPECT_EQ(t.blocks()[static_cast<size_t>(i)], m.num_blocks() + moves[static_cast<size_t>(i)].dst);
+  }
+  EXPECT_FALSE(m.has_compressions());
+  expect_ok(m, {&t});
+  // Nothing new to move until the pool has room.
+  ASSERT_TRUE(m.grow_to(t, 21).ok());
+  m.retire(t, 21);
+  EXPECT_FALSE(m.has_compressions());
+  // A fork shares the history blocks; freeing both gives everything back.
+  BlockTable u(4);
+  m.fork(t, u);
+  EXPECT_EQ(u.num_history(), 3);
+  expect_ok(m, {&t, &u});
+  m.free(t);
+  EXPECT_EQ(m.num_history_used(), 3);
+  m.free(u);
+  EXPECT_EQ(m.num_history_used(), 0);
+  expect_ok(m, {});
+  // Now the pool has room again: a new table's blocks move.
+  BlockTable w(4);
+  ASSERT_TRUE(m.grow_to(w, 12).ok());
+  m.retire(w, 12);
+  EXPECT_EQ(w.num_history(), 2);
+  EXPECT_EQ(m.take_compressions().size(), 2u);
+  m.free(w);
+  expect_ok(m, {});
 }
 
 TEST(KvCache, SizesFromBudgetAndCopiesBlocks) {

@@ -9,12 +9,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <random>
 
 #include "core/device_memory.h"
 #include "ops/cpu/reference.h"
+#include "ops/kv_history_util.h"
 #include "ops/ops.h"
 #include "ops_test_util.h"
 
@@ -35,11 +37,13 @@ struct Scenario {
   int num_heads = 4, num_kv_heads = 2, head_dim = 64, block_size = 16;
   int sliding_window = 0;
   DType cache_dtype = DType::kF32;
+  int history_bits = 0;  // 8 / 4: about half the blocks moved into history pools
   std::vector<SeqSpec> seqs;
 
   std::string describe() const {
-    std::string s = fmt::format("heads={} kv_heads={} head_dim={} block={} window={} cache={} seqs=", num_heads,
-                                num_kv_heads, head_dim, block_size, sliding_window, dtype_name(cache_dtype));
+    std::string s = fmt::format("heads={} kv_heads={} head_dim={} block={} window={} cache={} history={} seqs=",
+                                num_heads, num_kv_heads, head_dim, block_size, sliding_window,
+                                dtype_name(cache_dtype), history_bits);
     for (const auto& q : seqs) s += fmt::format("({} ctx, {} q)", q.context_len, q.q_len);
     return s;
   }
@@ -160,6 +164,25 @@ Batch build(const Scenario& sc, std::mt19937& rng) {
     b.meta.max_query_len = std::max(b.meta.max_query_len, s.q_len);
     b.meta.max_context_len = std::max(b.meta.max_context_len, s.context_len);
   }
+  if (sc.history_bits != 0) {
+    // History blocks: the sequences' K/V are now what those blocks decode to.
+    testing::move_blocks_to_history(b.cache, b.meta, sc.history_bits, rng);
+    for (int s = 0; s < num_seqs; ++s) {
+      const int32_t* table = b.meta.block_tables.data<int32_t>() + s * b.meta.block_tables.size(1);
+      const int ctx = sc.seqs[static_cast<size_t>(s)].context_len;
+      const int64_t row = static_cast<int64_t>(sc.num_kv_heads) * sc.head_dim;  // floats per position
+      for (int which = 0; which < 2; ++which) {
+        const Tensor moved = testing::gather_sequence(b.cache, table, ctx, which);
+        Tensor& kept = which == 0 ? b.k_seq[static_cast<size_t>(s)] : b.v_seq[static_cast<size_t>(s)];
+        for (int j = 0; j < ctx; ++j) {
+          if (table[j / sc.block_size] < b.cache.k.size(0)) continue;  // not in a history block
+          const float* src = moved.data<float>() + j * row;
+          if (!std::all_of(src, src + row, [](float x) { return std::isfinite(x); })) continue;  // poisoned: unseen
+          std::copy(moved.data<float>() + j * row, moved.data<float>() + (j + 1) * row, kept.data<float>() + j * row);
+        }
+      }
+    }
+  }
   return b;
 }
 
@@ -193,6 +216,7 @@ std::vector<Scenario> scenarios(std::mt19937& rng) {
       s.block_size = (i % 4 == 3) ? 5 : 16;
       s.sliding_window = windows[static_cast<size_t>(i % 3)];
       s.cache_dtype = dtypes[static_cast<size_t>(i % 5)];
+      s.history_bits = i % 4 == 1 ? 4 : i % 4 == 2 ? 8 : 0;
       s.seqs = mixed_seqs(rng, s.block_size);
       out.push_back(s);
       ++i;
@@ -512,6 +536,88 @@ TEST(StoreKv, QuantizedRowsFollowTheRule) {
           EXPECT_LE(std::fabs(c - r), step / 2 * (1 + 1e-6)) << what << " i " << i << " x " << x[i];
         }
       }
+    }
+  }
+}
+
+// History rows (ops.h KvLayer) decode within half a step of every value: int8 with the i8 rule,
+// int4 asymmetric with its row's min and (max - min) / 15; a constant row is exact and a row
+// holding a non-finite value gets NaN parameters. compress_kv_blocks moves a whole block of any
+// cache dtype, each row quantized from the value the cache holds.
+TEST(KvHistory, RowsFollowTheRuleAndBlocksMoveWhole) {
+  const uint32_t seed = testing::fresh_seed();
+  SCOPED_TRACE(fmt::format("seed {}", seed));
+  std::mt19937 rng(seed);
+  const int64_t hd = 48;
+  for (int bits : {8, 4}) {
+    for (int trial = 0; trial < 200; ++trial) {
+      Tensor x = testing::random_tensor({hd}, rng, -4.0f, 4.0f);
+      float* v = x.data<float>();
+      if (trial % 7 == 1) std::fill(v, v + hd, 0.75f);                            // constant
+      if (trial % 7 == 2) v[trial % hd] = 300.0f;                                 // an outlier
+      if (trial % 7 == 3) v[trial % hd] = std::numeric_limits<float>::infinity();  // non-finite
+      std::vector<uint8_t> codes(static_cast<size_t>(hd));
+      float params[2] = {0.0f, 0.0f};
+      ops::reference::quantize_history_row(v, hd, bits, codes.data(), params);
+      const std::string what = fmt::format("bits {} trial {}", bits, trial);
+      if (trial % 7 == 3) {
+        EXPECT_TRUE(std::isnan(params[0])) << what;
+        continue;
+      }
+      float lo = v[0], hi = v[0], amax = 0.0f;
+      for (int64_t i = 0; i < hd; ++i) {
+        lo = std::min(lo, v[i]);
+        hi = std::max(hi, v[i]);
+        amax = std::max(amax, std::fabs(v[i]));
+      }
+      const double step = bits == 8 ? amax / 127.0 : (hi - lo) / 15.0;
+      for (int64_t i = 0; i < hd; ++i) {
+        const float back = ops::reference::history_value(codes.data(), params, bits, i);
+        EXPECT_LE(std::fabs(back - v[i]), step / 2 + 1e-6 * (std::fabs(v[i]) + 1.0)) << what << " i " << i;
+        if (trial % 7 == 1 && bits == 4) EXPECT_EQ(back, v[i]) << what;
+      }
+    }
+  }
+  // Whole blocks through ops::compress_kv_blocks (the CPU backend) from every cache dtype.
+  const int64_t bs = 5, kvh = 3;
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16, DType::kI8, DType::kF8E4M3}) {
+    for (int bits : {8, 4}) {
+      KvLayer cache = nan_cache({4, bs, kvh, hd}, dtype);
+      std::vector<int32_t> slots(static_cast<size_t>(4 * bs));
+      std::iota(slots.begin(), slots.end(), 0);
+      const Tensor k = testing::random_tensor({4 * bs, kvh, hd}, rng);
+      const Tensor v = testing::random_tensor({4 * bs, kvh, hd}, rng);
+      ops::reference::store_kv(k, v, testing::i32_tensor(slots), cache);
+      AttentionMetadata meta;
+      meta.block_tables = testing::i32_tensor({2, 0, 3});
+      meta.block_tables = meta.block_tables.reshape({1, 3});
+      const Tensor k_before = testing::gather_sequence(cache, meta.block_tables.data<int32_t>(), static_cast<int>(3 * bs), 0);
+      const Tensor v_before = testing::gather_sequence(cache, meta.block_tables.data<int32_t>(), static_cast<int>(3 * bs), 1);
+      testing::move_blocks_to_history(cache, meta, bits, rng, 1.0);  // every block: the reference's rows
+      KvLayer through_ops = cache;
+      through_ops.hk = Tensor::zeros(cache.hk.shape(), cache.hk.dtype());
+      through_ops.hv = Tensor::zeros(cache.hv.shape(), cache.hv.dtype());
+      through_ops.hk_params = testing::nan_tensor(cache.hk_params.shape());
+      through_ops.hv_params = testing::nan_tensor(cache.hv_params.shape());
+      const std::string what = fmt::format("{} into {}-bit history", dtype_name(dtype), bits);
+      // The primary blocks were poisoned after the move: compress from an unpoisoned copy.
+      KvLayer source = nan_cache({4, bs, kvh, hd}, dtype);
+      ops::reference::store_kv(k, v, testing::i32_tensor(slots), source);
+      source.hk = through_ops.hk;
+      source.hv = through_ops.hv;
+      source.hk_params = through_ops.hk_params;
+      source.hv_params = through_ops.hv_params;
+      ops::compress_kv_blocks(testing::i32_tensor({2, 0, 0, 1, 3, 2}).reshape({3, 2}), source);
+      for (const auto& [a, b] : {std::pair{&cache.hk, &source.hk}, std::pair{&cache.hv, &source.hv},
+                                 std::pair{&cache.hk_params, &source.hk_params},
+                                 std::pair{&cache.hv_params, &source.hv_params}}) {
+        EXPECT_EQ(std::memcmp(a->raw_data(), b->raw_data(), a->nbytes()), 0) << what;
+      }
+      // Every position decodes within half a step of what the cache held.
+      const Tensor k_after = testing::gather_sequence(cache, meta.block_tables.data<int32_t>(), static_cast<int>(3 * bs), 0);
+      const Tensor v_after = testing::gather_sequence(cache, meta.block_tables.data<int32_t>(), static_cast<int>(3 * bs), 1);
+      EXPECT_TRUE(all_close(k_after, k_before, bits == 8 ? 1.5e-2 : 0.25, what + " K"));
+      EXPECT_TRUE(all_close(v_after, v_before, bits == 8 ? 1.5e-2 : 0.25, what + " V"));
     }
   }
 }

@@ -60,7 +60,7 @@ TEST(OpsDispatchDeathTest, AttentionMetadataIsChecked) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   Tensor q = Tensor::zeros({2, 4, 8}, DType::kF32);
   Tensor out = Tensor::zeros({2, 4, 8}, DType::kF32);
-  KvLayer cache{Tensor::zeros({3, 16, 2, 8}, DType::kF32), Tensor::zeros({3, 16, 2, 8}, DType::kF32), {}, {}};
+  KvLayer cache{Tensor::zeros({3, 16, 2, 8}, DType::kF32), Tensor::zeros({3, 16, 2, 8}, DType::kF32), {}, {}, {}, {}, {}, {}};
   AttentionMetadata meta;
   meta.num_seqs = 1;
   meta.block_size = 16;
@@ -70,13 +70,13 @@ TEST(OpsDispatchDeathTest, AttentionMetadataIsChecked) {
   meta.block_tables.data<int32_t>()[0] = 2;
   meta.block_tables.data<int32_t>()[1] = 5;  // past the cache's 3 blocks
   AttentionParams params;
-  EXPECT_DEATH(ops::paged_attention(q, cache, meta, params, out), "seq 0 block 1 -> 5 \\(cache has 3\\)");
+  EXPECT_DEATH(ops::paged_attention(q, cache, meta, params, out), "seq 0 block 1 -> 5 \\(cache has 3, and 0 history blocks\\)");
   meta.block_tables.data<int32_t>()[1] = 0;
   meta.context_lens = testing::i32_tensor({1});
   EXPECT_DEATH(ops::paged_attention(q, cache, meta, params, out), "seq 0 has 2 queries, context 1");
   // A quantized cache needs its scales, of its shape.
   meta.context_lens = testing::i32_tensor({20});
-  KvLayer quantized{Tensor::zeros({3, 16, 2, 8}, DType::kI8), Tensor::zeros({3, 16, 2, 8}, DType::kI8), {}, {}};
+  KvLayer quantized{Tensor::zeros({3, 16, 2, 8}, DType::kI8), Tensor::zeros({3, 16, 2, 8}, DType::kI8), {}, {}, {}, {}, {}, {}};
   EXPECT_DEATH(ops::paged_attention(q, quantized, meta, params, out), "a i8 cache needs scales");
   quantized.k_scales = Tensor::zeros({3, 16, 2, 1}, DType::kF32);
   quantized.v_scales = Tensor::zeros({3, 16, 1, 1}, DType::kF32);

@@ -241,9 +241,13 @@ TEST(Scheduler, RandomWorkloadsNeverLeakOrStall) {
   EXPECT_GT(preemptions, 0) << "the workloads never filled the cache; seed " << seed;
 }
 
-// With dropped history (a sliding window), sequences far longer than the whole cache run to the
-// end, each holding about its window's blocks, and every block comes back.
-TEST(Scheduler, DroppedHistoryRunsSequencesLongerThanTheCache) {
+// With dropped history (a sliding window), or history moved into a pool of int4 blocks large
+// enough for it, sequences far longer than the full-precision cache run to the end, each holding
+// about its window's blocks, and every block (and history block) comes back.
+class SchedulerTiers : public ::testing::TestWithParam<KvHistory> {};
+
+TEST_P(SchedulerTiers, SequencesLongerThanTheFullPrecisionCacheRun) {
+  const KvHistory mode = GetParam();
   const uint32_t seed = testing::fresh_seed();
   std::mt19937 rng(seed);
   int64_t longest_overall = 0;  // the longest sequence's tokens per 1000 tokens of the cache
@@ -254,7 +258,8 @@ TEST(Scheduler, DroppedHistoryRunsSequencesLongerThanTheCache) {
     const int num_blocks = (window + 2 * block_size) * 3 / block_size + 4;
     const int capacity = num_blocks * block_size;
     const int budget = chunked ? 4 + static_cast<int>(rng() % 16) : capacity;
-    Driver d({num_blocks, block_size, caching, KvTierOptions{window, KvHistory::kDrop}},
+    const int history_blocks = mode == KvHistory::kDrop ? 0 : 40 * capacity / block_size;
+    Driver d({num_blocks, block_size, caching, KvTierOptions{window, mode}, history_blocks},
              {budget, 1 + static_cast<int>(rng() % 4), chunked});
     const int resident_limit = (window + block_size - 2) / block_size + 2;
     for (int i = 0; i < 10; ++i) {
@@ -264,6 +269,7 @@ TEST(Scheduler, DroppedHistoryRunsSequencesLongerThanTheCache) {
     }
     for (int step = 0; step < 200000 && !d.scheduler.idle(); ++step) {
       d.step();
+      for (const BlockCompression& c : d.blocks.take_compressions()) ASSERT_LT(c.dst, history_blocks);
       for (const auto& seq : d.seqs) {
         if (seq->state() != SequenceState::kDecoding) continue;
         ASSERT_LE(seq->block_table().num_resident(), resident_limit)
@@ -274,6 +280,7 @@ TEST(Scheduler, DroppedHistoryRunsSequencesLongerThanTheCache) {
     }
     ASSERT_TRUE(d.scheduler.idle()) << "stalled; seed " << seed << " round " << round;
     EXPECT_EQ(d.blocks.num_used(), 0);
+    EXPECT_EQ(d.blocks.num_history_used(), 0);
     EXPECT_EQ(d.blocks.num_free() + d.blocks.num_cached(), num_blocks);
     int64_t longest = 0;
     for (const auto& seq : d.seqs) longest = std::max<int64_t>(longest, seq->num_tokens());
@@ -281,6 +288,9 @@ TEST(Scheduler, DroppedHistoryRunsSequencesLongerThanTheCache) {
   }
   EXPECT_GT(longest_overall, 2000) << "no sequence outgrew the cache twice over; seed " << seed;
 }
+
+INSTANTIATE_TEST_SUITE_P(Modes, SchedulerTiers, ::testing::Values(KvHistory::kDrop, KvHistory::kInt4),
+                         [](const auto& info) { return std::string(kv_history_name(info.param)); });
 
 }  // namespace
 }  // namespace tachyon

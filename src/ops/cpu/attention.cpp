@@ -52,7 +52,32 @@ struct Scratch {
   std::vector<float> acc;     // [rows, head_dim]
   std::vector<float> m, l;    // [rows]
   std::vector<float> scores;  // [block_size]
+  std::vector<float> hk, hv;  // [block_size, head_dim]: a history block's rows of one kv head, decoded
 };
+
+// Rows of kv head `kv_head` in history block `block` (ops.h KvLayer), decoded into k, v
+// [block_size, head_dim] f32.
+void decode_history_block(const KvCacheView& cache, int64_t block, int64_t kv_head, float* k, float* v) {
+  const int64_t hd = cache.head_dim, bits = cache.history_bits;
+  const int64_t code_bytes = bits == 8 ? hd : hd / 2, num_params = bits == 8 ? 1 : 2;
+  for (int64_t t = 0; t < cache.block_size; ++t) {
+    const int64_t row = (block * cache.block_size + t) * cache.num_kv_heads + kv_head;
+    for (int which = 0; which < 2; ++which) {
+      const auto* codes = static_cast<const uint8_t*>(which == 0 ? cache.hk : cache.hv) + row * code_bytes;
+      const float* params = (which == 0 ? cache.hk_params : cache.hv_params) + row * num_params;
+      float* out = (which == 0 ? k : v) + t * hd;
+      if (bits == 8) {
+        const auto* c = reinterpret_cast<const int8_t*>(codes);
+        for (int64_t i = 0; i < hd; ++i) out[i] = static_cast<float>(c[i]) * params[0];
+      } else {
+        for (int64_t i = 0; i < hd; i += 2) {
+          out[i] = params[1] + static_cast<float>(codes[i / 2] & 0xf) * params[0];
+          out[i + 1] = params[1] + static_cast<float>(codes[i / 2] >> 4) * params[0];
+        }
+      }
+    }
+  }
+}
 
 template <class L>
 inline float dot_row(const float* q, const typename L::T* k, int64_t d) {
@@ -140,15 +165,10 @@ void run_item(const Problem& p, const Item& it, Scratch& sc) {
 
   const int64_t key_min = first_key(pos0 + it.row_begin);
   const int64_t key_max = pos0 + it.row_end - 1;
-  for (int64_t b = key_min / block_size; b <= key_max / block_size; ++b) {
-    const int64_t block = block_table[b];
-    TACHYON_CHECK(block >= 0 && block < cache.num_blocks, "paged_attention: seq {} block {} -> {} (cache has {})",
-                  it.seq, b, block, cache.num_blocks);
-    const T* kb = k_base + block * block_size * key_stride;
-    const T* vb = v_base + block * block_size * key_stride;
-    const float* ksb = k_scales != nullptr ? k_scales + block * block_size * cache.num_kv_heads : nullptr;
-    const float* vsb = v_scales != nullptr ? v_scales + block * block_size * cache.num_kv_heads : nullptr;
-    const int64_t j_first = b * block_size;  // position of the block's slot 0
+  // One block's keys for every row: k/v rows `stride` elements apart, their scales (quantized
+  // caches) `scale_stride` apart. LB reads the rows (the cache's dtype, or f32 history scratch).
+  const auto attend = [&]<class LB>(LB, const typename LB::T* kb, const typename LB::T* vb, const float* ksb,
+                                    const float* vsb, int64_t stride, int64_t scale_stride, int64_t j_first) {
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t pos = pos0 + row_token(r);
       const int64_t lo = std::max(j_first, first_key(pos));
@@ -159,8 +179,8 @@ void run_item(const Problem& p, const Item& it, Scratch& sc) {
       float* acc = sc.acc.data() + r * head_dim;
       float block_max = -std::numeric_limits<float>::infinity();
       for (int64_t j = lo; j <= hi; ++j) {
-        float s = dot_row<L>(qs, kb + (j - j_first) * key_stride, head_dim);
-        if (ksb != nullptr) s *= ksb[(j - j_first) * cache.num_kv_heads];
+        float s = dot_row<LB>(qs, kb + (j - j_first) * stride, head_dim);
+        if (ksb != nullptr) s *= ksb[(j - j_first) * scale_stride];
         sc.scores[static_cast<size_t>(j - lo)] = s;
         block_max = std::max(block_max, s);
       }
@@ -185,10 +205,27 @@ void run_item(const Problem& p, const Item& it, Scratch& sc) {
       l += exp_and_sum(sc.scores.data(), count, m);
       for (int64_t j = lo; j <= hi; ++j) {
         float pj = sc.scores[static_cast<size_t>(j - lo)];
-        if (vsb != nullptr) pj *= vsb[(j - j_first) * cache.num_kv_heads];
-        axpy_row<L>(acc, pj, vb + (j - j_first) * key_stride, head_dim);
+        if (vsb != nullptr) pj *= vsb[(j - j_first) * scale_stride];
+        axpy_row<LB>(acc, pj, vb + (j - j_first) * stride, head_dim);
       }
     }
+  };
+  for (int64_t b = key_min / block_size; b <= key_max / block_size; ++b) {
+    const int64_t block = block_table[b];
+    TACHYON_CHECK(block >= 0 && block < cache.num_blocks + cache.num_history_blocks,
+                  "paged_attention: seq {} block {} -> {} (cache has {}, and {} history blocks)", it.seq, b, block,
+                  cache.num_blocks, cache.num_history_blocks);
+    const int64_t j_first = b * block_size;  // position of the block's slot 0
+    if (block >= cache.num_blocks) {  // history: this head's rows decoded into f32 scratch
+      decode_history_block(cache, block - cache.num_blocks, it.kv_head, sc.hk.data(), sc.hv.data());
+      attend(avx2::LoadF32{}, sc.hk.data(), sc.hv.data(), nullptr, nullptr, head_dim, 0, j_first);
+      continue;
+    }
+    const T* kb = k_base + block * block_size * key_stride;
+    const T* vb = v_base + block * block_size * key_stride;
+    const float* ksb = k_scales != nullptr ? k_scales + block * block_size * cache.num_kv_heads : nullptr;
+    const float* vsb = v_scales != nullptr ? v_scales + block * block_size * cache.num_kv_heads : nullptr;
+    attend(L{}, kb, vb, ksb, vsb, key_stride, cache.num_kv_heads, j_first);
   }
 
   for (int64_t r = 0; r < rows; ++r) {
@@ -210,6 +247,10 @@ void run_all(const Problem& p, const std::vector<Item>& items, const std::vector
     sc.m.resize(static_cast<size_t>(max_rows));
     sc.l.resize(static_cast<size_t>(max_rows));
     sc.scores.resize(static_cast<size_t>(p.cache->block_size));
+    if (p.cache->history_bits != 0) {
+      sc.hk.resize(static_cast<size_t>(p.cache->block_size * p.cache->head_dim));
+      sc.hv.resize(sc.hk.size());
+    }
     for (size_t i = bounds[static_cast<size_t>(part_begin)]; i < bounds[static_cast<size_t>(part_end)]; ++i) {
       run_item<L>(p, items[i], sc);
     }

@@ -93,8 +93,9 @@ void check_batch_values(const AttentionMetadata& meta, const AttentionParams& pa
         params.sliding_window > 0 ? std::max<int64_t>(0, first_pos - params.sliding_window + 1) : 0;
     for (int64_t b = first_key / cache.block_size; b < blocks; ++b) {
       const int32_t block = block_tables[s * max_blocks + b];
-      TACHYON_CHECK(block >= 0 && block < cache.num_blocks, "paged_attention: seq {} block {} -> {} (cache has {})", s,
-                    b, block, cache.num_blocks);
+      TACHYON_CHECK(block >= 0 && block < cache.num_blocks + cache.num_history_blocks,
+                    "paged_attention: seq {} block {} -> {} (cache has {}, and {} history blocks)", s, b, block,
+                    cache.num_blocks, cache.num_history_blocks);
     }
   }
   if (!meta.tree_masks.defined()) return;
@@ -240,6 +241,11 @@ void CpuBackend::store_kv(const Tensor& k, const Tensor& v, const Tensor& slot_m
     return;
   }
   cpu::store_kv(k.data<float>(), k.stride(0), k.stride(1), v.data<float>(), v.stride(0), v.stride(1), n, slots, cache);
+}
+
+void CpuBackend::compress_kv_blocks(const Tensor& pairs, KvLayer& cache) {
+  // Once per block leaving the window: the scalar rows are cheap beside the forward that wrote them.
+  reference::compress_kv_blocks(pairs, cache);
 }
 
 void CpuBackend::paged_attention(const Tensor& q, const KvLayer& layer, const AttentionMetadata& meta,

@@ -31,6 +31,7 @@ class CpuBackend final : public Backend {
   void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) override;
   void embedding(const Tensor& table, const Tensor& ids, Tensor& out) override;
   void store_kv(const Tensor& k, const Tensor& v, const Tensor& slot_mapping, KvLayer& cache) override;
+  void compress_kv_blocks(const Tensor& pairs, KvLayer& cache) override;
   void paged_attention(const Tensor& q, const KvLayer& cache, const AttentionMetadata& meta,
                        const AttentionParams& params, Tensor& out) override;
   void argmax(const Tensor& x, Tensor& ids, Tensor* logprobs) override;

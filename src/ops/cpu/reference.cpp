@@ -167,6 +167,101 @@ void quantize_kv_row(const float* x, int64_t head_dim, DType dtype, void* codes,
   }
 }
 
+namespace {
+
+// Element i of a cache pool as f32 (a quantized one's code times its row's scale).
+float load_kv(const Tensor& pool, const Tensor& scales, int64_t i) {
+  const int64_t head_dim = pool.size(3);
+  switch (pool.dtype()) {
+    case DType::kI8: return static_cast<float>(pool.data<int8_t>()[i]) * scales.data<float>()[i / head_dim];
+    case DType::kF8E4M3:
+      return f8e4m3_to_f32(static_cast<const uint8_t*>(pool.raw_data())[i]) * scales.data<float>()[i / head_dim];
+    default: return load_f32(pool.raw_data(), pool.dtype(), i);
+  }
+}
+
+// Element i of (slot, kv head) row `row` of K (which 0) or V (1) through a block table entry:
+// the primary pools below num_blocks, the history pools from there on.
+float load_cached(const KvLayer& cache, int which, int64_t block, int64_t row_in_block, int64_t i) {
+  const int64_t num_blocks = cache.k.size(0);
+  const int64_t rows = cache.k.size(1) * cache.k.size(2), head_dim = cache.k.size(3);
+  if (block < num_blocks) {
+    return load_kv(which == 0 ? cache.k : cache.v, which == 0 ? cache.k_scales : cache.v_scales,
+                   (block * rows + row_in_block) * head_dim + i);
+  }
+  const int bits = kv_history_bits(cache);
+  const int64_t row = (block - num_blocks) * rows + row_in_block;
+  const Tensor& codes = which == 0 ? cache.hk : cache.hv;
+  const Tensor& params = which == 0 ? cache.hk_params : cache.hv_params;
+  const int64_t code_bytes = bits == 8 ? head_dim : head_dim / 2;
+  return history_value(static_cast<const uint8_t*>(codes.raw_data()) + row * code_bytes,
+                       params.data<float>() + row * (bits == 8 ? 1 : 2), bits, i);
+}
+
+}  // namespace
+
+void quantize_history_row(const float* x, int64_t head_dim, int bits, void* codes, float* params) {
+  if (bits == 8) {
+    quantize_kv_row(x, head_dim, DType::kI8, codes, params);
+    return;
+  }
+  float lo = std::numeric_limits<float>::infinity(), hi = -lo;
+  bool finite = true;
+  for (int64_t i = 0; i < head_dim; ++i) {
+    finite = finite && std::isfinite(x[i]);
+    lo = std::min(lo, x[i]);
+    hi = std::max(hi, x[i]);
+  }
+  const float s = finite ? (hi - lo) / 15.0f : std::numeric_limits<float>::quiet_NaN();
+  params[0] = s;
+  params[1] = finite ? lo : std::numeric_limits<float>::quiet_NaN();
+  auto* out = static_cast<uint8_t*>(codes);
+  for (int64_t i = 0; i < head_dim; i += 2) {
+    uint8_t pair = 0;
+    for (int64_t j = 0; j < 2; ++j) {
+      const float c = finite && s > 0.0f ? std::clamp(std::rint((x[i + j] - lo) / s), 0.0f, 15.0f) : 0.0f;
+      pair |= static_cast<uint8_t>(static_cast<uint32_t>(c) << (4 * j));
+    }
+    out[i / 2] = pair;
+  }
+}
+
+float history_value(const void* codes, const float* params, int bits, int64_t i) {
+  if (bits == 8) return static_cast<float>(static_cast<const int8_t*>(codes)[i]) * params[0];
+  const uint8_t pair = static_cast<const uint8_t*>(codes)[i / 2];
+  const float c = static_cast<float>((pair >> (4 * (i % 2))) & 0xf);
+  return params[1] + c * params[0];
+}
+
+void compress_kv_blocks(const Tensor& pairs, KvLayer& cache) {
+  const int64_t block_size = cache.k.size(1), kv_heads = cache.k.size(2), head_dim = cache.k.size(3);
+  const int bits = kv_history_bits(cache);
+  const int64_t code_bytes = bits == 8 ? head_dim : head_dim / 2;
+  const int64_t num_params = bits == 8 ? 1 : 2;
+  const int64_t rows = block_size * kv_heads;  // (slot, head) rows of a block
+  std::vector<float> row(static_cast<size_t>(head_dim));
+  for (int64_t p = 0; p < pairs.size(0); ++p) {
+    const int64_t src = pairs.data<int32_t>()[2 * p], dst = pairs.data<int32_t>()[2 * p + 1];
+    TACHYON_CHECK(src >= 0 && src < cache.k.size(0) && dst >= 0 && dst < cache.hk.size(0),
+                  "compress_kv_blocks: block {} into history block {} ({} blocks, {} history blocks)", src, dst,
+                  cache.k.size(0), cache.hk.size(0));
+    for (int which = 0; which < 2; ++which) {
+      const Tensor& pool = which == 0 ? cache.k : cache.v;
+      const Tensor& scales = which == 0 ? cache.k_scales : cache.v_scales;
+      Tensor& codes = which == 0 ? cache.hk : cache.hv;
+      Tensor& params = which == 0 ? cache.hk_params : cache.hv_params;
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t src_row = src * rows + r, dst_row = dst * rows + r;
+        for (int64_t i = 0; i < head_dim; ++i) {
+          row[static_cast<size_t>(i)] = load_kv(pool, scales, src_row * head_dim + i);
+        }
+        quantize_history_row(row.data(), head_dim, bits, static_cast<uint8_t*>(codes.raw_data()) + dst_row * code_bytes,
+                             params.data<float>() + dst_row * num_params);
+      }
+    }
+  }
+}
+
 void store_kv(const Tensor& k, const Tensor& v, const Tensor& slot_mapping, KvLayer& cache) {
   const int64_t n = k.size(0), kv_heads = k.size(1), head_dim = k.size(2);
   const int64_t block_size = cache.k.size(1);
@@ -197,20 +292,6 @@ void store_kv(const Tensor& k, const Tensor& v, const Tensor& slot_mapping, KvLa
   }
 }
 
-namespace {
-
-// Element i of a cache pool as f32 (a quantized one's code times its row's scale).
-float load_kv(const Tensor& pool, const Tensor& scales, int64_t i) {
-  const int64_t head_dim = pool.size(3);
-  switch (pool.dtype()) {
-    case DType::kI8: return static_cast<float>(pool.data<int8_t>()[i]) * scales.data<float>()[i / head_dim];
-    case DType::kF8E4M3:
-      return f8e4m3_to_f32(static_cast<const uint8_t*>(pool.raw_data())[i]) * scales.data<float>()[i / head_dim];
-    default: return load_f32(pool.raw_data(), pool.dtype(), i);
-  }
-}
-
-}  // namespace
 
 void paged_attention(const Tensor& q, const KvLayer& cache, const AttentionMetadata& meta,
                      const AttentionParams& params, Tensor& out) {
@@ -244,11 +325,11 @@ void paged_attention(const Tensor& q, const KvLayer& cache, const AttentionMetad
             continue;
           }
           const int64_t block = block_tables[s * max_blocks + j / block_size];
-          const int64_t base = ((block * block_size + j % block_size) * num_kv_heads + kvh) * head_dim;
+          const int64_t row_in_block = (j % block_size) * num_kv_heads + kvh;
           double dot = 0.0;
           for (int64_t i = 0; i < head_dim; ++i) {
             dot += static_cast<double>(q.data<float>()[offset3(q, row, h, i)]) *
-                   load_kv(cache.k, cache.k_scales, base + i);
+                   load_cached(cache, 0, block, row_in_block, i);
           }
           scores[static_cast<size_t>(j - first)] = dot * params.scale;
         }
@@ -262,10 +343,10 @@ void paged_attention(const Tensor& q, const KvLayer& cache, const AttentionMetad
         for (int64_t j = first; j <= pos; ++j) {
           if (!visible(j)) continue;
           const int64_t block = block_tables[s * max_blocks + j / block_size];
-          const int64_t base = ((block * block_size + j % block_size) * num_kv_heads + kvh) * head_dim;
+          const int64_t row_in_block = (j % block_size) * num_kv_heads + kvh;
           const double p = scores[static_cast<size_t>(j - first)] / sum;
           for (int64_t i = 0; i < head_dim; ++i) {
-            acc[static_cast<size_t>(i)] += p * load_kv(cache.v, cache.v_scales, base + i);
+            acc[static_cast<size_t>(i)] += p * load_cached(cache, 1, block, row_in_block, i);
           }
         }
         for (int64_t i = 0; i < head_dim; ++i) {

@@ -35,6 +35,12 @@ void store_kv(const Tensor& k, const Tensor& v, const Tensor& slot_mapping, KvLa
 // One (token, kv head) row x[head_dim] of a quantized cache (i8 / f8e4m3): codes[head_dim] and
 // its scale, by ops.h KvLayer's rule. The CPU store_kv kernel quantizes through this too.
 void quantize_kv_row(const float* x, int64_t head_dim, DType dtype, void* codes, float* scale);
+// One row x[head_dim] of a history pool (ops.h KvLayer): bits 8 (codes[head_dim] i8, params[1])
+// or 4 (codes[head_dim / 2] u8, params[2] = s, lo).
+void quantize_history_row(const float* x, int64_t head_dim, int bits, void* codes, float* params);
+// Element i of a history row as f32.
+float history_value(const void* codes, const float* params, int bits, int64_t i);
+void compress_kv_blocks(const Tensor& pairs, KvLayer& cache);
 // Gathers each sequence's K/V through its block table, one key at a time (a quantized cache's
 // as code * scale), and takes a full softmax per (query, head) with the causal and
 // sliding-window mask.

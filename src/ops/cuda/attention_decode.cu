@@ -104,7 +104,7 @@ __device__ inline void load_quantized_kv_tile(const uint8_t* kc, const uint8_t* 
 #pragma unroll
     for (int j = 0; j < kBatch; ++j) {
       const int64_t c = c0 + j * kThreads;
-      if (c < total) {
+      if (c < total && slot[c / per_row] >= 0) {
         const int64_t t = c / per_row, off = (c % per_row) * CH;
         kr[j] = *reinterpret_cast<const Chunk*>(kc + slot[t] + off);
         vr[j] = *reinterpret_cast<const Chunk*>(vc + slot[t] + off);
@@ -115,7 +115,7 @@ __device__ inline void load_quantized_kv_tile(const uint8_t* kc, const uint8_t* 
 #pragma unroll
     for (int j = 0; j < kBatch; ++j) {
       const int64_t c = c0 + j * kThreads;
-      if (c < total) {
+      if (c < total && slot[c / per_row] >= 0) {
         const int64_t t = c / per_row, off = (c % per_row) * CH;
         float f[CH];
         dequantize<D>(kr[j], kscale[j], f);
@@ -148,7 +148,7 @@ __device__ inline void load_float_kv_tile(const void* k_cache, const void* v_cac
 #pragma unroll
       for (int j = 0; j < kBatch; ++j) {
         const int64_t c = c0 + j * kThreads;
-        if (c < total) {
+        if (c < total && slot[c / per_row] >= 0) {
           const int64_t t = c / per_row, off = (c % per_row) * CH;
           kr[j] = *reinterpret_cast<const uint4*>(kc + slot[t] + off);
           vr[j] = *reinterpret_cast<const uint4*>(vc + slot[t] + off);
@@ -157,7 +157,7 @@ __device__ inline void load_float_kv_tile(const void* k_cache, const void* v_cac
 #pragma unroll
       for (int j = 0; j < kBatch; ++j) {
         const int64_t c = c0 + j * kThreads;
-        if (c < total) {
+        if (c < total && slot[c / per_row] >= 0) {
           const int64_t t = c / per_row, off = (c % per_row) * CH;
           float f[CH];
           E::unpack(kr[j], f);
@@ -178,7 +178,7 @@ __device__ inline void load_float_kv_tile(const void* k_cache, const void* v_cac
 #pragma unroll
       for (int j = 0; j < kBatch; ++j) {
         const int64_t c = c0 + j * kThreads;
-        if (c < total) {
+        if (c < total && slot[c / per_row] >= 0) {
           const int64_t t = c / per_row, off = (c % per_row) * 4;
           kr[j] = *reinterpret_cast<const uint2*>(kc + slot[t] + off);
           vr[j] = *reinterpret_cast<const uint2*>(vc + slot[t] + off);
@@ -187,7 +187,7 @@ __device__ inline void load_float_kv_tile(const void* k_cache, const void* v_cac
 #pragma unroll
       for (int j = 0; j < kBatch; ++j) {
         const int64_t c = c0 + j * kThreads;
-        if (c < total) {
+        if (c < total && slot[c / per_row] >= 0) {
           const int64_t t = c / per_row, off = (c % per_row) * 4;
           float f[8];
           E::unpack(make_uint4(kr[j].x, kr[j].y, 0u, 0u), f);
@@ -201,7 +201,7 @@ __device__ inline void load_float_kv_tile(const void* k_cache, const void* v_cac
 }
 
 // Gathers `valid` K and V rows (element offsets in slot[]; quantized caches: their scales at
-// row[] of the scale pools) into shared memory as f32.
+// row[] of the scale pools; slot -1: history row row[]) into shared memory as f32.
 template <DType D>
 __device__ inline void load_kv_tile(const KvCacheView& cache, const int64_t* slot, const int64_t* row, int valid,
                                     float* ks, float* vs) {
@@ -216,6 +216,17 @@ __device__ inline void load_kv_tile(const KvCacheView& cache, const int64_t* slo
     }
   } else {
     load_float_kv_tile<D>(cache.k, cache.v, slot, valid, head_dim, ks, vs);
+  }
+  if (cache.history_bits != 0) {  // the rows of history blocks (slot -1), 4 elements a thread at a time
+    const int64_t rs = head_dim + 4, per_row = head_dim / 4;
+    for (int64_t c = threadIdx.x; c < valid * per_row; c += kThreads) {
+      const int64_t t = c / per_row, off = (c % per_row) * 4;
+      if (slot[t] >= 0) continue;
+      float4 kf, vf;
+      load_history4(cache, row[t], off, kf, vf);
+      *reinterpret_cast<float4*>(ks + t * rs + off) = kf;
+      *reinterpret_cast<float4*>(vs + t * rs + off) = vf;
+    }
   }
 }
 
@@ -275,8 +286,10 @@ __global__ void __launch_bounds__(kThreads, 4) decode_kernel(const DecodeParams 
     if (tid < valid) {
       const int key = k0 + tid;
       const int64_t block = table[key / bs];
-      const int64_t row = (block * bs + key % bs) * p.cache.num_kv_heads + kvh;  // (slot, kv head)
-      sm.slot[tid] = row * hd;
+      const bool history = block >= p.cache.num_blocks;
+      const int64_t row = ((history ? block - p.cache.num_blocks : block) * bs + key % bs) * p.cache.num_kv_heads +
+                          kvh;  // (slot, kv head) of the primary or the history pools
+      sm.slot[tid] = history ? -1 : row * hd;
       sm.row[tid] = row;
     }
     __syncthreads();

@@ -44,7 +44,8 @@ __host__ __device__ inline size_t prefill_smem_floats(int64_t head_dim) {
 }
 
 // Rows t < valid of the K/V tile from the cache (element offsets in slot[]; quantized caches:
-// their scales at row[] of the scale pools, loaded beside the codes), rows valid.. zeroed.
+// their scales at row[] of the scale pools, loaded beside the codes; slot -1: history row row[]),
+// rows valid.. zeroed.
 template <DType D>
 __device__ inline void load_tile(const KvCacheView& cache, const int64_t* slot, const int64_t* row, int valid,
                                  float* ks, float* vs) {
@@ -59,7 +60,9 @@ __device__ inline void load_tile(const KvCacheView& cache, const int64_t* slot, 
   for (int64_t c = threadIdx.x; c < total; c += kThreads) {
     const int64_t t = c / per_row, off = (c % per_row) * 4;
     float4 kf = make_float4(0.f, 0.f, 0.f, 0.f), vf = kf;
-    if (t < valid) {
+    if (t < valid && slot[t] < 0) {  // a history row (slot -1, its history row in row[])
+      load_history4(cache, row[t], off, kf, vf);
+    } else if (t < valid) {
       const T* kp = kc + slot[t] + off;
       const T* vp = vc + slot[t] + off;
       if constexpr (D == DType::kF32) {
@@ -147,8 +150,10 @@ __global__ void __launch_bounds__(kThreads) prefill_kernel(const PrefillParams p
     if (tid < valid) {
       const int key = k0 + tid;
       const int64_t block = table[key / bs];
-      const int64_t kv_row = (block * bs + key % bs) * p.cache.num_kv_heads + kvh;  // (slot, kv head)
-      slot[tid] = kv_row * hd;
+      const bool history = block >= p.cache.num_blocks;
+      const int64_t kv_row = ((history ? block - p.cache.num_blocks : block) * bs + key % bs) * p.cache.num_kv_heads +
+                             kvh;  // (slot, kv head) of the primary or the history pools
+      slot[tid] = history ? -1 : kv_row * hd;
       row[tid] = kv_row;
     }
     __syncthreads();  // slot ready; also orders the previous tile's reads before these writes

@@ -376,6 +376,11 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
     require_ok(cuda::rope_store_kv(a, cache, stream_));
   }
 
+  void compress_kv_blocks(const Tensor& pairs, KvLayer& layer) override {
+    if (!begin("compress_kv_blocks", pairs)) return;
+    require_ok(cuda::compress_kv_blocks(pairs.data<int32_t>(), pairs.size(0), kv_cache_view(layer), stream_));
+  }
+
   void paged_attention(const Tensor& q, const KvLayer& layer, const AttentionMetadata& meta,
                        const AttentionParams& params, Tensor& out) override {
     if (!begin("paged_attention", q)) return;

@@ -56,6 +56,7 @@ Status check_cache(const char* op, const KvCacheView& cache) {
 
 // Whether the tensor-core kernels of `algo` (kDecode or kPrefill) read this cache.
 bool mma_supported(AttentionAlgo algo, const KvCacheView& cache) {
+  if (cache.history_bits != 0) return false;  // history blocks are read by the CUDA-core kernels only
   return algo == AttentionAlgo::kDecode ? detail::mma_decode_supported(cache.dtype, cache.head_dim)
                                         : detail::mma_attention_supported(cache.dtype, cache.head_dim);
 }
@@ -166,6 +167,17 @@ std::string AttentionPlan::describe() const {
       return tensor_cores ? "prefill (tensor cores, tiled online softmax)" : "prefill (tiled online softmax)";
     default: return "auto";
   }
+}
+
+Status compress_kv_blocks(const int32_t* pairs, int64_t num_pairs, const KvCacheView& cache, Stream stream) {
+  TACHYON_RETURN_IF_ERROR(check_cache("compress_kv_blocks", cache));
+  TACHYON_CUDA_REQUIRE((cache.history_bits == 8 || cache.history_bits == 4) && cache.hk != nullptr &&
+                           cache.hv != nullptr && cache.hk_params != nullptr && cache.hv_params != nullptr,
+                       "compress_kv_blocks: history pools of {} bits", cache.history_bits);
+  TACHYON_CUDA_REQUIRE(cache.head_dim % 4 == 0, "compress_kv_blocks: head_dim {} (a multiple of 4)", cache.head_dim);
+  TACHYON_CUDA_REQUIRE(num_pairs == 0 || pairs != nullptr, "compress_kv_blocks: null pairs");
+  TACHYON_CUDA_RETURN_IF_ERROR(detail::launch_compress_kv_blocks(pairs, num_pairs, cache, stream));
+  return Status::Ok();
 }
 
 Result<AttentionPlan> plan_paged_attention(const AttentionBatch& batch, int64_t num_heads, const KvCacheView& cache,

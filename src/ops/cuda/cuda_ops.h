@@ -310,6 +310,10 @@ Status store_kv(const float* k, int64_t k_token_stride, int64_t k_head_stride, c
                 int64_t v_head_stride, int64_t n, const int32_t* slot_mapping, const KvCacheView& cache,
                 Stream stream);
 
+// ops::compress_kv_blocks on device pointers: pairs [num_pairs, 2] i32 (primary block, history
+// block); the cache must have history pools (history_bits 8 or 4).
+Status compress_kv_blocks(const int32_t* pairs, int64_t num_pairs, const KvCacheView& cache, Stream stream);
+
 // rope (as above) on q and k, then store_kv of k and v, in one launch: the same bits as rope(q),
 // rope(k), store_kv(k, v). f32/f16/bf16 caches only (a quantized one: the separate ops).
 Status rope_store_kv(const RopeStoreArgs& args, const KvCacheView& cache, Stream stream);

@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "core/dtype.h"
+#include "ops/kernel_types.h"
 
 namespace tachyon::ops::cuda::detail {
 
@@ -233,6 +234,33 @@ template <DType D>
 __device__ __forceinline__ void dequantize(uint32_t w, float scale, float* f) { dequantize4<D>(w, scale, f); }
 template <DType D>
 __device__ __forceinline__ void dequantize(const uint4& u, float scale, float* f) { dequantize16<D>(u, scale, f); }
+
+// Elements off .. off + 3 (off % 4 == 0) of K and V history row `row` (ops.h KvLayer: int8 as
+// code * s, int4 as lo + code * s). Rows are 4-byte (int8) or 2-byte (int4) aligned: head_dim % 4 == 0.
+__device__ __forceinline__ void load_history4(const KvCacheView& cache, int64_t row, int64_t off, float4& kf,
+                                              float4& vf) {
+  const int64_t hd = cache.head_dim;
+  float f[4];
+  if (cache.history_bits == 8) {
+    const int64_t at = row * hd + off;
+    dequantize4<DType::kI8>(*reinterpret_cast<const uint32_t*>(static_cast<const uint8_t*>(cache.hk) + at),
+                            cache.hk_params[row], f);
+    kf = make_float4(f[0], f[1], f[2], f[3]);
+    dequantize4<DType::kI8>(*reinterpret_cast<const uint32_t*>(static_cast<const uint8_t*>(cache.hv) + at),
+                            cache.hv_params[row], f);
+    vf = make_float4(f[0], f[1], f[2], f[3]);
+    return;
+  }
+  const int64_t at = row * (hd / 2) + off / 2;
+  const uint32_t kc = *reinterpret_cast<const uint16_t*>(static_cast<const uint8_t*>(cache.hk) + at);
+  const uint32_t vc = *reinterpret_cast<const uint16_t*>(static_cast<const uint8_t*>(cache.hv) + at);
+  const float ks = cache.hk_params[2 * row], klo = cache.hk_params[2 * row + 1];
+  const float vs = cache.hv_params[2 * row], vlo = cache.hv_params[2 * row + 1];
+  kf = make_float4(klo + static_cast<float>(kc & 0xfu) * ks, klo + static_cast<float>((kc >> 4) & 0xfu) * ks,
+                   klo + static_cast<float>((kc >> 8) & 0xfu) * ks, klo + static_cast<float>(kc >> 12) * ks);
+  vf = make_float4(vlo + static_cast<float>(vc & 0xfu) * vs, vlo + static_cast<float>((vc >> 4) & 0xfu) * vs,
+                   vlo + static_cast<float>((vc >> 8) & 0xfu) * vs, vlo + static_cast<float>(vc >> 12) * vs);
+}
 
 // A 16-byte load that bypasses L1 (each weight byte is read once per call): read-only path.
 __device__ __forceinline__ uint4 load_stream_16(const void* p) {

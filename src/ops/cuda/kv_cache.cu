@@ -92,7 +92,100 @@ __global__ void __launch_bounds__(kQuantThreads) store_kv_quantized_kernel(
   }
 }
 
+// compress_kv_blocks: one warp per (pair, K or V, row of the block). The primary row is staged in
+// shared memory as f32 (a quantized cache's code * scale, one rounding, as the reference reads
+// it), then quantized to the history row: int8 by quantize_row (the i8 cache's rule), int4 with
+// the row's min and (max - min) / 15, IEEE division and rint as in the reference.
+constexpr int kCompressWarps = 8;
+
+__device__ __forceinline__ void quantize_row_int4(const float* __restrict__ x, int64_t head_dim,
+                                                  uint8_t* __restrict__ codes, float* __restrict__ params, int lane) {
+  float lo = INFINITY, hi = -INFINITY;
+  bool finite = true;
+  for (int64_t i = lane; i < head_dim; i += 32) {
+    finite = finite && isfinite(x[i]);
+    lo = fminf(lo, x[i]);
+    hi = fmaxf(hi, x[i]);
+  }
+  finite = __all_sync(kFullMask, finite);
+  lo = -warp_max(-lo);
+  hi = warp_max(hi);
+  const float nan = __uint_as_float(0x7fc00000u);
+  const float s = finite ? (hi - lo) / 15.0f : nan;
+  if (lane == 0) {
+    params[0] = s;
+    params[1] = finite ? lo : nan;
+  }
+  const bool scaled = finite && s > 0.0f;
+  for (int64_t i = 2 * lane; i < head_dim; i += 64) {
+    const float c0 = scaled ? fminf(fmaxf(rintf((x[i] - lo) / s), 0.0f), 15.0f) : 0.0f;
+    const float c1 = scaled ? fminf(fmaxf(rintf((x[i + 1] - lo) / s), 0.0f), 15.0f) : 0.0f;
+    codes[i / 2] = static_cast<uint8_t>(static_cast<uint32_t>(c0) | static_cast<uint32_t>(c1) << 4);
+  }
+}
+
+template <DType D>
+__global__ void __launch_bounds__(kCompressWarps * 32) compress_kv_kernel(const int32_t* __restrict__ pairs,
+                                                                          int64_t num_pairs, const KvCacheView cache) {
+  extern __shared__ float staged[];  // [kCompressWarps][head_dim]
+  pdl_wait();
+  pdl_trigger();
+  using E = Elem<D>;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t hd = cache.head_dim;
+  float* x = staged + warp * hd;
+  const int64_t rows = cache.block_size * cache.num_kv_heads;  // (slot, head) rows of a block
+  const int64_t work = num_pairs * 2 * rows;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * kCompressWarps;
+  for (int64_t w = blockIdx.x * static_cast<int64_t>(kCompressWarps) + warp; w < work; w += warps) {
+    const int64_t pair = w / (2 * rows), which = (w / rows) % 2, r = w % rows;
+    const int64_t src_row = pairs[2 * pair] * rows + r, dst_row = pairs[2 * pair + 1] * rows + r;
+    const auto* pool = static_cast<const typename E::T*>(which == 0 ? cache.k : cache.v);
+    const float* scales = which == 0 ? cache.k_scales : cache.v_scales;
+    const float scale = is_quantized_kv(D) ? scales[src_row] : 1.0f;
+    for (int64_t i = lane; i < hd; i += 32) {
+      const float value = E::load(pool, src_row * hd + i);
+      x[i] = is_quantized_kv(D) ? value * scale : value;
+    }
+    __syncwarp();
+    auto* codes = static_cast<uint8_t*>(const_cast<void*>(which == 0 ? cache.hk : cache.hv));
+    float* params = const_cast<float*>(which == 0 ? cache.hk_params : cache.hv_params);
+    if (cache.history_bits == 8) {
+      quantize_row<DType::kI8>(x, hd, 127.0f, codes + dst_row * hd, params + dst_row, lane);
+    } else {
+      quantize_row_int4(x, hd, codes + dst_row * (hd / 2), params + 2 * dst_row, lane);
+    }
+    __syncwarp();  // every lane has read x before the next row overwrites it
+  }
+}
+
 }  // namespace
+
+cudaError_t launch_compress_kv_blocks(const int32_t* pairs, int64_t num_pairs, const KvCacheView& cache,
+                                      Stream stream) {
+  if (num_pairs == 0) return cudaSuccess;
+  const int64_t rows = num_pairs * 2 * cache.block_size * cache.num_kv_heads;
+  const unsigned blocks = grid_for(rows, kCompressWarps);
+  const size_t smem = static_cast<size_t>(kCompressWarps * cache.head_dim) * sizeof(float);
+  switch (cache.dtype) {
+    case DType::kF32:
+      return launch_pdl(compress_kv_kernel<DType::kF32>, blocks, kCompressWarps * 32, smem, stream, pairs, num_pairs,
+                        cache);
+    case DType::kBF16:
+      return launch_pdl(compress_kv_kernel<DType::kBF16>, blocks, kCompressWarps * 32, smem, stream, pairs, num_pairs,
+                        cache);
+    case DType::kF16:
+      return launch_pdl(compress_kv_kernel<DType::kF16>, blocks, kCompressWarps * 32, smem, stream, pairs, num_pairs,
+                        cache);
+    case DType::kI8:
+      return launch_pdl(compress_kv_kernel<DType::kI8>, blocks, kCompressWarps * 32, smem, stream, pairs, num_pairs,
+                        cache);
+    case DType::kF8E4M3:
+      return launch_pdl(compress_kv_kernel<DType::kF8E4M3>, blocks, kCompressWarps * 32, smem, stream, pairs,
+                        num_pairs, cache);
+    default: return cudaErrorInvalidValue;
+  }
+}
 
 cudaError_t launch_store_kv(const float* k, int64_t k_token_stride, int64_t k_head_stride, const float* v,
                             int64_t v_token_stride, int64_t v_head_stride, int64_t n, const int32_t* slot_mapping,

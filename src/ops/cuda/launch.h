@@ -307,6 +307,10 @@ cudaError_t launch_rope_store_kv(const RopeStoreArgs& a, const KvCacheView& cach
 // f32/f16/bf16 caches: one thread per element. Quantized caches (i8, f8e4m3; k_scales and
 // v_scales set): one warp per (token, kv head) row, codes and scale as ops.h KvLayer defines them,
 // bit-identical to ops/cpu/reference.cpp's quantize_kv_row.
+// compress_kv_blocks (ops.h): pairs [num_pairs, 2] i32 (primary block, history block) on the
+// device; rows bit-identical to ops/cpu/reference.cpp's compress_kv_blocks.
+cudaError_t launch_compress_kv_blocks(const int32_t* pairs, int64_t num_pairs, const KvCacheView& cache,
+                                      Stream stream);
 cudaError_t launch_store_kv(const float* k, int64_t k_token_stride, int64_t k_head_stride, const float* v,
                             int64_t v_token_stride, int64_t v_head_stride, int64_t n, const int32_t* slot_mapping,
                             const KvCacheView& cache, Stream stream);
