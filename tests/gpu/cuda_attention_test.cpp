@@ -379,10 +379,10 @@ TEST(CudaPagedAttention, TensorCoresArePlannedWhereTheyApply) {
 }
 
 // History blocks: the CUDA compression writes the reference's codes and parameters bit for bit
-// from every cache dtype, and a cache with history pools is planned on the CUDA-core kernels
-// (the only ones that read history blocks; the decode and prefill checks above run them on
-// batches with history blocks).
-TEST(CudaKvHistory, CompressionMatchesTheReferenceAndHistoryPlansCudaCores) {
+// from every cache dtype; a 16-bit cache with history pools keeps the tensor-core kernels (their
+// pipelines decode history rows into the 16-bit tile), a quantized one runs on CUDA cores (the
+// decode and prefill checks above run every kernel on batches with history blocks).
+TEST(CudaKvHistory, CompressionMatchesTheReferenceAndHistoryIsPlanned) {
   TACHYON_SKIP_WITHOUT_GPU();
   const uint32_t seed = testing::fresh_seed();
   SCOPED_TRACE(fmt::format("seed {} (TACHYON_TEST_SEED={} reproduces)", seed, seed));
@@ -432,14 +432,20 @@ TEST(CudaKvHistory, CompressionMatchesTheReferenceAndHistoryPlansCudaCores) {
           ASSERT_TRUE(mirror->download().ok());
           EXPECT_EQ(std::memcmp(mirror->host().raw_data(), host->raw_data(), host->nbytes()), 0) << what;
         }
-        // Planned on CUDA cores, and the decode kernel reads the moved blocks as the reference does.
+        // Tensor cores for a 16-bit cache (its pipeline decodes history rows into the tile), CUDA
+        // cores otherwise; both read the moved blocks as the reference does.
         const DeviceBatch d(b);
         auto plan = cu::plan_paged_attention(d.batch, sc.num_heads, d.cache, b.params, sm_count());
         ASSERT_TRUE(plan.ok()) << plan.status().to_string();
-        EXPECT_FALSE(plan->tensor_cores) << what;
-        Tensor out;
-        ASSERT_TRUE(run(b, d, *plan, false, &out)) << what;
-        EXPECT_TRUE(all_close(out, reference(b), 5e-5, what));
+        auto cc = cu::current_compute_capability();
+        ASSERT_TRUE(cc.ok());
+        const bool sixteen_bit = dtype == DType::kBF16 || dtype == DType::kF16;
+        EXPECT_EQ(plan->tensor_cores, *cc >= 80 && sixteen_bit && (hd == 64 || hd == 128)) << what;
+        for (const cu::AttentionPlan& p : both_kernels(*plan)) {
+          Tensor out;
+          ASSERT_TRUE(run(b, d, p, false, &out)) << what;
+          EXPECT_TRUE(all_close(out, reference(b), tolerance(p, dtype, 5e-5), p.describe() + " " + what));
+        }
       }
     }
   }

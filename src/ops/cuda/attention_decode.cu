@@ -14,6 +14,10 @@
 // mma tiles (a quantized cache's codes staged, then expanded to bf16 in shared memory).
 // Where the caller asks (AttentionQuery::out16), the kernel that writes an output row also writes
 // it rounded to 16 bits, for the o_proj linear after it (no conversion pass there).
+// History blocks (block table entries >= num_blocks, ops.h KvLayer): the CUDA-core kernel decodes
+// their rows into the f32 tile (slot -1, the history row in row[]); the tensor-core one, for a
+// 16-bit cache, into its 16-bit tile (MmaKvPipeline); a quantized cache with history pools is
+// planned on CUDA cores.
 // Invariants: keys outside [window start, context) are never loaded; a block never writes
 // another block's output; results do not depend on timing.
 #include <algorithm>
@@ -499,11 +503,11 @@ cudaError_t launch_decode_dtype(const DecodeParams& p, size_t shared, Stream str
 // Expanding into the mma fragments in registers is the next step. The pipeline is MmaKvPipeline
 // (mma.cuh), shared with prefill_mma_kernel.
 template <DType D, int HD>
-constexpr size_t decode_mma_shared_bytes() {
+constexpr size_t decode_mma_shared_bytes(bool history = false) {
   // 16-bit caches: two stages of K and V tiles. Quantized caches: one K and V tile of bf16, then
   // kQuantizedStages stages of codes and scales. After the loop the same memory holds the warps' outputs
   // [kWarps][kDecodeMaxGroup][HD] f32 and their max/sum [kWarps][kDecodeMaxGroup][2].
-  constexpr size_t tiles = mma_kv_pipeline_bytes<D, HD>();
+  const size_t tiles = mma_kv_pipeline_bytes<D, HD>(history);
   constexpr size_t reduce = static_cast<size_t>(kWarps) * kDecodeMaxGroup * (HD + 2) * sizeof(float);
   return tiles > reduce ? tiles : reduce;
 }
@@ -686,7 +690,7 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const DecodeParams
 template <DType D, int HD>
 cudaError_t launch_decode_mma(const DecodeParams& p, Stream stream) {
   const auto kernel = decode_mma_kernel<D, HD>;
-  constexpr size_t shared = decode_mma_shared_bytes<D, HD>();
+  const size_t shared = decode_mma_shared_bytes<D, HD>(p.cache.history_bits != 0);
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared));
   if (e != cudaSuccess) return e;
   const dim3 grid(static_cast<unsigned>(p.splits), static_cast<unsigned>(p.cache.num_kv_heads),

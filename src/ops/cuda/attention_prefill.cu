@@ -10,6 +10,8 @@
 //   table, converted to f32 in shared memory: a quantized cache's as code * scale), and keeps an
 //   online softmax per row; thread (r, c) of 4 per row scores keys c, c+4, ...; the 4 threads of
 //   a row are one quad of a warp, so row max/sum are two shuffles.
+// History blocks (entries >= num_blocks, ops.h KvLayer) are decoded into the tiles by both kernels
+// (the tensor-core one for 16-bit caches; a quantized cache with history runs on CUDA cores).
 // Both: no score matrix ever reaches memory; causal within the chunk, sliding window, token-tree
 // masks (ops.h AttentionMetadata::tree_masks), GQA (head h reads KV head h / group).
 // Invariants: keys a tile's rows cannot see are never loaded (zeros stand in), so poisoned or
@@ -286,8 +288,8 @@ constexpr int kMmaRows = 64;
 // kQuantizedStages stages of codes and scales (about the same bytes: 68.6 KB against 69.6 KB at
 // head_dim 128, so as many blocks per SM).
 template <DType D, int HD>
-constexpr size_t prefill_mma_shared_bytes() {
-  return mma_kv_pipeline_bytes<D, HD>();
+constexpr size_t prefill_mma_shared_bytes(bool history = false) {
+  return mma_kv_pipeline_bytes<D, HD>(history);
 }
 
 template <DType D, int HD>
@@ -502,7 +504,7 @@ __global__ void __launch_bounds__(kMmaThreads) prefill_mma_kernel(const PrefillP
 template <DType D, int HD>
 cudaError_t launch_prefill_mma(const PrefillParams& p, Stream stream) {
   const auto kernel = prefill_mma_kernel<D, HD>;
-  constexpr size_t shared = prefill_mma_shared_bytes<D, HD>();
+  const size_t shared = prefill_mma_shared_bytes<D, HD>(p.cache.history_bits != 0);
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared));
   if (e != cudaSuccess) return e;
   const dim3 grid(static_cast<unsigned>((p.batch.max_query_len + kMmaRows - 1) / kMmaRows),

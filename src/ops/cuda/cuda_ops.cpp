@@ -56,7 +56,9 @@ Status check_cache(const char* op, const KvCacheView& cache) {
 
 // Whether the tensor-core kernels of `algo` (kDecode or kPrefill) read this cache.
 bool mma_supported(AttentionAlgo algo, const KvCacheView& cache) {
-  if (cache.history_bits != 0) return false;  // history blocks are read by the CUDA-core kernels only
+  // History blocks: the 16-bit pipelines decode them into their tiles; a quantized cache's
+  // pipeline stages codes only, so it leaves them to the CUDA-core kernels.
+  if (cache.history_bits != 0 && is_quantized(cache.dtype)) return false;
   return algo == AttentionAlgo::kDecode ? detail::mma_decode_supported(cache.dtype, cache.head_dim)
                                         : detail::mma_attention_supported(cache.dtype, cache.head_dim);
 }
@@ -209,7 +211,9 @@ Result<AttentionPlan> plan_paged_attention(const AttentionBatch& batch, int64_t 
   plan.algo = algo;
   if (mma_supported(algo, cache)) {
     TACHYON_ASSIGN_OR_RETURN(const int cc, current_compute_capability());
-    plan.tensor_cores = cc >= 80;
+    // History rows take 35 KB more shared memory (104 KB at head_dim 128): more than sm_86 / sm_89
+    // give a block, so there the CUDA-core kernels read them.
+    plan.tensor_cores = cc >= 80 && (cache.history_bits == 0 || cc == 80 || cc >= 90);
   }
   if (algo == AttentionAlgo::kDecode) {
     // CUDA cores: enough blocks for ~4 per SM, each slice at least 64 keys (2 tiles), at most 64

@@ -137,10 +137,14 @@ struct MmaType<DType::kF16> {
 // tiles [rows][HD + 8] (the 8-element pad puts the 8 rows of every ldmatrix in distinct banks)
 // with cp.async, one 16-byte chunk per thread and step. Row t holds key first_key + t when that
 // key is below key_end, zeros otherwise. `slot_of(key)` gives the element offset of a key's row
-// for this KV head. Every thread of the block (THREADS of them) takes part; the caller commits.
-template <int HD, int ROWS, int THREADS, typename SlotOf>
+// for this KV head, or -1 - r for a key in a history block (row r of the history pools):
+// `history(r, t, chunk)` then stages that row's codes for tile row t (the thread of each 8-element
+// chunk takes a share; the pipeline decodes them into the tile once they landed). Every thread of
+// the block (THREADS of them) takes part; the caller commits.
+template <int HD, int ROWS, int THREADS, typename SlotOf, typename History>
 __device__ __forceinline__ void stage_kv_tile(const uint16_t* k_cache, const uint16_t* v_cache, int first_key,
-                                              int key_end, uint16_t* ks, uint16_t* vs, SlotOf slot_of) {
+                                              int key_end, uint16_t* ks, uint16_t* vs, SlotOf slot_of,
+                                              History history) {
   constexpr int kChunksPerRow = HD / 8;
   constexpr int kRowsPerStep = THREADS / kChunksPerRow;
   static_assert(THREADS % kChunksPerRow == 0 && ROWS % kRowsPerStep == 0, "tile shape");
@@ -150,7 +154,12 @@ __device__ __forceinline__ void stage_kv_tile(const uint16_t* k_cache, const uin
   for (int t = threadIdx.x / kChunksPerRow; t < ROWS; t += kRowsPerStep) {
     const int key = first_key + t;
     const bool ok = key < key_end;
-    const int64_t off = ok ? slot_of(key) + chunk * 8 : 0;
+    const int64_t at = ok ? slot_of(key) : 0;
+    if (at < 0) {
+      history(-1 - at, t, chunk);
+      continue;
+    }
+    const int64_t off = at + chunk * 8;
     cp_async_16(smem_address(ks + t * kStride + chunk * 8), k_cache + off, ok ? 16 : 0);
     cp_async_16(smem_address(vs + t * kStride + chunk * 8), v_cache + off, ok ? 16 : 0);
   }
@@ -225,9 +234,18 @@ __host__ __device__ constexpr size_t quantized_stage_bytes() {
 // The shared memory MmaKvPipeline<D, HD, ...> stages through. 16-bit caches: two stages of a K
 // and V tile pair. Quantized caches: one bf16 K and V tile pair, then kQuantizedStages stages of
 // codes and scales.
+// A 16-bit cache with history pools also stages history rows' codes and parameters, per stage:
+// K codes [kMmaKeys][HD] (int8; int4 uses the first HD / 2 bytes of each row), V codes, then K
+// params [kMmaKeys][2] and V params (f32), in that order.
+template <int HD>
+__host__ __device__ constexpr size_t history_stage_bytes() {
+  return 2 * static_cast<size_t>(kMmaKeys) * HD + 2 * static_cast<size_t>(kMmaKeys) * 2 * sizeof(float);
+}
+
 template <DType D, int HD>
-__host__ __device__ constexpr size_t mma_kv_pipeline_bytes() {
+__host__ __device__ constexpr size_t mma_kv_pipeline_bytes(bool history = false) {
   constexpr size_t tile = static_cast<size_t>(mma_tile_elems<HD>()) * sizeof(uint16_t);
+  if (!is_quantized_kv(D) && history) return 2 * 2 * tile + 2 * history_stage_bytes<HD>() + kMmaKeys * sizeof(int32_t);
   return is_quantized_kv(D) ? 2 * tile + kQuantizedStages * quantized_stage_bytes<HD>() : 2 * 2 * tile;
 }
 
@@ -263,6 +281,9 @@ struct MmaKvPipeline {
   const int32_t* block_table;  // [max_blocks_per_seq] i32, the sequence's
   int64_t block_size, num_kv_heads, kv_head;
   int key_end;
+  KvCacheView history;  // its history pools (16-bit caches: entries >= num_blocks; history_bits 0: none)
+  uint8_t* history_stages;  // 16-bit caches with history: 2 stages of history_stage_bytes<HD>(), after the tiles
+  int32_t* history_flags;   // then [kMmaKeys]: which rows of the tile being read are history rows
 
   __device__ __forceinline__ MmaKvPipeline(unsigned char* smem, const KvCacheView& cache, const int32_t* table,
                                            int64_t kvh, int end)
@@ -276,7 +297,18 @@ struct MmaKvPipeline {
         block_size(cache.block_size),
         num_kv_heads(cache.num_kv_heads),
         kv_head(kvh),
-        key_end(end) {}
+        key_end(end),
+        history(cache),
+        history_stages(smem + 2 * 2 * static_cast<size_t>(mma_tile_elems<HD>()) * sizeof(uint16_t)),
+        history_flags(reinterpret_cast<int32_t*>(history_stages + 2 * history_stage_bytes<HD>())) {}
+
+  // The history row of a key in a history block, or -1 (a 16-bit cache's primary block).
+  __device__ __forceinline__ int64_t history_row(int key) const {
+    const int bs = static_cast<int>(block_size);  // <= 1024: 32-bit division
+    const int64_t block = block_table[key / bs];
+    if (history.history_bits == 0 || block < history.num_blocks) return -1;
+    return ((block - history.num_blocks) * bs + key % bs) * num_kv_heads + kv_head;
+  }
 
   // The (slot, kv head) row of a key: its codes or elements at row * HD, its scale at row.
   __device__ __forceinline__ int64_t row_of(int key) const {
@@ -296,9 +328,78 @@ struct MmaKvPipeline {
           key_end, kq, vq, k_scale, k_scale + kMmaKeys, [this](int key) { return row_of(key); });
     } else {
       uint16_t* kt = tiles + stage * 2 * mma_tile_elems<HD>();
-      stage_kv_tile<HD, kMmaKeys, THREADS>(static_cast<const uint16_t*>(k_cache), static_cast<const uint16_t*>(v_cache),
-                                           first_key, key_end, kt, kt + mma_tile_elems<HD>(),
-                                           [this](int key) { return row_of(key) * HD; });
+      stage_kv_tile<HD, kMmaKeys, THREADS>(
+          static_cast<const uint16_t*>(k_cache), static_cast<const uint16_t*>(v_cache), first_key, key_end, kt,
+          kt + mma_tile_elems<HD>(),
+          [this](int key) -> int64_t {
+            const int bs = static_cast<int>(block_size);  // <= 1024: 32-bit division
+            const int64_t block = block_table[key / bs];
+            if (history.history_bits != 0 && block >= history.num_blocks) {
+              return -1 - (((block - history.num_blocks) * bs + key % bs) * num_kv_heads + kv_head);
+            }
+            return ((block * bs + key % bs) * num_kv_heads + kv_head) * HD;
+          },
+          [this, stage](int64_t row, int t, int chunk) {
+            // Codes: 16-byte chunks of the row (HD / 2 bytes for int4, HD for int8), then the
+            // parameters (1 or 2 floats), by the row's first threads.
+            uint8_t* kq = history_stages + stage * history_stage_bytes<HD>();
+            uint8_t* vq = kq + kMmaKeys * HD;
+            float* kp = reinterpret_cast<float*>(vq + kMmaKeys * HD);
+            float* vp = kp + 2 * kMmaKeys;
+            const int code_bytes = history.history_bits == 8 ? HD : HD / 2;
+            const int nparams = history.history_bits == 8 ? 1 : 2;
+            const auto* kc = static_cast<const uint8_t*>(history.hk) + row * code_bytes;
+            const auto* vc = static_cast<const uint8_t*>(history.hv) + row * code_bytes;
+            if (chunk * 16 < code_bytes) {
+              cp_async_16(smem_address(kq + t * HD + chunk * 16), kc + chunk * 16, 16);
+              cp_async_16(smem_address(vq + t * HD + chunk * 16), vc + chunk * 16, 16);
+            } else if (chunk * 16 - code_bytes < 16 * nparams && (chunk * 16 - code_bytes) % 16 == 0) {
+              const int i = (chunk * 16 - code_bytes) / 16;  // which parameter this thread copies
+              cp_async_4(smem_address(kp + 2 * t + i), history.hk_params + row * nparams + i, 4);
+              cp_async_4(smem_address(vp + 2 * t + i), history.hv_params + row * nparams + i, 4);
+            }
+          });
+    }
+  }
+
+  // 16-bit caches with history: the staged codes of the tile's history rows (history_flags) of
+  // stage `stage`, decoded (lo + c * s, or c * s for int8) and rounded to D into the
+  // tile rows, 8 elements per thread and step.
+  __device__ __forceinline__ void expand_history_rows(int stage, uint16_t* kt, uint16_t* vt) const {
+    constexpr int kChunksPerRow = HD / 8;
+    constexpr int kStride = HD + 8;
+    const uint8_t* kq = history_stages + stage * history_stage_bytes<HD>();
+    const uint8_t* vq = kq + kMmaKeys * HD;
+    const float* kp = reinterpret_cast<const float*>(vq + kMmaKeys * HD);
+    const float* vp = kp + 2 * kMmaKeys;
+    const bool int8 = history.history_bits == 8;
+    for (int e = threadIdx.x; e < kMmaKeys * kChunksPerRow; e += THREADS) {
+      const int t = e / kChunksPerRow, chunk = e % kChunksPerRow;
+      if (history_flags[t] == 0) continue;
+      float kf[8], vf[8];
+      if (int8) {
+        const uint2 kc = *reinterpret_cast<const uint2*>(kq + t * HD + chunk * 8);
+        const uint2 vc = *reinterpret_cast<const uint2*>(vq + t * HD + chunk * 8);
+        dequantize4<DType::kI8>(kc.x, kp[2 * t], kf);
+        dequantize4<DType::kI8>(kc.y, kp[2 * t], kf + 4);
+        dequantize4<DType::kI8>(vc.x, vp[2 * t], vf);
+        dequantize4<DType::kI8>(vc.y, vp[2 * t], vf + 4);
+      } else {
+        const uint32_t kc = *reinterpret_cast<const uint32_t*>(kq + t * HD + chunk * 4);
+        const uint32_t vc = *reinterpret_cast<const uint32_t*>(vq + t * HD + chunk * 4);
+        const float ks = kp[2 * t], klo = kp[2 * t + 1], vs = vp[2 * t], vlo = vp[2 * t + 1];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          kf[i] = klo + static_cast<float>((kc >> (4 * i)) & 0xfu) * ks;
+          vf[i] = vlo + static_cast<float>((vc >> (4 * i)) & 0xfu) * vs;
+        }
+      }
+      *reinterpret_cast<uint4*>(kt + t * kStride + chunk * 8) =
+          make_uint4(MmaType<D>::pack(kf[0], kf[1]), MmaType<D>::pack(kf[2], kf[3]), MmaType<D>::pack(kf[4], kf[5]),
+                     MmaType<D>::pack(kf[6], kf[7]));
+      *reinterpret_cast<uint4*>(vt + t * kStride + chunk * 8) =
+          make_uint4(MmaType<D>::pack(vf[0], vf[1]), MmaType<D>::pack(vf[2], vf[3]), MmaType<D>::pack(vf[4], vf[5]),
+                     MmaType<D>::pack(vf[6], vf[7]));
     }
   }
 
@@ -333,10 +434,24 @@ struct MmaKvPipeline {
     } else {
       cp_async_wait<0>();
     }
+    if constexpr (!kQuantized) {
+      // Which rows of tile `it` are history rows, for expand_history_rows after the barrier (the
+      // previous tile's expansion read these flags before the caller's last barrier).
+      if (history.history_bits != 0 && threadIdx.x < kMmaKeys) {
+        const int key = first_key + it * kMmaKeys + static_cast<int>(threadIdx.x);
+        history_flags[threadIdx.x] = key < key_end && history_row(key) >= 0;
+      }
+    }
     __syncthreads();
     Tile t;
     t.ks = tiles + (kQuantized ? 0 : (it & 1) * 2 * mma_tile_elems<HD>());
     t.vs = t.ks + mma_tile_elems<HD>();
+    if constexpr (!kQuantized) {
+      if (history.history_bits != 0) {  // decode the tile's history rows into it (uniform branch)
+        expand_history_rows(it & 1, const_cast<uint16_t*>(t.ks), const_cast<uint16_t*>(t.vs));
+        __syncthreads();
+      }
+    }
     t.k_scale = nullptr;
     t.v_scale = nullptr;
     if constexpr (kQuantized) {
