@@ -262,7 +262,8 @@ void run_all(const Problem& p, const std::vector<Item>& items, const std::vector
 void paged_attention(const float* q, int64_t q_token_stride, int64_t q_head_stride, int64_t num_heads,
                      const KvCacheView& cache, const AttentionBatch& batch, const AttentionParams& params, float* out,
                      int64_t out_token_stride, int64_t out_head_stride) {
-  log_path_once("paged_attention: avx2 online-softmax {} cache", dtype_name(cache.dtype));
+  log_path_once("paged_attention: avx2 online-softmax {} cache{}", dtype_name(cache.dtype),
+                cache.history_bits != 0 ? fmt::format(" with int{} history blocks", cache.history_bits) : "");
   const int64_t group = num_heads / cache.num_kv_heads;
   const int64_t tokens_per_item = std::max<int64_t>(1, kRowsPerItem / group);
 

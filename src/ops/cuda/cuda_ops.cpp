@@ -290,13 +290,15 @@ Status paged_attention(const AttentionPlan& plan, const float* q, int64_t q_toke
     TACHYON_CUDA_REQUIRE(plan.num_splits >= 1 && plan.num_splits <= detail::kDecodeMaxSplits,
                          "paged_attention: a decode plan of {} slices (1 to {})", plan.num_splits,
                          detail::kDecodeMaxSplits);
-    log_path_once("cuda paged_attention: decode ({} cache, split-K, {})", dtype_name(cache.dtype),
+    log_path_once("cuda paged_attention: decode ({} cache{}, split-K, {})", dtype_name(cache.dtype),
+                  cache.history_bits != 0 ? fmt::format(" with int{} history blocks", cache.history_bits) : "",
                   plan.tensor_cores ? "tensor cores" : "CUDA cores");
     TACHYON_CUDA_RETURN_IF_ERROR(detail::launch_attention_decode(query, cache, batch, plan.num_splits,
                                                                  plan.tensor_cores, static_cast<float*>(workspace),
                                                                  stream));
   } else {
-    log_path_once("cuda paged_attention: prefill ({} cache, tiled online softmax, {})", dtype_name(cache.dtype),
+    log_path_once("cuda paged_attention: prefill ({} cache{}, tiled online softmax, {})", dtype_name(cache.dtype),
+                  cache.history_bits != 0 ? fmt::format(" with int{} history blocks", cache.history_bits) : "",
                   plan.tensor_cores ? "tensor cores" : "CUDA cores");
     TACHYON_CUDA_RETURN_IF_ERROR(
         detail::launch_attention_prefill(query, cache, batch, plan.tensor_cores, stream));
