@@ -461,6 +461,63 @@ TEST(GpuEngine, ServesRequestsWithPrefixCachingAndReturnsEveryBlock) {
   }
 }
 
+// Long-context tiers through the GPU engine (a bf16 cache: int4 history read by the tensor-core
+// pipelines; drop as a sliding window) against the CPU engine with the same tiers (f32 cache):
+// four requests of 150 tokens with a window of 32, batched, their greedy tokens agreeing until a
+// near-tie, history blocks in use along the way, and every block and history block back at the end.
+TEST(GpuEngine, KvTiersEqualTheCpuEngine) {
+  TACHYON_START_GPU();
+  LoadedModel gpu = testing::load_model_or_fail(testing::source_dir() + "/models/tachyon-demo", kGpu);
+  LoadedModel cpu = testing::load_model_or_fail(testing::source_dir() + "/models/tachyon-demo", Device::cpu());
+  const std::vector<std::string> prompts = {"Once upon a time", "The sun was hot and the", "def add(a, b):",
+                                            "Tom had a red ball. He"};
+  for (KvHistory history : {KvHistory::kInt4, KvHistory::kDrop}) {
+    std::vector<std::vector<int32_t>> outputs[2];
+    int history_peak = 0;
+    for (int side = 0; side < 2; ++side) {
+      LoadedModel& m = side == 0 ? cpu : gpu;
+      EngineOptions eo;
+      eo.kv.num_blocks = 64;
+      eo.kv.num_history_blocks = 64;
+      eo.max_model_len = 256;
+      eo.kv.dtype = side == 0 ? DType::kF32 : DType::kBF16;
+      eo.kv.tiers = KvTierOptions{32, history};
+      auto engine = Engine::create(*m.model, m.tokenizer.get(), m.eos_token_ids, eo);
+      ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+      GenerationParams p;
+      p.sampling.temperature = 0.0f;
+      p.max_tokens = 150;
+      p.ignore_eos = true;
+      std::vector<RequestId> ids;
+      for (const std::string& prompt : prompts) {
+        auto id = (*engine)->add_request(prompt, p);
+        ASSERT_TRUE(id.ok()) << id.status().to_string();
+        ids.push_back(*id);
+      }
+      std::map<RequestId, std::vector<int32_t>> got;
+      while ((*engine)->has_unfinished()) {
+        auto out = (*engine)->step();
+        ASSERT_TRUE(out.ok()) << out.status().to_string();
+        for (const auto& o : *out) got[o.id].insert(got[o.id].end(), o.new_token_ids.begin(), o.new_token_ids.end());
+        if (side == 1) history_peak = std::max(history_peak, (*engine)->stats().kv_history_blocks_used);
+      }
+      ASSERT_OK((*engine)->check_no_leaks());
+      EXPECT_EQ((*engine)->stats().kv_history_blocks_used, 0);
+      for (RequestId id : ids) outputs[side].push_back(got[id]);
+    }
+    if (history == KvHistory::kInt4) EXPECT_GT(history_peak, 20);
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      size_t agree = 0;
+      while (agree < outputs[0][i].size() && agree < outputs[1][i].size() && outputs[0][i][agree] == outputs[1][i][agree]) {
+        ++agree;
+      }
+      std::printf("kv history %s, prompt %zu: the GPU engine agrees with the CPU's on %zu of 150 greedy tokens\n",
+                  kv_history_name(history), i, agree);
+      EXPECT_GE(agree, 24u) << kv_history_name(history) << " prompt " << i;
+    }
+  }
+}
+
 // Disaggregation with both engines on the GPU: a prefill-only request's bf16 KV leaves one engine
 // (device -> host), crosses the wire format through an in-process transport and is adopted by a
 // second engine (host -> device), which decodes on. Requests run one at a time on each side, as on
