@@ -127,10 +127,14 @@ TEST(CudaLinearFused, EqualsTheSeparateOpsBitwise) {
           Tensor cx = x.contiguous();
           ASSERT_FALSE(ops::linear_fused(cx, host_w, with_bias ? &bias : nullptr, cf, cy)) << what;
           // The GEMV computes in f32 like the CPU; beyond its token counts cuBLASLt multiplies
-          // activations rounded to the weight's 16 bits.
+          // activations rounded to the weight's 16 bits. SwiGLU then multiplies two such outputs,
+          // each one's error scaled by the other factor, which can exceed the outputs' RMS that
+          // all_close measures against: 2.01e-2 measured at 1000 -> 146, n 6, bf16 (seed
+          // 3377562982), so swiglu gets 3e-2.
           const bool gemv = n <= (std::string(wname) == "int8" ? cu::kLinearAutoGemvMaxTokensInt8
                                                               : cu::kLinearAutoGemvMaxTokens);
-          ASSERT_TRUE(all_close(got, cy, gemv || std::string(wname) == "f32" ? 1e-4 : 2e-2, what + " vs the CPU"));
+          const double rounded_tol = fc.swiglu ? 3e-2 : 2e-2;
+          ASSERT_TRUE(all_close(got, cy, gemv || std::string(wname) == "f32" ? 1e-4 : rounded_tol, what + " vs the CPU"));
         }
       }
     }
