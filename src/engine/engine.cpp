@@ -114,6 +114,7 @@ Result<std::unique_ptr<Engine>> Engine::create(const LlamaModel& model, const To
   const int64_t history_blocks_per_seq = (history_per_seq + bs - 1) / bs;
   // A draft model's cache has as many blocks as the target's: a memory budget pays for both.
   KvCacheConfig budgeted = kv;
+  size_t draft_history_bytes = 0;  // the drafts' history blocks (as many as the target's), per block
   // (each draft model its own: a request drafts with one of them, but each may serve any request).
   if (options.spec.method == SpecMethod::kDraftModel && !options.spec.drafts.empty()) {
     size_t bytes_per_token = kv.bytes_per_token();
@@ -125,6 +126,7 @@ Result<std::unique_ptr<Engine>> Engine::create(const LlamaModel& model, const To
       draft.num_kv_heads = d.num_kv_heads;
       draft.head_dim = d.head_dim;
       bytes_per_token += draft.bytes_per_token();
+      draft_history_bytes += draft.bytes_per_history_block();
     }
     budgeted.num_layers = 1;
     budgeted.num_kv_heads = 1;
@@ -160,7 +162,8 @@ Result<std::unique_ptr<Engine>> Engine::create(const LlamaModel& model, const To
     } else {
       // Split the budget as sequences of max_model_len use it: each a window of full-precision
       // blocks and the rest in history blocks, plus one step's prompt chunks at full precision.
-      const size_t block_bytes = budgeted.bytes_per_block(), history_bytes = kv.bytes_per_history_block();
+      const size_t block_bytes = budgeted.bytes_per_block();
+      const size_t history_bytes = kv.bytes_per_history_block() + draft_history_bytes;
       const size_t per_seq = static_cast<size_t>(blocks_per_seq) * block_bytes +
                              static_cast<size_t>(history_blocks_per_seq) * history_bytes;
       const size_t fixed = static_cast<size_t>(chunk_blocks) * block_bytes;
@@ -216,7 +219,8 @@ Result<std::unique_ptr<Engine>> Engine::create(const LlamaModel& model, const To
   SpecCacheGeometry spec_cache{engine->cache_.config().num_blocks, engine->cache_.config().block_size,
                                engine->cache_.config().dtype,
                                max_model_len,
-                               options.batch_invariant ? ops::LinearMode::kBatchInvariant : ops::LinearMode::kFastest};
+                               options.batch_invariant ? ops::LinearMode::kBatchInvariant : ops::LinearMode::kFastest,
+                               engine->cache_.config().tiers, engine->cache_.config().num_history_blocks};
   TACHYON_ASSIGN_OR_RETURN(engine->spec_, SpecDecoder::create(options.spec, model, spec_cache));
   return engine;
 }

@@ -85,6 +85,8 @@ Result<std::unique_ptr<DraftModelProposer>> DraftModelProposer::create(const Lla
   kv.num_blocks = options.num_kv_blocks;
   kv.dtype = options.kv_dtype;
   kv.device = draft.device();
+  kv.tiers = options.tiers;
+  kv.num_history_blocks = options.tiers.history_bits() != 0 ? std::max(1, options.num_history_blocks) : 0;
   TACHYON_ASSIGN_OR_RETURN(KvCache cache, KvCache::create(kv));
   return std::unique_ptr<DraftModelProposer>(new DraftModelProposer(draft, options, std::move(cache)));
 }
@@ -96,7 +98,8 @@ DraftModelProposer::DraftModelProposer(const LlamaModel& draft, const DraftModel
       // Prefix caching, as the target's: requests that share a prompt share its draft K/V too.
       // Any token the draft ran is a valid cache entry (K/V depend on the tokens before them
       // only), so drafts the target rejects may stay registered until their blocks are rewritten.
-      blocks_(BlockManagerOptions{options.num_kv_blocks, options.block_size, true, {}}) {}
+      blocks_(BlockManagerOptions{options.num_kv_blocks, options.block_size, true, cache_.config().tiers,
+                                  cache_.config().num_history_blocks}) {}
 
 // Per active request: its state, its hypothetical history (penalties see the drafts so far) and
 // the chunk it runs next.
@@ -129,6 +132,17 @@ Status DraftModelProposer::propose(std::span<const DraftRequest> requests, std::
     const int k = std::min(r.k, options_.max_model_len - len + 1);
     if (k < 1 || len < 1 || r.sampler == nullptr) continue;
     State& st = states_.try_emplace(r.id, options_.block_size, r.sampler->seed() ^ kDraftSeedSalt).first->second;
+    if (!st.table.empty()) {
+      // The sequence left what the cache ran before the positions it still holds in full (a
+      // window passed them): start over, from the prefix cache.
+      const size_t limit = std::min(st.tokens.size(), static_cast<size_t>(len - 1));
+      const auto agree = std::mismatch(st.tokens.begin(), st.tokens.begin() + static_cast<ptrdiff_t>(limit),
+                                       r.tokens.begin()).first - st.tokens.begin();
+      if (agree < st.table.first_resident_position()) {
+        blocks_.free(st.table);
+        st.tokens.clear();
+      }
+    }
     if (st.table.empty()) {  // first draft (or the cache was dropped): reuse cached prompt blocks
       const int hit = blocks_.match_prefix(st.table, r.tokens, len - 1);
       st.tokens.assign(r.tokens.begin(), r.tokens.begin() + hit);
@@ -189,10 +203,17 @@ Status DraftModelProposer::propose(std::span<const DraftRequest> requests, std::
   }
   // What the draft wrote beyond the last run token stays in the table; positions past the tokens
   // it ran are dropped now so that the table never claims positions it holds nothing for.
+  // The window then passes what it passes, as in the target's cache (before anything writes the
+  // draft cache again), counted from the sequence's own tokens: the drafted ones past them may be
+  // rejected, and the next call's queries start no later than where the sequence ends now.
   for (const DraftRequest& r : requests) {
     auto it = states_.find(r.id);
-    if (it != states_.end()) blocks_.truncate(it->second.table, static_cast<int>(it->second.tokens.size()));
+    if (it == states_.end()) continue;
+    const int ran = static_cast<int>(it->second.tokens.size());
+    blocks_.truncate(it->second.table, ran);
+    blocks_.retire(it->second.table, std::min(ran, static_cast<int>(r.tokens.size())));
   }
+  cache_.compress_blocks(blocks_.take_compressions());
   return Status::Ok();
 }
 
@@ -422,6 +443,10 @@ Status DraftModelProposer::check_no_leaks() const {
   if (states_.empty() && blocks_.num_used() != 0) {
     return make_error(ErrorCode::kInternal, "draft kv cache: {} blocks still used with no request left",
                       blocks_.num_used());
+  }
+  if (states_.empty() && blocks_.num_history_used() != 0) {
+    return make_error(ErrorCode::kInternal, "draft kv cache: {} history blocks still used with no request left",
+                      blocks_.num_history_used());
   }
   return Status::Ok();
 }

@@ -38,6 +38,10 @@ namespace tachyon {
 struct DraftModelOptions {
   int num_kv_blocks = 0;  // the draft cache: as many blocks as the target's
   int block_size = 0;     // the target cache's (KvCacheConfig::block_size)
+  // The target cache's window and history, so that the draft's cache holds long sequences as the
+  // target's does (its own history pool of num_history_blocks with int8 / int4).
+  KvTierOptions tiers;
+  int num_history_blocks = 0;
   DType kv_dtype = DType::kF32;
   int max_model_len = 0;  // positions the draft may write, at most its context
   ops::LinearMode linear_mode = ops::LinearMode::kFastest;

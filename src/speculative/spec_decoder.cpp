@@ -114,6 +114,8 @@ Result<std::unique_ptr<SpecDecoder>> SpecDecoder::create(const SpecDecodeOptions
         o.max_model_len = std::min(geometry.max_model_len, d.model->config().max_position_embeddings);
         o.linear_mode = geometry.linear_mode;
         o.target_vocab = target.vocab_size;
+        o.tiers = geometry.tiers;
+        o.num_history_blocks = geometry.num_history_blocks;
         auto proposer = DraftModelProposer::create(*d.model, o);
         if (!proposer.ok()) {
           return d.name.empty() ? proposer.status() : proposer.status().with_context(fmt::format("draft '{}'", d.name));

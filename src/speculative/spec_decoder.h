@@ -142,6 +142,8 @@ struct SpecCacheGeometry {
   DType kv_dtype = DType::kF32;
   int max_model_len = 0;
   ops::LinearMode linear_mode = ops::LinearMode::kFastest;
+  KvTierOptions tiers;         // the target cache's window and history: the draft's cache keeps the same
+  int num_history_blocks = 0;  // and a history pool of as many blocks (int8 / int4 history)
 };
 
 class SpecDecoder {
