@@ -551,52 +551,80 @@ TEST_F(EngineTest, BadRequestsAreErrors) {
 }
 
 
+
+// A greedy decode of one prompt alone, forward by forward (the prompt in one, then one per token),
+// in batch-invariant linear mode over a cache with `tiers`. The block manager applies `retire` (its
+// own tiers, e.g. none: windowed attention over a cache that frees nothing) after each forward and
+// the cache runs the compressions that queues.
+::testing::AssertionResult greedy_alone_with_tiers(const LlamaModel& model, const std::vector<int32_t>& prompt,
+                                                   int max_tokens, const KvTierOptions& tiers,
+                                                   const KvTierOptions& retire, std::vector<int32_t>& out,
+                                                   int* num_history = nullptr) {
+  constexpr int kBlock = 16;
+  KvCacheConfig kv;
+  kv.num_layers = model.config().num_layers;
+  kv.num_kv_heads = model.config().num_kv_heads;
+  kv.head_dim = model.config().head_dim;
+  kv.block_size = kBlock;
+  kv.num_blocks = 512 / kBlock;
+  kv.tiers = tiers;
+  kv.num_history_blocks = tiers.history_bits() != 0 ? kv.num_blocks : 0;
+  auto cache = KvCache::create(kv);
+  if (!cache.ok()) return ::testing::AssertionFailure() << cache.status().to_string();
+  BlockManager blocks({kv.num_blocks, kBlock, false, retire, retire.history_bits() != 0 ? kv.num_history_blocks : 0});
+  BlockTable table(kBlock);
+  ForwardOptions fo;
+  fo.linear_mode = ops::LinearMode::kBatchInvariant;
+  const int vocab = model.config().vocab_size;
+  std::vector<int32_t> run = prompt;
+  int start = 0;
+  out.clear();
+  while (static_cast<int>(out.size()) < max_tokens) {
+    if (!blocks.grow_to(table, start + static_cast<int>(run.size())).ok()) {
+      return ::testing::AssertionFailure() << "no block at position " << start;
+    }
+    SequenceChunk chunk{&table, start, run, LogitsWanted::kLast, {}};
+    Tensor logits;
+    const Status st = model.forward(build_forward_batch({chunk}), *cache, logits, fo);
+    if (!st.ok()) return ::testing::AssertionFailure() << st.to_string();
+    const float* row = logits.data<float>();
+    const int32_t next = static_cast<int32_t>(std::max_element(row, row + vocab) - row);
+    start += static_cast<int>(run.size());
+    blocks.retire(table, start);
+    cache->compress_blocks(blocks.take_compressions());
+    out.push_back(next);
+    run = {next};
+  }
+  if (num_history != nullptr) *num_history = table.num_history();
+  return ::testing::AssertionSuccess();
+}
+
+// Every fourth of the suite's prompts (eight at most, starting at `first`), generating 150-170
+// tokens each whatever they sample.
+std::vector<Case> long_cases(const std::vector<Case>& all, size_t first, int base_tokens) {
+  std::vector<Case> cases;
+  for (size_t i = first; i < all.size() && cases.size() < 8; i += 4) {
+    Case c = all[i];
+    c.params.max_tokens = base_tokens + static_cast<int>(i);
+    c.params.ignore_eos = true;
+    cases.push_back(c);
+  }
+  return cases;
+}
+
 // --kv-window 64 --kv-history drop: eight requests of ~300 tokens each in a cache of 48 blocks
 // (768 tokens, a third of what they hold together) run batched, each holding about its window's
 // blocks, and give token for token what windowed attention over a cache that frees nothing gives
 // (a greedy decode of each prompt alone, forward by forward). Every block comes back.
 TEST_F(EngineTest, KvWindowDropEqualsWindowedAttentionAndHoldsOnlyTheWindow) {
   constexpr int kWindow = 64, kBlock = 16;
-  std::vector<Case> cases;
-  for (size_t i = 0; i < cases_.size() && cases.size() < 8; i += 4) {
-    Case c = cases_[i];
-    c.params.max_tokens = 160 + static_cast<int>(i);
-    c.params.ignore_eos = true;
-    cases.push_back(c);
-  }
+  const std::vector<Case> cases = long_cases(cases_, 0, 160);
   const KvTierOptions drop{kWindow, KvHistory::kDrop};
   // The oracle: windowed attention (the cache's tiers) with a block manager that never releases.
-  const LlamaModel& model = *model_->model;
-  const int vocab = model.config().vocab_size;
-  std::vector<std::vector<int32_t>> expected;
-  for (const Case& c : cases) {
-    KvCacheConfig kv;
-    kv.num_layers = model.config().num_layers;
-    kv.num_kv_heads = model.config().num_kv_heads;
-    kv.head_dim = model.config().head_dim;
-    kv.block_size = kBlock;
-    kv.num_blocks = 512 / kBlock;
-    kv.tiers = drop;
-    auto cache = KvCache::create(kv);
-    ASSERT_TRUE(cache.ok());
-    BlockManager blocks({kv.num_blocks, kBlock, false, {}});
-    BlockTable table(kBlock);
-    ForwardOptions fo;
-    fo.linear_mode = ops::LinearMode::kBatchInvariant;
-    std::vector<int32_t> run = c.prompt, out;
-    int start = 0;
-    while (static_cast<int>(out.size()) < c.params.max_tokens) {
-      ASSERT_TRUE(blocks.grow_to(table, start + static_cast<int>(run.size())).ok());
-      SequenceChunk chunk{&table, start, run, LogitsWanted::kLast, {}};
-      Tensor logits;
-      ASSERT_TRUE(model.forward(build_forward_batch({chunk}), *cache, logits, fo).ok());
-      const float* row = logits.data<float>();
-      const int32_t next = static_cast<int32_t>(std::max_element(row, row + vocab) - row);
-      start += static_cast<int>(run.size());
-      out.push_back(next);
-      run = {next};
-    }
-    expected.push_back(out);
+  std::vector<std::vector<int32_t>> expected(cases.size());
+  for (size_t i = 0; i < cases.size(); ++i) {
+    ASSERT_TRUE(greedy_alone_with_tiers(*model_->model, cases[i].prompt, cases[i].params.max_tokens, drop, {},
+                                        expected[i]));
   }
 
   EngineOptions o = base_options();
@@ -640,49 +668,14 @@ TEST_F(EngineTest, KvWindowDropEqualsWindowedAttentionAndHoldsOnlyTheWindow) {
 // that. Every block and history block comes back.
 TEST_F(EngineTest, KvHistoryInt4BatchedEqualsOneAtATimeAndFreesEverything) {
   constexpr int kWindow = 64, kBlock = 16;
-  std::vector<Case> cases;
-  for (size_t i = 1; i < cases_.size() && cases.size() < 8; i += 4) {
-    Case c = cases_[i];
-    c.params.max_tokens = 150 + static_cast<int>(i);
-    c.params.ignore_eos = true;
-    cases.push_back(c);
-  }
+  const std::vector<Case> cases = long_cases(cases_, 1, 150);
   const KvTierOptions int4{kWindow, KvHistory::kInt4};
-  const LlamaModel& model = *model_->model;
-  const int vocab = model.config().vocab_size;
-  std::vector<std::vector<int32_t>> expected;
-  for (const Case& c : cases) {
-    KvCacheConfig kv;
-    kv.num_layers = model.config().num_layers;
-    kv.num_kv_heads = model.config().num_kv_heads;
-    kv.head_dim = model.config().head_dim;
-    kv.block_size = kBlock;
-    kv.num_blocks = 512 / kBlock;
-    kv.tiers = int4;
-    kv.num_history_blocks = 512 / kBlock;
-    auto cache = KvCache::create(kv);
-    ASSERT_TRUE(cache.ok());
-    BlockManager blocks({kv.num_blocks, kBlock, false, int4, kv.num_history_blocks});
-    BlockTable table(kBlock);
-    ForwardOptions fo;
-    fo.linear_mode = ops::LinearMode::kBatchInvariant;
-    std::vector<int32_t> run = c.prompt, out;
-    int start = 0;
-    while (static_cast<int>(out.size()) < c.params.max_tokens) {
-      ASSERT_TRUE(blocks.grow_to(table, start + static_cast<int>(run.size())).ok());
-      SequenceChunk chunk{&table, start, run, LogitsWanted::kLast, {}};
-      Tensor logits;
-      ASSERT_TRUE(model.forward(build_forward_batch({chunk}), *cache, logits, fo).ok());
-      const float* row = logits.data<float>();
-      const int32_t next = static_cast<int32_t>(std::max_element(row, row + vocab) - row);
-      start += static_cast<int>(run.size());
-      blocks.retire(table, start);
-      cache->compress_blocks(blocks.take_compressions());
-      out.push_back(next);
-      run = {next};
-    }
-    EXPECT_GT(table.num_history(), 3);
-    expected.push_back(out);
+  std::vector<std::vector<int32_t>> expected(cases.size());
+  for (size_t i = 0; i < cases.size(); ++i) {
+    int num_history = 0;
+    ASSERT_TRUE(greedy_alone_with_tiers(*model_->model, cases[i].prompt, cases[i].params.max_tokens, int4, int4,
+                                        expected[i], &num_history));
+    EXPECT_GT(num_history, 3);
   }
 
   EngineOptions o = base_options();
