@@ -306,13 +306,6 @@ void BlockManager::retire(BlockTable& table, int num_computed) {
   }
 }
 
-int64_t BlockManager::resident_tokens_needed(int64_t num_computed, int64_t chunk) const {
-  if (!tiers_.active() || tiers_.history != KvHistory::kDrop) return num_computed + chunk;
-  const int64_t first_visible = num_computed - tiers_.window + 1;
-  const int64_t released = std::max<int64_t>(first_visible, 0) / block_size_ * block_size_;
-  return num_computed + chunk - released;
-}
-
 void BlockManager::clear_prefix_cache() {
   while (lru_head_ >= 0) {
     const int32_t b = lru_head_;

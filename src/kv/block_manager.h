@@ -198,9 +198,6 @@ class BlockManager {
   // active tiers nothing happens. Positions from num_computed on (a draft that may roll back)
   // are never touched. A table shorter than the released range grows with released entries.
   void retire(BlockTable& table, int num_computed);
-  // Positions a table needs resident to run a chunk of `chunk` tokens after `num_computed` ones:
-  // all of them, or with drop the window's blocks and the chunk's.
-  int64_t resident_tokens_needed(int64_t num_computed, int64_t chunk) const;
   // dst (empty) shares every block of src.
   void fork(const BlockTable& src, BlockTable& dst);
   // Releases every block of `table`, last block first (so a sequence's tail is evicted before

@@ -144,6 +144,37 @@ class EngineTest : public ::testing::Test {
     return r;
   }
 
+  // Runs `cases` batched on `e` to the end and returns each one's tokens. Before every step, each
+  // decoding sequence must hold at most the window's blocks and one more (window and block in
+  // tokens); `per_step` sees the engine then too. Returns how many decoding sequences were checked
+  // in `decoding_seen`.
+  static std::vector<std::vector<int32_t>> run_checking_the_window(Engine& e, const std::vector<Case>& cases,
+                                                                   int window, int block,
+                                                                   const std::function<void(Engine&)>& per_step,
+                                                                   int& decoding_seen) {
+    std::vector<RequestId> ids;
+    for (const Case& c : cases) {
+      auto id = e.add_request(c.prompt, c.params);
+      EXPECT_TRUE(id.ok()) << id.status().to_string();
+      if (id.ok()) ids.push_back(*id);
+    }
+    std::map<RequestId, Result1> out;
+    decoding_seen = 0;
+    drain(e, out, [&](Engine& engine, int) {
+      per_step(engine);
+      for (RequestId id : ids) {
+        const Sequence* seq = engine.find_sequence(id);
+        if (seq == nullptr || seq->state() != SequenceState::kDecoding) continue;
+        ++decoding_seen;
+        EXPECT_LE(seq->block_table().num_resident(), (window + block - 2) / block + 2) << "request " << id;
+      }
+      return false;
+    });
+    std::vector<std::vector<int32_t>> tokens;
+    for (RequestId id : ids) tokens.push_back(out[id].tokens);
+    return tokens;
+  }
+
   static void expect_same_as_alone(const std::vector<Result1>& got, const char* what) {
     ASSERT_EQ(got.size(), alone_->size());
     for (size_t i = 0; i < got.size(); ++i) {
@@ -632,27 +663,13 @@ TEST_F(EngineTest, KvWindowDropEqualsWindowedAttentionAndHoldsOnlyTheWindow) {
   o.kv.num_blocks = 48;
   auto e = make(o);
   ASSERT_NE(e, nullptr);
-  std::vector<RequestId> ids;
-  for (const Case& c : cases) {
-    auto id = e->add_request(c.prompt, c.params);
-    ASSERT_TRUE(id.ok()) << id.status().to_string();
-    ids.push_back(*id);
-  }
-  std::map<RequestId, Result1> out;
   int decoding_seen = 0;
-  drain(*e, out, [&](Engine& engine, int) {
-    for (RequestId id : ids) {
-      const Sequence* seq = engine.find_sequence(id);
-      if (seq == nullptr || seq->state() != SequenceState::kDecoding) continue;
-      ++decoding_seen;
-      EXPECT_LE(seq->block_table().num_resident(), (kWindow + kBlock - 2) / kBlock + 2) << "request " << id;
-    }
-    return false;
-  });
+  const auto got = run_checking_the_window(*e, cases, kWindow, kBlock, [](Engine&) {}, decoding_seen);
   EXPECT_GT(decoding_seen, 100);
   int64_t total = 0;
+  ASSERT_EQ(got.size(), cases.size());
   for (size_t i = 0; i < cases.size(); ++i) {
-    EXPECT_EQ(out[ids[i]].tokens, expected[i]) << "prompt " << i;
+    EXPECT_EQ(got[i], expected[i]) << "prompt " << i;
     total += static_cast<int64_t>(cases[i].prompt.size()) + cases[i].params.max_tokens;
   }
   EXPECT_GT(total, 2 * 48 * kBlock);  // the requests hold far more positions than the cache
@@ -685,26 +702,15 @@ TEST_F(EngineTest, KvHistoryInt4BatchedEqualsOneAtATimeAndFreesEverything) {
   o.scheduler.max_batched_tokens = 2048;  // every prompt in one chunk, as above
   auto e = make(o);
   ASSERT_NE(e, nullptr);
-  std::vector<RequestId> ids;
-  for (const Case& c : cases) {
-    auto id = e->add_request(c.prompt, c.params);
-    ASSERT_TRUE(id.ok()) << id.status().to_string();
-    ids.push_back(*id);
-  }
-  std::map<RequestId, Result1> out;
-  int history_peak = 0;
-  drain(*e, out, [&](Engine& engine, int) {
-    history_peak = std::max(history_peak, engine.stats().kv_history_blocks_used);
-    for (RequestId id : ids) {
-      const Sequence* seq = engine.find_sequence(id);
-      if (seq == nullptr || seq->state() != SequenceState::kDecoding) continue;
-      EXPECT_LE(seq->block_table().num_resident(), (kWindow + kBlock - 2) / kBlock + 2) << "request " << id;
-    }
-    return false;
-  });
+  int history_peak = 0, decoding_seen = 0;
+  const auto got = run_checking_the_window(
+      *e, cases, kWindow, kBlock,
+      [&](Engine& engine) { history_peak = std::max(history_peak, engine.stats().kv_history_blocks_used); },
+      decoding_seen);
   EXPECT_EQ(e->stats().num_preemptions, 0);
   EXPECT_GT(history_peak, 60);
-  for (size_t i = 0; i < cases.size(); ++i) EXPECT_EQ(out[ids[i]].tokens, expected[i]) << "prompt " << i;
+  ASSERT_EQ(got.size(), cases.size());
+  for (size_t i = 0; i < cases.size(); ++i) EXPECT_EQ(got[i], expected[i]) << "prompt " << i;
   EXPECT_EQ(e->stats().kv_history_blocks_used, 0);
   EXPECT_EQ(e->stats().kv_blocks_free + e->stats().kv_blocks_cached, 200);
 }
