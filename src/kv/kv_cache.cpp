@@ -17,8 +17,9 @@ size_t KvCacheConfig::bytes_per_history_block() const {
   const int bits = tiers.history_bits();
   if (bits == 0) return 0;
   const size_t row = bits == 8 ? static_cast<size_t>(head_dim) + 4 : static_cast<size_t>(head_dim) / 2 + 8;
-  return 2ull * static_cast<size_t>(num_layers) * static_cast<size_t>(num_kv_heads) * static_cast<size_t>(block_size) *
-         row;
+  const size_t bounds = key_bounds ? 2 * static_cast<size_t>(head_dim) + 8 : 0;  // per (block, kv head)
+  return static_cast<size_t>(num_layers) * static_cast<size_t>(num_kv_heads) *
+         (2ull * static_cast<size_t>(block_size) * row + bounds);
 }
 
 int KvCacheConfig::blocks_for_budget(size_t budget_bytes) const {
@@ -43,6 +44,10 @@ Result<KvCache> KvCache::create(const KvCacheConfig& config) {
   if (config.num_history_blocks < 0 || (bits != 0 && config.num_history_blocks == 0)) {
     return make_error(ErrorCode::kInvalidArgument, "kv cache: {} history blocks for {} history", config.num_history_blocks,
                       kv_history_name(config.tiers.history));
+  }
+  if (config.key_bounds && bits == 0) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "kv cache: key bounds (block-sparse attention) are kept with int8 / int4 history only");
   }
   if (bits == 4 && config.head_dim % 4 != 0) {
     return make_error(ErrorCode::kUnsupported, "kv cache: int4 history needs head_dim a multiple of 4 (got {})",
@@ -82,6 +87,10 @@ Result<KvCache> KvCache::create(const KvCacheConfig& config) {
       TACHYON_RETURN_IF_ERROR(allocate(codes, code_dtype, layer.hv));
       TACHYON_RETURN_IF_ERROR(allocate(params, DType::kF32, layer.hk_params));
       TACHYON_RETURN_IF_ERROR(allocate(params, DType::kF32, layer.hv_params));
+      if (config.key_bounds) {
+        TACHYON_RETURN_IF_ERROR(allocate({nh, config.num_kv_heads, 2, config.head_dim}, DType::kU8, layer.kbounds));
+        TACHYON_RETURN_IF_ERROR(allocate({nh, config.num_kv_heads, 2}, DType::kF32, layer.kbound_params));
+      }
     }
   }
   return cache;

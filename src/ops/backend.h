@@ -49,6 +49,8 @@ class Backend {
   virtual void compress_kv_blocks(const Tensor& pairs, KvLayer& cache) = 0;
   virtual void paged_attention(const Tensor& q, const KvLayer& cache, const AttentionMetadata& meta,
                                const AttentionParams& params, Tensor& out) = 0;
+  virtual void select_kv_blocks(const Tensor& q, const KvLayer& cache, const AttentionMetadata& meta, Tensor& tables,
+                                Tensor& lens) = 0;
   virtual void argmax(const Tensor& x, Tensor& ids, Tensor* logprobs) = 0;
   virtual void top_tokens(const Tensor& x, Tensor& ids, Tensor& probs) = 0;
   virtual void advance_decode(const Tensor& next_ids, Tensor& token_ids, Tensor& positions, Tensor& context_lens,
@@ -99,6 +101,10 @@ inline KvCacheView kv_cache_view(const KvLayer& layer) {
     view.hv_params = layer.hv_params.data<float>();
     view.history_bits = layer.hk.dtype() == DType::kI8 ? 8 : 4;
     view.num_history_blocks = layer.hk.size(0);
+    if (layer.kbounds.defined()) {
+      view.kbounds = static_cast<const uint8_t*>(layer.kbounds.raw_data());
+      view.kbound_params = layer.kbound_params.data<float>();
+    }
   }
   return view;
 }
@@ -115,6 +121,12 @@ inline AttentionBatch attention_batch(const AttentionMetadata& meta) {
   batch.max_query_len = meta.max_query_len;
   batch.max_context_len = meta.max_context_len;
   if (meta.tree_masks.defined()) batch.tree_masks = static_cast<const uint64_t*>(meta.tree_masks.raw_data());
+  if (meta.sparse_tables.defined()) {
+    batch.sparse_tables = meta.sparse_tables.data<int32_t>();
+    batch.sparse_lens = meta.sparse_lens.data<int32_t>();
+  }
+  if (meta.sparse_budgets.defined()) batch.sparse_budgets = meta.sparse_budgets.data<int32_t>();
+  batch.sparse_sink_blocks = meta.sparse_sink_blocks;
   return batch;
 }
 

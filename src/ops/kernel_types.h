@@ -73,6 +73,10 @@ struct KvCacheView {
   const float* hv_params = nullptr;
   int history_bits = 0;
   int64_t num_history_blocks = 0;
+  // Key bounds of the history blocks (ops.h KvLayer), or null: [num_history_blocks, num_kv_heads,
+  // 2, head_dim] u8 codes and [.., 2] f32 (lo, step).
+  const uint8_t* kbounds = nullptr;
+  const float* kbound_params = nullptr;
 };
 
 // One step's batch as paged attention reads it (ops.h AttentionMetadata): the arrays in the
@@ -87,6 +91,14 @@ struct AttentionBatch {
   int max_query_len = 0;    // max over sequences of query_start[s + 1] - query_start[s]
   int max_context_len = 0;  // max of context_lens
   const uint64_t* tree_masks = nullptr;  // [n_tokens], or null (ops.h AttentionMetadata::tree_masks)
+  // Block-sparse decode (ops.h AttentionMetadata): null for dense. Sequence s, kv head h reads the
+  // blocks sparse_tables[(s * num_kv_heads + h) * max_blocks_per_seq + i] as a context of
+  // sparse_lens[s * num_kv_heads + h] positions.
+  const int32_t* sparse_tables = nullptr;
+  const int32_t* sparse_lens = nullptr;
+  // select_kv_blocks: [num_seqs] budgets, and the sink blocks.
+  const int32_t* sparse_budgets = nullptr;
+  int sparse_sink_blocks = 1;
 };
 
 }  // namespace tachyon::ops

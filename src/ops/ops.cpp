@@ -268,6 +268,28 @@ void check_attention_batch(const char* op, const Tensor& q, const KvLayer& cache
                   "{}: tree_masks {} for {} queries", op, meta.tree_masks.shape_string(), q.size(0));
     TACHYON_CHECK(params.sliding_window == 0, "{}: tree masks with a sliding window", op);
   }
+  if (meta.sparse_budgets.defined()) {
+    require_index(op, "sparse_budgets", meta.sparse_budgets, num_seqs);
+    TACHYON_CHECK(meta.sparse_sink_blocks >= 0, "{}: {} sink blocks", op, meta.sparse_sink_blocks);
+  }
+  TACHYON_CHECK(meta.sparse_tables.defined() == meta.sparse_lens.defined(),
+                "{}: sparse_tables and sparse_lens must be both defined or neither", op);
+  if (meta.sparse_tables.defined()) {
+    const int64_t kv_heads = cache.k.size(2);
+    require_dtype(op, "sparse_tables", meta.sparse_tables, DType::kI32);
+    require_dtype(op, "sparse_lens", meta.sparse_lens, DType::kI32);
+    TACHYON_CHECK(has_shape(meta.sparse_tables, {num_seqs, kv_heads, meta.block_tables.size(1)}) &&
+                      meta.sparse_tables.is_contiguous() && has_shape(meta.sparse_lens, {num_seqs, kv_heads}) &&
+                      meta.sparse_lens.is_contiguous(),
+                  "{}: sparse_tables {} and sparse_lens {} for {} sequences, {} kv heads, tables of {} columns", op,
+                  meta.sparse_tables.shape_string(), meta.sparse_lens.shape_string(), num_seqs, kv_heads,
+                  meta.block_tables.size(1));
+    TACHYON_CHECK(meta.max_query_len <= 1 && q.size(0) == num_seqs && !meta.tree_masks.defined() &&
+                      params.sliding_window == 0,
+                  "{}: block-sparse attention takes one query per sequence, no trees and no sliding window "
+                  "(max query {}, {} rows for {} sequences, window {})",
+                  op, meta.max_query_len, q.size(0), num_seqs, params.sliding_window);
+  }
 }
 
 // linear_fused's fusion: the parts it asks for and the scratch tensors they need. The linear
@@ -359,6 +381,18 @@ void check_kv_layer(const char* op, const KvLayer& cache) {
                   "{}: history params {} {} (expected [{}, {}, {}, {}] f32, packed, on {})", op, t->shape_string(),
                   dtype_name(t->dtype()), nh, k.size(1), k.size(2), params, k.device().to_string());
   }
+  TACHYON_CHECK(cache.kbounds.defined() == cache.kbound_params.defined(),
+                "{}: key bounds kbounds/kbound_params must be both defined or neither", op);
+  if (!cache.kbounds.defined()) return;
+  TACHYON_CHECK(has_shape(cache.kbounds, {nh, k.size(2), 2, k.size(3)}) && cache.kbounds.dtype() == DType::kU8 &&
+                    cache.kbounds.is_contiguous() && cache.kbounds.device() == k.device(),
+                "{}: key bounds {} {} (expected [{}, {}, 2, {}] u8, packed, on {})", op, cache.kbounds.shape_string(),
+                dtype_name(cache.kbounds.dtype()), nh, k.size(2), k.size(3), k.device().to_string());
+  TACHYON_CHECK(has_shape(cache.kbound_params, {nh, k.size(2), 2}) && cache.kbound_params.dtype() == DType::kF32 &&
+                    cache.kbound_params.is_contiguous() && cache.kbound_params.device() == k.device(),
+                "{}: key bound params {} {} (expected [{}, {}, 2] f32, packed, on {})", op,
+                cache.kbound_params.shape_string(), dtype_name(cache.kbound_params.dtype()), nh, k.size(2),
+                k.device().to_string());
 }
 
 int kv_history_bits(const KvLayer& cache) {
@@ -544,7 +578,9 @@ void paged_attention(const Tensor& q, const KvLayer& cache, const AttentionMetad
   require_on(op, q.device(),
              {{"out", &out}, {"query_start", &meta.query_start}, {"context_lens", &meta.context_lens},
               {"block_tables", &meta.block_tables},
-              {"tree_masks", meta.tree_masks.defined() ? &meta.tree_masks : nullptr}});
+              {"tree_masks", meta.tree_masks.defined() ? &meta.tree_masks : nullptr},
+              {"sparse_tables", meta.sparse_tables.defined() ? &meta.sparse_tables : nullptr},
+              {"sparse_lens", meta.sparse_lens.defined() ? &meta.sparse_lens : nullptr}});
   require_cache_on(op, cache, q.device());
   check_kv_layer(op, cache);
   require_activation(op, "q", q, 3);
@@ -557,6 +593,39 @@ void paged_attention(const Tensor& q, const KvLayer& cache, const AttentionMetad
                 num_kv_heads);
   check_attention_batch(op, q, cache, meta, params);
   b.paged_attention(q, cache, meta, params, out);
+}
+
+void select_kv_blocks(const Tensor& q, const KvLayer& cache, const AttentionMetadata& meta, Tensor& tables,
+                      Tensor& lens) {
+  constexpr const char* op = "select_kv_blocks";
+  Backend& b = backend_of(op, "q", q);
+  require_on(op, q.device(),
+             {{"tables", &tables}, {"lens", &lens}, {"query_start", &meta.query_start},
+              {"context_lens", &meta.context_lens}, {"block_tables", &meta.block_tables},
+              {"sparse_budgets", meta.sparse_budgets.defined() ? &meta.sparse_budgets : nullptr}});
+  require_cache_on(op, cache, q.device());
+  check_kv_layer(op, cache);
+  TACHYON_CHECK(cache.kbounds.defined(), "{}: the cache keeps no key bounds", op);
+  require_activation(op, "q", q, 3);
+  TACHYON_CHECK(q.size(2) == cache.k.size(3) && q.size(1) % cache.k.size(2) == 0, "{}: q {} for cache {}", op,
+                q.shape_string(), cache.k.shape_string());
+  TACHYON_CHECK(meta.sparse_budgets.defined(), "{}: no sparse_budgets", op);
+  AttentionMetadata plain = meta;
+  plain.sparse_tables = Tensor();
+  plain.sparse_lens = Tensor();
+  check_attention_batch(op, q, cache, plain, AttentionParams{});
+  TACHYON_CHECK(meta.max_query_len <= 1 && q.size(0) == meta.num_seqs && !meta.tree_masks.defined(),
+                "{}: one query per sequence and no trees (max query {}, {} rows for {} sequences)", op,
+                meta.max_query_len, q.size(0), meta.num_seqs);
+  const int64_t kv_heads = cache.k.size(2);
+  require_dtype(op, "tables", tables, DType::kI32);
+  require_dtype(op, "lens", lens, DType::kI32);
+  TACHYON_CHECK(has_shape(tables, {meta.num_seqs, kv_heads, meta.block_tables.size(1)}) && tables.is_contiguous() &&
+                    has_shape(lens, {meta.num_seqs, kv_heads}) && lens.is_contiguous(),
+                "{}: tables {} and lens {} for {} sequences, {} kv heads, tables of {} columns", op,
+                tables.shape_string(), lens.shape_string(), meta.num_seqs, kv_heads, meta.block_tables.size(1));
+  if (meta.num_seqs == 0) return;
+  b.select_kv_blocks(q, cache, meta, tables, lens);
 }
 
 void argmax(const Tensor& x, Tensor& ids, Tensor* logprobs) {

@@ -79,6 +79,16 @@ struct AttentionMetadata {
   Tensor block_tables;  // [num_seqs, max_blocks_per_seq] i32 (unused entries: -1)
   Tensor slot_mapping;  // [n_tokens] i32: block * block_size + offset where each new K/V goes
   Tensor tree_masks;    // [n_tokens] i64 (bits of a u64), or undefined: causal chunks
+  // Block-sparse decode attention (select_kv_blocks(), paged_attention()): undefined for dense.
+  // sparse_budgets [num_seqs] i32: the history tokens each sequence's query may attend to, <= 0
+  // for all of them; set only on batches of one query per sequence, without trees.
+  Tensor sparse_budgets;
+  int sparse_sink_blocks = 1;  // leading history blocks every sparse query attends to
+  // What select_kv_blocks() chose for one layer, which paged_attention() then reads:
+  // sparse_tables [num_seqs, num_kv_heads, block_tables.size(1)] i32 and sparse_lens
+  // [num_seqs, num_kv_heads] i32.
+  Tensor sparse_tables;
+  Tensor sparse_lens;
 };
 inline constexpr int kMaxTreeTokens = 64;  // a chunk with tree masks holds at most this many queries
 
@@ -110,11 +120,22 @@ struct AttentionParams {
 //         params [.., 2] f32 (s, lo): lo = min x, s = (max x - lo) / 15 (f32),
 //         c = clamp(rint((x - lo) / s), 0, 15) (0 when s = 0), x ~ lo + c * s. 72 bytes a row of
 //         128 where bf16 takes 256. A row holding a non-finite value gets s = lo = NaN.
+//
+// Key bounds (block-sparse attention; with history pools only): per (history block, kv head), the
+// element-wise minimum mn[d] and maximum mx[d] over the block's block_size keys, as their history
+// codes decode (history_value), coded outward in 8 bits: kbounds [num_history_blocks,
+// num_kv_heads, 2, head_dim] u8 (the min codes, then the max codes) and kbound_params [..,
+// num_kv_heads, 2] f32 (lo, step). lo = min of mn, step = (max of mx - lo) / 254 (f32); code c
+// stands for value(c) = lo + f32(c * step) (one rounding each, never fused); the min code is the
+// largest c in [0, 255] with value(c) <= mn[d], the max code the smallest with value(c) >= mx[d].
+// A block whose keys hold a non-finite value gets lo = step = NaN and codes 0. 264 bytes per
+// (block, kv head) of head_dim 128: 3.2 % of a bf16 block's K and V.
 struct KvLayer {
   Tensor k, v;                // [num_blocks, block_size, num_kv_heads, head_dim]
   Tensor k_scales, v_scales;  // [num_blocks, block_size, num_kv_heads, 1] f32, quantized caches only
   Tensor hk, hv;              // history codes (above), or undefined: no history pools
   Tensor hk_params, hv_params;
+  Tensor kbounds, kbound_params;  // key bounds of the history blocks (above), or undefined
 };
 
 
@@ -274,9 +295,30 @@ int kv_history_bits(const KvLayer& cache);
 
 // Moves blocks into history: for each row (src, dst) of pairs [m, 2] (i32, on the cache's device),
 // every (slot, kv head) row of K and V of block src (< num_blocks) is read as f32 and written,
-// quantized as KvLayer says, to history block dst (< num_history_blocks). Block src is left as it
-// was. The rows of one pair never depend on another's.
+// quantized as KvLayer says, to history block dst (< num_history_blocks), and where the layer
+// keeps key bounds, dst's are computed from its history keys. Block src is left as it was. The
+// rows of one pair never depend on another's.
 void compress_kv_blocks(const Tensor& pairs, KvLayer& cache);
+
+// The upper bound of q . k over the keys of a history block that its key bounds give, for one
+// query head q[head_dim]: the sum over d of max(q[d] * value(min code), q[d] * value(max code))
+// (KvLayer), f32, NaN for a block whose bounds are NaN. Summation order is the kernel's own.
+//
+// Block-sparse decode attention, step 1 (of 2, with paged_attention()): which blocks each (sequence,
+// kv head) attends to. For sequence s (one query, at position context_lens[s] - 1) with
+// meta.sparse_budgets[s] = B > 0: its table's leading entries that name history blocks (ids >=
+// num_blocks: H of them) are the candidates, less the first min(meta.sparse_sink_blocks, H) (the
+// attention sinks, always kept), and the entries after them (the full-precision window) are always
+// kept. Of the candidates, the k = max(1, B / block_size) with the highest score are kept, where a
+// candidate's score for kv head h is the largest bound over h's query heads (NaN ranks above every
+// number), ties to the earlier entry; with k >= the candidates, all of them. tables[s, h, :] lists
+// the kept entries in table order, then -1; lens[s, h] is the context's positions in the kept
+// blocks (context_lens[s] less block_size per entry left out). A sequence with B <= 0 keeps every
+// entry: its table, and lens = context_lens[s]. q [num_seqs, num_heads, head_dim] (after RoPE, as
+// attention reads it); tables [num_seqs, num_kv_heads, meta.block_tables.size(1)] i32, lens
+// [num_seqs, num_kv_heads] i32, packed, on q's device. The layer must keep key bounds.
+void select_kv_blocks(const Tensor& q, const KvLayer& cache, const AttentionMetadata& meta, Tensor& tables,
+                      Tensor& lens);
 
 // Writes k, v [n, num_kv_heads, head_dim] (f32) into the paged cache at slot_mapping[n] (f16/bf16
 // rounded to nearest even; quantized caches as above); a negative slot (a padding token) stores
@@ -293,6 +335,11 @@ void rope_store_kv(Tensor& q, Tensor& k, const Tensor& v, const Tensor& position
 // The query at position p sees keys [p - sliding_window + 1, p] (all of [0, p] without a window);
 // blocks wholly outside every query's window are never read. A quantized cache's keys and values
 // are read as code * scale, history blocks (entries >= num_blocks) as their codes decode.
+// Block-sparse (meta.sparse_tables defined, as select_kv_blocks() fills it; one query per
+// sequence, no trees, no sliding window): the query heads of kv head h of sequence s attend to
+// the keys of the blocks sparse_tables[s, h, :] as if they were its whole context, of
+// sparse_lens[s, h] positions, the query at the last. With every block kept this is dense
+// attention, bit for bit.
 void paged_attention(const Tensor& q, const KvLayer& cache, const AttentionMetadata& meta,
                      const AttentionParams& params, Tensor& out);
 

@@ -138,10 +138,14 @@ void run_item(const Problem& p, const Item& it, Scratch& sc) {
   const int64_t key_stride = cache.num_kv_heads * head_dim;  // between consecutive slots
   const int64_t window = p.params->sliding_window;
   const int64_t q_begin = batch.query_start[it.seq], q_end = batch.query_start[it.seq + 1];
-  const int64_t context_len = batch.context_lens[it.seq];
+  // Block-sparse: the kept blocks of this kv head are the query's context (ops.h paged_attention).
+  const bool sparse = batch.sparse_tables != nullptr;
+  const int64_t sparse_row = it.seq * cache.num_kv_heads + it.kv_head;
+  const int64_t context_len = sparse ? batch.sparse_lens[sparse_row] : batch.context_lens[it.seq];
   const int64_t pos0 = context_len - (q_end - q_begin) - q_begin;  // position of row r = pos0 + r
   const int64_t chunk_start = context_len - (q_end - q_begin);     // cache index of the chunk's first key
-  const int32_t* block_table = batch.block_tables + it.seq * batch.max_blocks_per_seq;
+  const int32_t* block_table = sparse ? batch.sparse_tables + sparse_row * batch.max_blocks_per_seq
+                                      : batch.block_tables + it.seq * batch.max_blocks_per_seq;
   const T* k_base = static_cast<const T*>(cache.k) + it.kv_head * head_dim;
   const T* v_base = static_cast<const T*>(cache.v) + it.kv_head * head_dim;
   // Quantized caches: the (slot, head) scales of this kv head, num_kv_heads apart per slot.

@@ -98,6 +98,23 @@ void check_batch_values(const AttentionMetadata& meta, const AttentionParams& pa
                     cache.num_blocks, cache.num_history_blocks);
     }
   }
+  if (meta.sparse_tables.defined()) {
+    const int32_t* tables = meta.sparse_tables.data<int32_t>();
+    const int32_t* lens = meta.sparse_lens.data<int32_t>();
+    for (int s = 0; s < num_seqs; ++s) {
+      if (query_start[s + 1] == query_start[s]) continue;
+      for (int64_t h = 0; h < cache.num_kv_heads; ++h) {
+        const int64_t len = lens[s * cache.num_kv_heads + h];
+        TACHYON_CHECK(len >= 1 && len <= context_lens[s] && (len + cache.block_size - 1) / cache.block_size <= max_blocks,
+                      "paged_attention: seq {} kv head {} keeps {} of {} positions", s, h, len, context_lens[s]);
+        for (int64_t b = 0; b < (len + cache.block_size - 1) / cache.block_size; ++b) {
+          const int32_t block = tables[(s * cache.num_kv_heads + h) * max_blocks + b];
+          TACHYON_CHECK(block >= 0 && block < cache.num_blocks + cache.num_history_blocks,
+                        "paged_attention: seq {} kv head {} keeps block {}", s, h, block);
+        }
+      }
+    }
+  }
   if (!meta.tree_masks.defined()) return;
   const auto* tree_masks = static_cast<const uint64_t*>(meta.tree_masks.raw_data());
   for (int s = 0; s < num_seqs; ++s) {
@@ -246,6 +263,18 @@ void CpuBackend::store_kv(const Tensor& k, const Tensor& v, const Tensor& slot_m
 void CpuBackend::compress_kv_blocks(const Tensor& pairs, KvLayer& cache) {
   // Once per block leaving the window: the scalar rows are cheap beside the forward that wrote them.
   reference::compress_kv_blocks(pairs, cache);
+}
+
+void CpuBackend::select_kv_blocks(const Tensor& q, const KvLayer& layer, const AttentionMetadata& meta,
+                                  Tensor& tables, Tensor& lens) {
+  const KvCacheView cache = kv_cache_view(layer);
+  AttentionMetadata plain = meta;
+  plain.sparse_tables = Tensor();
+  plain.sparse_lens = Tensor();
+  check_batch_values(plain, AttentionParams{}, cache, q.size(0));
+  // Once per layer and decode step, over the history blocks' 2 x head_dim bound codes: small beside
+  // the attention that follows, so the scalar definition serves.
+  reference::select_kv_blocks(q, layer, meta, tables, lens);
 }
 
 void CpuBackend::paged_attention(const Tensor& q, const KvLayer& layer, const AttentionMetadata& meta,

@@ -32,6 +32,8 @@ class CpuBackend final : public Backend {
   void embedding(const Tensor& table, const Tensor& ids, Tensor& out) override;
   void store_kv(const Tensor& k, const Tensor& v, const Tensor& slot_mapping, KvLayer& cache) override;
   void compress_kv_blocks(const Tensor& pairs, KvLayer& cache) override;
+  void select_kv_blocks(const Tensor& q, const KvLayer& cache, const AttentionMetadata& meta, Tensor& tables,
+                        Tensor& lens) override;
   void paged_attention(const Tensor& q, const KvLayer& cache, const AttentionMetadata& meta,
                        const AttentionParams& params, Tensor& out) override;
   void argmax(const Tensor& x, Tensor& ids, Tensor* logprobs) override;

@@ -259,6 +259,142 @@ void compress_kv_blocks(const Tensor& pairs, KvLayer& cache) {
                              params.data<float>() + dst_row * num_params);
       }
     }
+    if (!cache.kbounds.defined()) continue;
+    // Key bounds of history block dst, from its keys as they decode.
+    std::vector<float> mn(static_cast<size_t>(head_dim)), mx(static_cast<size_t>(head_dim));
+    for (int64_t h = 0; h < kv_heads; ++h) {
+      std::fill(mn.begin(), mn.end(), std::numeric_limits<float>::infinity());
+      std::fill(mx.begin(), mx.end(), -std::numeric_limits<float>::infinity());
+      bool finite = true;
+      for (int64_t t = 0; t < block_size; ++t) {
+        for (int64_t i = 0; i < head_dim; ++i) {
+          const float x = load_cached(cache, 0, cache.k.size(0) + dst, t * kv_heads + h, i);
+          finite = finite && std::isfinite(x);
+          mn[static_cast<size_t>(i)] = std::min(mn[static_cast<size_t>(i)], x);
+          mx[static_cast<size_t>(i)] = std::max(mx[static_cast<size_t>(i)], x);
+        }
+      }
+      if (!finite) mn[0] = std::numeric_limits<float>::quiet_NaN();
+      key_bounds_codes(mn.data(), mx.data(), head_dim,
+                       static_cast<uint8_t*>(cache.kbounds.raw_data()) + (dst * kv_heads + h) * 2 * head_dim,
+                       cache.kbound_params.data<float>() + (dst * kv_heads + h) * 2);
+    }
+  }
+}
+
+namespace {
+
+// value(c) of ops.h KvLayer's key bounds: one rounding for the product, one for the sum.
+float bound_value(float lo, float step, int c) {
+  volatile float product = static_cast<float>(c) * step;  // never fused with the add
+  return lo + product;
+}
+
+}  // namespace
+
+void key_bounds_codes(const float* mn, const float* mx, int64_t head_dim, uint8_t* codes, float* params) {
+  float lo = std::numeric_limits<float>::infinity(), hi = -lo;
+  bool finite = true;
+  for (int64_t d = 0; d < head_dim; ++d) {
+    finite = finite && std::isfinite(mn[d]) && std::isfinite(mx[d]);
+    lo = std::min(lo, mn[d]);
+    hi = std::max(hi, mx[d]);
+  }
+  if (!finite) {
+    params[0] = params[1] = std::numeric_limits<float>::quiet_NaN();
+    std::fill(codes, codes + 2 * head_dim, uint8_t{0});
+    return;
+  }
+  const float step = (hi - lo) / 254.0f;
+  params[0] = lo;
+  params[1] = step;
+  // value(c) never decreases with c, so a guess moved until the condition flips is the answer.
+  const auto guess = [&](float x) {
+    return step > 0.0f ? static_cast<int>(std::clamp(std::floor((x - lo) / step), 0.0f, 255.0f)) : 0;
+  };
+  for (int64_t d = 0; d < head_dim; ++d) {
+    int lo_code = guess(mn[d]);  // the largest c with value(c) <= mn (value(0) = lo <= mn)
+    while (lo_code > 0 && bound_value(lo, step, lo_code) > mn[d]) --lo_code;
+    while (lo_code < 255 && bound_value(lo, step, lo_code + 1) <= mn[d]) ++lo_code;
+    int hi_code = guess(mx[d]);  // the smallest c with value(c) >= mx
+    while (hi_code < 255 && bound_value(lo, step, hi_code) < mx[d]) ++hi_code;
+    while (hi_code > 0 && bound_value(lo, step, hi_code - 1) >= mx[d]) --hi_code;
+    codes[d] = static_cast<uint8_t>(lo_code);
+    codes[head_dim + d] = static_cast<uint8_t>(hi_code);
+  }
+}
+
+float key_bound(const float* q, const uint8_t* codes, const float* params, int64_t head_dim) {
+  const float lo = params[0], step = params[1];
+  if (std::isnan(lo) || std::isnan(step)) return std::numeric_limits<float>::quiet_NaN();
+  double sum = 0.0;
+  for (int64_t d = 0; d < head_dim; ++d) {
+    const float a = q[d] * bound_value(lo, step, codes[d]);
+    const float b = q[d] * bound_value(lo, step, codes[head_dim + d]);
+    sum += std::max(a, b);
+  }
+  return static_cast<float>(sum);
+}
+
+void select_kv_blocks(const Tensor& q, const KvLayer& cache, const AttentionMetadata& meta, Tensor& tables,
+                      Tensor& lens) {
+  const int64_t num_blocks = cache.k.size(0), block_size = cache.k.size(1), kv_heads = cache.k.size(2);
+  const int64_t head_dim = cache.k.size(3), group = q.size(1) / kv_heads;
+  const int64_t cols = meta.block_tables.size(1);
+  const int32_t* block_tables = meta.block_tables.data<int32_t>();
+  const auto* bounds = static_cast<const uint8_t*>(cache.kbounds.raw_data());
+  const float* bound_params = cache.kbound_params.data<float>();
+  int32_t* out_tables = tables.data<int32_t>();
+  int32_t* out_lens = lens.data<int32_t>();
+  std::vector<float> qrow(static_cast<size_t>(head_dim));
+  std::vector<std::pair<float, int64_t>> ranked;
+  std::vector<char> keep;
+  for (int s = 0; s < meta.num_seqs; ++s) {
+    const int32_t* table = block_tables + s * cols;
+    const int64_t context_len = load_i32(meta.context_lens, s);
+    const int64_t entries = (context_len + block_size - 1) / block_size;
+    int64_t history = 0;
+    while (history < entries && table[history] >= num_blocks) ++history;
+    const int64_t sinks = std::min<int64_t>(meta.sparse_sink_blocks, history);
+    const int64_t budget = load_i32(meta.sparse_budgets, s);
+    const int64_t k = std::max<int64_t>(1, budget / block_size);
+    const bool dense = budget <= 0 || k >= history - sinks || load_i32(meta.query_start, s + 1) == load_i32(meta.query_start, s);
+    for (int64_t h = 0; h < kv_heads; ++h) {
+      int32_t* out = out_tables + (s * kv_heads + h) * cols;
+      std::fill(out, out + cols, -1);
+      if (dense) {
+        std::copy(table, table + entries, out);
+        out_lens[s * kv_heads + h] = static_cast<int32_t>(context_len);
+        continue;
+      }
+      const int64_t row = load_i32(meta.query_start, s);
+      ranked.clear();
+      for (int64_t i = sinks; i < history; ++i) {
+        const int64_t hb = table[i] - num_blocks;
+        const uint8_t* codes = bounds + (hb * kv_heads + h) * 2 * head_dim;
+        const float* params = bound_params + (hb * kv_heads + h) * 2;
+        float score = -std::numeric_limits<float>::infinity();
+        for (int64_t g = 0; g < group; ++g) {
+          for (int64_t d = 0; d < head_dim; ++d) qrow[static_cast<size_t>(d)] = q.data<float>()[offset3(q, row, h * group + g, d)];
+          const float b = key_bound(qrow.data(), codes, params, head_dim);
+          score = std::isnan(b) ? std::numeric_limits<float>::infinity() : std::max(score, b);
+        }
+        ranked.emplace_back(score, i);
+      }
+      // Highest score first, ties to the earlier entry (NaN already ranks as +inf).
+      std::sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) {
+        return a.first != b.first ? a.first > b.first : a.second < b.second;
+      });
+      keep.assign(static_cast<size_t>(entries), 0);
+      for (int64_t i = 0; i < sinks; ++i) keep[static_cast<size_t>(i)] = 1;
+      for (int64_t i = history; i < entries; ++i) keep[static_cast<size_t>(i)] = 1;
+      for (int64_t i = 0; i < k; ++i) keep[static_cast<size_t>(ranked[static_cast<size_t>(i)].second)] = 1;
+      int64_t n = 0;
+      for (int64_t i = 0; i < entries; ++i) {
+        if (keep[static_cast<size_t>(i)]) out[n++] = table[i];
+      }
+      out_lens[s * kv_heads + h] = static_cast<int32_t>(context_len - (entries - n) * block_size);
+    }
   }
 }
 
@@ -300,15 +436,16 @@ void paged_attention(const Tensor& q, const KvLayer& cache, const AttentionMetad
   const int64_t group = num_heads / num_kv_heads;
   const int64_t block_size = meta.block_size;
   const int64_t max_blocks = meta.block_tables.size(1);
-  const int32_t* block_tables = meta.block_tables.data<int32_t>();
+  const int32_t* dense_tables = meta.block_tables.data<int32_t>();
+  const bool sparse = meta.sparse_tables.defined();
   std::vector<double> scores;
   std::vector<double> acc(static_cast<size_t>(head_dim));
   for (int s = 0; s < meta.num_seqs; ++s) {
     const int64_t q_begin = load_i32(meta.query_start, s), q_end = load_i32(meta.query_start, s + 1);
     const int64_t context_len = load_i32(meta.context_lens, s);
     for (int64_t row = q_begin; row < q_end; ++row) {
-      const int64_t pos = context_len - (q_end - q_begin) + (row - q_begin);  // absolute position of the query
-      const int64_t first = params.sliding_window > 0 ? std::max<int64_t>(0, pos - params.sliding_window + 1) : 0;
+      int64_t pos = context_len - (q_end - q_begin) + (row - q_begin);  // absolute position of the query
+      int64_t first = params.sliding_window > 0 ? std::max<int64_t>(0, pos - params.sliding_window + 1) : 0;
       // Token trees: of the chunk's own keys, only those whose bit is set.
       const int64_t chunk_start = context_len - (q_end - q_begin);
       const uint64_t mask =
@@ -318,6 +455,14 @@ void paged_attention(const Tensor& q, const KvLayer& cache, const AttentionMetad
       };
       for (int64_t h = 0; h < num_heads; ++h) {
         const int64_t kvh = h / group;
+        // Block-sparse: the kept blocks form the query's context, the query at its last position.
+        const int32_t* block_tables =
+            sparse ? meta.sparse_tables.data<int32_t>() + (s * num_kv_heads + kvh) * max_blocks - s * max_blocks
+                   : dense_tables;
+        if (sparse) {
+          pos = meta.sparse_lens.data<int32_t>()[s * num_kv_heads + kvh] - 1;
+          first = 0;
+        }
         scores.assign(static_cast<size_t>(pos - first + 1), 0.0);
         for (int64_t j = first; j <= pos; ++j) {
           if (!visible(j)) {

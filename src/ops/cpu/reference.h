@@ -41,6 +41,14 @@ void quantize_history_row(const float* x, int64_t head_dim, int bits, void* code
 // Element i of a history row as f32.
 float history_value(const void* codes, const float* params, int bits, int64_t i);
 void compress_kv_blocks(const Tensor& pairs, KvLayer& cache);
+// Key bounds (ops.h KvLayer) of one (history block, kv head) from its keys' element-wise minimum
+// mn and maximum mx [head_dim] (a NaN anywhere: the non-finite block): codes [2, head_dim] and
+// params [2] = lo, step.
+void key_bounds_codes(const float* mn, const float* mx, int64_t head_dim, uint8_t* codes, float* params);
+// The bound of ops.h select_kv_blocks for query head q[head_dim] (summed in double).
+float key_bound(const float* q, const uint8_t* codes, const float* params, int64_t head_dim);
+void select_kv_blocks(const Tensor& q, const KvLayer& cache, const AttentionMetadata& meta, Tensor& tables,
+                      Tensor& lens);
 // Gathers each sequence's K/V through its block table, one key at a time (a quantized cache's
 // as code * scale), and takes a full softmax per (query, head) with the causal and
 // sliding-window mask.

@@ -18,6 +18,8 @@
 // their rows into the f32 tile (slot -1, the history row in row[]); the tensor-core one, for a
 // 16-bit cache, into its 16-bit tile (MmaKvPipeline); a quantized cache with history pools is
 // planned on CUDA cores.
+// Block-sparse decode (batch.sparse_tables): a (sequence, kv head) block reads that head's kept
+// blocks as its context, through its row of sparse_tables; slices split that shorter context.
 // Invariants: keys outside [window start, context) are never loaded; a block never writes
 // another block's output; results do not depend on timing.
 #include <algorithm>
@@ -256,7 +258,10 @@ __global__ void __launch_bounds__(kThreads, 4) decode_kernel(const DecodeParams 
   const int64_t num_heads = p.query.num_heads;
   const DecodeSmem sm = carve(smem_raw, group, hd);
 
-  const int ctx = p.batch.context_lens[s];
+  // Block-sparse: this kv head's kept blocks are the context (ops.h paged_attention).
+  const bool sparse = p.batch.sparse_tables != nullptr;
+  const int64_t sparse_row = static_cast<int64_t>(s) * p.cache.num_kv_heads + kvh;
+  const int ctx = sparse ? p.batch.sparse_lens[sparse_row] : p.batch.context_lens[s];
   const int pos = ctx - 1;
   const int first = p.query.sliding_window > 0 ? max(0, pos - p.query.sliding_window + 1) : 0;
   const int keys = ctx - first;
@@ -281,7 +286,8 @@ __global__ void __launch_bounds__(kThreads, 4) decode_kernel(const DecodeParams 
 #pragma unroll
     for (int j = 0; j < kChunks; ++j) acc[g][j] = make_float4(0.f, 0.f, 0.f, 0.f);
   }
-  const int32_t* table = p.batch.block_tables + static_cast<int64_t>(s) * p.batch.max_blocks_per_seq;
+  const int32_t* table = sparse ? p.batch.sparse_tables + sparse_row * p.batch.max_blocks_per_seq
+                                : p.batch.block_tables + static_cast<int64_t>(s) * p.batch.max_blocks_per_seq;
   const int64_t bs = p.cache.block_size;
   __syncthreads();
 
@@ -531,7 +537,9 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const DecodeParams
   const int group = static_cast<int>(p.group);
   const int64_t num_heads = p.query.num_heads;
 
-  const int ctx = p.batch.context_lens[s];
+  const bool sparse = p.batch.sparse_tables != nullptr;  // as in decode_kernel
+  const int64_t sparse_row = static_cast<int64_t>(s) * p.cache.num_kv_heads + kvh;
+  const int ctx = sparse ? p.batch.sparse_lens[sparse_row] : p.batch.context_lens[s];
   const int pos = ctx - 1;
   const int first = p.query.sliding_window > 0 ? max(0, pos - p.query.sliding_window + 1) : 0;
   const int keys = ctx - first;
@@ -558,7 +566,10 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const DecodeParams
 
   // The slice's keys [kb, ke); nothing is staged for an empty slice (num_tiles 0).
   const MmaKvPipeline<D, HD, kThreads> kv(
-      decode_mma_smem, p.cache, p.batch.block_tables + static_cast<int64_t>(s) * p.batch.max_blocks_per_seq, kvh, ke);
+      decode_mma_smem, p.cache,
+      sparse ? p.batch.sparse_tables + sparse_row * p.batch.max_blocks_per_seq
+             : p.batch.block_tables + static_cast<int64_t>(s) * p.batch.max_blocks_per_seq,
+      kvh, ke);
   const int num_tiles = kb < ke ? (ke - kb + kMmaKeys - 1) / kMmaKeys : 0;
   kv.prologue(kb, num_tiles);
 

@@ -381,6 +381,18 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
     require_ok(cuda::compress_kv_blocks(pairs.data<int32_t>(), pairs.size(0), kv_cache_view(layer), stream_));
   }
 
+  void select_kv_blocks(const Tensor& q, const KvLayer& layer, const AttentionMetadata& meta, Tensor& tables,
+                        Tensor& lens) override {
+    if (!begin("select_kv_blocks", q)) return;
+    const KvCacheView cache = kv_cache_view(layer);
+    const AttentionBatch batch = attention_batch(meta);
+    const size_t bytes = cuda::select_workspace_bytes(batch.num_seqs, cache.num_kv_heads, batch.max_blocks_per_seq);
+    if (!grow_scratch(select_workspace_, bytes, "block selection workspace")) return;
+    require_ok(cuda::select_kv_blocks(q.data<float>(), q.stride(0), q.stride(1), q.size(1), cache, batch,
+                                      tables.data<int32_t>(), lens.data<int32_t>(), select_workspace_.data.get(),
+                                      select_workspace_.bytes, stream_));
+  }
+
   void paged_attention(const Tensor& q, const KvLayer& layer, const AttentionMetadata& meta,
                        const AttentionParams& params, Tensor& out) override {
     if (!begin("paged_attention", q)) return;
@@ -634,6 +646,7 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
   bool failed() const { return !error_.ok(); }
 
   Scratch workspace_;         // paged attention (decode partial results)
+  Scratch select_workspace_;  // select_kv_blocks' scores
   Scratch argmax_workspace_;  // argmax chunks
   Scratch top_workspace_;     // top_tokens candidates
   uint64_t epoch_ = 0;        // scratch replacements here (the linear context counts its own)

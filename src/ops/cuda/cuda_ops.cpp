@@ -179,6 +179,32 @@ Status compress_kv_blocks(const int32_t* pairs, int64_t num_pairs, const KvCache
   TACHYON_CUDA_REQUIRE(cache.head_dim % 4 == 0, "compress_kv_blocks: head_dim {} (a multiple of 4)", cache.head_dim);
   TACHYON_CUDA_REQUIRE(num_pairs == 0 || pairs != nullptr, "compress_kv_blocks: null pairs");
   TACHYON_CUDA_RETURN_IF_ERROR(detail::launch_compress_kv_blocks(pairs, num_pairs, cache, stream));
+  TACHYON_CUDA_REQUIRE(cache.kbounds == nullptr || cache.head_dim <= detail::kDecodeMaxHeadDim,
+                       "compress_kv_blocks: key bounds of head_dim {} (at most {})", cache.head_dim,
+                       detail::kDecodeMaxHeadDim);
+  TACHYON_CUDA_RETURN_IF_ERROR(detail::launch_key_bounds(pairs, num_pairs, cache, stream));
+  return Status::Ok();
+}
+
+size_t select_workspace_bytes(int num_seqs, int64_t num_kv_heads, int64_t cols) {
+  return detail::select_workspace_bytes(num_seqs, num_kv_heads, cols);
+}
+
+Status select_kv_blocks(const float* q, int64_t q_token_stride, int64_t q_head_stride, int64_t num_heads,
+                        const KvCacheView& cache, const AttentionBatch& batch, int32_t* tables, int32_t* lens,
+                        void* workspace, size_t workspace_bytes, Stream stream) {
+  TACHYON_RETURN_IF_ERROR(check_cache("select_kv_blocks", cache));
+  TACHYON_CUDA_REQUIRE(cache.kbounds != nullptr && cache.kbound_params != nullptr && batch.sparse_budgets != nullptr,
+                       "select_kv_blocks: needs key bounds and budgets");
+  TACHYON_CUDA_REQUIRE(num_heads > 0 && num_heads % cache.num_kv_heads == 0 &&
+                           num_heads / cache.num_kv_heads * cache.head_dim * 4 <= 48 * 1024,
+                       "select_kv_blocks: {} heads over {} kv heads of head_dim {}", num_heads, cache.num_kv_heads,
+                       cache.head_dim);
+  TACHYON_CUDA_REQUIRE(workspace_bytes >= detail::select_workspace_bytes(batch.num_seqs, cache.num_kv_heads,
+                                                                         batch.max_blocks_per_seq),
+                       "select_kv_blocks: workspace of {} bytes", workspace_bytes);
+  TACHYON_CUDA_RETURN_IF_ERROR(detail::launch_select_kv_blocks(q, q_token_stride, q_head_stride, num_heads, cache, batch,
+                                                               tables, lens, workspace, stream));
   return Status::Ok();
 }
 
@@ -284,6 +310,10 @@ Status paged_attention(const AttentionPlan& plan, const float* q, int64_t q_toke
   query.scale = params.scale;
   query.sliding_window = params.sliding_window;
   query.out16 = out16;
+  TACHYON_CUDA_REQUIRE(batch.sparse_tables == nullptr || plan.algo == AttentionAlgo::kDecode,
+                       "paged_attention: block-sparse attention runs in the decode kernels (at most {} query heads "
+                       "per KV head)",
+                       detail::kDecodeMaxGroup);
   if (plan.algo == AttentionAlgo::kDecode) {
     TACHYON_CUDA_REQUIRE(batch.max_query_len <= 1, "paged_attention: a decode plan for a batch with {}-row queries",
                          batch.max_query_len);

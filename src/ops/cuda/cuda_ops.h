@@ -313,6 +313,12 @@ Status store_kv(const float* k, int64_t k_token_stride, int64_t k_head_stride, c
 // ops::compress_kv_blocks on device pointers: pairs [num_pairs, 2] i32 (primary block, history
 // block); the cache must have history pools (history_bits 8 or 4).
 Status compress_kv_blocks(const int32_t* pairs, int64_t num_pairs, const KvCacheView& cache, Stream stream);
+// ops::select_kv_blocks on device pointers (batch.sparse_budgets set); workspace of
+// select_workspace_bytes(num_seqs, num_kv_heads, batch.max_blocks_per_seq).
+Status select_kv_blocks(const float* q, int64_t q_token_stride, int64_t q_head_stride, int64_t num_heads,
+                        const KvCacheView& cache, const AttentionBatch& batch, int32_t* tables, int32_t* lens,
+                        void* workspace, size_t workspace_bytes, Stream stream);
+size_t select_workspace_bytes(int num_seqs, int64_t num_kv_heads, int64_t cols);
 
 // rope (as above) on q and k, then store_kv of k and v, in one launch: the same bits as rope(q),
 // rope(k), store_kv(k, v). f32/f16/bf16 caches only (a quantized one: the separate ops).

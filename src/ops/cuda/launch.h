@@ -311,6 +311,14 @@ cudaError_t launch_rope_store_kv(const RopeStoreArgs& a, const KvCacheView& cach
 // device; rows bit-identical to ops/cpu/reference.cpp's compress_kv_blocks.
 cudaError_t launch_compress_kv_blocks(const int32_t* pairs, int64_t num_pairs, const KvCacheView& cache,
                                       Stream stream);
+// Key bounds (ops.h KvLayer) of each pair's history block, from its keys' codes; nothing without
+// kbounds. Bit-identical to the reference's where the decoded keys are.
+cudaError_t launch_key_bounds(const int32_t* pairs, int64_t num_pairs, const KvCacheView& cache, Stream stream);
+// select_kv_blocks (ops.h), batch.sparse_budgets set: workspace of select_workspace_bytes().
+size_t select_workspace_bytes(int num_seqs, int64_t num_kv_heads, int64_t cols);
+cudaError_t launch_select_kv_blocks(const float* q, int64_t q_token_stride, int64_t q_head_stride, int64_t num_heads,
+                                    const KvCacheView& cache, const AttentionBatch& batch, int32_t* tables,
+                                    int32_t* lens, void* workspace, Stream stream);
 cudaError_t launch_store_kv(const float* k, int64_t k_token_stride, int64_t k_head_stride, const float* v,
                             int64_t v_token_stride, int64_t v_head_stride, int64_t n, const int32_t* slot_mapping,
                             const KvCacheView& cache, Stream stream);
