@@ -328,6 +328,15 @@ void add_engine_options(CLI::App& cmd, EngineArgs& a) {
                "outputs independent of what else is batched (bit-identical; slower)");
   cmd.add_flag("--enforce-eager", a.enforce_eager, "on a GPU, run every step eagerly (no CUDA graphs)");
   add_kv_tier_options(cmd, a.kv_window, a.kv_history);
+  add_sparse_option(cmd, a.sparse_budget);
+}
+
+void add_sparse_option(CLI::App& cmd, int& budget) {
+  cmd.add_option("--sparse-budget", budget,
+                 "block-sparse decode attention (needs --kv-history int8 or int4): each decode query attends to the "
+                 "history blocks of about this many tokens whose key bounds score highest, the first history block "
+                 "and the window; 0: dense (requests may set their own 'sparse_budget')")
+      ->check(non_negative_int());
 }
 
 void add_kv_tier_options(CLI::App& cmd, int& window, std::string& history) {
@@ -418,6 +427,7 @@ Result<EngineOptions> engine_options(const EngineArgs& a) {
   o.batch_invariant = a.batch_invariant;
   o.cuda_graphs = !a.enforce_eager;
   TACHYON_ASSIGN_OR_RETURN(o.kv.tiers, parse_kv_tiers(a.kv_window, a.kv_history));
+  o.sparse_budget = a.sparse_budget;
   return o;
 }
 

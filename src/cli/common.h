@@ -64,10 +64,13 @@ struct EngineArgs {
   bool enforce_eager = false;  // no CUDA graphs
   int kv_window = 0;           // --kv-window: positions kept as they are (0: all)
   std::string kv_history = "same";  // --kv-history: what becomes of older ones
+  int sparse_budget = 0;       // --sparse-budget: block-sparse decode attention (0: dense)
 };
 void add_engine_options(CLI::App& cmd, EngineArgs& args);
 // --kv-window and --kv-history, bound to `window` and `history`.
 void add_kv_tier_options(CLI::App& cmd, int& window, std::string& history);
+// --sparse-budget (EngineOptions::sparse_budget).
+void add_sparse_option(CLI::App& cmd, int& budget);
 Result<EngineOptions> engine_options(const EngineArgs& args);
 // --kv-window / --kv-history values (shared by the engine commands and perplexity).
 Result<KvTierOptions> parse_kv_tiers(int window, const std::string& history);

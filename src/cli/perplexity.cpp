@@ -55,6 +55,7 @@ struct PerplexityArgs {
   std::string kv_dtype;            // --kv: the scored run's KV cache dtype (empty: the default)
   int kv_window = 0;               // --kv-window / --kv-history: the scored run's KV tiers
   std::string kv_history = "same";
+  int sparse_budget = 0;           // --sparse-budget: block-sparse attention over the history
   bool kl = false;
   bool no_bos = false;
   std::string json_path;
@@ -121,7 +122,11 @@ Status validate_before_load(const PerplexityArgs& a) {
                       "--quant-policy FILE, --kv int8|fp8 or --kv-history");
   }
   if (!a.kv_dtype.empty()) TACHYON_RETURN_IF_ERROR(parse_kv_dtype(a.kv_dtype).status());
-  TACHYON_RETURN_IF_ERROR(parse_kv_tiers(a.kv_window, a.kv_history).status());
+  TACHYON_ASSIGN_OR_RETURN(const KvTierOptions tiers, parse_kv_tiers(a.kv_window, a.kv_history));
+  if (a.sparse_budget > 0 && tiers.history_bits() == 0) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "--sparse-budget picks among history blocks: it needs --kv-window and --kv-history int8 or int4");
+  }
   if (a.ctx && *a.ctx < 2) {
     return make_error(ErrorCode::kInvalidArgument, "--ctx {}: a window needs at least 2 tokens", *a.ctx);
   }
@@ -224,7 +229,7 @@ int run_perplexity(const PerplexityArgs& a) {
   std::optional<DType> kv_dtype;
   if (!a.kv_dtype.empty()) kv_dtype = parse_kv_dtype(a.kv_dtype).value();  // checked before loading
   const KvTierOptions tiers = parse_kv_tiers(a.kv_window, a.kv_history).value();  // checked before loading
-  auto runner = WindowRunner::create(*model->model, ctx, kv_dtype, tiers);
+  auto runner = WindowRunner::create(*model->model, ctx, kv_dtype, tiers, a.sparse_budget);
   if (!runner.ok()) return report(runner.status());
   std::unique_ptr<WindowRunner> reference_runner;
   if (reference) {
@@ -310,6 +315,7 @@ int run_perplexity(const PerplexityArgs& a) {
   j["kv_dtype"] = kv_dtype ? dtype_name(*kv_dtype) : "default";
   j["kv_window"] = tiers.window;
   j["kv_history"] = kv_history_name(tiers.history);
+  j["sparse_budget"] = a.sparse_budget;
   j["device"] = model->model->device().to_string();
   j["threads"] = num_threads();
   j["seconds"] = seconds;
@@ -337,7 +343,9 @@ int run_perplexity(const PerplexityArgs& a) {
   }
 
   const std::string tier_text =
-      tiers.active() ? fmt::format(" (window {}, history {})", tiers.window, kv_history_name(tiers.history)) : "";
+      tiers.active() ? fmt::format(" (window {}, history {}{})", tiers.window, kv_history_name(tiers.history),
+                                   a.sparse_budget > 0 ? fmt::format(", sparse budget {}", a.sparse_budget) : "")
+                     : "";
   std::printf("model: %s | weights %s | kv %s%s | %s, %d threads\n", a.common.model.c_str(),
               model->weight_dtypes.c_str(), j["kv_dtype"].get<std::string>().c_str(), tier_text.c_str(),
               j["device"].get<std::string>().c_str(), num_threads());
@@ -368,6 +376,7 @@ void add_perplexity(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--kv", a->kv_dtype, "KV cache dtype of the scored run: f32, f16, bf16, int8, fp8 (default: f32 "
                                        "on the CPU, bf16 on a GPU; the --kl reference always keeps the default)");
   add_kv_tier_options(*cmd, a->kv_window, a->kv_history);
+  add_sparse_option(*cmd, a->sparse_budget);
   cmd->add_flag("--kl", a->kl, "also load the model as stored and report KL(stored || quantized) per token, top-1 "
                                "agreement and both perplexities (needs --quant or --kv)");
   cmd->add_flag("--no-bos", a->no_bos, "do not add the BOS token in front of the text");

@@ -127,10 +127,11 @@ inline double kl_divergence(std::span<const float> reference, std::span<const fl
 class WindowRunner {
  public:
   // `tiers`: the cache's window and history, applied after every run() as an engine applies them
-  // after every step.
+  // after every step. `sparse_budget` > 0 (int8 / int4 history): every query attends block-sparse
+  // (ops.h select_kv_blocks) with that budget and one sink block, as an engine's decode steps do.
   static Result<std::unique_ptr<WindowRunner>> create(const LlamaModel& model, int max_tokens,
                                                       std::optional<DType> kv_dtype = std::nullopt,
-                                                      const KvTierOptions& tiers = {}) {
+                                                      const KvTierOptions& tiers = {}, int sparse_budget = 0) {
     const ModelConfig& c = model.config();
     KvCacheConfig kv;
     kv.num_layers = c.num_layers;
@@ -142,8 +143,10 @@ class WindowRunner {
     kv.dtype = kv_dtype.value_or(kv.device.is_cpu() ? DType::kF32 : DType::kBF16);
     kv.tiers = tiers;
     kv.num_history_blocks = tiers.history_bits() != 0 ? kv.num_blocks : 0;
+    kv.key_bounds = sparse_budget > 0;
     TACHYON_ASSIGN_OR_RETURN(KvCache cache, KvCache::create(kv));
     std::unique_ptr<WindowRunner> runner(new WindowRunner(model, std::move(cache), kv.num_blocks, max_tokens));
+    runner->sparse_budget_ = sparse_budget;
     TACHYON_RETURN_IF_ERROR(runner->blocks_.grow_to(runner->table_, max_tokens));
     return runner;
   }
@@ -190,6 +193,7 @@ class WindowRunner {
     chunk.start_position = start_position;
     chunk.tokens = tokens;
     chunk.logits = logits != nullptr ? LogitsWanted::kAll : LogitsWanted::kNone;
+    chunk.sparse_budget = sparse_budget_;
     const ForwardBatch batch = build_forward_batch({chunk});
     Tensor none;
     TACHYON_RETURN_IF_ERROR(model_.forward(batch, cache_, logits != nullptr ? *logits : none));
@@ -215,6 +219,7 @@ class WindowRunner {
   BlockManager blocks_;
   BlockTable table_;
   int max_tokens_;
+  int sparse_budget_ = 0;
 };
 
 }  // namespace tachyon::cli

@@ -123,6 +123,7 @@ int run_serve(ServeArgs& a) {
   context.vocab_size = m.model->config().vocab_size;
   context.max_choices = a.max_waiting;
   context.stream_timestamps = a.stream_timestamps;
+  context.sparse_attention = eo->sparse_budget > 0;
   for (const NamedDraft& d : eo->spec.drafts) {
     if (!d.name.empty()) context.drafts.push_back(d.name);
   }

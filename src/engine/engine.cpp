@@ -91,6 +91,22 @@ Result<std::unique_ptr<Engine>> Engine::create(const LlamaModel& model, const To
                       "window of {}",
                       tiers.window);
   }
+  if (options.sparse_budget < 0 || options.sparse_sink_blocks < 0) {
+    return make_error(ErrorCode::kInvalidArgument, "sparse budget {} and {} sink blocks must not be negative",
+                      options.sparse_budget, options.sparse_sink_blocks);
+  }
+  if (options.sparse_budget > 0 && tiers.history_bits() == 0) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "block-sparse attention (sparse budget {}) picks among history blocks: it needs --kv-window and "
+                      "--kv-history int8 or int4",
+                      options.sparse_budget);
+  }
+  if (options.sparse_budget > 0 && c.sliding_window > 0) {
+    return make_error(ErrorCode::kUnsupported,
+                      "block-sparse attention (sparse budget {}): the model attends within a sliding window of {} "
+                      "already",
+                      options.sparse_budget, c.sliding_window);
+  }
   // What one sequence holds at once in full-precision blocks: every position, or with a window
   // about the window's (dropped history frees the rest; int8 / int4 history keeps it, smaller, in
   // the history pool).
@@ -110,6 +126,7 @@ Result<std::unique_ptr<Engine>> Engine::create(const LlamaModel& model, const To
   kv.dtype = kv_dtype;
   kv.device = device;
   kv.tiers = tiers;
+  kv.key_bounds = options.sparse_budget > 0;
   const int64_t blocks_per_seq = (resident_per_seq + bs - 1) / bs;
   const int64_t history_blocks_per_seq = (history_per_seq + bs - 1) / bs;
   // A draft model's cache has as many blocks as the target's: a memory budget pays for both.
@@ -278,6 +295,15 @@ Status Engine::validate_params(const GenerationParams& params) const {
   TACHYON_RETURN_IF_ERROR(validate_stop_strings(params.stop));
   if (!params.stop.empty() && !(params.detokenize && tokenizer_ != nullptr)) {
     return make_error(ErrorCode::kInvalidArgument, "stop strings need detokenized output (a tokenizer)");
+  }
+  if (params.sparse_budget && *params.sparse_budget < 0) {
+    return make_error(ErrorCode::kInvalidArgument, "sparse_budget = {} must not be negative", *params.sparse_budget);
+  }
+  if (params.sparse_budget.value_or(0) > 0 && !cache_.config().key_bounds) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "sparse_budget = {}: block-sparse attention is off on this engine (start it with a sparse "
+                      "budget, --sparse-budget)",
+                      *params.sparse_budget);
   }
   if (!params.draft.empty() && (spec_ == nullptr || !spec_->has_draft(params.draft))) {
     const std::string names = spec_ ? spec_->draft_names() : std::string();
@@ -470,11 +496,14 @@ ForwardBatch Engine::batch_of(const SchedulerStep& plan) {
         sc.tree_parents = parents;
       }
     }
-    chunks.push_back(sc);
     Request& req = *requests_.at(c.seq->id());
+    sc.sparse_budget = req.params.sparse_budget.value_or(options_.sparse_budget);
+    chunks.push_back(sc);
     if (req.timing.first_scheduled < 0) req.timing.first_scheduled = t_sched;
   }
-  return build_forward_batch(chunks);
+  ForwardBatch batch = build_forward_batch(chunks);
+  batch.attention.sparse_sink_blocks = options_.sparse_sink_blocks;
+  return batch;
 }
 
 void Engine::emit_outputs(const SchedulerStep& plan, BatchSampler::Place place, const Tensor* features,

@@ -72,6 +72,12 @@ struct EngineOptions {
   bool batch_invariant = false;     // outputs bit-identical whatever else is in the batch (slower)
   bool cuda_graphs = true;          // on a GPU, replay decode steps as CUDA graphs (false: eager)
   SpecDecodeOptions spec;           // speculative decoding (off by default)
+  // Block-sparse decode attention (needs int8 / int4 history): > 0 keeps key bounds with the
+  // history blocks, and each request's decode query attends to the history blocks of about this
+  // many tokens that bound its scores highest, the first sparse_sink_blocks history blocks and the
+  // window (GenerationParams::sparse_budget overrides it per request). 0: dense attention.
+  int sparse_budget = 0;
+  int sparse_sink_blocks = 1;
 };
 
 struct EngineStats {

@@ -33,6 +33,10 @@ struct GenerationParams {
   // abort() drops them. A request that a stop condition ends at its first token finishes as usual
   // instead, and holds nothing.
   bool prefill_only = false;
+  // Block-sparse decode attention (EngineOptions::sparse_budget): the history tokens this
+  // request's decode queries attend to, 0 for dense; unset: the engine's default. Needs an engine
+  // started with a budget (it keeps the key bounds).
+  std::optional<int> sparse_budget;
 };
 
 enum class FinishReason : uint8_t {

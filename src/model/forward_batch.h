@@ -24,6 +24,10 @@ struct SequenceChunk {
   // and to its ancestors in the chunk; it still occupies cache index start_position + i. At most
   // kMaxTreeTokens tokens.
   std::span<const int32_t> tree_parents;
+  // Block-sparse attention (ops.h select_kv_blocks): the history tokens this chunk's query may
+  // attend to; 0 for all. Honoured on batches where every chunk is one token (decode steps);
+  // other batches attend densely.
+  int sparse_budget = 0;
 };
 
 ForwardBatch build_forward_batch(const std::vector<SequenceChunk>& chunks);

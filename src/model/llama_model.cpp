@@ -224,11 +224,14 @@ Result<Weight> fuse(std::initializer_list<Weight*> parts, const char* what) {
   return out;
 }
 
-// The index tensors of a batch, in the order they are packed into one i32 buffer.
-std::array<const Tensor*, 7> index_tensors(const ForwardBatch& b) {
+// The index tensors of a batch, in the order they are packed into one i32 buffer (the sparse
+// budgets last, where the batch has them).
+std::vector<const Tensor*> index_tensors(const ForwardBatch& b) {
   const AttentionMetadata& m = b.attention;
-  return {&b.token_ids, &b.positions, &b.logits_rows, &m.query_start, &m.context_lens, &m.block_tables,
-          &m.slot_mapping};
+  std::vector<const Tensor*> t = {&b.token_ids,      &b.positions,      &b.logits_rows, &m.query_start,
+                                  &m.context_lens,   &m.block_tables,   &m.slot_mapping};
+  if (m.sparse_budgets.defined()) t.push_back(&m.sparse_budgets);
+  return t;
 }
 
 Tensor pack(const ForwardBatch& batch) {
@@ -250,8 +253,9 @@ Result<ForwardBatch> batch_on(const ForwardBatch& batch, Device device) {
   TACHYON_ASSIGN_OR_RETURN(Tensor on_device, copy_to(pack(batch), device, "batch"));
   ForwardBatch d;
   d.attention = batch.attention;
-  Tensor* outs[] = {&d.token_ids, &d.positions, &d.logits_rows, &d.attention.query_start,
-                    &d.attention.context_lens, &d.attention.block_tables, &d.attention.slot_mapping};
+  Tensor* outs[] = {&d.token_ids,          &d.positions,          &d.logits_rows,
+                    &d.attention.query_start, &d.attention.context_lens, &d.attention.block_tables,
+                    &d.attention.slot_mapping, &d.attention.sparse_budgets};
   int64_t offset = 0;
   const auto parts = index_tensors(batch);
   for (size_t i = 0; i < parts.size(); ++i) {
@@ -407,7 +411,7 @@ Result<LlamaModel::DecodeGraph*> LlamaModel::decode_graph_for(const ForwardBatch
   }
   padded.attention.max_context_len = static_cast<int>(width * m.block_size);
 
-  const GraphKey key{cache.id(), n, width, static_cast<int>(options.linear_mode)};
+  const GraphKey key{cache.id(), n, width, static_cast<int>(options.linear_mode), m.sparse_budgets.defined()};
   ops::Backend* backend = ops::backend_for(dev);
   if (backend->scratch_epoch() != graphs_epoch_) {
     // A workspace that captured graphs write to was replaced (a larger shape grew it): they would
@@ -580,6 +584,21 @@ Status LlamaModel::run_layers(const ForwardBatch& batch, KvCache& cache, Tensor&
     params.sliding_window = params.sliding_window > 0 ? std::min(params.sliding_window, w) : w;
   }
 
+  // Block-sparse decode: each layer picks its blocks from its queries, then attends to them. A
+  // model with its own sliding window attends densely (its window is already the bound).
+  const bool sparse = b->attention.sparse_budgets.defined() && params.sliding_window == 0;
+  AttentionMetadata sparse_meta;
+  if (sparse) {
+    sparse_meta = b->attention;
+    const int64_t seqs = b->attention.num_seqs, cols = b->attention.block_tables.size(1);
+    auto tables = empty_on({seqs, c.num_kv_heads, cols}, DType::kI32, dev, "sparse block tables");
+    auto lens = empty_on({seqs, c.num_kv_heads}, DType::kI32, dev, "sparse block tables");
+    TACHYON_RETURN_IF_ERROR(tables.status());
+    TACHYON_RETURN_IF_ERROR(lens.status());
+    sparse_meta.sparse_tables = std::move(tables).value();
+    sparse_meta.sparse_lens = std::move(lens).value();
+  }
+
   ops::embedding(weights_.embed_tokens, b->token_ids, x);
   // Each sublayer reads norm(x) and adds its output into x. linear_fused lets a backend run the
   // norm inside the first linear's kernel and the add inside the last one's; where it cannot add
@@ -630,7 +649,13 @@ Status LlamaModel::run_layers(const ForwardBatch& batch, KvCache& cache, Tensor&
     }
     ops::rope_store_kv(q_heads, k_heads, v_heads, b->positions, rope_, b->attention.slot_mapping, cache.layer(layer));
     Tensor attn_heads = attn.reshape({n, c.num_heads, c.head_dim});
-    ops::paged_attention(q_heads, cache.layer(layer), b->attention, params, attn_heads);
+    if (sparse) {
+      ops::select_kv_blocks(q_heads, cache.layer(layer), b->attention, sparse_meta.sparse_tables,
+                            sparse_meta.sparse_lens);
+      ops::paged_attention(q_heads, cache.layer(layer), sparse_meta, params, attn_heads);
+    } else {
+      ops::paged_attention(q_heads, cache.layer(layer), b->attention, params, attn_heads);
+    }
     pending = ops::linear_fused(attn, w.o_proj, w.o_bias.defined() ? &w.o_bias : nullptr, residual, x, mode);
     // MLP block: x += down(silu(gate) * up) of ffn_norm(x).
     if (fused_gate_up) {  // one matrix; gate and up are halves of its output

@@ -86,8 +86,9 @@ class LlamaModel {
     uint64_t cache = 0;  // the id of the KV cache the graph writes
     int64_t tokens = 0, columns = 0;
     int mode = 0;
+    bool sparse = false;  // the batch has sparse budgets (block-sparse attention)
     bool operator<(const GraphKey& o) const {
-      return std::tie(cache, tokens, columns, mode) < std::tie(o.cache, o.tokens, o.columns, o.mode);
+      return std::tie(cache, tokens, columns, mode, sparse) < std::tie(o.cache, o.tokens, o.columns, o.mode, o.sparse);
     }
   };
   struct DecodeGraph {

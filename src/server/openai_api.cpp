@@ -364,6 +364,19 @@ std::optional<ApiError> read_sampling(const ojson& body, const ServingContext& c
   TACHYON_API_TRY(read_logit_bias(body, ctx.vocab_size, s));
   TACHYON_API_TRY(read_stop(body, p.stop));
   TACHYON_API_TRY(read_bool(body, "ignore_eos", p.ignore_eos));
+  if (field(body, "sparse_budget") != nullptr) {  // an extension: block-sparse decode attention
+    int64_t budget = 0;
+    TACHYON_API_TRY(read_int(body, "sparse_budget", budget));
+    if (budget < 0 || budget > std::numeric_limits<int32_t>::max()) {
+      return invalid(fmt::format("'sparse_budget' must be 0 (dense) or a positive number of tokens, got {}", budget),
+                     "sparse_budget");
+    }
+    if (budget > 0 && !ctx.sparse_attention) {
+      return invalid("'sparse_budget': this server runs dense attention only (start it with --sparse-budget)",
+                     "sparse_budget");
+    }
+    p.sparse_budget = static_cast<int>(budget);
+  }
   if (const ojson* d = field(body, "draft")) {  // an extension: the named draft model to speculate with
     if (!d->is_string()) return invalid(fmt::format("'draft' must be a string, got {}", d->type_name()), "draft");
     p.draft = d->get<std::string>();

@@ -66,6 +66,8 @@ struct ServingContext {
   bool stream_timestamps = false;
   // Named draft models a request may pick with "draft" (--draft-model NAME=PATH); empty: none.
   std::vector<std::string> drafts;
+  // The engine keeps key bounds (--sparse-budget): requests may set "sparse_budget".
+  bool sparse_attention = false;
 };
 
 struct PromptInput {

@@ -586,11 +586,12 @@ TEST_F(EngineTest, BadRequestsAreErrors) {
 // A greedy decode of one prompt alone, forward by forward (the prompt in one, then one per token),
 // in batch-invariant linear mode over a cache with `tiers`. The block manager applies `retire` (its
 // own tiers, e.g. none: windowed attention over a cache that frees nothing) after each forward and
-// the cache runs the compressions that queues.
+// the cache runs the compressions that queues. `sparse_budget` > 0: the decode forwards attend
+// block-sparse with that budget (the prompt's, like any chunk of several tokens, densely).
 ::testing::AssertionResult greedy_alone_with_tiers(const LlamaModel& model, const std::vector<int32_t>& prompt,
                                                    int max_tokens, const KvTierOptions& tiers,
                                                    const KvTierOptions& retire, std::vector<int32_t>& out,
-                                                   int* num_history = nullptr) {
+                                                   int* num_history = nullptr, int sparse_budget = 0) {
   constexpr int kBlock = 16;
   KvCacheConfig kv;
   kv.num_layers = model.config().num_layers;
@@ -600,6 +601,7 @@ TEST_F(EngineTest, BadRequestsAreErrors) {
   kv.num_blocks = 512 / kBlock;
   kv.tiers = tiers;
   kv.num_history_blocks = tiers.history_bits() != 0 ? kv.num_blocks : 0;
+  kv.key_bounds = sparse_budget > 0;
   auto cache = KvCache::create(kv);
   if (!cache.ok()) return ::testing::AssertionFailure() << cache.status().to_string();
   BlockManager blocks({kv.num_blocks, kBlock, false, retire, retire.history_bits() != 0 ? kv.num_history_blocks : 0});
@@ -614,7 +616,7 @@ TEST_F(EngineTest, BadRequestsAreErrors) {
     if (!blocks.grow_to(table, start + static_cast<int>(run.size())).ok()) {
       return ::testing::AssertionFailure() << "no block at position " << start;
     }
-    SequenceChunk chunk{&table, start, run, LogitsWanted::kLast, {}};
+    SequenceChunk chunk{&table, start, run, LogitsWanted::kLast, {}, sparse_budget};
     Tensor logits;
     const Status st = model.forward(build_forward_batch({chunk}), *cache, logits, fo);
     if (!st.ok()) return ::testing::AssertionFailure() << st.to_string();
@@ -713,6 +715,81 @@ TEST_F(EngineTest, KvHistoryInt4BatchedEqualsOneAtATimeAndFreesEverything) {
   for (size_t i = 0; i < cases.size(); ++i) EXPECT_EQ(got[i], expected[i]) << "prompt " << i;
   EXPECT_EQ(e->stats().kv_history_blocks_used, 0);
   EXPECT_EQ(e->stats().kv_blocks_free + e->stats().kv_blocks_cached, 200);
+}
+
+// --kv-window 64 --kv-history int4 --sparse-budget 32: eight requests of ~300 tokens decode
+// batched, each step's queries attending to the first history block, the two whose key bounds
+// score highest and the window, and give token for token what the same steps give one request at
+// a time. The prompts are all admitted in the first step, so every later step is a decode batch
+// (the one kind sparse attention applies to). Sparse attention changes the tokens (it is not
+// dense in disguise), and every block and history block comes back.
+TEST_F(EngineTest, SparseAttentionBatchedEqualsOneAtATime) {
+  constexpr int kWindow = 64, kBlock = 16, kBudget = 32;
+  const std::vector<Case> cases = long_cases(cases_, 2, 150);
+  const KvTierOptions int4{kWindow, KvHistory::kInt4};
+  std::vector<std::vector<int32_t>> expected(cases.size());
+  int differing = 0;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    ASSERT_TRUE(greedy_alone_with_tiers(*model_->model, cases[i].prompt, cases[i].params.max_tokens, int4, int4,
+                                        expected[i], nullptr, kBudget));
+    std::vector<int32_t> dense;
+    ASSERT_TRUE(greedy_alone_with_tiers(*model_->model, cases[i].prompt, cases[i].params.max_tokens, int4, int4, dense));
+    differing += dense != expected[i];
+  }
+  EXPECT_GT(differing, 0) << "sparse attention changed no request's tokens";
+
+  EngineOptions o = base_options();
+  o.kv.tiers = int4;
+  o.kv.num_blocks = 200;
+  o.kv.num_history_blocks = 200;
+  o.scheduler.max_batched_tokens = 2048;  // every prompt in the first step
+  o.sparse_budget = kBudget;
+  auto e = make(o);
+  ASSERT_NE(e, nullptr);
+  int decoding_seen = 0;
+  const auto got = run_checking_the_window(*e, cases, kWindow, kBlock, [](Engine&) {}, decoding_seen);
+  EXPECT_GT(decoding_seen, 100);
+  ASSERT_EQ(got.size(), cases.size());
+  for (size_t i = 0; i < cases.size(); ++i) EXPECT_EQ(got[i], expected[i]) << "prompt " << i;
+  EXPECT_EQ(e->stats().kv_history_blocks_used, 0);
+  EXPECT_EQ(e->stats().kv_blocks_free + e->stats().kv_blocks_cached, 200);
+}
+
+// A request's sparse_budget overrides the engine's: 0 on a sparse engine is dense attention, as
+// an engine without a budget gives it; on an engine without key bounds a budget is an error, as
+// are negative budgets and a budget without int8 / int4 history.
+TEST_F(EngineTest, SparseBudgetsAreOptInAndChecked) {
+  const KvTierOptions int4{64, KvHistory::kInt4};
+  EngineOptions o = base_options();
+  o.kv.tiers = int4;
+  o.kv.num_blocks = 200;
+  o.kv.num_history_blocks = 200;
+  o.scheduler.max_batched_tokens = 2048;
+  auto dense = make(o);
+  ASSERT_NE(dense, nullptr);
+  o.sparse_budget = 32;
+  auto sparse = make(o);
+  ASSERT_NE(sparse, nullptr);
+  Case c = long_cases(cases_, 3, 120)[0];
+  const auto want = run_together(*dense, {c});
+  c.params.sparse_budget = 0;
+  const auto got = run_together(*sparse, {c});
+  EXPECT_EQ(got[0].tokens, want[0].tokens);
+
+  GenerationParams p = c.params;
+  p.sparse_budget = 64;
+  const auto on_dense = dense->add_request(c.prompt, p);
+  ASSERT_FALSE(on_dense.ok());
+  EXPECT_NE(on_dense.status().message().find("block-sparse attention is off"), std::string::npos)
+      << on_dense.status().message();
+  p.sparse_budget = -1;
+  EXPECT_FALSE(sparse->add_request(c.prompt, p).ok());
+
+  EngineOptions bad = base_options();
+  bad.sparse_budget = 64;  // no history: nothing to select from
+  auto e = Engine::create(*model_->model, model_->tokenizer.get(), model_->eos_token_ids, bad);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.status().message().find("--kv-history int8 or int4"), std::string::npos) << e.status().message();
 }
 
 }  // namespace

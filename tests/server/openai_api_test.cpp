@@ -184,6 +184,35 @@ TEST_F(OpenAiApi, DraftPicksANamedDraftModel) {
   }
 }
 
+// "sparse_budget": block-sparse decode attention per request, where the server keeps key bounds
+// (--sparse-budget); 0 asks for dense attention anywhere.
+TEST_F(OpenAiApi, SparseBudgetIsOptInPerRequest) {
+  ServingContext c = context();
+  ApiRequest dense;
+  ASSERT_FALSE(parse_api_request(Endpoint::kCompletions, R"({"prompt": "x", "sparse_budget": 0})", c, dense));
+  EXPECT_EQ(dense.params.sparse_budget, 0);
+  ApiRequest unset;
+  ASSERT_FALSE(parse_api_request(Endpoint::kCompletions, R"({"prompt": "x"})", c, unset));
+  EXPECT_FALSE(unset.params.sparse_budget.has_value());
+  auto off = parse_api_request(Endpoint::kCompletions, R"({"prompt": "x", "sparse_budget": 512})", c, dense);
+  ASSERT_TRUE(off.has_value());
+  EXPECT_EQ(off->status, 400);
+  EXPECT_EQ(off->param, "sparse_budget");
+  c.sparse_attention = true;
+  ApiRequest r;
+  ASSERT_FALSE(parse_api_request(Endpoint::kChatCompletions,
+                                 R"({"messages": [{"role": "user", "content": "x"}], "sparse_budget": 512})", c, r));
+  EXPECT_EQ(r.params.sparse_budget, 512);
+  for (const char* body : {R"({"prompt": "x", "sparse_budget": -1})", R"({"prompt": "x", "sparse_budget": "many"})",
+                           R"({"prompt": "x", "sparse_budget": 1e12})"}) {
+    ApiRequest bad;
+    auto error = parse_api_request(Endpoint::kCompletions, body, c, bad);
+    ASSERT_TRUE(error.has_value()) << body;
+    EXPECT_EQ(error->status, 400) << body;
+    EXPECT_EQ(error->param, "sparse_budget") << body;
+  }
+}
+
 TEST_F(OpenAiApi, ErrorBodyIsOpenAiShaped) {
   ApiError e;
   e.status = 404;
