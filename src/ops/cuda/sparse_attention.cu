@@ -8,12 +8,13 @@
 // flips: value(c) never decreases with c), so the codes equal the reference's wherever the decoded
 // keys do.
 //
-// select_kernel: one block per (kv head, sequence). Every candidate history block's bound is one
-// warp's (lanes over the head dims, then the max over the group's query heads), written as an
-// order-preserving u32 key to the workspace; a 4-pass radix select (8 bits a pass, a 256-bin
-// histogram in shared memory) finds the k-th largest key and how many of the keys equal to it
-// the earliest entries take; one ordered pass (block scans) writes the kept entries in table
-// order.
+// score_kernel: every candidate history block's bound is one warp's (lanes over the head dims,
+// then the max over the group's query heads), written as an order-preserving u32 key to the
+// workspace; tiles of 64 entries per block, so that a long context spreads over the GPU.
+// select_kernel: one block per (kv head, sequence). A 4-pass radix select over the keys (8 bits
+// a pass, a 256-bin histogram in shared memory) finds the k-th largest key and how many of the
+// keys equal to it the earliest entries take; one ordered pass (block scans) writes the kept
+// entries in table order.
 #include <cub/block/block_scan.cuh>
 
 #include "ops/cuda/device_math.cuh"
@@ -137,21 +138,73 @@ struct SelectParams {
   uint32_t* keys;   // workspace [num_seqs, kv heads, cols]
 };
 
+// Scores of the candidates (history entries past the sinks) of every sequence with a budget:
+// grid (entry tiles of kScoreEntries, kv heads, sequences), a warp per entry.
+constexpr int kScoreEntries = 64;
+
+__global__ void __launch_bounds__(kSelectThreads) score_kernel(const SelectParams p) {
+  extern __shared__ float q_smem[];  // [group][head_dim]
+  pdl_wait();
+  pdl_trigger();
+  const int64_t h = blockIdx.y;
+  const int s = blockIdx.z;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const KvCacheView& cache = p.cache;
+  const int64_t heads = cache.num_kv_heads, hd = cache.head_dim, bs = cache.block_size;
+  const int64_t cols = p.batch.max_blocks_per_seq;
+  const int64_t group = p.num_heads / heads;
+  const int entries = static_cast<int>((p.batch.context_lens[s] + bs - 1) / bs);
+  const int first = blockIdx.x * kScoreEntries;
+  if (p.batch.sparse_budgets[s] <= 0 || first >= entries ||
+      p.batch.query_start[s + 1] == p.batch.query_start[s]) {
+    return;
+  }
+  const int32_t* table = p.batch.block_tables + s * cols;
+  const float* q = p.q + static_cast<int64_t>(p.batch.query_start[s]) * p.q_token_stride;
+  for (int64_t e = tid; e < group * hd; e += kSelectThreads) {
+    q_smem[e] = q[(h * group + e / hd) * p.q_head_stride + e % hd];
+  }
+  __syncthreads();
+  uint32_t* keys = p.keys + (s * heads + h) * cols;
+  const int last = min(entries, first + kScoreEntries);
+  for (int i = first + warp; i < last; i += kSelectWarps) {
+    // History entries lead the table; the sinks among them are kept whatever they score.
+    if (i < p.batch.sparse_sink_blocks || table[i] < cache.num_blocks) continue;
+    const int64_t hb = table[i] - cache.num_blocks;
+    const uint8_t* codes = cache.kbounds + (hb * heads + h) * 2 * hd;
+    const float lo = cache.kbound_params[(hb * heads + h) * 2], step = cache.kbound_params[(hb * heads + h) * 2 + 1];
+    float score = -INFINITY;
+    if (isnan(lo) || isnan(step)) {
+      score = INFINITY;
+    } else {
+      for (int64_t g = 0; g < group; ++g) {
+        float sum = 0.0f;
+        for (int64_t d = lane; d < hd; d += 32) {
+          const float qd = q_smem[g * hd + d];
+          sum += fmaxf(qd * bound_value(lo, step, codes[d]), qd * bound_value(lo, step, codes[hd + d]));
+        }
+        sum = warp_sum(sum);
+        score = isnan(sum) ? INFINITY : fmaxf(score, sum);
+      }
+    }
+    if (lane == 0) keys[i] = order_key(score);
+  }
+}
+
+// The selection from score_kernel's keys: a block per (kv head, sequence).
 __global__ void __launch_bounds__(kSelectThreads) select_kernel(const SelectParams p) {
   using Scan = cub::BlockScan<int, kSelectThreads>;
   __shared__ typename Scan::TempStorage scan_storage;
   __shared__ int hist[256];
   __shared__ int shared_int[2];
-  extern __shared__ float q_smem[];  // [group][head_dim]
   pdl_wait();
   pdl_trigger();
   const int64_t h = blockIdx.x;
   const int s = blockIdx.y;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const KvCacheView& cache = p.cache;
-  const int64_t heads = cache.num_kv_heads, hd = cache.head_dim, bs = cache.block_size;
+  const int64_t heads = cache.num_kv_heads, bs = cache.block_size;
   const int64_t cols = p.batch.max_blocks_per_seq;
-  const int64_t group = p.num_heads / heads;
   const int32_t* table = p.batch.block_tables + s * cols;
   int32_t* out = p.tables + (s * heads + h) * cols;
   const int ctx = p.batch.context_lens[s];
@@ -173,37 +226,7 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(const SelectPara
     return;
   }
 
-  // The group's query heads.
-  const float* q = p.q + static_cast<int64_t>(p.batch.query_start[s]) * p.q_token_stride;
-  for (int64_t e = tid; e < group * hd; e += kSelectThreads) {
-    q_smem[e] = q[(h * group + e / hd) * p.q_head_stride + e % hd];
-  }
-  __syncthreads();
-
-  // Scores of the candidates [sinks, history), a warp each.
-  uint32_t* keys = p.keys + (s * heads + h) * cols;
-  for (int i = sinks + warp; i < history; i += kSelectWarps) {
-    const int64_t hb = table[i] - cache.num_blocks;
-    const uint8_t* codes = cache.kbounds + (hb * heads + h) * 2 * hd;
-    const float lo = cache.kbound_params[(hb * heads + h) * 2], step = cache.kbound_params[(hb * heads + h) * 2 + 1];
-    float score = -INFINITY;
-    if (isnan(lo) || isnan(step)) {
-      score = INFINITY;
-    } else {
-      for (int64_t g = 0; g < group; ++g) {
-        float sum = 0.0f;
-        for (int64_t d = lane; d < hd; d += 32) {
-          const float qd = q_smem[g * hd + d];
-          sum += fmaxf(qd * bound_value(lo, step, codes[d]), qd * bound_value(lo, step, codes[hd + d]));
-        }
-        sum = warp_sum(sum);
-        score = isnan(sum) ? INFINITY : fmaxf(score, sum);
-      }
-    }
-    if (lane == 0) keys[i] = order_key(score);
-  }
-  __syncthreads();
-
+  const uint32_t* keys = p.keys + (s * heads + h) * cols;
   // Radix select: the k-th largest key (prefix) and how many of the keys equal to it to keep.
   uint32_t prefix = 0, mask = 0;
   int remaining = k;
@@ -298,8 +321,12 @@ cudaError_t launch_select_kv_blocks(const float* q, int64_t q_token_stride, int6
   p.lens = lens;
   p.keys = static_cast<uint32_t*>(workspace);
   const size_t smem = static_cast<size_t>(num_heads / cache.num_kv_heads * cache.head_dim) * sizeof(float);
+  const dim3 tiles(static_cast<unsigned>((batch.max_blocks_per_seq + kScoreEntries - 1) / kScoreEntries),
+                   static_cast<unsigned>(cache.num_kv_heads), static_cast<unsigned>(batch.num_seqs));
+  const cudaError_t e = launch_pdl(score_kernel, tiles, kSelectThreads, smem, stream, p);
+  if (e != cudaSuccess) return e;
   const dim3 grid(static_cast<unsigned>(cache.num_kv_heads), static_cast<unsigned>(batch.num_seqs));
-  return launch_pdl(select_kernel, grid, kSelectThreads, smem, stream, p);
+  return launch_pdl(select_kernel, grid, kSelectThreads, 0, stream, p);
 }
 
 }  // namespace tachyon::ops::cuda::detail
