@@ -74,7 +74,7 @@ SparseSpec mixed_spec(std::mt19937& rng, int bits, DType dtype) {
 // The compression kernel's key bounds equal the reference's (the codes within one step where
 // the decoded keys differ in their last bit), and the device's bounds hold for its own keys.
 TEST(CudaSparseAttention, KeyBoundsMatchTheReference) {
-  TACHYON_SKIP_WITHOUT_GPU();
+  TACHYON_START_GPU();
   const uint32_t seed = testing::fresh_seed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   std::mt19937 rng(seed);
@@ -126,7 +126,7 @@ TEST(CudaSparseAttention, KeyBoundsMatchTheReference) {
 // differ only in summation order, far below the gaps of random data), attention within the
 // cache's tolerance over them, and a budget covering every context equal to dense bit for bit.
 TEST(CudaSparseAttention, SelectionAndAttentionMatchTheReference) {
-  TACHYON_SKIP_WITHOUT_GPU();
+  TACHYON_START_GPU();
   const uint32_t seed = testing::fresh_seed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   std::mt19937 rng(seed);
@@ -181,7 +181,7 @@ TEST(CudaSparseAttention, SelectionAndAttentionMatchTheReference) {
 }
 
 TEST(CudaSparseAttention, FindsAKeyPlantedFarBackIn32kTokens) {
-  TACHYON_SKIP_WITHOUT_GPU();
+  TACHYON_START_GPU();
   const uint32_t seed = testing::fresh_seed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   std::mt19937 rng(seed);

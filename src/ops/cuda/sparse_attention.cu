@@ -233,9 +233,15 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(const SelectPara
   for (int shift = 24; shift >= 0; shift -= 8) {
     for (int b = tid; b < 256; b += kSelectThreads) hist[b] = 0;
     __syncthreads();
-    for (int i = sinks + tid; i < history; i += kSelectThreads) {
-      const uint32_t key = keys[i];
-      if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1);
+    // Scores of one block's candidates are alike, so their bins are too: the lanes of a warp
+    // that share a bin add once (one shared-memory atomic where 32 would queue).
+    for (int base = sinks; base < history; base += kSelectThreads) {
+      const int i = base + tid;
+      const uint32_t key = i < history ? keys[i] : 0u;
+      const bool counted = i < history && (key & mask) == prefix;
+      const uint32_t bin = counted ? (key >> shift) & 255u : 256u + static_cast<uint32_t>(lane);
+      const unsigned peers = __match_any_sync(kFullMask, bin);
+      if (counted && __ffs(peers) - 1 == lane) atomicAdd(&hist[bin], __popc(peers));
     }
     __syncthreads();
     if (warp == 0) {
