@@ -633,6 +633,7 @@ int run_bench(BenchArgs& a) {
                  {"kv_history", kv_history_name(e.kv_config().tiers.history)},
                  {"kv_blocks", after.kv_blocks_total},
                  {"kv_history_blocks", after.kv_history_blocks_total},
+                 {"sparse_budget", eo->sparse_budget},
                  {"kv_tokens", static_cast<int64_t>(after.kv_blocks_total) * eo->kv.block_size},
                  {"kv_cache_bytes", after.kv_cache_bytes},
                  {"max_model_len", e.max_model_len()}});

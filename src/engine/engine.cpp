@@ -222,7 +222,7 @@ Result<std::unique_ptr<Engine>> Engine::create(const LlamaModel& model, const To
                       options.scheduler.max_batched_tokens, max_model_len);
   }
   TACHYON_ASSIGN_OR_RETURN(KvCache cache, KvCache::create(kv));
-  TACHYON_LOG_INFO("kv cache: {} blocks of {} tokens, {} on {} ({:.1f} MiB); max_model_len {}{}", kv.num_blocks,
+  TACHYON_LOG_INFO("kv cache: {} blocks of {} tokens, {} on {} ({:.1f} MiB); max_model_len {}{}{}", kv.num_blocks,
                    options.kv.block_size, dtype_name(kv.dtype), device.to_string(), static_cast<double>(cache.nbytes()) / (1 << 20),
                    max_model_len,
                    tiers.active() ? fmt::format("; kv window {}, history {}{}", tiers.window,
@@ -230,7 +230,11 @@ Result<std::unique_ptr<Engine>> Engine::create(const LlamaModel& model, const To
                                                 kv.num_history_blocks > 0
                                                     ? fmt::format(" ({} history blocks)", kv.num_history_blocks)
                                                     : std::string())
-                                  : std::string());
+                                  : std::string(),
+                   options.sparse_budget > 0
+                       ? fmt::format("; block-sparse decode attention, budget {} tokens and {} sink block(s)",
+                                     options.sparse_budget, options.sparse_sink_blocks)
+                       : std::string());
   std::unique_ptr<Engine> engine(
       new Engine(model, tokenizer, std::move(eos_token_ids), options, max_model_len, std::move(cache)));
   SpecCacheGeometry spec_cache{engine->cache_.config().num_blocks, engine->cache_.config().block_size,
