@@ -84,18 +84,11 @@ ForwardBatch build_forward_batch(const std::vector<SequenceChunk>& chunks) {
     row += len;
   }
   qs[num_seqs] = row;
-  const bool one_token_each = n_tokens == num_seqs && !any_tree &&
-                              std::all_of(chunks.begin(), chunks.end(), [](const SequenceChunk& c) {
-                                return c.tokens.size() == 1 && c.tree_parents.empty();
-                              });
-  const bool any_sparse = std::any_of(chunks.begin(), chunks.end(), [](const SequenceChunk& c) {
-    return c.sparse_budget > 0;
-  });
-  if (one_token_each && any_sparse) {
+  // Block-sparse attention applies to one-token chunks (decode steps); the others attend densely.
+  const auto sparse_budget = [](const SequenceChunk& c) { return c.tokens.size() == 1 ? std::max(0, c.sparse_budget) : 0; };
+  if (std::any_of(chunks.begin(), chunks.end(), [&](const SequenceChunk& c) { return sparse_budget(c) > 0; })) {
     m.sparse_budgets = Tensor::empty({num_seqs}, DType::kI32);
-    for (int s = 0; s < num_seqs; ++s) {
-      m.sparse_budgets.data<int32_t>()[s] = std::max(0, chunks[static_cast<size_t>(s)].sparse_budget);
-    }
+    for (int s = 0; s < num_seqs; ++s) m.sparse_budgets.data<int32_t>()[s] = sparse_budget(chunks[static_cast<size_t>(s)]);
   }
   return b;
 }

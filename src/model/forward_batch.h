@@ -25,8 +25,8 @@ struct SequenceChunk {
   // kMaxTreeTokens tokens.
   std::span<const int32_t> tree_parents;
   // Block-sparse attention (ops.h select_kv_blocks): the history tokens this chunk's query may
-  // attend to; 0 for all. Honoured on batches where every chunk is one token (decode steps);
-  // other batches attend densely.
+  // attend to; 0 for all. Honoured for chunks of one token (decode steps); longer chunks attend
+  // densely.
   int sparse_budget = 0;
 };
 

@@ -284,11 +284,8 @@ void check_attention_batch(const char* op, const Tensor& q, const KvLayer& cache
                   "{}: sparse_tables {} and sparse_lens {} for {} sequences, {} kv heads, tables of {} columns", op,
                   meta.sparse_tables.shape_string(), meta.sparse_lens.shape_string(), num_seqs, kv_heads,
                   meta.block_tables.size(1));
-    TACHYON_CHECK(meta.max_query_len <= 1 && q.size(0) == num_seqs && !meta.tree_masks.defined() &&
-                      params.sliding_window == 0,
-                  "{}: block-sparse attention takes one query per sequence, no trees and no sliding window "
-                  "(max query {}, {} rows for {} sequences, window {})",
-                  op, meta.max_query_len, q.size(0), num_seqs, params.sliding_window);
+    TACHYON_CHECK(params.sliding_window == 0, "{}: block-sparse attention with a sliding window of {}", op,
+                  params.sliding_window);
   }
 }
 
@@ -614,9 +611,6 @@ void select_kv_blocks(const Tensor& q, const KvLayer& cache, const AttentionMeta
   plain.sparse_tables = Tensor();
   plain.sparse_lens = Tensor();
   check_attention_batch(op, q, cache, plain, AttentionParams{});
-  TACHYON_CHECK(meta.max_query_len <= 1 && q.size(0) == meta.num_seqs && !meta.tree_masks.defined(),
-                "{}: one query per sequence and no trees (max query {}, {} rows for {} sequences)", op,
-                meta.max_query_len, q.size(0), meta.num_seqs);
   const int64_t kv_heads = cache.k.size(2);
   require_dtype(op, "tables", tables, DType::kI32);
   require_dtype(op, "lens", lens, DType::kI32);

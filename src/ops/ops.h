@@ -81,7 +81,7 @@ struct AttentionMetadata {
   Tensor tree_masks;    // [n_tokens] i64 (bits of a u64), or undefined: causal chunks
   // Block-sparse decode attention (select_kv_blocks(), paged_attention()): undefined for dense.
   // sparse_budgets [num_seqs] i32: the history tokens each sequence's query may attend to, <= 0
-  // for all of them; set only on batches of one query per sequence, without trees.
+  // for all of them; it applies to sequences with one query this step (the others attend densely).
   Tensor sparse_budgets;
   int sparse_sink_blocks = 1;  // leading history blocks every sparse query attends to
   // What select_kv_blocks() chose for one layer, which paged_attention() then reads:
@@ -305,7 +305,7 @@ void compress_kv_blocks(const Tensor& pairs, KvLayer& cache);
 // (KvLayer), f32, NaN for a block whose bounds are NaN. Summation order is the kernel's own.
 //
 // Block-sparse decode attention, step 1 (of 2, with paged_attention()): which blocks each (sequence,
-// kv head) attends to. For sequence s (one query, at position context_lens[s] - 1) with
+// kv head) attends to. For sequence s with one query (at position context_lens[s] - 1) and
 // meta.sparse_budgets[s] = B > 0: its table's leading entries that name history blocks (ids >=
 // num_blocks: H of them) are the candidates, less the first min(meta.sparse_sink_blocks, H) (the
 // attention sinks, always kept), and the entries after them (the full-precision window) are always
@@ -313,9 +313,9 @@ void compress_kv_blocks(const Tensor& pairs, KvLayer& cache);
 // candidate's score for kv head h is the largest bound over h's query heads (NaN ranks above every
 // number), ties to the earlier entry; with k >= the candidates, all of them. tables[s, h, :] lists
 // the kept entries in table order, then -1; lens[s, h] is the context's positions in the kept
-// blocks (context_lens[s] less block_size per entry left out). A sequence with B <= 0 keeps every
-// entry: its table, and lens = context_lens[s]. q [num_seqs, num_heads, head_dim] (after RoPE, as
-// attention reads it); tables [num_seqs, num_kv_heads, meta.block_tables.size(1)] i32, lens
+// blocks (context_lens[s] less block_size per entry left out). A sequence with B <= 0, or with
+// no query or several, keeps every entry: its table, and lens = context_lens[s]. q [n, num_heads,
+// head_dim] (the batch's query rows, after RoPE, as attention reads them); tables [num_seqs, num_kv_heads, meta.block_tables.size(1)] i32, lens
 // [num_seqs, num_kv_heads] i32, packed, on q's device. The layer must keep key bounds.
 void select_kv_blocks(const Tensor& q, const KvLayer& cache, const AttentionMetadata& meta, Tensor& tables,
                       Tensor& lens);
@@ -335,10 +335,10 @@ void rope_store_kv(Tensor& q, Tensor& k, const Tensor& v, const Tensor& position
 // The query at position p sees keys [p - sliding_window + 1, p] (all of [0, p] without a window);
 // blocks wholly outside every query's window are never read. A quantized cache's keys and values
 // are read as code * scale, history blocks (entries >= num_blocks) as their codes decode.
-// Block-sparse (meta.sparse_tables defined, as select_kv_blocks() fills it; one query per
-// sequence, no trees, no sliding window): the query heads of kv head h of sequence s attend to
-// the keys of the blocks sparse_tables[s, h, :] as if they were its whole context, of
-// sparse_lens[s, h] positions, the query at the last. With every block kept this is dense
+// Block-sparse (meta.sparse_tables defined, as select_kv_blocks() fills it; no sliding window):
+// the query heads of kv head h of sequence s attend to the keys of the blocks
+// sparse_tables[s, h, :] as if they were its whole context, of sparse_lens[s, h] positions, its
+// queries the last. With every block kept (as for the sequences without a budget) this is dense
 // attention, bit for bit.
 void paged_attention(const Tensor& q, const KvLayer& cache, const AttentionMetadata& meta,
                      const AttentionParams& params, Tensor& out);

@@ -718,11 +718,11 @@ TEST_F(EngineTest, KvHistoryInt4BatchedEqualsOneAtATimeAndFreesEverything) {
 }
 
 // --kv-window 64 --kv-history int4 --sparse-budget 32: eight requests of ~300 tokens decode
-// batched, each step's queries attending to the first history block, the two whose key bounds
+// batched, each decode query attending to the first history block, the two whose key bounds
 // score highest and the window, and give token for token what the same steps give one request at
-// a time. The prompts are all admitted in the first step, so every later step is a decode batch
-// (the one kind sparse attention applies to). Sparse attention changes the tokens (it is not
-// dense in disguise), and every block and history block comes back.
+// a time. Prompts arrive in chunks of a 256-token step beside other requests' decode rows, which
+// stay sparse there. Sparse attention changes the tokens (it is not dense in disguise), and every
+// block and history block comes back.
 TEST_F(EngineTest, SparseAttentionBatchedEqualsOneAtATime) {
   constexpr int kWindow = 64, kBlock = 16, kBudget = 32;
   const std::vector<Case> cases = long_cases(cases_, 2, 150);
@@ -742,7 +742,6 @@ TEST_F(EngineTest, SparseAttentionBatchedEqualsOneAtATime) {
   o.kv.tiers = int4;
   o.kv.num_blocks = 200;
   o.kv.num_history_blocks = 200;
-  o.scheduler.max_batched_tokens = 2048;  // every prompt in the first step
   o.sparse_budget = kBudget;
   auto e = make(o);
   ASSERT_NE(e, nullptr);

@@ -61,7 +61,9 @@ SparseSpec mixed_spec(std::mt19937& rng, int bits, DType dtype) {
   SparseSpec spec;
   std::uniform_int_distribution<int> ctx(20, 3000);
   for (int s = 0; s < 6; ++s) spec.contexts.push_back(ctx(rng));
+  spec.contexts[0] += 1000;
   spec.budgets = {16, 100, 0, 8192, 256, 512};
+  spec.q_lens = {1, 1, 1, 1, 1 + static_cast<int>(rng() % 40), 1};  // a prompt chunk: the prefill kernels
   spec.num_heads = 16;
   spec.num_kv_heads = 2;
   spec.head_dim = 128;
@@ -125,6 +127,8 @@ TEST(CudaSparseAttention, KeyBoundsMatchTheReference) {
 // Selection and attention on the device against the reference: the same kept blocks (scores
 // differ only in summation order, far below the gaps of random data), attention within the
 // cache's tolerance over them, and a budget covering every context equal to dense bit for bit.
+// Every other case has a prompt chunk beside the decode rows (the prefill kernels, which attend
+// densely for it and sparse for the others).
 TEST(CudaSparseAttention, SelectionAndAttentionMatchTheReference) {
   TACHYON_START_GPU();
   const uint32_t seed = testing::fresh_seed();
@@ -133,7 +137,8 @@ TEST(CudaSparseAttention, SelectionAndAttentionMatchTheReference) {
   const Device gpu = Device::cuda(0), cpu = Device::cpu();
   for (int bits : {8, 4}) {
     for (DType dtype : {DType::kBF16, DType::kF32}) {
-      const SparseSpec spec = mixed_spec(rng, bits, dtype);
+      SparseSpec spec = mixed_spec(rng, bits, dtype);
+      if (rng() % 2 == 0) spec.q_lens.clear();  // decode rows only: the decode kernels
       SparseCase c = make_sparse_case(spec, rng);
       const int64_t kvh = spec.num_kv_heads, cols = c.meta.block_tables.size(1);
       const std::string what = fmt::format("int{} history, {} cache", bits, dtype_name(dtype));

@@ -144,7 +144,8 @@ void check_selection(const SparseCase& c, const Tensor& tables, const Tensor& le
     for (int64_t h = 0; h < kvh; ++h) {
       const int32_t* kept = tables.data<int32_t>() + (s * kvh + h) * cols;
       const int len = lens.data<int32_t>()[s * kvh + h];
-      if (budget <= 0 || k >= history - sinks) {
+      const int q_len = c.meta.query_start.data<int32_t>()[s + 1] - c.meta.query_start.data<int32_t>()[s];
+      if (budget <= 0 || k >= history - sinks || q_len != 1) {
         for (int64_t i = 0; i < cols; ++i) ASSERT_EQ(kept[i], i < entries ? table[i] : -1) << "seq " << s;
         ASSERT_EQ(len, ctx);
         continue;
@@ -154,7 +155,8 @@ void check_selection(const SparseCase& c, const Tensor& tables, const Tensor& le
         const int64_t hb = table[i] - nb;
         float best = -INFINITY;
         for (int64_t g = 0; g < group; ++g) {
-          const float* q = c.q.data<float>() + (s * c.q.size(1) + h * group + g) * hd;
+          const int row = c.meta.query_start.data<int32_t>()[s];
+          const float* q = c.q.data<float>() + (row * c.q.size(1) + h * group + g) * hd;
           const float b = ops::reference::key_bound(
               q, static_cast<const uint8_t*>(c.cache.kbounds.raw_data()) + (hb * kvh + h) * 2 * hd,
               c.cache.kbound_params.data<float>() + (hb * kvh + h) * 2, hd);
@@ -192,11 +194,15 @@ void check_selection(const SparseCase& c, const Tensor& tables, const Tensor& le
   }
 }
 
+// Five sequences of random contexts and budgets; the fourth's chunk has several queries (a prompt
+// chunk in the same step), which attend densely whatever its budget.
 SparseSpec mixed_spec(std::mt19937& rng, int bits) {
   SparseSpec spec;
-  std::uniform_int_distribution<int> ctx(20, 700);
+  std::uniform_int_distribution<int> ctx(40, 700);
   for (int s = 0; s < 5; ++s) spec.contexts.push_back(ctx(rng));
-  spec.budgets = {16, 100, 0, 4096, 48};
+  spec.contexts[0] += 300;  // one long enough to choose among its blocks
+  spec.budgets = {16, 100, 0, 48, 48};
+  spec.q_lens = {1, 1, 1, 1 + static_cast<int>(rng() % 20), 1};
   spec.num_heads = 8;
   spec.num_kv_heads = 2;
   spec.bits = bits;
@@ -214,6 +220,7 @@ TEST(SelectKvBlocks, KeepsSinksWindowAndTheBestBoundedBlocks) {
     Tensor lens = Tensor::empty({c.meta.num_seqs, 2}, DType::kI32);
     ops::select_kv_blocks(c.q, c.cache, c.meta, tables, lens);
     check_selection(c, tables, lens);
+    EXPECT_LT(lens.data<int32_t>()[0], c.meta.context_lens.data<int32_t>()[0]) << "the first sequence kept everything";
   }
 }
 
@@ -246,10 +253,11 @@ TEST(SparseAttention, AttendsToTheKeptBlocksAsItsContext) {
           const int32_t* row = c.meta.sparse_tables.data<int32_t>() + (s * kvh + h) * cols;
           const Tensor k = testing::gather_sequence(c.cache, row, len, 0).slice(1, h, h + 1).contiguous();
           const Tensor v = testing::gather_sequence(c.cache, row, len, 1).slice(1, h, h + 1).contiguous();
-          const Tensor q = c.q.slice(0, s, s + 1).slice(1, h * group, (h + 1) * group).contiguous();
+          const int r0 = c.meta.query_start.data<int32_t>()[s], r1 = c.meta.query_start.data<int32_t>()[s + 1];
+          const Tensor q = c.q.slice(0, r0, r1).slice(1, h * group, (h + 1) * group).contiguous();
           Tensor out = testing::nan_tensor(q.shape());
           ops::reference::contiguous_attention(q, k, v, AttentionParams{0.125f, 0}, out);
-          const Tensor got = expected.slice(0, s, s + 1).slice(1, h * group, (h + 1) * group).contiguous();
+          const Tensor got = expected.slice(0, r0, r1).slice(1, h * group, (h + 1) * group).contiguous();
           ASSERT_TRUE(testing::all_close(got, out, 1e-5, fmt::format("seq {} kv head {}", s, h)));
         }
       }

@@ -16,7 +16,7 @@
 namespace tachyon::testing {
 
 struct SparseCase {
-  Tensor q;        // [num_seqs, num_heads, head_dim] f32, one decode query per sequence
+  Tensor q;        // [rows, num_heads, head_dim] f32: each sequence's queries (SparseSpec::q_lens)
   KvLayer cache;   // primary pools (history blocks' primaries poisoned), history pools, key bounds
   AttentionMetadata meta;  // with sparse_budgets
 };
@@ -24,6 +24,7 @@ struct SparseCase {
 struct SparseSpec {
   std::vector<int> contexts;  // per sequence
   std::vector<int> budgets;   // per sequence (tokens; 0: dense)
+  std::vector<int> q_lens;    // per sequence: its queries, the last positions (empty: one each)
   int num_heads = 4, num_kv_heads = 2, head_dim = 64, block_size = 16;
   DType dtype = DType::kF32;
   int bits = 4;
@@ -59,19 +60,27 @@ inline SparseCase make_sparse_case(const SparseSpec& spec, std::mt19937& rng,
   m.num_seqs = num_seqs;
   m.block_size = static_cast<int>(bs);
   m.max_query_len = 1;
+  int total_rows = 0;
+  const auto q_len = [&](int s) { return spec.q_lens.empty() ? 1 : spec.q_lens[static_cast<size_t>(s)]; };
+  for (int s = 0; s < num_seqs; ++s) {
+    total_rows += q_len(s);
+    m.max_query_len = std::max(m.max_query_len, q_len(s));
+  }
   m.max_context_len = static_cast<int>(max_context);
   m.sparse_sink_blocks = spec.sink_blocks;
   m.query_start = Tensor::empty({num_seqs + 1}, DType::kI32);
   m.context_lens = Tensor::empty({num_seqs}, DType::kI32);
   m.block_tables = Tensor::empty({num_seqs, max_entries}, DType::kI32);
-  m.slot_mapping = Tensor::zeros({num_seqs}, DType::kI32);
+  m.slot_mapping = Tensor::zeros({total_rows}, DType::kI32);
   m.sparse_budgets = Tensor::empty({num_seqs}, DType::kI32);
   int32_t* tables = m.block_tables.data<int32_t>();
   std::fill(tables, tables + m.block_tables.numel(), -1);
   size_t next = 0;
   std::vector<std::pair<int32_t*, int32_t>> to_history;  // (entry, primary block)
+  int next_row = 0;
   for (int s = 0; s < num_seqs; ++s) {
-    m.query_start.data<int32_t>()[s] = s;
+    m.query_start.data<int32_t>()[s] = next_row;
+    next_row += q_len(s);
     m.context_lens.data<int32_t>()[s] = spec.contexts[static_cast<size_t>(s)];
     m.sparse_budgets.data<int32_t>()[s] = spec.budgets[static_cast<size_t>(s)];
     const int64_t e = entries[static_cast<size_t>(s)];
@@ -81,8 +90,8 @@ inline SparseCase make_sparse_case(const SparseSpec& spec, std::mt19937& rng,
       if (i < e - spec.resident_blocks) to_history.emplace_back(entry, *entry);
     }
   }
-  m.query_start.data<int32_t>()[num_seqs] = num_seqs;
-  c.q = random_tensor({num_seqs, spec.num_heads, hd}, rng, -1.0f, 1.0f);
+  m.query_start.data<int32_t>()[num_seqs] = total_rows;
+  c.q = random_tensor({total_rows, spec.num_heads, hd}, rng, -1.0f, 1.0f);
   if (prepare) prepare(c);
 
   const int64_t nh = std::max<int64_t>(1, static_cast<int64_t>(to_history.size()));

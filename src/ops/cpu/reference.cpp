@@ -358,7 +358,8 @@ void select_kv_blocks(const Tensor& q, const KvLayer& cache, const AttentionMeta
     const int64_t sinks = std::min<int64_t>(meta.sparse_sink_blocks, history);
     const int64_t budget = load_i32(meta.sparse_budgets, s);
     const int64_t k = std::max<int64_t>(1, budget / block_size);
-    const bool dense = budget <= 0 || k >= history - sinks || load_i32(meta.query_start, s + 1) == load_i32(meta.query_start, s);
+    const bool one_query = load_i32(meta.query_start, s + 1) - load_i32(meta.query_start, s) == 1;
+    const bool dense = budget <= 0 || k >= history - sinks || !one_query;
     for (int64_t h = 0; h < kv_heads; ++h) {
       int32_t* out = out_tables + (s * kv_heads + h) * cols;
       std::fill(out, out + cols, -1);
@@ -447,7 +448,7 @@ void paged_attention(const Tensor& q, const KvLayer& cache, const AttentionMetad
       int64_t pos = context_len - (q_end - q_begin) + (row - q_begin);  // absolute position of the query
       int64_t first = params.sliding_window > 0 ? std::max<int64_t>(0, pos - params.sliding_window + 1) : 0;
       // Token trees: of the chunk's own keys, only those whose bit is set.
-      const int64_t chunk_start = context_len - (q_end - q_begin);
+      int64_t chunk_start = context_len - (q_end - q_begin);
       const uint64_t mask =
           meta.tree_masks.defined() ? static_cast<const uint64_t*>(meta.tree_masks.raw_data())[row] : ~uint64_t{0};
       const auto visible = [&](int64_t j) {
@@ -460,7 +461,9 @@ void paged_attention(const Tensor& q, const KvLayer& cache, const AttentionMetad
             sparse ? meta.sparse_tables.data<int32_t>() + (s * num_kv_heads + kvh) * max_blocks - s * max_blocks
                    : dense_tables;
         if (sparse) {
-          pos = meta.sparse_lens.data<int32_t>()[s * num_kv_heads + kvh] - 1;
+          const int64_t len = meta.sparse_lens.data<int32_t>()[s * num_kv_heads + kvh];
+          pos = len - (q_end - row);
+          chunk_start = len - (q_end - q_begin);
           first = 0;
         }
         scores.assign(static_cast<size_t>(pos - first + 1), 0.0);

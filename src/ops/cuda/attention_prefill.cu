@@ -118,7 +118,10 @@ __global__ void __launch_bounds__(kThreads) prefill_kernel(const PrefillParams p
   int64_t* slot = reinterpret_cast<int64_t*>(smem_raw + prefill_smem_floats(hd));  // [kKeysPerTile]
   int64_t* row = slot + kKeysPerTile;  // [kKeysPerTile]: quantized caches: each key's (slot, kv head) row
 
-  const int ctx = p.batch.context_lens[s];
+  // Block-sparse: this kv head's kept blocks are the context (ops.h paged_attention).
+  const bool sparse = p.batch.sparse_tables != nullptr;
+  const int64_t sparse_row = static_cast<int64_t>(s) * p.cache.num_kv_heads + kvh;
+  const int ctx = sparse ? p.batch.sparse_lens[sparse_row] : p.batch.context_lens[s];
   const int rows = min(kRowsPerTile, q_len - row_begin);
   const int first_pos = ctx - q_len + row_begin;   // absolute position of the tile's first row
   const int last_pos = first_pos + rows - 1;
@@ -144,7 +147,8 @@ __global__ void __launch_bounds__(kThreads) prefill_kernel(const PrefillParams p
   float4 acc[kAcc];
 #pragma unroll
   for (int i = 0; i < kAcc; ++i) acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
-  const int32_t* table = p.batch.block_tables + static_cast<int64_t>(s) * p.batch.max_blocks_per_seq;
+  const int32_t* table = sparse ? p.batch.sparse_tables + sparse_row * p.batch.max_blocks_per_seq
+                                : p.batch.block_tables + static_cast<int64_t>(s) * p.batch.max_blocks_per_seq;
   const int64_t bs = p.cache.block_size;
 
   for (int k0 = key_lo; k0 < key_hi; k0 += kKeysPerTile) {
@@ -310,7 +314,9 @@ __global__ void __launch_bounds__(kMmaThreads) prefill_mma_kernel(const PrefillP
   const int g = lane >> 2, t4 = lane & 3;
   const int64_t kvh = h / p.group;
   const int window = p.query.sliding_window;
-  const int ctx = p.batch.context_lens[s];
+  const bool sparse = p.batch.sparse_tables != nullptr;  // as in prefill_kernel
+  const int64_t sparse_row = static_cast<int64_t>(s) * p.cache.num_kv_heads + kvh;
+  const int ctx = sparse ? p.batch.sparse_lens[sparse_row] : p.batch.context_lens[s];
   const int rows = min(kMmaRows, q_len - row_begin);
   const int first_pos = ctx - q_len + row_begin;
   const int last_pos = first_pos + rows - 1;
@@ -352,8 +358,10 @@ __global__ void __launch_bounds__(kMmaThreads) prefill_mma_kernel(const PrefillP
 
   // The keys [key_lo, key_hi) the tile's rows can see.
   const MmaKvPipeline<D, HD, kMmaThreads> kv(
-      prefill_mma_smem, p.cache, p.batch.block_tables + static_cast<int64_t>(s) * p.batch.max_blocks_per_seq, kvh,
-      key_hi);
+      prefill_mma_smem, p.cache,
+      sparse ? p.batch.sparse_tables + sparse_row * p.batch.max_blocks_per_seq
+             : p.batch.block_tables + static_cast<int64_t>(s) * p.batch.max_blocks_per_seq,
+      kvh, key_hi);
   const int num_tiles = (key_hi - key_lo + kMmaKeys - 1) / kMmaKeys;  // at least 1: rows >= 1
   kv.prologue(key_lo, num_tiles);
 

@@ -310,10 +310,6 @@ Status paged_attention(const AttentionPlan& plan, const float* q, int64_t q_toke
   query.scale = params.scale;
   query.sliding_window = params.sliding_window;
   query.out16 = out16;
-  TACHYON_CUDA_REQUIRE(batch.sparse_tables == nullptr || plan.algo == AttentionAlgo::kDecode,
-                       "paged_attention: block-sparse attention runs in the decode kernels (at most {} query heads "
-                       "per KV head)",
-                       detail::kDecodeMaxGroup);
   if (plan.algo == AttentionAlgo::kDecode) {
     TACHYON_CUDA_REQUIRE(batch.max_query_len <= 1, "paged_attention: a decode plan for a batch with {}-row queries",
                          batch.max_query_len);

@@ -156,7 +156,7 @@ __global__ void __launch_bounds__(kSelectThreads) score_kernel(const SelectParam
   const int entries = static_cast<int>((p.batch.context_lens[s] + bs - 1) / bs);
   const int first = blockIdx.x * kScoreEntries;
   if (p.batch.sparse_budgets[s] <= 0 || first >= entries ||
-      p.batch.query_start[s + 1] == p.batch.query_start[s]) {
+      p.batch.query_start[s + 1] - p.batch.query_start[s] != 1) {
     return;
   }
   const int32_t* table = p.batch.block_tables + s * cols;
@@ -219,8 +219,8 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(const SelectPara
   const int sinks = min(p.batch.sparse_sink_blocks, history);
   const int budget = p.batch.sparse_budgets[s];
   const int k = max(1, budget / static_cast<int>(bs));
-  const bool no_query = p.batch.query_start[s + 1] == p.batch.query_start[s];
-  if (budget <= 0 || k >= history - sinks || no_query) {
+  const bool one_query = p.batch.query_start[s + 1] - p.batch.query_start[s] == 1;
+  if (budget <= 0 || k >= history - sinks || !one_query) {
     for (int64_t i = tid; i < cols; i += kSelectThreads) out[i] = i < entries ? table[i] : -1;
     if (tid == 0) p.lens[s * heads + h] = ctx;
     return;
