@@ -191,23 +191,10 @@ TEST(CudaSparseAttention, FindsAKeyPlantedFarBackIn32kTokens) {
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   std::mt19937 rng(seed);
   const Device gpu = Device::cuda(0), cpu = Device::cpu();
-  SparseSpec spec;
-  spec.contexts = {32768};
-  spec.budgets = {16};
-  spec.num_heads = 4;
-  spec.num_kv_heads = 1;
-  spec.head_dim = 128;
-  spec.resident_blocks = 32;
-  const int planted_block = 37 + static_cast<int>(rng() % 1500);
-  SparseCase c = make_sparse_case(spec, rng, [&](SparseCase& sc) {
-    const int32_t block = sc.meta.block_tables.data<int32_t>()[planted_block];
-    const float* q = sc.q.data<float>() + 2 * spec.head_dim;  // query head 2
-    double norm2 = 0.0;
-    for (int d = 0; d < spec.head_dim; ++d) norm2 += q[d] * q[d];
-    float* k = sc.cache.k.data<float>() + (block * 16 + 9) * spec.head_dim;
-    for (int d = 0; d < spec.head_dim; ++d) k[d] = static_cast<float>(q[d] * 300.0 / norm2);
-  });
-  const int32_t planted_id = c.meta.block_tables.data<int32_t>()[planted_block];
+  testing::PlantedKey planted = testing::make_planted_key_case(128, 4, 300.0f, rng);
+  SparseCase& c = planted.c;
+  const int32_t planted_id = planted.planted_id;
+  const int planted_block = planted.planted_block;
   const KvLayer dev = layer_on(c.cache, gpu);
   const Tensor dq = on(c.q, gpu);
   for (int budget : {16, 64, 256, 2048, 8192}) {

@@ -299,25 +299,9 @@ TEST(SelectKvBlocks, FindsAKeyPlantedFarBackIn32kTokens) {
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   std::mt19937 rng(seed);
   for (int bits : {8, 4}) {
-    SparseSpec spec;
-    spec.contexts = {32768};
-    spec.budgets = {16};
-    spec.num_heads = 4;
-    spec.num_kv_heads = 1;
-    spec.head_dim = 64;
-    spec.bits = bits;
-    spec.resident_blocks = 32;  // a 512-token window
-    const int planted_block = 37 + static_cast<int>(rng() % 1500), planted_slot = static_cast<int>(rng() % 16);
-    const int planted_head = static_cast<int>(rng() % 4);
-    SparseCase c = make_sparse_case(spec, rng, [&](SparseCase& sc) {
-      const int32_t block = sc.meta.block_tables.data<int32_t>()[planted_block];
-      const float* q = sc.q.data<float>() + planted_head * spec.head_dim;
-      double norm2 = 0.0;
-      for (int d = 0; d < spec.head_dim; ++d) norm2 += q[d] * q[d];
-      float* k = sc.cache.k.data<float>() + (block * 16 + planted_slot) * spec.head_dim;
-      for (int d = 0; d < spec.head_dim; ++d) k[d] = static_cast<float>(q[d] * 200.0 / norm2);  // q . k = 200
-    });
-    const int32_t planted_id = c.meta.block_tables.data<int32_t>()[planted_block];
+    testing::PlantedKey planted = testing::make_planted_key_case(64, bits, 200.0f, rng);
+    SparseCase& c = planted.c;
+    const int32_t planted_id = planted.planted_id, planted_block = planted.planted_block;
     for (int budget : {16, 64, 256, 2048, 8192}) {
       c.meta.sparse_budgets.data<int32_t>()[0] = budget;
       Tensor tables = Tensor::empty({1, 1, c.meta.block_tables.size(1)}, DType::kI32);

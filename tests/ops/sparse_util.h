@@ -119,4 +119,36 @@ inline SparseCase make_sparse_case(const SparseSpec& spec, std::mt19937& rng,
   return c;
 }
 
+// The retrieval case: one sequence of 32,768 positions (one kv head, four query heads, a 512-token
+// window of full-precision blocks) whose key at (planted_block, planted_slot) is q(query head
+// planted_head) * score / |q|^2, so that q . k = score stands far above random keys' scores.
+struct PlantedKey {
+  SparseCase c;
+  int planted_block = 0;  // the table entry
+  int32_t planted_id = 0; // its history block's table id
+};
+inline PlantedKey make_planted_key_case(int head_dim, int bits, float score, std::mt19937& rng) {
+  SparseSpec spec;
+  spec.contexts = {32768};
+  spec.budgets = {16};
+  spec.num_heads = 4;
+  spec.num_kv_heads = 1;
+  spec.head_dim = head_dim;
+  spec.bits = bits;
+  spec.resident_blocks = 32;
+  PlantedKey p;
+  p.planted_block = 37 + static_cast<int>(rng() % 1500);
+  const int slot = static_cast<int>(rng() % 16), head = static_cast<int>(rng() % 4);
+  p.c = make_sparse_case(spec, rng, [&](SparseCase& sc) {
+    const int32_t block = sc.meta.block_tables.data<int32_t>()[p.planted_block];
+    const float* q = sc.q.data<float>() + head * head_dim;
+    double norm2 = 0.0;
+    for (int d = 0; d < head_dim; ++d) norm2 += q[d] * q[d];
+    float* k = sc.cache.k.data<float>() + (block * 16 + slot) * head_dim;
+    for (int d = 0; d < head_dim; ++d) k[d] = static_cast<float>(q[d] * score / norm2);
+  });
+  p.planted_id = p.c.meta.block_tables.data<int32_t>()[p.planted_block];
+  return p;
+}
+
 }  // namespace tachyon::testing
