@@ -346,7 +346,7 @@ void select_kv_blocks(const Tensor& q, const KvLayer& cache, const AttentionMeta
   const float* bound_params = cache.kbound_params.data<float>();
   int32_t* out_tables = tables.data<int32_t>();
   int32_t* out_lens = lens.data<int32_t>();
-  std::vector<float> qrow(static_cast<size_t>(head_dim));
+  std::vector<float> qrows(static_cast<size_t>(group * head_dim));  // the kv head's query heads
   std::vector<std::pair<float, int64_t>> ranked;
   std::vector<char> keep;
   for (int s = 0; s < meta.num_seqs; ++s) {
@@ -369,6 +369,11 @@ void select_kv_blocks(const Tensor& q, const KvLayer& cache, const AttentionMeta
         continue;
       }
       const int64_t row = load_i32(meta.query_start, s);
+      for (int64_t g = 0; g < group; ++g) {
+        for (int64_t d = 0; d < head_dim; ++d) {
+          qrows[static_cast<size_t>(g * head_dim + d)] = q.data<float>()[offset3(q, row, h * group + g, d)];
+        }
+      }
       ranked.clear();
       for (int64_t i = sinks; i < history; ++i) {
         const int64_t hb = table[i] - num_blocks;
@@ -376,8 +381,7 @@ void select_kv_blocks(const Tensor& q, const KvLayer& cache, const AttentionMeta
         const float* params = bound_params + (hb * kv_heads + h) * 2;
         float score = -std::numeric_limits<float>::infinity();
         for (int64_t g = 0; g < group; ++g) {
-          for (int64_t d = 0; d < head_dim; ++d) qrow[static_cast<size_t>(d)] = q.data<float>()[offset3(q, row, h * group + g, d)];
-          const float b = key_bound(qrow.data(), codes, params, head_dim);
+          const float b = key_bound(qrows.data() + g * head_dim, codes, params, head_dim);
           score = std::isnan(b) ? std::numeric_limits<float>::infinity() : std::max(score, b);
         }
         ranked.emplace_back(score, i);
@@ -437,7 +441,6 @@ void paged_attention(const Tensor& q, const KvLayer& cache, const AttentionMetad
   const int64_t group = num_heads / num_kv_heads;
   const int64_t block_size = meta.block_size;
   const int64_t max_blocks = meta.block_tables.size(1);
-  const int32_t* dense_tables = meta.block_tables.data<int32_t>();
   const bool sparse = meta.sparse_tables.defined();
   std::vector<double> scores;
   std::vector<double> acc(static_cast<size_t>(head_dim));
@@ -456,10 +459,9 @@ void paged_attention(const Tensor& q, const KvLayer& cache, const AttentionMetad
       };
       for (int64_t h = 0; h < num_heads; ++h) {
         const int64_t kvh = h / group;
-        // Block-sparse: the kept blocks form the query's context, the query at its last position.
-        const int32_t* block_tables =
-            sparse ? meta.sparse_tables.data<int32_t>() + (s * num_kv_heads + kvh) * max_blocks - s * max_blocks
-                   : dense_tables;
+        // Block-sparse: this kv head's kept blocks form the context, the chunk's queries at its end.
+        const int32_t* table = sparse ? meta.sparse_tables.data<int32_t>() + (s * num_kv_heads + kvh) * max_blocks
+                                      : meta.block_tables.data<int32_t>() + s * max_blocks;
         if (sparse) {
           const int64_t len = meta.sparse_lens.data<int32_t>()[s * num_kv_heads + kvh];
           pos = len - (q_end - row);
@@ -472,7 +474,7 @@ void paged_attention(const Tensor& q, const KvLayer& cache, const AttentionMetad
             scores[static_cast<size_t>(j - first)] = -std::numeric_limits<double>::infinity();
             continue;
           }
-          const int64_t block = block_tables[s * max_blocks + j / block_size];
+          const int64_t block = table[j / block_size];
           const int64_t row_in_block = (j % block_size) * num_kv_heads + kvh;
           double dot = 0.0;
           for (int64_t i = 0; i < head_dim; ++i) {
@@ -490,7 +492,7 @@ void paged_attention(const Tensor& q, const KvLayer& cache, const AttentionMetad
         std::fill(acc.begin(), acc.end(), 0.0);
         for (int64_t j = first; j <= pos; ++j) {
           if (!visible(j)) continue;
-          const int64_t block = block_tables[s * max_blocks + j / block_size];
+          const int64_t block = table[j / block_size];
           const int64_t row_in_block = (j % block_size) * num_kv_heads + kvh;
           const double p = scores[static_cast<size_t>(j - first)] / sum;
           for (int64_t i = 0; i < head_dim; ++i) {
