@@ -16,8 +16,11 @@ size_t KvCacheConfig::bytes_per_token() const {
 size_t KvCacheConfig::bytes_per_history_block() const {
   const int bits = tiers.history_bits();
   if (bits == 0) return 0;
-  const size_t row = bits == 8 ? static_cast<size_t>(head_dim) + 4 : static_cast<size_t>(head_dim) / 2 + 8;
-  const size_t bounds = key_bounds ? 2 * static_cast<size_t>(head_dim) + 8 : 0;  // per (block, kv head)
+  // A row's codes and its f32 s (int8) or f16 s and lo (int4); the key bounds' 4-bit codes and
+  // (lo, step) per group of dims, per (block, kv head) (ops.h KvLayer).
+  const size_t row = bits == 8 ? static_cast<size_t>(head_dim) + 4 : static_cast<size_t>(head_dim) / 2 + 4;
+  const size_t bounds =
+      key_bounds ? static_cast<size_t>(head_dim) + 8 * static_cast<size_t>(ops::key_bound_groups(head_dim)) : 0;
   return static_cast<size_t>(num_layers) * static_cast<size_t>(num_kv_heads) *
          (2ull * static_cast<size_t>(block_size) * row + bounds);
 }
@@ -85,11 +88,14 @@ Result<KvCache> KvCache::create(const KvCacheConfig& config) {
       const DType code_dtype = bits == 8 ? DType::kI8 : DType::kU8;
       TACHYON_RETURN_IF_ERROR(allocate(codes, code_dtype, layer.hk));
       TACHYON_RETURN_IF_ERROR(allocate(codes, code_dtype, layer.hv));
-      TACHYON_RETURN_IF_ERROR(allocate(params, DType::kF32, layer.hk_params));
-      TACHYON_RETURN_IF_ERROR(allocate(params, DType::kF32, layer.hv_params));
+      const DType params_dtype = bits == 8 ? DType::kF32 : DType::kF16;  // ops.h KvLayer
+      TACHYON_RETURN_IF_ERROR(allocate(params, params_dtype, layer.hk_params));
+      TACHYON_RETURN_IF_ERROR(allocate(params, params_dtype, layer.hv_params));
       if (config.key_bounds) {
-        TACHYON_RETURN_IF_ERROR(allocate({nh, config.num_kv_heads, 2, config.head_dim}, DType::kU8, layer.kbounds));
-        TACHYON_RETURN_IF_ERROR(allocate({nh, config.num_kv_heads, 2}, DType::kF32, layer.kbound_params));
+        TACHYON_RETURN_IF_ERROR(
+            allocate({nh, config.num_kv_heads, 2, config.head_dim / 2}, DType::kU8, layer.kbounds));
+        TACHYON_RETURN_IF_ERROR(allocate({nh, config.num_kv_heads, ops::key_bound_groups(config.head_dim), 2},
+                                         DType::kF32, layer.kbound_params));
       }
     }
   }

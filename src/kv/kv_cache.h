@@ -33,8 +33,8 @@ struct KvCacheConfig {
   Device device = Device::cpu();
   KvTierOptions tiers;        // the window of recent positions and what becomes of older ones
   int num_history_blocks = 0; // int8 / int4 history (tiers.history_bits() > 0): the history pool's blocks
-  // Block-sparse attention: the history blocks keep key bounds (ops.h KvLayer), 2 x head_dim + 8
-  // bytes per (block, kv head) and layer.
+  // Block-sparse attention: the history blocks keep key bounds (ops.h KvLayer), head_dim + 8 x
+  // ceil(head_dim / 32) bytes per (block, kv head) and layer.
   bool key_bounds = false;
 
   bool quantized() const;

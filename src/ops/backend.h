@@ -97,8 +97,8 @@ inline KvCacheView kv_cache_view(const KvLayer& layer) {
   if (layer.hk.defined()) {
     view.hk = layer.hk.raw_data();
     view.hv = layer.hv.raw_data();
-    view.hk_params = layer.hk_params.data<float>();
-    view.hv_params = layer.hv_params.data<float>();
+    view.hk_params = layer.hk_params.raw_data();
+    view.hv_params = layer.hv_params.raw_data();
     view.history_bits = layer.hk.dtype() == DType::kI8 ? 8 : 4;
     view.num_history_blocks = layer.hk.size(0);
     if (layer.kbounds.defined()) {

@@ -19,6 +19,13 @@
 
 namespace tachyon::ops {
 
+// Key bounds of the history blocks (ops.h KvLayer) code their dims in groups of kKeyBoundGroup,
+// each with its own lo and step.
+constexpr int64_t kKeyBoundGroup = 32;
+TACHYON_HOST_DEVICE inline int64_t key_bound_groups(int64_t head_dim) {
+  return (head_dim + kKeyBoundGroup - 1) / kKeyBoundGroup;
+}
+
 // The rows of an activation tensor whose last dim is packed (stride 1) and whose leading dims (up
 // to three of them) have any strides, e.g. the q part of a fused QKV output ([n, num_heads,
 // head_dim] with a row stride of (num_heads + 2 * num_kv_heads) * head_dim). Row-wise kernels
@@ -65,16 +72,16 @@ struct KvCacheView {
   DType dtype = DType::kF32;
   int64_t num_blocks = 0, block_size = 0, num_kv_heads = 0, head_dim = 0;
   // History pools (ops.h KvLayer): block table entries >= num_blocks. history_bits 0: none; 8:
-  // hk/hv [num_history_blocks, block_size, num_kv_heads, head_dim] i8, params [.., 1] (s);
-  // 4: [.., head_dim / 2] u8, params [.., 2] (s, lo).
+  // hk/hv [num_history_blocks, block_size, num_kv_heads, head_dim] i8, params [.., 1] f32 (s);
+  // 4: [.., head_dim / 2] u8, params [.., 2] f16 (s, lo). Either way 4 bytes of params a row.
   const void* hk = nullptr;
   const void* hv = nullptr;
-  const float* hk_params = nullptr;
-  const float* hv_params = nullptr;
+  const void* hk_params = nullptr;
+  const void* hv_params = nullptr;
   int history_bits = 0;
   int64_t num_history_blocks = 0;
   // Key bounds of the history blocks (ops.h KvLayer), or null: [num_history_blocks, num_kv_heads,
-  // 2, head_dim] u8 codes and [.., 2] f32 (lo, step).
+  // 2, head_dim / 2] u8 4-bit codes and [.., ceil(head_dim / 32), 2] f32 (lo, step) per group.
   const uint8_t* kbounds = nullptr;
   const float* kbound_params = nullptr;
 };

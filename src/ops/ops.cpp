@@ -372,23 +372,28 @@ void check_kv_layer(const char* op, const KvLayer& cache) {
                   "{}: history pool {} for cache {} (expected [{}, {}, {}, {}], packed, on {})", op, t->shape_string(),
                   k.shape_string(), nh, k.size(1), k.size(2), row, k.device().to_string());
   }
+  const DType params_dtype = hd == DType::kI8 ? DType::kF32 : DType::kF16;
   for (const Tensor* t : {&cache.hk_params, &cache.hv_params}) {
-    TACHYON_CHECK(has_shape(*t, {nh, k.size(1), k.size(2), params}) && t->dtype() == DType::kF32 &&
+    TACHYON_CHECK(has_shape(*t, {nh, k.size(1), k.size(2), params}) && t->dtype() == params_dtype &&
                       t->is_contiguous() && t->device() == k.device(),
-                  "{}: history params {} {} (expected [{}, {}, {}, {}] f32, packed, on {})", op, t->shape_string(),
-                  dtype_name(t->dtype()), nh, k.size(1), k.size(2), params, k.device().to_string());
+                  "{}: history params {} {} (expected [{}, {}, {}, {}] {}, packed, on {})", op, t->shape_string(),
+                  dtype_name(t->dtype()), nh, k.size(1), k.size(2), params, dtype_name(params_dtype),
+                  k.device().to_string());
   }
   TACHYON_CHECK(cache.kbounds.defined() == cache.kbound_params.defined(),
                 "{}: key bounds kbounds/kbound_params must be both defined or neither", op);
   if (!cache.kbounds.defined()) return;
-  TACHYON_CHECK(has_shape(cache.kbounds, {nh, k.size(2), 2, k.size(3)}) && cache.kbounds.dtype() == DType::kU8 &&
-                    cache.kbounds.is_contiguous() && cache.kbounds.device() == k.device(),
+  const int64_t groups = key_bound_groups(k.size(3));
+  TACHYON_CHECK(k.size(3) % 2 == 0 && has_shape(cache.kbounds, {nh, k.size(2), 2, k.size(3) / 2}) &&
+                    cache.kbounds.dtype() == DType::kU8 && cache.kbounds.is_contiguous() &&
+                    cache.kbounds.device() == k.device(),
                 "{}: key bounds {} {} (expected [{}, {}, 2, {}] u8, packed, on {})", op, cache.kbounds.shape_string(),
-                dtype_name(cache.kbounds.dtype()), nh, k.size(2), k.size(3), k.device().to_string());
-  TACHYON_CHECK(has_shape(cache.kbound_params, {nh, k.size(2), 2}) && cache.kbound_params.dtype() == DType::kF32 &&
-                    cache.kbound_params.is_contiguous() && cache.kbound_params.device() == k.device(),
-                "{}: key bound params {} {} (expected [{}, {}, 2] f32, packed, on {})", op,
-                cache.kbound_params.shape_string(), dtype_name(cache.kbound_params.dtype()), nh, k.size(2),
+                dtype_name(cache.kbounds.dtype()), nh, k.size(2), k.size(3) / 2, k.device().to_string());
+  TACHYON_CHECK(has_shape(cache.kbound_params, {nh, k.size(2), groups, 2}) &&
+                    cache.kbound_params.dtype() == DType::kF32 && cache.kbound_params.is_contiguous() &&
+                    cache.kbound_params.device() == k.device(),
+                "{}: key bound params {} {} (expected [{}, {}, {}, 2] f32, packed, on {})", op,
+                cache.kbound_params.shape_string(), dtype_name(cache.kbound_params.dtype()), nh, k.size(2), groups,
                 k.device().to_string());
 }
 

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "ops/kernel_types.h"
 #include "quant/quant_weight.h"
 
 namespace tachyon {
@@ -117,19 +118,24 @@ struct AttentionParams {
 //   int8  hk, hv [num_history_blocks, block_size, num_kv_heads, head_dim] i8, hk_params and
 //         hv_params [.., 1] f32: the i8 cache's rows (x ~ c * s).
 //   int4  hk, hv [.., head_dim / 2] u8 (element 2i in the low nibble, 2i + 1 in the high one),
-//         params [.., 2] f32 (s, lo): lo = min x, s = (max x - lo) / 15 (f32),
-//         c = clamp(rint((x - lo) / s), 0, 15) (0 when s = 0), x ~ lo + c * s. 72 bytes a row of
-//         128 where bf16 takes 256. A row holding a non-finite value gets s = lo = NaN.
+//         params [.., 2] f16 (s, lo): lo = f16(min x), s = f16((max x - lo) / 15) (each rounded
+//         to nearest, clamped to f16's finite range first, s >= 0; the f32 arithmetic uses the
+//         rounded lo), c = clamp(rint((x - lo) / s), 0, 15) (0 when s = 0), x ~ lo + c * s, all
+//         in f32 on the f16 values. 68 bytes a row of 128 where bf16 takes 256. A row holding a
+//         non-finite value gets s = lo = NaN; values beyond f16's range are clipped to it.
 //
 // Key bounds (block-sparse attention; with history pools only): per (history block, kv head), the
 // element-wise minimum mn[d] and maximum mx[d] over the block's block_size keys, as their history
-// codes decode (history_value), coded outward in 8 bits: kbounds [num_history_blocks,
-// num_kv_heads, 2, head_dim] u8 (the min codes, then the max codes) and kbound_params [..,
-// num_kv_heads, 2] f32 (lo, step). lo = min of mn, step = (max of mx - lo) / 254 (f32); code c
-// stands for value(c) = lo + f32(c * step) (one rounding each, never fused); the min code is the
-// largest c in [0, 255] with value(c) <= mn[d], the max code the smallest with value(c) >= mx[d].
-// A block whose keys hold a non-finite value gets lo = step = NaN and codes 0. 264 bytes per
-// (block, kv head) of head_dim 128: 3.2 % of a bf16 block's K and V.
+// codes decode (history_value), coded outward in 4 bits per group of kKeyBoundGroup dims (dims
+// 32 g .. 32 g + 31): kbounds [num_history_blocks, num_kv_heads, 2, head_dim / 2] u8 (the min
+// codes, then the max codes; dim 2i in the low nibble, 2i + 1 in the high one) and kbound_params
+// [.., num_kv_heads, key_bound_groups(head_dim), 2] f32 (lo, step) per group: lo = min of the
+// group's mn, step = (max of its mx - lo) / 14 (f32); code c stands for value(c) = lo + f32(c *
+// step) (one rounding each, never fused); the min code is the largest c in [0, 15] with value(c)
+// <= mn[d], the max code the smallest with value(c) >= mx[d]. A block whose keys hold a non-finite
+// value gets lo = step = NaN in every group and codes 0. 160 bytes per (block, kv head) of
+// head_dim 128: 1.95 % of a bf16 block's K and V.
+// (kKeyBoundGroup and key_bound_groups() are in ops/kernel_types.h, which the kernels share.)
 struct KvLayer {
   Tensor k, v;                // [num_blocks, block_size, num_kv_heads, head_dim]
   Tensor k_scales, v_scales;  // [num_blocks, block_size, num_kv_heads, 1] f32, quantized caches only
@@ -302,7 +308,7 @@ void compress_kv_blocks(const Tensor& pairs, KvLayer& cache);
 
 // The upper bound of q . k over the keys of a history block that its key bounds give, for one
 // query head q[head_dim]: the sum over d of max(q[d] * value(min code), q[d] * value(max code))
-// (KvLayer), f32, NaN for a block whose bounds are NaN. Summation order is the kernel's own.
+// (KvLayer, with the lo and step of d's group), f32, NaN for a block whose bounds are NaN. Summation order is the kernel's own.
 //
 // Block-sparse decode attention, step 1 (of 2, with paged_attention()): which blocks each (sequence,
 // kv head) attends to. For sequence s with one query (at position context_lens[s] - 1) and

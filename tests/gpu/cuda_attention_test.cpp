@@ -200,8 +200,8 @@ struct DeviceBatch {
     if (b.cache.hk.defined()) {
       cache.hk = hk.ptr<void>();
       cache.hv = hv.ptr<void>();
-      cache.hk_params = hk_params.ptr<float>();
-      cache.hv_params = hv_params.ptr<float>();
+      cache.hk_params = hk_params.ptr<void>();
+      cache.hv_params = hv_params.ptr<void>();
       cache.history_bits = ops::kv_history_bits(b.cache);
       cache.num_history_blocks = b.cache.hk.size(0);
     }
@@ -416,12 +416,12 @@ TEST(CudaKvHistory, CompressionMatchesTheReferenceAndHistoryIsPlanned) {
         cu::KvCacheView view = before.cache;
         Mirror hk(Tensor::zeros(b.cache.hk.shape(), b.cache.hk.dtype()));
         Mirror hv(Tensor::zeros(b.cache.hv.shape(), b.cache.hv.dtype()));
-        Mirror hkp(Tensor::zeros(b.cache.hk_params.shape(), DType::kF32));
-        Mirror hvp(Tensor::zeros(b.cache.hv_params.shape(), DType::kF32));
+        Mirror hkp(Tensor::zeros(b.cache.hk_params.shape(), b.cache.hk_params.dtype()));
+        Mirror hvp(Tensor::zeros(b.cache.hv_params.shape(), b.cache.hv_params.dtype()));
         view.hk = hk.ptr<void>();
         view.hv = hv.ptr<void>();
-        view.hk_params = hkp.ptr<float>();
-        view.hv_params = hvp.ptr<float>();
+        view.hk_params = hkp.ptr<void>();
+        view.hv_params = hvp.ptr<void>();
         view.history_bits = bits;
         view.num_history_blocks = b.cache.hk.size(0);
         Mirror dpairs(testing::i32_tensor(pairs));

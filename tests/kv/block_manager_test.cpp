@@ -465,6 +465,43 @@ TEST(KvCache, SizesFromBudgetAndCopiesBlocks) {
   EXPECT_FALSE(KvCache::create(c).ok());
 }
 
+// History pools and key bounds: what nbytes() counts is what the layers hold, for int8 and int4
+// history, with and without bounds, at a head_dim that fills its last bound group and one that
+// does not (an int4 row of 128 takes 68 bytes, the bounds 160 per block and kv head).
+TEST(KvCache, HistoryBytesAreWhatTheLayersHold) {
+  for (KvHistory history : {KvHistory::kInt8, KvHistory::kInt4}) {
+    for (bool bounds : {false, true}) {
+      for (int head_dim : {128, 80}) {
+        KvCacheConfig c;
+        c.num_layers = 2;
+        c.num_kv_heads = 3;
+        c.head_dim = head_dim;
+        c.block_size = 16;
+        c.dtype = DType::kBF16;
+        c.num_blocks = 4;
+        c.tiers = KvTierOptions{64, history};
+        c.num_history_blocks = 7;
+        c.key_bounds = bounds;
+        auto cache = KvCache::create(c);
+        ASSERT_TRUE(cache.ok()) << cache.status().to_string();
+        size_t held = 0;
+        for (int l = 0; l < c.num_layers; ++l) {
+          const KvLayer& layer = cache->layer(l);
+          for (const Tensor* t : {&layer.k, &layer.v, &layer.hk, &layer.hv, &layer.hk_params, &layer.hv_params,
+                                  &layer.kbounds, &layer.kbound_params}) {
+            if (t->defined()) held += t->nbytes();
+          }
+        }
+        EXPECT_EQ(cache->nbytes(), held) << kv_history_name(history) << " bounds " << bounds << " hd " << head_dim;
+        if (history == KvHistory::kInt4 && head_dim == 128) {
+          const size_t row = 68, bound = bounds ? 160 : 0;
+          EXPECT_EQ(c.bytes_per_history_block(), 2u * 3 * (2 * 16 * row + bound));
+        }
+      }
+    }
+  }
+}
+
 // A quantized cache: a scale per (slot, kv head) beside the codes, counted in its bytes, and
 // moved with them by block and slot copies.
 TEST(KvCache, QuantizedPoolsCarryTheirScales) {

@@ -31,8 +31,9 @@ inline void move_blocks_to_history(KvLayer& cache, AttentionMetadata& meta, int 
   const int64_t row = bits == 8 ? hd : hd / 2, params = bits == 8 ? 1 : 2;
   cache.hk = Tensor::zeros({nh, bs, kvh, row}, code_dtype);
   cache.hv = Tensor::zeros({nh, bs, kvh, row}, code_dtype);
-  cache.hk_params = nan_tensor({nh, bs, kvh, params});
-  cache.hv_params = nan_tensor({nh, bs, kvh, params});
+  const DType params_dtype = bits == 8 ? DType::kF32 : DType::kF16;  // ops.h KvLayer
+  cache.hk_params = nan_tensor({nh, bs, kvh, params}, params_dtype);
+  cache.hv_params = nan_tensor({nh, bs, kvh, params}, params_dtype);
   Tensor pairs = Tensor::empty({static_cast<int64_t>(chosen.size()), 2}, DType::kI32);
   for (size_t h = 0; h < chosen.size(); ++h) {
     pairs.data<int32_t>()[2 * h] = *chosen[h];
@@ -85,7 +86,7 @@ inline Tensor gather_sequence(const KvLayer& cache, const int32_t* table, int co
       const int64_t code_bytes = bits == 8 ? hd : hd / 2;
       for (int64_t i = 0; i < hd; ++i) {
         dst[i] = ops::reference::history_value(static_cast<const uint8_t*>(codes.raw_data()) + r * code_bytes,
-                                               params.data<float>() + r * (bits == 8 ? 1 : 2), bits, i);
+                                               static_cast<const uint8_t*>(params.raw_data()) + r * 4, bits, i);
       }
     }
   }

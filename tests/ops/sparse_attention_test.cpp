@@ -35,7 +35,19 @@ float history_key(const KvLayer& cache, int64_t b, int64_t t, int64_t h, int64_t
   const int64_t hd = cache.k.size(3), kvh = cache.k.size(2), bs = cache.k.size(1);
   const int64_t r = (b * bs + t) * kvh + h;
   return ops::reference::history_value(static_cast<const uint8_t*>(cache.hk.raw_data()) + r * (bits == 8 ? hd : hd / 2),
-                                       cache.hk_params.data<float>() + r * (bits == 8 ? 1 : 2), bits, d);
+                                       static_cast<const uint8_t*>(cache.hk_params.raw_data()) + r * 4, bits, d);
+}
+
+// Key bounds of (history block b, kv head h): its codes [2, head_dim / 2] and its groups' params.
+const uint8_t* bound_codes(const KvLayer& cache, int64_t b, int64_t h) {
+  return static_cast<const uint8_t*>(cache.kbounds.raw_data()) + (b * cache.k.size(2) + h) * cache.k.size(3);
+}
+const float* bound_params(const KvLayer& cache, int64_t b, int64_t h) {
+  return cache.kbound_params.data<float>() + (b * cache.k.size(2) + h) * 2 * ops::key_bound_groups(cache.k.size(3));
+}
+// Dim d's min code (which 0) or max code (1).
+int bound_code(const uint8_t* codes, int64_t hd, int which, int64_t d) {
+  return (codes[which * hd / 2 + d / 2] >> (4 * (d % 2))) & 0xf;
 }
 
 TEST(KeyBounds, HoldForEveryDecodedKeyAndAreTight) {
@@ -53,32 +65,32 @@ TEST(KeyBounds, HoldForEveryDecodedKeyAndAreTight) {
       const int64_t nh = c.cache.hk.size(0), bs = 16, kvh = spec.num_kv_heads, hd = spec.head_dim;
       for (int64_t b = 0; b < nh; ++b) {
         for (int64_t h = 0; h < kvh; ++h) {
-          const uint8_t* codes = static_cast<const uint8_t*>(c.cache.kbounds.raw_data()) + (b * kvh + h) * 2 * hd;
-          const float lo = c.cache.kbound_params.data<float>()[(b * kvh + h) * 2];
-          const float step = c.cache.kbound_params.data<float>()[(b * kvh + h) * 2 + 1];
-          ASSERT_TRUE(std::isfinite(lo) && std::isfinite(step) && step >= 0.0f);
+          const uint8_t* codes = bound_codes(c.cache, b, h);
+          const float* params = bound_params(c.cache, b, h);
           for (int64_t d = 0; d < hd; ++d) {
+            const float lo = params[2 * (d / ops::kKeyBoundGroup)], step = params[2 * (d / ops::kKeyBoundGroup) + 1];
+            ASSERT_TRUE(std::isfinite(lo) && std::isfinite(step) && step >= 0.0f);
             float mn = INFINITY, mx = -INFINITY;
             for (int64_t t = 0; t < bs; ++t) {
               mn = std::min(mn, history_key(c.cache, b, t, h, d));
               mx = std::max(mx, history_key(c.cache, b, t, h, d));
             }
-            const float vmin = bound_value(lo, step, codes[d]), vmax = bound_value(lo, step, codes[hd + d]);
+            const int min_code = bound_code(codes, hd, 0, d), max_code = bound_code(codes, hd, 1, d);
+            const float vmin = bound_value(lo, step, min_code), vmax = bound_value(lo, step, max_code);
             ASSERT_LE(vmin, mn) << "bits " << bits << " block " << b << " head " << h << " dim " << d;
             ASSERT_GE(vmax, mx) << "bits " << bits << " block " << b << " head " << h << " dim " << d;
             // The largest / smallest code that still bounds: the next one would not.
-            if (codes[d] < 255) {
-              ASSERT_GT(bound_value(lo, step, codes[d] + 1), mn);
+            if (min_code < 15) {
+              ASSERT_GT(bound_value(lo, step, min_code + 1), mn);
             }
-            if (codes[hd + d] > 0) {
-              ASSERT_LT(bound_value(lo, step, codes[hd + d] - 1), mx);
+            if (max_code > 0) {
+              ASSERT_LT(bound_value(lo, step, max_code - 1), mx);
             }
           }
           // A block's bound is at least each of its keys' q . k, for random query heads.
           for (int trial = 0; trial < 4; ++trial) {
             const Tensor q = testing::random_tensor({hd}, rng, -2.0f, 2.0f);
-            const float bound = ops::reference::key_bound(q.data<float>(), codes,
-                                                          c.cache.kbound_params.data<float>() + (b * kvh + h) * 2, hd);
+            const float bound = ops::reference::key_bound(q.data<float>(), codes, params, hd);
             for (int64_t t = 0; t < bs; ++t) {
               double dot = 0.0, mag = 0.0;
               for (int64_t d = 0; d < hd; ++d) {
@@ -111,7 +123,9 @@ TEST(KeyBounds, ANonFiniteKeyGivesNaNBoundsThatAlwaysRankFirst) {
     sc.cache.k.data<float>()[(block * 16 + 3) * spec.head_dim + 7] = INFINITY;
   });
   const int64_t hb = c.meta.block_tables.data<int32_t>()[poisoned_entry] - c.cache.k.size(0);
-  EXPECT_TRUE(std::isnan(c.cache.kbound_params.data<float>()[hb * 2]));
+  for (int64_t g = 0; g < ops::key_bound_groups(spec.head_dim); ++g) {
+    EXPECT_TRUE(std::isnan(bound_params(c.cache, hb, 0)[2 * g]));
+  }
   Tensor tables = Tensor::empty({1, 1, c.meta.block_tables.size(1)}, DType::kI32);
   Tensor lens = Tensor::empty({1, 1}, DType::kI32);
   ops::select_kv_blocks(c.q, c.cache, c.meta, tables, lens);
@@ -157,9 +171,8 @@ void check_selection(const SparseCase& c, const Tensor& tables, const Tensor& le
         for (int64_t g = 0; g < group; ++g) {
           const int row = c.meta.query_start.data<int32_t>()[s];
           const float* q = c.q.data<float>() + (row * c.q.size(1) + h * group + g) * hd;
-          const float b = ops::reference::key_bound(
-              q, static_cast<const uint8_t*>(c.cache.kbounds.raw_data()) + (hb * kvh + h) * 2 * hd,
-              c.cache.kbound_params.data<float>() + (hb * kvh + h) * 2, hd);
+          const float b =
+              ops::reference::key_bound(q, bound_codes(c.cache, hb, h), bound_params(c.cache, hb, h), hd);
           best = std::isnan(b) ? INFINITY : std::max(best, b);
         }
         score[static_cast<size_t>(i)] = best;

@@ -99,10 +99,11 @@ inline SparseCase make_sparse_case(const SparseSpec& spec, std::mt19937& rng,
   const int64_t row = spec.bits == 8 ? hd : hd / 2, params = spec.bits == 8 ? 1 : 2;
   c.cache.hk = Tensor::zeros({nh, bs, kvh, row}, code_dtype);
   c.cache.hv = Tensor::zeros({nh, bs, kvh, row}, code_dtype);
-  c.cache.hk_params = nan_tensor({nh, bs, kvh, params});
-  c.cache.hv_params = nan_tensor({nh, bs, kvh, params});
-  c.cache.kbounds = Tensor::zeros({nh, kvh, 2, hd}, DType::kU8);
-  c.cache.kbound_params = nan_tensor({nh, kvh, 2});
+  const DType params_dtype = spec.bits == 8 ? DType::kF32 : DType::kF16;
+  c.cache.hk_params = nan_tensor({nh, bs, kvh, params}, params_dtype);
+  c.cache.hv_params = nan_tensor({nh, bs, kvh, params}, params_dtype);
+  c.cache.kbounds = Tensor::zeros({nh, kvh, 2, hd / 2}, DType::kU8);
+  c.cache.kbound_params = nan_tensor({nh, kvh, ops::key_bound_groups(hd), 2});
   Tensor pairs = Tensor::empty({static_cast<int64_t>(to_history.size()), 2}, DType::kI32);
   for (size_t h = 0; h < to_history.size(); ++h) {
     pairs.data<int32_t>()[2 * h] = to_history[h].second;

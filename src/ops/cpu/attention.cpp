@@ -21,6 +21,7 @@
 #include "core/thread_pool.h"
 #include "ops/cpu/isa.h"
 #include "ops/cpu/kernels.h"
+#include "ops/cpu/reference.h"
 #include "ops/cpu/vec_avx2.h"
 
 namespace tachyon::ops::cpu {
@@ -59,20 +60,23 @@ struct Scratch {
 // [block_size, head_dim] f32.
 void decode_history_block(const KvCacheView& cache, int64_t block, int64_t kv_head, float* k, float* v) {
   const int64_t hd = cache.head_dim, bits = cache.history_bits;
-  const int64_t code_bytes = bits == 8 ? hd : hd / 2, num_params = bits == 8 ? 1 : 2;
+  const int64_t code_bytes = bits == 8 ? hd : hd / 2;
   for (int64_t t = 0; t < cache.block_size; ++t) {
     const int64_t row = (block * cache.block_size + t) * cache.num_kv_heads + kv_head;
     for (int which = 0; which < 2; ++which) {
       const auto* codes = static_cast<const uint8_t*>(which == 0 ? cache.hk : cache.hv) + row * code_bytes;
-      const float* params = (which == 0 ? cache.hk_params : cache.hv_params) + row * num_params;
+      // 4 bytes of params a row: an f32 s (int8), or f16 s and lo (int4).
+      const auto* params = static_cast<const uint8_t*>(which == 0 ? cache.hk_params : cache.hv_params) + row * 4;
       float* out = (which == 0 ? k : v) + t * hd;
       if (bits == 8) {
         const auto* c = reinterpret_cast<const int8_t*>(codes);
-        for (int64_t i = 0; i < hd; ++i) out[i] = static_cast<float>(c[i]) * params[0];
+        const float s = *reinterpret_cast<const float*>(params);
+        for (int64_t i = 0; i < hd; ++i) out[i] = static_cast<float>(c[i]) * s;
       } else {
+        const auto [s, lo] = reference::int4_history_params(params);
         for (int64_t i = 0; i < hd; i += 2) {
-          out[i] = params[1] + static_cast<float>(codes[i / 2] & 0xf) * params[0];
-          out[i + 1] = params[1] + static_cast<float>(codes[i / 2] >> 4) * params[0];
+          out[i] = lo + static_cast<float>(codes[i / 2] & 0xf) * s;
+          out[i + 1] = lo + static_cast<float>(codes[i / 2] >> 4) * s;
         }
       }
     }

@@ -194,15 +194,17 @@ float load_cached(const KvLayer& cache, int which, int64_t block, int64_t row_in
   const Tensor& codes = which == 0 ? cache.hk : cache.hv;
   const Tensor& params = which == 0 ? cache.hk_params : cache.hv_params;
   const int64_t code_bytes = bits == 8 ? head_dim : head_dim / 2;
+  const size_t param_bytes = bits == 8 ? sizeof(float) : 2 * sizeof(uint16_t);
   return history_value(static_cast<const uint8_t*>(codes.raw_data()) + row * code_bytes,
-                       params.data<float>() + row * (bits == 8 ? 1 : 2), bits, i);
+                       static_cast<const uint8_t*>(params.raw_data()) + static_cast<size_t>(row) * param_bytes, bits,
+                       i);
 }
 
 }  // namespace
 
-void quantize_history_row(const float* x, int64_t head_dim, int bits, void* codes, float* params) {
+void quantize_history_row(const float* x, int64_t head_dim, int bits, void* codes, void* params) {
   if (bits == 8) {
-    quantize_kv_row(x, head_dim, DType::kI8, codes, params);
+    quantize_kv_row(x, head_dim, DType::kI8, codes, static_cast<float*>(params));
     return;
   }
   float lo = std::numeric_limits<float>::infinity(), hi = -lo;
@@ -212,32 +214,48 @@ void quantize_history_row(const float* x, int64_t head_dim, int bits, void* code
     lo = std::min(lo, x[i]);
     hi = std::max(hi, x[i]);
   }
-  const float s = finite ? (hi - lo) / 15.0f : std::numeric_limits<float>::quiet_NaN();
-  params[0] = s;
-  params[1] = finite ? lo : std::numeric_limits<float>::quiet_NaN();
+  auto* out_params = static_cast<uint16_t*>(params);
   auto* out = static_cast<uint8_t*>(codes);
+  if (!finite) {
+    out_params[0] = out_params[1] = f32_to_f16(std::numeric_limits<float>::quiet_NaN());
+    std::memset(out, 0, static_cast<size_t>(head_dim / 2));
+    return;
+  }
+  constexpr float kF16Max = 65504.0f;
+  const uint16_t lo16 = f32_to_f16(std::clamp(lo, -kF16Max, kF16Max));
+  const float lo_f = f16_to_f32(lo16);
+  const uint16_t s16 = f32_to_f16(std::clamp((hi - lo_f) / 15.0f, 0.0f, kF16Max));
+  const float s = f16_to_f32(s16);
+  out_params[0] = s16;
+  out_params[1] = lo16;
   for (int64_t i = 0; i < head_dim; i += 2) {
     uint8_t pair = 0;
     for (int64_t j = 0; j < 2; ++j) {
-      const float c = finite && s > 0.0f ? std::clamp(std::rint((x[i + j] - lo) / s), 0.0f, 15.0f) : 0.0f;
+      const float c = s > 0.0f ? std::clamp(std::rint((x[i + j] - lo_f) / s), 0.0f, 15.0f) : 0.0f;
       pair |= static_cast<uint8_t>(static_cast<uint32_t>(c) << (4 * j));
     }
     out[i / 2] = pair;
   }
 }
 
-float history_value(const void* codes, const float* params, int bits, int64_t i) {
-  if (bits == 8) return static_cast<float>(static_cast<const int8_t*>(codes)[i]) * params[0];
+std::pair<float, float> int4_history_params(const void* params) {
+  const auto* p = static_cast<const uint16_t*>(params);
+  return {f16_to_f32(p[0]), f16_to_f32(p[1])};
+}
+
+float history_value(const void* codes, const void* params, int bits, int64_t i) {
+  if (bits == 8) return static_cast<float>(static_cast<const int8_t*>(codes)[i]) * static_cast<const float*>(params)[0];
   const uint8_t pair = static_cast<const uint8_t*>(codes)[i / 2];
   const float c = static_cast<float>((pair >> (4 * (i % 2))) & 0xf);
-  return params[1] + c * params[0];
+  const auto [s, lo] = int4_history_params(params);
+  return lo + c * s;
 }
 
 void compress_kv_blocks(const Tensor& pairs, KvLayer& cache) {
   const int64_t block_size = cache.k.size(1), kv_heads = cache.k.size(2), head_dim = cache.k.size(3);
   const int bits = kv_history_bits(cache);
   const int64_t code_bytes = bits == 8 ? head_dim : head_dim / 2;
-  const int64_t num_params = bits == 8 ? 1 : 2;
+  const int64_t param_bytes = 4;  // a row's one f32 s (int8), or its f16 s and lo (int4)
   const int64_t rows = block_size * kv_heads;  // (slot, head) rows of a block
   std::vector<float> row(static_cast<size_t>(head_dim));
   for (int64_t p = 0; p < pairs.size(0); ++p) {
@@ -256,7 +274,7 @@ void compress_kv_blocks(const Tensor& pairs, KvLayer& cache) {
           row[static_cast<size_t>(i)] = load_kv(pool, scales, src_row * head_dim + i);
         }
         quantize_history_row(row.data(), head_dim, bits, static_cast<uint8_t*>(codes.raw_data()) + dst_row * code_bytes,
-                             params.data<float>() + dst_row * num_params);
+                             static_cast<uint8_t*>(params.raw_data()) + dst_row * param_bytes);
       }
     }
     if (!cache.kbounds.defined()) continue;
@@ -276,8 +294,8 @@ void compress_kv_blocks(const Tensor& pairs, KvLayer& cache) {
       }
       if (!finite) mn[0] = std::numeric_limits<float>::quiet_NaN();
       key_bounds_codes(mn.data(), mx.data(), head_dim,
-                       static_cast<uint8_t*>(cache.kbounds.raw_data()) + (dst * kv_heads + h) * 2 * head_dim,
-                       cache.kbound_params.data<float>() + (dst * kv_heads + h) * 2);
+                       static_cast<uint8_t*>(cache.kbounds.raw_data()) + (dst * kv_heads + h) * head_dim,
+                       cache.kbound_params.data<float>() + (dst * kv_heads + h) * 2 * key_bound_groups(head_dim));
     }
   }
 }
@@ -293,44 +311,52 @@ float bound_value(float lo, float step, int c) {
 }  // namespace
 
 void key_bounds_codes(const float* mn, const float* mx, int64_t head_dim, uint8_t* codes, float* params) {
-  float lo = std::numeric_limits<float>::infinity(), hi = -lo;
+  const int64_t groups = key_bound_groups(head_dim);
   bool finite = true;
-  for (int64_t d = 0; d < head_dim; ++d) {
-    finite = finite && std::isfinite(mn[d]) && std::isfinite(mx[d]);
-    lo = std::min(lo, mn[d]);
-    hi = std::max(hi, mx[d]);
-  }
+  for (int64_t d = 0; d < head_dim; ++d) finite = finite && std::isfinite(mn[d]) && std::isfinite(mx[d]);
+  std::fill(codes, codes + head_dim, uint8_t{0});
   if (!finite) {
-    params[0] = params[1] = std::numeric_limits<float>::quiet_NaN();
-    std::fill(codes, codes + 2 * head_dim, uint8_t{0});
+    std::fill(params, params + 2 * groups, std::numeric_limits<float>::quiet_NaN());
     return;
   }
-  const float step = (hi - lo) / 254.0f;
-  params[0] = lo;
-  params[1] = step;
-  // value(c) never decreases with c, so a guess moved until the condition flips is the answer.
-  const auto guess = [&](float x) {
-    return step > 0.0f ? static_cast<int>(std::clamp(std::floor((x - lo) / step), 0.0f, 255.0f)) : 0;
-  };
-  for (int64_t d = 0; d < head_dim; ++d) {
-    int lo_code = guess(mn[d]);  // the largest c with value(c) <= mn (value(0) = lo <= mn)
-    while (lo_code > 0 && bound_value(lo, step, lo_code) > mn[d]) --lo_code;
-    while (lo_code < 255 && bound_value(lo, step, lo_code + 1) <= mn[d]) ++lo_code;
-    int hi_code = guess(mx[d]);  // the smallest c with value(c) >= mx
-    while (hi_code < 255 && bound_value(lo, step, hi_code) < mx[d]) ++hi_code;
-    while (hi_code > 0 && bound_value(lo, step, hi_code - 1) >= mx[d]) --hi_code;
-    codes[d] = static_cast<uint8_t>(lo_code);
-    codes[head_dim + d] = static_cast<uint8_t>(hi_code);
+  uint8_t* min_codes = codes;
+  uint8_t* max_codes = codes + head_dim / 2;
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t begin = g * kKeyBoundGroup, end = std::min(head_dim, begin + kKeyBoundGroup);
+    float lo = std::numeric_limits<float>::infinity(), hi = -lo;
+    for (int64_t d = begin; d < end; ++d) {
+      lo = std::min(lo, mn[d]);
+      hi = std::max(hi, mx[d]);
+    }
+    const float step = (hi - lo) / 14.0f;
+    params[2 * g] = lo;
+    params[2 * g + 1] = step;
+    // value(c) never decreases with c, so a guess moved until the condition flips is the answer.
+    const auto guess = [&](float x) {
+      return step > 0.0f ? static_cast<int>(std::clamp(std::floor((x - lo) / step), 0.0f, 15.0f)) : 0;
+    };
+    for (int64_t d = begin; d < end; ++d) {
+      int lo_code = guess(mn[d]);  // the largest c with value(c) <= mn (value(0) = lo <= mn)
+      while (lo_code > 0 && bound_value(lo, step, lo_code) > mn[d]) --lo_code;
+      while (lo_code < 15 && bound_value(lo, step, lo_code + 1) <= mn[d]) ++lo_code;
+      int hi_code = guess(mx[d]);  // the smallest c with value(c) >= mx
+      while (hi_code < 15 && bound_value(lo, step, hi_code) < mx[d]) ++hi_code;
+      while (hi_code > 0 && bound_value(lo, step, hi_code - 1) >= mx[d]) --hi_code;
+      const int shift = 4 * static_cast<int>(d % 2);
+      min_codes[d / 2] |= static_cast<uint8_t>(lo_code << shift);
+      max_codes[d / 2] |= static_cast<uint8_t>(hi_code << shift);
+    }
   }
 }
 
 float key_bound(const float* q, const uint8_t* codes, const float* params, int64_t head_dim) {
-  const float lo = params[0], step = params[1];
-  if (std::isnan(lo) || std::isnan(step)) return std::numeric_limits<float>::quiet_NaN();
   double sum = 0.0;
   for (int64_t d = 0; d < head_dim; ++d) {
-    const float a = q[d] * bound_value(lo, step, codes[d]);
-    const float b = q[d] * bound_value(lo, step, codes[head_dim + d]);
+    const float lo = params[2 * (d / kKeyBoundGroup)], step = params[2 * (d / kKeyBoundGroup) + 1];
+    if (std::isnan(lo) || std::isnan(step)) return std::numeric_limits<float>::quiet_NaN();
+    const int shift = 4 * static_cast<int>(d % 2);
+    const float a = q[d] * bound_value(lo, step, (codes[d / 2] >> shift) & 0xf);
+    const float b = q[d] * bound_value(lo, step, (codes[head_dim / 2 + d / 2] >> shift) & 0xf);
     sum += std::max(a, b);
   }
   return static_cast<float>(sum);
@@ -377,8 +403,8 @@ void select_kv_blocks(const Tensor& q, const KvLayer& cache, const AttentionMeta
       ranked.clear();
       for (int64_t i = sinks; i < history; ++i) {
         const int64_t hb = table[i] - num_blocks;
-        const uint8_t* codes = bounds + (hb * kv_heads + h) * 2 * head_dim;
-        const float* params = bound_params + (hb * kv_heads + h) * 2;
+        const uint8_t* codes = bounds + (hb * kv_heads + h) * head_dim;
+        const float* params = bound_params + (hb * kv_heads + h) * 2 * key_bound_groups(head_dim);
         float score = -std::numeric_limits<float>::infinity();
         for (int64_t g = 0; g < group; ++g) {
           const float b = key_bound(qrows.data() + g * head_dim, codes, params, head_dim);

@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <utility>
 
 #include "core/tensor.h"
 #include "ops/ops.h"
@@ -35,15 +36,17 @@ void store_kv(const Tensor& k, const Tensor& v, const Tensor& slot_mapping, KvLa
 // One (token, kv head) row x[head_dim] of a quantized cache (i8 / f8e4m3): codes[head_dim] and
 // its scale, by ops.h KvLayer's rule. The CPU store_kv kernel quantizes through this too.
 void quantize_kv_row(const float* x, int64_t head_dim, DType dtype, void* codes, float* scale);
-// One row x[head_dim] of a history pool (ops.h KvLayer): bits 8 (codes[head_dim] i8, params[1])
-// or 4 (codes[head_dim / 2] u8, params[2] = s, lo).
-void quantize_history_row(const float* x, int64_t head_dim, int bits, void* codes, float* params);
+// One row x[head_dim] of a history pool (ops.h KvLayer): bits 8 (codes[head_dim] i8, params[1]
+// f32 s) or 4 (codes[head_dim / 2] u8, params[2] f16 s, lo).
+void quantize_history_row(const float* x, int64_t head_dim, int bits, void* codes, void* params);
 // Element i of a history row as f32.
-float history_value(const void* codes, const float* params, int bits, int64_t i);
+float history_value(const void* codes, const void* params, int bits, int64_t i);
+// An int4 history row's (s, lo) as f32, from its f16 params.
+std::pair<float, float> int4_history_params(const void* params);
 void compress_kv_blocks(const Tensor& pairs, KvLayer& cache);
 // Key bounds (ops.h KvLayer) of one (history block, kv head) from its keys' element-wise minimum
-// mn and maximum mx [head_dim] (a NaN anywhere: the non-finite block): codes [2, head_dim] and
-// params [2] = lo, step.
+// mn and maximum mx [head_dim] (a NaN anywhere: the non-finite block): codes [2, head_dim / 2]
+// and params [key_bound_groups(head_dim), 2] = lo, step.
 void key_bounds_codes(const float* mn, const float* mx, int64_t head_dim, uint8_t* codes, float* params);
 // The bound of ops.h select_kv_blocks for query head q[head_dim] (summed in double).
 float key_bound(const float* q, const uint8_t* codes, const float* params, int64_t head_dim);

@@ -235,6 +235,15 @@ __device__ __forceinline__ void dequantize(uint32_t w, float scale, float* f) { 
 template <DType D>
 __device__ __forceinline__ void dequantize(const uint4& u, float scale, float* f) { dequantize16<D>(u, scale, f); }
 
+// An int4 history row's (s, lo) (.x, .y) from its 4 bytes of params, two f16 (ops.h KvLayer).
+__device__ __forceinline__ float2 int4_history_params(uint32_t bits) {
+  return make_float2(__half2float(__ushort_as_half(static_cast<unsigned short>(bits & 0xffffu))),
+                     __half2float(__ushort_as_half(static_cast<unsigned short>(bits >> 16))));
+}
+__device__ __forceinline__ float2 int4_history_params(const void* params, int64_t row) {
+  return int4_history_params(static_cast<const uint32_t*>(params)[row]);
+}
+
 // Elements off .. off + 3 (off % 4 == 0) of K and V history row `row` (ops.h KvLayer: int8 as
 // code * s, int4 as lo + code * s). Rows are 4-byte (int8) or 2-byte (int4) aligned: head_dim % 4 == 0.
 __device__ __forceinline__ void load_history4(const KvCacheView& cache, int64_t row, int64_t off, float4& kf,
@@ -244,18 +253,18 @@ __device__ __forceinline__ void load_history4(const KvCacheView& cache, int64_t 
   if (cache.history_bits == 8) {
     const int64_t at = row * hd + off;
     dequantize4<DType::kI8>(*reinterpret_cast<const uint32_t*>(static_cast<const uint8_t*>(cache.hk) + at),
-                            cache.hk_params[row], f);
+                            static_cast<const float*>(cache.hk_params)[row], f);
     kf = make_float4(f[0], f[1], f[2], f[3]);
     dequantize4<DType::kI8>(*reinterpret_cast<const uint32_t*>(static_cast<const uint8_t*>(cache.hv) + at),
-                            cache.hv_params[row], f);
+                            static_cast<const float*>(cache.hv_params)[row], f);
     vf = make_float4(f[0], f[1], f[2], f[3]);
     return;
   }
   const int64_t at = row * (hd / 2) + off / 2;
   const uint32_t kc = *reinterpret_cast<const uint16_t*>(static_cast<const uint8_t*>(cache.hk) + at);
   const uint32_t vc = *reinterpret_cast<const uint16_t*>(static_cast<const uint8_t*>(cache.hv) + at);
-  const float ks = cache.hk_params[2 * row], klo = cache.hk_params[2 * row + 1];
-  const float vs = cache.hv_params[2 * row], vlo = cache.hv_params[2 * row + 1];
+  const float2 kp = int4_history_params(cache.hk_params, row), vp = int4_history_params(cache.hv_params, row);
+  const float ks = kp.x, klo = kp.y, vs = vp.x, vlo = vp.y;
   kf = make_float4(klo + static_cast<float>(kc & 0xfu) * ks, klo + static_cast<float>((kc >> 4) & 0xfu) * ks,
                    klo + static_cast<float>((kc >> 8) & 0xfu) * ks, klo + static_cast<float>(kc >> 12) * ks);
   vf = make_float4(vlo + static_cast<float>(vc & 0xfu) * vs, vlo + static_cast<float>((vc >> 4) & 0xfu) * vs,

@@ -95,11 +95,13 @@ __global__ void __launch_bounds__(kQuantThreads) store_kv_quantized_kernel(
 // compress_kv_blocks: one warp per (pair, K or V, row of the block). The primary row is staged in
 // shared memory as f32 (a quantized cache's code * scale, one rounding, as the reference reads
 // it), then quantized to the history row: int8 by quantize_row (the i8 cache's rule), int4 with
-// the row's min and (max - min) / 15, IEEE division and rint as in the reference.
+// the row's min and (max - min) / 15 rounded to f16 as ops.h KvLayer says, IEEE division and rint
+// as in the reference.
 constexpr int kCompressWarps = 8;
 
 __device__ __forceinline__ void quantize_row_int4(const float* __restrict__ x, int64_t head_dim,
-                                                  uint8_t* __restrict__ codes, float* __restrict__ params, int lane) {
+                                                  uint8_t* __restrict__ codes, uint32_t* __restrict__ params,
+                                                  int lane) {
   float lo = INFINITY, hi = -INFINITY;
   bool finite = true;
   for (int64_t i = lane; i < head_dim; i += 32) {
@@ -110,16 +112,23 @@ __device__ __forceinline__ void quantize_row_int4(const float* __restrict__ x, i
   finite = __all_sync(kFullMask, finite);
   lo = -warp_max(-lo);
   hi = warp_max(hi);
-  const float nan = __uint_as_float(0x7fc00000u);
-  const float s = finite ? (hi - lo) / 15.0f : nan;
-  if (lane == 0) {
-    params[0] = s;
-    params[1] = finite ? lo : nan;
+  if (!finite) {
+    if (lane == 0) *params = 0x7e007e00u;  // s = lo = NaN
+    for (int64_t i = 2 * lane; i < head_dim; i += 64) codes[i / 2] = 0;
+    return;
   }
-  const bool scaled = finite && s > 0.0f;
+  constexpr float kF16Max = 65504.0f;
+  const __half lo16 = __float2half_rn(fminf(fmaxf(lo, -kF16Max), kF16Max));
+  const float lo_f = __half2float(lo16);
+  const __half s16 = __float2half_rn(fminf(fmaxf(__fdiv_rn(hi - lo_f, 15.0f), 0.0f), kF16Max));
+  const float s = __half2float(s16);
+  if (lane == 0) {
+    *params = static_cast<uint32_t>(__half_as_ushort(s16)) | static_cast<uint32_t>(__half_as_ushort(lo16)) << 16;
+  }
+  const bool scaled = s > 0.0f;
   for (int64_t i = 2 * lane; i < head_dim; i += 64) {
-    const float c0 = scaled ? fminf(fmaxf(rintf((x[i] - lo) / s), 0.0f), 15.0f) : 0.0f;
-    const float c1 = scaled ? fminf(fmaxf(rintf((x[i + 1] - lo) / s), 0.0f), 15.0f) : 0.0f;
+    const float c0 = scaled ? fminf(fmaxf(rintf(__fdiv_rn(x[i] - lo_f, s)), 0.0f), 15.0f) : 0.0f;
+    const float c1 = scaled ? fminf(fmaxf(rintf(__fdiv_rn(x[i + 1] - lo_f, s)), 0.0f), 15.0f) : 0.0f;
     codes[i / 2] = static_cast<uint8_t>(static_cast<uint32_t>(c0) | static_cast<uint32_t>(c1) << 4);
   }
 }
@@ -149,11 +158,11 @@ __global__ void __launch_bounds__(kCompressWarps * 32) compress_kv_kernel(const 
     }
     __syncwarp();
     auto* codes = static_cast<uint8_t*>(const_cast<void*>(which == 0 ? cache.hk : cache.hv));
-    float* params = const_cast<float*>(which == 0 ? cache.hk_params : cache.hv_params);
+    void* params = const_cast<void*>(which == 0 ? cache.hk_params : cache.hv_params);
     if (cache.history_bits == 8) {
-      quantize_row<DType::kI8>(x, hd, 127.0f, codes + dst_row * hd, params + dst_row, lane);
+      quantize_row<DType::kI8>(x, hd, 127.0f, codes + dst_row * hd, static_cast<float*>(params) + dst_row, lane);
     } else {
-      quantize_row_int4(x, hd, codes + dst_row * (hd / 2), params + 2 * dst_row, lane);
+      quantize_row_int4(x, hd, codes + dst_row * (hd / 2), static_cast<uint32_t*>(params) + dst_row, lane);
     }
     __syncwarp();  // every lane has read x before the next row overwrites it
   }

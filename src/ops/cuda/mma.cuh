@@ -239,7 +239,7 @@ __host__ __device__ constexpr size_t quantized_stage_bytes() {
 // params [kMmaKeys][2] and V params (f32), in that order.
 template <int HD>
 __host__ __device__ constexpr size_t history_stage_bytes() {
-  return 2 * static_cast<size_t>(kMmaKeys) * HD + 2 * static_cast<size_t>(kMmaKeys) * 2 * sizeof(float);
+  return 2 * static_cast<size_t>(kMmaKeys) * HD + 2 * static_cast<size_t>(kMmaKeys) * sizeof(uint32_t);
 }
 
 template <DType D, int HD>
@@ -340,23 +340,21 @@ struct MmaKvPipeline {
             return ((block * bs + key % bs) * num_kv_heads + kv_head) * HD;
           },
           [this, stage](int64_t row, int t, int chunk) {
-            // Codes: 16-byte chunks of the row (HD / 2 bytes for int4, HD for int8), then the
-            // parameters (1 or 2 floats), by the row's first threads.
+            // Codes: 16-byte chunks of the row (HD / 2 bytes for int4, HD for int8), then its 4
+            // bytes of parameters (an f32 s, or f16 s and lo) by the thread of the next chunk.
             uint8_t* kq = history_stages + stage * history_stage_bytes<HD>();
             uint8_t* vq = kq + kMmaKeys * HD;
-            float* kp = reinterpret_cast<float*>(vq + kMmaKeys * HD);
-            float* vp = kp + 2 * kMmaKeys;
+            uint32_t* kp = reinterpret_cast<uint32_t*>(vq + kMmaKeys * HD);
+            uint32_t* vp = kp + kMmaKeys;
             const int code_bytes = history.history_bits == 8 ? HD : HD / 2;
-            const int nparams = history.history_bits == 8 ? 1 : 2;
             const auto* kc = static_cast<const uint8_t*>(history.hk) + row * code_bytes;
             const auto* vc = static_cast<const uint8_t*>(history.hv) + row * code_bytes;
             if (chunk * 16 < code_bytes) {
               cp_async_16(smem_address(kq + t * HD + chunk * 16), kc + chunk * 16, 16);
               cp_async_16(smem_address(vq + t * HD + chunk * 16), vc + chunk * 16, 16);
-            } else if (chunk * 16 - code_bytes < 16 * nparams && (chunk * 16 - code_bytes) % 16 == 0) {
-              const int i = (chunk * 16 - code_bytes) / 16;  // which parameter this thread copies
-              cp_async_4(smem_address(kp + 2 * t + i), history.hk_params + row * nparams + i, 4);
-              cp_async_4(smem_address(vp + 2 * t + i), history.hv_params + row * nparams + i, 4);
+            } else if (chunk * 16 == code_bytes) {
+              cp_async_4(smem_address(kp + t), static_cast<const uint32_t*>(history.hk_params) + row, 4);
+              cp_async_4(smem_address(vp + t), static_cast<const uint32_t*>(history.hv_params) + row, 4);
             }
           });
     }
@@ -370,8 +368,8 @@ struct MmaKvPipeline {
     constexpr int kStride = HD + 8;
     const uint8_t* kq = history_stages + stage * history_stage_bytes<HD>();
     const uint8_t* vq = kq + kMmaKeys * HD;
-    const float* kp = reinterpret_cast<const float*>(vq + kMmaKeys * HD);
-    const float* vp = kp + 2 * kMmaKeys;
+    const uint32_t* kp = reinterpret_cast<const uint32_t*>(vq + kMmaKeys * HD);
+    const uint32_t* vp = kp + kMmaKeys;
     const bool int8 = history.history_bits == 8;
     for (int e = threadIdx.x; e < kMmaKeys * kChunksPerRow; e += THREADS) {
       const int t = e / kChunksPerRow, chunk = e % kChunksPerRow;
@@ -380,18 +378,19 @@ struct MmaKvPipeline {
       if (int8) {
         const uint2 kc = *reinterpret_cast<const uint2*>(kq + t * HD + chunk * 8);
         const uint2 vc = *reinterpret_cast<const uint2*>(vq + t * HD + chunk * 8);
-        dequantize4<DType::kI8>(kc.x, kp[2 * t], kf);
-        dequantize4<DType::kI8>(kc.y, kp[2 * t], kf + 4);
-        dequantize4<DType::kI8>(vc.x, vp[2 * t], vf);
-        dequantize4<DType::kI8>(vc.y, vp[2 * t], vf + 4);
+        const float ks = __uint_as_float(kp[t]), vs = __uint_as_float(vp[t]);
+        dequantize4<DType::kI8>(kc.x, ks, kf);
+        dequantize4<DType::kI8>(kc.y, ks, kf + 4);
+        dequantize4<DType::kI8>(vc.x, vs, vf);
+        dequantize4<DType::kI8>(vc.y, vs, vf + 4);
       } else {
         const uint32_t kc = *reinterpret_cast<const uint32_t*>(kq + t * HD + chunk * 4);
         const uint32_t vc = *reinterpret_cast<const uint32_t*>(vq + t * HD + chunk * 4);
-        const float ks = kp[2 * t], klo = kp[2 * t + 1], vs = vp[2 * t], vlo = vp[2 * t + 1];
+        const float2 kpar = int4_history_params(kp[t]), vpar = int4_history_params(vp[t]);
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
-          kf[i] = klo + static_cast<float>((kc >> (4 * i)) & 0xfu) * ks;
-          vf[i] = vlo + static_cast<float>((vc >> (4 * i)) & 0xfu) * vs;
+          kf[i] = kpar.y + static_cast<float>((kc >> (4 * i)) & 0xfu) * kpar.x;
+          vf[i] = vpar.y + static_cast<float>((vc >> (4 * i)) & 0xfu) * vpar.x;
         }
       }
       *reinterpret_cast<uint4*>(kt + t * kStride + chunk * 8) =

@@ -3,10 +3,10 @@
 // kept blocks of each (sequence, kv head) as its context.
 //
 // key_bounds_kernel: one block per (history block, kv head), a thread per head dim: the dim's min
-// and max over the block's keys as their history codes decode, the block's lo and step, then the
-// codes, each the answer of ops.h's rule (a guess from the division, moved until the condition
-// flips: value(c) never decreases with c), so the codes equal the reference's wherever the decoded
-// keys do.
+// and max over the block's keys as their history codes decode; a warp's 32 dims are one group, so
+// its lo and step are the warp's min and max; then the 4-bit codes, each the answer of ops.h's
+// rule (a guess from the division, moved until the condition flips: value(c) never decreases
+// with c), so the codes equal the reference's wherever the decoded keys do.
 //
 // score_kernel: every candidate history block's bound is one warp's (lanes over the head dims,
 // then the max over the group's query heads), written as an order-preserving u32 key to the
@@ -36,27 +36,27 @@ __device__ __forceinline__ float bound_value(float lo, float step, int c) {
 // Element d of history row `row` of K, as the attention kernels decode it.
 __device__ __forceinline__ float history_key(const KvCacheView& cache, int64_t row, int64_t d) {
   if (cache.history_bits == 8) {
-    return static_cast<float>(static_cast<const int8_t*>(cache.hk)[row * cache.head_dim + d]) * cache.hk_params[row];
+    return static_cast<float>(static_cast<const int8_t*>(cache.hk)[row * cache.head_dim + d]) *
+           static_cast<const float*>(cache.hk_params)[row];
   }
   const uint8_t pair = static_cast<const uint8_t*>(cache.hk)[row * (cache.head_dim / 2) + d / 2];
   const float c = static_cast<float>((pair >> (4 * (d & 1))) & 0xf);
-  return fmaf(c, cache.hk_params[2 * row], cache.hk_params[2 * row + 1]);
+  const float2 p = int4_history_params(cache.hk_params, row);
+  return fmaf(c, p.x, p.y);
 }
 
 __global__ void __launch_bounds__(kBoundsThreads) key_bounds_kernel(const int32_t* __restrict__ pairs,
                                                                     const KvCacheView cache) {
-  __shared__ float red_lo[kBoundsThreads / 32], red_hi[kBoundsThreads / 32];
-  __shared__ int red_finite[kBoundsThreads / 32];
+  static_assert(kKeyBoundGroup == 32, "a warp's dims are one group of the key bounds");
   pdl_wait();
   pdl_trigger();
   const int64_t dst = pairs[2 * blockIdx.x + 1];
   const int64_t h = blockIdx.y;
   const int64_t hd = cache.head_dim, bs = cache.block_size, heads = cache.num_kv_heads;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int tid = threadIdx.x, lane = tid & 31;
   constexpr int kDims = kDecodeMaxHeadDim / kBoundsThreads;  // dims per thread
   float mn[kDims], mx[kDims];
   bool finite = true;
-  float lo = INFINITY, hi = -INFINITY;
 #pragma unroll
   for (int j = 0; j < kDims; ++j) {
     const int64_t d = tid + j * kBoundsThreads;
@@ -69,55 +69,47 @@ __global__ void __launch_bounds__(kBoundsThreads) key_bounds_kernel(const int32_
       mn[j] = fminf(mn[j], x);
       mx[j] = fmaxf(mx[j], x);
     }
-    lo = fminf(lo, mn[j]);
-    hi = fmaxf(hi, mx[j]);
   }
-  lo = -warp_max(-lo);
-  hi = warp_max(hi);
-  finite = __all_sync(kFullMask, finite);
-  if (lane == 0) {
-    red_lo[warp] = lo;
-    red_hi[warp] = hi;
-    red_finite[warp] = finite ? 1 : 0;
-  }
-  __syncthreads();
-  lo = red_lo[0];
-  hi = red_hi[0];
-  finite = red_finite[0] != 0;
-#pragma unroll
-  for (int w = 1; w < kBoundsThreads / 32; ++w) {
-    lo = fminf(lo, red_lo[w]);
-    hi = fmaxf(hi, red_hi[w]);
-    finite = finite && red_finite[w] != 0;
-  }
-  uint8_t* codes = const_cast<uint8_t*>(cache.kbounds) + (dst * heads + h) * 2 * hd;
-  float* params = const_cast<float*>(cache.kbound_params) + (dst * heads + h) * 2;
+  finite = __syncthreads_and(finite) != 0;
+  const int64_t groups = key_bound_groups(hd);
+  uint8_t* min_codes = const_cast<uint8_t*>(cache.kbounds) + (dst * heads + h) * hd;  // [2][hd / 2]
+  uint8_t* max_codes = min_codes + hd / 2;
+  float* params = const_cast<float*>(cache.kbound_params) + (dst * heads + h) * 2 * groups;
   if (!finite) {
     const float nan = __uint_as_float(0x7fc00000u);
-    if (tid == 0) params[0] = params[1] = nan;
-    for (int64_t d = tid; d < 2 * hd; d += kBoundsThreads) codes[d] = 0;
+    for (int64_t i = tid; i < 2 * groups; i += kBoundsThreads) params[i] = nan;
+    for (int64_t i = tid; i < hd; i += kBoundsThreads) min_codes[i] = 0;
     return;
   }
-  const float step = __fdiv_rn(hi - lo, 254.0f);
-  if (tid == 0) {
-    params[0] = lo;
-    params[1] = step;
-  }
-  const auto guess = [&](float x) {
-    return step > 0.0f ? static_cast<int>(fminf(fmaxf(floorf(__fdiv_rn(x - lo, step)), 0.0f), 255.0f)) : 0;
-  };
 #pragma unroll
   for (int j = 0; j < kDims; ++j) {
     const int64_t d = tid + j * kBoundsThreads;
-    if (d >= hd) continue;
-    int lc = guess(mn[j]);
-    while (lc > 0 && bound_value(lo, step, lc) > mn[j]) --lc;
-    while (lc < 255 && bound_value(lo, step, lc + 1) <= mn[j]) ++lc;
-    int hc = guess(mx[j]);
-    while (hc < 255 && bound_value(lo, step, hc) < mx[j]) ++hc;
-    while (hc > 0 && bound_value(lo, step, hc - 1) >= mx[j]) --hc;
-    codes[d] = static_cast<uint8_t>(lc);
-    codes[hd + d] = static_cast<uint8_t>(hc);
+    const int64_t first = d - lane;  // the warp's first dim, where its group starts
+    if (first >= hd) continue;       // warp-uniform
+    const float lo = -warp_max(-mn[j]), hi = warp_max(mx[j]);
+    const float step = __fdiv_rn(hi - lo, 14.0f);
+    if (lane == 0) {
+      params[2 * (first / kKeyBoundGroup)] = lo;
+      params[2 * (first / kKeyBoundGroup) + 1] = step;
+    }
+    const auto guess = [&](float x) {
+      return step > 0.0f ? static_cast<int>(fminf(fmaxf(floorf(__fdiv_rn(x - lo, step)), 0.0f), 15.0f)) : 0;
+    };
+    int lc = 0, hc = 0;
+    if (d < hd) {
+      lc = guess(mn[j]);
+      while (lc > 0 && bound_value(lo, step, lc) > mn[j]) --lc;
+      while (lc < 15 && bound_value(lo, step, lc + 1) <= mn[j]) ++lc;
+      hc = guess(mx[j]);
+      while (hc < 15 && bound_value(lo, step, hc) < mx[j]) ++hc;
+      while (hc > 0 && bound_value(lo, step, hc - 1) >= mx[j]) --hc;
+    }
+    // Dims 2i and 2i + 1 share a byte: the even lane writes both (d and lane share their parity).
+    const int lc_next = __shfl_down_sync(kFullMask, lc, 1), hc_next = __shfl_down_sync(kFullMask, hc, 1);
+    if (d < hd && (lane & 1) == 0) {
+      min_codes[d / 2] = static_cast<uint8_t>(lc | lc_next << 4);
+      max_codes[d / 2] = static_cast<uint8_t>(hc | hc_next << 4);
+    }
   }
 }
 
@@ -171,17 +163,37 @@ __global__ void __launch_bounds__(kSelectThreads) score_kernel(const SelectParam
     // History entries lead the table; the sinks among them are kept whatever they score.
     if (i < p.batch.sparse_sink_blocks || table[i] < cache.num_blocks) continue;
     const int64_t hb = table[i] - cache.num_blocks;
-    const uint8_t* codes = cache.kbounds + (hb * heads + h) * 2 * hd;
-    const float lo = cache.kbound_params[(hb * heads + h) * 2], step = cache.kbound_params[(hb * heads + h) * 2 + 1];
+    const uint8_t* codes = cache.kbounds + (hb * heads + h) * hd;  // [2][hd / 2]
+    const float* params = cache.kbound_params + (hb * heads + h) * 2 * key_bound_groups(hd);
     float score = -INFINITY;
-    if (isnan(lo) || isnan(step)) {
+    if (isnan(params[0]) || isnan(params[1])) {  // every group's are NaN together
       score = INFINITY;
     } else {
+      // The lane's dims 2 lane + 64 j and the next: their bound values, then each query head's sum.
+      constexpr int kPairs = kDecodeMaxHeadDim / 64;
+      float lo_v[2 * kPairs], hi_v[2 * kPairs];
+#pragma unroll
+      for (int j = 0; j < kPairs; ++j) {
+        const int64_t d = 2 * lane + 64 * j;
+        if (d >= hd) continue;
+        const float lo = params[2 * (d / kKeyBoundGroup)], step = params[2 * (d / kKeyBoundGroup) + 1];
+        const uint32_t mnc = codes[d / 2], mxc = codes[hd / 2 + d / 2];
+        lo_v[2 * j] = bound_value(lo, step, mnc & 0xfu);
+        lo_v[2 * j + 1] = bound_value(lo, step, mnc >> 4);
+        hi_v[2 * j] = bound_value(lo, step, mxc & 0xfu);
+        hi_v[2 * j + 1] = bound_value(lo, step, mxc >> 4);
+      }
       for (int64_t g = 0; g < group; ++g) {
         float sum = 0.0f;
-        for (int64_t d = lane; d < hd; d += 32) {
-          const float qd = q_smem[g * hd + d];
-          sum += fmaxf(qd * bound_value(lo, step, codes[d]), qd * bound_value(lo, step, codes[hd + d]));
+#pragma unroll
+        for (int j = 0; j < kPairs; ++j) {
+          const int64_t d = 2 * lane + 64 * j;
+          if (d >= hd) continue;
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float qd = q_smem[g * hd + d + e];
+            sum += fmaxf(qd * lo_v[2 * j + e], qd * hi_v[2 * j + e]);
+          }
         }
         sum = warp_sum(sum);
         score = isnan(sum) ? INFINITY : fmaxf(score, sum);
