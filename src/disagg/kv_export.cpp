@@ -64,6 +64,31 @@ Status copy_layer(Tensor& staging, size_t layer, size_t bytes, uint8_t* host_byt
   return to_host ? copy_into(host, part) : copy_into(part, host);
 }
 
+// Moves layer l's history (kv.history_blocks() leading blocks of the table: their rows, then their
+// key bounds where the export carries them) between the cache and `at` (KvExport::layers' layout).
+// An import into a cache without key bounds skips the export's.
+Status copy_history(KvCache& cache, int l, const SequenceBlocks& blocks, const KvExport& kv, uint8_t* at,
+                    KvCopy direction, Device host_device) {
+  const int num_blocks = cache.config().num_blocks;
+  TACHYON_CHECK(blocks.num_history == kv.history_blocks() && blocks.block_table.size() >= static_cast<size_t>(blocks.num_history),
+                "{} history blocks for an export of {}", blocks.num_history, kv.history_blocks());
+  std::vector<int32_t> ids(static_cast<size_t>(blocks.num_history));
+  for (size_t i = 0; i < ids.size(); ++i) {
+    TACHYON_CHECK(blocks.block_table[i] >= num_blocks, "table entry {} ({}) is not a history block", i, blocks.block_table[i]);
+    ids[i] = blocks.block_table[i] - num_blocks;
+  }
+  std::vector<Tensor> pools = cache.history_pools(l);
+  for (size_t i = 0; i < pools.size(); ++i) {
+    Tensor& pool = pools[i];
+    const bool bound = i >= 4;  // the key bounds: a "position" per block
+    if (bound && !kv.key_bounds) break;
+    const int end = bound ? blocks.num_history : kv.first_position;
+    TACHYON_RETURN_IF_ERROR(copy_positions(pool, ids, 0, end, at, direction, host_device));
+    at += static_cast<size_t>(end) * pool_row_bytes(pool);
+  }
+  return Status::Ok();
+}
+
 // Copies positions [kv.first_position, kv.num_computed) of every layer out of `blocks` into
 // kv.device, or into kv.layers (sized here) when kv.device is empty.
 Status read_layers(const SequenceBlocks& blocks, KvExport& kv) {
@@ -90,12 +115,14 @@ Status read_layers(const SequenceBlocks& blocks, KvExport& kv) {
     }
     // The pools one after another (K, V, then a quantized cache's K and V scales), each
     // position-major.
+    const Device host_device = kv.device ? kv.device->device : staging.defined() ? device : Device::cpu();
     for (Tensor* pool : cache.pools(l)) {
       if (!st.ok()) break;
       st = copy_positions(*pool, blocks.block_table, kv.first_position, kv.num_computed, at, KvCopy::kCacheToHost,
-                          kv.device ? kv.device->device : staging.defined() ? device : Device::cpu());
+                          host_device);
       at += static_cast<size_t>(kv.num_positions()) * pool_row_bytes(*pool);
     }
+    if (st.ok() && kv.history_bits != 0) st = copy_history(cache, l, blocks, kv, at, KvCopy::kCacheToHost, host_device);
     if (st.ok() && staging.defined()) {
       st = copy_layer(staging, static_cast<size_t>(l), layer_bytes, kv.layers[static_cast<size_t>(l)].data(), true);
     }
@@ -136,6 +163,7 @@ Status write_layers(const KvImport& kv, const SequenceBlocks& blocks) {
                           source);
       at += static_cast<size_t>(kv.num_positions()) * row_bytes;
     }
+    if (st.ok() && kv.history_bits != 0) st = copy_history(cache, l, blocks, kv, at, KvCopy::kHostToCache, source);
   }
   // The region is the exporter's (and the staging buffer goes when this returns): copies out of
   // either have finished before it does.
@@ -149,7 +177,21 @@ size_t KvExport::position_bytes() const {
   return 2 * static_cast<size_t>(std::max(num_kv_heads, 0)) * ops::kv_row_bytes(dtype, std::max(head_dim, 0));
 }
 
-size_t KvExport::layer_bytes() const { return static_cast<size_t>(std::max(num_positions(), 0)) * position_bytes(); }
+size_t KvExport::history_bytes() const {
+  if (history_bits == 0) return 0;
+  const size_t heads = static_cast<size_t>(std::max(num_kv_heads, 0)), hd = static_cast<size_t>(std::max(head_dim, 0));
+  const size_t row = (history_bits == 8 ? hd : hd / 2) + 4;  // codes, then an f32 s or f16 s and lo (ops.h KvLayer)
+  size_t bytes = static_cast<size_t>(std::max(first_position, 0)) * heads * 2 * row;
+  if (key_bounds) {
+    bytes += static_cast<size_t>(history_blocks()) * heads *
+             (hd + 8 * static_cast<size_t>(ops::key_bound_groups(static_cast<int64_t>(hd))));
+  }
+  return bytes;
+}
+
+size_t KvExport::layer_bytes() const {
+  return static_cast<size_t>(std::max(num_positions(), 0)) * position_bytes() + history_bytes();
+}
 
 size_t KvExport::total_bytes() const { return static_cast<size_t>(std::max(num_layers, 0)) * layer_bytes(); }
 
@@ -181,6 +223,10 @@ Result<KvExport> export_kv(Engine& engine, RequestId id, KvExportArena* arena) {
     kv.num_prompt_tokens = seq.num_prompt_tokens;
     kv.num_computed = seq.num_computed;
     kv.first_position = seq.first_position;
+    if (seq.history_blocks > 0) {
+      kv.history_bits = cc.tiers.history_bits();
+      kv.key_bounds = cc.key_bounds;
+    }
     kv.sampler_seed = seq.sampler_seed;
     kv.rng_draws = seq.rng_draws;
     if (arena != nullptr && arena->device() == cc.device && kv.layer_bytes() > 0) {
@@ -217,7 +263,19 @@ Result<RequestId> adopt(Engine& engine, const KvImport& kv, const GenerationPara
   } else {
     TACHYON_RETURN_IF_ERROR(kv.check_host_layers(cc.num_layers).with_context("kv import"));
   }
+  if (kv.history_bits != 0) {
+    if (kv.history_bits != cc.tiers.history_bits() || kv.block_size != cc.block_size ||
+        kv.first_position % std::max(kv.block_size, 1) != 0 || (cc.key_bounds && !kv.key_bounds)) {
+      return make_error(ErrorCode::kInvalidArgument,
+                        "kv import: int{} history of {} positions in blocks of {}{}; this engine keeps {} history in "
+                        "blocks of {}{} (run both workers with the same --kv-history, and --sparse-budget on the "
+                        "exporting one where the importing one has it)",
+                        kv.history_bits, kv.first_position, kv.block_size, kv.key_bounds ? " with key bounds" : "",
+                        kv_history_name(cc.tiers.history), cc.block_size, cc.key_bounds ? " with key bounds" : "");
+    }
+  }
   TransferredSequence seq;
+  seq.history_blocks = kv.history_blocks();
   seq.tokens = kv.tokens;
   seq.num_prompt_tokens = kv.num_prompt_tokens;
   seq.num_computed = kv.num_computed;

@@ -61,11 +61,20 @@ struct KvExport {
   int num_computed = 0;                  // leading positions whose K/V exist (num_tokens - 1)
   int first_position = 0;                // the K/V that follow are those of [first_position, num_computed):
                                          // > 0 when the exporter dropped older history (KvHistory::kDrop)
+                                         // or holds it re-quantized (below)
+  // int8 / int4 history (KvHistory::kInt8 / kInt4): 8 or 4, and positions [0, first_position) (whole
+  // blocks of block_size) travel as the history rows of ops.h KvLayer; 0: none travel.
+  int history_bits = 0;
+  bool key_bounds = false;               // ... with their blocks' key bounds
   uint64_t sampler_seed = 0;             // the seed of the request's random stream (given or drawn)
   uint64_t rng_draws = 0;                // values the stream gave so far
   // [num_layers] of K then V, each [num_positions(), num_kv_heads, head_dim] in dtype, then for a
   // quantized dtype (i8, f8e4m3) the K then V scales, each [num_positions(), num_kv_heads] f32:
-  // the bytes of positions [first_position, num_computed) as the cache holds them.
+  // the bytes of positions [first_position, num_computed) as the cache holds them. Then, with
+  // history_bits, the history of positions [0, first_position): K then V codes, each
+  // [first_position, num_kv_heads, head_dim or head_dim / 2], their K then V params, each
+  // [first_position, num_kv_heads] of 4 bytes, and with key_bounds the codes [history blocks,
+  // num_kv_heads, head_dim] and params [history blocks, num_kv_heads, 2 key_bound_groups] f32.
   std::vector<std::vector<uint8_t>> layers;
   // Or, with `layers` empty, the same bytes layer after layer in device memory.
   std::optional<KvDeviceRegion> device;
@@ -73,7 +82,10 @@ struct KvExport {
   // Bytes of one position of one layer: K and V (and their scales).
   size_t position_bytes() const;
   int num_positions() const { return num_computed - first_position; }
-  // Bytes of one layer: num_positions() * position_bytes().
+  int history_blocks() const { return history_bits != 0 && block_size > 0 ? first_position / block_size : 0; }
+  // Bytes of one layer's history (0 without): its rows, then its key bounds.
+  size_t history_bytes() const;
+  // Bytes of one layer: num_positions() * position_bytes() + history_bytes().
   size_t layer_bytes() const;
   // Bytes of every layer: num_layers * layer_bytes() (what `device` holds).
   size_t total_bytes() const;

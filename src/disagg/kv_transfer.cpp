@@ -18,7 +18,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-constexpr size_t kHeaderFixedBytes = 76;  // up to and including rng_draws
+constexpr size_t kHeaderFixedBytes = 84;  // up to and including rng_draws
 constexpr size_t kAckFixedBytes = 24;     // up to and including the message length
 constexpr size_t kMaxAckMessage = 4096;
 constexpr size_t kRegionFixedBytes = 36;  // up to and including the handle's length
@@ -107,14 +107,33 @@ Millis remaining(Clock::time_point deadline) {
 
 // Bytes of one layer (K and V, and a quantized dtype's scales) of `num_positions` positions, or
 // nullopt past 2^64.
-std::optional<uint64_t> layer_bytes_for(uint64_t num_positions, uint64_t heads, uint64_t head_dim, DType dtype) {
+// a * b * c, or nullopt past 2^64.
+std::optional<uint64_t> product(uint64_t a, uint64_t b, uint64_t c) {
   const uint64_t limit = ~uint64_t{0};
-  uint64_t n = 2 * ops::kv_row_bytes(dtype, static_cast<int64_t>(head_dim));  // head_dim < 2^17: no overflow here
-  for (uint64_t f : {num_positions, heads}) {
+  uint64_t n = a;
+  for (uint64_t f : {b, c}) {
     if (f != 0 && n > limit / f) return std::nullopt;
     n *= f;
   }
   return n;
+}
+
+// KvExport::layer_bytes() from the header's fields, checked for overflow (head_dim < 2^17).
+std::optional<uint64_t> layer_bytes_for(uint64_t num_positions, uint64_t heads, uint64_t head_dim, DType dtype,
+                                        uint32_t history_bits, bool key_bounds, uint64_t history_positions,
+                                        uint64_t block_size) {
+  const std::optional<uint64_t> resident =
+      product(2 * ops::kv_row_bytes(dtype, static_cast<int64_t>(head_dim)), num_positions, heads);
+  if (!resident || history_bits == 0) return resident;
+  const uint64_t row = (history_bits == 8 ? head_dim : head_dim / 2) + 4;
+  const std::optional<uint64_t> rows = product(2 * row, history_positions, heads);
+  const uint64_t per_block = head_dim + 8 * static_cast<uint64_t>(ops::key_bound_groups(static_cast<int64_t>(head_dim)));
+  const std::optional<uint64_t> bounds =
+      key_bounds ? product(per_block, history_positions / block_size, heads) : std::optional<uint64_t>(0);
+  if (!rows || !bounds || *bounds > ~uint64_t{0} - *resident || *rows > ~uint64_t{0} - *resident - *bounds) {
+    return std::nullopt;
+  }
+  return *resident + *rows + *bounds;
 }
 
 }  // namespace
@@ -162,8 +181,9 @@ Result<std::vector<uint8_t>> encode_kv_header(const KvExport& kv, uint64_t trans
   if (code == 0) return make_error(ErrorCode::kUnsupported, "kv transfer: no wire code for dtype {}", dtype_name(kv.dtype));
   if (kv.num_layers < 1 || kv.num_kv_heads < 1 || kv.head_dim < 1 || kv.vocab_size < 1 || kv.num_prompt_tokens < 0 ||
       kv.num_computed < 0 || static_cast<size_t>(kv.num_computed) > kv.tokens.size() || kv.first_position < 0 ||
-      kv.first_position > kv.num_computed ||
-      kv.tokens.size() > UINT32_MAX) {
+      kv.first_position > kv.num_computed || kv.tokens.size() > UINT32_MAX ||
+      (kv.history_bits != 0 && kv.history_bits != 8 && kv.history_bits != 4) ||
+      (kv.history_bits != 0 && (kv.block_size < 1 || kv.first_position % kv.block_size != 0))) {
     return make_error(ErrorCode::kInvalidArgument,
                       "kv transfer: {} layers, {} kv heads, head_dim {}, vocabulary {}, {} tokens, {} prompt, {} computed",
                       kv.num_layers, kv.num_kv_heads, kv.head_dim, kv.vocab_size, kv.tokens.size(),
@@ -195,6 +215,8 @@ Result<std::vector<uint8_t>> encode_kv_header(const KvExport& kv, uint64_t trans
   w.u32(static_cast<uint32_t>(kv.num_prompt_tokens));
   w.u32(static_cast<uint32_t>(kv.num_computed));
   w.u32(static_cast<uint32_t>(kv.first_position));
+  w.u32(static_cast<uint32_t>(kv.history_bits));
+  w.u32(kv.history_bits != 0 && kv.key_bounds ? 1u : 0u);
   w.u64(transfer_id);
   w.u64(kv.sampler_seed);
   w.u64(kv.rng_draws);
@@ -243,6 +265,7 @@ Result<KvHeader> decode_kv_header(std::span<const uint8_t> message, const KvWire
   const uint32_t num_layers = r.u32(), num_kv_heads = r.u32(), head_dim = r.u32(), code = r.u32();
   const uint32_t vocab_size = r.u32(), block_size = r.u32();
   const uint32_t num_tokens = r.u32(), num_prompt = r.u32(), num_computed = r.u32(), first_position = r.u32();
+  const uint32_t history_bits = r.u32(), history_flags = r.u32();
   KvHeader h;
   h.device_region = (flags & kKvFlagDeviceRegion) != 0;
   h.transfer_id = r.u64();
@@ -253,12 +276,16 @@ Result<KvHeader> decode_kv_header(std::span<const uint8_t> message, const KvWire
   if (num_layers < 1 || num_layers > static_cast<uint32_t>(limits.max_layers) || num_tokens < 1 ||
       num_tokens > static_cast<uint32_t>(limits.max_tokens) || num_kv_heads < 1 || num_kv_heads > (1u << 16) ||
       head_dim < 1 || head_dim > (1u << 16) || vocab_size < 1 || vocab_size > INT32_MAX || block_size > INT32_MAX ||
-      num_prompt > num_tokens || num_computed > num_tokens || first_position > num_computed) {
+      num_prompt > num_tokens || num_computed > num_tokens || first_position > num_computed ||
+      (history_bits != 0 && history_bits != 8 && history_bits != 4) || (history_flags & ~1u) != 0 ||
+      (history_bits == 0 && history_flags != 0) ||
+      (history_bits != 0 && (block_size < 1 || first_position % block_size != 0 || head_dim % 2 != 0))) {
     return make_error(ErrorCode::kCorruptFile,
                       "kv transfer: header announces {} layers (at most {}), {} kv heads, head_dim {}, vocabulary {}, "
-                      "block size {}, {} tokens (at most {}), {} prompt, {} computed from position {}",
+                      "block size {}, {} tokens (at most {}), {} prompt, {} computed from position {}, history bits {} "
+                      "flags {}",
                       num_layers, limits.max_layers, num_kv_heads, head_dim, vocab_size, block_size, num_tokens,
-                      limits.max_tokens, num_prompt, num_computed, first_position);
+                      limits.max_tokens, num_prompt, num_computed, first_position, history_bits, history_flags);
   }
   const size_t want_size = kHeaderFixedBytes + size_t{num_layers} * 12 + size_t{num_tokens} * 4 + 4;
   if (message.size() != want_size) {
@@ -266,7 +293,9 @@ Result<KvHeader> decode_kv_header(std::span<const uint8_t> message, const KvWire
                       message.size(), num_layers, num_tokens, want_size);
   }
   const uint32_t num_positions = num_computed - first_position;
-  const std::optional<uint64_t> layer_bytes = layer_bytes_for(num_positions, num_kv_heads, head_dim, *dtype);
+  const std::optional<uint64_t> layer_bytes =
+      layer_bytes_for(num_positions, num_kv_heads, head_dim, *dtype, history_bits, history_flags != 0,
+                      history_bits != 0 ? first_position : 0, block_size);
   if (!layer_bytes || *layer_bytes > limits.max_layer_bytes ||
       *layer_bytes > limits.max_total_bytes / num_layers) {
     return make_error(ErrorCode::kCorruptFile,
@@ -294,6 +323,8 @@ Result<KvHeader> decode_kv_header(std::span<const uint8_t> message, const KvWire
   m.num_prompt_tokens = static_cast<int>(num_prompt);
   m.num_computed = static_cast<int>(num_computed);
   m.first_position = static_cast<int>(first_position);
+  m.history_bits = static_cast<int>(history_bits);
+  m.key_bounds = history_flags != 0;
   m.tokens.resize(num_tokens);
   for (int32_t& t : m.tokens) t = static_cast<int32_t>(r.u32());
   TACHYON_CHECK(r.position() == message.size() - 4, "kv header read to {} of {}", r.position(), message.size());

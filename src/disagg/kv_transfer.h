@@ -31,17 +31,20 @@
 //   - `--role both` is a plain engine. make_local_transport_pair() serves tests (and a future
 //     single process playing both roles) in place of TCP.
 //
-// Wire format, version 2, all integers little-endian. One transfer is 1 + num_layers messages:
+// Wire format, version 3, all integers little-endian. One transfer is 1 + num_layers messages:
 //   header  u32 magic "TKVH", u16 version, u16 flags (0), u32 header bytes (this whole message),
 //           u32 num_layers, num_kv_heads, head_dim, dtype (1 f32, 2 f16, 3 bf16, 4 i8, 5 f8e4m3), vocab_size,
 //           block_size, num_tokens, num_prompt_tokens, num_computed, first_position,
+//           history_bits (0, 8, 4), history_flags (bit 0: key bounds),
 //           u64 transfer_id, sampler_seed, rng_draws,
 //           u64 layer_bytes[num_layers], u32 layer_crc32c[num_layers], i32 tokens[num_tokens],
 //           u32 crc32c of every header byte before it
 //   layer l K then V of positions [first_position, num_computed), each [n, num_kv_heads, head_dim]
 //           (n = num_computed - first_position; first_position > 0 when the exporter dropped older
 //           history) in dtype, then for i8 / f8e4m3 the K then V scales, each [n, num_kv_heads]
-//           f32 (ops.h KvLayer); exactly layer_bytes[l] bytes, its CRC-32C in the header
+//           f32 (ops.h KvLayer); with history_bits, the history of positions [0, first_position)
+//           as KvExport::layers lays it out (rows, then key bounds); exactly layer_bytes[l] bytes,
+//           its CRC-32C in the header
 // With header flag 1 (kKvFlagDeviceRegion) the layers are not sent: they lie, layer after layer,
 // in device memory the receiver maps (CUDA IPC, between processes of one host), and one region
 // message follows the header instead: u32 magic "TKVD", u16 version, u16 flags (0), u64
@@ -76,7 +79,7 @@ namespace tachyon::disagg {
 inline constexpr uint32_t kKvHeaderMagic = 0x48564b54;  // "TKVH"
 inline constexpr uint32_t kKvAckMagic = 0x41564b54;     // "TKVA"
 inline constexpr uint32_t kKvRegionMagic = 0x44564b54;  // "TKVD"
-inline constexpr uint16_t kKvWireVersion = 2;
+inline constexpr uint16_t kKvWireVersion = 3;
 inline constexpr uint16_t kKvFlagDeviceRegion = 1;
 
 // CRC-32C (Castagnoli, reflected polynomial 0x82F63B78) of `bytes`, continuing from `crc` (the

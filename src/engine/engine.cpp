@@ -684,19 +684,18 @@ Status Engine::release_transfer(RequestId id, const HeldSequenceRead& read) {
   held.num_computed = seq.num_computed();
   held.sampler_seed = req->sampler.seed();
   held.rng_draws = req->rng_draws;
-  held.first_position = std::min(seq.block_table().first_known_position(), held.num_computed);
-  if (seq.block_table().num_history() > 0) {
-    scheduler_.finish(&req->seq);
-    return make_error(ErrorCode::kUnsupported,
-                      "request {}: its KV holds {}-bit history blocks, which a transfer does not carry yet (run "
-                      "disaggregated workers with --kv-history same or drop)",
-                      id, cache_.config().tiers.history_bits());
-  }
+  // Full precision from the first resident position: before it, blocks were dropped (drop) or
+  // re-quantized (int8 / int4: the table's leading entries, which travel as history rows).
+  const BlockTable& table = seq.block_table();
+  TACHYON_CHECK(table.num_history() == 0 || table.first_known_position() == 0,
+                "request {}: {} released and {} history blocks", id, table.first_known_position(), table.num_history());
+  held.first_position = std::min(table.first_resident_position(), held.num_computed);
+  held.history_blocks = table.num_history();
   TACHYON_CHECK(held.num_computed == seq.num_tokens() - 1 && seq.block_table().num_tokens() >= held.num_computed,
                 "request {} held with {} of {} tokens computed, table of {}", id, held.num_computed, seq.num_tokens(),
                 seq.block_table().num_tokens());
-  const Status st =
-      read(held, SequenceBlocks{&cache_, seq.block_table().blocks(), held.first_position, held.num_computed});
+  const Status st = read(held, SequenceBlocks{&cache_, table.blocks(), held.first_position, held.num_computed,
+                                              held.history_blocks});
   scheduler_.finish(&req->seq);  // the blocks go back whatever happened
   return st;
 }
@@ -752,9 +751,18 @@ Result<RequestId> Engine::adopt_sequence(const TransferredSequence& seq, const G
   req->timing.first_scheduled = req->timing.arrival;
   req->timing.first_token = req->timing.arrival;
 
-  TACHYON_ASSIGN_OR_RETURN(const int cached, scheduler_.reserve_adopted(&req->seq, seq.num_computed));
-  // Positions [0, cached) came from the prefix cache or lie before the window (dropped history);
-  // the rest are written by `fill`.
+  if (seq.history_blocks < 0 || seq.history_blocks * cache_.config().block_size > seq.num_computed ||
+      (seq.history_blocks > 0 &&
+       (cache_.config().tiers.history_bits() == 0 || seq.first_position != seq.history_blocks * cache_.config().block_size))) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "kv import: {} history blocks of {} positions (full precision from {}) for a cache with {} history",
+                      seq.history_blocks, cache_.config().block_size, seq.first_position,
+                      kv_history_name(cache_.config().tiers.history));
+  }
+  TACHYON_ASSIGN_OR_RETURN(const int cached,
+                           scheduler_.reserve_adopted(&req->seq, seq.num_computed, seq.history_blocks));
+  // Positions [0, cached) came from the prefix cache, lie before the window (dropped history) or
+  // arrive as history blocks; the rest are written by `fill`.
   if (cached < seq.first_position) {
     scheduler_.finish(&req->seq);
     return make_error(ErrorCode::kInvalidArgument,
@@ -763,7 +771,8 @@ Result<RequestId> Engine::adopt_sequence(const TransferredSequence& seq, const G
                       seq.first_position, cached, cache_.config().tiers.window,
                       kv_history_name(cache_.config().tiers.history));
   }
-  const Status st = fill(SequenceBlocks{&cache_, req->seq.block_table().blocks(), cached, seq.num_computed});
+  const Status st =
+      fill(SequenceBlocks{&cache_, req->seq.block_table().blocks(), cached, seq.num_computed, seq.history_blocks});
   if (!st.ok()) {
     scheduler_.finish(&req->seq);
     return st.with_context("kv import");

@@ -180,6 +180,24 @@ Status BlockManager::grow_to(BlockTable& table, int num_tokens) {
   return Status::Ok();
 }
 
+Status BlockManager::take_history(BlockTable& table, int count) {
+  TACHYON_CHECK(table.blocks_.empty() && table.block_size_ == block_size_ && count >= 0,
+                "take_history of {} blocks needs an empty table", count);
+  if (count > num_history_free()) {
+    return make_error(ErrorCode::kOutOfRange, "kv cache: need {} history blocks, {} of {} free", count,
+                      num_history_free(), num_history_blocks());
+  }
+  for (int i = 0; i < count; ++i) {
+    const int32_t h = history_free_.back();
+    history_free_.pop_back();
+    history_refs_[static_cast<size_t>(h)] = 1;
+    table.blocks_.push_back(num_blocks() + h);
+  }
+  table.num_history_ = count;
+  table.num_tokens_ = count * block_size_;
+  return Status::Ok();
+}
+
 Status BlockManager::prepare_write(BlockTable& table, int begin, int end, std::vector<BlockCopy>& copies) {
   TACHYON_CHECK(begin >= 0 && begin <= end && end <= table.num_tokens_, "prepare_write [{}, {}) of {} tokens", begin,
                 end, table.num_tokens_);
@@ -221,7 +239,7 @@ void BlockManager::commit(BlockTable& table, std::span<const int32_t> tokens, in
     const uint64_t h = hash_block(parent, span);
     table.hashes_.push_back(h);
     const int32_t b = table.blocks_[i];
-    if (!prefix_caching_ || b == kReleasedBlock) continue;
+    if (!prefix_caching_ || b == kReleasedBlock || is_history(b)) continue;  // never shared
     Meta& m = meta_[static_cast<size_t>(b)];
     if (m.registered || map_.count(h) != 0) continue;  // already cached (this block or a twin)
     m.registered = true;

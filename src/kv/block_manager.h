@@ -177,6 +177,10 @@ class BlockManager {
   }
   // Makes room for `num_tokens` tokens (no-op when it already has room).
   Status grow_to(BlockTable& table, int num_tokens);
+  // Starts an empty table with `count` fresh history blocks, its positions [0, count * block_size)
+  // (a sequence whose older K/V arrive already re-quantized: a disaggregated transfer).
+  // kOutOfRange, with nothing taken, when fewer history blocks are free.
+  Status take_history(BlockTable& table, int count);
   // Before writing positions [begin, end) of `table` (end <= num_tokens): every block in the range
   // that is shared gets replaced by a private copy, whose copy is appended to `copies`; a private
   // block registered in the prefix cache is unregistered.

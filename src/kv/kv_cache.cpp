@@ -108,6 +108,19 @@ std::vector<Tensor*> KvCache::pools(int layer) {
   return {&l.k, &l.v, &l.k_scales, &l.v_scales};
 }
 
+std::vector<Tensor> KvCache::history_pools(int layer) {
+  KvLayer& l = layers_[static_cast<size_t>(layer)];
+  if (!l.hk.defined()) return {};
+  std::vector<Tensor> out = {l.hk, l.hv, l.hk_params, l.hv_params};
+  if (l.kbounds.defined()) {
+    // Per history block: [num_history_blocks, 1 "position", num_kv_heads, bytes of the head].
+    const int64_t nh = l.kbounds.size(0), kvh = l.kbounds.size(1);
+    out.push_back(l.kbounds.reshape({nh, 1, kvh, l.kbounds.size(2) * l.kbounds.size(3)}));
+    out.push_back(l.kbound_params.reshape({nh, 1, kvh, l.kbound_params.size(2) * l.kbound_params.size(3)}));
+  }
+  return out;
+}
+
 void KvCache::copy_blocks(std::span<const BlockCopy> copies) {
   if (copies.empty()) return;
   for (const BlockCopy& c : copies) {

@@ -58,6 +58,10 @@ class KvCache {
   KvLayer& layer(int layer) { return layers_[static_cast<size_t>(layer)]; }
   // The layer's pools in a fixed order: K, V, then (quantized) K scales, V scales.
   std::vector<Tensor*> pools(int layer);
+  // The layer's history pools as views of [blocks, positions per block, num_kv_heads, row]: the K
+  // then V codes and the K then V params (block_size positions a block), then where the layer
+  // keeps them the key bound codes and params (one "position" a block); empty without history.
+  std::vector<Tensor> history_pools(int layer);
   size_t nbytes() const {
     return config_.bytes_per_block() * static_cast<size_t>(config_.num_blocks) +
            config_.bytes_per_history_block() * static_cast<size_t>(config_.num_history_blocks);

@@ -261,7 +261,7 @@ void Scheduler::hold_for_transfer(Sequence* seq) {
   seq->state_ = SequenceState::kTransferring;
 }
 
-Result<int> Scheduler::reserve_adopted(Sequence* seq, int num_computed) {
+Result<int> Scheduler::reserve_adopted(Sequence* seq, int num_computed, int history_blocks) {
   TACHYON_CHECK(seq->state_ == SequenceState::kWaiting && seq->num_computed_ == 0 && seq->block_table_.empty(),
                 "scheduler: sequence {} adopted twice", seq->id());
   TACHYON_CHECK(num_computed > 0 && num_computed == seq->num_tokens() - 1,
@@ -275,6 +275,17 @@ Result<int> Scheduler::reserve_adopted(Sequence* seq, int num_computed) {
     return make_error(ErrorCode::kOutOfRange, "{} sequences already run (max_seqs)", running_.size());
   }
   BlockTable& t = seq->block_table_;
+  if (history_blocks > 0) {
+    // Its older positions arrive as history blocks (never shared with the prefix cache).
+    TACHYON_RETURN_IF_ERROR(blocks_.take_history(t, history_blocks));
+    if (Status st = blocks_.grow_to(t, num_computed); !st.ok()) {
+      blocks_.free(t);
+      return st;
+    }
+    seq->num_computed_ = num_computed;
+    seq->state_ = SequenceState::kTransferring;
+    return t.first_resident_position();
+  }
   const int hit = blocks_.match_prefix(t, seq->tokens(), num_computed);
   // With drop, only the window's blocks are taken; history tiers retire once the K/V are written
   // (admit_adopted).

@@ -93,10 +93,13 @@ class Scheduler {
   // generated elsewhere, and whose first `num_computed` (== num_tokens - 1) positions' K/V come
   // from elsewhere, gets blocks for those positions: the prefix cache's full blocks where it holds
   // them, fresh ones for the rest (with dropped history, only for the window's positions).
-  // Returns how many leading positions the prefix cache supplied or the window left out (their
-  // K/V must not be written); state kTransferring. All-or-nothing: kOutOfRange (nothing
-  // changed) when max_seqs sequences already run or the blocks are not available.
-  Result<int> reserve_adopted(Sequence* seq, int num_computed);
+  // With history_blocks > 0 (int8 / int4 history), its first history_blocks blocks' positions
+  // arrive re-quantized: fresh history blocks lead its table, and the prefix cache is not asked.
+  // Returns how many leading positions the prefix cache supplied, the window left out or history
+  // holds (their K/V must not be written as full precision); state kTransferring. All-or-nothing:
+  // kOutOfRange (nothing changed) when max_seqs sequences already run or the blocks (or history
+  // blocks) are not available.
+  Result<int> reserve_adopted(Sequence* seq, int num_computed, int history_blocks = 0);
   // Step 2, once the caller wrote the K/V of positions [returned, num_computed): registers the
   // full blocks in the prefix cache, retires what the window has passed (history tiers: queued
   // compressions) and runs the sequence as decoding (its prompt is done). To give

@@ -11,6 +11,7 @@
 #include <mutex>
 #include <thread>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "core/mapped_file.h"
@@ -394,6 +395,68 @@ TEST_F(DisaggTest, QuantizedCachesOverTcpEqualColocated) {
   auto plain = make(base_options());
   EXPECT_EQ(adopt(*plain, kv, greedy_[5].params).status().code(), ErrorCode::kInvalidArgument);
   expect_no_leaks(*plain, "f32 cache");
+}
+
+// Long prompts under KV tiers (window 32): the prefill side retires their older blocks while the
+// prompt runs, and the transfer carries what it holds: the window's blocks alone (drop), or the
+// history blocks' rows too (int8 / int4), with their key bounds where sparse attention reads them.
+// The decode side continues exactly as a colocated engine with the same tiers; nothing leaks on
+// either side (the history pool included).
+TEST_F(DisaggTest, KvTiersOverTcpEqualColocated) {
+  std::vector<Case> cases;
+  auto prose = read_text_file(testing::source_dir() + "/tests/data/eval/prose.txt");
+  ASSERT_TRUE(prose.ok());
+  for (int i = 0; i < 6; ++i) {
+    Case c;
+    c.prompt = model_->tokenizer->encode(prose->substr(static_cast<size_t>(i) * 7919, 300 + 150 * static_cast<size_t>(i)));
+    c.params.sampling.temperature = 0.0f;
+    c.params.max_tokens = 24;
+    c.params.ignore_eos = true;
+    cases.push_back(c);
+  }
+  struct Tier {
+    KvHistory history;
+    int sparse_budget;
+  };
+  for (const Tier tier : {Tier{KvHistory::kDrop, 0}, Tier{KvHistory::kInt8, 0}, Tier{KvHistory::kInt4, 0},
+                          Tier{KvHistory::kInt4, 32}}) {
+    const std::string what = fmt::format("history {}, sparse budget {}", kv_history_name(tier.history), tier.sparse_budget);
+    SCOPED_TRACE(what);
+    EngineOptions o = base_options();
+    o.kv.tiers = KvTierOptions{32, tier.history};
+    o.sparse_budget = tier.sparse_budget;
+    const std::vector<Outcome> colocated = run_colocated(cases, o);
+    const DisaggResult r = run_over_tcp(cases, o, o);
+    expect_same(r.outcomes, colocated, what.c_str());
+    EXPECT_EQ(r.num_transferred, static_cast<int>(cases.size()));
+    EXPECT_EQ(r.decode.prompt_tokens_computed, 0);
+    if (tier.history != KvHistory::kDrop) {
+      // Every prompt left history behind, which the export carried.
+      const KvExport kv = export_one(cases[0], o);
+      EXPECT_EQ(kv.history_bits, tier.history == KvHistory::kInt8 ? 8 : 4);
+      EXPECT_EQ(kv.key_bounds, tier.sparse_budget > 0);
+      EXPECT_GE(kv.history_blocks(), 2);
+      EXPECT_EQ(kv.first_position, kv.history_blocks() * 16);
+      EXPECT_EQ(kv.layers[0].size(), kv.layer_bytes());
+      // An engine that keeps no history, or another kind, refuses it; nothing leaks.
+      for (KvHistory other : {KvHistory::kSame, KvHistory::kDrop,
+                              tier.history == KvHistory::kInt4 ? KvHistory::kInt8 : KvHistory::kInt4}) {
+        EngineOptions p = base_options();
+        p.kv.tiers = KvTierOptions{32, other};
+        auto e = make(p);
+        EXPECT_EQ(adopt(*e, kv, cases[0].params).status().code(), ErrorCode::kInvalidArgument) << kv_history_name(other);
+        expect_no_leaks(*e, "refused history");
+      }
+      if (tier.sparse_budget == 0) {
+        // Key bounds are needed where the importer attends sparsely: an export without them is refused.
+        EngineOptions p = o;
+        p.sparse_budget = 32;
+        auto e = make(p);
+        EXPECT_EQ(adopt(*e, kv, cases[0].params).status().code(), ErrorCode::kInvalidArgument);
+        expect_no_leaks(*e, "no key bounds");
+      }
+    }
+  }
 }
 
 TEST_F(DisaggTest, SeededSamplingOverTcpEqualsColocated) {

@@ -59,6 +59,9 @@ void expect_same(const KvExport& a, const KvExport& b) {
   EXPECT_EQ(a.num_computed, b.num_computed);
   EXPECT_EQ(a.sampler_seed, b.sampler_seed);
   EXPECT_EQ(a.rng_draws, b.rng_draws);
+  EXPECT_EQ(a.first_position, b.first_position);
+  EXPECT_EQ(a.history_bits, b.history_bits);
+  EXPECT_EQ(a.key_bounds, b.key_bounds);
   EXPECT_EQ(a.layers, b.layers);
 }
 
@@ -154,6 +157,51 @@ TEST(KvHeader, BadHeadersAreClearErrors) {
   ASSERT_TRUE(i8_decoded.ok()) << i8_decoded.status().to_string();
   EXPECT_EQ(i8_decoded->meta.dtype, DType::kI8);
   EXPECT_EQ(i8_decoded->layer_bytes[0], i8.layer_bytes());
+}
+
+// History travels in the layers: an int4 export of 40 computed positions of which the first 32
+// (two blocks of 16) are history rows, with key bounds. The layer bytes count both parts, the
+// header round-trips them, and a header whose history fields disagree with its shape is corrupt.
+TEST(KvHeader, HistoryRoundTripsAndBadHistoryIsCorrupt) {
+  KvExport kv = sample_export(40);
+  kv.head_dim = 64;
+  kv.first_position = 32;
+  kv.history_bits = 4;
+  kv.key_bounds = true;
+  EXPECT_EQ(kv.history_blocks(), 2);
+  // 8 full-precision positions of f32 K and V, 32 history rows of K and V (32 code bytes, 4 of
+  // params), 2 blocks of key bounds (64 code bytes, 2 groups of f32 lo and step) per kv head.
+  EXPECT_EQ(kv.layer_bytes(), size_t{8} * 2 * 2 * 64 * 4 + size_t{32} * 2 * 2 * 36 + size_t{2} * 2 * (64 + 16));
+  for (auto& layer : kv.layers) layer.assign(kv.layer_bytes(), 0x5a);
+  auto header = encode_kv_header(kv, 9);
+  ASSERT_TRUE(header.ok()) << header.status().to_string();
+  auto decoded = decode_kv_header(*header, KvWireLimits{});
+  ASSERT_TRUE(decoded.ok()) << decoded.status().to_string();
+  KvExport meta = decoded->meta;
+  meta.layers = kv.layers;
+  expect_same(meta, kv);
+  EXPECT_EQ(decoded->layer_bytes[0], kv.layer_bytes());
+  // Fields that cannot be: 3-bit history, history not ending on a block, bounds without history.
+  for (int which = 0; which < 3; ++which) {
+    KvExport bad = kv;
+    if (which == 0) bad.history_bits = 3;
+    if (which == 1) bad.first_position = 30;
+    if (which == 2) bad.history_bits = 0;
+    for (auto& layer : bad.layers) layer.assign(bad.layer_bytes(), 0x5a);
+    EXPECT_EQ(encode_kv_header(bad, 9).status().code(), which == 2 ? ErrorCode::kOk : ErrorCode::kInvalidArgument)
+        << which;
+  }
+  // The same, forged into a valid header (its checksum redone): corrupt, never a crash.
+  const size_t fields = 4 + 2 + 2 + 4 + 4 * 10;  // the offset of history_bits
+  for (const auto& [offset, value] : {std::pair{fields, 3u}, std::pair{fields + 4, 2u}, std::pair{fields - 4, 30u}}) {
+    std::vector<uint8_t> bad = *header;
+    for (int i = 0; i < 4; ++i) bad[offset + i] = static_cast<uint8_t>(value >> (8 * i));
+    const uint32_t crc = crc32c(std::span<const uint8_t>(bad).first(bad.size() - 4));
+    for (int i = 0; i < 4; ++i) bad[bad.size() - 4 + i] = static_cast<uint8_t>(crc >> (8 * i));
+    const auto d = decode_kv_header(bad, KvWireLimits{});
+    ASSERT_FALSE(d.ok()) << offset;
+    EXPECT_EQ(d.status().code(), ErrorCode::kCorruptFile) << d.status().to_string();
+  }
 }
 
 TEST(LocalTransport, CarriesATransferAndAnAck) {
