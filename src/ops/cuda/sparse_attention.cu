@@ -11,10 +11,13 @@
 // score_kernel: every candidate history block's bound is one warp's (lanes over the head dims,
 // then the max over the group's query heads), written as an order-preserving u32 key to the
 // workspace; tiles of 64 entries per block, so that a long context spreads over the GPU.
-// select_kernel: one block per (kv head, sequence). A 4-pass radix select over the keys (8 bits
-// a pass, a 256-bin histogram in shared memory) finds the k-th largest key and how many of the
-// keys equal to it the earliest entries take; one ordered pass (block scans) writes the kept
-// entries in table order.
+// select_kernel: one block of 1024 threads per (kv head, sequence), the keys copied into shared
+// memory once where they fit (up to kSelectSmemKeys history entries). A 4-pass radix select over
+// them (8 bits a pass, a 256-bin histogram in shared memory) finds the k-th largest key and how
+// many of the keys equal to it the earliest entries take; one ordered pass (block scans) writes
+// the kept entries in table order.
+#include <algorithm>
+
 #include <cub/block/block_scan.cuh>
 
 #include "ops/cuda/device_math.cuh"
@@ -25,8 +28,12 @@ namespace tachyon::ops::cuda::detail {
 namespace {
 
 constexpr int kBoundsThreads = 128;
-constexpr int kSelectThreads = 256;
-constexpr int kSelectWarps = kSelectThreads / 32;
+constexpr int kScoreThreads = 256;
+constexpr int kScoreWarps = kScoreThreads / 32;
+// The selection walks every candidate once per radix pass, in one block per (kv head, sequence):
+// as many threads as a block holds (a 128k context has 8k candidates).
+constexpr int kSelectThreads = 1024;
+constexpr int kSelectSmemKeys = 12288;  // 48 KB of dynamic shared memory: a 196k-token context
 
 // ops.h KvLayer value(c): one rounding for the product, one for the sum.
 __device__ __forceinline__ float bound_value(float lo, float step, int c) {
@@ -134,7 +141,7 @@ struct SelectParams {
 // grid (entry tiles of kScoreEntries, kv heads, sequences), a warp per entry.
 constexpr int kScoreEntries = 64;
 
-__global__ void __launch_bounds__(kSelectThreads) score_kernel(const SelectParams p) {
+__global__ void __launch_bounds__(kScoreThreads) score_kernel(const SelectParams p) {
   extern __shared__ float q_smem[];  // [group][head_dim]
   pdl_wait();
   pdl_trigger();
@@ -153,13 +160,13 @@ __global__ void __launch_bounds__(kSelectThreads) score_kernel(const SelectParam
   }
   const int32_t* table = p.batch.block_tables + s * cols;
   const float* q = p.q + static_cast<int64_t>(p.batch.query_start[s]) * p.q_token_stride;
-  for (int64_t e = tid; e < group * hd; e += kSelectThreads) {
+  for (int64_t e = tid; e < group * hd; e += kScoreThreads) {
     q_smem[e] = q[(h * group + e / hd) * p.q_head_stride + e % hd];
   }
   __syncthreads();
   uint32_t* keys = p.keys + (s * heads + h) * cols;
   const int last = min(entries, first + kScoreEntries);
-  for (int i = first + warp; i < last; i += kSelectWarps) {
+  for (int i = first + warp; i < last; i += kScoreWarps) {
     // History entries lead the table; the sinks among them are kept whatever they score.
     if (i < p.batch.sparse_sink_blocks || table[i] < cache.num_blocks) continue;
     const int64_t hb = table[i] - cache.num_blocks;
@@ -209,6 +216,7 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(const SelectPara
   __shared__ typename Scan::TempStorage scan_storage;
   __shared__ int hist[256];
   __shared__ int shared_int[2];
+  extern __shared__ uint32_t smem_keys[];  // [min(max_blocks_per_seq, kSelectSmemKeys)]
   pdl_wait();
   pdl_trigger();
   const int64_t h = blockIdx.x;
@@ -239,6 +247,11 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(const SelectPara
   }
 
   const uint32_t* keys = p.keys + (s * heads + h) * cols;
+  if (history <= kSelectSmemKeys) {  // the passes below read them four times
+    for (int i = sinks + tid; i < history; i += kSelectThreads) smem_keys[i] = keys[i];
+    __syncthreads();
+    keys = smem_keys;
+  }
   // Radix select: the k-th largest key (prefix) and how many of the keys equal to it to keep.
   uint32_t prefix = 0, mask = 0;
   int remaining = k;
@@ -341,10 +354,12 @@ cudaError_t launch_select_kv_blocks(const float* q, int64_t q_token_stride, int6
   const size_t smem = static_cast<size_t>(num_heads / cache.num_kv_heads * cache.head_dim) * sizeof(float);
   const dim3 tiles(static_cast<unsigned>((batch.max_blocks_per_seq + kScoreEntries - 1) / kScoreEntries),
                    static_cast<unsigned>(cache.num_kv_heads), static_cast<unsigned>(batch.num_seqs));
-  const cudaError_t e = launch_pdl(score_kernel, tiles, kSelectThreads, smem, stream, p);
+  const cudaError_t e = launch_pdl(score_kernel, tiles, kScoreThreads, smem, stream, p);
   if (e != cudaSuccess) return e;
   const dim3 grid(static_cast<unsigned>(cache.num_kv_heads), static_cast<unsigned>(batch.num_seqs));
-  return launch_pdl(select_kernel, grid, kSelectThreads, 0, stream, p);
+  const size_t key_smem =
+      static_cast<size_t>(std::min<int64_t>(batch.max_blocks_per_seq, kSelectSmemKeys)) * sizeof(uint32_t);
+  return launch_pdl(select_kernel, grid, kSelectThreads, key_smem, stream, p);
 }
 
 }  // namespace tachyon::ops::cuda::detail
