@@ -70,11 +70,13 @@ Status copy_layer(Tensor& staging, size_t layer, size_t bytes, uint8_t* host_byt
 Status copy_history(KvCache& cache, int l, const SequenceBlocks& blocks, const KvExport& kv, uint8_t* at,
                     KvCopy direction, Device host_device) {
   const int num_blocks = cache.config().num_blocks;
-  TACHYON_CHECK(blocks.num_history == kv.history_blocks() && blocks.block_table.size() >= static_cast<size_t>(blocks.num_history),
+  TACHYON_CHECK(blocks.num_history == kv.history_blocks() &&
+                    blocks.block_table.size() >= static_cast<size_t>(blocks.num_history),
                 "{} history blocks for an export of {}", blocks.num_history, kv.history_blocks());
   std::vector<int32_t> ids(static_cast<size_t>(blocks.num_history));
   for (size_t i = 0; i < ids.size(); ++i) {
-    TACHYON_CHECK(blocks.block_table[i] >= num_blocks, "table entry {} ({}) is not a history block", i, blocks.block_table[i]);
+    TACHYON_CHECK(blocks.block_table[i] >= num_blocks, "table entry {} ({}) is not a history block", i,
+                  blocks.block_table[i]);
     ids[i] = blocks.block_table[i] - num_blocks;
   }
   std::vector<Tensor> pools = cache.history_pools(l);

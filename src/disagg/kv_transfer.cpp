@@ -127,7 +127,8 @@ std::optional<uint64_t> layer_bytes_for(uint64_t num_positions, uint64_t heads, 
   if (!resident || history_bits == 0) return resident;
   const uint64_t row = (history_bits == 8 ? head_dim : head_dim / 2) + 4;
   const std::optional<uint64_t> rows = product(2 * row, history_positions, heads);
-  const uint64_t per_block = head_dim + 8 * static_cast<uint64_t>(ops::key_bound_groups(static_cast<int64_t>(head_dim)));
+  const uint64_t per_block =
+      head_dim + 8 * static_cast<uint64_t>(ops::key_bound_groups(static_cast<int64_t>(head_dim)));
   const std::optional<uint64_t> bounds =
       key_bounds ? product(per_block, history_positions / block_size, heads) : std::optional<uint64_t>(0);
   if (!rows || !bounds || *bounds > ~uint64_t{0} - *resident || *rows > ~uint64_t{0} - *resident - *bounds) {

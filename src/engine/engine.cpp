@@ -751,11 +751,13 @@ Result<RequestId> Engine::adopt_sequence(const TransferredSequence& seq, const G
   req->timing.first_scheduled = req->timing.arrival;
   req->timing.first_token = req->timing.arrival;
 
-  if (seq.history_blocks < 0 || seq.history_blocks * cache_.config().block_size > seq.num_computed ||
+  const int history_end = seq.history_blocks * cache_.config().block_size;
+  if (seq.history_blocks < 0 || history_end > seq.num_computed ||
       (seq.history_blocks > 0 &&
-       (cache_.config().tiers.history_bits() == 0 || seq.first_position != seq.history_blocks * cache_.config().block_size))) {
+       (cache_.config().tiers.history_bits() == 0 || seq.first_position != history_end))) {
     return make_error(ErrorCode::kInvalidArgument,
-                      "kv import: {} history blocks of {} positions (full precision from {}) for a cache with {} history",
+                      "kv import: {} history blocks of {} positions (full precision from {}) for a cache with {} "
+                      "history",
                       seq.history_blocks, cache_.config().block_size, seq.first_position,
                       kv_history_name(cache_.config().tiers.history));
   }

@@ -308,7 +308,8 @@ void compress_kv_blocks(const Tensor& pairs, KvLayer& cache);
 
 // The upper bound of q . k over the keys of a history block that its key bounds give, for one
 // query head q[head_dim]: the sum over d of max(q[d] * value(min code), q[d] * value(max code))
-// (KvLayer, with the lo and step of d's group), f32, NaN for a block whose bounds are NaN. Summation order is the kernel's own.
+// (KvLayer, with the lo and step of d's group), f32, NaN for a block whose bounds are NaN.
+// Summation order is the kernel's own.
 //
 // Block-sparse decode attention, step 1 (of 2, with paged_attention()): which blocks each (sequence,
 // kv head) attends to. For sequence s with one query (at position context_lens[s] - 1) and

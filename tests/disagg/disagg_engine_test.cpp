@@ -408,7 +408,8 @@ TEST_F(DisaggTest, KvTiersOverTcpEqualColocated) {
   ASSERT_TRUE(prose.ok());
   for (int i = 0; i < 6; ++i) {
     Case c;
-    c.prompt = model_->tokenizer->encode(prose->substr(static_cast<size_t>(i) * 7919, 300 + 150 * static_cast<size_t>(i)));
+    const size_t length = 300 + 150 * static_cast<size_t>(i);
+    c.prompt = model_->tokenizer->encode(prose->substr(static_cast<size_t>(i) * 7919, length));
     c.params.sampling.temperature = 0.0f;
     c.params.max_tokens = 24;
     c.params.ignore_eos = true;
@@ -420,7 +421,8 @@ TEST_F(DisaggTest, KvTiersOverTcpEqualColocated) {
   };
   for (const Tier tier : {Tier{KvHistory::kDrop, 0}, Tier{KvHistory::kInt8, 0}, Tier{KvHistory::kInt4, 0},
                           Tier{KvHistory::kInt4, 32}}) {
-    const std::string what = fmt::format("history {}, sparse budget {}", kv_history_name(tier.history), tier.sparse_budget);
+    const std::string what =
+        fmt::format("history {}, sparse budget {}", kv_history_name(tier.history), tier.sparse_budget);
     SCOPED_TRACE(what);
     EngineOptions o = base_options();
     o.kv.tiers = KvTierOptions{32, tier.history};
@@ -444,7 +446,8 @@ TEST_F(DisaggTest, KvTiersOverTcpEqualColocated) {
         EngineOptions p = base_options();
         p.kv.tiers = KvTierOptions{32, other};
         auto e = make(p);
-        EXPECT_EQ(adopt(*e, kv, cases[0].params).status().code(), ErrorCode::kInvalidArgument) << kv_history_name(other);
+        EXPECT_EQ(adopt(*e, kv, cases[0].params).status().code(), ErrorCode::kInvalidArgument)
+            << kv_history_name(other);
         expect_no_leaks(*e, "refused history");
       }
       if (tier.sparse_budget == 0) {

@@ -573,7 +573,8 @@ TEST(KvHistory, RowsFollowTheRuleAndBlocksMoveWhole) {
       }
       const double step = bits == 8 ? amax / 127.0 : (hi - lo) / 15.0;
       // int4's s and lo are f16 (relative rounding 2^-11 each): half a step widened by that much.
-      const double tol = bits == 8 ? step / 2 : step / 2 * (1 + std::ldexp(1.0, -10)) + std::fabs(lo) * std::ldexp(1.0, -11);
+      const double tol =
+          bits == 8 ? step / 2 : step / 2 * (1 + std::ldexp(1.0, -10)) + std::fabs(lo) * std::ldexp(1.0, -11);
       for (int64_t i = 0; i < hd; ++i) {
         const float back = ops::reference::history_value(codes.data(), params, bits, i);
         EXPECT_LE(std::fabs(back - v[i]), tol + 1e-6 * (std::fabs(v[i]) + 1.0)) << what << " i " << i;

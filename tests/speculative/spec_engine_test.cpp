@@ -245,7 +245,8 @@ TEST_F(SpecEngineTest, GreedyWithTheDraftModelEqualsPlainUnderKvTiers) {
         // two picks were about as likely (a confident pick cannot flip under keys this close).
         EXPECT_LT(got[i].logprobs[t], std::log(0.6)) << what << ": request " << i << " parts at token " << t;
         EXPECT_LT(plain[i].logprobs[t], std::log(0.6)) << what << ": request " << i << " parts at token " << t;
-        EXPECT_NEAR(got[i].logprobs[t], plain[i].logprobs[t], 0.1) << what << ": request " << i << " parts at token " << t;
+        EXPECT_NEAR(got[i].logprobs[t], plain[i].logprobs[t], 0.1)
+            << what << ": request " << i << " parts at token " << t;
         std::printf("%s: request %zu parts from plain at token %zu (a near-tie: logprobs %.4f / %.4f)\n",
                     what.c_str(), i, t, got[i].logprobs[t], plain[i].logprobs[t]);
       }
