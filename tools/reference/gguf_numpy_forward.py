@@ -1,4 +1,5 @@
-"""Independent numpy forward pass over a GGUF file (llama / qwen2 / qwen3 conventions).
+"""Independent numpy forward pass over a GGUF file (llama / qwen2 / qwen3 / qwen2moe / qwen3moe
+conventions; Mixtral is architecture `llama` with experts).
 
 Used by make_model_fixtures.py to prove that the GGUF files it writes reproduce the Hugging Face
 logits: in particular that the q/k row permutation applied for architecture `llama` turns HF's
@@ -62,11 +63,53 @@ def _rope(x: np.ndarray, positions: np.ndarray, inv_freq: np.ndarray, style: str
     return out
 
 
+def _silu(x: np.ndarray) -> np.ndarray:
+    return x / (1.0 + np.exp(-x))
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def _moe(h: np.ndarray, t: dict[str, np.ndarray], p: str, top_k: int, norm: bool,
+         shexp_gate: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Mixture-of-experts MLP of one layer (llama.cpp layout): router ffn_gate_inp [E, d] ->
+    softmax over all E experts -> the top_k largest probabilities, renormalised to sum 1 when
+    `norm` -> sum of the chosen SwiGLU experts (ffn_gate_exps / ffn_up_exps [E, f, d],
+    ffn_down_exps [E, d, f]) weighted by them. Plus, when ffn_up_shexp exists (Qwen2-MoE), a
+    shared SwiGLU expert scaled by sigmoid(h . ffn_gate_inp_shexp) (by 1 if that tensor is absent
+    or shexp_gate is False). Returns (output [n, d], router probabilities [n, E])."""
+    probs = _softmax(h @ t[p + "ffn_gate_inp.weight"].T)  # [n, E]
+    n, n_exp = probs.shape
+    top = np.argsort(-probs, axis=-1, kind="stable")[:, :top_k]  # [n, k]
+    w = np.take_along_axis(probs, top, axis=-1)
+    if norm:
+        w = w / w.sum(axis=-1, keepdims=True)
+    dense_w = np.zeros((n, n_exp))  # routing weight of every (token, expert); 0 if not chosen
+    np.put_along_axis(dense_w, top, w, axis=-1)
+    g = np.einsum("nd,efd->nef", h, t[p + "ffn_gate_exps.weight"])
+    u = np.einsum("nd,efd->nef", h, t[p + "ffn_up_exps.weight"])
+    y = np.einsum("nef,edf->ned", _silu(g) * u, t[p + "ffn_down_exps.weight"])  # every expert
+    out = np.einsum("ne,ned->nd", dense_w, y)
+    if p + "ffn_up_shexp.weight" in t:
+        s = (_silu(h @ t[p + "ffn_gate_shexp.weight"].T) * (h @ t[p + "ffn_up_shexp.weight"].T)
+             ) @ t[p + "ffn_down_shexp.weight"].T
+        if shexp_gate and p + "ffn_gate_inp_shexp.weight" in t:
+            s = s / (1.0 + np.exp(-(h @ t[p + "ffn_gate_inp_shexp.weight"])))[:, None]
+        out = out + s
+    return out, probs
+
+
 def forward(meta: dict, t: dict[str, np.ndarray], token_ids, rope_style: str | None = None,
-            sliding_window: int | None = None) -> np.ndarray:
+            sliding_window: int | None = None, moe_top_k: int | None = None,
+            moe_norm: bool | None = None, shexp_gate: bool = True,
+            trace: dict | None = None) -> np.ndarray:
     """Full causal forward over token_ids at positions 0..n-1; returns logits [n, vocab] (f64).
 
-    rope_style / sliding_window override what the file implies (for negative controls)."""
+    rope_style / sliding_window / moe_top_k / moe_norm / shexp_gate override what the file implies
+    (for negative controls). A layer is MoE when blk.L.ffn_gate_inp.weight exists. If `trace` is
+    a dict, trace["router_probs"][L] receives the router probabilities [n, E] of MoE layer L."""
     arch = meta["general.architecture"]
     n_embd = int(meta[f"{arch}.embedding_length"])
     n_layer = int(meta[f"{arch}.block_count"])
@@ -81,6 +124,13 @@ def forward(meta: dict, t: dict[str, np.ndarray], token_ids, rope_style: str | N
         rope_style = "interleaved" if arch == "llama" else "neox"
     if sliding_window is None:
         sliding_window = int(meta.get(f"{arch}.attention.sliding_window", 0))
+
+    if moe_top_k is None:
+        moe_top_k = int(meta.get(f"{arch}.expert_used_count", 0))
+    if moe_norm is None:  # llama (Mixtral) and qwen3moe renormalise; qwen2moe does not
+        moe_norm = bool(meta.get(f"{arch}.expert_weights_norm", arch != "qwen2moe"))
+    if trace is not None:
+        trace["router_probs"] = {}
 
     inv_freq = theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
     if "rope_freqs.weight" in t:  # llama3-style per-pair divisors of the frequency
@@ -125,6 +175,12 @@ def forward(meta: dict, t: dict[str, np.ndarray], token_ids, rope_style: str | N
             att_out[:, hh, :] = w @ v[:, kv, :]
         x = x + lin(att_out.reshape(n, n_head * head_dim), p + "attn_output")
         h = _rms_norm(x, t[p + "ffn_norm.weight"], eps)
+        if p + "ffn_gate_inp.weight" in t:
+            y, probs = _moe(h, t, p, moe_top_k, moe_norm, shexp_gate)
+            x = x + y
+            if trace is not None:
+                trace["router_probs"][L] = probs
+            continue
         g = lin(h, p + "ffn_gate")
         u = lin(h, p + "ffn_up")
         x = x + lin(g / (1.0 + np.exp(-g)) * u, p + "ffn_down")

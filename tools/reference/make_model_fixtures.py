@@ -30,8 +30,9 @@ import safetensors.numpy
 import torch
 import transformers
 from transformers import (AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, MistralConfig,
-                          MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
-                          Qwen3ForCausalLM)
+                          MistralForCausalLM, MixtralConfig, MixtralForCausalLM, Qwen2Config,
+                          Qwen2ForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM, Qwen3Config,
+                          Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
 import gguf
 
@@ -45,6 +46,8 @@ EOS_ID = 2
 MIN_GREEDY_MARGIN = 2e-3   # top-1 minus top-2 logit at every greedy choice
 NOCACHE_TOL = 1e-5         # cached step-by-step vs one full pass, max abs logit difference
 GGUF_NUMPY_TOL = 1e-4      # numpy (f64) forward of the F32 GGUF vs HF, max abs logit difference
+MIN_ROUTER_MARGIN = 1e-3   # MoE: k-th minus (k+1)-th router probability, every position and layer
+MAX_PROMPT_ATTEMPTS = 400
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -57,7 +60,9 @@ class Spec:
     gguf_arch: str
     prompt_len: int
     seed: int
-    quant_variants: bool = False
+    quant_variants: bool = False   # F16 and Q8_0 GGUF files as well
+    q8_0_variant: bool = False     # a Q8_0 GGUF file as well (without F16)
+    router_std: float = 0.3        # MoE router (ffn_gate_inp) init std (see README)
     notes: list[str] = field(default_factory=list)
 
 
@@ -104,17 +109,79 @@ def specs() -> list[Spec]:
                            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
                            sliding_window=8),
              "llama", 20, 1006),
+        Spec("qwen3-moe", Qwen3MoeForCausalLM,
+             Qwen3MoeConfig(**{**common(256, 96, 2, 1e-6, False), "head_dim": 32,
+                               "num_hidden_layers": 3},
+                            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+                            use_sliding_window=False, attention_bias=False,
+                            num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                            norm_topk_prob=True, mlp_only_layers=[1], decoder_sparse_step=1),
+             "qwen3moe", 20, 1007, q8_0_variant=True,
+             notes=["Layers 0 and 2 are MoE (8 experts, top-2, renormalised); layer 1 is in "
+                    "mlp_only_layers, a dense SiLU-gated MLP of intermediate_size 96 "
+                    "(GGUF ffn_gate/ffn_up/ffn_down, no ffn_gate_inp).",
+                    "transformers 5.x writes the expert count of Qwen3-MoE as "
+                    "config.json `num_local_experts` (its attribute_map aliases num_experts); "
+                    "released Qwen3-MoE checkpoints spell it `num_experts`.",
+                    "model-q8_0.gguf: every 2-D and 3-D tensor Q8_0 along its last axis except "
+                    "the routers blk.L.ffn_gate_inp.weight, which stay F32 (as llama.cpp keeps "
+                    "them); norms F32."]),
+        Spec("qwen2-moe", Qwen2MoeForCausalLM,
+             Qwen2MoeConfig(**common(256, 96, 2, 1e-6, False),
+                            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+                            use_sliding_window=False, qkv_bias=True,
+                            num_experts=8, num_experts_per_tok=4, moe_intermediate_size=32,
+                            shared_expert_intermediate_size=48, norm_topk_prob=False,
+                            decoder_sparse_step=1, mlp_only_layers=[]),
+             "qwen2moe", 18, 1008, router_std=0.15,
+             notes=["Router init std 0.15 (not 0.3): with top-4 of 8 the 4th and 5th "
+                    "probabilities of a peaked router are both small, and their 1e-3 gap "
+                    "(checks.router_margin_min) then fails at too many positions.",
+                    "Both layers are MoE: 8 experts, top-4, NOT renormalised (the chosen softmax "
+                    "probabilities weight the experts as they are), plus a shared SwiGLU expert "
+                    "(intermediate 48) scaled by sigmoid(h . shared_expert_gate) and added.",
+                    "intermediate_size (96, GGUF feed_forward_length) is unused: no dense layer."]),
+        Spec("mixtral", MixtralForCausalLM,
+             MixtralConfig(**common(256, 48, 2, 1e-5, False),
+                           rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+                           sliding_window=None, num_local_experts=4, num_experts_per_tok=2),
+             "llama", 16, 1009,
+             notes=["GGUF architecture llama (as llama.cpp converts Mixtral): q/k rows permuted "
+                    "for interleaved RoPE; experts' intermediate size is "
+                    "llama.feed_forward_length (48); routing always renormalises the top-2 "
+                    "(no expert_weights_norm key)."]),
     ]
     return out
+
+
+def moe_info(cfg) -> dict | None:
+    """The MoE settings of a config (None for a dense model), in the form expected.json records."""
+    n_exp = getattr(cfg, "num_experts", None) or getattr(cfg, "num_local_experts", None)
+    if not n_exp:
+        return None
+    mlp_only = list(getattr(cfg, "mlp_only_layers", None) or [])
+    step = int(getattr(cfg, "decoder_sparse_step", 1) or 1)
+    moe_layers = [L for L in range(cfg.num_hidden_layers)
+                  if L not in mlp_only and (L + 1) % step == 0]
+    return {"num_experts": int(n_exp), "top_k": int(cfg.num_experts_per_tok),
+            # Mixtral has no flag: it always renormalises the chosen probabilities.
+            "norm_topk_prob": bool(getattr(cfg, "norm_topk_prob", True)),
+            "moe_intermediate_size": int(getattr(cfg, "moe_intermediate_size", None)
+                                         or cfg.intermediate_size),
+            "shared_expert_intermediate_size": getattr(cfg, "shared_expert_intermediate_size",
+                                                       None),
+            "mlp_only_layers": mlp_only,
+            "moe_layers": moe_layers}
 
 
 # ----------------------------------------------------------------------------------------------
 # Weights
 
 
-def init_weights(model: torch.nn.Module, seed: int) -> None:
+def init_weights(model: torch.nn.Module, seed: int, router_std: float = 0.3) -> None:
     """Larger-than-default random weights so logits are far from flat and every architectural
-    detail (rope layout, biases, norms) moves them visibly."""
+    detail (rope layout, biases, norms) moves them visibly. MoE routers get `router_std` so the
+    routing is decisive (see MIN_ROUTER_MARGIN)."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -123,6 +190,10 @@ def init_weights(model: torch.nn.Module, seed: int) -> None:
                 p.copy_(1.0 + std * torch.randn(p.shape, generator=gen))
             elif name.endswith(".bias"):
                 p.copy_(0.3 * torch.randn(p.shape, generator=gen))
+            elif name.endswith(".mlp.gate.weight"):  # MoE router [E, hidden]
+                p.copy_(router_std * torch.randn(p.shape, generator=gen))
+            elif name.endswith((".experts.gate_up_proj", ".experts.down_proj")):  # 3-D, in memory
+                p.copy_(0.15 * torch.randn(p.shape, generator=gen))
             elif name.endswith("embed_tokens.weight") or name == "lm_head.weight":
                 p.copy_(0.2 * torch.randn(p.shape, generator=gen))
             elif name.endswith(".weight"):
@@ -166,6 +237,46 @@ def hf_greedy(model, prompt: list[int]) -> tuple[np.ndarray, list[int], np.ndarr
 @torch.no_grad()
 def hf_full(model, ids: list[int]) -> np.ndarray:
     return model(input_ids=torch.tensor([ids]), use_cache=False).logits[0].float().numpy()
+
+
+@torch.no_grad()
+def hf_router_probs(model, ids: list[int]) -> dict[int, np.ndarray]:
+    """Router probabilities [n, E] of every MoE layer (layer index -> array) for one uncached
+    pass over ids: the routers' float32 logits, softmax in float64."""
+    logits: dict[int, np.ndarray] = {}
+    hooks = []
+    for L, layer in enumerate(model.model.layers):
+        for m in layer.modules():
+            if type(m).__name__.endswith("TopKRouter"):
+                hooks.append(m.register_forward_hook(
+                    lambda mod, inp, out, L=L: logits.__setitem__(
+                        L, out[0].detach().double().numpy().copy())))
+    try:
+        model(input_ids=torch.tensor([ids]), use_cache=False)
+    finally:
+        for h in hooks:
+            h.remove()
+    out = {}
+    for L, z in logits.items():
+        e = np.exp(z - z.max(axis=-1, keepdims=True))
+        out[L] = e / e.sum(axis=-1, keepdims=True)
+    return out
+
+
+def router_margin(probs: dict[int, np.ndarray], top_k: int, rows: slice = slice(None)) -> float:
+    """Smallest gap between the k-th and (k+1)-th largest router probability over the given
+    positions of every MoE layer: how far float rounding is from flipping an expert choice."""
+    gaps = []
+    for pr in probs.values():
+        srt = -np.sort(-pr[rows], axis=-1)
+        gaps.append(float((srt[:, top_k - 1] - srt[:, top_k]).min()))
+    return min(gaps)
+
+
+def router_choice(probs: dict[int, np.ndarray], top_k: int) -> dict[int, np.ndarray]:
+    """The chosen experts (as sorted index sets) per MoE layer and position."""
+    return {L: np.sort(np.argsort(-pr, axis=-1, kind="stable")[:, :top_k], axis=-1)
+            for L, pr in probs.items()}
 
 
 def greedy_margins(prompt_logits: np.ndarray, decode_logits: np.ndarray) -> np.ndarray:
@@ -224,6 +335,21 @@ def llama3_rope_freq_factors(head_dim: int, rp: dict) -> np.ndarray:
     return np.array(out, dtype=np.float32)
 
 
+# MoE: HF router (Qwen2/3-MoE `mlp.gate`, Mixtral `block_sparse_moe.gate`) -> ffn_gate_inp, and the
+# per-expert 2-D tensors save_pretrained writes, stacked into one 3-D GGUF tensor [E, out, in].
+MOE_ROUTERS = ("mlp.gate.weight", "block_sparse_moe.gate.weight")
+MOE_EXPERTS = {  # GGUF name: (Qwen suffix, Mixtral suffix) under <...>.experts.<e>.
+    "ffn_gate_exps.weight": ("gate_proj.weight", "w1.weight"),
+    "ffn_up_exps.weight": ("up_proj.weight", "w3.weight"),
+    "ffn_down_exps.weight": ("down_proj.weight", "w2.weight"),
+}
+MOE_SHARED = {  # Qwen2-MoE shared expert (2-D, as is)
+    "mlp.shared_expert.gate_proj.weight": "ffn_gate_shexp.weight",
+    "mlp.shared_expert.up_proj.weight": "ffn_up_shexp.weight",
+    "mlp.shared_expert.down_proj.weight": "ffn_down_shexp.weight",
+}
+MOE_SHARED_GATE = "mlp.shared_expert_gate.weight"  # [1, hidden] -> ffn_gate_inp_shexp [hidden]
+
 HF_TO_GGUF_LAYER = {
     "input_layernorm.weight": "attn_norm.weight",
     "self_attn.q_proj.weight": "attn_q.weight",
@@ -247,6 +373,8 @@ def gguf_tensors(spec: Spec, hf: dict[str, np.ndarray]) -> list[tuple[str, np.nd
     cfg = spec.config
     n_head, n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
     out: list[tuple[str, np.ndarray]] = []
+    moe_used: set[str] = set()
+    moe = moe_info(cfg)
     rp = cfg.rope_parameters
     if rp.get("rope_type") == "llama3":
         out.append(("rope_freqs.weight", llama3_rope_freq_factors(cfg.head_dim, rp)))
@@ -262,11 +390,30 @@ def gguf_tensors(spec: Spec, hf: dict[str, np.ndarray]) -> list[tuple[str, np.nd
                                                                    "self_attn.k_proj")):
                 w = permute_for_interleaved_rope(w, n_head if "q_proj" in hf_suffix else n_kv)
             out.append((f"blk.{L}.{gg_suffix}", w))
+        for router in MOE_ROUTERS:
+            if prefix + router not in hf:
+                continue
+            out.append((f"blk.{L}.ffn_gate_inp.weight", hf[prefix + router]))
+            moe_used.add(prefix + router)
+            experts = prefix + router[:-len("gate.weight")] + "experts."
+            for gg_name, (qwen_sfx, mixtral_sfx) in MOE_EXPERTS.items():
+                sfx = mixtral_sfx if router.startswith("block_sparse_moe") else qwen_sfx
+                keys = [f"{experts}{e}.{sfx}" for e in range(moe["num_experts"])]
+                out.append((f"blk.{L}.{gg_name}", np.stack([hf[k] for k in keys])))
+                moe_used.update(keys)
+            if prefix + MOE_SHARED_GATE in hf:
+                out.append((f"blk.{L}.ffn_gate_inp_shexp.weight",
+                            hf[prefix + MOE_SHARED_GATE].reshape(-1)))
+                moe_used.add(prefix + MOE_SHARED_GATE)
+                for hf_suffix, gg_name in MOE_SHARED.items():
+                    out.append((f"blk.{L}.{gg_name}", hf[prefix + hf_suffix]))
+                    moe_used.add(prefix + hf_suffix)
     out.append(("output_norm.weight", hf["model.norm.weight"]))
     if not cfg.tie_word_embeddings:
         out.append(("output.weight", hf["lm_head.weight"]))
     used = {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"}
     used |= {f"model.layers.{L}.{s}" for L in range(cfg.num_hidden_layers) for s in HF_TO_GGUF_LAYER}
+    used |= moe_used
     missing = set(hf) - used
     if missing:
         raise RuntimeError(f"{spec.name}: HF tensors not mapped to GGUF: {sorted(missing)}")
@@ -297,12 +444,22 @@ def write_gguf(path: Path, spec: Spec, tensors: list[tuple[str, np.ndarray]],
     if cfg.head_dim * cfg.num_attention_heads != cfg.hidden_size:
         w.add_key_length(cfg.head_dim)
         w.add_value_length(cfg.head_dim)
+    moe = moe_info(cfg)
+    if moe:
+        w.add_expert_count(moe["num_experts"])
+        w.add_expert_used_count(moe["top_k"])
+        if arch in ("qwen2moe", "qwen3moe"):  # llama (Mixtral): experts use feed_forward_length
+            w.add_expert_feed_forward_length(moe["moe_intermediate_size"])
+            w.add_expert_weights_norm(moe["norm_topk_prob"])
+        if moe["shared_expert_intermediate_size"]:
+            w.add_expert_shared_feed_forward_length(moe["shared_expert_intermediate_size"])
     sw = getattr(cfg, "sliding_window", None)
     if sw and (spec.gguf_arch == "llama" or getattr(cfg, "use_sliding_window", False)):
         w.add_sliding_window(int(sw))
     for name, arr in tensors:
         arr = np.ascontiguousarray(arr, dtype=np.float32)
-        if arr.ndim == 2 and matrix_type != gguf.GGMLQuantizationType.F32:
+        if (arr.ndim in (2, 3) and not name.endswith("ffn_gate_inp.weight")
+                and matrix_type != gguf.GGMLQuantizationType.F32):  # routers stay F32
             q = gguf.quants.quantize(arr, matrix_type)
             if matrix_type == gguf.GGMLQuantizationType.F16:
                 w.add_tensor(name, q)
@@ -329,7 +486,11 @@ def check_gguf_readback(path: Path, spec: Spec, tensors: list[tuple[str, np.ndar
         if types[name] == "F32":
             assert np.array_equal(got[name], arr.astype(np.float64)), name
         else:
-            assert arr.ndim == 2 and types[name] == matrix_type.name, (name, types[name])
+            assert arr.ndim in (2, 3) and types[name] == matrix_type.name, (name, types[name])
+    moe = moe_info(spec.config)
+    if moe:
+        assert int(meta[f"{arch}.expert_count"]) == moe["num_experts"]
+        assert int(meta[f"{arch}.expert_used_count"]) == moe["top_k"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -350,24 +511,63 @@ def build(spec: Spec, out_root: Path) -> dict:
     d.mkdir(parents=True)
     cfg = spec.config
 
+    moe = moe_info(cfg)
+    # MoE: transformers' plain per-expert loop (its default may be a grouped matmul kernel).
+    load_kw = {"experts_implementation": "eager"} if moe else {}
+
     torch.manual_seed(spec.seed)
     model = spec.model_cls(cfg)
-    init_weights(model, spec.seed)
+    init_weights(model, spec.seed, spec.router_std)
     model.save_pretrained(d, safe_serialization=True)
     for f in d.iterdir():
         f.chmod(0o644)  # safetensors writes 0600
     del model
-    model = hf_load(d)  # everything below uses exactly the saved files
+    model = hf_load(d, **load_kw)  # everything below uses exactly the saved files
 
-    # Prompt: the first candidate whose greedy choices all have a clear top-1.
-    for attempt in range(50):
+    # GGUF files, built from the saved safetensors (they do not depend on the prompt).
+    hf_tensors = safetensors.numpy.load_file(str(d / "model.safetensors"))
+    tensors = gguf_tensors(spec, hf_tensors)
+    files = [("model.gguf", gguf.GGMLQuantizationType.F32)]
+    if spec.quant_variants:
+        files += [("model-f16.gguf", gguf.GGMLQuantizationType.F16),
+                  ("model-q8_0.gguf", gguf.GGMLQuantizationType.Q8_0)]
+    elif spec.q8_0_variant:
+        files += [("model-q8_0.gguf", gguf.GGMLQuantizationType.Q8_0)]
+    gguf_read: dict[str, tuple[dict, dict]] = {}
+    for fname, mtype in files:
+        write_gguf(d / fname, spec, tensors, mtype)
+        check_gguf_readback(d / fname, spec, tensors, mtype)
+        meta, tw, _ = npf.read_gguf(str(d / fname))
+        gguf_read[fname] = (meta, tw)
+
+    # Prompt: the first candidate whose greedy choices all have a clear top-1 and, for MoE, whose
+    # routing is clear at every position and MoE layer (HF over prompt + decode tokens; each
+    # quantized file's own numpy routing over the prompt, whose logits expected.bin holds) and
+    # chooses every expert of every MoE layer at least once.
+    for attempt in range(MAX_PROMPT_ATTEMPTS):
         prompt = make_prompt(spec.seed * 100 + attempt, spec.prompt_len, cfg.vocab_size)
         prompt_logits, decode_ids, decode_logits, cache_kind = hf_greedy(model, prompt)
         margins = greedy_margins(prompt_logits, decode_logits)
-        if margins.min() >= MIN_GREEDY_MARGIN:
-            break
+        if margins.min() < MIN_GREEDY_MARGIN:
+            continue
+        if moe:
+            hf_probs = hf_router_probs(model, prompt + decode_ids)
+            if router_margin(hf_probs, moe["top_k"]) < MIN_ROUTER_MARGIN:
+                continue
+            if any(len(np.unique(c)) < moe["num_experts"]
+                   for c in router_choice(hf_probs, moe["top_k"]).values()):
+                continue  # some expert never chosen: its weights would go untested
+            quant_margins = []
+            for fname, mtype in files[1:]:
+                tr: dict = {}
+                npf.forward(*gguf_read[fname], prompt, trace=tr)
+                quant_margins.append(router_margin(tr["router_probs"], moe["top_k"]))
+            if quant_margins and min(quant_margins) < MIN_ROUTER_MARGIN:
+                continue
+        break
     else:
-        raise RuntimeError(f"{spec.name}: no prompt with clear greedy choices")
+        raise RuntimeError(f"{spec.name}: no prompt with clear greedy choices"
+                           + (" and clear routing" if moe else ""))
     final_argmax = int(np.argmax(decode_logits[-1]))
     all_ids = prompt + decode_ids  # fed tokens at positions 0 .. P+15
     P = len(prompt)
@@ -382,6 +582,30 @@ def build(spec: Spec, out_root: Path) -> dict:
 
     checks: dict = {"cache_vs_nocache": nocache, "hf_cache_layer": cache_kind,
                     "greedy_margin_min": float(margins.min())}
+
+    if moe:
+        k = moe["top_k"]
+        hf_probs = hf_router_probs(model, all_ids)
+        hf_choice = router_choice(hf_probs, k)
+        rm = router_margin(hf_probs, k)
+        assert rm >= MIN_ROUTER_MARGIN, rm
+        checks["router_margin_min"] = rm
+        checks["router_margin_min_per_layer"] = {
+            str(L): router_margin({L: pr}, k) for L, pr in hf_probs.items()}
+        checks["router_logit_gap_min"] = min(
+            float(np.min(np.log(-np.sort(-pr, -1)[:, k - 1]) - np.log(-np.sort(-pr, -1)[:, k])))
+            for pr in hf_probs.values())
+        checks["router_margin_note"] = (
+            "k-th minus (k+1)-th largest router softmax probability (HF float32 router logits, "
+            "softmax in float64), minimum over all P+16 positions of each MoE layer; "
+            "router_logit_gap_min: the same gap between router logits")
+        assert all(len(np.unique(c)) == moe["num_experts"] for c in hf_choice.values())
+        checks["expert_use_counts"] = {
+            str(L): np.bincount(c.ravel(), minlength=moe["num_experts"]).tolist()
+            for L, c in hf_choice.items()}
+        checks["hf_experts_implementation"] = "eager"
+        grouped = hf_full(hf_load(d, experts_implementation="grouped_mm"), all_ids)
+        checks["experts_grouped_mm_vs_eager"] = diff_stats(grouped, full)
 
     if spec.name == "mistral":
         nowin = hf_full(hf_load(d, sliding_window=None), all_ids)
@@ -414,26 +638,33 @@ def build(spec: Spec, out_root: Path) -> dict:
                                  "hf_inv_freq_vs_base_over_factors": inv_check,
                                  "logits_vs_unscaled_rope": eff}
 
-    # GGUF files, built from the saved safetensors.
-    hf_tensors = safetensors.numpy.load_file(str(d / "model.safetensors"))
-    tensors = gguf_tensors(spec, hf_tensors)
-    files = [("model.gguf", gguf.GGMLQuantizationType.F32)]
-    if spec.quant_variants:
-        files += [("model-f16.gguf", gguf.GGMLQuantizationType.F16),
-                  ("model-q8_0.gguf", gguf.GGMLQuantizationType.Q8_0)]
+    # The GGUF files (written above): numpy forward vs HF.
     extra_arrays: list[tuple[str, np.ndarray, str]] = []
     gguf_checks: dict = {}
     for fname, mtype in files:
-        write_gguf(d / fname, spec, tensors, mtype)
-        check_gguf_readback(d / fname, spec, tensors, mtype)
-        meta, tw, _ = npf.read_gguf(str(d / fname))
-        np_seq = npf.forward(meta, tw, all_ids)
+        meta, tw = gguf_read[fname]
+        tr: dict = {}
+        np_seq = npf.forward(meta, tw, all_ids, trace=tr)
         st = diff_stats(np_seq, hf_seq)
         st["greedy_ids_match"] = bool(np.array_equal(
             np_seq[P - 1:P + DECODE_STEPS - 1].argmax(-1), np.array(decode_ids)))
         gguf_checks[fname] = {"numpy_forward_vs_hf": st}
+        if moe:
+            np_choice = router_choice(tr["router_probs"], moe["top_k"])
+            routing = {
+                "router_margin_min": router_margin(tr["router_probs"], moe["top_k"]),
+                "router_margin_min_prompt": router_margin(tr["router_probs"], moe["top_k"],
+                                                          slice(0, P)),
+                "router_max_abs_prob_diff_vs_hf": max(
+                    float(np.abs(tr["router_probs"][L] - hf_probs[L]).max()) for L in hf_probs),
+                "expert_choices_differing_from_hf": int(sum(
+                    np.any(np_choice[L] != hf_choice[L], axis=-1).sum() for L in hf_choice)),
+            }
+            gguf_checks[fname]["routing"] = routing
         if mtype == gguf.GGMLQuantizationType.F32:
             assert st["max_abs"] <= GGUF_NUMPY_TOL and st["greedy_ids_match"], (fname, st)
+            if moe:
+                assert routing["expert_choices_differing_from_hf"] == 0, routing
             gguf_checks[fname]["sensitivity"] = sensitivity(spec, meta, tw, all_ids, np_seq)
         else:
             extra_arrays.append((f"gguf_{mtype.name.lower()}_prompt_logits",
@@ -478,6 +709,9 @@ def build(spec: Spec, out_root: Path) -> dict:
         "gguf_checks": gguf_checks,
         "notes": spec.notes,
     }
+    if moe:
+        expected = {**{k: v for k, v in expected.items() if k != "notes"}, "moe": moe,
+                    "notes": spec.notes}
     (d / "expected.json").write_text(to_json(expected) + "\n")
     return expected
 
@@ -518,6 +752,17 @@ def sensitivity(spec: Spec, meta: dict, t: dict, ids: list[int], base: np.ndarra
             meta, {k: v for k, v in t.items() if "q_norm" not in k and "k_norm" not in k}, ids))
     if f"{spec.gguf_arch}.attention.sliding_window" in meta:
         record("sliding_window_ignored", npf.forward(meta, t, ids, sliding_window=0))
+    moe = moe_info(spec.config)
+    if moe:
+        k = moe["top_k"]
+        label = "moe_no_renormalisation" if moe["norm_topk_prob"] else "moe_renormalised"
+        record(label, npf.forward(meta, t, ids, moe_norm=not moe["norm_topk_prob"]))
+        record(f"moe_top_k_{k - 1}", npf.forward(meta, t, ids, moe_top_k=k - 1))
+        record(f"moe_top_k_{k + 1}", npf.forward(meta, t, ids, moe_top_k=k + 1))
+    if any(k.endswith("ffn_gate_inp_shexp.weight") for k in t):
+        record("shared_expert_gate_ignored", npf.forward(meta, t, ids, shexp_gate=False))
+        record("shared_expert_ignored", npf.forward(
+            meta, {k: v for k, v in t.items() if "shexp" not in k}, ids))
     return out
 
 
@@ -542,8 +787,10 @@ def main() -> int:
         g = e["gguf_checks"]["model.gguf"]["numpy_forward_vs_hf"]
         nc = e["checks"]["cache_vs_nocache"]
         size = sum(f.stat().st_size for f in (out_root / spec.name).iterdir())
+        rm = e["checks"].get("router_margin_min")
         print(f"{spec.name:14s} P={len(e['prompt_ids']):2d} V={e['vocab_size']} "
               f"margin>={e['checks']['greedy_margin_min']:.3f} "
+              + (f"router>={rm:.4f} " if rm is not None else "") +
               f"nocache={max(nc['prompt']['max_abs'], nc['decode']['max_abs']):.2e} "
               f"gguf-numpy max_abs={g['max_abs']:.2e} max_rel={g['max_rel']:.2e} "
               f"dir={size / 1024:.0f} KiB")
