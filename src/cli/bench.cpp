@@ -498,7 +498,7 @@ Status run_plan(Engine& e, const std::vector<PlannedRequest>& plan, const BenchA
       if (o.finish_reason == FinishReason::kError) return o.error;
       const size_t index = done++;
       if (latency && index == 0) {  // warm-up done: measure from here
-        out.before = e.stats();
+        out.before = e.stats(/*fresh_experts=*/true);
         start = e.now();
         wall.reset();
         continue;
@@ -520,7 +520,7 @@ Status run_plan(Engine& e, const std::vector<PlannedRequest>& plan, const BenchA
     progress.update(done - std::min(done, measured_from), out.output_tokens, wall.seconds());
   }
   out.duration = wall.seconds();
-  out.after = e.stats();
+  out.after = e.stats(/*fresh_experts=*/true);
   out.measured = plan.size() - measured_from;
   return Status::Ok();
 }
@@ -610,7 +610,8 @@ int run_bench(BenchArgs& a) {
   const double fwd = after.forward_seconds - before.forward_seconds;
   const double samp = after.sample_seconds - before.sample_seconds;
   const double step_total = sched + fwd + samp;
-  const double weight_bytes = static_cast<double>(m.model->weights().decode_bytes_per_token());
+  const double weight_bytes =
+      static_cast<double>(m.model->weights().decode_bytes_per_token(m.model->config().num_experts_per_tok));
   const double decode_tok_s = p_tpot.mean > 0 ? 1.0 / p_tpot.mean : 0.0;
 
   json j;
@@ -711,6 +712,25 @@ int run_bench(BenchArgs& a) {
       j["spec"]["speedup"] = plain_speed > 0 ? spec_speed / plain_speed : 0.0;
     }
   }
+  if (m.model->config().is_moe()) {
+    // The experts a step reads: each sparse layer's distinct chosen experts (measured, prefill
+    // steps included), whose bytes join the rest of the weights'.
+    const ModelConfig& c = m.model->config();
+    const ModelWeights& w = m.model->weights();
+    const int64_t calls = after.moe_layer_calls - before.moe_layer_calls;
+    const double distinct =
+        calls > 0 ? static_cast<double>(after.moe_distinct_experts - before.moe_distinct_experts) / calls : 0.0;
+    const double rest = static_cast<double>(w.decode_bytes_per_token(0));
+    const double one_expert = static_cast<double>(w.decode_bytes_per_token(1)) - rest;  // in every sparse layer
+    j["moe"] = {{"experts", c.num_experts},
+                {"top_k", c.num_experts_per_tok},
+                {"distinct_experts_per_layer_step", distinct},
+                {"load_imbalance", after.moe_load_imbalance},
+                {"layer_calls", calls},
+                {"non_expert_bytes", rest},
+                {"expert_bytes_all_layers", one_expert},
+                {"step_bytes_at_distinct", rest + distinct * one_expert}};
+  }
   if (!a.prompt_text.empty()) j["prompt_text"] = a.prompt_text;
   const Goodput goodput = put_goodput(j, latencies, a.slo, duration);
   if (latency) {
@@ -740,6 +760,14 @@ int run_bench(BenchArgs& a) {
                 p_itl.p99 * 1e3, 100.0 * j["kv_peak_fraction"].get<double>(), 100.0 * j["prefix_hit_rate"].get<double>(),
                 static_cast<long long>(j["preemptions"].get<int64_t>()), 100.0 * j["schedule_fraction"].get<double>(),
                 goodput_summary(goodput, a.slo).c_str());
+  }
+  if (j.contains("moe")) {
+    const json& x = j["moe"];
+    std::printf("experts (%d, top %d): %.1f distinct per layer-step (over %lld layer calls), load imbalance %.2f, "
+                "%.2f GB of weights per step at that count\n",
+                x["experts"].get<int>(), x["top_k"].get<int>(), x["distinct_experts_per_layer_step"].get<double>(),
+                static_cast<long long>(x["layer_calls"].get<int64_t>()), x["load_imbalance"].get<double>(),
+                x["step_bytes_at_distinct"].get<double>() / 1e9);
   }
   if (j.contains("spec")) {
     const json& s = j["spec"];

@@ -196,6 +196,12 @@ Result<LoadedModel> load(const CommonOptions& options, DType synthetic_dtype) {
   if (head_spec) what += (what.empty() ? "" : " ") + std::string("--quant-lm-head ") + options.quant_lm_head;
   Timer timer;
   ModelWeights weights = loaded.model->weights();
+  const ModelConfig config = loaded.model->config();
+  // Random weights compute no function worth falling back to: they are let go as they are
+  // quantized (on a GPU, layer by layer), so a model whose 16-bit and packed weights would not fit
+  // together still loads quantized.
+  const bool synthetic = loaded.format == "synthetic";
+  if (synthetic) loaded.model.reset();
   std::string format;
   if (!policy && options.quant.empty()) {
     format = "as stored";
@@ -220,15 +226,18 @@ Result<LoadedModel> load(const CommonOptions& options, DType synthetic_dtype) {
     format += fmt::format(", the LM head {}", quant_format_name(head_spec->format));
   }
   TACHYON_LOG_INFO("quantized the linear weights to {} in {:.2f} s", format, timer.seconds());
-  // The model as stored stays alive until the quantized one passes the finite-logits check (its
-  // weights are held during quantization anyway, so the peak does not grow), and is what runs if
-  // the check fails.
-  auto quantized = std::make_unique<LlamaModel>(loaded.model->config(), std::move(weights));
+  // The model as stored (a file's) stays alive until the quantized one passes the finite-logits
+  // check (its weights are held during quantization anyway, so the peak does not grow), and is what
+  // runs if the check fails.
+  auto quantized = std::make_unique<LlamaModel>(config, std::move(weights));
   // When the weights as stored are kept, a warning has said so.
   // Random weights compute no function worth keeping: their logits move by nats under any rounding,
-  // and a benchmark must run the format it names. The guard checks them for finiteness only.
-  const double guard_kl = loaded.format == "synthetic" ? 0.0 : options.quant_guard_kl;
-  if (auto kept = keep_quantized_if_finite(loaded, std::move(quantized), format, guard_kl); !kept.ok()) {
+  // and a benchmark must run the format it names. The guard checks them for finiteness only, with
+  // nothing to fall back to.
+  const auto kept = synthetic ? guard_quantized_load(loaded, std::move(quantized), nullptr, Tensor(), format, 0.0)
+                              : keep_quantized_if_finite(loaded, std::move(quantized), format,
+                                                         options.quant_guard_kl);
+  if (!kept.ok()) {
     return make_error(kept.status().code(), "{}: {}: checking the quantized model: {}", loaded.path, what,
                       kept.status().message());
   }

@@ -236,7 +236,8 @@ int run_generate(GenerateArgs& a) {
   const double prefill = t.first_token - t.first_scheduled;
   const double decode = t.finished - t.first_token;
   const int n = last.num_generated_tokens;
-  const double weight_gb = static_cast<double>(m.model->weights().decode_bytes_per_token()) / 1e9;
+  const double weight_gb =
+      static_cast<double>(m.model->weights().decode_bytes_per_token(m.model->config().num_experts_per_tok)) / 1e9;
   std::fprintf(stderr,
                "load %.2f s | prompt %d tokens in %.3f s (%.1f tok/s) | generated %d tokens in %.3f s (%.2f tok/s, "
                "%.2f GB weights/token) | finish: %s | seed %llu\n",

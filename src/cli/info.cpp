@@ -3,6 +3,7 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "model/synthetic.h"
 
 namespace tachyon::cli {
 
@@ -18,16 +19,20 @@ std::string human_bytes(double bytes) {
   return fmt::format("{:.2f} {}", bytes, units[u]);
 }
 
-int run_info(const CommonOptions& options) {
-  auto loaded = load(options);
-  if (!loaded.ok()) return report(loaded.status());
-  const LoadedModel& m = *loaded;
-  const ModelConfig& c = m.model->config();
-  const ModelWeights& w = m.model->weights();
-  const size_t kv_per_token_f32 = 2ull * static_cast<size_t>(c.num_layers) * static_cast<size_t>(c.kv_dim()) * 4;
-  std::printf("model:          %s (%s)\n", m.path.c_str(), m.format.c_str());
+void print_config(const ModelConfig& c) {
   std::printf("architecture:   %s\n", c.architecture.c_str());
   std::printf("parameters:     %.3f M\n", static_cast<double>(c.num_parameters()) / 1e6);
+  if (c.is_moe()) {
+    int sparse = 0;
+    for (int l = 0; l < c.num_layers; ++l) sparse += c.is_moe_layer(l) ? 1 : 0;
+    std::printf("experts:        %d per sparse layer (%d of %d layers), top %d%s, expert ffn %d%s\n", c.num_experts,
+                sparse, c.num_layers, c.num_experts_per_tok, c.norm_topk_prob ? " renormalised" : "",
+                c.moe_intermediate_size,
+                c.shared_expert_intermediate_size > 0
+                    ? fmt::format(", shared expert ffn {}", c.shared_expert_intermediate_size).c_str()
+                    : "");
+    std::printf("active:         %.3f M parameters per token\n", static_cast<double>(c.active_parameters()) / 1e6);
+  }
   std::printf("vocab:          %d\n", c.vocab_size);
   std::printf("hidden:         %d, ffn %d, layers %d\n", c.hidden_size, c.intermediate_size, c.num_layers);
   std::printf("attention:      %d heads, %d kv heads, head_dim %d%s%s%s\n", c.num_heads, c.num_kv_heads, c.head_dim,
@@ -41,16 +46,49 @@ int run_info(const CommonOptions& options) {
                                                        : ", yarn scaling");
   std::printf("context:        %d tokens\n", c.max_position_embeddings);
   std::printf("embeddings:     %s\n", c.tie_word_embeddings ? "tied" : "separate LM head");
+}
+
+void print_kv(const ModelConfig& c) {
+  const size_t kv_per_token_f32 = 2ull * static_cast<size_t>(c.num_layers) * static_cast<size_t>(c.kv_dim()) * 4;
+  std::printf("kv cache:       %s per token (f32), %s for the full context\n",
+              human_bytes(static_cast<double>(kv_per_token_f32)).c_str(),
+              human_bytes(static_cast<double>(kv_per_token_f32) * c.max_position_embeddings).c_str());
+}
+
+// A synthetic preset from its shape alone: its weights (tens of GB for the large presets) are
+// never made.
+int run_synthetic_info(const std::string& model) {
+  auto config = synthetic_config(model.substr(10));
+  if (!config.ok()) return report(config.status());
+  const ModelConfig& c = *config;
+  std::printf("model:          %s (synthetic, random bf16 weights)\n", model.c_str());
+  print_config(c);
+  const double row = c.hidden_size, table = static_cast<double>(c.vocab_size) * c.hidden_size;
+  // A token reads the LM head and one embedding row, not the table (unless it is the head).
+  const double per_token = static_cast<double>(c.active_parameters()) - (c.tie_word_embeddings ? 0.0 : table) + row;
+  std::printf("weights:        %s (%s read per decoded token)\n",
+              human_bytes(2.0 * static_cast<double>(c.num_parameters())).c_str(), human_bytes(2.0 * per_token).c_str());
+  print_kv(c);
+  return 0;
+}
+
+int run_info(const CommonOptions& options) {
+  if (options.model.rfind("synthetic:", 0) == 0) return run_synthetic_info(options.model);
+  auto loaded = load(options);
+  if (!loaded.ok()) return report(loaded.status());
+  const LoadedModel& m = *loaded;
+  const ModelConfig& c = m.model->config();
+  const ModelWeights& w = m.model->weights();
+  std::printf("model:          %s (%s)\n", m.path.c_str(), m.format.c_str());
+  print_config(c);
   std::printf("weight dtypes:  %s\n", m.weight_dtypes.c_str());
   // Per type the file stores: packed (its kernels read the blocks) or expanded at load.
   for (size_t i = 0; i < m.tensor_types.size(); ++i) {
     std::printf("%s%s\n", i == 0 ? "tensor types:   " : "                ", m.tensor_types[i].c_str());
   }
   std::printf("weights:        %s (%s read per decoded token)\n", human_bytes(static_cast<double>(w.total_bytes())).c_str(),
-              human_bytes(static_cast<double>(w.decode_bytes_per_token())).c_str());
-  std::printf("kv cache:       %s per token (f32), %s for the full context\n",
-              human_bytes(static_cast<double>(kv_per_token_f32)).c_str(),
-              human_bytes(static_cast<double>(kv_per_token_f32) * c.max_position_embeddings).c_str());
+              human_bytes(static_cast<double>(w.decode_bytes_per_token(c.num_experts_per_tok))).c_str());
+  print_kv(c);
   if (m.tokenizer) {
     std::printf("tokenizer:      %s\n", m.tokenizer->describe().c_str());
   } else {

@@ -172,6 +172,11 @@ inline std::vector<GuardModule> guard_modules(ModelWeights& w, const ModelWeight
       add(p + "mlp.up_proj", {&l.up_proj}, {&d.up_proj});
     }
     add(p + "mlp.down_proj", {&l.down_proj}, {&d.down_proj});
+    // A layer's experts are one module: their three stacks share one format.
+    if (l.is_moe()) {
+      add(p + "mlp.experts", {&l.experts.gate, &l.experts.up, &l.experts.down},
+          {&d.experts.gate, &d.experts.up, &d.experts.down});
+    }
   }
   add("lm_head", {&w.lm_head}, {&dense.lm_head});
   return out;

@@ -628,8 +628,49 @@ Result<std::vector<RequestOutput>> Engine::step() {
   return outputs;
 }
 
-EngineStats Engine::stats() const {
+namespace {
+
+// EngineStats' MoE fields from the model's counters [num_layers, num_experts + 2] (host).
+void expert_stats(const ModelConfig& c, const Tensor& counts, EngineStats& s) {
+  const int ne = c.num_experts;
+  s.expert_tokens.assign(static_cast<size_t>(ne), 0);
+  s.moe_distinct_experts = s.moe_layer_calls = 0;
+  double imbalance = 0.0;
+  int sparse = 0;
+  for (int l = 0; l < c.num_layers; ++l) {
+    if (!c.is_moe_layer(l)) continue;
+    const int64_t* row = counts.data<int64_t>() + static_cast<int64_t>(l) * (ne + 2);
+    int64_t total = 0, most = 0;
+    for (int e = 0; e < ne; ++e) {
+      s.expert_tokens[static_cast<size_t>(e)] += row[e];
+      total += row[e];
+      most = std::max(most, row[e]);
+    }
+    s.moe_distinct_experts += row[ne];
+    s.moe_layer_calls += row[ne + 1];
+    if (total > 0) imbalance += static_cast<double>(most) * ne / static_cast<double>(total);
+    ++sparse;
+  }
+  s.moe_load_imbalance = sparse > 0 ? imbalance / sparse : 0.0;
+}
+
+}  // namespace
+
+EngineStats Engine::stats(bool fresh_experts) const {
   EngineStats s = stats_;
+  if (model_.config().is_moe()) {
+    if (fresh_experts || expert_snapshot_at_ < 0.0 || now() - expert_snapshot_at_ >= 1.0) {
+      // A failed read (the device's error, which the next step reports) keeps the last numbers.
+      if (auto counts = model_.expert_token_counts(); counts.ok() && counts->defined()) {
+        expert_stats(model_.config(), *counts, expert_snapshot_);
+        expert_snapshot_at_ = now();
+      }
+    }
+    s.expert_tokens = expert_snapshot_.expert_tokens;
+    s.moe_distinct_experts = expert_snapshot_.moe_distinct_experts;
+    s.moe_layer_calls = expert_snapshot_.moe_layer_calls;
+    s.moe_load_imbalance = expert_snapshot_.moe_load_imbalance;
+  }
   s.num_running = scheduler_.num_running();
   s.num_waiting = scheduler_.num_waiting();
   s.num_transferring = static_cast<int>(transfers_.size());

@@ -105,6 +105,15 @@ struct EngineStats {
   double forward_seconds = 0.0;
   double sample_seconds = 0.0;    // sampling, detokenizing, stop checks, outputs
   SpecStats spec;                 // speculative decoding (proposer empty when off)
+  // Mixtures of experts, since load (every forward of the model counts, whichever engine ran it;
+  // refreshed from the device at most once a second unless stats(true) asks): slots routed to
+  // each expert summed over the sparse layers (empty for a dense model), the distinct experts a
+  // layer's call chose summed over calls, the calls, and the mean over sparse layers of the
+  // busiest expert's tokens over the mean expert's (1: perfectly even).
+  std::vector<int64_t> expert_tokens;
+  int64_t moe_distinct_experts = 0;
+  int64_t moe_layer_calls = 0;
+  double moe_load_imbalance = 0.0;
 };
 
 class Engine {
@@ -152,7 +161,8 @@ class Engine {
   bool has_unfinished() const { return !requests_.empty() || !aborted_.empty(); }
   size_t num_unfinished() const { return requests_.size(); }  // held-for-transfer ones not included
 
-  EngineStats stats() const;
+  // fresh_experts: read the model's routing counters now, whatever their age.
+  EngineStats stats(bool fresh_experts = false) const;
   const EngineOptions& options() const { return options_; }
   const KvCacheConfig& kv_config() const { return cache_.config(); }  // the block size's one owner
   int max_model_len() const { return max_model_len_; }
@@ -226,6 +236,9 @@ class Engine {
   std::unordered_map<RequestId, std::unique_ptr<Request>> transfers_;
   BatchSampler sampler_;  // the step's token choice, on the host or the device, and its buffers
   EngineStats stats_;
+  // The routing counters' last read (EngineStats' MoE fields) and when (the engine's clock).
+  mutable EngineStats expert_snapshot_;
+  mutable double expert_snapshot_at_ = -1.0;
   std::unique_ptr<SpecDecoder> spec_;   // null: no speculative decoding
   // The last step's final hidden rows, for a proposer that reads them (where the forward left
   // them; host_features_: their host copy when that was a device).

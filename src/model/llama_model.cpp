@@ -12,27 +12,38 @@
 
 namespace tachyon {
 
-size_t ModelWeights::decode_bytes_per_token() const {
+namespace {
+
+// Bytes of a layer's weights a token reads, with `experts` experts of a sparse layer (the
+// average expert's share of the stacks).
+size_t layer_bytes(const LayerWeights& l, double experts) {
+  size_t n = l.q_proj.nbytes() + l.k_proj.nbytes() + l.v_proj.nbytes() + l.o_proj.nbytes();
+  n += l.gate_proj.nbytes() + l.up_proj.nbytes() + l.down_proj.nbytes();
+  n += l.attn_norm.nbytes() + l.ffn_norm.nbytes();
+  if (l.is_moe()) {
+    const double stacks =
+        static_cast<double>(l.experts.gate.nbytes() + l.experts.up.nbytes() + l.experts.down.nbytes());
+    n += l.router.nbytes() + l.shared_expert_gate.nbytes() +
+         static_cast<size_t>(stacks * experts / l.experts.num_experts);
+  }
+  return n;
+}
+
+}  // namespace
+
+size_t ModelWeights::decode_bytes_per_token(int experts_per_token) const {
   size_t n = lm_head.nbytes() + final_norm.nbytes();
   if (embed_tokens.defined() && embed_tokens.dim() == 2) {
     n += embed_tokens.nbytes() / static_cast<size_t>(embed_tokens.size(0));  // one row
   }
-  for (const auto& l : layers) {
-    n += l.q_proj.nbytes() + l.k_proj.nbytes() + l.v_proj.nbytes() + l.o_proj.nbytes();
-    n += l.gate_proj.nbytes() + l.up_proj.nbytes() + l.down_proj.nbytes();
-    n += l.attn_norm.nbytes() + l.ffn_norm.nbytes();
-  }
+  for (const auto& l : layers) n += layer_bytes(l, experts_per_token);
   return n;
 }
 
 size_t ModelWeights::total_bytes() const {
   size_t n = embed_tokens.nbytes() + final_norm.nbytes();
   if (!(lm_head.dense.defined() && lm_head.dense.raw_data() == embed_tokens.raw_data())) n += lm_head.nbytes();
-  for (const auto& l : layers) {
-    n += l.q_proj.nbytes() + l.k_proj.nbytes() + l.v_proj.nbytes() + l.o_proj.nbytes();
-    n += l.gate_proj.nbytes() + l.up_proj.nbytes() + l.down_proj.nbytes();
-    n += l.attn_norm.nbytes() + l.ffn_norm.nbytes();
-  }
+  for (const auto& l : layers) n += layer_bytes(l, l.experts.num_experts);
   return n;
 }
 
@@ -106,6 +117,13 @@ Result<ModelWeights> copy_weights_to(const ModelWeights& weights, Device device)
     TACHYON_ASSIGN_OR_RETURN(o.gate_proj, weight(l.gate_proj, "gate_proj"));
     TACHYON_ASSIGN_OR_RETURN(o.up_proj, weight(l.up_proj, "up_proj"));
     TACHYON_ASSIGN_OR_RETURN(o.down_proj, weight(l.down_proj, "down_proj"));
+    TACHYON_ASSIGN_OR_RETURN(o.router, weight(l.router, "router"));
+    TACHYON_ASSIGN_OR_RETURN(o.shared_expert_gate, weight(l.shared_expert_gate, "shared_expert_gate"));
+    o.experts.num_experts = l.experts.num_experts;
+    o.experts.inter = l.experts.inter;
+    TACHYON_ASSIGN_OR_RETURN(o.experts.gate, weight(l.experts.gate, "experts.gate"));
+    TACHYON_ASSIGN_OR_RETURN(o.experts.up, weight(l.experts.up, "experts.up"));
+    TACHYON_ASSIGN_OR_RETURN(o.experts.down, weight(l.experts.down, "experts.down"));
     out.layers.push_back(std::move(o));
   }
   TACHYON_ASSIGN_OR_RETURN(out.final_norm, tensor(weights.final_norm, "final_norm"));
@@ -136,7 +154,7 @@ Status concat_rows(Tensor& dst, std::initializer_list<const Tensor*> parts) {
 // Whether the packed weights `parts` can stack into one: the same format, inputs and group, and
 // tensors whose rows have the same shape, dtype and device (every QuantFormat's tensors hold one
 // row per output, so stacking rows stacks outputs).
-bool stackable(std::initializer_list<Weight*> parts) {
+bool stackable(const std::vector<Weight*>& parts) {
   const QuantWeight& a = *(*parts.begin())->quant;
   const auto same_rows = [](const Tensor& x, const Tensor& y) {
     if (x.defined() != y.defined()) return false;
@@ -164,7 +182,7 @@ bool stackable(std::initializer_list<Weight*> parts) {
 
 // Packed weights stacked: each tensor's rows one part after another; the parts become row views
 // of the result.
-Result<Weight> fuse_packed(std::initializer_list<Weight*> parts, const char* what) {
+Result<Weight> fuse_packed(const std::vector<Weight*>& parts, const char* what) {
   const QuantWeight& first = *(*parts.begin())->quant;
   auto fused = std::make_shared<QuantWeight>(first);
   fused->out_features = 0;
@@ -199,7 +217,7 @@ Result<Weight> fuse_packed(std::initializer_list<Weight*> parts, const char* wha
   return out;
 }
 
-Result<Weight> fuse(std::initializer_list<Weight*> parts, const char* what) {
+Result<Weight> fuse(const std::vector<Weight*>& parts, const char* what) {
   if ((*parts.begin())->quant) return stackable(parts) ? fuse_packed(parts, what) : Result<Weight>(Weight());
   int64_t rows = 0;
   const Tensor first = (*parts.begin())->dense;
@@ -281,6 +299,18 @@ Status upload_into(const ForwardBatch& batch, ForwardBatch& on_device) {
 
 }  // namespace
 
+Result<Weight> stack_rows(std::vector<Weight> parts, const char* what) {
+  if (parts.empty()) return make_error(ErrorCode::kInvalidArgument, "{}: nothing to stack", what);
+  std::vector<Weight*> ptrs;
+  for (Weight& p : parts) ptrs.push_back(&p);
+  TACHYON_ASSIGN_OR_RETURN(Weight stacked, fuse(ptrs, what));
+  if (!stacked.defined()) {
+    return make_error(ErrorCode::kUnsupported, "{}: the {} parts differ in format, dtype or shape and cannot stack",
+                      what, parts.size());
+  }
+  return stacked;
+}
+
 Status fuse_projections(ModelWeights& weights) {
   for (LayerWeights& l : weights.layers) {
     TACHYON_ASSIGN_OR_RETURN(l.qkv_proj, fuse({&l.q_proj, &l.k_proj, &l.v_proj}, "qkv_proj"));
@@ -309,17 +339,29 @@ LlamaModel::LlamaModel(ModelConfig config, ModelWeights weights)
                   config_.rope_freq_divisors.size(), rope_.inv_freq.size());
     for (size_t i = 0; i < rope_.inv_freq.size(); ++i) rope_.inv_freq[i] /= config_.rope_freq_divisors[i];
   }
+  if (config_.is_moe()) {
+    // Routing counters, from zero; a model whose counters cannot be allocated counts nothing.
+    Tensor zeros = Tensor::zeros({config_.num_layers, config_.num_experts + 2}, DType::kI64);
+    auto counters = copy_to(zeros, device(), "expert counters");
+    if (counters.ok()) expert_tokens_ = std::move(counters).value();
+  }
   // Once the device holds them (whatever wrote them has finished), nothing writes the weights
   // again: kernels may read them ahead of the work queued before them (Weight::constant).
   if (device().is_cpu() || ops::synchronize(device()).ok()) {
     for (LayerWeights& l : weights_.layers) {
       for (Weight* w : {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj, &l.up_proj, &l.down_proj,
-                        &l.qkv_proj, &l.gate_up_proj}) {
+                        &l.qkv_proj, &l.gate_up_proj, &l.router, &l.shared_expert_gate, &l.experts.gate,
+                        &l.experts.up, &l.experts.down}) {
         w->constant = true;
       }
     }
     weights_.lm_head.constant = true;
   }
+}
+
+Result<Tensor> LlamaModel::expert_token_counts() const {
+  if (!expert_tokens_.defined()) return Tensor();
+  return copy_to(expert_tokens_, Device::cpu(), "expert counters");
 }
 
 Status LlamaModel::forward(const ForwardBatch& batch, KvCache& cache, Tensor& logits, const ForwardOptions& options) const {
@@ -540,8 +582,9 @@ Status LlamaModel::run_layers(const ForwardBatch& batch, KvCache& cache, Tensor&
   Tensor h = scratch({n, hidden});       // normed input of a sublayer
   const bool fused_qkv = std::all_of(weights_.layers.begin(), weights_.layers.end(),
                                      [](const LayerWeights& l) { return l.qkv_proj.defined(); });
-  const bool fused_gate_up = std::all_of(weights_.layers.begin(), weights_.layers.end(),
-                                         [](const LayerWeights& l) { return l.gate_up_proj.defined(); });
+  const bool fused_gate_up = std::all_of(weights_.layers.begin(), weights_.layers.end(), [](const LayerWeights& l) {
+    return l.gate_up_proj.defined() || (l.is_moe() && !l.down_proj.defined());
+  });
   Tensor q, k, v, qkv, gate, up, gate_up;
   if (fused_qkv) {
     qkv = scratch({n, c.q_dim() + 2 * c.kv_dim()});
@@ -552,11 +595,28 @@ Status LlamaModel::run_layers(const ForwardBatch& batch, KvCache& cache, Tensor&
   }
   Tensor attn = scratch({n, c.q_dim()});
   Tensor out = scratch({n, hidden});     // sublayer output before the residual add
-  if (fused_gate_up) {
+  const bool any_dense = std::any_of(weights_.layers.begin(), weights_.layers.end(),
+                                     [](const LayerWeights& l) { return !l.is_moe(); });
+  if (any_dense && fused_gate_up) {
     gate_up = scratch({n, 2 * c.intermediate_size});
-  } else {
+  } else if (any_dense) {
     gate = scratch({n, c.intermediate_size});
     up = scratch({n, c.intermediate_size});
+  }
+  // Sparse layers: router logits, the chosen experts and their weights; the shared expert's
+  // gate/up rows, output and gate.
+  Tensor router_logits, expert_ids, expert_weights, shared_gate_up, shared_out, shared_gate;
+  if (c.is_moe()) {
+    router_logits = scratch({n, c.num_experts});
+    expert_weights = scratch({n, c.num_experts_per_tok});
+    auto ids = empty_on({n, c.num_experts_per_tok}, DType::kI32, dev, "expert ids");
+    if (ids.ok()) expert_ids = std::move(ids).value();
+    else if (alloc_status.ok()) alloc_status = ids.status();
+    if (c.shared_expert_intermediate_size > 0) {
+      shared_gate_up = scratch({n, 2 * c.shared_expert_intermediate_size});
+      shared_out = scratch({n, hidden});
+      shared_gate = scratch({n, 1});
+    }
   }
   Tensor q_normed, k_normed;
   if (c.qk_norm) {
@@ -657,8 +717,33 @@ Status LlamaModel::run_layers(const ForwardBatch& batch, KvCache& cache, Tensor&
       ops::paged_attention(q_heads, cache.layer(layer), b->attention, params, attn_heads);
     }
     pending = ops::linear_fused(attn, w.o_proj, w.o_bias.defined() ? &w.o_bias : nullptr, residual, x, mode);
-    // MLP block: x += down(silu(gate) * up) of ffn_norm(x).
-    if (fused_gate_up) {  // one matrix; gate and up are halves of its output
+    // MLP block: x += down(silu(gate) * up) of ffn_norm(x); a sparse layer's experts instead.
+    if (w.is_moe()) {
+      norm_into_h(w.ffn_norm);
+      ops::linear(h, w.router, nullptr, router_logits, mode);
+      ops::moe_route(router_logits, c.norm_topk_prob, expert_ids, expert_weights);
+      Tensor counters = expert_tokens_.defined() ? expert_tokens_.select(0, layer) : Tensor();
+      ops::moe_experts(h, w.experts, expert_ids, expert_weights, out, mode, counters.defined() ? &counters : nullptr);
+      if (w.down_proj.defined()) {  // the shared expert, scaled by sigmoid of its gate
+        const int64_t si = w.down_proj.in_features();
+        Tensor g = shared_gate_up.slice(1, 0, si);
+        if (w.gate_up_proj.defined()) {
+          ops::LinearFusion swiglu;
+          swiglu.swiglu = true;
+          swiglu.scratch_y = &shared_gate_up;
+          (void)ops::linear_fused(h, w.gate_up_proj, nullptr, swiglu, g, mode);
+        } else {
+          Tensor u = shared_gate_up.slice(1, si, 2 * si);
+          ops::linear(h, w.gate_proj, nullptr, g, mode);
+          ops::linear(h, w.up_proj, nullptr, u, mode);
+          ops::silu_mul(g, u, g);
+        }
+        ops::linear(g, w.down_proj, nullptr, shared_out, mode);
+        ops::linear(h, w.shared_expert_gate, nullptr, shared_gate, mode);
+        ops::add_sigmoid_gated(out, shared_out, shared_gate);
+      }
+      pending = true;  // the next norm adds `out` into x
+    } else if (fused_gate_up) {  // one matrix; gate and up are halves of its output
       ops::LinearFusion mlp_in;
       mlp_in.norm_weight = &w.ffn_norm;
       mlp_in.norm_eps = c.rms_norm_eps;

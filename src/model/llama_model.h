@@ -67,6 +67,11 @@ class LlamaModel {
   Status decode_steps(const ForwardBatch& batch, const Tensor& first_ids, KvCache& cache, Tensor& ids,
                       const PickNext& pick, const ForwardOptions& options = {}) const;
 
+  // Mixtures of experts: the routing counters every forward since load adds to (ops::moe_experts'
+  // expert_tokens, one row per layer: [num_layers, num_experts + 2] i64, a dense layer's row 0),
+  // copied to the host (waiting for the device); undefined for a dense model.
+  Result<Tensor> expert_token_counts() const;
+
  private:
   // `hidden` null: the final hidden rows go to a scratch tensor.
   Status run_layers(const ForwardBatch& batch, KvCache& cache, Tensor& logits, Tensor* hidden,
@@ -104,6 +109,7 @@ class LlamaModel {
   ModelConfig config_;
   ModelWeights weights_;
   RopeTable rope_;
+  Tensor expert_tokens_;  // [num_layers, num_experts + 2] i64 on device(), MoE models only
   mutable std::mutex graphs_mutex_;
   mutable std::map<GraphKey, DecodeGraph> graphs_;
   mutable uint64_t graphs_epoch_ = 0;  // the backend's scratch_epoch() the graphs were captured at

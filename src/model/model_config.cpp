@@ -1,5 +1,6 @@
 #include "model/model_config.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include <nlohmann/json.hpp>
@@ -11,17 +12,39 @@ namespace tachyon {
 
 using json = nlohmann::json;
 
-int64_t ModelConfig::num_parameters() const {
-  const int64_t h = hidden_size;
-  int64_t per_layer = h * q_dim() + 2 * h * kv_dim() + static_cast<int64_t>(q_dim()) * h  // q, k, v, o
-                      + 3 * h * intermediate_size                                          // gate, up, down
-                      + 2 * h;                                                             // norms
-  if (attention_bias) per_layer += q_dim() + 2 * kv_dim();
-  if (qk_norm) per_layer += 2 * head_dim;
-  int64_t n = per_layer * num_layers + static_cast<int64_t>(vocab_size) * h + h;
-  if (!tie_word_embeddings) n += static_cast<int64_t>(vocab_size) * h;
+bool ModelConfig::is_moe_layer(int layer) const {
+  if (num_experts <= 0) return false;
+  if (std::find(mlp_only_layers.begin(), mlp_only_layers.end(), layer) != mlp_only_layers.end()) return false;
+  return decoder_sparse_step <= 1 || (layer + 1) % decoder_sparse_step == 0;
+}
+
+namespace {
+
+// Parameters of the model with `experts` experts of each sparse layer counted.
+int64_t count_parameters(const ModelConfig& c, int64_t experts) {
+  const int64_t h = c.hidden_size;
+  int64_t attention = h * c.q_dim() + 2 * h * c.kv_dim() + static_cast<int64_t>(c.q_dim()) * h  // q, k, v, o
+                      + 2 * h;                                                                   // norms
+  if (c.attention_bias) attention += c.q_dim() + 2 * c.kv_dim();
+  if (c.qk_norm) attention += 2 * c.head_dim;
+  int64_t n = static_cast<int64_t>(c.vocab_size) * h + h;
+  if (!c.tie_word_embeddings) n += static_cast<int64_t>(c.vocab_size) * h;
+  for (int l = 0; l < c.num_layers; ++l) {
+    n += attention;
+    if (!c.is_moe_layer(l)) {
+      n += 3 * h * c.intermediate_size;  // gate, up, down
+      continue;
+    }
+    n += static_cast<int64_t>(c.num_experts) * h + experts * 3 * h * c.moe_intermediate_size;  // router, experts
+    if (c.shared_expert_intermediate_size > 0) n += 3 * h * c.shared_expert_intermediate_size + h;
+  }
   return n;
 }
+
+}  // namespace
+
+int64_t ModelConfig::num_parameters() const { return count_parameters(*this, num_experts); }
+int64_t ModelConfig::active_parameters() const { return count_parameters(*this, num_experts_per_tok); }
 
 Status ModelConfig::validate(const std::string& source) const {
   auto bad = [&](const char* field, int64_t value, const char* why) {
@@ -46,12 +69,31 @@ Status ModelConfig::validate(const std::string& source) const {
   if (!(rope.theta > 0.0f) || !std::isfinite(rope.theta))
     return make_error(ErrorCode::kCorruptFile, "{}: rope_theta = {} must be positive", source, rope.theta);
   if (!(rope.factor > 0.0f)) return make_error(ErrorCode::kCorruptFile, "{}: rope scaling factor = {} must be positive", source, rope.factor);
+  if (num_experts < 0 || num_experts > ops::kMaxExperts) {
+    return bad("num_experts", num_experts, fmt::format("is out of range (at most {})", ops::kMaxExperts).c_str());
+  }
+  if (num_experts > 0) {
+    if (num_experts_per_tok < 1 || num_experts_per_tok > std::min(num_experts, ops::kMaxExpertsPerTok)) {
+      return bad("num_experts_per_tok", num_experts_per_tok,
+                 fmt::format("must be in [1, {}]", std::min(num_experts, ops::kMaxExpertsPerTok)).c_str());
+    }
+    if (moe_intermediate_size <= 0 || moe_intermediate_size > kMaxDim) {
+      return bad("moe_intermediate_size", moe_intermediate_size, "is out of range");
+    }
+    if (shared_expert_intermediate_size < 0 || shared_expert_intermediate_size > kMaxDim) {
+      return bad("shared_expert_intermediate_size", shared_expert_intermediate_size, "is out of range");
+    }
+    if (decoder_sparse_step < 0) return bad("decoder_sparse_step", decoder_sparse_step, "must not be negative");
+    for (const int l : mlp_only_layers) {
+      if (l < 0 || l >= num_layers) return bad("mlp_only_layers", l, "is not a layer");
+    }
+  }
   return Status::Ok();
 }
 
 std::string ModelConfig::summary() const {
   return fmt::format(
-      "{}: vocab {}, hidden {}, ffn {}, layers {}, heads {} (kv {}), head_dim {}, rope theta {} {}{}, ctx {}{}{}{}{}",
+      "{}: vocab {}, hidden {}, ffn {}, layers {}, heads {} (kv {}), head_dim {}, rope theta {} {}{}, ctx {}{}{}{}{}{}",
       architecture, vocab_size, hidden_size, intermediate_size, num_layers, num_heads, num_kv_heads, head_dim,
       rope.theta, rope.style == RopeStyle::kNeox ? "neox" : "interleaved",
       rope.scaling == RopeScaling::kNone     ? ""
@@ -60,7 +102,13 @@ std::string ModelConfig::summary() const {
                                              : fmt::format(" yarn x{}", rope.factor),
       max_position_embeddings, attention_bias ? ", qkv bias" : "", qk_norm ? ", qk norm" : "",
       sliding_window ? fmt::format(", sliding window {}", sliding_window) : "",
-      tie_word_embeddings ? ", tied embeddings" : "");
+      tie_word_embeddings ? ", tied embeddings" : "",
+      num_experts > 0 ? fmt::format(", {} experts of {} (top {}{}){}", num_experts, moe_intermediate_size,
+                                    num_experts_per_tok, norm_topk_prob ? ", renormalised" : "",
+                                    shared_expert_intermediate_size > 0
+                                        ? fmt::format(" + a shared expert of {}", shared_expert_intermediate_size)
+                                        : "")
+                      : "");
 }
 
 namespace {
@@ -166,14 +214,21 @@ Result<ModelConfig> model_config_from_hf(const json& j, const std::string& path)
     else if (model_type == "mistral") c.architecture = "MistralForCausalLM";
     else if (model_type == "qwen2") c.architecture = "Qwen2ForCausalLM";
     else if (model_type == "qwen3") c.architecture = "Qwen3ForCausalLM";
+    else if (model_type == "qwen2_moe") c.architecture = "Qwen2MoeForCausalLM";
+    else if (model_type == "qwen3_moe") c.architecture = "Qwen3MoeForCausalLM";
+    else if (model_type == "mixtral") c.architecture = "MixtralForCausalLM";
   }
   const std::string& arch = c.architecture;
-  const bool llama = arch == "LlamaForCausalLM", mistral = arch == "MistralForCausalLM",
-             qwen2 = arch == "Qwen2ForCausalLM", qwen3 = arch == "Qwen3ForCausalLM";
+  const bool qwen2_moe = arch == "Qwen2MoeForCausalLM", qwen3_moe = arch == "Qwen3MoeForCausalLM",
+             mixtral = arch == "MixtralForCausalLM";
+  // The MoE families share their dense relatives' attention.
+  const bool llama = arch == "LlamaForCausalLM", mistral = arch == "MistralForCausalLM" || mixtral,
+             qwen2 = arch == "Qwen2ForCausalLM" || qwen2_moe, qwen3 = arch == "Qwen3ForCausalLM" || qwen3_moe;
   if (!llama && !mistral && !qwen2 && !qwen3) {
     return make_error(ErrorCode::kUnsupported,
                       "{}: architecture '{}' (model_type '{}') is not supported; supported: LlamaForCausalLM, "
-                      "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM",
+                      "MistralForCausalLM, MixtralForCausalLM, Qwen2ForCausalLM, Qwen2MoeForCausalLM, "
+                      "Qwen3ForCausalLM, Qwen3MoeForCausalLM",
                       path, arch.empty() ? "?" : arch, model_type);
   }
   TACHYON_RETURN_IF_ERROR(read_number(j, "vocab_size", c.vocab_size, path, true));
@@ -194,6 +249,44 @@ Result<ModelConfig> model_config_from_hf(const json& j, const std::string& path)
   c.attention_bias = qwen2;
   if (llama || mistral || qwen3) {
     if (auto it = j.find("attention_bias"); it != j.end() && it->is_boolean()) c.attention_bias = it->get<bool>();
+  }
+  if (qwen2_moe) {  // transformers 5 names Qwen2-MoE's q/k/v biases qkv_bias (on by default)
+    if (auto it = j.find("qkv_bias"); it != j.end() && it->is_boolean()) c.attention_bias = it->get<bool>();
+  }
+  if (qwen2_moe || qwen3_moe || mixtral) {
+    // num_experts (transformers 4) or num_local_experts (Mixtral, and Qwen-MoE under transformers 5).
+    TACHYON_RETURN_IF_ERROR(read_number(j, "num_local_experts", c.num_experts, path, false));
+    TACHYON_RETURN_IF_ERROR(read_number(j, "num_experts", c.num_experts, path, false));
+    if (c.num_experts <= 0) {
+      return make_error(ErrorCode::kCorruptFile, "{}: {} needs num_experts (or num_local_experts) > 0", path, arch);
+    }
+    TACHYON_RETURN_IF_ERROR(read_number(j, "num_experts_per_tok", c.num_experts_per_tok, path, true));
+    if (mixtral) {  // every layer sparse, experts of intermediate_size, always renormalised
+      c.moe_intermediate_size = c.intermediate_size;
+      c.norm_topk_prob = true;
+    } else {
+      TACHYON_RETURN_IF_ERROR(read_number(j, "moe_intermediate_size", c.moe_intermediate_size, path, true));
+      c.norm_topk_prob = false;  // the transformers default of both Qwen-MoE configs
+      if (auto it = j.find("norm_topk_prob"); it != j.end() && it->is_boolean()) c.norm_topk_prob = it->get<bool>();
+      TACHYON_RETURN_IF_ERROR(read_number(j, "decoder_sparse_step", c.decoder_sparse_step, path, false));
+      if (auto it = j.find("mlp_only_layers"); it != j.end() && !it->is_null()) {
+        if (!it->is_array()) {
+          return make_error(ErrorCode::kCorruptFile, "{}: 'mlp_only_layers' must be a list, got {}", path,
+                            json_excerpt(*it));
+        }
+        for (const auto& v : *it) {
+          if (!v.is_number_integer()) {
+            return make_error(ErrorCode::kCorruptFile, "{}: 'mlp_only_layers' holds {}, expected layer numbers", path,
+                              json_excerpt(v));
+          }
+          c.mlp_only_layers.push_back(static_cast<int>(std::clamp<int64_t>(v.get<int64_t>(), -1, INT32_MAX)));
+        }
+      }
+    }
+    if (qwen2_moe) {
+      TACHYON_RETURN_IF_ERROR(
+          read_number(j, "shared_expert_intermediate_size", c.shared_expert_intermediate_size, path, true));
+    }
   }
   c.qk_norm = qwen3;
   if (mistral) {
@@ -218,10 +311,12 @@ Result<ModelConfig> model_config_from_gguf(const GgufFile& gguf) {
   TACHYON_ASSIGN_OR_RETURN(std::string arch, gguf.get_string("general.architecture"));
   ModelConfig c;
   c.architecture = arch;
-  if (arch != "llama" && arch != "qwen2" && arch != "qwen3" && arch != "mistral") {
+  const bool qwen2moe = arch == "qwen2moe", qwen3moe = arch == "qwen3moe";
+  if (arch != "llama" && arch != "qwen2" && arch != "qwen3" && arch != "mistral" && !qwen2moe && !qwen3moe) {
     return make_error(ErrorCode::kUnsupported,
-                      "{}: general.architecture '{}' is not supported; supported: llama, mistral, qwen2, qwen3", path,
-                      arch);
+                      "{}: general.architecture '{}' is not supported; supported: llama (with or without experts), "
+                      "mistral, qwen2, qwen2moe, qwen3, qwen3moe",
+                      path, arch);
   }
   auto get_int = [&](const std::string& key, int& out, bool required) -> Status {
     const std::string full = arch + "." + key;
@@ -242,7 +337,7 @@ Result<ModelConfig> model_config_from_gguf(const GgufFile& gguf) {
     return Status::Ok();
   };
   TACHYON_RETURN_IF_ERROR(get_int("embedding_length", c.hidden_size, true));
-  TACHYON_RETURN_IF_ERROR(get_int("feed_forward_length", c.intermediate_size, true));
+  TACHYON_RETURN_IF_ERROR(get_int("feed_forward_length", c.intermediate_size, !qwen2moe && !qwen3moe));
   TACHYON_RETURN_IF_ERROR(get_int("block_count", c.num_layers, true));
   TACHYON_RETURN_IF_ERROR(get_int("attention.head_count", c.num_heads, true));
   c.num_kv_heads = c.num_heads;
@@ -267,8 +362,31 @@ Result<ModelConfig> model_config_from_gguf(const GgufFile& gguf) {
   // llama.cpp's converter permutes q/k rows of `llama` models into adjacent-pair rotation;
   // qwen2/qwen3 keep the half-split (NeoX) layout.
   c.rope.style = (arch == "llama" || arch == "mistral") ? RopeStyle::kInterleaved : RopeStyle::kNeox;
-  c.attention_bias = arch == "qwen2";
-  c.qk_norm = arch == "qwen3";
+  c.attention_bias = arch == "qwen2" || qwen2moe;
+  c.qk_norm = arch == "qwen3" || qwen3moe;
+  // Experts (llama.cpp's keys): every layer that has a router (ffn_gate_inp) is sparse; the others
+  // (Qwen-MoE's mlp_only_layers) keep a dense MLP of feed_forward_length.
+  TACHYON_RETURN_IF_ERROR(get_int("expert_count", c.num_experts, qwen2moe || qwen3moe));
+  if (c.num_experts > 0) {
+    TACHYON_RETURN_IF_ERROR(get_int("expert_used_count", c.num_experts_per_tok, true));
+    c.moe_intermediate_size = c.intermediate_size;  // llama (Mixtral): the experts' own length
+    TACHYON_RETURN_IF_ERROR(get_int("expert_feed_forward_length", c.moe_intermediate_size, qwen2moe || qwen3moe));
+    if (c.intermediate_size == 0) c.intermediate_size = c.moe_intermediate_size;
+    TACHYON_RETURN_IF_ERROR(get_int("expert_shared_feed_forward_length", c.shared_expert_intermediate_size, false));
+    if (qwen2moe && c.shared_expert_intermediate_size == 0) {
+      return make_error(ErrorCode::kCorruptFile, "{}: missing metadata '{}.expert_shared_feed_forward_length'", path,
+                        arch);
+    }
+    c.norm_topk_prob = !qwen2moe;  // llama.cpp's choice per architecture, unless the file says
+    if (gguf.has(arch + ".expert_weights_norm")) {
+      TACHYON_ASSIGN_OR_RETURN(c.norm_topk_prob, gguf.get_bool(arch + ".expert_weights_norm"));
+    }
+    for (int l = 0; l < std::min(c.num_layers, 4096); ++l) {  // validate() bounds num_layers
+      if (gguf.find_tensor("blk." + std::to_string(l) + ".ffn_gate_inp.weight") == nullptr) {
+        c.mlp_only_layers.push_back(l);
+      }
+    }
+  }
   c.tie_word_embeddings = gguf.find_tensor("output.weight") == nullptr;
   const GgufTensorInfo* embd = gguf.find_tensor("token_embd.weight");
   if (embd == nullptr) return make_error(ErrorCode::kNotFound, "{}: tensor 'token_embd.weight' is missing", path);

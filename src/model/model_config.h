@@ -36,13 +36,32 @@ struct ModelConfig {
   bool qk_norm = false;             // Qwen3: RMSNorm over each head of q and k before RoPE
   int sliding_window = 0;           // Mistral: attend to the last N positions; 0 = full
   bool tie_word_embeddings = false; // LM head reuses the embedding table
+  // Mixture of experts (Qwen3-MoE, Qwen2-MoE, Mixtral): a sparse layer's MLP is num_experts
+  // SwiGLU experts of moe_intermediate_size, of which each token runs the num_experts_per_tok its
+  // router ranks highest (weighted by their softmax probabilities, renormalised over the chosen
+  // when norm_topk_prob), plus, with shared_expert_intermediate_size > 0 (Qwen2-MoE), a shared
+  // expert scaled by sigmoid of its gate. num_experts = 0: a dense model.
+  int num_experts = 0;
+  int num_experts_per_tok = 0;
+  int moe_intermediate_size = 0;
+  bool norm_topk_prob = true;
+  int shared_expert_intermediate_size = 0;
+  // Which layers are sparse: all but mlp_only_layers, of those every decoder_sparse_step-th (HF
+  // Qwen-MoE: layer l when (l + 1) % step == 0). Dense layers use intermediate_size.
+  int decoder_sparse_step = 1;
+  std::vector<int> mlp_only_layers;
   int32_t bos_token_id = -1;
   std::vector<int32_t> eos_token_ids;
 
+  bool is_moe() const { return num_experts > 0; }
+  bool is_moe_layer(int layer) const;
   int q_dim() const { return num_heads * head_dim; }
   int kv_dim() const { return num_kv_heads * head_dim; }
   // Parameter count (embedding counted once when tied).
   int64_t num_parameters() const;
+  // Parameters a token uses: num_parameters() less the experts a sparse layer leaves unchosen
+  // (the "A3B" of Qwen3-30B-A3B; embeddings counted as num_parameters() counts them).
+  int64_t active_parameters() const;
   // Checks the numbers fit together (positive, divisible, within sane limits).
   Status validate(const std::string& source) const;
   std::string summary() const;

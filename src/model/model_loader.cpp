@@ -34,11 +34,14 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// Where each tensor of the model lives in a container's namespace.
+// Where each tensor of the model lives in a container's namespace. Experts are stored one
+// tensor per expert and projection (`expert` names them: Hugging Face) or stacked, one 3-D tensor
+// per projection (`expert` null; the layer roles "gate_exps", "up_exps", "down_exps": GGUF).
 struct TensorNames {
   std::string embed, final_norm, lm_head;
   std::string (*layer)(int layer, const char* role);
   const char* layer_count_key;  // the config's name for the number of layers
+  std::string (*expert)(int layer, int expert, const char* role) = nullptr;  // role: gate, up, down
 };
 
 std::string hf_layer_name(int layer, const char* role) {
@@ -50,8 +53,28 @@ std::string hf_layer_name(int layer, const char* role) {
       {"o_bias", "self_attn.o_proj.bias"},       {"q_norm", "self_attn.q_norm.weight"},
       {"k_norm", "self_attn.k_norm.weight"},     {"ffn_norm", "post_attention_layernorm.weight"},
       {"gate", "mlp.gate_proj.weight"},          {"up", "mlp.up_proj.weight"},
-      {"down", "mlp.down_proj.weight"}};
+      {"down", "mlp.down_proj.weight"},          {"router", "mlp.gate.weight"},
+      {"shared_gate", "mlp.shared_expert.gate_proj.weight"},
+      {"shared_up", "mlp.shared_expert.up_proj.weight"},
+      {"shared_down", "mlp.shared_expert.down_proj.weight"},
+      {"shared_expert_gate", "mlp.shared_expert_gate.weight"}};
   return "model.layers." + std::to_string(layer) + "." + kRoles.at(role);
+}
+
+std::string hf_expert_name(int layer, int expert, const char* role) {
+  return fmt::format("model.layers.{}.mlp.experts.{}.{}_proj.weight", layer, expert, role);
+}
+
+// Mixtral: block_sparse_moe.gate, experts' w1 (gate), w3 (up), w2 (down).
+std::string mixtral_layer_name(int layer, const char* role) {
+  if (std::string_view(role) == "router") return fmt::format("model.layers.{}.block_sparse_moe.gate.weight", layer);
+  return hf_layer_name(layer, role);
+}
+
+std::string mixtral_expert_name(int layer, int expert, const char* role) {
+  const std::string_view r = role;
+  return fmt::format("model.layers.{}.block_sparse_moe.experts.{}.{}.weight", layer, expert,
+                     r == "gate" ? "w1" : r == "up" ? "w3" : "w2");
 }
 
 std::string gguf_layer_name(int layer, const char* role) {
@@ -60,12 +83,18 @@ std::string gguf_layer_name(int layer, const char* role) {
       {"v", "attn_v.weight"},            {"o", "attn_output.weight"},   {"q_bias", "attn_q.bias"},
       {"k_bias", "attn_k.bias"},         {"v_bias", "attn_v.bias"},     {"o_bias", "attn_output.bias"},
       {"q_norm", "attn_q_norm.weight"},  {"k_norm", "attn_k_norm.weight"}, {"ffn_norm", "ffn_norm.weight"},
-      {"gate", "ffn_gate.weight"},       {"up", "ffn_up.weight"},       {"down", "ffn_down.weight"}};
+      {"gate", "ffn_gate.weight"},       {"up", "ffn_up.weight"},       {"down", "ffn_down.weight"},
+      {"router", "ffn_gate_inp.weight"}, {"gate_exps", "ffn_gate_exps.weight"},
+      {"up_exps", "ffn_up_exps.weight"}, {"down_exps", "ffn_down_exps.weight"},
+      {"shared_gate", "ffn_gate_shexp.weight"}, {"shared_up", "ffn_up_shexp.weight"},
+      {"shared_down", "ffn_down_shexp.weight"}, {"shared_expert_gate", "ffn_gate_inp_shexp.weight"}};
   return "blk." + std::to_string(layer) + "." + kRoles.at(role);
 }
 
 const TensorNames kHfNames{"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight", &hf_layer_name,
-                           "num_hidden_layers"};
+                           "num_hidden_layers", &hf_expert_name};
+const TensorNames kHfMixtralNames{"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight",
+                                  &mixtral_layer_name, "num_hidden_layers", &mixtral_expert_name};
 const TensorNames kGgufNames{"token_embd.weight", "output_norm.weight", "output.weight", &gguf_layer_name,
                              "block_count"};
 
@@ -157,8 +186,9 @@ Status check_block_scales(const Tensor& raw, QuantFormat format, const std::stri
 
 // A container's own packed encoding of a linear weight: the packed weight, nullopt to read the
 // tensor densely instead, or an error.
+// shape: [out, in], or [experts, out, in] for a stack of experts (read as [experts * out, in]).
 using PackedLinearReader =
-    std::function<Result<std::optional<Weight>>(const std::string& name, int64_t out, int64_t in)>;
+    std::function<Result<std::optional<Weight>>(const std::string& name, const std::vector<int64_t>& shape)>;
 
 class WeightReader {
  public:
@@ -200,8 +230,28 @@ class WeightReader {
         return std::move(**packed);
       }
     }
+    return packed_or_dense(name, {out, in});
+  }
+  // Experts stored as one [experts, out, in] tensor (GGUF), as a weight of experts * out rows.
+  Result<Weight> stacked(const std::string& name, int64_t count, int64_t out, int64_t in) const {
+    return packed_or_dense(name, {count, out, in});
+  }
+  // Experts stored one [out, in] tensor each, stacked into new memory.
+  Result<Weight> experts(const std::function<std::string(int)>& name, int count, int64_t out, int64_t in) const {
+    std::vector<Weight> parts;
+    for (int e = 0; e < count; ++e) {
+      TACHYON_ASSIGN_OR_RETURN(Weight w, linear(name(e), out, in));
+      parts.push_back(std::move(w));
+    }
+    auto stacked = stack_rows(std::move(parts), "experts");
+    if (!stacked.ok()) return stacked.status().with_context(fmt::format("{}: {}", what_, name(0)));
+    return stacked;
+  }
+  // The container's packed encoding where it has one (and the reader knows it), else the
+  // tensor read densely: `shape` [out, in] or [experts, out, in] (rows stacked).
+  Result<Weight> packed_or_dense(const std::string& name, const std::vector<int64_t>& shape) const {
     if (packed_) {
-      auto packed = packed_(name, out, in);
+      auto packed = packed_(name, shape);
       if (!packed.ok()) return packed.status().with_context(what_);
       if (*packed) {
         used_.insert(name);
@@ -217,9 +267,9 @@ class WeightReader {
         return std::move(**packed);
       }
     }
-    TACHYON_ASSIGN_OR_RETURN(Tensor t, get(name, {out, in}));
+    TACHYON_ASSIGN_OR_RETURN(Tensor t, get(name, shape));
     Weight w;
-    w.dense = std::move(t);
+    w.dense = shape.size() == 2 ? std::move(t) : t.reshape({shape[0] * shape[1], shape[2]});
     return w;
   }
   // Norm weights and biases: small, converted to f32.
@@ -232,6 +282,11 @@ class WeightReader {
     return vector(name, n);
   }
   bool has(const std::string& name) const { return source_.has(name); }
+  // The stored shape of a tensor (empty when absent).
+  std::vector<int64_t> shape(const std::string& name) const {
+    const TensorMeta* meta = source_.find(name);
+    return meta != nullptr ? meta->shape : std::vector<int64_t>();
+  }
   // A tensor read outside this reader (rope_freqs.weight) counts as used.
   void mark_used(const std::string& name) const { used_.insert(name); }
   // The source's tensors that no read touched, in the source's order.
@@ -281,6 +336,7 @@ class WeightReader {
 };
 
 Status read_layer(const WeightReader& r, const ModelConfig& c, const TensorNames& names, int l, LayerWeights& lw);
+Status read_moe_layer(const WeightReader& r, const ModelConfig& c, const TensorNames& names, int l, LayerWeights& lw);
 
 Result<ModelWeights> read_weights(const WeightReader& r, const ModelConfig& c, const TensorNames& names) {
   ModelWeights w;
@@ -337,9 +393,56 @@ Status read_layer(const WeightReader& r, const ModelConfig& c, const TensorNames
       TACHYON_ASSIGN_OR_RETURN(lw.k_norm, r.vector(n("k_norm"), c.head_dim));
     }
     TACHYON_ASSIGN_OR_RETURN(lw.ffn_norm, r.vector(n("ffn_norm"), c.hidden_size));
+    if (c.is_moe_layer(l)) return read_moe_layer(r, c, names, l, lw);
     TACHYON_ASSIGN_OR_RETURN(lw.gate_proj, r.linear(n("gate"), c.intermediate_size, c.hidden_size));
     TACHYON_ASSIGN_OR_RETURN(lw.up_proj, r.linear(n("up"), c.intermediate_size, c.hidden_size));
     TACHYON_ASSIGN_OR_RETURN(lw.down_proj, r.linear(n("down"), c.hidden_size, c.intermediate_size));
+  }
+  return Status::Ok();
+}
+
+// A sparse layer's router, experts and shared expert.
+Status read_moe_layer(const WeightReader& r, const ModelConfig& c, const TensorNames& names, int l, LayerWeights& lw) {
+  auto n = [&](const char* role) { return names.layer(l, role); };
+  const int ne = c.num_experts;
+  const int64_t h = c.hidden_size, inter = c.moe_intermediate_size;
+  TACHYON_ASSIGN_OR_RETURN(lw.router, r.linear(n("router"), ne, h));
+  lw.experts.num_experts = ne;
+  lw.experts.inter = inter;
+  if (names.expert != nullptr) {
+    const auto per_expert = [&](const char* role) {
+      return [&names, l, role](int e) { return names.expert(l, e, role); };
+    };
+    TACHYON_ASSIGN_OR_RETURN(lw.experts.gate, r.experts(per_expert("gate"), ne, inter, h));
+    TACHYON_ASSIGN_OR_RETURN(lw.experts.up, r.experts(per_expert("up"), ne, inter, h));
+    TACHYON_ASSIGN_OR_RETURN(lw.experts.down, r.experts(per_expert("down"), ne, h, inter));
+  } else {
+    TACHYON_ASSIGN_OR_RETURN(lw.experts.gate, r.stacked(n("gate_exps"), ne, inter, h));
+    TACHYON_ASSIGN_OR_RETURN(lw.experts.up, r.stacked(n("up_exps"), ne, inter, h));
+    TACHYON_ASSIGN_OR_RETURN(lw.experts.down, r.stacked(n("down_exps"), ne, h, inter));
+  }
+  const auto format = [](const Weight& w) {
+    return w.quant ? std::string(quant_format_name(w.quant->format)) : std::string(dtype_name(w.dense.dtype()));
+  };
+  if (format(lw.experts.gate) != format(lw.experts.up) || format(lw.experts.gate) != format(lw.experts.down)) {
+    return make_error(ErrorCode::kUnsupported,
+                      "layer {}: the experts' gate, up and down are stored as {}, {} and {}; they must share one "
+                      "format",
+                      l, format(lw.experts.gate), format(lw.experts.up), format(lw.experts.down));
+  }
+  if (c.shared_expert_intermediate_size > 0) {
+    const int64_t si = c.shared_expert_intermediate_size;
+    TACHYON_ASSIGN_OR_RETURN(lw.gate_proj, r.linear(n("shared_gate"), si, h));
+    TACHYON_ASSIGN_OR_RETURN(lw.up_proj, r.linear(n("shared_up"), si, h));
+    TACHYON_ASSIGN_OR_RETURN(lw.down_proj, r.linear(n("shared_down"), h, si));
+    // [1, hidden] (Hugging Face), or [hidden] (GGUF).
+    const std::string gate = n("shared_expert_gate");
+    if (r.shape(gate).size() == 1) {
+      TACHYON_ASSIGN_OR_RETURN(Tensor g, r.get(gate, {h}));
+      lw.shared_expert_gate.dense = g.reshape({1, h});
+    } else {
+      TACHYON_ASSIGN_OR_RETURN(lw.shared_expert_gate, r.linear(gate, 1, h));
+    }
   }
   return Status::Ok();
 }
@@ -407,8 +510,9 @@ Status load_hf(const std::string& path, LoadedModel& out) {
   if (!dir.weights()) return make_error(ErrorCode::kNotFound, "{}: no *.safetensors weights found", path);
   TACHYON_ASSIGN_OR_RETURN(CheckpointQuantization quant, read_quantization_config(dir.config(), dir.config_path()));
   WeightReader reader(*dir.weights(), dir.weights_path(), std::move(quant));
-  TACHYON_ASSIGN_OR_RETURN(ModelWeights weights, read_weights(reader, config, kHfNames));
-  warn_unused(reader, config, kHfNames, dir.weights_path());
+  const TensorNames& names = config.architecture == "MixtralForCausalLM" ? kHfMixtralNames : kHfNames;
+  TACHYON_ASSIGN_OR_RETURN(ModelWeights weights, read_weights(reader, config, names));
+  warn_unused(reader, config, names, dir.weights_path());
   if (!config.tie_word_embeddings && !dir.weights()->has(kHfNames.lm_head)) {
     return make_error(ErrorCode::kNotFound, "{}: tensor '{}' is missing and tie_word_embeddings is false",
                       dir.weights_path(), kHfNames.lm_head);
@@ -449,12 +553,13 @@ Status load_gguf(const std::string& path, LoadedModel& out) {
   // Quantized linear weights stay packed: Q4_0 as kInt4Group (group 32: the same nibbles), Q8_0,
   // Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K and Q6_K in their own block formats. Other tensors (the
   // embedding) and Q2_K / Q3_K linears are read densely.
-  const PackedLinearReader packed = [&gguf](const std::string& name, int64_t rows,
-                                            int64_t cols) -> Result<std::optional<Weight>> {
+  const PackedLinearReader packed = [&gguf](const std::string& name,
+                                            const std::vector<int64_t>& shape) -> Result<std::optional<Weight>> {
     const GgufTensorInfo* info = gguf.find_tensor(name);
-    if (info == nullptr || info->shape != std::vector<int64_t>{rows, cols}) {
+    if (info == nullptr || info->shape != shape) {
       return std::optional<Weight>();  // read densely (a wrong shape is reported there)
     }
+    const int64_t rows = shape.size() == 3 ? shape[0] * shape[1] : shape[0], cols = shape.back();
     std::optional<QuantFormat> format;
     switch (info->type) {
       case GgmlType::kQ8_0: format = QuantFormat::kGgufQ8_0; break;

@@ -16,6 +16,32 @@
 namespace tachyon {
 namespace {
 
+// A sparse layer's three expert stacks run as one grouped op, in one format: a policy that gives
+// them different ones is refused, naming them.
+Status check_expert_formats(const std::vector<LayerWeights>& layers) {
+  const auto name = [](const Weight& w) -> std::string {
+    return w.quant ? quant_format_name(w.quant->format) : std::string(dtype_name(w.dense.dtype()));
+  };
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const ops::MoeExperts& x = layers[i].experts;
+    if (x.num_experts == 0) continue;
+    const bool same = name(x.gate) == name(x.up) && name(x.gate) == name(x.down) &&
+                      (!x.gate.quant || (x.gate.quant->group_size == x.up.quant->group_size &&
+                                         x.gate.quant->group_size == x.down.quant->group_size));
+    if (!same) {
+      return make_error(ErrorCode::kInvalidArgument,
+                        "layer {}: the experts' gate, up and down would be {}, {} and {}; give "
+                        "mlp.experts.{{gate,up,down}}_proj one format",
+                        i, name(x.gate), name(x.up), name(x.down));
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+namespace {
+
 // A dense weight on a device quantized by the host's quantizer (the formats with no device
 // quantizer: fp8, ternary, the GGUF blocks): the rows go to the host and the packed tensors come
 // back.
@@ -108,12 +134,15 @@ Weight quant_rows(const Weight& w, int64_t begin, int64_t end) {
 
 // On a GPU. Fused projections are quantized as one matrix (scales and zeros are per row or per
 // row and group, so this is the same as quantizing the parts); the separate q/k/v and gate/up
-// weights become row views of the result, so the 16-bit copies go.
+// weights become row views of the result, so the 16-bit copies go. Layer by layer: each layer's
+// 16-bit weights are dropped from `weights` once its quantized ones replace them (freed where
+// nothing else holds them), so the peak is the model plus one layer's packed weights; on an
+// error the layers before the failing one stay quantized.
 Status quantize_model_on_device(ModelWeights& weights, const QuantSpec& spec) {
-  std::vector<LayerWeights> layers = weights.layers;
-  for (size_t i = 0; i < layers.size(); ++i) {
-    LayerWeights& l = layers[i];
+  for (size_t i = 0; i < weights.layers.size(); ++i) {
+    LayerWeights l = weights.layers[i];
     const auto quantize = [&](Weight& w, const char* name) -> Status {
+      if (!w.defined()) return Status::Ok();  // a sparse layer without a shared expert
       TACHYON_ASSIGN_OR_RETURN(w, quantize_on_device(w, spec, name, i));
       return Status::Ok();
     };
@@ -139,8 +168,13 @@ Status quantize_model_on_device(ModelWeights& weights, const QuantSpec& spec) {
     }
     TACHYON_RETURN_IF_ERROR(quantize(l.o_proj, "o_proj"));
     TACHYON_RETURN_IF_ERROR(quantize(l.down_proj, "down_proj"));
+    // Experts: each stack as one matrix (its scales are per row, so the same as per expert); the
+    // router and the shared expert's gate stay as stored (a few rows that decide the routing).
+    TACHYON_RETURN_IF_ERROR(quantize(l.experts.gate, "experts.gate_proj"));
+    TACHYON_RETURN_IF_ERROR(quantize(l.experts.up, "experts.up_proj"));
+    TACHYON_RETURN_IF_ERROR(quantize(l.experts.down, "experts.down_proj"));
+    weights.layers[i] = std::move(l);
   }
-  weights.layers = std::move(layers);
   return Status::Ok();
 }
 
@@ -185,14 +219,19 @@ Status quantize_on_host(ModelWeights& weights,
       const char* name;
     };
     const std::string prefix = "model.layers." + std::to_string(i) + ".";
+    // A sparse layer's experts are modules "mlp.experts.{gate,up,down}_proj" (each stack one
+    // matrix); its router stays as stored, and its gate/up/down_proj are the shared expert's.
     for (const Named& p : {Named{&l.q_proj, "self_attn.q_proj"}, Named{&l.k_proj, "self_attn.k_proj"},
                            Named{&l.v_proj, "self_attn.v_proj"}, Named{&l.o_proj, "self_attn.o_proj"},
                            Named{&l.gate_proj, "mlp.gate_proj"}, Named{&l.up_proj, "mlp.up_proj"},
-                           Named{&l.down_proj, "mlp.down_proj"}}) {
-      TACHYON_RETURN_IF_ERROR(quantize(*p.weight, prefix + p.name));
+                           Named{&l.down_proj, "mlp.down_proj"}, Named{&l.experts.gate, "mlp.experts.gate_proj"},
+                           Named{&l.experts.up, "mlp.experts.up_proj"},
+                           Named{&l.experts.down, "mlp.experts.down_proj"}}) {
+      if (p.weight->defined()) TACHYON_RETURN_IF_ERROR(quantize(*p.weight, prefix + p.name));
     }
   }
   if (lm_head) TACHYON_RETURN_IF_ERROR(quantize(head, "lm_head"));
+  TACHYON_RETURN_IF_ERROR(check_expert_formats(layers));
   for (const auto& [what, n] : fallbacks) {
     TACHYON_LOG_INFO("{} linear weights with in_features not a multiple of {}: {}", n, kGgmlBlockK, what);
   }
@@ -221,7 +260,8 @@ Status quantize_policy_on_device(ModelWeights& weights,
     const auto q = spec_of(module(i, "self_attn.q_proj"));
     keep_qkv = keep_qkv && layers[i].qkv_proj.defined() && same(q, spec_of(module(i, "self_attn.k_proj"))) &&
                same(q, spec_of(module(i, "self_attn.v_proj")));
-    keep_gate_up = keep_gate_up && layers[i].gate_up_proj.defined() &&
+    // A sparse layer without a shared expert has no gate/up to fuse.
+    keep_gate_up = keep_gate_up && (layers[i].gate_up_proj.defined() || !layers[i].gate_proj.defined()) &&
                    same(spec_of(module(i, "mlp.gate_proj")), spec_of(module(i, "mlp.up_proj")));
   }
   const auto count = [&](const std::optional<QuantSpec>& spec, int64_t in, int n) {
@@ -238,6 +278,7 @@ Status quantize_policy_on_device(ModelWeights& weights,
   for (size_t i = 0; i < layers.size(); ++i) {
     LayerWeights& l = layers[i];
     const auto quantize = [&](Weight& w, const char* name) -> Status {
+      if (!w.defined()) return Status::Ok();  // a sparse layer without a shared expert
       const std::optional<QuantSpec> spec = spec_of(module(i, name));
       count(spec, w.in_features(), 1);
       if (!spec) return Status::Ok();
@@ -260,7 +301,7 @@ Status quantize_policy_on_device(ModelWeights& weights,
       TACHYON_RETURN_IF_ERROR(quantize(l.k_proj, "self_attn.k_proj"));
       TACHYON_RETURN_IF_ERROR(quantize(l.v_proj, "self_attn.v_proj"));
     }
-    if (keep_gate_up) {
+    if (keep_gate_up && l.gate_up_proj.defined()) {
       const std::optional<QuantSpec> spec = spec_of(module(i, "mlp.gate_proj"));
       count(spec, l.gate_up_proj.in_features(), 2);
       if (spec) {
@@ -276,7 +317,11 @@ Status quantize_policy_on_device(ModelWeights& weights,
     }
     TACHYON_RETURN_IF_ERROR(quantize(l.o_proj, "self_attn.o_proj"));
     TACHYON_RETURN_IF_ERROR(quantize(l.down_proj, "mlp.down_proj"));
+    TACHYON_RETURN_IF_ERROR(quantize(l.experts.gate, "mlp.experts.gate_proj"));
+    TACHYON_RETURN_IF_ERROR(quantize(l.experts.up, "mlp.experts.up_proj"));
+    TACHYON_RETURN_IF_ERROR(quantize(l.experts.down, "mlp.experts.down_proj"));
   }
+  TACHYON_RETURN_IF_ERROR(check_expert_formats(layers));
   Weight head = weights.lm_head;
   if (lm_head) {
     const std::optional<QuantSpec> spec = spec_of("lm_head");

@@ -18,6 +18,9 @@ struct Preset {
   bool tied, bias, qk_norm;
   RopeScaling scaling;
   float factor;
+  // Mixture of experts (0 experts: dense).
+  int experts = 0, top_k = 0, moe_ffn = 0, shared_ffn = 0;
+  bool norm_topk = true;
 };
 
 // Shapes of the public models these stand in for.
@@ -39,6 +42,13 @@ constexpr Preset kPresets[] = {
     // and head stay in L2: a decode step's time is its fixed cost (launches, small kernels).
     {"llama3-8b-narrow", "LlamaForCausalLM", 4096, 256, 256, 32, 2, 1, 128, 5e5f, 1e-5f, 8192, false, false, false, RopeScaling::kNone, 1.f},
     {"mistral-7b", "MistralForCausalLM", 32768, 4096, 14336, 32, 32, 8, 128, 1e6f, 1e-5f, 32768, false, false, false, RopeScaling::kNone, 1.f},
+    // Mixtures of experts: experts, top-k, expert ffn, shared expert ffn, renormalised top-k.
+    {"qwen3-30b-a3b", "Qwen3MoeForCausalLM", 151936, 2048, 6144, 48, 32, 4, 128, 1e6f, 1e-6f, 40960, false, false, true,
+     RopeScaling::kNone, 1.f, 128, 8, 768, 0, true},
+    {"qwen1.5-moe-a2.7b", "Qwen2MoeForCausalLM", 151936, 2048, 5632, 24, 16, 16, 128, 1e6f, 1e-6f, 8192, false, true,
+     false, RopeScaling::kNone, 1.f, 60, 4, 1408, 5632, false},
+    {"mixtral-8x7b", "MixtralForCausalLM", 32000, 4096, 14336, 32, 32, 8, 128, 1e6f, 1e-5f, 32768, false, false, false,
+     RopeScaling::kNone, 1.f, 8, 2, 14336, 0, true},
 };
 
 }  // namespace
@@ -76,6 +86,11 @@ Result<ModelConfig> synthetic_config(const std::string& preset) {
       c.rope.high_freq_factor = 4.0f;
       c.rope.original_max_position = 8192;
     }
+    c.num_experts = p.experts;
+    c.num_experts_per_tok = p.top_k;
+    c.moe_intermediate_size = p.moe_ffn;
+    c.shared_expert_intermediate_size = p.shared_ffn;
+    c.norm_topk_prob = p.norm_topk;
     c.bos_token_id = 1;
     c.eos_token_ids = {2};
     TACHYON_RETURN_IF_ERROR(c.validate("synthetic:" + preset));
@@ -127,6 +142,25 @@ Result<ModelWeights> make_synthetic_weights(const ModelConfig& c, const Syntheti
       TACHYON_ASSIGN_OR_RETURN(lw.k_norm, vector(c.head_dim, 0.1f, 1.0f));
     }
     TACHYON_ASSIGN_OR_RETURN(lw.ffn_norm, vector(c.hidden_size, 0.1f, 1.0f));
+    if (c.is_moe_layer(l)) {
+      // Random routers spread the tokens about evenly over the experts.
+      const int ne = c.num_experts;
+      const int64_t inter = c.moe_intermediate_size, h = c.hidden_size;
+      TACHYON_ASSIGN_OR_RETURN(lw.router, matrix(ne, h));
+      lw.experts.num_experts = ne;
+      lw.experts.inter = inter;
+      TACHYON_ASSIGN_OR_RETURN(lw.experts.gate, matrix(ne * inter, h));
+      TACHYON_ASSIGN_OR_RETURN(lw.experts.up, matrix(ne * inter, h));
+      TACHYON_ASSIGN_OR_RETURN(lw.experts.down, matrix(ne * h, inter));
+      if (const int64_t si = c.shared_expert_intermediate_size; si > 0) {
+        TACHYON_ASSIGN_OR_RETURN(lw.gate_proj, matrix(si, h));
+        TACHYON_ASSIGN_OR_RETURN(lw.up_proj, matrix(si, h));
+        TACHYON_ASSIGN_OR_RETURN(lw.down_proj, matrix(h, si));
+        TACHYON_ASSIGN_OR_RETURN(lw.shared_expert_gate, matrix(1, h));
+      }
+      w.layers.push_back(std::move(lw));
+      continue;
+    }
     TACHYON_ASSIGN_OR_RETURN(lw.gate_proj, matrix(c.intermediate_size, c.hidden_size));
     TACHYON_ASSIGN_OR_RETURN(lw.up_proj, matrix(c.intermediate_size, c.hidden_size));
     TACHYON_ASSIGN_OR_RETURN(lw.down_proj, matrix(c.hidden_size, c.intermediate_size));

@@ -6,6 +6,7 @@
 
 #include "core/status.h"
 #include "core/tensor.h"
+#include "ops/ops.h"
 #include "quant/quant_weight.h"
 
 namespace tachyon {
@@ -31,6 +32,13 @@ struct LayerWeights {
   Weight qkv_proj;    // [q_dim + 2 * kv_dim, hidden]
   Tensor qkv_bias;    // [q_dim + 2 * kv_dim] f32, when q/k/v have biases
   Weight gate_up_proj;  // [2 * intermediate, hidden]
+  // A sparse (MoE) layer: the router and the experts' stacked weights (ops::MoeExperts); its
+  // gate/up/down_proj above hold the shared expert (Qwen2-MoE), undefined when it has none, and
+  // shared_expert_gate [1, hidden] its sigmoid gate. A dense layer leaves these undefined.
+  Weight router;        // [num_experts, hidden]
+  ops::MoeExperts experts;
+  Weight shared_expert_gate;
+  bool is_moe() const { return experts.num_experts > 0; }
 };
 
 struct ModelWeights {
@@ -39,8 +47,9 @@ struct ModelWeights {
   Tensor final_norm;    // [hidden] f32
   Weight lm_head;       // [vocab, hidden]; the embedding table itself when tied
 
-  // Bytes read from memory per decoded token (all linear weights + lm head + one embedding row).
-  size_t decode_bytes_per_token() const;
+  // Bytes read from memory per decoded token: every linear weight (of a sparse layer, the router
+  // and `experts_per_token` of its experts, the average expert's bytes) + lm head + one embedding row.
+  size_t decode_bytes_per_token(int experts_per_token = 0) const;
   size_t total_bytes() const;
 };
 
@@ -53,5 +62,10 @@ Result<ModelWeights> copy_weights_to(const ModelWeights& weights, Device device)
 // separate weights into views of them: dense pieces of one dtype, or packed pieces of one format
 // and group (their tensors' rows stacked). Layers whose pieces differ are left as they are.
 Status fuse_projections(ModelWeights& weights);
+
+// One weight whose rows are the parts' rows, one part after another (dense of one dtype, or packed
+// of one format and group), in new memory on the parts' device: how experts stored one tensor
+// each become a stack (ops::MoeExperts).
+Result<Weight> stack_rows(std::vector<Weight> parts, const char* what);
 
 }  // namespace tachyon

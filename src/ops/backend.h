@@ -61,6 +61,10 @@ class Backend {
   virtual void quantize_int8_rows(const Tensor& w, Tensor& packed, Tensor& scales) = 0;
   virtual void quantize_int4_groups(const Tensor& w, int group, bool f16_scales, Tensor& packed, Tensor& scales,
                                     Tensor& zeros) = 0;
+  virtual void moe_route(const Tensor& logits, bool normalize, Tensor& ids, Tensor& weights) = 0;
+  virtual void moe_experts(const Tensor& x, const MoeExperts& experts, const Tensor& ids, const Tensor& weights,
+                           Tensor& y, LinearMode mode, Tensor* expert_tokens) = 0;
+  virtual void add_sigmoid_gated(Tensor& y, const Tensor& x, const Tensor& gate) = 0;
   // Waits for every op issued so far; returns the first error any of them raised.
   virtual Status synchronize() = 0;
   // The first error an op recorded since the last call (ops/errors.h), which it clears; the ops

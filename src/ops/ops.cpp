@@ -470,6 +470,112 @@ bool linear_fused(Tensor& x, const Weight& w, const Tensor* bias, const LinearFu
   return false;
 }
 
+void moe_route(const Tensor& logits, bool normalize, Tensor& ids, Tensor& weights) {
+  constexpr const char* op = "moe_route";
+  Backend& b = backend_of(op, "logits", logits);
+  require_on(op, logits.device(), {{"ids", &ids}, {"weights", &weights}});
+  require_activation(op, "logits", logits, 2);
+  require_dtype(op, "ids", ids, DType::kI32);
+  const int64_t n = logits.size(0), e = logits.size(1);
+  TACHYON_CHECK(e >= 1 && e <= kMaxExperts, "{}: logits {} ({} experts, at most {})", op, logits.shape_string(), e,
+                kMaxExperts);
+  const int64_t max_k = std::min<int64_t>(e, kMaxExpertsPerTok);
+  TACHYON_CHECK(ids.dim() == 2 && ids.size(0) == n && ids.size(1) >= 1 && ids.size(1) <= max_k && ids.is_contiguous(),
+                "{}: ids {} for logits {} (packed [n, k], 1 <= k <= min(experts, {}))", op, ids.shape_string(),
+                logits.shape_string(), kMaxExpertsPerTok);
+  require_packed_f32(op, "weights", weights, {n, ids.size(1)});
+  b.moe_route(logits, normalize, ids, weights);
+}
+
+void moe_experts(const Tensor& x, const MoeExperts& experts, const Tensor& ids, const Tensor& weights, Tensor& y,
+                 LinearMode mode, Tensor* expert_tokens) {
+  constexpr const char* op = "moe_experts";
+  Backend& b = backend_of(op, "x", x);
+  require_on(op, x.device(), {{"ids", &ids}, {"weights", &weights}, {"y", &y}, {"expert_tokens", expert_tokens}});
+  const int ne = experts.num_experts;
+  const int64_t inter = experts.inter;
+  TACHYON_CHECK(ne >= 1 && ne <= kMaxExperts && inter >= 1, "{}: {} experts of {} (at most {})", op, ne, inter,
+                kMaxExperts);
+  for (const Weight* w : {&experts.gate, &experts.up, &experts.down}) require_weight_on(op, *w, x.device());
+  require_activation(op, "x", x, 2);
+  require_activation(op, "y", y, 2);
+  const int64_t n = x.size(0), hidden = x.size(1);
+  TACHYON_CHECK(y.size(0) == n && y.size(1) == hidden && y.raw_data() != x.raw_data(), "{}: y {} for x {}", op,
+                y.shape_string(), x.shape_string());
+  const auto check_stack = [&](const char* name, const Weight& w, int64_t rows, int64_t cols) {
+    TACHYON_CHECK(w.out_features() == rows * ne && w.in_features() == cols,
+                  "{}: {} is [{}, {}], expected [{} x {}, {}]", op, name, w.out_features(), w.in_features(), ne, rows,
+                  cols);
+    if (w.quant) {
+      check_quant_weight(op, *w.quant);
+    } else {
+      require_rank(op, name, w.dense, 2);
+      require_float(op, name, w.dense);
+      TACHYON_CHECK(w.dense.is_contiguous(), "{}: {} {} must be packed", op, name, w.dense.shape_string());
+    }
+  };
+  check_stack("gate", experts.gate, inter, hidden);
+  check_stack("up", experts.up, inter, hidden);
+  check_stack("down", experts.down, hidden, inter);
+  const bool same_format =
+      (experts.gate.quant != nullptr) == (experts.up.quant != nullptr) &&
+      (experts.gate.quant != nullptr) == (experts.down.quant != nullptr) &&
+      (experts.gate.quant ? experts.gate.quant->format == experts.up.quant->format &&
+                                experts.gate.quant->format == experts.down.quant->format
+                          : experts.gate.dense.dtype() == experts.up.dense.dtype() &&
+                                experts.gate.dense.dtype() == experts.down.dense.dtype());
+  TACHYON_CHECK(same_format, "{}: gate, up and down must share one format", op);
+  require_dtype(op, "ids", ids, DType::kI32);
+  TACHYON_CHECK(ids.dim() == 2 && ids.size(0) == n && ids.size(1) >= 1 && ids.size(1) <= kMaxExpertsPerTok &&
+                    ids.is_contiguous(),
+                "{}: ids {} for x {}", op, ids.shape_string(), x.shape_string());
+  require_packed_f32(op, "weights", weights, {n, ids.size(1)});
+  if (ids.device().is_cpu()) {
+    const int32_t* id = ids.data<int32_t>();
+    for (int64_t i = 0; i < ids.numel(); ++i) {
+      TACHYON_CHECK(id[i] >= 0 && id[i] < ne, "{}: ids[{}] = {} is not an expert of {}", op, i, id[i], ne);
+    }
+  }
+  if (expert_tokens != nullptr) {
+    TACHYON_CHECK(expert_tokens->dtype() == DType::kI64 && expert_tokens->is_contiguous() &&
+                      expert_tokens->numel() == ne + 2,
+                  "{}: expert_tokens {} for {} experts (packed [{}] i64)", op, expert_tokens->shape_string(), ne,
+                  ne + 2);
+  }
+  b.moe_experts(x, experts, ids, weights, y, mode, expert_tokens);
+}
+
+void add_sigmoid_gated(Tensor& y, const Tensor& x, const Tensor& gate) {
+  constexpr const char* op = "add_sigmoid_gated";
+  Backend& b = backend_of(op, "y", y);
+  require_on(op, y.device(), {{"x", &x}, {"gate", &gate}});
+  require_activation(op, "y", y, 2);
+  require_activation(op, "x", x, 2);
+  require_activation(op, "gate", gate, 2);
+  require_same_shape(op, "y", y, "x", x);
+  TACHYON_CHECK(gate.size(0) == y.size(0) && gate.size(1) == 1, "{}: gate {} for y {}", op, gate.shape_string(),
+                y.shape_string());
+  b.add_sigmoid_gated(y, x, gate);
+}
+
+Weight weight_rows(const Weight& w, int64_t row0, int64_t rows) {
+  TACHYON_CHECK(w.defined() && row0 >= 0 && rows >= 1 && row0 + rows <= w.out_features(),
+                "weight_rows: rows [{}, {}) of a weight of {}", row0, row0 + rows, w.out_features());
+  Weight out;
+  out.constant = w.constant;
+  if (!w.quant) {
+    out.dense = w.dense.slice(0, row0, row0 + rows);
+    return out;
+  }
+  auto q = std::make_shared<QuantWeight>(*w.quant);
+  q->out_features = rows;
+  for (Tensor* t : {&q->packed, &q->scales, &q->zeros}) {
+    if (t->defined()) *t = t->slice(0, row0, row0 + rows);
+  }
+  out.quant = std::move(q);
+  return out;
+}
+
 void add(Tensor& y, const Tensor& x) {
   constexpr const char* op = "add";
   Backend& b = backend_of(op, "y", y);

@@ -12,6 +12,7 @@
 // call of each kernel variant logs its name at info level.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -277,6 +278,45 @@ void quantize_int8_rows(const Tensor& w, Tensor& packed, Tensor& scales);
 // On a device a group holding a non-finite weight (or too wide for an f16 scale) gets a NaN
 // scale (the caller checks); on the host either is an error.
 void quantize_int4_groups(const Tensor& w, int group, bool f16_scales, Tensor& packed, Tensor& scales, Tensor& zeros);
+
+// Mixture of experts (Qwen3-MoE, Qwen2-MoE, Mixtral). The experts of one layer, each an MLP
+// down(silu(gate x) * up x), as stacked weights: expert e owns rows [e * inter, (e + 1) * inter)
+// of gate and up ([num_experts * inter, hidden]) and rows [e * hidden, (e + 1) * hidden) of down
+// ([num_experts * hidden, inter]). Dense f32/f16/bf16, or packed (a QuantWeight's tensors hold
+// one row per output, so its rows stack the same way); gate, up and down share one format.
+struct MoeExperts {
+  int num_experts = 0;
+  int64_t inter = 0;  // each expert's intermediate size
+  Weight gate, up, down;
+  int64_t hidden() const { return down.defined() ? down.out_features() / std::max(num_experts, 1) : 0; }
+};
+inline constexpr int kMaxExperts = 512;     // experts of one layer
+inline constexpr int kMaxExpertsPerTok = 32;  // experts chosen per token
+
+// Router: for each row of logits[n, E] (f32; E <= kMaxExperts), ids[n, k] (i32) = the experts of
+// the k largest logits in descending order, ties to the lower expert id (a NaN ranks below every
+// number; so the k most probable under softmax), and weights[n, k] (f32) their probabilities
+// p = softmax(row), divided by the sum of the k chosen when `normalize` (Qwen3-MoE, Mixtral;
+// Qwen2-MoE's norm_topk_prob is off). Within f32 rounding: backends may sum in their own order.
+// 1 <= k <= min(E, kMaxExpertsPerTok).
+void moe_route(const Tensor& logits, bool normalize, Tensor& ids, Tensor& weights);
+
+// y[t, :] = sum over j < k of weights[t, j] * expert_{ids[t, j]}(x[t, :]), summed in j order, for
+// each token t of x[n, hidden] (f32): the expert MLPs of the tokens' chosen experts, each expert's
+// weights read once for all of its tokens (tokens grouped by expert, one grouped product per
+// projection). ids [n, k] i32 (each in [0, num_experts), checked on the host; a device records an
+// error), weights [n, k] f32, y [n, hidden] f32 (must not overlap x). kBatchInvariant: each
+// (token, expert) product is that of the token alone, whatever else the batch routes there.
+// expert_tokens (optional, [num_experts + 2] i64 on x's device): counters the call adds to: [e] the
+// slots routed to expert e, [num_experts] the distinct experts chosen, [num_experts + 1] one.
+void moe_experts(const Tensor& x, const MoeExperts& experts, const Tensor& ids, const Tensor& weights, Tensor& y,
+                 LinearMode mode = LinearMode::kFastest, Tensor* expert_tokens = nullptr);
+
+// y[n, d] += sigmoid(gate[n, 0]) * x[n, d] (f32): Qwen2-MoE's shared expert, scaled by its gate.
+void add_sigmoid_gated(Tensor& y, const Tensor& x, const Tensor& gate);
+
+// Rows [row0, row0 + rows) of a linear weight (dense or packed), as a view: one expert of a stack.
+Weight weight_rows(const Weight& w, int64_t row0, int64_t rows);
 
 // Waits for the ops issued on `device` (nothing for the CPU) and returns the first error any of
 // them raised.

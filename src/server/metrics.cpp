@@ -154,6 +154,21 @@ std::string ServerMetrics::render() const {
   counter(out, "tachyon_requests_rejected_total", "Requests refused because the waiting queue was full or the "
           "server was draining.", static_cast<double>(rejected_));
 
+  if (!s.expert_tokens.empty()) {  // mixtures of experts: the load per expert (refreshed once a second)
+    header(out, "tachyon_moe_expert_tokens_total", "counter",
+           "Tokens routed to each expert (one per chosen expert), summed over the sparse layers.");
+    for (size_t e = 0; e < s.expert_tokens.size(); ++e) {
+      out += fmt::format("tachyon_moe_expert_tokens_total{{expert=\"{}\"}} {}\n", e,
+                         number(static_cast<double>(s.expert_tokens[e])));
+    }
+    gauge(out, "tachyon_moe_load_imbalance",
+          "Busiest expert's tokens over the mean expert's, averaged over the sparse layers (1: even).",
+          s.moe_load_imbalance);
+    gauge(out, "tachyon_moe_distinct_experts_per_layer_step",
+          "Distinct experts a sparse layer ran per forward, averaged since start (weights read per step).",
+          s.moe_layer_calls > 0 ? static_cast<double>(s.moe_distinct_experts) / s.moe_layer_calls : 0.0);
+  }
+
   if (!s.spec.proposer.empty()) {  // speculative decoding, labelled by proposer
     const SpecStats& sp = s.spec;
     const auto spec_line = [&](const char* name, const char* type, const char* help, double value) {

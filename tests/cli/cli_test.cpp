@@ -50,6 +50,22 @@ TEST(Cli, InfoDescribesModel) {
   EXPECT_NE(s.out.find("494."), std::string::npos) << s.out;
 }
 
+// Mixtures of experts: the experts, top-k and active parameters; a large synthetic preset is
+// described from its shape without making its weights.
+TEST(Cli, InfoDescribesExperts) {
+  auto r = run_command(tachyon_binary() + " info " + fixture("qwen2-moe"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("8 per sparse layer (2 of 2 layers), top 4, expert ffn 32, shared expert ffn 48"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("active:"), std::string::npos) << r.out;
+  auto s = run_command(tachyon_binary() + " info synthetic:qwen3-30b-a3b");
+  ASSERT_EQ(s.exit_code, 0) << s.err;
+  // Qwen3-30B-A3B: 30.5 B parameters, 3.3 B active (the model card's figures).
+  EXPECT_NE(s.out.find("parameters:     30532."), std::string::npos) << s.out;
+  EXPECT_NE(s.out.find("active:         3353."), std::string::npos) << s.out;
+}
+
 TEST(Cli, SyntheticGenerateWithPromptIds) {
   auto r = run_command(tachyon_binary() + " generate -m synthetic:tiny --prompt-ids '[1, 2, 3]' -n 5 --temp 0");
   ASSERT_EQ(r.exit_code, 0) << r.err;

@@ -21,6 +21,7 @@
 #include "model/forward_batch.h"
 #include "model/model_loader.h"
 #include "model/quantize_weights.h"
+#include "quant/quant_policy.h"
 #include "ops/ops.h"
 #include "quant/quantize.h"
 #include "test_util.h"
@@ -149,7 +150,8 @@ TEST_P(Conformance, GgufMatchesTransformers) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, Conformance,
-                         ::testing::Values("llama", "llama3-scaled", "llama-tied", "qwen2", "qwen3", "mistral"),
+                         ::testing::Values("llama", "llama3-scaled", "llama-tied", "qwen2", "qwen3", "mistral",
+                                           "qwen3-moe", "qwen2-moe", "mixtral"),
                          [](const auto& info) {
                            std::string n = info.param;
                            for (auto& ch : n) if (ch == '-') ch = '_';
@@ -599,10 +601,79 @@ TEST(Conformance, PackedProjectionsFuse) {
   EXPECT_TRUE(w.layers[1].qkv_proj.defined());
 }
 
+// Experts stored as Q8_0 3-D tensors run packed, as one stack per projection: the weights' f32
+// function against a float64 numpy forward over the same dequantized weights.
+TEST(Conformance, GgufQ8_0ExpertsRunPacked) {
+  const ModelFixture f = testing::read_model_fixture("qwen3-moe");
+  LoadedModel q8 = testing::load_model_or_fail(f.dir + "/model-q8_0.gguf");
+  bool packed = false;
+  for (const LayerWeights& l : q8.model->weights().layers) {
+    if (l.is_moe()) packed = l.experts.gate.quant && l.experts.gate.quant->format == QuantFormat::kGgufQ8_0;
+  }
+  EXPECT_TRUE(packed);
+  const testing::ExactQuantizedLinears exact;
+  check_against_fixture(*q8.model, f, "gguf_q8_0_prompt_logits", false, kTolerance);
+}
+
+// --quant on a mixture of experts: each layer's expert stacks are packed (the routers stay f32),
+// and the logits stay near transformers'. The three stacks of a layer must share one format.
+TEST(Conformance, MoeExpertsQuantize) {
+  const ModelFixture f = testing::read_model_fixture("qwen3-moe");
+  LoadedModel m = testing::load_model_or_fail(f.dir);
+  ModelWeights w = m.model->weights();
+  QuantSpec spec;
+  spec.format = QuantFormat::kInt8Channel;
+  ASSERT_TRUE(quantize_linear_weights(w, spec).ok());
+  for (const LayerWeights& l : w.layers) {
+    if (!l.is_moe()) continue;
+    for (const Weight* x : {&l.experts.gate, &l.experts.up, &l.experts.down}) {
+      ASSERT_TRUE(x->quant && x->quant->format == QuantFormat::kInt8Channel);
+    }
+    EXPECT_FALSE(l.router.quant);
+  }
+  // The packed model computes what its weights dequantized to f32 compute.
+  ModelWeights expanded = w;
+  for (LayerWeights& l : expanded.layers) {
+    for (Weight* x : {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj, &l.up_proj, &l.down_proj,
+                      &l.experts.gate, &l.experts.up, &l.experts.down}) {
+      if (x->quant) *x = Weight{dequantize(*x->quant), nullptr};
+    }
+  }
+  const LlamaModel packed(m.model->config(), w), dense(m.model->config(), expanded);
+  const int P = static_cast<int>(f.prompt_ids.size());
+  Session a = Session::make(packed, P + 4), b = Session::make(dense, P + 4);
+  Tensor la, lb;
+  {
+    const testing::ExactQuantizedLinears exact;
+    la = a.run(f.prompt_ids);
+  }
+  lb = b.run(f.prompt_ids);
+  const int64_t vocab = m.model->config().vocab_size;
+  for (int i = 0; i < P; ++i) {
+    EXPECT_LE(relative_error(la.data<float>() + i * vocab, lb.data<float>() + i * vocab, vocab), kTolerance)
+        << "position " << i;
+  }
+  ModelWeights mixed = m.model->weights();
+  auto policy = QuantPolicy::parse("*.mlp.experts.up_proj int4:g32\n", "policy");
+  ASSERT_TRUE(policy.ok()) << policy.status().to_string();
+  const auto counts = quantize_linear_weights(mixed, *policy, spec);
+  ASSERT_FALSE(counts.ok());
+  EXPECT_NE(counts.status().message().find("mlp.experts"), std::string::npos) << counts.status().to_string();
+}
+
 // Two sequences in one flattened batch (a prefill chunk and a decode token) give the same
 // logits as each run alone.
-TEST(Conformance, BatchedEqualsAlone) {
-  const ModelFixture f = testing::read_model_fixture("qwen2");
+class BatchedEqualsAlone : public ::testing::TestWithParam<std::string> {};
+
+INSTANTIATE_TEST_SUITE_P(Models, BatchedEqualsAlone, ::testing::Values("qwen2", "qwen3-moe", "qwen2-moe", "mixtral"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           for (auto& ch : n) if (ch == '-') ch = '_';
+                           return n;
+                         });
+
+TEST_P(BatchedEqualsAlone, Logits) {
+  const ModelFixture f = testing::read_model_fixture(GetParam());
   LoadedModel m = testing::load_model_or_fail(f.dir);
   const LlamaModel& model = *m.model;
   const int64_t vocab = model.config().vocab_size;

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <utility>
 #include <vector>
@@ -184,6 +185,88 @@ void CpuBackend::add(Tensor& y, const Tensor& x) {
     float* yr = y.data<float>() + t * y.stride(0);
     const float* xr = x.data<float>() + t * x.stride(0);
     for (int64_t i = 0; i < d; ++i) yr[i] += xr[i];
+  }
+}
+
+// The router is a few dozen values per token: the reference is the kernel.
+void CpuBackend::moe_route(const Tensor& logits, bool normalize, Tensor& ids, Tensor& weights) {
+  reference::moe_route(logits, normalize, ids, weights);
+}
+
+// Tokens grouped by expert (a counting sort of the (token, choice) slots), each expert's rows of
+// the stacked weights run once over its group through this backend's linear, then each token's
+// results summed in choice order.
+void CpuBackend::moe_experts(const Tensor& x, const MoeExperts& experts, const Tensor& ids, const Tensor& weights,
+                             Tensor& y, LinearMode mode, Tensor* expert_tokens) {
+  const int64_t n = x.size(0), hidden = x.size(1), k = ids.size(1), inter = experts.inter, slots = n * k;
+  const int ne = experts.num_experts;
+  const int32_t* id = ids.data<int32_t>();
+  if (expert_tokens != nullptr) {
+    int64_t* c = expert_tokens->data<int64_t>();
+    std::vector<bool> chosen(static_cast<size_t>(ne), false);
+    for (int64_t s = 0; s < slots; ++s) {
+      ++c[id[s]];
+      c[ne] += chosen[static_cast<size_t>(id[s])] ? 0 : 1;
+      chosen[static_cast<size_t>(id[s])] = true;
+    }
+    ++c[ne + 1];
+  }
+  if (use_reference("moe_experts")) {
+    reference::moe_experts(x, experts, ids, weights, y);
+    return;
+  }
+  std::vector<int64_t> start(static_cast<size_t>(ne) + 1, 0);
+  for (int64_t s = 0; s < slots; ++s) ++start[static_cast<size_t>(id[s]) + 1];
+  for (int e = 0; e < ne; ++e) start[static_cast<size_t>(e) + 1] += start[static_cast<size_t>(e)];
+  std::vector<int64_t> row_of(static_cast<size_t>(slots));  // slot -> its row in expert order
+  {
+    std::vector<int64_t> next(start.begin(), start.end() - 1);
+    for (int64_t s = 0; s < slots; ++s) row_of[static_cast<size_t>(s)] = next[static_cast<size_t>(id[s])]++;
+  }
+  Tensor xs = Tensor::empty({slots, hidden}, DType::kF32);
+  Tensor gate = Tensor::empty({slots, inter}, DType::kF32), up = Tensor::empty({slots, inter}, DType::kF32);
+  Tensor out = Tensor::empty({slots, hidden}, DType::kF32);
+  for (int64_t s = 0; s < slots; ++s) {
+    std::memcpy(xs.data<float>() + row_of[static_cast<size_t>(s)] * hidden, x.data<float>() + (s / k) * x.stride(0),
+                static_cast<size_t>(hidden) * sizeof(float));
+  }
+  for (int e = 0; e < ne; ++e) {
+    const int64_t r0 = start[static_cast<size_t>(e)], r1 = start[static_cast<size_t>(e) + 1];
+    if (r0 == r1) continue;
+    const Tensor xe = xs.slice(0, r0, r1);
+    Tensor ge = gate.slice(0, r0, r1), ue = up.slice(0, r0, r1);
+    linear(xe, weight_rows(experts.gate, e * inter, inter), nullptr, ge, mode);
+    linear(xe, weight_rows(experts.up, e * inter, inter), nullptr, ue, mode);
+  }
+  silu_mul(gate, up, gate);
+  for (int e = 0; e < ne; ++e) {
+    const int64_t r0 = start[static_cast<size_t>(e)], r1 = start[static_cast<size_t>(e) + 1];
+    if (r0 == r1) continue;
+    Tensor oe = out.slice(0, r0, r1);
+    linear(gate.slice(0, r0, r1), weight_rows(experts.down, e * hidden, hidden), nullptr, oe, mode);
+  }
+  const float* w = weights.data<float>();
+  for (int64_t t = 0; t < n; ++t) {
+    float* yt = y.data<float>() + t * y.stride(0);
+    for (int64_t j = 0; j < k; ++j) {
+      const float wj = w[t * k + j];
+      const float* o = out.data<float>() + row_of[static_cast<size_t>(t * k + j)] * hidden;
+      if (j == 0) {
+        for (int64_t i = 0; i < hidden; ++i) yt[i] = wj * o[i];
+      } else {
+        for (int64_t i = 0; i < hidden; ++i) yt[i] += wj * o[i];
+      }
+    }
+  }
+}
+
+void CpuBackend::add_sigmoid_gated(Tensor& y, const Tensor& x, const Tensor& gate) {
+  const int64_t n = y.size(0), d = y.size(1);
+  for (int64_t t = 0; t < n; ++t) {
+    const float s = 1.0f / (1.0f + std::exp(-gate.data<float>()[t * gate.stride(0)]));
+    float* yt = y.data<float>() + t * y.stride(0);
+    const float* xt = x.data<float>() + t * x.stride(0);
+    for (int64_t i = 0; i < d; ++i) yt[i] += s * xt[i];
   }
 }
 

@@ -37,6 +37,10 @@ class CpuBackend final : public Backend {
   void paged_attention(const Tensor& q, const KvLayer& cache, const AttentionMetadata& meta,
                        const AttentionParams& params, Tensor& out) override;
   void argmax(const Tensor& x, Tensor& ids, Tensor* logprobs) override;
+  void moe_route(const Tensor& logits, bool normalize, Tensor& ids, Tensor& weights) override;
+  void moe_experts(const Tensor& x, const MoeExperts& experts, const Tensor& ids, const Tensor& weights, Tensor& y,
+                   LinearMode mode, Tensor* expert_tokens) override;
+  void add_sigmoid_gated(Tensor& y, const Tensor& x, const Tensor& gate) override;
   void top_tokens(const Tensor& x, Tensor& ids, Tensor& probs) override;
   void advance_decode(const Tensor& next_ids, Tensor& token_ids, Tensor& positions, Tensor& context_lens,
                       const Tensor& block_tables, int block_size, Tensor& slot_mapping) override;

@@ -7,6 +7,7 @@
 #include <limits>
 #include <vector>
 
+#include "ops/cpu/quant_linear.h"
 #include "ops/cpu/rows.h"
 
 namespace tachyon::ops::reference {
@@ -575,6 +576,79 @@ void contiguous_attention(const Tensor& q, const Tensor& k, const Tensor& v, con
         out.data<float>()[(i * num_heads + h) * head_dim + d] = static_cast<float>(o / sum);
       }
     }
+  }
+}
+
+}  // namespace tachyon::ops::reference
+
+namespace tachyon::ops::reference {
+
+void moe_route(const Tensor& logits, bool normalize, Tensor& ids, Tensor& weights) {
+  const int64_t n = logits.size(0), e = logits.size(1), k = ids.size(1);
+  std::vector<int32_t> order(static_cast<size_t>(e));
+  for (int64_t t = 0; t < n; ++t) {
+    const float* x = logits.data<float>() + t * logits.stride(0);
+    double m = -std::numeric_limits<double>::infinity();
+    for (int64_t i = 0; i < e; ++i) {
+      if (!std::isnan(x[i])) m = std::max(m, static_cast<double>(x[i]));
+    }
+    double sum = 0.0;
+    for (int64_t i = 0; i < e; ++i) sum += std::exp(static_cast<double>(x[i]) - m);
+    for (int64_t i = 0; i < e; ++i) order[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+    // Larger logit first, NaN last, the lower id first on ties: a stable sort on "ranks above".
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+      if (std::isnan(x[b])) return !std::isnan(x[a]);
+      return !std::isnan(x[a]) && x[a] > x[b];
+    });
+    double chosen = 0.0;
+    for (int64_t j = 0; j < k; ++j) chosen += std::exp(static_cast<double>(x[order[static_cast<size_t>(j)]]) - m);
+    for (int64_t j = 0; j < k; ++j) {
+      const int32_t id = order[static_cast<size_t>(j)];
+      const double p = std::exp(static_cast<double>(x[id]) - m);
+      ids.data<int32_t>()[t * k + j] = id;
+      weights.data<float>()[t * k + j] = static_cast<float>(p / (normalize ? chosen : sum));
+    }
+  }
+}
+
+void moe_experts(const Tensor& x, const MoeExperts& experts, const Tensor& ids, const Tensor& weights, Tensor& y) {
+  const int64_t n = x.size(0), hidden = x.size(1), k = ids.size(1), inter = experts.inter;
+  // One expert's rows through the reference linear (packed: dequantize, then the reference).
+  const auto expert_linear = [](const Tensor& in, const Weight& w, int64_t row0, int64_t count, Tensor& out) {
+    const Weight rows = weight_rows(w, row0, count);
+    if (rows.quant) {
+      cpu::quant_linear_reference(in, *rows.quant, nullptr, out);
+    } else {
+      linear(in, rows, nullptr, out);
+    }
+  };
+  Tensor g = Tensor::empty({1, inter}, DType::kF32), u = Tensor::empty({1, inter}, DType::kF32);
+  Tensor o = Tensor::empty({1, hidden}, DType::kF32);
+  std::vector<double> acc(static_cast<size_t>(hidden));
+  for (int64_t t = 0; t < n; ++t) {
+    const Tensor xt = x.slice(0, t, t + 1);
+    std::fill(acc.begin(), acc.end(), 0.0);
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t e = ids.data<int32_t>()[t * k + j];
+      expert_linear(xt, experts.gate, e * inter, inter, g);
+      expert_linear(xt, experts.up, e * inter, inter, u);
+      silu_mul(g, u, g);
+      expert_linear(g, experts.down, e * hidden, hidden, o);
+      const double w = weights.data<float>()[t * k + j];
+      for (int64_t i = 0; i < hidden; ++i) acc[static_cast<size_t>(i)] += w * o.data<float>()[i];
+    }
+    float* yt = y.data<float>() + t * y.stride(0);
+    for (int64_t i = 0; i < hidden; ++i) yt[i] = static_cast<float>(acc[static_cast<size_t>(i)]);
+  }
+}
+
+void add_sigmoid_gated(Tensor& y, const Tensor& x, const Tensor& gate) {
+  const int64_t n = y.size(0), d = y.size(1);
+  for (int64_t t = 0; t < n; ++t) {
+    const double s = 1.0 / (1.0 + std::exp(-static_cast<double>(gate.data<float>()[t * gate.stride(0)])));
+    float* yt = y.data<float>() + t * y.stride(0);
+    const float* xt = x.data<float>() + t * x.stride(0);
+    for (int64_t i = 0; i < d; ++i) yt[i] = static_cast<float>(yt[i] + s * xt[i]);
   }
 }
 

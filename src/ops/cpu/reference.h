@@ -31,6 +31,12 @@ void add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& weight, float
 void rope(Tensor& x, const Tensor& positions, const RopeTable& table);
 void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out);
 void embedding(const Tensor& table, const Tensor& ids, Tensor& out);
+// Mixture of experts: the router one row at a time (softmax in double, rounded to f32, then a
+// stable ranking); the experts one (token, choice) at a time through linear() of the expert's
+// rows (packed experts dequantized to f32 first), summed in choice order.
+void moe_route(const Tensor& logits, bool normalize, Tensor& ids, Tensor& weights);
+void moe_experts(const Tensor& x, const MoeExperts& experts, const Tensor& ids, const Tensor& weights, Tensor& y);
+void add_sigmoid_gated(Tensor& y, const Tensor& x, const Tensor& gate);
 void softmax(Tensor& x);
 void store_kv(const Tensor& k, const Tensor& v, const Tensor& slot_mapping, KvLayer& cache);
 // One (token, kv head) row x[head_dim] of a quantized cache (i8 / f8e4m3): codes[head_dim] and

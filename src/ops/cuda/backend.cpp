@@ -72,6 +72,7 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
     workspace_ = Scratch();
     argmax_workspace_ = Scratch();
     top_workspace_ = Scratch();
+    moe_workspace_ = Scratch();
     rope_tables_.clear();
     linear_.reset();
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
@@ -304,6 +305,47 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
     return true;
   }
 
+  // Mixture of experts (moe.cu).
+  void moe_route(const Tensor& logits, bool normalize, Tensor& ids, Tensor& weights) override {
+    if (!begin("moe_route", logits)) return;
+    require_ok(cuda::moe_route(logits.data<float>(), logits.stride(0), logits.size(0), logits.size(1), ids.size(1),
+                               normalize, ids.data<int32_t>(), weights.data<float>(), stream_));
+  }
+
+  // Every mode runs the grouped CUDA-core GEMV, whose sums for a token do not depend on the other
+  // tokens of the batch: kBatchInvariant holds, and kFastest is the same kernels.
+  void moe_experts(const Tensor& x, const MoeExperts& experts, const Tensor& ids, const Tensor& weights, Tensor& y,
+                   ops::LinearMode, Tensor* expert_tokens) override {
+    if (!begin("moe_experts", x)) return;
+    MoeArgs a;
+    a.x = x.data<float>();
+    a.x_stride = x.stride(0);
+    a.ids = ids.data<int32_t>();
+    a.weights = weights.data<float>();
+    a.y = y.data<float>();
+    a.y_stride = y.stride(0);
+    a.n = x.size(0);
+    a.k = ids.size(1);
+    a.hidden = x.size(1);
+    a.inter = experts.inter;
+    a.num_experts = experts.num_experts;
+    if (expert_tokens != nullptr) a.expert_tokens = expert_tokens->data<int64_t>();
+    if (!moe_weight_view(experts.gate, a.gate) || !moe_weight_view(experts.up, a.up) ||
+        !moe_weight_view(experts.down, a.down)) {
+      return;
+    }
+    if (a.n == 0) return;
+    const size_t bytes = cuda::moe_workspace_bytes(a.n, a.k, a.num_experts, a.hidden, a.inter);
+    if (!grow_scratch(moe_workspace_, bytes, "moe workspace")) return;
+    require_ok(cuda::moe_experts(a, moe_workspace_.data.get(), moe_workspace_.bytes, stream_));
+  }
+
+  void add_sigmoid_gated(Tensor& y, const Tensor& x, const Tensor& gate) override {
+    if (!begin("add_sigmoid_gated", y)) return;
+    require_ok(cuda::add_sigmoid_gated(y.data<float>(), y.stride(0), x.data<float>(), x.stride(0), gate.data<float>(),
+                                       gate.stride(0), y.size(0), y.size(1), stream_));
+  }
+
   void add(Tensor& y, const Tensor& x) override {
     if (!begin("add", y)) return;
     require_ok(cuda::add(y.data<float>(), rows_of(y), x.data<float>(), rows_of(x), stream_));
@@ -513,6 +555,34 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
  private:
   CudaBackend(int device, DeviceProperties props) : device_(device), props_(std::move(props)) {}
 
+  // The kernels' view of a stacked expert projection (ops.h MoeExperts; dense ones packed, ops.cpp
+  // checked); false, the error recorded, for a format moe.cu has no kernel for.
+  bool moe_weight_view(const Weight& w, MoeWeightView& v) {
+    if (!w.quant) {
+      v.w = w.dense.raw_data();
+      v.w_dtype = w.dense.dtype();
+      v.w_stride = w.dense.stride(0);
+      return true;
+    }
+    const QuantWeight& q = *w.quant;
+    if (q.format != QuantFormat::kInt8Channel && q.format != QuantFormat::kInt4Group) {
+      require_ok(make_error(ErrorCode::kUnsupported,
+                            "moe_experts: the CUDA backend runs dense f32/f16/bf16, per-channel int8 and group-wise "
+                            "int4 experts (got {})",
+                            quant_format_name(q.format)));
+      return false;
+    }
+    v.w = q.packed.raw_data();
+    v.w_dtype = q.packed.dtype();
+    v.w_stride = q.packed.stride(0);
+    v.scales = q.scales.data<float>();
+    if (q.format == QuantFormat::kInt4Group) {
+      v.zeros = q.zeros.data<float>();
+      v.group = q.group_size;
+    }
+    return true;
+  }
+
   // rms_norm (residual null) or add_rms_norm on checked tensors; copy16: y again in 16 bits.
   void norm(Tensor* residual, const Tensor& x, const Tensor& weight, float eps, Tensor& y, const Rows16& copy16) {
     // Capability: the kernels read the weight packed (the CPU's copies a strided one).
@@ -649,6 +719,7 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
   Scratch select_workspace_;  // select_kv_blocks' scores
   Scratch argmax_workspace_;  // argmax chunks
   Scratch top_workspace_;     // top_tokens candidates
+  Scratch moe_workspace_;     // moe_experts: the expert grouping and the grouped products
   uint64_t epoch_ = 0;        // scratch replacements here (the linear context counts its own)
   Status error_;              // the first op error not yet taken (ops/errors.h)
   std::unordered_map<const float*, RopeUpload> rope_tables_;

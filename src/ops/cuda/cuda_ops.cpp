@@ -332,4 +332,107 @@ Status paged_attention(const AttentionPlan& plan, const float* q, int64_t q_toke
   return Status::Ok();
 }
 
+// ---- mixture of experts ------------------------------------------------------------------------------
+
+Status moe_route(const float* logits, int64_t logits_stride, int64_t n, int64_t num_experts, int64_t k, bool normalize,
+                 int32_t* ids, float* weights, Stream stream) {
+  TACHYON_CUDA_REQUIRE(num_experts >= 1 && num_experts <= detail::kMoeMaxExperts && k >= 1 &&
+                           k <= std::min<int64_t>(num_experts, detail::kMoeMaxExpertsPerTok) && n >= 0 &&
+                           logits_stride >= num_experts,
+                       "moe_route: {} tokens of {} experts (rows {} apart), {} chosen (1 to min(experts, {}); at most "
+                       "{} experts)",
+                       n, num_experts, logits_stride, k, detail::kMoeMaxExpertsPerTok, detail::kMoeMaxExperts);
+  TACHYON_CUDA_REQUIRE(n == 0 || (logits != nullptr && ids != nullptr && weights != nullptr),
+                       "moe_route: null pointer");
+  log_path_once("cuda moe_route: one warp per token, {} rounds of a warp argmax", k);
+  TACHYON_CUDA_RETURN_IF_ERROR(detail::launch_moe_route(logits, logits_stride, n, static_cast<int>(num_experts),
+                                                        static_cast<int>(k), normalize, ids, weights, stream));
+  return Status::Ok();
+}
+
+size_t moe_workspace_bytes(int64_t n, int64_t k, int num_experts, int64_t hidden, int64_t inter) {
+  return detail::moe_workspace_bytes(n, k, num_experts, hidden, inter);
+}
+
+namespace {
+
+// One stacked projection [num_experts * rows, cols] of moe_experts in a format the kernels read.
+Status check_moe_weight(const char* name, const MoeWeightView& w, DType format, int num_experts, int64_t rows,
+                        int64_t cols) {
+  TACHYON_CUDA_REQUIRE(w.w != nullptr, "moe_experts: {} is null", name);
+  TACHYON_CUDA_REQUIRE(w.w_dtype == format, "moe_experts: {} is {}, gate is {} (one format for all three)", name,
+                       dtype_name(w.w_dtype), dtype_name(format));
+  switch (w.w_dtype) {
+    case DType::kF32:
+    case DType::kF16:
+    case DType::kBF16:
+      TACHYON_CUDA_REQUIRE(w.w_stride >= cols, "moe_experts: {} rows {} apart for {} columns", name, w.w_stride, cols);
+      return Status::Ok();
+    case DType::kI8:
+      TACHYON_CUDA_REQUIRE(w.w_stride >= cols && w.scales != nullptr,
+                           "moe_experts: int8 {} needs scales and rows of {} columns (stride {})", name, cols,
+                           w.w_stride);
+      return Status::Ok();
+    case DType::kU8:
+      TACHYON_CUDA_REQUIRE(w.scales != nullptr && w.zeros != nullptr && w.w_stride >= cols / 2,
+                           "moe_experts: int4 {} needs scales, zeros and rows of {} bytes (stride {})", name, cols / 2,
+                           w.w_stride);
+      if (w.group <= 0 || w.group % 32 != 0 || cols % w.group != 0 ||
+          (reinterpret_cast<uintptr_t>(w.w) & 15u) != 0 || w.w_stride % 16 != 0) {
+        return make_error(ErrorCode::kUnsupported,
+                          "moe_experts: the CUDA kernels read int4 experts in groups of a multiple of 32 dividing the "
+                          "{} columns, rows 16-byte aligned ({}: group {}, rows {} bytes apart)",
+                          cols, name, w.group, w.w_stride);
+      }
+      return Status::Ok();
+    default:
+      return make_error(ErrorCode::kUnsupported,
+                        "moe_experts: the CUDA kernels read f32/f16/bf16, int8 and int4 experts ({} is {}, {} experts "
+                        "of {} rows)",
+                        name, dtype_name(w.w_dtype), num_experts, rows);
+  }
+}
+
+}  // namespace
+
+Status moe_experts(const MoeArgs& a, void* workspace, size_t workspace_bytes, Stream stream) {
+  TACHYON_CUDA_REQUIRE(a.num_experts >= 1 && a.num_experts <= detail::kMoeMaxExperts && a.k >= 1 &&
+                           a.k <= detail::kMoeMaxExpertsPerTok && a.n >= 0 && a.hidden >= 1 && a.inter >= 1,
+                       "moe_experts: {} tokens, {} of {} experts (at most {} of {}), hidden {}, inter {}", a.n, a.k,
+                       a.num_experts, detail::kMoeMaxExpertsPerTok, detail::kMoeMaxExperts, a.hidden, a.inter);
+  TACHYON_CUDA_REQUIRE(a.n * a.k <= (int64_t{1} << 30), "moe_experts: {} x {} slots", a.n, a.k);
+  TACHYON_CUDA_REQUIRE(a.x_stride >= a.hidden && a.y_stride >= a.hidden, "moe_experts: rows x {} / y {} apart for {}",
+                       a.x_stride, a.y_stride, a.hidden);
+  TACHYON_RETURN_IF_ERROR(check_moe_weight("gate", a.gate, a.gate.w_dtype, a.num_experts, a.inter, a.hidden));
+  TACHYON_RETURN_IF_ERROR(check_moe_weight("up", a.up, a.gate.w_dtype, a.num_experts, a.inter, a.hidden));
+  TACHYON_RETURN_IF_ERROR(check_moe_weight("down", a.down, a.gate.w_dtype, a.num_experts, a.hidden, a.inter));
+  // gate and up run in one kernel, which takes one group size for both.
+  TACHYON_CUDA_REQUIRE(a.gate.group == a.up.group, "moe_experts: gate in groups of {}, up in groups of {}",
+                       a.gate.group, a.up.group);
+  if (a.n == 0) return Status::Ok();
+  TACHYON_CUDA_REQUIRE(a.x != nullptr && a.ids != nullptr && a.weights != nullptr && a.y != nullptr,
+                       "moe_experts: null pointer");
+  const size_t need = detail::moe_workspace_bytes(a.n, a.k, a.num_experts, a.hidden, a.inter);
+  TACHYON_CUDA_REQUIRE(workspace != nullptr && workspace_bytes >= need &&
+                           (reinterpret_cast<uintptr_t>(workspace) & 15u) == 0,
+                       "moe_experts: workspace of {} bytes, {} needed (16-byte aligned)", workspace_bytes, need);
+  log_path_once("cuda moe_experts: grouped CUDA-core GEMV, {} experts",
+                a.gate.w_dtype == DType::kU8  ? "int4"
+                : a.gate.w_dtype == DType::kI8 ? "int8"
+                                               : dtype_name(a.gate.w_dtype));
+  TACHYON_CUDA_RETURN_IF_ERROR(detail::launch_moe_experts(a, workspace, stream));
+  return Status::Ok();
+}
+
+Status add_sigmoid_gated(float* y, int64_t y_stride, const float* x, int64_t x_stride, const float* gate,
+                         int64_t gate_stride, int64_t n, int64_t d, Stream stream) {
+  TACHYON_CUDA_REQUIRE(n >= 0 && d >= 0 && y_stride >= d && x_stride >= d, "add_sigmoid_gated: [{}, {}], strides {} {}",
+                       n, d, y_stride, x_stride);
+  TACHYON_CUDA_REQUIRE(n == 0 || d == 0 || (y != nullptr && x != nullptr && gate != nullptr),
+                       "add_sigmoid_gated: null pointer");
+  TACHYON_CUDA_RETURN_IF_ERROR(
+      detail::launch_add_sigmoid_gated(y, y_stride, x, x_stride, gate, gate_stride, n, d, stream));
+  return Status::Ok();
+}
+
 }  // namespace tachyon::ops::cuda

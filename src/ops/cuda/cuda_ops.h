@@ -150,6 +150,25 @@ Status quantize_int4_groups(const void* w, DType dtype, int64_t w_stride, int64_
 // ops::adjust_logits's contract on device pointers: x [n, d] f32 rows x_stride apart, edits [m, 5].
 Status adjust_logits(float* x, int64_t x_stride, int64_t n, int64_t d, const float* edits, int64_t m, Stream stream);
 
+// ---- mixture of experts (moe.cu) ------------------------------------------------------------------
+
+// ops::moe_route on device pointers: logits [n, num_experts] f32 (rows logits_stride apart,
+// num_experts <= 512), ids [n, k] i32 and weights [n, k] f32 packed, 1 <= k <= min(num_experts, 32).
+Status moe_route(const float* logits, int64_t logits_stride, int64_t n, int64_t num_experts, int64_t k, bool normalize,
+                 int32_t* ids, float* weights, Stream stream);
+// ops::moe_experts on device pointers (cuda_types.h MoeArgs): experts dense f32/f16/bf16,
+// per-channel int8 (kI8) or group-wise int4 (kU8: group a multiple of 32, 16-byte aligned rows),
+// gate, up and down of one format; workspace of moe_workspace_bytes(). A grouped CUDA-core GEMV
+// (moe.cu) that reads each chosen expert's rows once per group of its tokens and none of the other
+// experts'; a token's sums do not depend on its batch (LinearMode::kBatchInvariant holds). An id
+// outside [0, num_experts) is never read through: its token's row of y becomes NaN.
+size_t moe_workspace_bytes(int64_t n, int64_t k, int num_experts, int64_t hidden, int64_t inter);
+Status moe_experts(const MoeArgs& args, void* workspace, size_t workspace_bytes, Stream stream);
+// y[t, :] += sigmoid(gate[t * gate_stride]) * x[t, :] for y and x [n, d] f32 (rows y_stride /
+// x_stride apart).
+Status add_sigmoid_gated(float* y, int64_t y_stride, const float* x, int64_t x_stride, const float* gate,
+                         int64_t gate_stride, int64_t n, int64_t d, Stream stream);
+
 // ---- the backend of ops.h ------------------------------------------------------------------------
 
 // Starts the CUDA backend on `device` and registers it with ops (ops/backend.h) and core

@@ -79,6 +79,37 @@ struct LinearArgs {
   int64_t n = 0, in = 0, out = 0;
 };
 
+// One stacked projection of a layer's experts (ops.h MoeExperts): expert e owns rows
+// [e * rows, (e + 1) * rows) of w, `rows` being the expert's outputs (inter for gate and up,
+// hidden for down). Dense f32 / f16 / bf16 (w_dtype), per-channel int8 (kI8: codes, scales
+// [E * rows] f32) or group-wise int4 (kU8: quant/quantize.h's kInt4Group, w [E * rows, cols / 2]
+// bytes, scales and zeros [E * rows, cols / group] f32, packed); rows w_stride elements (int4:
+// bytes) apart.
+struct MoeWeightView {
+  const void* w = nullptr;
+  DType w_dtype = DType::kBF16;
+  int64_t w_stride = 0;
+  const float* scales = nullptr;
+  const float* zeros = nullptr;
+  int group = 0;
+};
+
+// moe_experts (ops.h): y[t] = sum_j weights[t, j] * down(silu(gate x_t) * up x_t) of expert
+// ids[t, j], summed in j order. Device pointers.
+struct MoeArgs {
+  const float* x = nullptr;  // [n, hidden] f32, rows x_stride apart
+  int64_t x_stride = 0;
+  const int32_t* ids = nullptr;    // [n, k] i32, packed (an id outside [0, num_experts): a NaN row of y)
+  const float* weights = nullptr;  // [n, k] f32, packed
+  float* y = nullptr;              // [n, hidden] f32, rows y_stride apart; must not overlap x
+  int64_t y_stride = 0;
+  int64_t n = 0, k = 0, hidden = 0, inter = 0;
+  int num_experts = 0;
+  MoeWeightView gate, up;  // [num_experts * inter, hidden]
+  MoeWeightView down;      // [num_experts * hidden, inter]
+  int64_t* expert_tokens = nullptr;  // [num_experts + 2] counters (ops.h moe_experts), or null
+};
+
 // rope_store_kv: q [n, q_heads, head_dim] and k [n, cache.num_kv_heads, head_dim] rotated in place
 // (f32; x[t, h, :] at x + t * token_stride + h * head_stride), then k and v stored into the cache
 // at slot_mapping (< 0: skip). positions, inv_freq ([rotary_dim / 2]) and slot_mapping on the

@@ -293,6 +293,23 @@ cudaError_t launch_sample(const float* x, int64_t x_stride, int64_t n, int64_t d
 cudaError_t launch_adjust_logits(float* x, int64_t x_stride, int64_t n, int64_t d, const float* edits, int64_t m,
                                  Stream stream);
 
+// ---- mixture of experts (moe.cu) --------------------------------------------------------------
+// ops.h's limits (ops.h itself is not for nvcc).
+constexpr int kMoeMaxExperts = 512;
+constexpr int kMoeMaxExpertsPerTok = 32;
+// ops::moe_route: one warp per row of logits [n, num_experts] (rows logits_stride apart), ids and
+// weights [n, k] packed.
+cudaError_t launch_moe_route(const float* logits, int64_t logits_stride, int64_t n, int num_experts, int k,
+                             bool normalize, int32_t* ids, float* weights, Stream stream);
+// The device workspace launch_moe_experts needs: the expert grouping of the n * k slots and the
+// grouped products ([n * k, inter] and [n * k, hidden] f32).
+size_t moe_workspace_bytes(int64_t n, int64_t k, int num_experts, int64_t hidden, int64_t inter);
+// ops::moe_experts on checked arguments (cuda_ops.cpp): align, gate/up, down, combine.
+cudaError_t launch_moe_experts(const MoeArgs& a, void* workspace, Stream stream);
+// y[t, :] += sigmoid(gate[t * gate_stride]) * x[t, :] over [n, d].
+cudaError_t launch_add_sigmoid_gated(float* y, int64_t y_stride, const float* x, int64_t x_stride, const float* gate,
+                                     int64_t gate_stride, int64_t n, int64_t d, Stream stream);
+
 // ---- rope (rope.cu) ----------------------------------------------------------------------------
 
 cudaError_t launch_rope(float* x, int64_t n, int64_t heads, int64_t token_stride, int64_t head_stride,
