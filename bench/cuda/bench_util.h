@@ -24,6 +24,7 @@ struct Options {
   std::string json_path;
   bool quick = false;
   bool ceilings = false;      // the copy and the matmul alone (the yardsticks of the model benchmarks)
+  bool moe = false;           // the copy and ops::moe_experts at Qwen3-30B-A3B's expert shape
   bool prefill_only = false;  // the matmul (the prefill table's yardstick) and prefill attention only
   bool quant_only = false;    // the copy (the packed table's yardstick) and the packed weights only
   std::vector<std::string> quant_formats;  // --quant-formats: the packed table's formats (bf16 always); empty: all

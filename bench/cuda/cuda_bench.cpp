@@ -1,12 +1,15 @@
 // tachyon_cuda_bench: the CUDA backend against the device's own ceilings, on random data.
 //
-//   tachyon_cuda_bench [--json FILE] [--quick] [--quant-formats A,B,...] [--ceilings | --prefill-only | --quant-only |
+//   tachyon_cuda_bench [--json FILE] [--quick] [--quant-formats A,B,...] [--ceilings | --moe | --prefill-only |
+//                      --quant-only |
 //                      --int4-only | --read-patterns |
 //                      --decode-probe | --int4-slices | --int4-sol | --int4-stream-probe | --cublaslt-candidates |
 //                      --cublaslt-splitk]
 //
 //   copy       cudaMemcpy device-to-device of 1 GiB; GB/s counts bytes read + bytes written
 //              (--ceilings: the copy and the matmul alone)
+//   moe        (--moe, with the copy) ops::moe_experts at Qwen3-30B-A3B's expert shape, bf16 and int4
+//              g128, 1..512 tokens: GB/s of the distinct chosen experts' bytes, fraction of the copy
 //   matmul     cuBLASLt bf16 x bf16 -> f32, 8192^3; TFLOP/s
 //   gemv       the custom GEMV on Llama-3-8B's decode shapes (bf16 weights) at n = 1, 2, 4, 8, 16 tokens:
 //              GB/s of weight bytes, and as a fraction of the measured copy bandwidth; cuBLASLt
@@ -47,6 +50,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -60,8 +64,12 @@
 #include <vector>
 
 #include "bench_util.h"
+#include "core/device_memory.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/launch.h"
+#include "ops/backend.h"
+#include "ops/errors.h"
+#include "ops/ops.h"
 #include "quant/quantize.h"
 
 namespace tachyon::bench {
@@ -732,6 +740,120 @@ Status bench_attention(double copy_gbps, nlohmann::json& out, std::vector<Attent
 // Causal prefill attention of one sequence (Llama-3-8B heads, bf16 and i8 caches, shuffled
 // blocks): FLOPs 4 * head_dim * heads * (tokens * (tokens + 1) / 2) (QK^T and P·V over the causal
 // half).
+// ---- moe ---------------------------------------------------------------------------------------
+// ops::moe_experts at Qwen3-30B-A3B's expert shape (128 experts of 768, hidden 2048, top 8) for
+// 1..512 tokens, bf16 and int4 g128 experts: each call's tokens routed by their own random router
+// logits (8 routings in turn, so consecutive calls read other experts, as a model's layers do),
+// the calls captured in a graph and replayed. GB/s counts the distinct chosen experts' bytes.
+
+struct MoeRow {
+  std::string format;
+  int64_t tokens = 0;
+  double distinct = 0, us = 0, gbps = 0;
+};
+
+Status bench_moe(double copy_gbps, nlohmann::json& out, std::vector<MoeRow>& rows) {
+  TACHYON_RETURN_IF_ERROR(cu::start_backend(0));
+  const Device gpu = Device::cuda(0);
+  ops::Backend* backend = ops::backend_for(gpu);
+  constexpr int kExperts = 128, kTopK = 8, kRoutings = 8;
+  constexpr int64_t kHidden = 2048, kInter = 768;
+  for (const bool int4 : {false, true}) {
+    const auto stack = [&](int64_t rows_, int64_t cols, uint64_t seed) -> Result<Weight> {
+      TACHYON_ASSIGN_OR_RETURN(Tensor d, empty_on({rows_, cols}, DType::kBF16, gpu, "experts"));
+      ops::fill_uniform(d, seed, 0, 0.05f, 0.0f);
+      Weight w;
+      w.constant = true;
+      if (!int4) {
+        w.dense = d;
+        return w;
+      }
+      auto q = std::make_shared<QuantWeight>();
+      q->format = QuantFormat::kInt4Group;
+      q->out_features = rows_;
+      q->in_features = cols;
+      q->group_size = 128;
+      TACHYON_ASSIGN_OR_RETURN(q->packed, empty_on({rows_, cols / 2}, DType::kU8, gpu, "experts"));
+      TACHYON_ASSIGN_OR_RETURN(q->scales, empty_on({rows_, cols / 128}, DType::kF32, gpu, "experts"));
+      TACHYON_ASSIGN_OR_RETURN(q->zeros, empty_on({rows_, cols / 128}, DType::kF32, gpu, "experts"));
+      ops::quantize_int4_groups(d, 128, false, q->packed, q->scales, q->zeros);
+      w.quant = std::move(q);
+      return w;
+    };
+    ops::MoeExperts experts;
+    experts.num_experts = kExperts;
+    experts.inter = kInter;
+    TACHYON_ASSIGN_OR_RETURN(experts.gate, stack(kExperts * kInter, kHidden, 1));
+    TACHYON_ASSIGN_OR_RETURN(experts.up, stack(kExperts * kInter, kHidden, 2));
+    TACHYON_ASSIGN_OR_RETURN(experts.down, stack(kExperts * kHidden, kInter, 3));
+    const double expert_bytes =
+        static_cast<double>(experts.gate.nbytes() + experts.up.nbytes() + experts.down.nbytes()) / kExperts;
+    for (const int64_t n : {1, 4, 32, 128, 512}) {
+      TACHYON_ASSIGN_OR_RETURN(Tensor x, empty_on({n, kHidden}, DType::kF32, gpu, "x"));
+      TACHYON_ASSIGN_OR_RETURN(Tensor y, empty_on({n, kHidden}, DType::kF32, gpu, "y"));
+      ops::fill_uniform(x, 9, 0, 1.0f, 0.0f);
+      std::vector<Tensor> ids(kRoutings), weights(kRoutings);
+      double distinct = 0;
+      for (int r = 0; r < kRoutings; ++r) {
+        TACHYON_ASSIGN_OR_RETURN(Tensor logits, empty_on({n, kExperts}, DType::kF32, gpu, "logits"));
+        ops::fill_uniform(logits, 100 + r, static_cast<uint64_t>(n), 3.0f, 0.0f);
+        TACHYON_ASSIGN_OR_RETURN(ids[r], empty_on({n, kTopK}, DType::kI32, gpu, "ids"));
+        TACHYON_ASSIGN_OR_RETURN(weights[r], empty_on({n, kTopK}, DType::kF32, gpu, "weights"));
+        ops::moe_route(logits, true, ids[r], weights[r]);
+        TACHYON_ASSIGN_OR_RETURN(Tensor host, copy_to(ids[r], Device::cpu(), "ids"));
+        std::vector<bool> seen(kExperts, false);
+        for (int64_t i = 0; i < n * kTopK; ++i) {
+          distinct += seen[host.data<int32_t>()[i]] ? 0 : 1;
+          seen[host.data<int32_t>()[i]] = true;
+        }
+      }
+      distinct /= kRoutings;
+      const int calls = n >= 128 ? 16 : 128;
+      const auto enqueue = [&] {
+        for (int i = 0; i < calls; ++i) ops::moe_experts(x, experts, ids[i % kRoutings], weights[i % kRoutings], y);
+      };
+      enqueue();  // warm-up: the workspace grows outside the graph
+      TACHYON_RETURN_IF_ERROR(ops::synchronize(gpu));
+      TACHYON_RETURN_IF_ERROR(backend->begin_capture());
+      enqueue();
+      TACHYON_ASSIGN_OR_RETURN(std::shared_ptr<void> graph, backend->end_capture());
+      TACHYON_RETURN_IF_ERROR(backend->replay(graph));
+      TACHYON_RETURN_IF_ERROR(ops::synchronize(gpu));
+      std::vector<double> samples;
+      for (int rep = 0; rep < 5; ++rep) {
+        const auto t0 = std::chrono::steady_clock::now();
+        TACHYON_RETURN_IF_ERROR(backend->replay(graph));
+        TACHYON_RETURN_IF_ERROR(ops::synchronize(gpu));
+        samples.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / calls);
+      }
+      std::sort(samples.begin(), samples.end());
+      MoeRow row;
+      row.format = int4 ? "int4-g128" : "bf16";
+      row.tokens = n;
+      row.distinct = distinct;
+      row.us = samples[2] * 1e6;
+      row.gbps = distinct * expert_bytes / samples[2] / 1e9;
+      out["moe"].push_back({{"format", row.format},
+                            {"tokens", n},
+                            {"distinct_experts", distinct},
+                            {"us", row.us},
+                            {"expert_gbps", row.gbps},
+                            {"fraction_of_copy", row.gbps / copy_gbps}});
+      rows.push_back(row);
+    }
+  }
+  return ops::take_error(gpu);
+}
+
+void print_moe_table(const std::vector<MoeRow>& rows, double copy_gbps) {
+  std::printf("moe_experts, 128 experts of 768 x 2048, top 8 (copy %.1f GB/s)\n", copy_gbps);
+  std::printf("%-10s %6s %9s %10s %10s %8s\n", "format", "tokens", "experts", "us", "GB/s", "of copy");
+  for (const MoeRow& r : rows) {
+    std::printf("%-10s %6lld %9.1f %10.1f %10.1f %7.0f%%\n", r.format.c_str(), static_cast<long long>(r.tokens),
+                r.distinct, r.us, r.gbps, 100.0 * r.gbps / copy_gbps);
+  }
+}
+
 Status bench_attention_prefill(double matmul_tflops, nlohmann::json& out, std::vector<PrefillRow>& rows) {
   const int64_t heads = 32, kv_heads = 8, head_dim = 128, block_size = 16;
   TACHYON_ASSIGN_OR_RETURN(int sms, cu::current_sm_count());
@@ -1022,6 +1144,8 @@ int run(int argc, char** argv) {
       opt.json_path = argv[++i];
     } else if (a == "--quick") {
       opt.quick = true;
+    } else if (a == "--moe") {
+      opt.moe = true;
     } else if (a == "--ceilings") {
       opt.ceilings = true;
     } else if (a == "--prefill-only") {
@@ -1056,7 +1180,7 @@ int run(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: tachyon_cuda_bench [--json FILE] [--quick] [--quant-formats A,B,...] "
-                   "[--ceilings | --prefill-only | "
+                   "[--ceilings | --moe | --prefill-only | "
                    "--quant-only | --int4-only | "
                    "--read-patterns | --decode-probe | --int4-slices | --int4-sol | --int4-stream-probe | "
                    "--cublaslt-candidates | --cublaslt-splitk]\n");
@@ -1082,6 +1206,16 @@ int run(int argc, char** argv) {
 
   auto ctx = cu::LinearContext::create();
   if (!ctx.ok()) return fail(ctx.status());
+  if (opt.moe) {
+    auto copy = bench_copy(out, opt);
+    if (!copy.ok()) return fail(copy.status());
+    std::vector<MoeRow> moe_rows;
+    if (Status s = bench_moe(*copy, out, moe_rows); !s.ok()) return fail(s);
+    if (Status s = write_json(out, opt); !s.ok()) return fail(s);
+    std::printf("\n== %s ==\n", props->to_string().c_str());
+    print_moe_table(moe_rows, *copy);
+    return 0;
+  }
   if (opt.ceilings) {  // the two ceilings the model benchmarks' targets are shares of
     auto copy = bench_copy(out, opt);
     if (!copy.ok()) return fail(copy.status());
