@@ -119,18 +119,8 @@ Result<Weight> quantize_on_device(const Weight& w, const QuantSpec& spec, const 
   return result;
 }
 
-// Rows [begin, end) of a quantized weight, sharing its memory: packed, scales and zeros (those the
-// format has) all hold one row per output.
-Weight quant_rows(const Weight& w, int64_t begin, int64_t end) {
-  auto q = std::make_shared<QuantWeight>(*w.quant);
-  q->out_features = end - begin;
-  q->packed = w.quant->packed.slice(0, begin, end);
-  if (w.quant->scales.defined()) q->scales = w.quant->scales.slice(0, begin, end);
-  if (w.quant->zeros.defined()) q->zeros = w.quant->zeros.slice(0, begin, end);
-  Weight out;
-  out.quant = std::move(q);
-  return out;
-}
+// Rows [begin, end) of a quantized weight, sharing its memory.
+Weight quant_rows(const Weight& w, int64_t begin, int64_t end) { return ops::weight_rows(w, begin, end - begin); }
 
 // On a GPU. Fused projections are quantized as one matrix (scales and zeros are per row or per
 // row and group, so this is the same as quantizing the parts); the separate q/k/v and gate/up

@@ -791,5 +791,46 @@ TEST_F(EngineTest, SparseBudgetsAreOptInAndChecked) {
   EXPECT_NE(e.status().message().find("--kv-history int8 or int4"), std::string::npos) << e.status().message();
 }
 
+// A mixture of experts: stats(true) reads the model's routing counters: every token each sparse
+// layer ran counted once per chosen expert, one call per sparse layer per forward, and the
+// distinct experts of each call; /metrics renders them from these fields.
+TEST(EngineMoe, StatsCountTheRoutedTokens) {
+  LoadedModel m = testing::load_model_or_fail(testing::source_dir() + "/tests/fixtures/models/qwen3-moe");
+  const ModelConfig& c = m.model->config();
+  EngineOptions o;
+  o.max_model_len = 128;
+  o.kv.num_blocks = 64;
+  o.scheduler.max_seqs = 4;
+  o.scheduler.max_batched_tokens = 64;
+  auto engine = Engine::create(*m.model, nullptr, {}, o);
+  ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+  Engine& e = **engine;
+  GenerationParams params;
+  params.sampling.temperature = 0.0f;
+  params.max_tokens = 5;
+  params.ignore_eos = true;
+  int64_t tokens_run = 0;  // each prompt token, and each generated token but the last, is fed once
+  for (const int len : {7, 3, 11}) {
+    std::vector<int32_t> prompt;
+    for (int i = 0; i < len; ++i) prompt.push_back(3 + (i * 37 + len) % 200);
+    ASSERT_TRUE(e.add_request(prompt, params).ok());
+    tokens_run += len + params.max_tokens - 1;
+  }
+  while (e.has_unfinished()) ASSERT_TRUE(e.step().ok());
+  const EngineStats s = e.stats(/*fresh_experts=*/true);
+  int sparse = 0;
+  for (int l = 0; l < c.num_layers; ++l) sparse += c.is_moe_layer(l) ? 1 : 0;
+  ASSERT_EQ(sparse, 2);
+  ASSERT_EQ(s.expert_tokens.size(), static_cast<size_t>(c.num_experts));
+  int64_t routed = 0;
+  for (const int64_t t : s.expert_tokens) routed += t;
+  EXPECT_EQ(routed, tokens_run * c.num_experts_per_tok * sparse);
+  EXPECT_EQ(s.moe_layer_calls, s.num_steps * sparse);
+  EXPECT_GE(s.moe_distinct_experts, s.moe_layer_calls * c.num_experts_per_tok);
+  EXPECT_LE(s.moe_distinct_experts, s.moe_layer_calls * c.num_experts);
+  EXPECT_GE(s.moe_load_imbalance, 1.0);
+  EXPECT_LE(s.moe_load_imbalance, c.num_experts);
+}
+
 }  // namespace
 }  // namespace tachyon

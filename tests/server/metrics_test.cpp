@@ -52,5 +52,26 @@ TEST(ServerMetrics, RendersWhatTheEngineLoopRecords) {
   EXPECT_EQ(metrics.engine_stats().kv_blocks_used, 3);
 }
 
+// A mixture of experts' load: tokens per expert, the imbalance and the distinct experts per
+// layer-step; a dense model's stats render none of them.
+TEST(ServerMetrics, RendersTheExpertsLoad) {
+  ServerMetrics metrics;
+  AsyncEngineMetrics& loop = metrics;
+  loop.set_engine_stats(EngineStats{});
+  EXPECT_EQ(metrics.render().find("tachyon_moe_"), std::string::npos);
+  EngineStats stats;
+  stats.expert_tokens = {5, 0, 7};
+  stats.moe_distinct_experts = 12;
+  stats.moe_layer_calls = 8;
+  stats.moe_load_imbalance = 1.75;
+  loop.set_engine_stats(stats);
+  const std::string m = metrics.render();
+  EXPECT_TRUE(has_line(m, "tachyon_moe_expert_tokens_total{expert=\"0\"} 5")) << m;
+  EXPECT_TRUE(has_line(m, "tachyon_moe_expert_tokens_total{expert=\"1\"} 0")) << m;
+  EXPECT_TRUE(has_line(m, "tachyon_moe_expert_tokens_total{expert=\"2\"} 7")) << m;
+  EXPECT_TRUE(has_line(m, "tachyon_moe_load_imbalance 1.75")) << m;
+  EXPECT_TRUE(has_line(m, "tachyon_moe_distinct_experts_per_layer_step 1.5")) << m;
+}
+
 }  // namespace
 }  // namespace tachyon::server
