@@ -70,4 +70,16 @@ Status bench_int4_slices(double copy_gbps, nlohmann::json& out, const Options& o
 Status bench_int4_sol(double copy_gbps, nlohmann::json& out, const Options& opt);
 Status bench_int4_stream_probe(double copy_gbps, nlohmann::json& out, const Options& opt);
 
+// cublaslt_bench.cpp (--cublaslt-candidates, --cublaslt-splitk).
+Status bench_cublaslt_candidates(nlohmann::json& out, const Options& opt);
+
+// moe_bench.cpp (--moe). One row per (format, tokens).
+struct MoeRow {
+  std::string format;
+  int64_t tokens = 0;
+  double distinct = 0, us = 0, gbps = 0;
+};
+Status bench_moe(double copy_gbps, nlohmann::json& out, std::vector<MoeRow>& rows);
+void print_moe_table(const std::vector<MoeRow>& rows, double copy_gbps);
+
 }  // namespace tachyon::bench

@@ -50,7 +50,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -64,12 +63,8 @@
 #include <vector>
 
 #include "bench_util.h"
-#include "core/device_memory.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/launch.h"
-#include "ops/backend.h"
-#include "ops/errors.h"
-#include "ops/ops.h"
 #include "quant/quantize.h"
 
 namespace tachyon::bench {
@@ -490,117 +485,6 @@ void print_packed_table(const std::vector<PackedRow>& rows, double copy_gbps) {
   }
 }
 
-// ---- cuBLASLt's algorithm candidates -----------------------------------------------------------------
-
-// For each shape and token count: the first of cuBLASLt's heuristic results (what linear() runs)
-// and the fastest of its top 8 when each is timed over rotating weights (median of 5).
-Status bench_cublaslt_candidates(nlohmann::json& out, const Options& opt) {
-  const std::vector<Shape> shapes = {{"q/o 4096x4096", 4096, 4096},
-                                     {"qkv 4096->6144", 4096, 6144},
-                                     {"gate+up 4096->28672", 4096, 28672},
-                                     {"down 14336->4096", 14336, 4096},
-                                     {"lm_head 4096->128256", 4096, 128256}};
-  const size_t rotate_bytes = opt.quick ? kGiB / 2 : 2 * kGiB;
-  cublasLtHandle_t handle = nullptr;
-  if (cublasLtCreate(&handle) != CUBLAS_STATUS_SUCCESS) return tachyon::make_error(tachyon::ErrorCode::kInternal, "cublasLtCreate failed");
-  constexpr size_t kWorkspace = 32u << 20;
-  TACHYON_ASSIGN_OR_RETURN(auto workspace, cu::DeviceBuffer::allocate(kWorkspace, "cuBLASLt workspace"));
-  nlohmann::json list = nlohmann::json::array();
-  for (const Shape& s : shapes) {
-    const size_t wbytes = static_cast<size_t>(s.in * s.out) * 2;
-    const int copies = static_cast<int>(std::max<size_t>(1, (rotate_bytes + wbytes - 1) / wbytes));
-    TACHYON_ASSIGN_OR_RETURN(auto w, cu::DeviceBuffer::allocate(wbytes * copies, "weights"));
-    TACHYON_RETURN_IF_ERROR(cu::fill_random(w.data(), DType::kBF16, s.in * s.out * copies, 7, -0.05f, 0.05f, nullptr));
-    TACHYON_ASSIGN_OR_RETURN(auto x, cu::DeviceBuffer::allocate(256 * s.in * 2, "x"));
-    TACHYON_RETURN_IF_ERROR(cu::fill_random(x.data(), DType::kBF16, 256 * s.in, 8, -1.f, 1.f, nullptr));
-    TACHYON_ASSIGN_OR_RETURN(auto y, cu::DeviceBuffer::allocate(256 * s.out * 4, "y"));
-    for (int64_t n : opt.cublaslt_splitk ? std::vector<int64_t>{8, 16, 32, 64} : std::vector<int64_t>{16, 32, 64, 128, 256}) {
-      cublasLtMatmulDesc_t op = nullptr;
-      cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
-      cublasLtMatmulPreference_t pref = nullptr;
-      cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F);
-      const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-      cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta));
-      cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb));
-      cublasLtMatrixLayoutCreate(&a, CUDA_R_16BF, s.in, s.out, s.in);
-      cublasLtMatrixLayoutCreate(&b, CUDA_R_16BF, s.in, n, s.in);
-      cublasLtMatrixLayoutCreate(&c, CUDA_R_32F, s.out, n, s.out);
-      cublasLtMatmulPreferenceCreate(&pref);
-      const uint64_t ws = kWorkspace;
-      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
-      cublasLtMatmulHeuristicResult_t results[8] = {};
-      int found = 0;
-      cublasLtMatmulAlgoGetHeuristic(handle, op, a, b, c, c, pref, 8, results, &found);
-      const auto time_algo = [&](const cublasLtMatmulAlgo_t& algo) -> double {
-        const auto body = [&](int i, cu::Stream st) -> Status {
-          const float alpha = 1.0f, beta = 0.0f;
-          const char* wi = static_cast<const char*>(w.data()) + static_cast<size_t>(i % copies) * wbytes;
-          if (cublasLtMatmul(handle, op, &alpha, wi, a, x.data(), b, &beta, y.data(), c, y.data(), c, &algo,
-                             workspace.data(), kWorkspace, st) != CUBLAS_STATUS_SUCCESS) {
-            return tachyon::make_error(tachyon::ErrorCode::kUnsupported, "the algorithm fails");
-          }
-          return Status::Ok();
-        };
-        auto ms = time_ms(body, nullptr, copies, std::max(copies, 20), 5);
-        return ms.ok() ? *ms * 1e3 : INFINITY;
-      };
-      std::vector<double> us;
-      for (int k = 0; k < found; ++k) us.push_back(time_algo(results[k].algo));
-      // --cublaslt-splitk: every candidate again with its K split 1..16 ways (each reduction scheme
-      // cuBLASLt accepts for it): do the small matrices gain what their few output tiles lose?
-      if (opt.cublaslt_splitk && found > 0) {
-        double best_us = INFINITY;
-        int best_k = -1, best_split = 0;
-        unsigned best_scheme = 0;
-        for (int k = 0; k < found; ++k) {
-          int32_t own_split = 1;
-          size_t written = 0;
-          cublasLtMatmulAlgoConfigGetAttribute(&results[k].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &own_split,
-                                               sizeof(own_split), &written);
-          for (int32_t split : {1, 2, 3, 4, 6, 8, 12, 16}) {
-            for (uint32_t scheme : {CUBLASLT_REDUCTION_SCHEME_NONE, CUBLASLT_REDUCTION_SCHEME_INPLACE,
-                                    CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE, CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE}) {
-              if ((split == 1) != (scheme == CUBLASLT_REDUCTION_SCHEME_NONE)) continue;
-              cublasLtMatmulAlgo_t algo = results[k].algo;
-              cublasLtMatmulHeuristicResult_t checked{};
-              if (cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split, sizeof(split)) !=
-                      CUBLAS_STATUS_SUCCESS ||
-                  cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme,
-                                                       sizeof(scheme)) != CUBLAS_STATUS_SUCCESS ||
-                  cublasLtMatmulAlgoCheck(handle, op, a, b, c, c, &algo, &checked) != CUBLAS_STATUS_SUCCESS ||
-                  checked.workspaceSize > kWorkspace) {
-                continue;
-              }
-              const double t = time_algo(algo);
-              if (t < best_us) best_us = t, best_k = k, best_split = split, best_scheme = scheme;
-            }
-          }
-          std::printf("  candidate #%d: its own split %d, %8.2f us\n", k, own_split, us[static_cast<size_t>(k)]);
-        }
-        list.push_back({{"shape", s.name}, {"n", n}, {"splitk_best_us", best_us}, {"splitk_best_index", best_k},
-                        {"splitk", best_split}, {"reduction_scheme", best_scheme}, {"first_us", us[0]}});
-        std::printf("%-22s n=%3lld: first %8.2f us, best split-K %8.2f us (%5.0f GB/s; #%d split %d scheme %u), %.2fx\n",
-                    s.name, static_cast<long long>(n), us[0], best_us, wbytes / best_us / 1e3, best_k, best_split,
-                    best_scheme, us[0] / best_us);
-      }
-      cublasLtMatmulPreferenceDestroy(pref);
-      cublasLtMatrixLayoutDestroy(c);
-      cublasLtMatrixLayoutDestroy(b);
-      cublasLtMatrixLayoutDestroy(a);
-      cublasLtMatmulDescDestroy(op);
-      if (us.empty()) continue;
-      const size_t best = static_cast<size_t>(std::min_element(us.begin(), us.end()) - us.begin());
-      list.push_back({{"shape", s.name}, {"n", n}, {"candidates", found}, {"first_us", us[0]},
-                      {"best_us", us[best]}, {"best_index", best}, {"speedup", us[0] / us[best]}});
-      std::printf("%-22s n=%3lld: %d candidates, first %8.2f us (%5.0f GB/s), best #%zu %8.2f us, %.2fx\n", s.name,
-                  static_cast<long long>(n), found, us[0], wbytes / us[0] / 1e3, best, us[best], us[0] / us[best]);
-    }
-  }
-  cublasLtDestroy(handle);
-  out["cublaslt_candidates"] = list;
-  return Status::Ok();
-}
-
 // ---- attention -------------------------------------------------------------------------------------
 
 struct AttentionRow {
@@ -740,120 +624,6 @@ Status bench_attention(double copy_gbps, nlohmann::json& out, std::vector<Attent
 // Causal prefill attention of one sequence (Llama-3-8B heads, bf16 and i8 caches, shuffled
 // blocks): FLOPs 4 * head_dim * heads * (tokens * (tokens + 1) / 2) (QK^T and P·V over the causal
 // half).
-// ---- moe ---------------------------------------------------------------------------------------
-// ops::moe_experts at Qwen3-30B-A3B's expert shape (128 experts of 768, hidden 2048, top 8) for
-// 1..512 tokens, bf16 and int4 g128 experts: each call's tokens routed by their own random router
-// logits (8 routings in turn, so consecutive calls read other experts, as a model's layers do),
-// the calls captured in a graph and replayed. GB/s counts the distinct chosen experts' bytes.
-
-struct MoeRow {
-  std::string format;
-  int64_t tokens = 0;
-  double distinct = 0, us = 0, gbps = 0;
-};
-
-Status bench_moe(double copy_gbps, nlohmann::json& out, std::vector<MoeRow>& rows) {
-  TACHYON_RETURN_IF_ERROR(cu::start_backend(0));
-  const Device gpu = Device::cuda(0);
-  ops::Backend* backend = ops::backend_for(gpu);
-  constexpr int kExperts = 128, kTopK = 8, kRoutings = 8;
-  constexpr int64_t kHidden = 2048, kInter = 768;
-  for (const bool int4 : {false, true}) {
-    const auto stack = [&](int64_t rows_, int64_t cols, uint64_t seed) -> Result<Weight> {
-      TACHYON_ASSIGN_OR_RETURN(Tensor d, empty_on({rows_, cols}, DType::kBF16, gpu, "experts"));
-      ops::fill_uniform(d, seed, 0, 0.05f, 0.0f);
-      Weight w;
-      w.constant = true;
-      if (!int4) {
-        w.dense = d;
-        return w;
-      }
-      auto q = std::make_shared<QuantWeight>();
-      q->format = QuantFormat::kInt4Group;
-      q->out_features = rows_;
-      q->in_features = cols;
-      q->group_size = 128;
-      TACHYON_ASSIGN_OR_RETURN(q->packed, empty_on({rows_, cols / 2}, DType::kU8, gpu, "experts"));
-      TACHYON_ASSIGN_OR_RETURN(q->scales, empty_on({rows_, cols / 128}, DType::kF32, gpu, "experts"));
-      TACHYON_ASSIGN_OR_RETURN(q->zeros, empty_on({rows_, cols / 128}, DType::kF32, gpu, "experts"));
-      ops::quantize_int4_groups(d, 128, false, q->packed, q->scales, q->zeros);
-      w.quant = std::move(q);
-      return w;
-    };
-    ops::MoeExperts experts;
-    experts.num_experts = kExperts;
-    experts.inter = kInter;
-    TACHYON_ASSIGN_OR_RETURN(experts.gate, stack(kExperts * kInter, kHidden, 1));
-    TACHYON_ASSIGN_OR_RETURN(experts.up, stack(kExperts * kInter, kHidden, 2));
-    TACHYON_ASSIGN_OR_RETURN(experts.down, stack(kExperts * kHidden, kInter, 3));
-    const double expert_bytes =
-        static_cast<double>(experts.gate.nbytes() + experts.up.nbytes() + experts.down.nbytes()) / kExperts;
-    for (const int64_t n : {1, 4, 32, 128, 512}) {
-      TACHYON_ASSIGN_OR_RETURN(Tensor x, empty_on({n, kHidden}, DType::kF32, gpu, "x"));
-      TACHYON_ASSIGN_OR_RETURN(Tensor y, empty_on({n, kHidden}, DType::kF32, gpu, "y"));
-      ops::fill_uniform(x, 9, 0, 1.0f, 0.0f);
-      std::vector<Tensor> ids(kRoutings), weights(kRoutings);
-      double distinct = 0;
-      for (int r = 0; r < kRoutings; ++r) {
-        TACHYON_ASSIGN_OR_RETURN(Tensor logits, empty_on({n, kExperts}, DType::kF32, gpu, "logits"));
-        ops::fill_uniform(logits, 100 + r, static_cast<uint64_t>(n), 3.0f, 0.0f);
-        TACHYON_ASSIGN_OR_RETURN(ids[r], empty_on({n, kTopK}, DType::kI32, gpu, "ids"));
-        TACHYON_ASSIGN_OR_RETURN(weights[r], empty_on({n, kTopK}, DType::kF32, gpu, "weights"));
-        ops::moe_route(logits, true, ids[r], weights[r]);
-        TACHYON_ASSIGN_OR_RETURN(Tensor host, copy_to(ids[r], Device::cpu(), "ids"));
-        std::vector<bool> seen(kExperts, false);
-        for (int64_t i = 0; i < n * kTopK; ++i) {
-          distinct += seen[host.data<int32_t>()[i]] ? 0 : 1;
-          seen[host.data<int32_t>()[i]] = true;
-        }
-      }
-      distinct /= kRoutings;
-      const int calls = n >= 128 ? 16 : 128;
-      const auto enqueue = [&] {
-        for (int i = 0; i < calls; ++i) ops::moe_experts(x, experts, ids[i % kRoutings], weights[i % kRoutings], y);
-      };
-      enqueue();  // warm-up: the workspace grows outside the graph
-      TACHYON_RETURN_IF_ERROR(ops::synchronize(gpu));
-      TACHYON_RETURN_IF_ERROR(backend->begin_capture());
-      enqueue();
-      TACHYON_ASSIGN_OR_RETURN(std::shared_ptr<void> graph, backend->end_capture());
-      TACHYON_RETURN_IF_ERROR(backend->replay(graph));
-      TACHYON_RETURN_IF_ERROR(ops::synchronize(gpu));
-      std::vector<double> samples;
-      for (int rep = 0; rep < 5; ++rep) {
-        const auto t0 = std::chrono::steady_clock::now();
-        TACHYON_RETURN_IF_ERROR(backend->replay(graph));
-        TACHYON_RETURN_IF_ERROR(ops::synchronize(gpu));
-        samples.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / calls);
-      }
-      std::sort(samples.begin(), samples.end());
-      MoeRow row;
-      row.format = int4 ? "int4-g128" : "bf16";
-      row.tokens = n;
-      row.distinct = distinct;
-      row.us = samples[2] * 1e6;
-      row.gbps = distinct * expert_bytes / samples[2] / 1e9;
-      out["moe"].push_back({{"format", row.format},
-                            {"tokens", n},
-                            {"distinct_experts", distinct},
-                            {"us", row.us},
-                            {"expert_gbps", row.gbps},
-                            {"fraction_of_copy", row.gbps / copy_gbps}});
-      rows.push_back(row);
-    }
-  }
-  return ops::take_error(gpu);
-}
-
-void print_moe_table(const std::vector<MoeRow>& rows, double copy_gbps) {
-  std::printf("moe_experts, 128 experts of 768 x 2048, top 8 (copy %.1f GB/s)\n", copy_gbps);
-  std::printf("%-10s %6s %9s %10s %10s %8s\n", "format", "tokens", "experts", "us", "GB/s", "of copy");
-  for (const MoeRow& r : rows) {
-    std::printf("%-10s %6lld %9.1f %10.1f %10.1f %7.0f%%\n", r.format.c_str(), static_cast<long long>(r.tokens),
-                r.distinct, r.us, r.gbps, 100.0 * r.gbps / copy_gbps);
-  }
-}
-
 Status bench_attention_prefill(double matmul_tflops, nlohmann::json& out, std::vector<PrefillRow>& rows) {
   const int64_t heads = 32, kv_heads = 8, head_dim = 128, block_size = 16;
   TACHYON_ASSIGN_OR_RETURN(int sms, cu::current_sm_count());
