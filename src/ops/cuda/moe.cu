@@ -455,7 +455,9 @@ __device__ __forceinline__ void project_group(const MoeProjectParams& p, const R
 #pragma unroll
     for (int u = 0; u < kSteps; ++u) load_step<F, ROWS>(rows, k + u * kStep, group, raw[u], scale[u], magic_zero[u]);
 #pragma unroll
-    for (int u = 0; u < kSteps; ++u) consume<F, ROWS, NT>(raw[u], scale[u], magic_zero[u], xs, p.x_vec, k + u * kStep, acc);
+    for (int u = 0; u < kSteps; ++u) {
+      consume<F, ROWS, NT>(raw[u], scale[u], magic_zero[u], xs, p.x_vec, k + u * kStep, acc);
+    }
   }
   for (; k < p.vec_end; k += kStep) {
     uint4 raw[ROWS];
