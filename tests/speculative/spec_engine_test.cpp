@@ -996,10 +996,12 @@ namespace tachyon {
 namespace {
 
 // Every family of the transformers conformance fixtures (GQA, QKV bias, q/k norm, sliding window,
-// tied embeddings, llama3 rope scaling): speculative greedy output equals plain greedy, with the
-// n-gram proposer (whose drafts are often rejected) and the model as its own draft, K 1..8.
+// tied embeddings, llama3 rope scaling, mixtures of experts): speculative greedy output equals plain
+// greedy, with the n-gram proposer (whose drafts are often rejected) and the model as its own
+// draft, K 1..8.
 TEST(SpecEngineFixtures, GreedyEqualsPlainOnEveryFamily) {
-  for (const char* name : {"llama", "llama3-scaled", "llama-tied", "qwen2", "qwen3", "mistral"}) {
+  for (const char* name : {"llama", "llama3-scaled", "llama-tied", "qwen2", "qwen3", "mistral", "qwen3-moe",
+                           "qwen2-moe", "mixtral"}) {
     LoadedModel m = testing::load_model_or_fail(testing::source_dir() + "/tests/fixtures/models/" + name);
     const int vocab = m.model->config().vocab_size;
     std::vector<Case> cases;
