@@ -6,6 +6,10 @@
 // (server/disagg_worker.h, server/disagg_protocol.h); a decode worker also prints
 // "kv transfers on HOST:PORT" (with --kv-port 0, the port picked). --role both (the default) is a
 // plain server.
+//
+// --api-key KEY (or the environment's TACHYON_API_KEY): /v1/* requests need "Authorization: Bearer
+// KEY" (401 otherwise); --allowed-origins a,b (or *) answers those origins' CORS preflights and
+// marks the responses to them. Neither is on by default.
 #include <sys/resource.h>
 
 #include <csignal>
@@ -49,6 +53,8 @@ struct ServeArgs {
   std::string kv_staging_mem = "1GiB";
   double transfer_wait = 30.0;
   double adopt_wait = 10.0;
+  std::string api_key;          // also TACHYON_API_KEY
+  std::string allowed_origins;  // CORS: a comma list, or *
 };
 
 // The -m path's last component: "models/tachyon-demo/" -> "tachyon-demo".
@@ -94,6 +100,8 @@ int run_serve(ServeArgs& a) {
     return report(make_error(ErrorCode::kInvalidArgument,
                              "--kv-transport is the prefill role's choice (a decode worker takes either)"));
   }
+  auto origins = server::parse_allowed_origins(a.allowed_origins);
+  if (!origins.ok()) return report(origins.status().with_context("--allowed-origins"));
   auto staging_bytes = parse_bytes(a.kv_staging_mem);
   if (!staging_bytes.ok()) return report(staging_bytes.status().with_context("--kv-staging-mem"));
   auto eo = engine_options(a.engine);
@@ -181,6 +189,8 @@ int run_serve(ServeArgs& a) {
   ho.max_body = *max_body;
   ho.keep_alive_timeout = a.keep_alive_timeout;
   ho.max_registered = a.max_waiting;
+  ho.access.api_key = a.api_key;
+  ho.access.allowed_origins = *origins;
   auto http = server::HttpServer::create(ho, context, std::move(async_engine), metrics, disagg);
   if (!http.ok()) {
     decode_worker.reset();
@@ -203,6 +213,11 @@ int run_serve(ServeArgs& a) {
     std::fprintf(stderr, "tachyon serve: role prefill | ships KV to the decode workers the router names (%s)\n",
                  kv_arena ? fmt::format("CUDA IPC from {} of device memory, TCP when it is full", a.kv_staging_mem).c_str()
                              : "TCP");
+  }
+  if (!a.api_key.empty() || !origins->empty()) {
+    std::fprintf(stderr, "tachyon serve: %s | CORS: %s\n",
+                 a.api_key.empty() ? "no API key" : "/v1/* needs the API key",
+                 origins->empty() ? "off" : fmt::format("{} allowed origin(s)", origins->size()).c_str());
   }
   std::fprintf(stderr, "tachyon serve: listening on http://%s:%d\n", a.host.c_str(), (*http)->port());
   std::fflush(stderr);
@@ -247,6 +262,12 @@ void add_serve(CLI::App& app, std::function<int()>& run) {
                   "decode role: seconds a registered request waits for its KV transfer (default 30)");
   cmd->add_option("--adopt-wait", a->adopt_wait,
                   "decode role: seconds a received transfer may wait for room in the engine (default 10)");
+  cmd->add_option("--api-key", a->api_key,
+                  "requests to /v1/* must send 'Authorization: Bearer KEY' (401 otherwise); /health, /metrics, "
+                  "/tokenize and /detokenize stay open (default: $TACHYON_API_KEY, else none)")
+      ->envname("TACHYON_API_KEY");
+  cmd->add_option("--allowed-origins", a->allowed_origins,
+                  "CORS: origins browsers may call from, a comma list or * (default none: no CORS headers)");
   add_engine_options(*cmd, a->engine);
   add_spec_options(*cmd, a->spec);
   cmd->callback([a, &run]() { run = [a]() { return run_serve(*a); }; });

@@ -7,10 +7,11 @@
 
 #include "core/device_memory.h"
 #include "core/log.h"
+#include "engine/prompt_logprobs.h"
+#include "engine/request_text.h"
 #include "engine/stop_strings.h"
 #include "model/forward_batch.h"
 #include "ops/ops.h"
-#include "engine/request_text.h"
 
 namespace tachyon {
 namespace {
@@ -57,6 +58,18 @@ struct Engine::Request {
   // The last verify step's row (of its K + 1, or a tree's nodes + 1) that sampled the token
   // emitted last: 0 when no draft token was accepted, else 1 + the last accepted node.
   int verified_row = 0;
+  // min_tokens: the tokens that may not be drawn while fewer are out (EOS unless ignored, and the
+  // stop ids); empty when min_tokens is 0.
+  std::vector<int32_t> min_tokens_banned;
+  // params.prompt_logprobs: the entries so far (prompt positions 1, 2, ...), until the first
+  // output with a token carries them.
+  std::vector<PromptLogprob> prompt_logprobs;
+  bool prompt_logprobs_sent = false;
+  // More prompt positions' logits are needed (the prefill must keep every position's).
+  bool needs_prompt_logits() const {
+    return params.prompt_logprobs && !prompt_logprobs_sent &&
+           static_cast<int>(prompt_logprobs.size()) < seq.num_prompt_tokens() - 1;
+  }
 };
 
 Result<std::unique_ptr<Engine>> Engine::create(const LlamaModel& model, const Tokenizer* tokenizer,
@@ -291,10 +304,27 @@ Status Engine::validate_params(const GenerationParams& params) const {
   if (params.max_tokens < 1) {
     return make_error(ErrorCode::kInvalidArgument, "max_tokens = {} must be at least 1", params.max_tokens);
   }
+  if (params.stop_token_ids.size() > kMaxStopTokenIds) {
+    return make_error(ErrorCode::kInvalidArgument, "{} stop token ids; at most {}", params.stop_token_ids.size(),
+                      kMaxStopTokenIds);
+  }
   for (int32_t id : params.stop_token_ids) {
     if (id < 0 || id >= vocab) {
       return make_error(ErrorCode::kInvalidArgument, "stop token id {} is outside the vocabulary [0, {})", id, vocab);
     }
+  }
+  if (params.min_tokens < 0 || params.min_tokens > params.max_tokens) {
+    return make_error(ErrorCode::kInvalidArgument, "min_tokens = {} must be in [0, max_tokens = {}]",
+                      params.min_tokens, params.max_tokens);
+  }
+  if (params.prompt_logprobs &&
+      (*params.prompt_logprobs < 0 || *params.prompt_logprobs > SamplingParams::kMaxLogprobs)) {
+    return make_error(ErrorCode::kInvalidArgument, "prompt_logprobs = {} must be in [0, {}]", *params.prompt_logprobs,
+                      SamplingParams::kMaxLogprobs);
+  }
+  if (params.prompt_logprobs && params.prefill_only) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "prompt_logprobs: a prefill-only request hands its prompt over and keeps no logits");
   }
   TACHYON_RETURN_IF_ERROR(validate_stop_strings(params.stop));
   if (!params.stop.empty() && !(params.detokenize && tokenizer_ != nullptr)) {
@@ -327,6 +357,16 @@ Result<std::unique_ptr<Engine::Request>> Engine::make_request(std::vector<int32_
   auto req =
       std::make_unique<Request>(id, std::move(prompt_ids), cache_.config().block_size, std::move(params), std::move(sampler));
   if (req->params.detokenize && tokenizer_ != nullptr) req->text.emplace(*tokenizer_, req->params, req->seq.tokens());
+  if (req->params.min_tokens > 0) {
+    std::vector<int32_t>& banned = req->min_tokens_banned;
+    if (!req->params.ignore_eos) banned = eos_token_ids_;
+    banned.insert(banned.end(), req->params.stop_token_ids.begin(), req->params.stop_token_ids.end());
+    std::sort(banned.begin(), banned.end());
+    banned.erase(std::unique(banned.begin(), banned.end()), banned.end());
+  }
+  // A cached position has no logits: a request that wants the prompt's computes all of it (its
+  // blocks still join the cache for others). Once they are out, a recomputation may use the cache.
+  if (req->needs_prompt_logits()) req->seq.set_prefix_lookup(false);
   req->timing.arrival = now();
   return req;
 }
@@ -417,8 +457,12 @@ bool Engine::emit_token(Request& req, SampleResult sampled, RequestOutput& out) 
   const auto is_in = [token](const std::vector<int32_t>& ids) {
     return std::find(ids.begin(), ids.end(), token) != ids.end();
   };
-  if ((!req.params.ignore_eos && is_in(eos_token_ids_)) || is_in(req.params.stop_token_ids)) {
+  // Before min_tokens tokens were out, EOS and stop ids were masked from the draw; were one drawn
+  // anyway (nothing does), it would not end the request.
+  const bool may_stop = req.seq.num_generated() > req.params.min_tokens;
+  if (may_stop && ((!req.params.ignore_eos && is_in(eos_token_ids_)) || is_in(req.params.stop_token_ids))) {
     out.stop = {StopCause::Kind::kToken, token, {}};
+    if (req.text && req.params.include_stop_str_in_output) out.text += req.text->push(token);
     finish(req, FinishReason::kStop, out);
     return true;
   }
@@ -475,7 +519,36 @@ void Engine::fail_step(const SchedulerStep& plan, const Status& error, std::vect
   }
 }
 
-ForwardBatch Engine::batch_of(const SchedulerStep& plan) {
+std::vector<int> Engine::read_only_rows(const SchedulerStep& plan) const {
+  std::vector<int> read_only(plan.chunks.size(), 0);
+  for (size_t i = 0; i < plan.chunks.size(); ++i) {
+    const ScheduledChunk& c = plan.chunks[i];
+    const Request& req = *requests_.at(c.seq->id());
+    // Only prompt chunks: a request that needs prompt logits has generated nothing yet.
+    if (c.num_draft == 0 && req.needs_prompt_logits()) read_only[i] = c.num_tokens - (c.sample ? 1 : 0);
+  }
+  return read_only;
+}
+
+std::vector<SampleRow> Engine::sample_rows(const SchedulerStep& plan, std::span<const int> read_only) {
+  std::vector<SampleRow> rows;
+  for (size_t i = 0; i < plan.chunks.size(); ++i) {
+    const ScheduledChunk& c = plan.chunks[i];
+    if (!c.sample && read_only[i] == 0) continue;
+    Request& req = *requests_.at(c.seq->id());
+    SampleRow row;
+    row.sampler = &req.sampler;
+    row.num_draft = c.num_draft;
+    row.num_read_only = read_only[i];
+    row.sample = c.sample;
+    // The token drawn now is number num_generated + 1: no EOS or stop id while min_tokens are not out.
+    if (c.sample && req.seq.num_generated() < req.params.min_tokens) row.banned = req.min_tokens_banned;
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+ForwardBatch Engine::batch_of(const SchedulerStep& plan, std::span<const int> read_only) {
   std::vector<SequenceChunk> chunks;
   chunks.reserve(plan.chunks.size());
   std::vector<std::vector<int32_t>> verify_tokens;  // speculative chunks: the last token, then the draft
@@ -483,12 +556,13 @@ ForwardBatch Engine::batch_of(const SchedulerStep& plan) {
   verify_tokens.reserve(plan.chunks.size());
   verify_parents.reserve(plan.chunks.size());
   const double t_sched = now();
-  for (const ScheduledChunk& c : plan.chunks) {
+  for (size_t i = 0; i < plan.chunks.size(); ++i) {
+    const ScheduledChunk& c = plan.chunks[i];
     SequenceChunk sc;
     sc.block_table = &c.seq->block_table();
     sc.start_position = c.start;
     sc.tokens = c.seq->tokens().subspan(static_cast<size_t>(c.start), static_cast<size_t>(c.num_tokens - c.num_draft));
-    sc.logits = c.sample ? LogitsWanted::kLast : LogitsWanted::kNone;
+    sc.logits = read_only[i] > 0 ? LogitsWanted::kAll : c.sample ? LogitsWanted::kLast : LogitsWanted::kNone;
     if (c.num_draft > 0) {  // every row's logits verify the draft
       verify_tokens.emplace_back(sc.tokens.begin(), sc.tokens.end());
       verify_tokens.back().insert(verify_tokens.back().end(), c.seq->draft().begin(), c.seq->draft().end());
@@ -510,14 +584,45 @@ ForwardBatch Engine::batch_of(const SchedulerStep& plan) {
   return batch;
 }
 
-void Engine::emit_outputs(const SchedulerStep& plan, BatchSampler::Place place, const Tensor* features,
-                          std::vector<RequestOutput>& outputs) {
+void Engine::record_prompt_logprobs(Request& req, const ScheduledChunk& c, int first, int n) {
+  // Row j holds the logits of position c.start + j, which give prompt token c.start + j + 1's entry
+  // (entry c.start + j of prompt_logprobs); a recomputed chunk (after a preemption) skips those
+  // already made.
+  const std::span<const int32_t> tokens = req.seq.tokens();
+  const int have = static_cast<int>(req.prompt_logprobs.size());
+  const int begin = std::max(0, have - c.start);
+  const int end = std::min(n, req.seq.num_prompt_tokens() - 1 - c.start);
+  if (begin >= end) return;
+  TACHYON_CHECK(c.start + begin == have, "request {}: prompt logprobs up to {}, a chunk from {}", req.seq.id(), have,
+                c.start);
+  const int vocab = model_.config().vocab_size;
+  const int top_n = *req.params.prompt_logprobs;
+  req.prompt_logprobs.resize(static_cast<size_t>(c.start + end));
+#pragma omp parallel for schedule(static) if (end - begin > 1)
+  for (int j = begin; j < end; ++j) {
+    const size_t position = static_cast<size_t>(c.start + j);
+    req.prompt_logprobs[position] = prompt_logprob(sampler_.host_logits(first + j), vocab, tokens[position + 1], top_n);
+  }
+  if (!req.needs_prompt_logits()) req.seq.set_prefix_lookup(true);
+}
+
+void Engine::emit_outputs(const SchedulerStep& plan, std::span<const int> read_only, BatchSampler::Place place,
+                          const Tensor* features, std::vector<RequestOutput>& outputs) {
   int row = 0;
-  size_t entry = 0;  // of rows
-  for (const ScheduledChunk& c : plan.chunks) {
-    if (!c.sample) continue;
+  size_t entry = 0;  // of the step's SampleRows
+  for (size_t i = 0; i < plan.chunks.size(); ++i) {
+    const ScheduledChunk& c = plan.chunks[i];
+    if (!c.sample && read_only[i] == 0) continue;
     const RequestId id = c.seq->id();
     Request& req = *requests_.at(id);
+    if (read_only[i] > 0) {  // always on the host (BatchSampler::place_for)
+      record_prompt_logprobs(req, c, row, read_only[i]);
+      row += read_only[i];
+    }
+    if (!c.sample) {
+      ++entry;
+      continue;
+    }
     RequestOutput out;
     out.id = id;
     bool done = false;
@@ -537,6 +642,11 @@ void Engine::emit_outputs(const SchedulerStep& plan, BatchSampler::Place place, 
         r.logprob = sampler_.device_logprobs(row, 1)[0];
         done = emit_token(req, std::move(r), out);
       }
+    }
+    if (req.params.prompt_logprobs && !req.prompt_logprobs_sent && !out.new_token_ids.empty()) {
+      out.prompt_logprobs = std::move(req.prompt_logprobs);
+      req.prompt_logprobs.clear();
+      req.prompt_logprobs_sent = true;
     }
     if (!done && features != nullptr && features->defined() && !out.new_token_ids.empty()) {
       // The row that sampled the sequence's last token: after the last accepted draft node.
@@ -571,7 +681,8 @@ Result<std::vector<RequestOutput>> Engine::step() {
   }
   run_compressions();  // before the copies: a copy may write a block that just went to history
   cache_.copy_blocks(plan.copies);
-  const ForwardBatch batch = batch_of(plan);
+  const std::vector<int> read_only = read_only_rows(plan);
+  const ForwardBatch batch = batch_of(plan, read_only);
   stats_.prompt_tokens_computed += plan.num_prefill_tokens;
   stats_.kv_blocks_used_peak = std::max(stats_.kv_blocks_used_peak, blocks_.num_used());
   stats_.schedule_seconds += phase.seconds();
@@ -582,11 +693,9 @@ Result<std::vector<RequestOutput>> Engine::step() {
   fo.cuda_graphs = options_.cuda_graphs;
   const bool with_features = spec_ && spec_->wants_features();
   if (with_features) fo.hidden = &features_;
-  // The rows to sample, in logits order: one per sampled chunk, 1 + K for a draft of K.
-  std::vector<SampleRow> rows;
-  for (const ScheduledChunk& c : plan.chunks) {
-    if (c.sample) rows.push_back({&requests_.at(c.seq->id())->sampler, c.num_draft});
-  }
+  // The rows to sample, in logits order: per sampled chunk one, or 1 + K for a draft of K, after
+  // any read-only rows (prompt logprobs).
+  const std::vector<SampleRow> rows = sample_rows(plan, read_only);
   BatchSampler::Place place = BatchSampler::Place::kHost;
   const Status ran = [&]() -> Status {
     TACHYON_ASSIGN_OR_RETURN(place, sampler_.begin(rows));
@@ -618,7 +727,7 @@ Result<std::vector<RequestOutput>> Engine::step() {
       features = nullptr;
     }
   }
-  emit_outputs(plan, place, features, outputs);
+  emit_outputs(plan, read_only, place, features, outputs);
   stats_.sample_seconds += phase.seconds();
   if (spec_ && plan.num_prefill_tokens == 0) {  // a decode step: what speculation's gate compares
     int64_t tokens = 0;
@@ -743,8 +852,10 @@ Status Engine::release_transfer(RequestId id, const HeldSequenceRead& read) {
 
 Result<RequestId> Engine::adopt_sequence(const TransferredSequence& seq, const GenerationParams& params,
                                          const SequenceBlocksCopy& fill) {
-  if (params.prefill_only) {
-    return make_error(ErrorCode::kInvalidArgument, "kv import: an adopted request cannot be prefill-only");
+  if (params.prefill_only || params.prompt_logprobs) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "kv import: an adopted request cannot be prefill-only or ask for prompt logprobs (its prompt "
+                      "ran elsewhere)");
   }
   const int64_t num_tokens = static_cast<int64_t>(seq.tokens.size());
   if (seq.num_prompt_tokens < 1 || seq.num_prompt_tokens >= num_tokens || seq.num_computed != num_tokens - 1) {
@@ -835,7 +946,9 @@ void Engine::propose_drafts() {
     Sequence& seq = req->seq;
     if (seq.state() != SequenceState::kDecoding) continue;
     // Up to K + 1 tokens come out of a step: K stops one short of max_tokens and of the context.
-    const int room = std::min(req->params.max_tokens - seq.num_generated(), max_model_len_ - seq.num_tokens()) - 1;
+    // No draft while min_tokens masks EOS and stop ids: a draft's rows are drawn without the mask.
+    const int left = std::min(req->params.max_tokens - seq.num_generated(), max_model_len_ - seq.num_tokens());
+    const int room = seq.num_generated() < req->params.min_tokens ? 0 : left - 1;
     candidates.push_back({&seq, &req->sampler, room, req->params.draft});
   }
   // In request order, so that a step's draft batch does not depend on the hash map's order.

@@ -7,6 +7,10 @@
 //                   finished requests' blocks go back to the pool. With speculative decoding,
 //                   decoding sequences get drafts before scheduling and their K + 1 rows are
 //                   verified after the forward (speculative/spec_decoder.h)
+//                   Requests asking for prompt logprobs have their prompt chunks' every position's
+//                   logits kept and read on the host (engine/prompt_logprobs.h), and skip the
+//                   prefix cache until they have them; min_tokens masks EOS and stop ids on the
+//                   host and holds back drafts until that many tokens are out
 //   abort()       → at any time; the request's blocks are freed at once
 //
 // Disaggregation (disagg/kv_export.h moves the bytes, through engine/kv_hook.h): a prefill engine
@@ -198,13 +202,23 @@ class Engine {
   // allocated, a launch that failed): every sequence it scheduled ends with kError and `error`,
   // its blocks freed; the others wait for the next step, which may succeed.
   void fail_step(const SchedulerStep& plan, const Status& error, std::vector<RequestOutput>& outputs);
+  // Prompt logprobs: per chunk of the plan, how many of its logits rows are only read (every
+  // position of a prompt chunk of a request that still needs them, but a sampled one); 0 for the
+  // others, whose forward gives the last position's logits (or a draft's rows) only.
+  std::vector<int> read_only_rows(const SchedulerStep& plan) const;
   // The forward batch of a step's chunks (a draft's chunk carries the draft's tokens after the last).
-  ForwardBatch batch_of(const SchedulerStep& plan);
-  // Each sampled chunk's tokens (drawn where `place` says) through verification or emission, in
-  // plan order; finished requests leave requests_ (to transfers_ when held for transfer).
-  // `features`: the step's final hidden rows on the host, when the proposer reads them.
-  void emit_outputs(const SchedulerStep& plan, BatchSampler::Place place, const Tensor* features,
-                    std::vector<RequestOutput>& outputs);
+  ForwardBatch batch_of(const SchedulerStep& plan, std::span<const int> read_only);
+  // The step's rows for the batch sampler, in logits order: one entry per chunk that samples or
+  // has read-only rows.
+  std::vector<SampleRow> sample_rows(const SchedulerStep& plan, std::span<const int> read_only);
+  // Each chunk's read-only rows into its request's prompt logprobs, and each sampled chunk's
+  // tokens (drawn where `place` says) through verification or emission, in plan order; finished
+  // requests leave requests_ (to transfers_ when held for transfer). `features`: the step's final
+  // hidden rows on the host, when the proposer reads them.
+  void emit_outputs(const SchedulerStep& plan, std::span<const int> read_only, BatchSampler::Place place,
+                    const Tensor* features, std::vector<RequestOutput>& outputs);
+  // The prompt logprobs of chunk `c` of `req` from its first `n` logits rows (from host row `first`).
+  void record_prompt_logprobs(Request& req, const ScheduledChunk& c, int first, int n);
   // Speculative decoding (speculative/spec_decoder.h does the work): drafts for the decoding
   // sequences before scheduling (a failed proposal leaves the step without drafts, counted in
   // EngineStats); the verification of one sequence's K + 1 logits rows, emitting its tokens in

@@ -1,9 +1,11 @@
 // What a caller hands the Engine for one request and what it gets back each step.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/status.h"
@@ -16,10 +18,21 @@ using RequestId = uint64_t;
 struct GenerationParams {
   SamplingParams sampling;
   int max_tokens = 16;                  // tokens to generate at most; the context length also stops
-  std::vector<int32_t> stop_token_ids;  // besides the model's EOS tokens
+  std::vector<int32_t> stop_token_ids;  // besides the model's EOS tokens; at most kMaxStopTokenIds
   std::vector<std::string> stop;        // stop strings: generation ends before the first match,
-                                        // which is never part of the returned text
+                                        // which is not part of the returned text unless
+  bool include_stop_str_in_output = false;  // this is set (then the matched string, or the text of
+                                            // the EOS / stop token that ended it, is kept)
   bool ignore_eos = false;              // keep going past EOS (stop_token_ids still stop)
+  // No EOS or stop token can end the output before this many tokens (their logits are masked to
+  // -inf while fewer are out, as vLLM does), and no stop string either (a match must end in the
+  // text of token min_tokens or later). In [0, max_tokens].
+  int min_tokens = 0;
+  // vLLM's prompt_logprobs: unset, none; N, for every prompt token after the first its logprob
+  // under the model given the tokens before it, its rank and the N most likely tokens there
+  // (RequestOutput::prompt_logprobs). The prefill then keeps every position's logits for this
+  // request and skips the prefix cache (whose positions have no logits). N in [0, kMaxLogprobs].
+  std::optional<int> prompt_logprobs;
   bool skip_special_tokens = true;      // in the returned text
   bool detokenize = true;               // text deltas (needs a tokenizer)
   std::optional<bool> add_bos;          // for text prompts; unset: the tokenizer's default
@@ -59,6 +72,17 @@ struct RequestTiming {
   std::vector<double> token_times;  // when each generated token was sampled
 };
 
+inline constexpr size_t kMaxStopTokenIds = 1024;
+
+// One prompt token's entry of prompt_logprobs: the raw model distribution (log-softmax of the
+// logits, no penalty, bias or temperature, as vLLM reports it) at the position before it.
+struct PromptLogprob {
+  int32_t token = -1;
+  float logprob = 0.0f;  // -inf when the model gives the token no probability
+  int64_t rank = 1;      // 1-based, in the order of `top`: larger logit first, then lower id
+  std::vector<std::pair<int32_t, float>> top;  // the N most likely, in that order
+};
+
 struct TokenLogprob {
   int32_t token = -1;
   float logprob = 0.0f;
@@ -82,6 +106,9 @@ struct RequestOutput {
   RequestId id = 0;
   std::vector<int32_t> new_token_ids;  // sampled this step (a stop token included)
   std::vector<TokenLogprob> logprobs;  // one per new token
+  // GenerationParams::prompt_logprobs, in the request's first output with a token: one entry per
+  // prompt token after the first (entry i is prompt token i + 1's).
+  std::vector<PromptLogprob> prompt_logprobs;
   std::string text;                    // new text, stop strings held back until they cannot match
   bool finished = false;
   FinishReason finish_reason = FinishReason::kLength;

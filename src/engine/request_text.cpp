@@ -12,13 +12,17 @@ DetokenizerOptions detokenizer_options(const GenerationParams& params) {
 }  // namespace
 
 RequestText::RequestText(const Tokenizer& tokenizer, const GenerationParams& params, std::span<const int32_t> prompt)
-    : detok_(tokenizer, detokenizer_options(params)), stops_(params.stop) {
+    : detok_(tokenizer, detokenizer_options(params)),
+      stops_(params.stop, params.include_stop_str_in_output),
+      min_tokens_(params.min_tokens),
+      include_stop_(params.include_stop_str_in_output) {
   for (int32_t t : prompt) (void)detok_.push(t);
 }
 
 std::string RequestText::push(int32_t token) {
   if (stops_.matched()) return {};
-  return stops_.push(detok_.push(token));
+  ++num_pushed_;
+  return stops_.push(detok_.push(token), may_stop());
 }
 
 bool RequestText::releases_held_text(FinishReason reason) {
@@ -27,15 +31,17 @@ bool RequestText::releases_held_text(FinishReason reason) {
 
 std::string RequestText::finish(FinishReason reason) {
   if (!releases_held_text(reason) || stops_.matched()) return {};
-  std::string text = stops_.push(detok_.flush());
+  std::string text = stops_.push(detok_.flush(), may_stop());
   if (!stops_.matched()) text += stops_.flush();
   return text;
 }
 
 void RequestText::append(RequestOutput& o) {
   size_t count = o.new_token_ids.size();
-  // An EOS or stop token that ended the request is the last new token, and has no text.
-  if (o.finished && o.finish_reason == FinishReason::kStop && count > 0 && o.stop.kind == StopCause::Kind::kToken) {
+  // An EOS or stop token that ended the request is the last new token, and has no text (unless
+  // the request keeps what stopped it).
+  if (o.finished && o.finish_reason == FinishReason::kStop && count > 0 && o.stop.kind == StopCause::Kind::kToken &&
+      !include_stop_) {
     --count;
   }
   for (size_t i = 0; i < count; ++i) o.text += push(o.new_token_ids[i]);

@@ -14,10 +14,11 @@ std::string status_line(int status) {
 
 std::string chunk(std::string_view data) { return fmt::format("{:x}\r\n", data.size()) + std::string(data) + "\r\n"; }
 
-std::string plain_response(int status, std::string_view content_type, std::string_view body, bool keep_alive) {
+std::string plain_response(int status, std::string_view content_type, std::string_view body, bool keep_alive,
+                           std::string_view extra_headers) {
   std::string out = status_line(status);
-  out += fmt::format("Content-Type: {}\r\nContent-Length: {}\r\nConnection: {}\r\n\r\n", content_type, body.size(),
-                     keep_alive ? "keep-alive" : "close");
+  out += fmt::format("Content-Type: {}\r\nContent-Length: {}\r\nConnection: {}\r\n{}\r\n", content_type, body.size(),
+                     keep_alive ? "keep-alive" : "close", extra_headers);
   out += body;
   return out;
 }

@@ -11,7 +11,9 @@ namespace tachyon::net {
 std::string status_line(int status);
 // One piece of a chunked body: its size in hex, the bytes, CRLF.
 std::string chunk(std::string_view data);
-// A whole response with a Content-Length body.
-std::string plain_response(int status, std::string_view content_type, std::string_view body, bool keep_alive);
+// A whole response with a Content-Length body. `extra_headers`: more header lines, each ending in
+// CRLF (CORS), or empty.
+std::string plain_response(int status, std::string_view content_type, std::string_view body, bool keep_alive,
+                           std::string_view extra_headers = {});
 
 }  // namespace tachyon::net

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <limits>
 #include <unordered_map>
 
 #include "core/device_memory.h"
@@ -33,7 +34,7 @@ BatchSampler::Place BatchSampler::place_for(std::span<const SampleRow> rows) con
   bool all_greedy = true;
   for (const SampleRow& r : rows) {
     const SamplingParams& p = r.sampler->params();
-    if (p.logprobs > 0) return Place::kHost;
+    if (p.logprobs > 0 || r.num_read_only > 0 || !r.sample || !r.banned.empty()) return Place::kHost;
     const bool greedy = plain_greedy(p);
     if (r.num_draft > 0 && !greedy) return Place::kHost;
     all_greedy = all_greedy && greedy;
@@ -129,13 +130,17 @@ Status BatchSampler::finish(std::span<const SampleRow> rows) {
     std::vector<std::pair<size_t, int64_t>> jobs;  // (entry of rows, logits row)
     int64_t r = 0;
     for (size_t i = 0; i < rows.size(); ++i) {
-      if (rows[i].num_draft == 0) jobs.emplace_back(i, r);
+      if (rows[i].sample && rows[i].num_draft == 0) jobs.emplace_back(i, r + rows[i].num_read_only);
       r += rows[i].num_rows();
     }
 #pragma omp parallel for schedule(dynamic, 1) if (jobs.size() > 1)
     for (size_t j = 0; j < jobs.size(); ++j) {
       const auto [i, row] = jobs[j];
-      host_samples_[i] = rows[i].sampler->sample(host_logits_.data<float>() + row * vocab_size_, vocab_size_);
+      float* logits = host_logits_.data<float>() + row * vocab_size_;
+      for (const int32_t token : rows[i].banned) {
+        if (token >= 0 && token < vocab_size_) logits[token] = -std::numeric_limits<float>::infinity();
+      }
+      host_samples_[i] = rows[i].sampler->sample(logits, vocab_size_);
     }
     return Status::Ok();
   }

@@ -18,10 +18,16 @@
 //                                 results do not depend on the threads)
 //   device_ids / host_sample / host_logits   the results, by row
 //
+// A row may also carry rows that are only read (prompt logprobs: the logits of a prompt chunk's
+// positions before the sampled one, or of a whole chunk that ends inside the prompt), which the
+// engine reads with host_logits(), and tokens banned from this draw (min_tokens: EOS and stop
+// ids), whose logits become -inf before the draw.
+//
 // Device sampling applies when the model is on a GPU and every row can be drawn there: no top
-// logprobs asked, a vocabulary below 2^24 (logit edits carry ids as f32), and draft rows only for
-// plain greedy requests (a draft's rows see the drafts before them in their penalties, which only
-// the host verifier models). All plain greedy: kDeviceGreedy (argmax); else kDeviceSample.
+// logprobs asked, no read-only rows and no banned tokens (the host reads or edits those logits),
+// a vocabulary below 2^24 (logit edits carry ids as f32), and draft rows only for plain greedy
+// requests (a draft's rows see the drafts before them in their penalties, which only the host
+// verifier models). All plain greedy: kDeviceGreedy (argmax); else kDeviceSample.
 // Randomness: exactly one draw from a request's stream per non-greedy row without a draft, on
 // either path, so that a seeded request draws the same tokens wherever its logits are the same.
 #pragma once
@@ -37,11 +43,15 @@
 
 namespace tachyon {
 
-// One sequence's rows in a step's logits.
+// One sequence's rows in a step's logits: num_read_only rows, then (when it samples) the sampled
+// row and its draft's.
 struct SampleRow {
   Sampler* sampler = nullptr;  // the request's: parameters, history, random stream
   int num_draft = 0;           // K > 0: 1 + K rows that verify a draft of K tokens; 0: one row
-  int num_rows() const { return 1 + num_draft; }
+  int num_read_only = 0;       // rows before those, read on the host and never drawn
+  bool sample = true;          // false: read-only rows alone (a chunk that ends inside the prompt)
+  std::span<const int32_t> banned;  // may not be drawn now: -inf before the draw (no draft with it)
+  int num_rows() const { return num_read_only + (sample ? 1 + num_draft : 0); }
 };
 
 class BatchSampler {
@@ -62,9 +72,9 @@ class BatchSampler {
   // Device places: the tokens and logprobs of rows [first, first + n) (a draft's rows: argmax).
   std::span<const int32_t> device_ids(int first, int n) const;
   std::span<const float> device_logprobs(int first, int n) const;
-  // kHost: the sample of the `index`th entry of `rows` (which must have no draft), moved out.
+  // kHost: the sample of the `index`th entry of `rows` (which must sample, with no draft), moved out.
   Result<SampleResult> host_sample(size_t index);
-  // kHost: logits row `first` (with the rows after it, for a draft).
+  // kHost: logits row `first` (with the rows after it, for a draft or read-only rows).
   const float* host_logits(int first) const;
 
  private:

@@ -166,7 +166,7 @@ SchedulerStep Scheduler::schedule() {
     // 3. Admissions, preempted first, then in arrival order.
     while (!preempted && !waiting_.empty() && budget > 0 && static_cast<int>(running_.size()) < options_.max_seqs) {
       Sequence* seq = waiting_.front();
-      if (seq->block_table_.empty()) {
+      if (seq->block_table_.empty() && seq->prefix_lookup_) {
         const int hit = blocks_.match_prefix(seq->block_table_, seq->tokens(), seq->num_tokens() - 1);
         seq->num_computed_ = hit;
         blocks_.retire(seq->block_table_, hit);  // matched blocks already out of the window

@@ -10,7 +10,8 @@
 //      as the budget and the free blocks allow (chunked prefill); never preempts anyone.
 //   3. waiting sequences, preempted ones first, then in arrival order, while the budget, the
 //      sequence limit and the free blocks allow; skipped in a step that preempted. On admission
-//      the prefix cache supplies every cached full block of the tokens but the last.
+//      the prefix cache supplies every cached full block of the tokens but the last (unless the
+//      sequence turned prefix lookup off: Sequence::set_prefix_lookup).
 // A decoding sequence with a draft (speculative decoding) runs its last token and the draft in one
 // chunk, charged to the budget at full length; the draft is dropped — never the decode itself, and
 // never anyone preempted for it — when the budget or the free blocks cannot take it whole.

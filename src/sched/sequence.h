@@ -63,6 +63,12 @@ class Sequence {
   int num_uncomputed() const { return num_tokens() - num_computed_; }
   const BlockTable& block_table() const { return block_table_; }
 
+  // Whether admission may take the prompt's leading blocks from the prefix cache (default). A
+  // request that needs every prompt position computed (prompt logprobs: a cached position has no
+  // logits) turns it off until it has what it needs. The engine's setting; it changes no state.
+  bool prefix_lookup() const { return prefix_lookup_; }
+  void set_prefix_lookup(bool allowed) { prefix_lookup_ = allowed; }
+
   int num_preemptions() const { return num_preemptions_; }
   // Prompt tokens found in the prefix cache when the sequence was first admitted (-1: not yet).
   int num_cached_prompt_tokens() const { return num_cached_prompt_tokens_; }
@@ -77,6 +83,7 @@ class Sequence {
   SequenceState state_ = SequenceState::kWaiting;
   int num_preemptions_ = 0;
   int num_cached_prompt_tokens_ = -1;
+  bool prefix_lookup_ = true;
   std::vector<int32_t> draft_;          // [<= K] proposed, not yet verified
   std::vector<int32_t> draft_parents_;  // [draft_.size()] for a tree, or empty
 };

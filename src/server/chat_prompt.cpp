@@ -6,7 +6,8 @@ namespace tachyon::server {
 
 Result<ChatPrompt> build_chat_prompt(const ChatTemplate& chat_template, const ChatTemplateExtras& extras,
                                      const Tokenizer& tokenizer, const nlohmann::ordered_json& messages,
-                                     bool add_generation_prompt, const nlohmann::ordered_json& variables) {
+                                     bool add_generation_prompt, const nlohmann::ordered_json& variables,
+                                     bool add_special_tokens) {
   const ChatTemplateExtras* use = &extras;
   ChatTemplateExtras merged;
   if (variables.is_object() && !variables.empty()) {
@@ -20,7 +21,7 @@ Result<ChatPrompt> build_chat_prompt(const ChatTemplate& chat_template, const Ch
                        prompt.text.compare(0, use->bos_token->size(), *use->bos_token) == 0;
   EncodeOptions eo;
   eo.parse_special = true;
-  if (prompt.bos_in_text) eo.add_bos = false;
+  if (prompt.bos_in_text || !add_special_tokens) eo.add_bos = false;
   prompt.ids = tokenizer.encode(prompt.text, eo);
   return prompt;
 }

@@ -29,10 +29,13 @@ struct ChatPrompt {
 
 // `messages`: a JSON array of {"role", "content", ...} objects, content already a string.
 // `variables`: extra template variables (enable_thinking, ...), may be null.
+// `add_special_tokens` false: no BOS beyond what the template writes (vLLM's add_special_tokens
+// false); true: the BOS rule above.
 Result<ChatPrompt> build_chat_prompt(const ChatTemplate& chat_template, const ChatTemplateExtras& extras,
                                      const Tokenizer& tokenizer, const nlohmann::ordered_json& messages,
                                      bool add_generation_prompt = true,
-                                     const nlohmann::ordered_json& variables = nullptr);
+                                     const nlohmann::ordered_json& variables = nullptr,
+                                     bool add_special_tokens = true);
 
 // The template given by --chat-template FILE (when not empty), else the tokenizer's, else ChatML.
 Result<ChatTemplate> load_server_chat_template(const Tokenizer& tokenizer, const std::string& template_file);

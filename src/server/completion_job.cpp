@@ -1,5 +1,6 @@
 #include "server/completion_job.h"
 
+#include <cmath>
 #include <ctime>
 
 #include <fmt/format.h>
@@ -58,6 +59,8 @@ CompletionJob::CompletionJob(const ServingContext& context, ApiRequest request, 
     for (int j = 0; j < request_.n; ++j) {
       GenerationParams params = request_.params;
       if (params.sampling.seed) params.sampling.seed = *params.sampling.seed + static_cast<uint64_t>(j);
+      // The prompt's logprobs do not depend on the choice: its first computes them.
+      params.prompt_logprobs = j == 0 ? request_.prompt_logprobs : std::nullopt;
       streams_.push_back(std::make_shared<RequestStream>(request_.prompts[p].ids, std::move(params)));
       if (j > 0) streams_.back()->set_leader(streams_[first]);
       Choice c;
@@ -75,14 +78,18 @@ const std::string& CompletionJob::chunk_header() const { return chunk_header_; }
 
 ojson CompletionJob::logprobs_json(Choice& choice, const std::vector<TokenLogprob>& logprobs) const {
   const Tokenizer& tok = *context_.tokenizer;
+  // How a token is named: its text, or (return_tokens_as_token_ids) "token_id:N".
+  const auto named = [&](int32_t id, std::string text) {
+    return request_.tokens_as_ids ? fmt::format("token_id:{}", id) : std::move(text);
+  };
   if (request_.endpoint == Endpoint::kCompletions) {
     ojson tokens = ojson::array(), token_logprobs = ojson::array(), top = ojson::array(), offsets = ojson::array();
     for (const TokenLogprob& lp : logprobs) {
       const std::string piece = tok.token_to_piece(lp.token);
-      tokens.push_back(legacy_token_text(piece));
+      tokens.push_back(named(lp.token, legacy_token_text(piece)));
       token_logprobs.push_back(lp.logprob);
       ojson alternatives = ojson::object();
-      for (const auto& [id, value] : lp.top) alternatives[legacy_token_text(tok.token_to_piece(id))] = value;
+      for (const auto& [id, value] : lp.top) alternatives[named(id, legacy_token_text(tok.token_to_piece(id)))] = value;
       top.push_back(std::move(alternatives));
       offsets.push_back(choice.text_offset);
       if (!tok.is_special(lp.token)) choice.text_offset += count_code_points(sanitize_utf8(piece));
@@ -98,14 +105,14 @@ ojson CompletionJob::logprobs_json(Choice& choice, const std::vector<TokenLogpro
   for (const TokenLogprob& lp : logprobs) {
     const std::string piece = tok.token_to_piece(lp.token);
     ojson entry = ojson::object();
-    entry["token"] = sanitize_utf8(piece);
+    entry["token"] = named(lp.token, sanitize_utf8(piece));
     entry["logprob"] = lp.logprob;
     entry["bytes"] = byte_list(piece);
     ojson top = ojson::array();
     for (const auto& [id, value] : lp.top) {
       const std::string alt = tok.token_to_piece(id);
       ojson a = ojson::object();
-      a["token"] = sanitize_utf8(alt);
+      a["token"] = named(id, sanitize_utf8(alt));
       a["logprob"] = value;
       a["bytes"] = byte_list(alt);
       top.push_back(std::move(a));
@@ -116,6 +123,31 @@ ojson CompletionJob::logprobs_json(Choice& choice, const std::vector<TokenLogpro
   ojson out = ojson::object();
   out["content"] = std::move(content);
   out["refusal"] = nullptr;
+  return out;
+}
+
+ojson CompletionJob::prompt_logprobs_json(size_t p) const {
+  const Tokenizer& tok = *context_.tokenizer;
+  const Choice& first = choices_[p * static_cast<size_t>(request_.n)];
+  const auto entry = [&](int32_t id, float logprob, int64_t rank) {
+    ojson e = ojson::object();
+    // JSON has no -inf: OpenAI writes -9999.0 for a token the model gives no probability.
+    e["logprob"] = std::isfinite(logprob) ? logprob : -9999.0f;
+    e["rank"] = rank;
+    e["decoded_token"] = sanitize_utf8(tok.token_to_piece(id));
+    return e;
+  };
+  ojson out = ojson::array();
+  out.push_back(nullptr);  // the first prompt token has nothing before it
+  for (const PromptLogprob& lp : first.prompt_logprobs) {
+    ojson tokens = ojson::object();
+    tokens[std::to_string(lp.token)] = entry(lp.token, lp.logprob, lp.rank);
+    for (size_t r = 0; r < lp.top.size(); ++r) {
+      const std::string key = std::to_string(lp.top[r].first);
+      if (!tokens.contains(key)) tokens[key] = entry(lp.top[r].first, lp.top[r].second, static_cast<int64_t>(r) + 1);
+    }
+    out.push_back(std::move(tokens));
+  }
   return out;
 }
 
@@ -223,6 +255,7 @@ void CompletionJob::on_output(size_t index, RequestOutput& o, std::string& event
     if (request_.logprobs) {
       for (TokenLogprob& lp : o.logprobs) c.logprobs.push_back(std::move(lp));
     }
+    if (!o.prompt_logprobs.empty()) c.prompt_logprobs = std::move(o.prompt_logprobs);
   }
   if (o.finished) {
     c.finished = true;
@@ -282,8 +315,11 @@ std::string CompletionJob::body() const {
     choices.push_back(choice_json(chat, i, request_.echo ? request_.prompts[c.prompt].text + c.text : c.text,
                                   request_.logprobs ? logprobs_json(c, c.logprobs) : ojson(nullptr),
                                   finish_reason_text(c.reason)));
+    if (request_.prompt_logprobs && !chat) choices.back()["prompt_logprobs"] = prompt_logprobs_json(c.prompt);
   }
-  return dump(response_json(chat, id_, created_, context_.model_name, std::move(choices), usage_json()));
+  ojson response = response_json(chat, id_, created_, context_.model_name, std::move(choices), usage_json());
+  if (request_.prompt_logprobs && chat) response["prompt_logprobs"] = prompt_logprobs_json(0);
+  return dump(response);
 }
 
 }  // namespace tachyon::server

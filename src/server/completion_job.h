@@ -9,7 +9,10 @@
 // tokens of every choice). A stream sends the role (chat) or the echoed prompt (completions) first,
 // one event per engine output while the client keeps up (several outputs in one write when it does
 // not), a last event per choice with its finish_reason, the usage event when
-// stream_options.include_usage, then "data: [DONE]".
+// stream_options.include_usage, then "data: [DONE]". vLLM's prompt_logprobs (plain responses only):
+// a list with one entry per prompt token, null for the first and else {"<token id>": {"logprob",
+// "rank", "decoded_token"}} for the prompt token and the N most likely there; in each completion
+// choice, and at the top of a chat response.
 //
 // A choice that fails (engine error, timeout) ends the whole request with an error: the error
 // body for a plain request, an {"error": ...} event then [DONE] for a stream.
@@ -69,6 +72,7 @@ class CompletionJob {
     size_t prompt = 0;                  // index into request_.prompts
     std::string text;                   // everything so far (plain requests)
     std::vector<TokenLogprob> logprobs; // everything so far (plain requests)
+    std::vector<PromptLogprob> prompt_logprobs;  // a prompt's first choice, when asked
     int num_generated = 0;
     size_t text_offset = 0;             // code points of text returned so far (completions logprobs)
     bool finished = false;
@@ -84,6 +88,8 @@ class CompletionJob {
   const std::string& chunk_header() const;
   nlohmann::ordered_json logprobs_json(Choice& choice, const std::vector<TokenLogprob>& logprobs) const;
   nlohmann::ordered_json usage_json() const;
+  // The prompt_logprobs of prompt `p` (from its first choice).
+  nlohmann::ordered_json prompt_logprobs_json(size_t p) const;
 
   const ServingContext& context_;
   ApiRequest request_;

@@ -33,6 +33,7 @@
 #include "net/listener.h"
 #include "server/completion_job.h"
 #include "server/disagg_protocol.h"
+#include "server/tokenize_api.h"
 
 namespace tachyon::server {
 namespace {
@@ -56,7 +57,8 @@ class Session;
 struct HttpServer::Impl {
   Impl(const HttpServerOptions& o, const ServingContext& c, std::unique_ptr<AsyncEngine> e, ServerMetrics& m,
        const DisaggContext& d)
-      : options(o), context(c), metrics(m), disagg(d), created(std::time(nullptr)), engine(std::move(e)),
+      : options(o), context(c), metrics(m), disagg(d), access(o.access), created(std::time(nullptr)),
+        engine(std::move(e)),
         ioc(std::max(1, o.io_threads)), acceptor(ioc), signals(ioc, SIGINT, SIGTERM), drain_timer(ioc),
         retry_timer(ioc) {}
   ~Impl() {
@@ -81,6 +83,7 @@ struct HttpServer::Impl {
   ServingContext context;
   ServerMetrics& metrics;
   DisaggContext disagg;
+  AccessPolicy access;
   int64_t created;
   int port = 0;
   std::atomic<bool> draining{false};
@@ -154,6 +157,7 @@ class Session : public std::enable_shared_from_this<Session> {
       return;
     }
     state_ = State::kReading;
+    extra_headers_.clear();
     parser_.emplace();
     parser_->header_limit(kMaxHeaderBytes);
     parser_->body_limit(server_.options.max_body);
@@ -232,6 +236,30 @@ class Session : public std::enable_shared_from_this<Session> {
     const std::string path(target.substr(0, target.find('?')));
     const bool get = req.method() == http::verb::get;
     const bool post = req.method() == http::verb::post;
+    const auto header = [&req](http::field name) {
+      const auto v = req[name];
+      return std::string_view(v.data(), v.size());
+    };
+    // CORS: every response to an allowed origin says so; its preflights are answered here, before
+    // the API key (a browser sends none with them).
+    const AccessPolicy& access = server_.access;
+    const std::string_view origin = header(http::field::origin);
+    extra_headers_ = access.cors_headers(origin);
+    if (req.method() == http::verb::options && access.cors_enabled() && !origin.empty()) {
+      if (!access.origin_allowed(origin)) return reply_error(403, "this origin is not allowed (--allowed-origins)", "");
+      extra_headers_ = access.preflight_headers(origin, header(http::field::access_control_request_headers));
+      return reply(200, "text/plain; charset=utf-8", "");
+    }
+    if (!access.authorized(path, header(http::field::authorization))) {
+      const bool key_given = !header(http::field::authorization).empty();
+      return reply(401, "application/json", AccessPolicy::unauthorized_body(key_given));
+    }
+    if (path == "/tokenize" || path == "/detokenize") {
+      if (!post) return reply_error(405, fmt::format("{} needs POST", path), "method_not_allowed");
+      const JsonReply r = path == "/tokenize" ? tokenize_reply(req.body(), server_.context)
+                                              : detokenize_reply(req.body(), server_.context);
+      return reply(r.status, "application/json", r.body);
+    }
     if (path == "/v1/completions" || path == "/v1/chat/completions") {
       if (!post) return reply_error(405, fmt::format("{} needs POST", path), "method_not_allowed");
       if (server_.disagg.role == WorkerRole::kPrefill) {
@@ -348,7 +376,13 @@ class Session : public std::enable_shared_from_this<Session> {
     if (auto error = parse_api_request(endpoint, req.body(), server_.context, request)) {
       return reply(error->status, "application/json", error_body(*error));
     }
-    // The router reads every part as a stream and builds plain responses itself.
+    // The router reads every part as a stream and builds plain responses itself: it has no place
+    // for prompt logprobs, which a prefill worker could not hand over anyway.
+    if (request.prompt_logprobs) {
+      ApiError e{400, "'prompt_logprobs' is not supported through the router (a disaggregated deployment)",
+                 "invalid_request_error", "prompt_logprobs", ""};
+      return reply(400, "application/json", error_body(e));
+    }
     request.stream = true;
     request.include_usage = true;
     const size_t choices = request.prompts.size() * static_cast<size_t>(request.n);
@@ -432,7 +466,7 @@ class Session : public std::enable_shared_from_this<Session> {
     if (job_->streaming()) {
       std::string head = status_line(200) +
                          "Content-Type: text/event-stream; charset=utf-8\r\nCache-Control: no-cache\r\n"
-                         "X-Accel-Buffering: no\r\n";
+                         "X-Accel-Buffering: no\r\n" + extra_headers_;
       if (http10_) {
         keep_alive_ = false;
         head += "Connection: close\r\n\r\n";
@@ -498,7 +532,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void append_response(int status, std::string_view content_type, std::string_view body) {
     server_.metrics.record_http_response(status);
     if (server_.draining.load()) keep_alive_ = false;
-    pending_ += net::plain_response(status, content_type, body, keep_alive_);
+    pending_ += net::plain_response(status, content_type, body, keep_alive_, extra_headers_);
   }
 
   void reply(int status, std::string_view content_type, std::string_view body) {
@@ -634,6 +668,7 @@ class Session : public std::enable_shared_from_this<Session> {
   size_t lingered_ = 0;
   std::shared_ptr<CompletionJob> job_;
   std::string job_body_;
+  std::string extra_headers_;  // the current request's CORS header lines, on every response to it
   std::string pending_;  // bytes waiting for the current write to finish
   std::string out_;      // bytes being written
 };

@@ -3,6 +3,8 @@
 //
 //   POST /v1/completions, POST /v1/chat/completions   (streaming as server-sent events, or not)
 //   GET  /v1/models, /v1/models/{name}, /health, /metrics
+//   POST /tokenize, /detokenize      (vLLM's; server/tokenize_api.h)
+//   OPTIONS                          CORS preflights, when --allowed-origins allows the origin
 //   /internal/v1/...   the disaggregated workers' protocol with the router (disagg_protocol.h):
 //                      load on every role, decode/* on a decode worker, prefill/* on a prefill
 //                      worker. A prefill worker refuses the /v1 generation routes (404): its
@@ -12,6 +14,9 @@
 // While a request generates, the connection keeps a read posted, so a client that hangs up is
 // seen at once and its requests are aborted (their KV blocks freed by the next engine step);
 // a write that stalls past the write timeout closes the connection the same way.
+//
+// Access (server/access_policy.h): with an API key, /v1/* without "Authorization: Bearer KEY" gets
+// 401; with allowed origins, responses to those origins carry the CORS headers.
 //
 // Limits and errors: bodies over max_body get 413 before they are read, oversized headers 431,
 // malformed requests 400, a full waiting queue 503 (the engine never blocks on the network).
@@ -25,6 +30,7 @@
 
 #include "core/status.h"
 #include "engine/async_engine.h"
+#include "server/access_policy.h"
 #include "server/disagg_worker.h"
 #include "server/metrics.h"
 #include "server/openai_api.h"
@@ -39,6 +45,7 @@ struct HttpServerOptions {
   double keep_alive_timeout = 65.0;   // seconds a connection may idle between requests
   double write_timeout = 120.0;       // seconds one write may stall before the client counts as gone
   int max_registered = 1024;          // decode role: requests waiting for their transfer, past which 503
+  AccessOptions access;               // API key and CORS origins
 };
 
 class HttpServer {

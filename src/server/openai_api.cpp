@@ -10,6 +10,8 @@
 #include "engine/stop_strings.h"
 #include "io/json_file.h"
 #include "server/chat_prompt.h"
+#include "server/request_fields.h"
+#include "server/request_json.h"
 #include "tokenizer/unicode.h"
 
 namespace tachyon::server {
@@ -49,66 +51,6 @@ int json_depth(std::string_view text, int limit) {
   }
   return deepest;
 }
-
-ApiError invalid(std::string message, std::string param = "", std::string code = "") {
-  ApiError e;
-  e.status = 400;
-  e.message = std::move(message);
-  e.param = std::move(param);
-  e.code = std::move(code);
-  return e;
-}
-
-// A field present and not null.
-const ojson* field(const ojson& body, const char* key) {
-  auto it = body.find(key);
-  if (it == body.end() || it->is_null()) return nullptr;
-  return &*it;
-}
-
-std::optional<ApiError> read_float(const ojson& body, const char* key, float& out) {
-  const ojson* v = field(body, key);
-  if (v == nullptr) return std::nullopt;
-  if (!v->is_number()) return invalid(fmt::format("'{}' must be a number, got {}", key, v->type_name()), key);
-  const double d = v->get<double>();
-  if (!std::isfinite(d) || std::fabs(d) > 1e30) return invalid(fmt::format("'{}' = {} is out of range", key, d), key);
-  out = static_cast<float>(d);
-  return std::nullopt;
-}
-
-std::optional<ApiError> read_int(const ojson& body, const char* key, int64_t& out) {
-  const ojson* v = field(body, key);
-  if (v == nullptr) return std::nullopt;
-  if (v->is_number_integer()) {
-    if (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-      return invalid(fmt::format("'{}' is out of range", key), key);
-    }
-    out = v->get<int64_t>();
-    return std::nullopt;
-  }
-  // 16.0 is an integer to a JavaScript client.
-  if (v->is_number_float()) {
-    const double d = v->get<double>();
-    if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9e15) {
-      out = static_cast<int64_t>(d);
-      return std::nullopt;
-    }
-  }
-  return invalid(fmt::format("'{}' must be an integer, got {}", key, json_excerpt(*v)), key);
-}
-
-std::optional<ApiError> read_bool(const ojson& body, const char* key, bool& out) {
-  const ojson* v = field(body, key);
-  if (v == nullptr) return std::nullopt;
-  if (!v->is_boolean()) return invalid(fmt::format("'{}' must be a boolean, got {}", key, v->type_name()), key);
-  out = v->get<bool>();
-  return std::nullopt;
-}
-
-#define TACHYON_API_TRY(expr)                     \
-  do {                                            \
-    if (auto api_error_ = (expr)) return api_error_; \
-  } while (0)
 
 // The first word of a SamplingParams::validate message is the field's name.
 std::string param_of(const std::string& message) { return message.substr(0, message.find(' ')); }
@@ -170,11 +112,13 @@ std::optional<ApiError> read_ids(const ojson& list, int vocab_size, std::vector<
   return std::nullopt;
 }
 
-std::optional<ApiError> read_prompts(const ojson& body, const ServingContext& ctx, std::vector<PromptInput>& out) {
+std::optional<ApiError> read_prompts(const ojson& body, const ServingContext& ctx, bool add_special_tokens,
+                                     std::vector<PromptInput>& out) {
   const ojson* v = field(body, "prompt");
   if (v == nullptr) return invalid("'prompt' is required", "prompt");
   EncodeOptions eo;
   eo.parse_special = true;  // as Hugging Face tokenizers do: special tokens written in the text are recognized
+  if (!add_special_tokens) eo.add_bos = false;  // else the tokenizer's default
   const auto text_prompt = [&](const std::string& text) {
     PromptInput p;
     p.text = text;
@@ -323,23 +267,6 @@ std::optional<ApiError> flatten_content(const ojson& content, size_t index, std:
 
 namespace {
 
-// 'model', when given, must name the served model.
-std::optional<ApiError> check_model(const ojson& body, const ServingContext& ctx) {
-  if (const ojson* model = field(body, "model")) {
-    if (!model->is_string()) return invalid("'model' must be a string", "model");
-    if (model->get<std::string>() != ctx.model_name) {
-      ApiError e;
-      e.status = 404;
-      e.message = fmt::format("The model '{}' does not exist; this server serves '{}'", model->get<std::string>(),
-                              ctx.model_name);
-      e.param = "model";
-      e.code = "model_not_found";
-      return e;
-    }
-  }
-  return std::nullopt;
-}
-
 // The sampling and streaming fields both endpoints take, and 'n'.
 std::optional<ApiError> read_sampling(const ojson& body, const ServingContext& ctx, ApiRequest& out) {
   GenerationParams& p = out.params;
@@ -402,6 +329,52 @@ std::optional<ApiError> read_sampling(const ojson& body, const ServingContext& c
   return std::nullopt;
 }
 
+// stop_token_ids: token ids of the vocabulary.
+std::optional<ApiError> read_stop_token_ids(const ojson& body, int vocab_size, std::vector<int32_t>& out) {
+  const ojson* v = field(body, "stop_token_ids");
+  if (v == nullptr) return std::nullopt;
+  if (!v->is_array()) return invalid("'stop_token_ids' must be a list of token ids", "stop_token_ids");
+  if (v->size() > kMaxStopTokenIds) {
+    return invalid(fmt::format("'stop_token_ids' has {} ids; at most {}", v->size(), kMaxStopTokenIds),
+                   "stop_token_ids");
+  }
+  for (size_t i = 0; i < v->size(); ++i) {
+    const ojson& t = (*v)[i];
+    if (!t.is_number_integer() || (t.is_number_unsigned() && t.get<uint64_t>() >= static_cast<uint64_t>(vocab_size)) ||
+        t.get<int64_t>() < 0 || t.get<int64_t>() >= vocab_size) {
+      return invalid(fmt::format("'stop_token_ids': entry {} = {} is not a token id in [0, {})", i, json_excerpt(t),
+                                 vocab_size),
+                     "stop_token_ids");
+    }
+    out.push_back(static_cast<int32_t>(t.get<int64_t>()));
+  }
+  return std::nullopt;
+}
+
+// vLLM's extra fields beyond sampling: stop_token_ids, include_stop_str_in_output,
+// skip_special_tokens, return_tokens_as_token_ids, prompt_logprobs (min_tokens waits for
+// max_tokens, add_special_tokens goes with the prompt).
+std::optional<ApiError> read_vllm_fields(const ojson& body, const ServingContext& ctx, ApiRequest& out) {
+  GenerationParams& p = out.params;
+  TACHYON_API_TRY(read_stop_token_ids(body, ctx.vocab_size, p.stop_token_ids));
+  TACHYON_API_TRY(read_bool(body, "include_stop_str_in_output", p.include_stop_str_in_output));
+  TACHYON_API_TRY(read_bool(body, "skip_special_tokens", p.skip_special_tokens));
+  TACHYON_API_TRY(read_bool(body, "return_tokens_as_token_ids", out.tokens_as_ids));
+  if (field(body, "prompt_logprobs") != nullptr) {
+    int64_t n = 0;
+    TACHYON_API_TRY(read_int(body, "prompt_logprobs", n));
+    if (n < 0 || n > SamplingParams::kMaxLogprobs) {
+      return invalid(fmt::format("'prompt_logprobs' must be in [0, {}], got {}", SamplingParams::kMaxLogprobs, n),
+                     "prompt_logprobs");
+    }
+    if (out.stream) {
+      return invalid("'prompt_logprobs' are not available when 'stream' is true (as in vLLM)", "prompt_logprobs");
+    }
+    out.prompt_logprobs = static_cast<int>(n);
+  }
+  return std::nullopt;
+}
+
 // 'logprobs' (a flag with 'top_logprobs' in chat, a count in completions) and the fields only one
 // endpoint takes.
 std::optional<ApiError> read_endpoint_fields(const ojson& body, bool chat, ApiRequest& out) {
@@ -428,7 +401,7 @@ std::optional<ApiError> read_endpoint_fields(const ojson& body, bool chat, ApiRe
     }
     TACHYON_API_TRY(read_bool(body, "echo", out.echo));
     if (out.echo && out.logprobs) {
-      return invalid("'echo' with 'logprobs' would need the prompt's logprobs, which this server does not compute",
+      return invalid("'echo' with 'logprobs' is not supported (vLLM's 'prompt_logprobs' gives the prompt's logprobs)",
                      "echo");
     }
     int64_t best_of = out.n;
@@ -441,13 +414,13 @@ std::optional<ApiError> read_endpoint_fields(const ojson& body, bool chat, ApiRe
   return std::nullopt;
 }
 
+}  // namespace
+
 // The chat's messages through the chat template: one prompt.
-std::optional<ApiError> read_chat_prompt(const ojson& body, const ServingContext& ctx, std::vector<PromptInput>& out) {
+std::optional<ApiError> read_chat_prompt(const ojson& body, const ServingContext& ctx, bool add_special_tokens,
+                                         PromptInput& out) {
   ojson messages;
   TACHYON_API_TRY(read_messages(body, messages));
-  if (const ojson* tools = field(body, "tools"); tools != nullptr && !(tools->is_array() && tools->empty())) {
-    return invalid("'tools' are not supported", "tools");
-  }
   bool add_generation_prompt = true;
   TACHYON_API_TRY(read_bool(body, "add_generation_prompt", add_generation_prompt));
   ojson variables = nullptr;
@@ -456,14 +429,14 @@ std::optional<ApiError> read_chat_prompt(const ojson& body, const ServingContext
     variables = *kwargs;
   }
   Result<ChatPrompt> prompt = build_chat_prompt(*ctx.chat_template, ctx.template_extras, *ctx.tokenizer, messages,
-                                                add_generation_prompt, variables);
+                                                add_generation_prompt, variables, add_special_tokens);
   if (!prompt.ok()) return invalid(prompt.status().message(), "messages");
-  PromptInput input;
-  input.text = std::move(prompt->text);
-  input.ids = std::move(prompt->ids);
-  out.push_back(std::move(input));
+  out.text = std::move(prompt->text);
+  out.ids = std::move(prompt->ids);
   return std::nullopt;
 }
+
+namespace {
 
 // The prompts against the per-request choice limit and the context; the longest prompt's length.
 std::optional<ApiError> check_prompts(const ApiRequest& request, bool chat, const ServingContext& ctx, size_t& longest) {
@@ -508,37 +481,42 @@ std::optional<ApiError> read_max_tokens(const ojson& body, bool chat, const Serv
 
 std::optional<ApiError> parse_api_request(Endpoint endpoint, std::string_view body_text, const ServingContext& ctx,
                                           ApiRequest& out) {
-  if (!is_valid_utf8(body_text)) return invalid("the request body is not valid UTF-8");
-  if (json_depth(body_text, kMaxJsonDepth) > kMaxJsonDepth) {
-    return invalid(fmt::format("the request body nests arrays and objects deeper than {} levels", kMaxJsonDepth));
-  }
-  ojson body = ojson::parse(body_text, nullptr, /*allow_exceptions=*/false);
-  if (body.is_discarded()) return invalid("the request body is not valid JSON");
-  if (!body.is_object()) return invalid(fmt::format("the request body must be a JSON object, got {}", body.type_name()));
+  ojson body;
+  TACHYON_API_TRY(parse_request_body(body_text, body));
   const bool chat = endpoint == Endpoint::kChatCompletions;
   out = ApiRequest{};
   out.endpoint = endpoint;
-  TACHYON_API_TRY(check_model(body, ctx));
+  TACHYON_API_TRY(check_request_fields(endpoint, body));  // nothing unknown, no structured output
+  TACHYON_API_TRY(check_model(body, ctx.model_name));
   TACHYON_API_TRY(read_sampling(body, ctx, out));
+  TACHYON_API_TRY(read_vllm_fields(body, ctx, out));
   TACHYON_API_TRY(read_endpoint_fields(body, chat, out));
   SamplingParams& s = out.params.sampling;
   s.logprobs = out.top_logprobs;
   if (Status valid = s.validate(ctx.vocab_size); !valid.ok()) return invalid(valid.message(), param_of(valid.message()));
 
   // The prompt(s).
+  bool add_special_tokens = true;
+  TACHYON_API_TRY(read_bool(body, "add_special_tokens", add_special_tokens));
   if (chat) {
-    TACHYON_API_TRY(read_chat_prompt(body, ctx, out.prompts));
+    TACHYON_API_TRY(read_chat_prompt(body, ctx, add_special_tokens, out.prompts.emplace_back()));
   } else {
-    TACHYON_API_TRY(read_prompts(body, ctx, out.prompts));
+    TACHYON_API_TRY(read_prompts(body, ctx, add_special_tokens, out.prompts));
   }
   size_t longest = 0;
   TACHYON_API_TRY(check_prompts(out, chat, ctx, longest));
   GenerationParams& p = out.params;
   TACHYON_API_TRY(read_max_tokens(body, chat, ctx, longest, p));
+  int64_t min_tokens = 0;
+  TACHYON_API_TRY(read_int(body, "min_tokens", min_tokens));
+  if (min_tokens < 0 || min_tokens > p.max_tokens) {
+    return invalid(fmt::format("'min_tokens' must be in [0, max_tokens = {}], got {}", p.max_tokens, min_tokens),
+                   "min_tokens");
+  }
+  p.min_tokens = static_cast<int>(min_tokens);
   // The engine detokenizes only where stop strings need it (to end the request at the match);
   // otherwise the connection's CompletionJob makes the text, off the engine's thread.
   p.detokenize = !p.stop.empty();
-  p.skip_special_tokens = true;
   return std::nullopt;
 }
 

@@ -6,13 +6,21 @@
 // as an exception or an abort. Values are checked against the served model: vocabulary, context
 // length (prompt < max_model_len, 1 <= max_tokens <= max_model_len), sampling ranges.
 //
-// Accepted fields (others are ignored, as vLLM does):
+// Fields (server/request_fields.h refuses every other one with a 400 naming it, and the
+// structured-output ones; nothing is silently ignored):
 //   both        model, max_tokens, temperature, top_p, top_k, min_p, n, stop, seed,
 //               presence_penalty, frequency_penalty, repetition_penalty, logit_bias, stream,
-//               stream_options.include_usage, ignore_eos, user
-//   completions prompt (string | [ids] | [strings] | [[ids]]), echo, logprobs (int), best_of (= n)
+//               stream_options (include_usage; include_obfuscation a no-op), user (a no-op),
+//               vLLM's ignore_eos, min_tokens, stop_token_ids, include_stop_str_in_output,
+//               prompt_logprobs (not with stream), skip_special_tokens, add_special_tokens,
+//               return_tokens_as_token_ids,
+//               Tachyon's draft, sparse_budget; response_format only {"type": "text"}
+//   completions prompt (string | [ids] | [strings] | [[ids]]), echo, logprobs (int), best_of (= n),
+//               suffix (empty)
 //   chat        messages, max_completion_tokens, logprobs (bool), top_logprobs,
-//               add_generation_prompt, chat_template_kwargs
+//               add_generation_prompt, chat_template_kwargs; no-ops: metadata, store,
+//               service_tier (auto | default), parallel_tool_calls, modalities (["text"]),
+//               tools ([]), tool_choice ("none"), functions ([]), function_call ("none")
 #pragma once
 
 #include <cstdint>
@@ -85,6 +93,10 @@ struct ApiRequest {
   bool echo = false;
   bool logprobs = false;
   int top_logprobs = 0;
+  bool tokens_as_ids = false;  // vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:N"
+  // vLLM's prompt_logprobs (N top tokens per prompt token); computed by each prompt's first choice
+  // only (GenerationParams::prompt_logprobs) and shown in every choice of that prompt.
+  std::optional<int> prompt_logprobs;
 };
 
 // The deepest nesting of arrays and objects in JSON `text` (brackets inside strings excluded);
@@ -96,6 +108,12 @@ inline constexpr int kMaxJsonDepth = 64;
 // Parses `body` (any bytes) into `out`; the error to answer with otherwise.
 std::optional<ApiError> parse_api_request(Endpoint endpoint, std::string_view body, const ServingContext& context,
                                           ApiRequest& out);
+
+// The chat's `messages` through the chat template, with `body`'s add_generation_prompt and
+// chat_template_kwargs: one prompt (for /v1/chat/completions and /tokenize).
+// add_special_tokens: see build_chat_prompt (server/chat_prompt.h).
+std::optional<ApiError> read_chat_prompt(const nlohmann::ordered_json& body, const ServingContext& context,
+                                         bool add_special_tokens, PromptInput& out);
 
 // The message content as one string: a string as is; a list of {"type": "text", "text"} parts
 // joined by newlines; null as empty. Other part types are an error.

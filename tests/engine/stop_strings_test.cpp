@@ -87,5 +87,59 @@ TEST(StopStrings, RandomSplitsAgreeWithTheWholeTextReference) {
   }
 }
 
+// min_tokens and include_stop_str_in_output: the first `unarmed` bytes arrive with may_stop = false
+// (in random pieces, the boundary falling between two), and a match counts only if it ends past
+// them; with include_stop the match itself is shown. Against the whole-text reference.
+TEST(StopStrings, UnarmedTextCannotEndTheStreamAndIncludedStopsShow) {
+  StopStringMatcher held({"ab"}, /*include_stop=*/true);
+  EXPECT_EQ(held.push("xab", /*may_stop=*/false), "xab");  // complete, but before min_tokens
+  EXPECT_FALSE(held.matched());
+  EXPECT_EQ(held.push("a", false), "");  // may start a match that ends later
+  EXPECT_EQ(held.push("b!"), "ab");      // ends in armed text: counts, and shows
+  EXPECT_TRUE(held.matched());
+
+  const uint32_t seed = testing::fresh_seed();
+  std::mt19937 rng(seed);
+  const std::string alphabet = "ab ";
+  for (int trial = 0; trial < 3000; ++trial) {
+    std::string text;
+    const size_t len = rng() % 30;
+    for (size_t i = 0; i < len; ++i) text += alphabet[rng() % alphabet.size()];
+    std::vector<std::string> stops(1 + rng() % 3);
+    for (auto& s : stops) {
+      const int sl = 1 + static_cast<int>(rng() % 3);
+      for (int i = 0; i < sl; ++i) s += alphabet[rng() % alphabet.size()];
+    }
+    const size_t unarmed = len == 0 ? 0 : rng() % (len + 1);
+    const bool include = rng() % 2 == 0;
+    // Reference: the earliest-ending (then earliest-starting) match that ends past `unarmed`.
+    size_t best = std::string::npos, best_end = std::string::npos;
+    for (const std::string& stop : stops) {
+      for (size_t at = 0; at + stop.size() <= text.size(); ++at) {
+        const size_t end = at + stop.size();
+        if (end <= unarmed || text.compare(at, stop.size(), stop) != 0) continue;
+        if (end < best_end || (end == best_end && at < best)) {
+          best = at;
+          best_end = end;
+        }
+        break;
+      }
+    }
+    const std::string want = best == std::string::npos ? text : text.substr(0, include ? best_end : best);
+    StopStringMatcher m(stops, include);
+    std::string shown;
+    size_t pos = 0;
+    while (pos < text.size() && !m.matched()) {
+      const size_t limit = pos < unarmed ? unarmed : text.size();
+      const size_t n = std::min(limit - pos, static_cast<size_t>(1 + rng() % 4));
+      shown += m.push(text.substr(pos, n), pos >= unarmed);
+      pos += n;
+    }
+    if (!m.matched()) shown += m.flush();
+    ASSERT_EQ(shown, want) << "seed " << seed << " trial " << trial << " text '" << text << "' unarmed " << unarmed;
+    ASSERT_EQ(m.matched(), best != std::string::npos) << "seed " << seed << " trial " << trial;
+  }
+}
+
 }  // namespace
 }  // namespace tachyon

@@ -54,6 +54,33 @@ TEST(Server, OpenAiClientCompletionsAndChat) {
   EXPECT_EQ(server.stop(), 0) << server.log();
 }
 
+// Every field honoured or refused by name (vLLM's extras through extra_body), /tokenize and
+// /detokenize, CORS for an allowed origin.
+TEST(Server, OpenAiFieldsAreHonouredOrRefusedByName) {
+  SKIP_WITHOUT_VENV();
+  ServerProcess server("--batch-invariant --allowed-origins http://localhost:3000");
+  ASSERT_TRUE(server.started()) << server.log();
+  expect_script_passes(server, "api_fields_test.py");
+  EXPECT_EQ(server.stop(), 0) << server.log();
+}
+
+// --api-key, and the same key from TACHYON_API_KEY: /v1/* needs it, /health and /metrics do not.
+TEST(Server, ApiKeyGuardsV1Routes) {
+  SKIP_WITHOUT_VENV();
+  {
+    ServerProcess server("--api-key sk-tachyon-test");
+    ASSERT_TRUE(server.started()) << server.log();
+    expect_script_passes(server, "api_key_test.py", "TACHYON_TEST_API_KEY=sk-tachyon-test");
+    EXPECT_EQ(server.stop(), 0) << server.log();
+  }
+  setenv("TACHYON_API_KEY", "sk-from-env", 1);  // the server inherits it
+  ServerProcess server("");
+  unsetenv("TACHYON_API_KEY");
+  ASSERT_TRUE(server.started()) << server.log();
+  expect_script_passes(server, "api_key_test.py", "TACHYON_TEST_API_KEY=sk-from-env");
+  EXPECT_EQ(server.stop(), 0) << server.log();
+}
+
 TEST(Server, ManyConcurrentStreamsAllComplete) {
   SKIP_WITHOUT_VENV();
   ServerProcess server("--io-threads 3 --stream-timestamps");
