@@ -57,6 +57,7 @@ class Backend {
                               const Tensor& block_tables, int block_size, Tensor& slot_mapping) = 0;
   virtual void sample(const Tensor& x, const Tensor& params, Tensor& ids, Tensor& logprobs, Tensor* probs) = 0;
   virtual void adjust_logits(Tensor& x, const Tensor& edits) = 0;
+  virtual void mask_logits(Tensor& x, const Tensor& masks) = 0;
   virtual void fill_uniform(Tensor& t, uint64_t seed, uint64_t stream, float bound, float offset) = 0;
   virtual void quantize_int8_rows(const Tensor& w, Tensor& packed, Tensor& scales) = 0;
   virtual void quantize_int4_groups(const Tensor& w, int group, bool f16_scales, Tensor& packed, Tensor& scales,

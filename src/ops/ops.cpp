@@ -801,6 +801,18 @@ void adjust_logits(Tensor& x, const Tensor& edits) {
   b.adjust_logits(x, edits);
 }
 
+void mask_logits(Tensor& x, const Tensor& masks) {
+  constexpr const char* op = "mask_logits";
+  Backend& b = backend_of(op, "x", x);
+  require_on(op, x.device(), {{"masks", &masks}});
+  require_activation(op, "x", x, 2);
+  require_dtype(op, "masks", masks, DType::kI32);
+  TACHYON_CHECK(masks.dim() == 2 && masks.size(1) == token_mask_columns(x.size(1)) && masks.is_contiguous(),
+                "mask_logits: masks {} must be [m, {}] and contiguous for x {}", masks.shape_string(),
+                token_mask_columns(x.size(1)), x.shape_string());
+  b.mask_logits(x, masks);
+}
+
 void quantize_int8_rows(const Tensor& w, Tensor& packed, Tensor& scales) {
   constexpr const char* op = "quantize_int8_rows";
   Backend& b = backend_of(op, "w", w);

@@ -261,6 +261,14 @@ inline constexpr int64_t kSampleParams = 6;  // columns of sample()'s params
 void adjust_logits(Tensor& x, const Tensor& edits);
 inline constexpr int64_t kLogitEditColumns = 5;
 
+// Token masks of constrained decoding (sampling/grammar_matcher.h) on x[n, d] (f32) in place: each
+// row of masks[m, token_mask_columns(d)] (i32, contiguous) names a row of x in its first column,
+// then holds that row's allowed tokens as bits (bit t % 32 of the word in column 1 + t / 32), and
+// x[row, t] becomes -inf for every token t whose bit is clear. Rows of x not named are unchanged;
+// a row named twice keeps what both masks allow.
+void mask_logits(Tensor& x, const Tensor& masks);
+inline constexpr int64_t token_mask_columns(int64_t d) { return 1 + (d + 31) / 32; }
+
 // Fills t (f32/f16/bf16, contiguous) with offset + bound * u, u uniform in [-1, 1), element i drawn
 // from (seed, stream, i) alone: the same values on every device and thread count.
 void fill_uniform(Tensor& t, uint64_t seed, uint64_t stream, float bound, float offset);

@@ -238,6 +238,36 @@ TEST(GpuOps, AdjustLogitsEqualsTheCpuOp) {
   EXPECT_TRUE(testing::bitwise_equal(to_host(*dx), x, "adjusted logits"));
 }
 
+// mask_logits on the device clears what the CPU op clears, to the bit: random masks over some rows
+// (one row named twice), a vocabulary that does not fill its last word.
+TEST(GpuOps, MaskLogitsEqualsTheCpuOp) {
+  TACHYON_START_GPU();
+  const uint32_t seed = testing::fresh_seed();
+  SCOPED_TRACE(fmt::format("seed {} (TACHYON_TEST_SEED={} reproduces)", seed, seed));
+  std::mt19937 rng(seed);
+  constexpr int64_t kVocab = 70001;
+  Tensor x = testing::random_tensor({6, kVocab}, rng);
+  const int64_t columns = ops::token_mask_columns(kVocab);
+  const int rows[] = {4, 0, 2, 4};
+  Tensor masks = Tensor::empty({4, columns}, DType::kI32);
+  for (int m = 0; m < 4; ++m) {
+    int32_t* mask = masks.data<int32_t>() + m * columns;
+    mask[0] = rows[m];
+    std::bernoulli_distribution keep(m == 1 ? 0.001 : 0.5);
+    for (int64_t j = 1; j < columns; ++j) {
+      uint32_t w = 0;
+      for (int b = 0; b < 32; ++b) w |= static_cast<uint32_t>(keep(rng)) << b;
+      mask[j] = static_cast<int32_t>(w);
+    }
+  }
+  auto dx = copy_to(x, kGpu);
+  auto dm = copy_to(masks, kGpu);
+  ASSERT_TRUE(dx.ok() && dm.ok());
+  ops::mask_logits(x, masks);
+  ops::mask_logits(*dx, *dm);
+  EXPECT_TRUE(testing::bitwise_equal(to_host(*dx), x, "masked logits"));
+}
+
 int32_t host_argmax(const float* row, int64_t n) {
   return static_cast<int32_t>(std::max_element(row, row + n) - row);
 }

@@ -188,6 +188,40 @@ TEST(OpsSample, AdjustedLogitsDrawWhatTheSamplerDraws) {
   EXPECT_LE(mismatches, 1) << "of " << kRows << " draws";
 }
 
+// mask_logits against its definition, bit by bit: the named rows lose exactly the tokens whose
+// bit is clear, the other rows keep every value.
+TEST(OpsMaskLogits, ClearsExactlyTheDisallowedTokens) {
+  const uint32_t seed = testing::fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed << " (TACHYON_TEST_SEED=" << seed << " reproduces)");
+  std::mt19937 rng(seed);
+  constexpr int64_t kVocab = 1000;  // the last word is partly used
+  const Tensor original = testing::random_tensor({3, kVocab}, rng);
+  Tensor x = original.to_f32();  // a copy
+  const int64_t columns = ops::token_mask_columns(kVocab);
+  ASSERT_EQ(columns, 1 + 32);
+  Tensor masks = Tensor::empty({2, columns}, DType::kI32);
+  std::vector<std::vector<bool>> allowed(2, std::vector<bool>(kVocab));
+  std::bernoulli_distribution keep(0.3);
+  for (int m = 0; m < 2; ++m) {
+    int32_t* mask = masks.data<int32_t>() + m * columns;
+    std::fill(mask, mask + columns, 0);
+    mask[0] = m == 0 ? 2 : 0;
+    for (int64_t t = 0; t < kVocab; ++t) {
+      allowed[m][t] = keep(rng);
+      if (!allowed[m][t]) continue;
+      mask[1 + t / 32] = static_cast<int32_t>(static_cast<uint32_t>(mask[1 + t / 32]) | (1u << (t % 32)));
+    }
+  }
+  ops::mask_logits(x, masks);
+  for (int64_t r = 0; r < 3; ++r) {
+    for (int64_t t = 0; t < kVocab; ++t) {
+      const float want = r == 1 || allowed[r == 2 ? 0 : 1][t] ? original.data<float>()[r * kVocab + t]
+                                                              : -std::numeric_limits<float>::infinity();
+      ASSERT_EQ(x.data<float>()[r * kVocab + t], want) << "row " << r << " token " << t;
+    }
+  }
+}
+
 TEST(OpsSample, RowsWithoutAFiniteValue) {
   Tensor x = Tensor::empty({1, 8}, DType::kF32);
   for (int i = 0; i < 8; ++i) x.data<float>()[i] = -std::numeric_limits<float>::infinity();

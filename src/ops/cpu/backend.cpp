@@ -542,6 +542,20 @@ void CpuBackend::adjust_logits(Tensor& x, const Tensor& edits) {
   }
 }
 
+void CpuBackend::mask_logits(Tensor& x, const Tensor& masks) {
+  const int64_t d = x.size(1), columns = masks.size(1);
+  for (int64_t m = 0; m < masks.size(0); ++m) {
+    const int32_t* mask = masks.data<int32_t>() + m * columns;
+    const int64_t row = mask[0];
+    TACHYON_CHECK(row >= 0 && row < x.size(0), "mask_logits: mask {} names row {} of x {}", m, row, x.shape_string());
+    float* v = x.data<float>() + row * x.stride(0);
+    for (int64_t t = 0; t < d; ++t) {
+      const bool allowed = (static_cast<uint32_t>(mask[1 + t / 32]) >> (t % 32)) & 1u;
+      if (!allowed) v[t] = -std::numeric_limits<float>::infinity();
+    }
+  }
+}
+
 void CpuBackend::quantize_int8_rows(const Tensor& w, Tensor& packed, Tensor& scales) {
   const int64_t out = w.size(0), in = w.size(1);
   const Tensor wf = w.to_f32();

@@ -46,6 +46,7 @@ class CpuBackend final : public Backend {
                       const Tensor& block_tables, int block_size, Tensor& slot_mapping) override;
   void sample(const Tensor& x, const Tensor& params, Tensor& ids, Tensor& logprobs, Tensor* probs) override;
   void adjust_logits(Tensor& x, const Tensor& edits) override;
+  void mask_logits(Tensor& x, const Tensor& masks) override;
   void fill_uniform(Tensor& t, uint64_t seed, uint64_t stream, float bound, float offset) override;
   void quantize_int8_rows(const Tensor& w, Tensor& packed, Tensor& scales) override;
   void quantize_int4_groups(const Tensor& w, int group, bool f16_scales, Tensor& packed, Tensor& scales,

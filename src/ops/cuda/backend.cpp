@@ -517,6 +517,12 @@ class CudaBackend final : public ops::Backend, public DeviceMemory {
                                    edits.size(0), stream_));
   }
 
+  void mask_logits(Tensor& x, const Tensor& masks) override {
+    if (!begin("mask_logits", x)) return;
+    require_ok(cuda::mask_logits(x.data<float>(), x.stride(0), x.size(0), x.size(1), masks.data<int32_t>(),
+                                 masks.size(0), stream_));
+  }
+
   void fill_uniform(Tensor& t, uint64_t seed, uint64_t stream, float bound, float offset) override {
     if (!begin("fill_uniform", t)) return;
     require_ok(cuda::fill_uniform(t.raw_data(), t.dtype(), t.numel(), seed, stream, bound, offset, stream_));

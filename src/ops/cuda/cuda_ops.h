@@ -149,6 +149,9 @@ Status quantize_int4_groups(const void* w, DType dtype, int64_t w_stride, int64_
                             bool f16_scales, uint8_t* packed, float* scales, float* zeros, Stream stream);
 // ops::adjust_logits's contract on device pointers: x [n, d] f32 rows x_stride apart, edits [m, 5].
 Status adjust_logits(float* x, int64_t x_stride, int64_t n, int64_t d, const float* edits, int64_t m, Stream stream);
+// ops::mask_logits's contract on device pointers: x [n, d] f32 rows x_stride apart, masks
+// [m, ops::token_mask_columns(d)] i32.
+Status mask_logits(float* x, int64_t x_stride, int64_t n, int64_t d, const int32_t* masks, int64_t m, Stream stream);
 
 // ---- mixture of experts (moe.cu) ------------------------------------------------------------------
 

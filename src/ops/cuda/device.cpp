@@ -312,4 +312,12 @@ Status adjust_logits(float* x, int64_t x_stride, int64_t n, int64_t d, const flo
   return Status::Ok();
 }
 
+Status mask_logits(float* x, int64_t x_stride, int64_t n, int64_t d, const int32_t* masks, int64_t m, Stream stream) {
+  TACHYON_CUDA_REQUIRE(n >= 0 && d >= 1 && x_stride >= d && m >= 0, "mask_logits: [{}, {}] rows {} apart, {} masks", n,
+                       d, x_stride, m);
+  TACHYON_CUDA_REQUIRE(m == 0 || (x != nullptr && masks != nullptr), "mask_logits: null pointer");
+  TACHYON_CUDA_RETURN_IF_ERROR(detail::launch_mask_logits(x, x_stride, n, d, masks, m, stream));
+  return Status::Ok();
+}
+
 }  // namespace tachyon::ops::cuda

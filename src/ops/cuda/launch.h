@@ -292,6 +292,10 @@ cudaError_t launch_sample(const float* x, int64_t x_stride, int64_t n, int64_t d
 // place outside x[n, d] are skipped (the caller checks them).
 cudaError_t launch_adjust_logits(float* x, int64_t x_stride, int64_t n, int64_t d, const float* edits, int64_t m,
                                  Stream stream);
+// ops::mask_logits: a block row per mask; masks naming a row outside x are skipped (the caller
+// checks them).
+cudaError_t launch_mask_logits(float* x, int64_t x_stride, int64_t n, int64_t d, const int32_t* masks, int64_t m,
+                               Stream stream);
 
 // ---- mixture of experts (moe.cu) --------------------------------------------------------------
 // ops.h's limits (ops.h itself is not for nvcc).

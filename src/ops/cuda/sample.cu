@@ -1,5 +1,5 @@
-// Sampling on the device: ops::sample and ops::adjust_logits (ops/ops.h has the contract; the plain
-// CPU form in ops.cpp is what the GPU tests compare against).
+// Sampling on the device: ops::sample, ops::adjust_logits and ops::mask_logits (ops/ops.h has the
+// contract; the plain CPU form in ops.cpp is what the GPU tests compare against).
 //
 // sample_kernel: one block of kThreads per row. Warp w owns the contiguous ids
 // [w * span, (w + 1) * span) (span a multiple of 32, so lanes read coalesced); every pass over the
@@ -21,6 +21,7 @@
 // Every block-wide sum is reduced in a fixed order (lanes, then warps in order) and the gathered
 // tokens are sorted by a total order, so the same row and draw give the same token on every run.
 // Ties and boundaries follow the CPU reference: the kept set is a prefix of the ranking.
+#include <algorithm>
 #include <cstdint>
 
 #include "ops/cuda/device_math.cuh"
@@ -551,6 +552,18 @@ __global__ void adjust_logits_kernel(float* x, int64_t x_stride, int64_t n, int6
   }
 }
 
+// Grid (tiles of tokens, masks): each thread one token of one masked row.
+__global__ void mask_logits_kernel(float* x, int64_t x_stride, int64_t n, int64_t d, const int32_t* masks,
+                                   int64_t columns) {
+  const int32_t* mask = masks + static_cast<int64_t>(blockIdx.y) * columns;
+  const int64_t r = mask[0];
+  if (r < 0 || r >= n) return;  // the host checked; never write outside
+  for (int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < d;
+       t += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    if (((static_cast<uint32_t>(mask[1 + (t >> 5)]) >> (t & 31)) & 1u) == 0) x[r * x_stride + t] = -INFINITY;
+  }
+}
+
 }  // namespace
 
 cudaError_t launch_sample(const float* x, int64_t x_stride, int64_t n, int64_t d, const float* params, int32_t* ids,
@@ -566,6 +579,16 @@ cudaError_t launch_adjust_logits(float* x, int64_t x_stride, int64_t n, int64_t 
   if (m == 0) return cudaSuccess;
   const int threads = 256;
   adjust_logits_kernel<<<grid_for(m, threads), threads, 0, stream>>>(x, x_stride, n, d, edits, m);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_mask_logits(float* x, int64_t x_stride, int64_t n, int64_t d, const int32_t* masks, int64_t m,
+                               Stream stream) {
+  if (m == 0) return cudaSuccess;
+  if (m > 65535) return cudaErrorInvalidValue;
+  const int threads = 256;
+  const dim3 grid(static_cast<unsigned>(std::min<int64_t>((d + threads - 1) / threads, 256)), static_cast<unsigned>(m));
+  mask_logits_kernel<<<grid, threads, 0, stream>>>(x, x_stride, n, d, masks, 1 + (d + 31) / 32);
   return cudaGetLastError();
 }
 
