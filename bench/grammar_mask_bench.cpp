@@ -28,6 +28,7 @@
 #include "core/timer.h"
 #include "sampling/grammar_matcher.h"
 #include "sampling/json_schema.h"
+#include "sampling/synthetic_vocabulary.h"
 #include "sampling/token_trie.h"
 #include "tokenizer/pretokenizer.h"
 #include "tokenizer/tokenizer.h"
@@ -68,35 +69,13 @@ Vocabulary load_llama3(const std::string& dir) {
   return v;
 }
 
-// 128,000 tokens: all bytes, JSON punctuation runs, digits, and words with and without a leading space.
-Vocabulary synthetic_vocabulary() {
+// 128,000 tokens (sampling/synthetic_vocabulary.h), and a special token after them.
+Vocabulary made_up_vocabulary() {
   Vocabulary v;
   v.source = "synthetic (128000 tokens)";
-  std::set<std::string> seen;
-  auto add = [&](const std::string& t) {
-    if (seen.insert(t).second) v.token_bytes.push_back(t);
-  };
-  for (int b = 0; b < 256; ++b) add(std::string(1, static_cast<char>(b)));
-  for (const char* p : {"{\"",  "\":",    "\",", "\": \"", "\", \"", "\"}",   "\"]",  "},", "}}", "]}", "\n",
-                        "\n  ", "\n    ", "  ",  "    ",   "true",   "false", "null", "é",  "€",  "😀"}) {
-    add(p);
-  }
-  std::mt19937 rng(7);
-  const std::string letters = "etaoinshrdlucmfwypvbgkqjxz";
-  std::uniform_int_distribution<int> length(2, 9);
-  std::geometric_distribution<int> letter(0.18);
-  while (v.token_bytes.size() < 127998) {
-    std::string w = std::bernoulli_distribution(0.6)(rng) ? " " : "";
-    if (std::bernoulli_distribution(0.1)(rng)) {
-      w += std::to_string(std::uniform_int_distribution<int>(0, 9999)(rng));
-    } else {
-      for (int n = length(rng); n > 0; --n) w += letters[std::min<size_t>(letter(rng), letters.size() - 1)];
-      if (std::bernoulli_distribution(0.05)(rng)) w += "\":";
-    }
-    add(w);
-  }
-  v.eos_ids = {static_cast<int32_t>(v.token_bytes.size())};
-  v.token_bytes.push_back("<|eot_id|>");
+  SyntheticVocabulary made = synthetic_vocabulary(127999).value();
+  v.token_bytes = std::move(made.token_bytes);
+  v.eos_ids = {made.eos_id};
   v.special_ids = {static_cast<int32_t>(v.token_bytes.size())};
   v.token_bytes.push_back("<|start_header_id|>");
   return v;
@@ -300,7 +279,7 @@ int run(int argc, char** argv) {
   }
   Vocabulary v;
   if (!synthetic && std::filesystem::exists(tokenizer_dir + "/tokenizer.model")) v = load_llama3(tokenizer_dir);
-  if (v.token_bytes.empty()) v = synthetic_vocabulary();
+  if (v.token_bytes.empty()) v = made_up_vocabulary();
 
   Timer trie_timer;
   auto trie = TokenTrie::build(v.token_bytes, v.eos_ids, v.special_ids);

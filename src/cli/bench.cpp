@@ -40,6 +40,7 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "cli/constraint_args.h"
 #include "cli/goodput.h"
 #include "cli/spec_args.h"
 #include "core/mapped_file.h"
@@ -80,6 +81,8 @@ struct BenchArgs {
   CommonOptions common;
   EngineArgs engine;
   SpecArgs spec;
+  ConstraintArgs constraint;                 // every request's structured output
+  std::shared_ptr<const Grammar> grammar;  // compiled from it (null: none)
   std::string prompt_text;      // file whose tokenized text the prompts are cut from; empty: random ids
   std::string workload = "throughput";
   std::string dtype = "bf16";
@@ -480,6 +483,7 @@ Status run_plan(Engine& e, const std::vector<PlannedRequest>& plan, const BenchA
       gp.max_tokens = plan[next].output_len;
       gp.ignore_eos = true;
       gp.detokenize = false;
+      gp.grammar = a.grammar;
       if (speculating) gp.draft = a.spec.request_draft;  // the plain baseline runs no draft
       TACHYON_RETURN_IF_ERROR(e.add_request(plan[next].prompt, gp).status());
       ++next;
@@ -543,15 +547,27 @@ int run_bench(BenchArgs& a) {
   if (a.workload == "latency" && a.slo.any()) {
     return report(make_error(ErrorCode::kInvalidArgument, "--slo-ttft and --slo-tpot apply to --workload throughput"));
   }
-  if (!a.url.empty()) return run_bench_http(a, a.workload == "latency");
+  if (!a.url.empty()) {
+    const ConstraintArgs& c = a.constraint;
+    if (!c.json_schema_file.empty() || c.json_object || !c.regex.empty() || !c.grammar_file.empty() ||
+        !c.choices.empty()) {
+      return report(make_error(ErrorCode::kInvalidArgument,
+                               "structured output flags apply to the in-process engine, not to --url"));
+    }
+    return run_bench_http(a, a.workload == "latency");
+  }
   if (a.common.model.empty()) return report(make_error(ErrorCode::kInvalidArgument, "-m MODEL is required"));
   const auto dtype = parse_dtype(a.dtype);
   if (!dtype) return report(make_error(ErrorCode::kInvalidArgument, "--dtype '{}' is not a dtype", a.dtype));
   auto eo = engine_options(a.engine);
   if (!eo.ok()) return report(eo.status());
+  auto grammar = constraint_grammar(a.constraint);
+  if (!grammar.ok()) return report(grammar.status());
+  a.grammar = *grammar;
   auto loaded = load(a.common, *dtype);
   if (!loaded.ok()) return report(loaded.status());
   LoadedModel& m = *loaded;
+  if (Status vocab = apply_constraint_vocabulary(m, a.grammar != nullptr, *eo); !vocab.ok()) return report(vocab);
   SpecModels drafts;  // --draft-model, alive as long as the engine
   Status spec = apply_spec_options(a.spec, m, drafts, *eo);
   if (!spec.ok()) return report(spec);
@@ -731,6 +747,18 @@ int run_bench(BenchArgs& a) {
                 {"expert_bytes_all_layers", one_expert},
                 {"step_bytes_at_distinct", rest + distinct * one_expert}};
   }
+  if (a.grammar) {
+    // Structured output: the host's time computing token masks, per step that masked any row (on
+    // a GPU it runs beside the forward; the step time against a run without a grammar shows what
+    // it costs).
+    const int64_t mask_steps = after.grammar_mask_steps - before.grammar_mask_steps;
+    const double mask_s = after.grammar_mask_seconds - before.grammar_mask_seconds;
+    j["grammar"] = {{"mask_steps", mask_steps},
+                    {"masked_rows", after.grammar_masked_rows - before.grammar_masked_rows},
+                    {"mask_ms_per_step", mask_steps > 0 ? mask_s / static_cast<double>(mask_steps) * 1e3 : 0.0},
+                    {"mask_fraction_of_step", step_total > 0 ? mask_s / step_total : 0.0},
+                    {"vocab_source", m.tokenizer ? "tokenizer" : "synthetic"}};
+  }
   if (!a.prompt_text.empty()) j["prompt_text"] = a.prompt_text;
   const Goodput goodput = put_goodput(j, latencies, a.slo, duration);
   if (latency) {
@@ -760,6 +788,14 @@ int run_bench(BenchArgs& a) {
                 p_itl.p99 * 1e3, 100.0 * j["kv_peak_fraction"].get<double>(), 100.0 * j["prefix_hit_rate"].get<double>(),
                 static_cast<long long>(j["preemptions"].get<int64_t>()), 100.0 * j["schedule_fraction"].get<double>(),
                 goodput_summary(goodput, a.slo).c_str());
+  }
+  if (j.contains("grammar")) {
+    const json& g = j["grammar"];
+    std::printf("structured output: %.3f ms of token masks per step (%.1f%% of step time, %lld rows over %lld steps, "
+                "%s vocabulary)\n",
+                g["mask_ms_per_step"].get<double>(), 100.0 * g["mask_fraction_of_step"].get<double>(),
+                static_cast<long long>(g["masked_rows"].get<int64_t>()),
+                static_cast<long long>(g["mask_steps"].get<int64_t>()), g["vocab_source"].get<std::string>().c_str());
   }
   if (j.contains("moe")) {
     const json& x = j["moe"];
@@ -811,6 +847,7 @@ void add_bench(CLI::App& app, std::function<int()>& run) {
   cmd->get_option("-m")->required(false);  // with --url it names the server's model, and may be left out
   add_engine_options(*cmd, a->engine);
   add_spec_options(*cmd, a->spec);
+  add_constraint_options(*cmd, a->constraint);
   cmd->add_option("--prompt-text", a->prompt_text, "cut prompts from this text file (tokenized) instead of random ids");
   cmd->add_option("--workload", a->workload, "latency or throughput (default throughput)");
   cmd->add_option("--dtype", a->dtype, "weight dtype of synthetic models (default bf16)");

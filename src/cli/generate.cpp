@@ -11,6 +11,7 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "cli/constraint_args.h"
 #include "cli/spec_args.h"
 #include "core/mapped_file.h"
 #include "engine/engine.h"
@@ -24,6 +25,7 @@ struct GenerateArgs {
   CommonOptions common;
   EngineArgs engine;
   SpecArgs spec;
+  ConstraintArgs constraint;
   std::string prompt;
   std::string prompt_file;
   std::string prompts_file;  // one request per line
@@ -150,6 +152,8 @@ int run_generate(GenerateArgs& a) {
   a.sampling.seed = seed_or_random(a.seed);
   auto eo = engine_options(a.engine);
   if (!eo.ok()) return report(eo.status());
+  auto grammar = constraint_grammar(a.constraint);  // before the load: a bad schema fails fast
+  if (!grammar.ok()) return report(grammar.status());
   auto loaded = load(a.common, *dtype);
   if (!loaded.ok()) return report(loaded.status());
   LoadedModel& m = *loaded;
@@ -160,7 +164,10 @@ int run_generate(GenerateArgs& a) {
   Status spec = apply_spec_options(a.spec, m, drafts, *eo);
   if (!spec.ok()) return report(spec);
 
+  if (Status vocab = apply_constraint_vocabulary(m, *grammar != nullptr, *eo); !vocab.ok()) return report(vocab);
+
   GenerationParams gp;
+  gp.grammar = *grammar;
   gp.sampling = a.sampling;
   gp.max_tokens = a.max_new_tokens;
   gp.ignore_eos = a.ignore_eos;
@@ -282,6 +289,7 @@ void add_generate(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--stop", args->stop, "stop string (repeatable); not part of the output");
   cmd->add_option("--prompts-file", args->prompts_file,
                   "run every line of FILE as its own request, all at once; prints one JSON object per line");
+  add_constraint_options(*cmd, args->constraint);
   add_engine_options(*cmd, args->engine);
   add_spec_options(*cmd, args->spec);
   cmd->callback([args, &run]() { run = [args]() { return run_generate(*args); }; });

@@ -61,6 +61,8 @@ struct Engine::Request {
   // min_tokens: the tokens that may not be drawn while fewer are out (EOS unless ignored, and the
   // stop ids); empty when min_tokens is 0.
   std::vector<int32_t> min_tokens_banned;
+  // params.grammar's state after the output so far (unset without a grammar).
+  std::optional<GrammarMatcher> grammar;
   // params.prompt_logprobs: the entries so far (prompt positions 1, 2, ...), until the first
   // output with a token carries them.
   std::vector<PromptLogprob> prompt_logprobs;
@@ -339,6 +341,10 @@ Status Engine::validate_params(const GenerationParams& params) const {
                       "budget, --sparse-budget)",
                       *params.sparse_budget);
   }
+  if (params.grammar && tokenizer_ == nullptr && !options_.grammar_vocabulary) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "a grammar (structured output) needs the model's tokenizer to know what each token spells");
+  }
   if (!params.draft.empty() && (spec_ == nullptr || !spec_->has_draft(params.draft))) {
     const std::string names = spec_ ? spec_->draft_names() : std::string();
     return make_error(ErrorCode::kInvalidArgument, "draft \"{}\" is not loaded{}", params.draft,
@@ -367,8 +373,44 @@ Result<std::unique_ptr<Engine::Request>> Engine::make_request(std::vector<int32_
   // A cached position has no logits: a request that wants the prompt's computes all of it (its
   // blocks still join the cache for others). Once they are out, a recomputation may use the cache.
   if (req->needs_prompt_logits()) req->seq.set_prefix_lookup(false);
+  if (req->params.grammar) {
+    TACHYON_ASSIGN_OR_RETURN(std::shared_ptr<const TokenTrie> trie, token_trie());
+    TACHYON_ASSIGN_OR_RETURN(GrammarMatcher matcher, GrammarMatcher::create(req->params.grammar, std::move(trie)));
+    req->grammar.emplace(std::move(matcher));
+  }
   req->timing.arrival = now();
   return req;
+}
+
+Result<std::shared_ptr<const TokenTrie>> Engine::token_trie() {
+  if (token_trie_) return token_trie_;
+  if (options_.grammar_vocabulary) {
+    if (options_.grammar_vocabulary->vocab_size() != model_.config().vocab_size) {
+      return make_error(ErrorCode::kInvalidArgument, "the grammar vocabulary has {} tokens, the model {}",
+                        options_.grammar_vocabulary->vocab_size(), model_.config().vocab_size);
+    }
+    return token_trie_ = options_.grammar_vocabulary;
+  }
+  TACHYON_ASSIGN_OR_RETURN(token_trie_, grammar_vocabulary(*tokenizer_, model_.config().vocab_size, eos_token_ids_));
+  return token_trie_;
+}
+
+Result<std::shared_ptr<const TokenTrie>> grammar_vocabulary(const Tokenizer& tokenizer, int vocab,
+                                                            std::span<const int32_t> eos_ids) {
+  std::vector<std::string> bytes(static_cast<size_t>(vocab));
+  std::vector<int32_t> excluded;
+  for (int32_t id = 0; id < std::min(vocab, tokenizer.vocab_size()); ++id) {
+    if (tokenizer.is_special(id)) {
+      excluded.push_back(id);
+      continue;
+    }
+    bytes[static_cast<size_t>(id)] = tokenizer.token_to_piece(id);
+  }
+  std::vector<int32_t> eos;
+  for (const int32_t id : eos_ids) {
+    if (id >= 0 && id < vocab) eos.push_back(id);
+  }
+  return TokenTrie::build(std::move(bytes), eos, excluded);
 }
 
 Result<RequestId> Engine::add_request(std::vector<int32_t> prompt_ids, GenerationParams params,
@@ -441,6 +483,15 @@ bool Engine::process_sample(Request& req, Result<SampleResult> sampled, RequestO
 
 bool Engine::emit_token(Request& req, SampleResult sampled, RequestOutput& out) {
   const int32_t token = sampled.token;
+  if (req.grammar) {
+    // Every row was masked to the grammar: a refusal means the masks and the matcher disagree.
+    if (Status advanced = req.grammar->accept(token); !advanced.ok()) {
+      out.error = advanced.with_context(fmt::format("structured output: token {} after {} tokens", token,
+                                                    req.seq.num_generated()));
+      finish(req, FinishReason::kError, out);
+      return true;
+    }
+  }
   req.sampler.accept(token);
   req.seq.append_token(token);
   ++stats_.generated_tokens;
@@ -543,6 +594,11 @@ std::vector<SampleRow> Engine::sample_rows(const SchedulerStep& plan, std::span<
     row.sample = c.sample;
     // The token drawn now is number num_generated + 1: no EOS or stop id while min_tokens are not out.
     if (c.sample && req.seq.num_generated() < req.params.min_tokens) row.banned = req.min_tokens_banned;
+    if (req.grammar) {
+      row.grammar = &*req.grammar;
+      row.draft = c.seq->draft();
+      row.draft_parents = c.seq->draft_parents();
+    }
     rows.push_back(row);
   }
   return rows;
@@ -627,7 +683,11 @@ void Engine::emit_outputs(const SchedulerStep& plan, std::span<const int> read_o
     out.id = id;
     bool done = false;
     const int n = 1 + c.num_draft;
-    if (c.num_draft > 0) {
+    if (const Status& masked = sampler_.row_status(entry); !masked.ok()) {  // its grammar allows no token
+      out.error = masked.with_context("structured output");
+      finish(req, FinishReason::kError, out);
+      done = true;
+    } else if (c.num_draft > 0) {
       done = place == BatchSampler::Place::kHost
                  ? verify_draft(req, sampler_.host_logits(row), out)
                  : verify_draft_ids(req, sampler_.device_ids(row, n), sampler_.device_logprobs(row, n), out);
@@ -793,6 +853,9 @@ EngineStats Engine::stats(bool fresh_experts) const {
   s.prefix = blocks_.prefix_stats();
   s.num_preemptions = scheduler_.num_preemptions();
   if (spec_) s.spec = spec_->stats();
+  s.grammar_mask_seconds = sampler_.mask_seconds();
+  s.grammar_mask_steps = sampler_.mask_steps();
+  s.grammar_masked_rows = sampler_.masked_rows();
   return s;
 }
 
@@ -893,6 +956,10 @@ Result<RequestId> Engine::adopt_sequence(const TransferredSequence& seq, const G
   const auto prompt_end = seq.tokens.begin() + seq.num_prompt_tokens;
   TACHYON_ASSIGN_OR_RETURN(std::unique_ptr<Request> req, make_request(std::vector<int32_t>(seq.tokens.begin(), prompt_end), std::move(p)));
   for (auto t = prompt_end; t != seq.tokens.end(); ++t) {
+    if (req->grammar) {
+      TACHYON_RETURN_IF_ERROR(req->grammar->accept(*t).with_context(
+          fmt::format("kv import: generated token {} against the request's grammar", t - prompt_end)));
+    }
     req->sampler.accept(*t);
     req->seq.append_token(*t);
     if (req->text) (void)req->text->push(*t);
@@ -949,7 +1016,7 @@ void Engine::propose_drafts() {
     // No draft while min_tokens masks EOS and stop ids: a draft's rows are drawn without the mask.
     const int left = std::min(req->params.max_tokens - seq.num_generated(), max_model_len_ - seq.num_tokens());
     const int room = seq.num_generated() < req->params.min_tokens ? 0 : left - 1;
-    candidates.push_back({&seq, &req->sampler, room, req->params.draft});
+    candidates.push_back({&seq, &req->sampler, room, req->params.draft, req->grammar ? &*req->grammar : nullptr});
   }
   // In request order, so that a step's draft batch does not depend on the hash map's order.
   std::sort(candidates.begin(), candidates.end(),

@@ -10,7 +10,9 @@
 //                   Requests asking for prompt logprobs have their prompt chunks' every position's
 //                   logits kept and read on the host (engine/prompt_logprobs.h), and skip the
 //                   prefix cache until they have them; min_tokens masks EOS and stop ids on the
-//                   host and holds back drafts until that many tokens are out
+//                   host and holds back drafts until that many tokens are out. A request with a
+//                   grammar (structured output) keeps a GrammarMatcher that every emitted token
+//                   advances; the batch sampler masks its rows, and its drafts are trimmed to it
 //   abort()       → at any time; the request's blocks are freed at once
 //
 // Disaggregation (disagg/kv_export.h moves the bytes, through engine/kv_hook.h): a prefill engine
@@ -40,6 +42,7 @@
 #include "kv/kv_cache.h"
 #include "model/llama_model.h"
 #include "sampling/batch_sampler.h"
+#include "sampling/token_trie.h"
 #include "sched/scheduler.h"
 #include "speculative/spec_decoder.h"
 #include "tokenizer/tokenizer.h"
@@ -82,6 +85,10 @@ struct EngineOptions {
   // window (GenerationParams::sparse_budget overrides it per request). 0: dense attention.
   int sparse_budget = 0;
   int sparse_sink_blocks = 1;
+  // Structured output: what each token id spells, for grammar masks; null: the tokenizer's (built at
+  // the first request with a grammar). For models without a tokenizer (synthetic ones: the bench
+  // gives them sampling/synthetic_vocabulary.h); its size must be the model's vocabulary size.
+  std::shared_ptr<const TokenTrie> grammar_vocabulary;
 };
 
 struct EngineStats {
@@ -118,7 +125,18 @@ struct EngineStats {
   int64_t moe_distinct_experts = 0;
   int64_t moe_layer_calls = 0;
   double moe_load_imbalance = 0.0;
+  // Structured output: seconds spent computing grammar token masks (on the host threads, beside
+  // the device's forward when the model is on a GPU; included in forward_seconds).
+  double grammar_mask_seconds = 0.0;
+  int64_t grammar_mask_steps = 0;  // steps that masked any row
+  int64_t grammar_masked_rows = 0;
 };
+
+// What each token id of the model spells, for grammar masks: the tokenizer's pieces, ids past it (a
+// model's padding rows) spelling nothing, control and unknown tokens left out, `eos_ids` (those
+// inside the vocabulary) ending the grammar.
+Result<std::shared_ptr<const TokenTrie>> grammar_vocabulary(const Tokenizer& tokenizer, int vocab_size,
+                                                            std::span<const int32_t> eos_ids);
 
 class Engine {
  public:
@@ -233,6 +251,8 @@ class Engine {
   void fill_counts(const Request& req, RequestOutput& out) const;
   // Runs the block manager's queued history compressions (before anything writes the cache).
   void run_compressions();
+  // The vocabulary as a byte trie for grammar masks (built at the first request with a grammar).
+  Result<std::shared_ptr<const TokenTrie>> token_trie();
 
   const LlamaModel& model_;
   const Tokenizer* tokenizer_;
@@ -249,6 +269,7 @@ class Engine {
   // Prefill-only requests that finished with kTransfer, their blocks held until release_transfer().
   std::unordered_map<RequestId, std::unique_ptr<Request>> transfers_;
   BatchSampler sampler_;  // the step's token choice, on the host or the device, and its buffers
+  std::shared_ptr<const TokenTrie> token_trie_;  // see token_trie()
   EngineStats stats_;
   // The routing counters' last read (EngineStats' MoE fields) and when (the engine's clock).
   mutable EngineStats expert_snapshot_;

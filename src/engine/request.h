@@ -3,12 +3,14 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "core/status.h"
+#include "sampling/grammar.h"
 #include "sampling/sampler.h"
 
 namespace tachyon {
@@ -46,6 +48,13 @@ struct GenerationParams {
   // abort() drops them. A request that a stop condition ends at its first token finishes as usual
   // instead, and holds nothing.
   bool prefill_only = false;
+  // Constrained decoding (structured output): the output must be a string of this grammar's
+  // language (sampling/grammar.h: JSON Schema, regex, GBNF), followed by EOS. Every sampled row,
+  // speculative rows included, is masked to the tokens that keep it so (sampling/grammar_matcher.h);
+  // EOS is allowed exactly where the grammar is complete and is then the only token when nothing can
+  // follow. A stop string or token, max_tokens or the context can still end it early. Shared by
+  // the requests that ask for the same grammar; needs the engine's tokenizer.
+  std::shared_ptr<const Grammar> grammar;
   // Block-sparse decode attention (EngineOptions::sparse_budget): the history tokens this
   // request's decode queries attend to, 0 for dense; unset: the engine's default. Needs an engine
   // started with a budget (it keeps the key bounds).

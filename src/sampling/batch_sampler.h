@@ -23,6 +23,15 @@
 // engine reads with host_logits(), and tokens banned from this draw (min_tokens: EOS and stop
 // ids), whose logits become -inf before the draw.
 //
+// Constrained decoding: a row with a grammar (its request's GrammarMatcher) has every sampled row
+// masked to the tokens the grammar allows there (ops::mask_logits, on the host or the device) before
+// anything reads or draws them: the sampled row at the matcher's state, and a draft's row i at the
+// state after the draft's tokens on the path to it (a chain's first i, a tree node's ancestors).
+// A draft row after a token the grammar refuses is never read by the verifier (that token's
+// probability is 0, so it is rejected) and stays unmasked. finish() computes the masks on the host
+// threads while the device still runs the forward, so they cost the step only what they take
+// beyond it; row_status() reports a row whose grammar allows no token at all.
+//
 // Device sampling applies when the model is on a GPU and every row can be drawn there: no top
 // logprobs asked, no read-only rows and no banned tokens (the host reads or edits those logits),
 // a vocabulary below 2^24 (logit edits carry ids as f32), and draft rows only for plain greedy
@@ -39,6 +48,7 @@
 
 #include "core/status.h"
 #include "core/tensor.h"
+#include "sampling/grammar_matcher.h"
 #include "sampling/sampler.h"
 
 namespace tachyon {
@@ -51,6 +61,11 @@ struct SampleRow {
   int num_read_only = 0;       // rows before those, read on the host and never drawn
   bool sample = true;          // false: read-only rows alone (a chunk that ends inside the prompt)
   std::span<const int32_t> banned;  // may not be drawn now: -inf before the draw (no draft with it)
+  // Constrained decoding: the request's grammar state (null: none) and the draft its rows verify
+  // (num_draft tokens, and a tree's parents; empty parents: a chain). Not advanced by the sampler.
+  GrammarMatcher* grammar = nullptr;
+  std::span<const int32_t> draft;
+  std::span<const int32_t> draft_parents;
   int num_rows() const { return num_read_only + (sample ? 1 + num_draft : 0); }
 };
 
@@ -76,12 +91,23 @@ class BatchSampler {
   Result<SampleResult> host_sample(size_t index);
   // kHost: logits row `first` (with the rows after it, for a draft or read-only rows).
   const float* host_logits(int first) const;
+  // Ok, or why the `index`th entry of `rows` could not be drawn (its grammar allows no token there):
+  // its tokens are then not to be used.
+  const Status& row_status(size_t index) const { return row_status_[index]; }
+  // Seconds spent computing grammar masks, in all; the part of it not hidden behind device forwards
+  // shows in the step's time.
+  double mask_seconds() const { return mask_seconds_; }
+  int64_t mask_steps() const { return mask_steps_; }    // finish() calls that masked any row
+  int64_t masked_rows() const { return masked_rows_; }  // rows masked, in all
 
  private:
   Place place_for(std::span<const SampleRow> rows) const;
   Status stage_device_sample(std::span<const SampleRow> rows);
   // Appends the penalties and logit bias of `sampler`'s request for logits row `row`.
   void add_logit_edits(const Sampler& sampler, int row);
+  // The grammar masks of the rows that have one, into host_masks_ (ops::mask_logits' layout); sets
+  // row_status_. The number of masks.
+  int64_t fill_masks(std::span<const SampleRow> rows);
 
   Device device_;
   int vocab_size_;
@@ -93,6 +119,11 @@ class BatchSampler {
   Tensor host_ids_, host_logprobs_, host_params_;
   std::vector<float> host_edits_;  // [m, ops::kLogitEditColumns], rebuilt every step
   Tensor device_edits_;            // [capacity, ops::kLogitEditColumns], grown by doubling
+  std::vector<Status> row_status_;  // per entry of the rows
+  Tensor host_masks_, device_masks_;  // [capacity, ops::token_mask_columns(vocab)] i32
+  double mask_seconds_ = 0.0;
+  int64_t mask_steps_ = 0;
+  int64_t masked_rows_ = 0;
 };
 
 }  // namespace tachyon

@@ -216,17 +216,17 @@ bool value_has_type(const ojson& v, std::string_view type) {
 
 class SchemaCompiler {
  public:
-  SchemaCompiler(const ojson& root, const JsonSchemaOptions& options, GrammarBuilder& builder)
+  // `root_name`: the rule the caller gives the schema's value; reserved here (with the fixed names) so that
+  // $ref-derived names never take it.
+  SchemaCompiler(const ojson& root, const JsonSchemaOptions& options, GrammarBuilder& builder,
+                 const std::string& root_name)
       : root_(root), options_(options), builder_(builder) {
-    // Reserve the fixed names first so that $ref-derived names never take them.
-    root_name_ = builder_.unique_name("root");
+    (void)builder_.unique_name(root_name);
     for (const char* name : {"ws", "json-char", "json-string", "json-number", "json-integer", "json-value",
                              "json-object", "json-member", "json-array"}) {
       common_names_[name] = builder_.unique_name(name);
     }
   }
-
-  const std::string& root_name() const { return root_name_; }
 
   Result<GrammarExpr> compile(const ojson& schema, const std::string& path, int depth) {
     if (depth > options_.max_depth) {
@@ -797,7 +797,6 @@ class SchemaCompiler {
   const ojson& root_;
   const JsonSchemaOptions& options_;
   GrammarBuilder& builder_;
-  std::string root_name_;
   std::map<std::string, std::string> common_names_;
   std::set<std::string> added_;
   std::map<std::string, std::string> ref_rules_;
@@ -814,17 +813,26 @@ Status check_options(const JsonSchemaOptions& options) {
 
 }  // namespace
 
-Result<Grammar> json_schema_to_grammar(const nlohmann::ordered_json& schema, const JsonSchemaOptions& options) {
+Status add_json_schema_rules(const nlohmann::ordered_json& schema, GrammarBuilder& builder,
+                             const std::string& rule_name, const JsonSchemaOptions& options) {
   TACHYON_RETURN_IF_ERROR(check_options(options));
-  GrammarBuilder builder(options.limits);
-  SchemaCompiler compiler(schema, options, builder);
+  if (!is_gbnf_rule_name(rule_name) || builder.has_rule(rule_name)) {
+    return make_error(ErrorCode::kInvalidArgument, "json schema: rule name '{}' is not a free GBNF name", rule_name);
+  }
+  SchemaCompiler compiler(schema, options, builder, rule_name);
   try {
     TACHYON_ASSIGN_OR_RETURN(GrammarExpr root, compiler.compile(schema, "", 0));
-    TACHYON_RETURN_IF_ERROR(builder.add_rule(compiler.root_name(), std::move(root)));
+    TACHYON_RETURN_IF_ERROR(builder.add_rule(rule_name, std::move(root)));
   } catch (const nlohmann::json::exception& e) {
     return make_error(ErrorCode::kInvalidArgument, "json schema: {}", e.what());
   }
-  Result<Grammar> grammar = builder.build(compiler.root_name());
+  return Status::Ok();
+}
+
+Result<Grammar> json_schema_to_grammar(const nlohmann::ordered_json& schema, const JsonSchemaOptions& options) {
+  GrammarBuilder builder(options.limits);
+  TACHYON_RETURN_IF_ERROR(add_json_schema_rules(schema, builder, "root", options));
+  Result<Grammar> grammar = builder.build("root");
   if (!grammar.ok()) return grammar.status().with_context("json schema");
   return grammar;
 }
@@ -847,9 +855,9 @@ Result<Grammar> json_object_grammar(const JsonSchemaOptions& options) {
   TACHYON_RETURN_IF_ERROR(check_options(options));
   GrammarBuilder builder(options.limits);
   const ojson empty = ojson::object();
-  SchemaCompiler compiler(empty, options, builder);
-  TACHYON_RETURN_IF_ERROR(builder.add_rule(compiler.root_name(), compiler.common("json-object")));
-  return builder.build(compiler.root_name());
+  SchemaCompiler compiler(empty, options, builder, "root");
+  TACHYON_RETURN_IF_ERROR(builder.add_rule("root", compiler.common("json-object")));
+  return builder.build("root");
 }
 
 }  // namespace tachyon

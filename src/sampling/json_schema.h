@@ -49,6 +49,13 @@ Result<Grammar> json_schema_to_grammar(const nlohmann::json& schema, const JsonS
 // `schema_text` is parsed (keeping key order) first; a parse error is kInvalidArgument with the position.
 Result<Grammar> json_schema_to_grammar(std::string_view schema_text, const JsonSchemaOptions& options = {});
 
+// Adds the rules of `schema` to `builder`, its value as the rule `rule_name` (a GBNF name not defined yet), so that
+// a caller can wrap JSON values in other text or combine several schemas in one grammar. Helper rules get fresh
+// names from builder.unique_name(); each call adds its own copy of the common JSON rules (whitespace, strings...).
+// $refs resolve against `schema`. json_schema_to_grammar() is this with rule "root" in a fresh builder.
+Status add_json_schema_rules(const nlohmann::ordered_json& schema, GrammarBuilder& builder,
+                             const std::string& rule_name, const JsonSchemaOptions& options = {});
+
 // Any JSON object (response_format json_object): the root is an object, values are any JSON.
 Result<Grammar> json_object_grammar(const JsonSchemaOptions& options = {});
 

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "sampling/grammar_matcher.h"
 #include "sampling/sampler.h"
 
 namespace tachyon {
@@ -52,6 +53,14 @@ struct SideBranch {
 // reaches), likeliest first (ties: the shallower, then the smaller token), appended as nodes
 // whose parent is the chain's node one level above their own. Reorders `branches`.
 void add_side_branches(Draft& draft, std::vector<SideBranch>& branches, size_t room);
+
+// Constrained decoding: drops the guesses of `draft` that `grammar` (the request's state, after its
+// last token) refuses, which the target's masked rows would reject for sure: a chain is cut before
+// its first refused token, a tree loses every node with a refused token on its path (the others
+// keep their order). A draft that carries q (probs) is left whole: cutting it would change the law
+// its kept tokens were drawn from, and the verifier rejects a refused token exactly. The matcher
+// ends where it started.
+void trim_to_grammar(Draft& draft, GrammarMatcher& grammar);
 
 class Proposer {
  public:

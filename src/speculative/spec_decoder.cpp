@@ -144,6 +144,7 @@ SpecDecoder::SpecDecoder(const SpecDecodeOptions& options, std::vector<Slot> pro
   }
   draft_requests_.resize(proposers_.size());
   draft_seqs_.resize(proposers_.size());
+  draft_grammars_.resize(proposers_.size());
 }
 
 bool SpecDecoder::has_draft(std::string_view draft) const {
@@ -198,6 +199,7 @@ Status SpecDecoder::propose(std::span<const SpecCandidate> candidates, int num_r
   Timer timer;
   for (auto& r : draft_requests_) r.clear();
   for (auto& q : draft_seqs_) q.clear();
+  for (auto& g : draft_grammars_) g.clear();
   const bool gated = options_.k == 0 && !candidates.empty() && !gate_.allow(num_running);
   if (gated) ++stats_.num_gated_steps;
   for (const SpecCandidate& c : candidates) {
@@ -224,6 +226,7 @@ Status SpecDecoder::propose(std::span<const SpecCandidate> candidates, int num_r
     r.sampler = c.sampler;
     draft_requests_[static_cast<size_t>(st.proposer)].push_back(r);
     draft_seqs_[static_cast<size_t>(st.proposer)].push_back(c.seq);
+    draft_grammars_[static_cast<size_t>(st.proposer)].push_back(c.grammar);
   }
   for (size_t p = 0; p < proposers_.size(); ++p) {
     if (draft_requests_[p].empty()) continue;
@@ -234,6 +237,7 @@ Status SpecDecoder::propose(std::span<const SpecCandidate> candidates, int num_r
                   proposer.name(), drafts_.size(), draft_requests_[p].size());
     for (size_t i = 0; i < drafts_.size(); ++i) {
       Draft& d = drafts_[i];
+      if (GrammarMatcher* grammar = draft_grammars_[p][i]; grammar != nullptr) trim_to_grammar(d, *grammar);
       if (d.tokens.empty()) continue;
       Sequence* seq = draft_seqs_[p][i];
       RequestState& st = requests_.at(seq->id());

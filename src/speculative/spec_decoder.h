@@ -133,6 +133,9 @@ struct SpecCandidate {
   const Sampler* sampler = nullptr;  // the request's
   int max_draft = 0;                 // K at most: tokens left to max_tokens and to the context, less one
   std::string_view draft;            // the draft the request names (GenerationParams::draft); empty: any
+  // Constrained decoding: the request's grammar state, which drafts are trimmed to (trim_to_grammar);
+  // null: none.
+  GrammarMatcher* grammar = nullptr;
 };
 
 // Where the draft model's cache comes from (kDraftModel): the engine's cache geometry.
@@ -218,6 +221,7 @@ class SpecDecoder {
   // Reused each step: per proposer, its requests and their sequences.
   std::vector<std::vector<DraftRequest>> draft_requests_;
   std::vector<std::vector<Sequence*>> draft_seqs_;
+  std::vector<std::vector<GrammarMatcher*>> draft_grammars_;
   std::vector<Draft> drafts_;
 };
 

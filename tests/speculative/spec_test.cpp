@@ -10,7 +10,10 @@
 
 #include <gtest/gtest.h>
 
+#include "sampling/gbnf_parser.h"
+#include "sampling/grammar_test_util.h"
 #include "speculative/draft_length.h"
+#include "speculative/proposer.h"
 #include "speculative/ngram_proposer.h"
 #include "speculative/rejection_sampler.h"
 #include "speculative/verifier.h"
@@ -538,6 +541,34 @@ TEST(SpeculationGate, KeepsSpeculatingOnlyWhereItIsMeasuredFaster) {
     g.record(1, i % 2 == 0, 1, 1.0);
   }
   EXPECT_EQ(g.rate(1, true), 0.0);
+}
+
+// Drafts trimmed to a grammar: a one-hot chain is cut before its first refused token, a tree keeps
+// the nodes whose whole path the grammar takes (parents renumbered), a draft with q stays whole, and
+// the matcher ends where it began.
+TEST(TrimToGrammar, DropsWhatTheGrammarRefuses) {
+  using namespace grammar_test;
+  auto grammar = share(parse_gbnf(R"(root ::= [a-c] [a-c] "x" | "ab" [yz]+)").value());
+  GrammarMatcher m = make_matcher(grammar);
+  ASSERT_TRUE(m.accept('a').ok());
+  const std::vector<uint32_t> before = mask_of(m);
+
+  Draft chain{{'b', 'y', 'q', 'z'}, {}, {}};
+  trim_to_grammar(chain, m);
+  EXPECT_EQ(chain.tokens, (std::vector<int32_t>{'b', 'y'}));
+  Draft refused{{'q', 'b'}, {}, {}};
+  trim_to_grammar(refused, m);
+  EXPECT_TRUE(refused.tokens.empty());
+  Draft with_q{{'q', 'b'}, std::vector<float>(2 * 258, 1.0f / 258), {}};
+  trim_to_grammar(with_q, m);
+  EXPECT_EQ(with_q.tokens, (std::vector<int32_t>{'q', 'b'}));
+
+  // After "a": "b" (ok), "bx" (ok), "q" (no), "qb" (no: under q), "c" (ok), "by" (ok), "cy" (no).
+  Draft tree{{'b', 'x', 'q', 'b', 'c', 'y', 'y'}, {}, {-1, 0, -1, 2, -1, 0, 4}};
+  trim_to_grammar(tree, m);
+  EXPECT_EQ(tree.tokens, (std::vector<int32_t>{'b', 'x', 'c', 'y'}));
+  EXPECT_EQ(tree.parents, (std::vector<int32_t>{-1, 0, -1, 0}));
+  EXPECT_EQ(mask_of(m), before);
 }
 
 }  // namespace
