@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <ctime>
+#include <random>
 
 #include <fmt/format.h>
 
@@ -41,6 +42,19 @@ ojson byte_list(const std::string& piece) {
 
 std::string sse(const ojson& j) { return "data: " + dump(j) + "\n\n"; }
 
+// Seeds of tool call ids: unpredictable, one per choice.
+uint64_t tool_ids() {
+  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  return rng();
+}
+
+// `more` after `d`: what a stream's last feed() and its finish() release together.
+void append(ToolStreamDelta& d, ToolStreamDelta more) {
+  d.content += more.content;
+  if (d.calls.empty()) d.first_index = more.first_index;
+  for (ToolCall& call : more.calls) d.calls.push_back(std::move(call));
+}
+
 }  // namespace
 
 CompletionJob::CompletionJob(const ServingContext& context, ApiRequest request, JobOptions options)
@@ -65,6 +79,13 @@ CompletionJob::CompletionJob(const ServingContext& context, ApiRequest request, 
       if (j > 0) streams_.back()->set_leader(streams_[first]);
       Choice c;
       c.prompt = p;
+      if (request_.tools) {
+        c.tool_id_seed = tool_ids();
+        if (request_.stream) {
+          c.tool_parser = std::make_shared<ToolCallStreamParser>(request_.tools->format, request_.tools->request.tools,
+                                                                 std::mt19937_64(c.tool_id_seed));
+        }
+      }
       if (!request_.params.detokenize && context_.tokenizer != nullptr) {
         c.own_text = std::make_shared<RequestText>(*context_.tokenizer, request_.params, request_.prompts[p].ids);
       }
@@ -231,18 +252,7 @@ void CompletionJob::on_output(size_t index, RequestOutput& o, std::string& event
                                   ? fmt::format(R"("tachyon_handed_over":{:.6f},)", o.handed_over_at)
                                   : std::string();
     if (chat) {
-      if (has_content) {
-        events += "data: " + chunk_header() + stamp +
-                  fmt::format(R"("choices":[{{"index":{},"delta":{{"content":{}}},"logprobs":{},"finish_reason":null}}]}})",
-                              index, dump(ojson(o.text)), lp) +
-                  "\n\n";
-      }
-      if (o.finished) {
-        events += "data: " + chunk_header() + stamp +
-                  fmt::format(R"("choices":[{{"index":{},"delta":{{}},"logprobs":null,"finish_reason":"{}"}}]}})", index,
-                              finish_reason_text(o.finish_reason)) +
-                  "\n\n";
-      }
+      stream_chat(index, c, o, with_logprobs ? lp : std::string(), stamp, events);
     } else if (has_content || o.finished) {
       const std::string reason = o.finished ? fmt::format("\"{}\"", finish_reason_text(o.finish_reason)) : "null";
       events += "data: " + chunk_header() + stamp +
@@ -261,6 +271,41 @@ void CompletionJob::on_output(size_t index, RequestOutput& o, std::string& event
     c.finished = true;
     c.reason = o.finish_reason;
     ++num_finished_;
+  }
+}
+
+const char* CompletionJob::finish_reason_of(FinishReason reason, size_t num_calls) const {
+  // Calls cut short by max_tokens or the context are "length", as any output cut short.
+  if (num_calls == 0 || reason != FinishReason::kStop) return finish_reason_text(reason);
+  return request_.tools->request.legacy_functions ? "function_call" : "tool_calls";
+}
+
+void CompletionJob::stream_chat(size_t index, Choice& c, const RequestOutput& o, const std::string& logprobs,
+                                const std::string& stamp, std::string& events) {
+  const auto chunk = [&](const ojson& delta, const std::string& lp, const std::string& reason) {
+    events += "data: " + chunk_header() + stamp +
+              fmt::format(R"("choices":[{{"index":{},"delta":{},"logprobs":{},"finish_reason":{}}}]}})", index,
+                          dump(delta), lp.empty() ? "null" : lp, reason) +
+              "\n\n";
+  };
+  ToolStreamDelta d;
+  if (c.tool_parser) {
+    d = c.tool_parser->feed(o.text);  // text that may start a call is held back until it is decided
+    if (o.finished) append(d, c.tool_parser->finish());
+  } else {
+    d.content = o.text;
+  }
+  if (!d.content.empty() || !logprobs.empty()) chunk(ojson{{"content", d.content}}, logprobs, "null");
+  if (!d.calls.empty()) {
+    if (request_.tools->request.legacy_functions) {
+      if (d.first_index == 0) chunk(ojson{{"function_call", function_call_json(d.calls[0])}}, "", "null");
+    } else {
+      chunk(ojson{{"tool_calls", tool_calls_delta_json(d)}}, "", "null");
+    }
+  }
+  if (o.finished) {
+    const size_t calls = c.tool_parser ? c.tool_parser->num_calls() : 0;
+    chunk(ojson::object(), "", fmt::format("\"{}\"", finish_reason_of(o.finish_reason, calls)));
   }
 }
 
@@ -312,9 +357,25 @@ std::string CompletionJob::body() const {
   ojson choices = ojson::array();
   for (size_t i = 0; i < choices_.size(); ++i) {
     Choice c = choices_[i];  // logprobs_json advances text_offset
-    choices.push_back(choice_json(chat, i, request_.echo ? request_.prompts[c.prompt].text + c.text : c.text,
+    ToolCallParse calls;
+    if (request_.tools) {
+      std::mt19937_64 ids(c.tool_id_seed);
+      calls = parse_tool_calls(c.text, request_.tools->format, request_.tools->request.tools, ids);
+    } else {
+      calls.content = request_.echo ? request_.prompts[c.prompt].text + c.text : c.text;
+    }
+    choices.push_back(choice_json(chat, i, calls.content,
                                   request_.logprobs ? logprobs_json(c, c.logprobs) : ojson(nullptr),
-                                  finish_reason_text(c.reason)));
+                                  finish_reason_of(c.reason, calls.calls.size())));
+    if (!calls.calls.empty()) {
+      ojson& message = choices.back()["message"];
+      if (calls.content.empty()) message["content"] = nullptr;
+      if (request_.tools->request.legacy_functions) {
+        message["function_call"] = function_call_json(calls.calls[0]);
+      } else {
+        message["tool_calls"] = tool_calls_json(calls.calls);
+      }
+    }
     if (request_.prompt_logprobs && !chat) choices.back()["prompt_logprobs"] = prompt_logprobs_json(c.prompt);
   }
   ojson response = response_json(chat, id_, created_, context_.model_name, std::move(choices), usage_json());

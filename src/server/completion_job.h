@@ -9,10 +9,13 @@
 // tokens of every choice). A stream sends the role (chat) or the echoed prompt (completions) first,
 // one event per engine output while the client keeps up (several outputs in one write when it does
 // not), a last event per choice with its finish_reason, the usage event when
-// stream_options.include_usage, then "data: [DONE]". vLLM's prompt_logprobs (plain responses only):
-// a list with one entry per prompt token, null for the first and else {"<token id>": {"logprob",
-// "rank", "decoded_token"}} for the prompt token and the N most likely there; in each completion
-// choice, and at the top of a chat response.
+// stream_options.include_usage, then "data: [DONE]". Chat with tools (server/tool_calls.h): the
+// output's calls go into message.tool_calls (content null when nothing else was said), or, streamed,
+// into delta.tool_calls as each call completes, and finish_reason is "tool_calls"; legacy
+// `functions` requests get message.function_call and "function_call". vLLM's prompt_logprobs
+// (plain responses only): a list with one entry per prompt token, null for the first and else
+// {"<token id>": {"logprob", "rank", "decoded_token"}} for the prompt token and the N most likely
+// there; in each completion choice, and at the top of a chat response.
 //
 // A choice that fails (engine error, timeout) ends the whole request with an error: the error
 // body for a plain request, an {"error": ...} event then [DONE] for a stream.
@@ -80,9 +83,17 @@ class CompletionJob {
     // The text of the choice's tokens, made here (on the connection's thread) by the engine's
     // rules when the engine does not make it (requests without stop strings); null otherwise.
     std::shared_ptr<RequestText> own_text;  // shared: body() works on copies of choices
+    // Chat with tools: the calls' ids come from this seed; a stream's parser of its text.
+    uint64_t tool_id_seed = 0;
+    std::shared_ptr<ToolCallStreamParser> tool_parser;
   };
 
   void on_output(size_t index, RequestOutput& output, std::string& events);
+  // A streamed chat choice's events for one output: its content, tool calls and end.
+  void stream_chat(size_t index, Choice& c, const RequestOutput& o, const std::string& logprobs, const std::string& stamp,
+                   std::string& events);
+  // The finish_reason of a choice that made `num_calls` tool calls.
+  const char* finish_reason_of(FinishReason reason, size_t num_calls) const;
   void fail(ApiError error, std::string& events);
   // {"id":...,"object":...,"created":...,"model":..., of every event but the final usage chunk.
   const std::string& chunk_header() const;

@@ -60,7 +60,9 @@ struct HttpServer::Impl {
       : options(o), context(c), metrics(m), disagg(d), access(o.access), created(std::time(nullptr)),
         engine(std::move(e)),
         ioc(std::max(1, o.io_threads)), acceptor(ioc), signals(ioc, SIGINT, SIGTERM), drain_timer(ioc),
-        retry_timer(ioc) {}
+        retry_timer(ioc) {
+    if (context.grammars == nullptr) context.grammars = &grammars;
+  }
   ~Impl() {
     ioc.stop();
     engine.reset();  // its loop may still post to connections: it goes before the io_context
@@ -80,6 +82,7 @@ struct HttpServer::Impl {
   // Everything a connection touches is declared before the io_context, so that it outlives the
   // connections the io_context's destructor frees.
   HttpServerOptions options;
+  GrammarCache grammars;  // the context's, unless the caller gave one
   ServingContext context;
   ServerMetrics& metrics;
   DisaggContext disagg;
@@ -381,6 +384,12 @@ class Session : public std::enable_shared_from_this<Session> {
     if (request.prompt_logprobs) {
       ApiError e{400, "'prompt_logprobs' is not supported through the router (a disaggregated deployment)",
                  "invalid_request_error", "prompt_logprobs", ""};
+      return reply(400, "application/json", error_body(e));
+    }
+    // Tool calls are parsed out of a choice's whole text, which two workers write in parts.
+    if (request.tools) {
+      ApiError e{400, "'tools' are not supported through the router (a disaggregated deployment)",
+                 "invalid_request_error", "tools", ""};
       return reply(400, "application/json", error_body(e));
     }
     request.stream = true;

@@ -12,6 +12,7 @@
 #include "server/chat_prompt.h"
 #include "server/request_fields.h"
 #include "server/request_json.h"
+#include "server/structured_output.h"
 #include "tokenizer/unicode.h"
 
 namespace tachyon::server {
@@ -54,6 +55,13 @@ int json_depth(std::string_view text, int limit) {
 
 // The first word of a SamplingParams::validate message is the field's name.
 std::string param_of(const std::string& message) { return message.substr(0, message.find(' ')); }
+// A 400 from a message that starts with the path of what it is about ("tools[1].function.name ..."),
+// its param the top-level field ("tools"), named in front as the other messages name theirs.
+ApiError invalid_at(const Status& status) {
+  const std::string& message = status.message();
+  const std::string field = message.substr(0, message.find_first_of(" .["));
+  return invalid(fmt::format("'{}': {}", field, message), field);
+}
 
 std::optional<ApiError> read_stop(const ojson& body, std::vector<std::string>& out) {
   const ojson* v = field(body, "stop");
@@ -418,7 +426,7 @@ std::optional<ApiError> read_endpoint_fields(const ojson& body, bool chat, ApiRe
 
 // The chat's messages through the chat template: one prompt.
 std::optional<ApiError> read_chat_prompt(const ojson& body, const ServingContext& ctx, bool add_special_tokens,
-                                         PromptInput& out) {
+                                         PromptInput& out, std::optional<ApiRequest::Tools>* tools) {
   ojson messages;
   TACHYON_API_TRY(read_messages(body, messages));
   bool add_generation_prompt = true;
@@ -428,7 +436,30 @@ std::optional<ApiError> read_chat_prompt(const ojson& body, const ServingContext
     if (!kwargs->is_object()) return invalid("'chat_template_kwargs' must be an object", "chat_template_kwargs");
     variables = *kwargs;
   }
-  Result<ChatPrompt> prompt = build_chat_prompt(*ctx.chat_template, ctx.template_extras, *ctx.tokenizer, messages,
+  if (tools != nullptr) tools->reset();
+  // Tools: into the template's `tools` (or the system prompt, for templates without a tool
+  // section); earlier calls and results in the messages in the shape templates expect.
+  Result<ToolRequest> tool_request = parse_tool_request(body);
+  if (!tool_request.ok()) return invalid_at(tool_request.status());
+  const ChatTemplateExtras* extras = &ctx.template_extras;
+  ChatTemplateExtras with_tools;
+  if (tool_request->active()) {
+    Result<ToolChatInput> input = prepare_tool_chat(messages, *tool_request, ctx.chat_template->source());
+    if (!input.ok()) return invalid_at(input.status());
+    messages = std::move(input->messages);
+    with_tools = ctx.template_extras;
+    with_tools.tools = std::move(input->tools);
+    extras = &with_tools;
+    if (tools != nullptr) *tools = ApiRequest::Tools{std::move(*tool_request), input->format};
+  } else {
+    Result<ojson> prepared = messages_for_template(messages);  // earlier tool calls may still be in the chat
+    if (!prepared.ok()) return invalid_at(prepared.status());
+    messages = std::move(*prepared);
+  }
+  if (!template_renders_tool_calls(ctx.chat_template->source())) {
+    messages = calls_as_text(messages, detect_tool_call_format(ctx.chat_template->source()));
+  }
+  Result<ChatPrompt> prompt = build_chat_prompt(*ctx.chat_template, *extras, *ctx.tokenizer, messages,
                                                 add_generation_prompt, variables, add_special_tokens);
   if (!prompt.ok()) return invalid(prompt.status().message(), "messages");
   out.text = std::move(prompt->text);
@@ -455,6 +486,30 @@ std::optional<ApiError> check_prompts(const ApiRequest& request, bool chat, cons
                                ctx.max_model_len, longest),
                    chat ? "messages" : "prompt", "context_length_exceeded");
   }
+  return std::nullopt;
+}
+
+// tool_choice "required" or a named function: the output is calls, by the tools' grammar (shared
+// through the server's cache by the requests that give the same tools and choice).
+std::optional<ApiError> force_tool_calls(const ApiRequest::Tools& tools, const ServingContext& ctx,
+                                         GenerationParams& p) {
+  if (p.grammar) {
+    return invalid("'tool_choice' forces tool calls, and the output is already constrained (response_format or a "
+                   "guided_* field); give one", "tool_choice");
+  }
+  if (ctx.grammars == nullptr) {
+    return invalid("'tool_choice': this server does not do constrained output", "tool_choice");
+  }
+  const ToolRequest& r = tools.request;
+  ojson key = ojson::object();
+  key["tools"] = tools_template_json(r.tools);
+  key["choice"] = r.choice == ToolChoiceMode::kNamed ? r.named_tool : std::string("required");
+  key["parallel"] = r.parallel_tool_calls;
+  key["format"] = std::string(tool_call_format_name(tools.format));
+  Result<std::shared_ptr<const Grammar>> grammar = ctx.grammars->get(
+      "tool_calls|" + key.dump(), [&] { return tool_call_grammar(r, tools.format); });
+  if (!grammar.ok()) return invalid_at(grammar.status());
+  p.grammar = std::move(grammar).value();
   return std::nullopt;
 }
 
@@ -491,6 +546,7 @@ std::optional<ApiError> parse_api_request(Endpoint endpoint, std::string_view bo
   TACHYON_API_TRY(read_sampling(body, ctx, out));
   TACHYON_API_TRY(read_vllm_fields(body, ctx, out));
   TACHYON_API_TRY(read_endpoint_fields(body, chat, out));
+  TACHYON_API_TRY(read_structured_output(body, ctx.grammars, out.params));
   SamplingParams& s = out.params.sampling;
   s.logprobs = out.top_logprobs;
   if (Status valid = s.validate(ctx.vocab_size); !valid.ok()) return invalid(valid.message(), param_of(valid.message()));
@@ -499,7 +555,8 @@ std::optional<ApiError> parse_api_request(Endpoint endpoint, std::string_view bo
   bool add_special_tokens = true;
   TACHYON_API_TRY(read_bool(body, "add_special_tokens", add_special_tokens));
   if (chat) {
-    TACHYON_API_TRY(read_chat_prompt(body, ctx, add_special_tokens, out.prompts.emplace_back()));
+    TACHYON_API_TRY(read_chat_prompt(body, ctx, add_special_tokens, out.prompts.emplace_back(), &out.tools));
+    if (out.tools && out.tools->request.forced()) TACHYON_API_TRY(force_tool_calls(*out.tools, ctx, out.params));
   } else {
     TACHYON_API_TRY(read_prompts(body, ctx, add_special_tokens, out.prompts));
   }

@@ -14,13 +14,15 @@
 //               vLLM's ignore_eos, min_tokens, stop_token_ids, include_stop_str_in_output,
 //               prompt_logprobs (not with stream), skip_special_tokens, add_special_tokens,
 //               return_tokens_as_token_ids,
-//               Tachyon's draft, sparse_budget; response_format only {"type": "text"}
+//               Tachyon's draft, sparse_budget; structured output (server/structured_output.h):
+//               response_format, guided_json, guided_regex, guided_grammar, guided_choice,
+//               structured_outputs, guided_decoding_backend (a no-op)
 //   completions prompt (string | [ids] | [strings] | [[ids]]), echo, logprobs (int), best_of (= n),
 //               suffix (empty)
 //   chat        messages, max_completion_tokens, logprobs (bool), top_logprobs,
-//               add_generation_prompt, chat_template_kwargs; no-ops: metadata, store,
-//               service_tier (auto | default), parallel_tool_calls, modalities (["text"]),
-//               tools ([]), tool_choice ("none"), functions ([]), function_call ("none")
+//               add_generation_prompt, chat_template_kwargs; tools, tool_choice, functions,
+//               function_call, parallel_tool_calls (server/tool_calls.h); no-ops: metadata, store,
+//               service_tier (auto | default), modalities (["text"])
 #pragma once
 
 #include <cstdint>
@@ -32,6 +34,8 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/request.h"
+#include "sampling/output_constraint.h"
+#include "server/tool_calls.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
@@ -76,6 +80,9 @@ struct ServingContext {
   std::vector<std::string> drafts;
   // The engine keeps key bounds (--sparse-budget): requests may set "sparse_budget".
   bool sparse_attention = false;
+  // Compiled structured-output grammars, shared by the connection threads (thread-safe); null: no
+  // structured output (requests that ask for it get a 400).
+  GrammarCache* grammars = nullptr;
 };
 
 struct PromptInput {
@@ -97,6 +104,14 @@ struct ApiRequest {
   // vLLM's prompt_logprobs (N top tokens per prompt token); computed by each prompt's first choice
   // only (GenerationParams::prompt_logprobs) and shown in every choice of that prompt.
   std::optional<int> prompt_logprobs;
+  // Chat with tools (server/tool_calls.h) and tool_choice other than "none": the prompt shows them
+  // and each choice's output is parsed into message.tool_calls; a forced choice ("required", a
+  // named function) decodes under tool_call_grammar() (params.grammar).
+  struct Tools {
+    ToolRequest request;
+    ToolCallFormat format = ToolCallFormat::kHermes;
+  };
+  std::optional<Tools> tools;
 };
 
 // The deepest nesting of arrays and objects in JSON `text` (brackets inside strings excluded);
@@ -112,8 +127,10 @@ std::optional<ApiError> parse_api_request(Endpoint endpoint, std::string_view bo
 // The chat's `messages` through the chat template, with `body`'s add_generation_prompt and
 // chat_template_kwargs: one prompt (for /v1/chat/completions and /tokenize).
 // add_special_tokens: see build_chat_prompt (server/chat_prompt.h).
+// `tools`: set when the request's tools are active (and then shown to the template), else reset.
 std::optional<ApiError> read_chat_prompt(const nlohmann::ordered_json& body, const ServingContext& context,
-                                         bool add_special_tokens, PromptInput& out);
+                                         bool add_special_tokens, PromptInput& out,
+                                         std::optional<ApiRequest::Tools>* tools = nullptr);
 
 // The message content as one string: a string as is; a list of {"type": "text", "text"} parts
 // joined by newlines; null as empty. Other part types are an error.

@@ -2,13 +2,12 @@
 // request body is one the endpoint understands, or the request gets a 400 invalid_request_error
 // whose message and param name the field. Nothing is silently ignored.
 //
-// "Understands" means one of: honoured (parsed in openai_api.cpp into the engine's parameters);
-// a no-op by OpenAI's own semantics (user, metadata, store, service_tier "auto" / "default",
-// parallel_tool_calls, modalities ["text"], response_format {"type": "text"}, tool_choice "none"
-// with no tools, an empty tools or functions list, function_call "none"), checked for its type and
-// value here; or a structured-output / tool-calling field with a value that would change the
-// output, refused here in refuse_structured_output() (the one place to lift when they are
-// implemented). Owns only which fields exist and the no-op values; never reads a field's meaning.
+// "Understands" means one of: honoured (parsed in openai_api.cpp, server/structured_output.cpp and
+// server/tool_calls.cpp into the engine's parameters and the response); a no-op by OpenAI's own
+// semantics (user, metadata, store, service_tier "auto" / "default", modalities ["text"]), checked
+// for its type and value here; or a field with a value we do not do, refused here in
+// refuse_structured_output() (the one place to lift when it is implemented). Owns only which
+// fields exist and the no-op values; never reads a field's meaning.
 #pragma once
 
 #include <optional>
@@ -29,11 +28,8 @@ std::span<const std::string_view> known_fields(Endpoint endpoint);
 // field holds a no-op value; else the 400 naming the first offending field.
 std::optional<ApiError> check_request_fields(Endpoint endpoint, const nlohmann::ordered_json& body);
 
-// Structured output and tool calls (response_format json_object / json_schema, guided_json,
-// guided_regex, guided_grammar, guided_choice, guided_decoding_backend, guided_whitespace_pattern,
-// structured_outputs, non-empty tools, tool_choice other than "none", functions, function_call):
-// the 400 for the first one `body` sets to something that is not a no-op. Called by
-// check_request_fields(); lifting the refusal of a field means deleting its line here.
+// What is still refused of structured output (guided_whitespace_pattern): the 400 when `body` sets
+// it. Called by check_request_fields(); lifting the refusal of a field means deleting its line here.
 std::optional<ApiError> refuse_structured_output(Endpoint endpoint, const nlohmann::ordered_json& body);
 
 }  // namespace tachyon::server

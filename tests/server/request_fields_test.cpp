@@ -38,6 +38,7 @@ class RequestFields : public ::testing::Test {
     c.max_model_len = 512;
     c.vocab_size = tokenizer_->vocab_size();
     c.max_choices = 64;
+    c.grammars = &grammars_;
     return c;
   }
   // `fields`: JSON members (without braces) added to a minimal valid body of the endpoint.
@@ -72,6 +73,7 @@ class RequestFields : public ::testing::Test {
 
   static inline Tokenizer* tokenizer_ = nullptr;
   static inline ChatTemplate* template_ = nullptr;
+  static inline GrammarCache grammars_;
 };
 
 constexpr Endpoint C = Endpoint::kCompletions;
@@ -95,38 +97,47 @@ TEST_F(RequestFields, UnknownFieldsAreRefusedByName) {
   refused(X, R"("suffix": "")", "suffix");
 }
 
-TEST_F(RequestFields, StructuredOutputIsRefusedInOnePlace) {
+// Structured output and tools are honoured (server/structured_output_test.cpp and tool_calls_test.cpp
+// hold what each asks for); what is still refused is refused in one place.
+TEST_F(RequestFields, StructuredOutputAndToolFieldsAreHonoured) {
   for (const Endpoint e : {C, X}) {
-    refused(e, R"("guided_json": {"type": "object"})", "guided_json", "'guided_json' is not supported");
-    refused(e, R"("guided_regex": "a+")", "guided_regex");
-    refused(e, R"("guided_grammar": "root ::= \"a\"")", "guided_grammar");
-    refused(e, R"("guided_choice": ["a", "b"])", "guided_choice");
-    refused(e, R"("guided_decoding_backend": "xgrammar")", "guided_decoding_backend");
-    refused(e, R"("structured_outputs": {"json": {}})", "structured_outputs");
-    refused(e, R"("response_format": {"type": "json_object"})", "response_format", "json_object");
-    refused(e, R"("response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}})",
-            "response_format");
+    EXPECT_NE(ok(e, R"("guided_json": {"type": "object"})").params.grammar, nullptr);
+    EXPECT_NE(ok(e, R"("response_format": {"type": "json_object"})").params.grammar, nullptr);
+    EXPECT_NE(ok(e, R"("guided_choice": ["a", "b"], "guided_decoding_backend": "xgrammar")").params.grammar, nullptr);
+    EXPECT_EQ(ok(e, R"("response_format": {"type": "text"})").params.grammar, nullptr);
+    EXPECT_EQ(ok(e, R"("guided_json": null)").params.grammar, nullptr);  // null is absent
+    refused(e, R"("guided_whitespace_pattern": "[ ]*")", "guided_whitespace_pattern", "is not supported");
     refused(e, R"("response_format": "text")", "response_format");
-    ok(e, R"("response_format": {"type": "text"})");
-    ok(e, R"("guided_json": null)");  // null is absent
+    refused(e, R"("guided_regex": "(a")", "guided_regex");
   }
-  refused(X, R"("tools": [{"type": "function", "function": {"name": "f"}}])", "tools");
-  refused(X, R"("tool_choice": "auto")", "tool_choice");
-  refused(X, R"("tool_choice": {"type": "function", "function": {"name": "f"}})", "tool_choice");
-  refused(X, R"("functions": [{"name": "f"}])", "functions");
-  refused(X, R"("function_call": "auto")", "function_call");
-  ok(X, R"("tools": [], "tool_choice": "none", "functions": [], "function_call": "none")");
-  // The same refusal comes from refuse_structured_output() alone.
-  const auto body = nlohmann::ordered_json::parse(R"({"guided_regex": "x"})");
+  const std::string tool = R"("tools": [{"type": "function", "function": {"name": "f", "parameters":
+      {"type": "object", "properties": {"x": {"type": "integer"}}}}}])";
+  ApiRequest r = ok(X, tool);
+  ASSERT_TRUE(r.tools.has_value());
+  EXPECT_EQ(r.tools->request.choice, ToolChoiceMode::kAuto);
+  EXPECT_EQ(r.params.grammar, nullptr);  // "auto": the model decides, the output is parsed
+  r = ok(X, tool + R"(, "tool_choice": "required")");
+  ASSERT_TRUE(r.tools.has_value());
+  EXPECT_NE(r.params.grammar, nullptr);
+  r = ok(X, tool + R"(, "tool_choice": {"type": "function", "function": {"name": "f"}})");
+  EXPECT_NE(r.params.grammar, nullptr);
+  EXPECT_FALSE(ok(X, tool + R"(, "tool_choice": "none")").tools.has_value());
+  EXPECT_FALSE(ok(X, R"("tools": [], "tool_choice": "none", "functions": [], "function_call": "none")").tools);
+  refused(X, tool + R"(, "tool_choice": {"type": "function", "function": {"name": "g"}})", "tool_choice");
+  refused(X, tool + R"(, "tool_choice": "required", "guided_json": {})", "tool_choice");
+  refused(X, R"("tools": [{"type": "function", "function": {"name": "bad name"}}])", "tools");
+  refused(X, R"("tools": {})", "tools");
+  // The refusal comes from refuse_structured_output() alone.
+  const auto body = nlohmann::ordered_json::parse(R"({"guided_whitespace_pattern": "x"})");
   auto error = refuse_structured_output(C, body);
   ASSERT_TRUE(error.has_value());
-  EXPECT_EQ(error->param, "guided_regex");
+  EXPECT_EQ(error->param, "guided_whitespace_pattern");
 }
 
 TEST_F(RequestFields, NoOpFieldsAreAcceptedWithTheirNoOpValues) {
   ok(C, R"("user": "u1")");
   ok(X, R"("user": "u1", "metadata": {"k": "v"}, "store": false, "service_tier": "auto",
-           "parallel_tool_calls": true, "modalities": ["text"])");
+           "parallel_tool_calls": true, "modalities": ["text"])");  // parallel_tool_calls: no tools, no effect
   ok(X, R"("service_tier": "default")");
   ok(C, R"("stream": true, "stream_options": {"include_usage": true, "include_obfuscation": false})");
   refused(C, R"("user": 3)", "user");

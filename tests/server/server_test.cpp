@@ -65,6 +65,36 @@ TEST(Server, OpenAiFieldsAreHonouredOrRefusedByName) {
 }
 
 // --api-key, and the same key from TACHYON_API_KEY: /v1/* needs it, /health and /metrics do not.
+// JSON mode, JSON schemas, regexes, grammars and choices through the openai client: outputs
+// parse and validate.
+TEST(Server, StructuredOutputFollowsItsConstraint) {
+  SKIP_WITHOUT_VENV();
+  ServerProcess server("--batch-invariant");
+  ASSERT_TRUE(server.started()) << server.log();
+  expect_script_passes(server, "structured_output_test.py");
+  EXPECT_EQ(server.stop(), 0) << server.log();
+}
+
+// Tool calling through the openai client, with the bundled model's template (no tool section:
+// the tools go into the system prompt) and real ones that render tools in each call format.
+TEST(Server, ToolCallsInEveryFormat) {
+  SKIP_WITHOUT_VENV();
+  const std::string templates = testing::source_dir() + "/tests/fixtures/chat_templates/templates/";
+  const std::pair<std::string, std::string> setups[] = {
+      {"", "hermes"},
+      {"meta-llama-Llama-3.2-3B-Instruct.jinja", "llama3_json"},
+      {"Qwen-Qwen2.5-7B-Instruct.jinja", "hermes"},
+      {"mistralai-Mistral-Nemo-Instruct-2407.jinja", "mistral"},
+  };
+  for (const auto& [file, format] : setups) {
+    SCOPED_TRACE(file.empty() ? "the bundled template" : file);
+    ServerProcess server("--batch-invariant" + (file.empty() ? "" : " --chat-template " + templates + file));
+    ASSERT_TRUE(server.started()) << server.log();
+    expect_script_passes(server, "tool_calls_test.py", "TACHYON_TOOL_FORMAT=" + format);
+    EXPECT_EQ(server.stop(), 0) << server.log();
+  }
+}
+
 TEST(Server, ApiKeyGuardsV1Routes) {
   SKIP_WITHOUT_VENV();
   {
