@@ -17,7 +17,11 @@
 // and go to the JSON under "spec". With --slo-ttft and/or --slo-tpot the
 // throughput workload also reports goodput: the requests that finished within those targets, their
 // share and their rate (JSON "goodput", cli/goodput.h). stdout gets one summary line, --json FILE
-// everything; a progress bar goes to stderr when stderr is a terminal or --progress is given.
+// everything (besides the percentiles, "samples": up to 2,000 order statistics each of TTFT, TPOT
+// and ITL in seconds; in-process, "kv_timeline": [seconds, KV blocks used, blocks] per step, up
+// to 2,000 of them; "spec": acceptance per draft position); a progress bar goes to stderr when
+// stderr is a terminal or --progress is given. With --json-schema and the like (cli/constraint_args.h)
+// every request decodes under that constraint, and "grammar" says what its token masks cost.
 //
 // With --url http://HOST:PORT the same workload goes to a running OpenAI-compatible server instead,
 // as streaming /v1/completions requests from --client-threads event loops (loadgen/stream_load.h):
@@ -28,9 +32,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <random>
 #include <thread>
@@ -46,6 +52,7 @@
 #include "core/mapped_file.h"
 #include "core/thread_pool.h"
 #include "core/timer.h"
+#include "report/report.h"
 #include "net/http_client.h"
 #include "loadgen/stream_load.h"
 
@@ -113,6 +120,7 @@ struct BenchArgs {
   int vocab = 0;           // prompt ids below this; 0: the server's vocab_size
   double request_timeout = 600.0;
   std::string json_path;
+  std::string report_dir;  // --report DIR: DIR/index.html (report/report.h) of this run
   bool progress = false;
   // With speculative decoding: also run the workload plainly in this process first (the speed-up's
   // denominator); --no-spec-baseline skips it.
@@ -123,6 +131,48 @@ struct Percentiles {
   double mean = 0, p50 = 0, p90 = 0, p99 = 0, max = 0;
   size_t count = 0;
 };
+
+// --report DIR: the run's page, DIR/index.html (nothing when `dir` is empty).
+Status write_run_report(const std::string& dir, const json& run) {
+  if (dir.empty()) return Status::Ok();
+  report::ReportOptions options;
+  options.title = fmt::format("tachyon bench: {}", run.value("model", std::string("?")));
+  TACHYON_ASSIGN_OR_RETURN(std::string page, report::render_report({run}, options));
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  const std::string path = dir + "/index.html";
+  std::ofstream out(path, std::ios::binary);
+  out << page;
+  if (ec || !out.flush()) return make_error(ErrorCode::kIo, "--report: cannot write {}", path);
+  std::fprintf(stderr, "report: %s\n", path.c_str());
+  return Status::Ok();
+}
+
+// At most `n` evenly spaced order statistics of `v` (all of it when shorter), ascending: a CDF's
+// shape in a bounded size.
+std::vector<double> order_statistics(std::vector<double> v, size_t n = 2000) {
+  std::sort(v.begin(), v.end());
+  if (v.size() <= n) return v;
+  std::vector<double> out(n);
+  for (size_t i = 0; i < n; ++i) out[i] = v[i * (v.size() - 1) / (n - 1)];
+  return out;
+}
+
+// At most `n` of `rows`, evenly spaced, the first and the last kept.
+template <typename T>
+std::vector<T> thin(const std::vector<T>& rows, size_t n = 2000) {
+  if (rows.size() <= n) return rows;
+  std::vector<T> out(n);
+  for (size_t i = 0; i < n; ++i) out[i] = rows[i * (rows.size() - 1) / (n - 1)];
+  return out;
+}
+
+// after - before, element by element (before may be shorter).
+std::vector<int64_t> difference(const std::vector<int64_t>& after, const std::vector<int64_t>& before) {
+  std::vector<int64_t> out = after;
+  for (size_t i = 0; i < std::min(out.size(), before.size()); ++i) out[i] -= before[i];
+  return out;
+}
 
 Percentiles percentiles(std::vector<double> v) {
   Percentiles p;
@@ -416,10 +466,13 @@ int run_bench_http(BenchArgs& a, bool latency) {
   j["output_tokens_per_s"] = static_cast<double>(output_tokens) / duration;
   j["total_tokens_per_s"] = static_cast<double>(output_tokens + prompt_tokens) / duration;
   put_latencies(j, p_ttft, p_tpot, p_itl, p_e2e);
+  j["samples"] = {{"ttft_s", order_statistics(ttft)}, {"tpot_s", order_statistics(tpot)},
+                  {"itl_s", order_statistics(itl)}};
   if (!delivery.empty()) j["delivery_ms"] = to_json_ms(p_delivery);
   const Goodput goodput = put_goodput(j, latencies, a.slo, duration);
   if (latency) j["decode_tokens_per_s"] = p_tpot.mean > 0 ? 1.0 / p_tpot.mean : 0.0;
   if (Status written = write_json(a.json_path, j); !written.ok()) return report(written);
+  if (Status page = write_run_report(a.report_dir, j); !page.ok()) return report(page);
   const std::string delivered =
       delivery.empty() ? std::string()
                        : fmt::format(" | delivery p50 {:.2f} ms p99 {:.2f} ms max {:.2f} ms", p_delivery.p50 * 1e3,
@@ -451,6 +504,8 @@ struct Measured {
   double duration = 0.0;
   EngineStats before{}, after{};
   size_t measured = 0;
+  // Per engine step of the measured part: seconds since it began, KV blocks used and in all.
+  std::vector<std::array<double, 3>> kv_timeline;
   // What a speed-up compares: decode tok/s (latency: 1 / mean TPOT) or output tok/s (throughput).
   double speed(bool latency) const;
 };
@@ -496,6 +551,7 @@ Status run_plan(Engine& e, const std::vector<PlannedRequest>& plan, const BenchA
       continue;
     }
     TACHYON_ASSIGN_OR_RETURN(const std::vector<RequestOutput> outputs, e.step());
+    announce_device(a.common, e.model().device());
     for (const RequestOutput& o : outputs) {
       if (!o.finished) continue;
       --in_flight;
@@ -522,6 +578,11 @@ Status run_plan(Engine& e, const std::vector<PlannedRequest>& plan, const BenchA
       out.prompt_tokens += o.num_prompt_tokens;
     }
     progress.update(done - std::min(done, measured_from), out.output_tokens, wall.seconds());
+    if (done > measured_from || !latency) {
+      const EngineStats now = e.stats();
+      out.kv_timeline.push_back({e.now() - start, static_cast<double>(now.kv_blocks_used),
+                                 static_cast<double>(now.kv_blocks_total)});
+    }
   }
   out.duration = wall.seconds();
   out.after = e.stats(/*fresh_experts=*/true);
@@ -661,6 +722,9 @@ int run_bench(BenchArgs& a) {
   j["output_tokens_per_s"] = static_cast<double>(output_tokens) / duration;
   j["total_tokens_per_s"] = static_cast<double>(output_tokens + prompt_tokens) / duration;
   put_latencies(j, p_ttft, p_tpot, p_itl, p_e2e);
+  j["samples"] = {{"ttft_s", order_statistics(ttft)}, {"tpot_s", order_statistics(tpot)},
+                  {"itl_s", order_statistics(itl)}};
+  j["kv_timeline"] = thin(run.kv_timeline);
   j["kv_peak_blocks"] = after.kv_blocks_used_peak;
   j["kv_peak_fraction"] = after.kv_blocks_total > 0 ? static_cast<double>(after.kv_blocks_used_peak) / after.kv_blocks_total : 0.0;
   j["prefix_hit_rate"] = (after.prefix.query_tokens - before.prefix.query_tokens) > 0
@@ -692,7 +756,9 @@ int run_bench(BenchArgs& a) {
                   verify_steps > 0 ? static_cast<double>(accepted) / static_cast<double>(verify_steps) : 0.0},
                  {"propose_seconds", s1.propose_seconds - s0.propose_seconds},
                  {"tree_steps", s1.num_tree_steps - s0.num_tree_steps},
-                 {"gated_steps", s1.num_gated_steps - s0.num_gated_steps}};
+                 {"gated_steps", s1.num_gated_steps - s0.num_gated_steps},
+                 {"proposed_by_position", difference(s1.proposed_by_position, s0.proposed_by_position)},
+                 {"accepted_by_position", difference(s1.accepted_by_position, s0.accepted_by_position)}};
     // Per proposer (named drafts) and per kind of prompt (with a classifier), over this run.
     const auto breakdown = [](const std::map<std::string, SpecCounts>& after_by,
                               const std::map<std::string, SpecCounts>& before_by) {
@@ -768,6 +834,7 @@ int run_bench(BenchArgs& a) {
     if (a.bandwidth_gbps > 0) j["decode_fraction_of_roofline"] = decode_tok_s * weight_bytes / 1e9 / a.bandwidth_gbps;
   }
   if (Status written = write_json(a.json_path, j); !written.ok()) return report(written);
+  if (Status page = write_run_report(a.report_dir, j); !page.ok()) return report(page);
   if (latency) {
     std::printf("latency: prompt %d, output %d | TTFT %.1f ms | TPOT %.2f ms (%.2f tok/s, %.2f GB/s of weights%s) | "
                 "e2e %.1f ms\n",
@@ -879,6 +946,8 @@ void add_bench(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--request-timeout", a->request_timeout, "--url: seconds before an unfinished request fails "
                   "(default 600)");
   cmd->add_option("--json", a->json_path, "write every figure to FILE as JSON");
+  cmd->add_option("--report", a->report_dir,
+                  "write DIR/index.html: the run's figures as an offline HTML page (tachyon report joins runs)");
   cmd->add_flag("--progress", a->progress, "progress bar on stderr even when it is not a terminal");
   cmd->add_flag("!--no-spec-baseline", a->spec_baseline,
                 "with speculative decoding, skip the plain run of the same requests that the speed-up is measured "

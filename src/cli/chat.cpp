@@ -53,6 +53,7 @@ int run_chat(ChatArgs& a) {
   }
   auto engine = Engine::create(*m.model, m.tokenizer.get(), m.eos_token_ids, one);
   if (!engine.ok()) return report(engine.status());
+  announce_device(a.common, m.model->device());
   Engine& e = **engine;
 
   const bool interactive = isatty(STDIN_FILENO) != 0;

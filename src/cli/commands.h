@@ -20,5 +20,6 @@ void add_router(CLI::App& app, std::function<int()>& run);
 void add_quantize(CLI::App& app, std::function<int()>& run);
 void add_perplexity(CLI::App& app, std::function<int()>& run);
 void add_calib_audit(CLI::App& app, std::function<int()>& run);
+void add_report(CLI::App& app, std::function<int()>& run);
 
 }  // namespace tachyon::cli

@@ -31,7 +31,9 @@ void add_common_options(CLI::App& cmd, CommonOptions& options) {
                  "HF directory, GGUF file, llama2.c checkpoint (or its directory), or synthetic:PRESET")
       ->required();
   cmd.add_option("-t,--threads", options.threads, "CPU threads (default: all cores)")->check(non_negative_int());
-  cmd.add_option("--device", options.device, "where the model runs: cpu, cuda or cuda:N (default cpu)");
+  cmd.add_option("--device", options.device,
+                 "where the model runs: auto (a GPU when there is one, else the CPU; the default), cpu, cuda or "
+                 "cuda:N");
   cmd.add_flag("-v,--verbose", options.verbose, "log what is loaded and which kernels run");
   cmd.add_option("--quant", options.quant,
                  "quantize the layers' linear weights when loading: int8 (per channel), int4 (group-wise, "
@@ -62,13 +64,17 @@ void add_common_options(CLI::App& cmd, CommonOptions& options) {
 }
 
 Result<Device> parse_device(const std::string& text) {
+  if (text == "auto") {
+    const bool gpu = ops::has_device_backend(DeviceType::kCuda) && ops::available_devices(DeviceType::kCuda) > 0;
+    return gpu ? Device::cuda(0) : Device::cpu();
+  }
   if (text == "cpu") return Device::cpu();
   if (text == "cuda") return Device::cuda(0);
   if (text.rfind("cuda:", 0) == 0 && text.size() > 5 && text.size() <= 8 &&
       text.find_first_not_of("0123456789", 5) == std::string::npos) {
     return Device::cuda(std::stoi(text.substr(5)));
   }
-  return make_error(ErrorCode::kInvalidArgument, "--device '{}': expected cpu, cuda or cuda:N", text);
+  return make_error(ErrorCode::kInvalidArgument, "--device '{}': expected auto, cpu, cuda or cuda:N", text);
 }
 
 namespace {
@@ -148,7 +154,9 @@ Status guard_checkpoint(LoadedModel& loaded, const CommonOptions& options, const
 
 }  // namespace
 
-Result<LoadedModel> load(const CommonOptions& options, DType synthetic_dtype) {
+namespace {
+
+Result<LoadedModel> load_model_as_asked(const CommonOptions& options, DType synthetic_dtype) {
   if (options.verbose) set_log_level(LogLevel::kInfo);
   if (options.threads > 0) set_num_threads(options.threads);
   TACHYON_ASSIGN_OR_RETURN(Device device, parse_device(options.device));
@@ -242,6 +250,22 @@ Result<LoadedModel> load(const CommonOptions& options, DType synthetic_dtype) {
                       kept.status().message());
   }
   return loaded;
+}
+
+}  // namespace
+
+Result<LoadedModel> load(const CommonOptions& options, DType synthetic_dtype) {
+  return load_model_as_asked(options, synthetic_dtype);
+}
+
+void announce_device(const CommonOptions& options, Device device) {
+  static bool said = false;
+  if (said || options.device != "auto") return;
+  said = true;
+  const std::string why = device.is_cpu() ? (ops::has_device_backend(DeviceType::kCuda) ? "no GPU found"
+                                                                                         : "a build without CUDA")
+                                          : ops::device_description(device);
+  std::fprintf(stderr, "tachyon: device %s (%s; --device cpu|cuda chooses)\n", device.to_string().c_str(), why.c_str());
 }
 
 namespace {

@@ -14,7 +14,7 @@ namespace tachyon::cli {
 
 struct CommonOptions {
   std::string model;
-  std::string device = "cpu";  // cpu, cuda, cuda:N
+  std::string device = "auto";  // auto (a GPU when there is one, else the CPU), cpu, cuda, cuda:N
   int threads = 0;  // 0 = all cores
   bool verbose = false;
   // Load-time weight quantization of the layers' linear weights: "" (as stored) or a format name
@@ -80,13 +80,17 @@ Result<DType> parse_kv_dtype(const std::string& name);
 // "2GiB", "512MiB", "1.5G", "100M", "4096" (bytes); K/M/G/T are powers of 1000 with "B" or
 // alone, of 1024 with "iB".
 Result<size_t> parse_bytes(const std::string& text);
-// "cpu", "cuda" (device 0) or "cuda:N".
+// "cpu", "cuda" (device 0) or "cuda:N"; "auto": cuda:0 when this build has the CUDA backend and a
+// device is visible, else the CPU.
 Result<Device> parse_device(const std::string& text);
 // Applies threads/verbosity, starts the device's backend, loads the model onto the device and
 // quantizes its linear weights when --quant, --quant-policy or the directory's quant_policy.txt asks; weight_dtypes then names the format too. A
 // quantized model whose logits on a short probe are not all finite is dropped, with a warning, for
 // the weights as stored (cli/quant_check.h).
 Result<LoadedModel> load(const CommonOptions& options, DType synthetic_dtype = DType::kBF16);
+// Without --device (auto): says on stderr, once, where the model runs (`device`) and how to
+// choose. Called when a command starts its work, after its checks (an error stays the only line).
+void announce_device(const CommonOptions& options, Device device);
 // Prints "tachyon: error: <status>" and returns 1.
 int report(const Status& status);
 

@@ -82,6 +82,7 @@ int run_prompts_file(GenerateArgs& a, LoadedModel& m, const EngineOptions& eo, c
   }
   auto engine = Engine::create(*m.model, m.tokenizer.get(), m.eos_token_ids, eo);
   if (!engine.ok()) return report(engine.status());
+  announce_device(a.common, m.model->device());
   Engine& e = **engine;
   std::map<RequestId, size_t> index_of;
   std::vector<std::string> texts(lines.size());
@@ -217,6 +218,7 @@ int run_generate(GenerateArgs& a) {
   Engine& e = **engine;
   auto id = e.add_request(prompt, gp);
   if (!id.ok()) return report(id.status());
+  announce_device(a.common, m.model->device());
 
   bool first = true;
   RequestOutput last;

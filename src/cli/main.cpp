@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
   tachyon::cli::add_quantize(app, run);
   tachyon::cli::add_perplexity(app, run);
   tachyon::cli::add_calib_audit(app, run);
+  tachyon::cli::add_report(app, run);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

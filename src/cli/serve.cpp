@@ -200,6 +200,7 @@ int run_serve(ServeArgs& a) {
   const char* template_source = !a.chat_template.empty()          ? a.chat_template.c_str()
                                 : m.tokenizer->chat_template().empty() ? "built-in ChatML (the model has none)"
                                                                        : "the model's";
+  announce_device(a.common, m.model->device());
   std::fprintf(stderr,
                "tachyon serve: model '%s' (%s) loaded in %.2f s | max_model_len %d | kv cache %d blocks of %d tokens "
                "(%.1f MiB) | max_seqs %d, max_waiting %d | chat template: %s\n",

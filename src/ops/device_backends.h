@@ -4,6 +4,8 @@
 // which knows only the CPU. A started backend registers itself with ops/backend.h.
 #pragma once
 
+#include <string>
+
 #include "core/status.h"
 #include "core/tensor.h"
 
@@ -13,5 +15,10 @@ namespace tachyon::ops {
 bool has_device_backend(DeviceType type);
 // Starts the backend running `device` (the CPU needs none); kUnsupported when this build has none.
 Status start_device_backend(Device device);
+// Devices of `type` this process can use now: 1 for the CPU; CUDA devices visible to a build with
+// the CUDA backend (0 without one, without a driver, or with no device).
+int available_devices(DeviceType type);
+// "NVIDIA H100 80GB HBM3", for messages; the type's name when unknown.
+std::string device_description(Device device);
 
 }  // namespace tachyon::ops

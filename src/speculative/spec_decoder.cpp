@@ -317,6 +317,17 @@ void SpecDecoder::record(const Sequence& seq, RequestState& st, const Verificati
   stats_.num_proposed += proposed;
   stats_.num_accepted += v.num_accepted;
   stats_.num_emitted += static_cast<int64_t>(v.tokens.size());
+  // By position (a tree's: by level): positions up to the draft's depth were proposed, the first
+  // num_accepted were accepted.
+  const size_t depth = static_cast<size_t>(std::max(st.depth, 0));
+  if (stats_.proposed_by_position.size() < depth) {
+    stats_.proposed_by_position.resize(depth, 0);
+    stats_.accepted_by_position.resize(depth, 0);
+  }
+  for (size_t d = 0; d < depth; ++d) {
+    ++stats_.proposed_by_position[d];
+    if (static_cast<int>(d) < v.num_accepted) ++stats_.accepted_by_position[d];
+  }
   const auto count = [&](SpecCounts& c) {
     ++c.num_verify_steps;
     c.num_proposed += proposed;

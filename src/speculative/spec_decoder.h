@@ -116,6 +116,10 @@ struct SpecStats {
   int64_t num_off_first_branch = 0;  // tree steps whose accepted path left the first branch
   int64_t num_gated_steps = 0;    // steps held plain by the measured gate (speculation was slower there)
   double propose_seconds = 0.0;   // time in the proposer (draft model forwards, lookups)
+  // Per draft position (a tree's: per level), index 0 first: verify steps whose draft reached it,
+  // and those that accepted it.
+  std::vector<int64_t> proposed_by_position;
+  std::vector<int64_t> accepted_by_position;
   std::map<std::string, SpecCounts> by_proposer;  // by proposer label ("draft:code"); every proposer listed
   std::map<std::string, SpecCounts> by_kind;      // by the classifier's kind of the prompt; empty without one
   double acceptance_rate() const {

@@ -33,6 +33,27 @@ TEST(Cli, GenerateStoriesPrintsOnlyTextOnStdout) {
   EXPECT_NE(r.err.find("tok/s"), std::string::npos) << r.err;
 }
 
+// Without --device the run says where it runs in its first line: the CPU here unless this build
+// has CUDA and a GPU is visible (the device run sees cuda:0); --device cpu forces the CPU, silently.
+TEST(Cli, DeviceAutoIsSaidFirst) {
+  const std::string model = testing::source_dir() + "/models/tachyon-demo";
+  auto r = run_command(tachyon_binary() + " generate -m " + model + " -p 'func main() {' -n 4 --temp 0");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string first = r.err.substr(0, r.err.find('\n'));
+  // A GPU is there when the driver's device node is (and this build has CUDA, which the line says).
+  const bool gpu = fs::exists("/dev/nvidia0") && first.find("a build without CUDA") == std::string::npos;
+  EXPECT_EQ(first.rfind(gpu ? "tachyon: device cuda:0 (" : "tachyon: device cpu (", 0), 0u) << r.err;
+  EXPECT_NE(first.find("--device cpu|cuda"), std::string::npos) << first;
+  auto forced =
+      run_command(tachyon_binary() + " generate -m " + model + " -p 'func main() {' -n 4 --temp 0 --device cpu");
+  ASSERT_EQ(forced.exit_code, 0) << forced.err;
+  EXPECT_EQ(forced.err.find("tachyon: device"), std::string::npos) << forced.err;
+  if (!gpu) {
+    EXPECT_EQ(forced.out, r.out);  // both ran on the CPU
+  }
+  expect_clean_error(run_command(tachyon_binary() + " generate -m " + model + " -p x --device tpu"), "--device 'tpu'");
+}
+
 TEST(Cli, TokenizePrintsJsonIds) {
   TACHYON_SKIP_WITHOUT_SHARED(shared);
   auto r = run_command(tachyon_binary() + " tokenize -m " + shared + "/models/stories260K -p 'Once upon a time'");

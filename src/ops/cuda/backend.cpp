@@ -770,6 +770,17 @@ namespace tachyon::ops {
 // ops/device_backends.h in the CUDA build.
 bool has_device_backend(DeviceType type) { return type == DeviceType::kCpu || type == DeviceType::kCuda; }
 
+int available_devices(DeviceType type) {
+  if (type == DeviceType::kCpu) return 1;
+  return type == DeviceType::kCuda ? cuda::device_count() : 0;
+}
+
+std::string device_description(Device device) {
+  if (device.is_cpu()) return device.to_string();
+  auto p = cuda::device_properties(device.index);
+  return p.ok() ? p->name : device.to_string();
+}
+
 Status start_device_backend(Device device) {
   if (device.is_cpu()) return Status::Ok();
   return cuda::start_backend(device.index);

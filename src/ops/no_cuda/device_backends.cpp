@@ -10,4 +10,8 @@ Status start_device_backend(Device device) {
   return make_error(ErrorCode::kUnsupported, "{}: this build has no CUDA backend", device.to_string());
 }
 
+int available_devices(DeviceType type) { return type == DeviceType::kCpu ? 1 : 0; }
+
+std::string device_description(Device device) { return device.to_string(); }
+
 }  // namespace tachyon::ops
