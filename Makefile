@@ -7,10 +7,13 @@ DEMO_FLAGS ?= -n 96 --temp 0.7 --top-p 0.9 --repeat-penalty 1.1 --seed 42
 
 .PHONY: demo test build clean sanitize
 
+# Everything: the binary, the tests and the benchmarks.
 build:
 	BUILD_DIR=$(BUILD_DIR) scripts/setup
 
-demo: build
+# The demo needs the binary alone.
+demo:
+	BUILD_DIR=$(BUILD_DIR) TARGETS=tachyon scripts/setup
 	@if [ -z "$(DEMO_MODEL)" ]; then echo "no bundled model found (models/tachyon-demo)"; exit 1; fi
 	$(TACHYON) generate -m $(dir $(DEMO_MODEL)) -p '$(DEMO_PROMPT)' $(DEMO_FLAGS)
 
