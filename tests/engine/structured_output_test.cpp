@@ -26,6 +26,7 @@
 #include "sampling/json_schema.h"
 #include "sampling/json_schema_checker.h"
 #include "sampling/regex_grammar.h"
+#include "plain_forward.h"
 #include "test_util.h"
 
 namespace tachyon {
@@ -131,32 +132,7 @@ class StructuredOutput : public ::testing::Test {
   }
   // The logits of every position of `tokens` from one forward on a fresh cache: [n, vocab].
   static std::vector<float> reference_logits(const std::vector<int32_t>& tokens) {
-    const ModelConfig& c = model_->model->config();
-    KvCacheConfig kv;
-    kv.num_layers = c.num_layers;
-    kv.num_kv_heads = c.num_kv_heads;
-    kv.head_dim = c.head_dim;
-    kv.block_size = 16;
-    kv.num_blocks = 512 / 16;
-    auto cache = KvCache::create(kv);
-    EXPECT_TRUE(cache.ok());
-    BlockManagerOptions bo;
-    bo.num_blocks = kv.num_blocks;
-    bo.block_size = kv.block_size;
-    bo.prefix_caching = false;
-    BlockManager blocks(bo);
-    BlockTable table(kv.block_size);
-    EXPECT_TRUE(blocks.grow_to(table, static_cast<int>(tokens.size())).ok());
-    SequenceChunk chunk;
-    chunk.block_table = &table;
-    chunk.tokens = tokens;
-    chunk.logits = LogitsWanted::kAll;
-    Tensor logits;
-    ForwardOptions fo;
-    fo.linear_mode = ops::LinearMode::kBatchInvariant;
-    const Status st = model_->model->forward(build_forward_batch({chunk}), *cache, logits, fo);
-    EXPECT_TRUE(st.ok()) << st.to_string();
-    return std::vector<float>(logits.data<float>(), logits.data<float>() + logits.numel());
+    return testing::plain_forward_logits(*model_->model, tokens);
   }
   // The vocabulary as the engine sees it, for matchers of the oracle.
   static std::shared_ptr<const TokenTrie> vocabulary() {
