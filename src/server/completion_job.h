@@ -90,8 +90,8 @@ class CompletionJob {
 
   void on_output(size_t index, RequestOutput& output, std::string& events);
   // A streamed chat choice's events for one output: its content, tool calls and end.
-  void stream_chat(size_t index, Choice& c, const RequestOutput& o, const std::string& logprobs, const std::string& stamp,
-                   std::string& events);
+  void stream_chat(size_t index, Choice& c, const RequestOutput& o, const std::string& logprobs,
+                   const std::string& stamp, std::string& events);
   // The finish_reason of a choice that made `num_calls` tool calls.
   const char* finish_reason_of(FinishReason reason, size_t num_calls) const;
   void fail(ApiError error, std::string& events);

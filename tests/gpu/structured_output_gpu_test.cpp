@@ -36,7 +36,9 @@ struct Outcome {
   Status error;
 };
 
-std::vector<Outcome> run_all(Engine& e, const std::vector<std::pair<std::vector<int32_t>, GenerationParams>>& requests) {
+using Requests = std::vector<std::pair<std::vector<int32_t>, GenerationParams>>;
+
+std::vector<Outcome> run_all(Engine& e, const Requests& requests) {
   std::vector<RequestId> ids;
   for (const auto& [prompt, p] : requests) {
     auto id = e.add_request(prompt, p);

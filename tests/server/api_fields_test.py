@@ -88,7 +88,8 @@ class Refusals(unittest.TestCase):
             extra_body={"guided_json": {"type": "object"}, "guided_whitespace_pattern": "[ ]*"}),
             "guided_whitespace_pattern", "'guided_whitespace_pattern' is not supported")
         self.assert_refused(lambda: client.chat.completions.create(
-            model=MODEL, messages=MESSAGES, max_tokens=2, extra_body={"guided_regex": "[a-z]+", "guided_choice": ["a"]}),
+            model=MODEL, messages=MESSAGES, max_tokens=2,
+            extra_body={"guided_regex": "[a-z]+", "guided_choice": ["a"]}),
             "guided_choice", "'guided_regex' and 'guided_choice'")
         self.assert_refused(lambda: client.chat.completions.create(
             model=MODEL, messages=MESSAGES, max_tokens=2, response_format={"type": "xml"}), "response_format")

@@ -449,7 +449,8 @@ TEST(ToolMessages, CallsAsTextForTemplatesWithoutToolCalls) {
   EXPECT_EQ(calls_as_text(*prepared, ToolCallFormat::kLlamaJson)[1]["content"],
             R"({"name":"get_weather","parameters":{"city":"Paris"}}; {"name":"get_time","parameters":{}})");
   EXPECT_EQ(calls_as_text(*prepared, ToolCallFormat::kMistral)[1]["content"],
-            R"([TOOL_CALLS] [{"name":"get_weather","arguments":{"city":"Paris"}}, {"name":"get_time","arguments":{}}])");
+            R"([TOOL_CALLS] [{"name":"get_weather","arguments":{"city":"Paris"}}, )"
+            R"({"name":"get_time","arguments":{}}])");
   EXPECT_TRUE(template_renders_tool_calls("{% for call in message.tool_calls %}"));
   EXPECT_FALSE(template_renders_tool_calls("{{ message['content'] }}"));
 }

@@ -162,7 +162,8 @@ class Refusals(unittest.TestCase):
     def test_bad_tools(self):
         self.assert_400("tool_choice", tool_choice={"type": "function", "function": {"name": "nope"}})
         self.assert_400("tools", tools=[{"type": "function", "function": {"name": "has space"}}])
-        self.assert_400("tools", tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}])
+        self.assert_400("tools",
+                        tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}])
         self.assert_400("tool_choice", tool_choice="required", response_format={"type": "json_object"})
         self.assert_400("tool_choice", tool_choice="sometimes")
 
