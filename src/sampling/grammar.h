@@ -23,13 +23,13 @@
 #include <vector>
 
 #include "core/status.h"
+#include "core/utf8.h"
 
 namespace tachyon {
 
 inline constexpr uint32_t kMaxCodePoint = 0x10FFFF;
 
-// UTF-8 helpers shared by the grammar front ends and the matcher.
-void append_utf8(std::string& out, uint32_t code_point);
+// UTF-8 helpers shared by the grammar front ends and the matcher (append_utf8: core/utf8.h).
 // Decodes the code point at bytes[pos] and advances pos; nullopt (pos unchanged) for invalid UTF-8
 // (overlong forms, surrogates, truncated sequences, bytes 0x80-0xBF or 0xF5-0xFF first).
 std::optional<uint32_t> decode_utf8(std::string_view bytes, size_t& pos);

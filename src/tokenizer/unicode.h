@@ -15,6 +15,8 @@
 #include <string>
 #include <string_view>
 
+#include "core/utf8.h"
+
 namespace tachyon {
 
 inline constexpr std::string_view kReplacementCharacter = "\xEF\xBF\xBD";  // U+FFFD
@@ -32,8 +34,7 @@ bool is_valid_utf8(std::string_view bytes);
 std::string sanitize_utf8(std::string_view bytes);
 
 // Decodes the code point at `bytes[pos]` of valid UTF-8 and advances `pos`.
-char32_t next_code_point(std::string_view valid_utf8, size_t& pos);
-void append_utf8(std::string& out, char32_t code_point);
+char32_t next_code_point(std::string_view valid_utf8, size_t& pos);  // append_utf8: core/utf8.h
 // Number of bytes of the UTF-8 sequence that starts with `lead` (1 for invalid leads).
 size_t utf8_lead_length(uint8_t lead);
 
